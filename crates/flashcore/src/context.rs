@@ -1,0 +1,259 @@
+//! [`Context`]: one GPU, one stream, the JIT, and the loaded kernels. The public API.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::sys::{CUdevice_attribute as Attr, CUfunction_attribute as FnAttr};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::Ptx;
+
+use crate::dispatch;
+use crate::error::{DriverContext, Error, Result};
+use crate::jit::{Arch, DiskCache, Jit, ResourceReport};
+use crate::kernels::{FwdParams, Variant};
+use crate::params::{AttnParams, ProblemShape};
+use crate::tensor::{DeviceTensor, Layout, TensorView, TensorViewMut};
+use crate::validate;
+
+/// What the driver says about the device.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DeviceInfo {
+    /// Device ordinal.
+    pub ordinal: usize,
+    /// Marketing name, e.g. `NVIDIA H100 80GB HBM3`.
+    pub name: String,
+    /// Compute capability `(major, minor)`.
+    pub compute_capability: (u32, u32),
+    /// The arch FlashCore compiles for.
+    #[serde(serialize_with = "display")]
+    pub arch: Arch,
+    /// Streaming multiprocessors.
+    pub sm_count: u32,
+    /// Global memory in bytes.
+    pub memory_bytes: usize,
+    /// L2 cache in bytes.
+    pub l2_bytes: u32,
+    /// Most shared memory a block may opt in to.
+    pub max_smem_per_block: u32,
+    /// The driver's CUDA version, e.g. 13000 for 13.0.
+    pub driver_version: i32,
+}
+
+fn display<S: serde::Serializer>(a: &Arch, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.collect_str(a)
+}
+
+/// A loaded kernel variant.
+#[derive(Debug)]
+pub struct LoadedKernel {
+    /// The variant.
+    pub variant: Variant,
+    /// What ptxas reported for it.
+    pub resources: ResourceReport,
+    /// Whether the CUBIN came from the disk cache.
+    pub from_cache: bool,
+    function: CudaFunction,
+}
+
+/// Log-sum-exp and output of one attention call.
+#[derive(Debug)]
+pub struct AttnOutput {
+    /// `o [B, Sq, Hq, D]` in the input dtype.
+    pub o: DeviceTensor,
+    /// `lse [B, Hq, Sq]`, natural log, f32.
+    pub lse: CudaSlice<f32>,
+}
+
+/// A GPU ready to run attention: CUDA context, stream, JIT and kernel cache.
+///
+/// Calls on one `Context` are queued on its stream in order; results are ready after
+/// [`Context::synchronize`] or a download.
+pub struct Context {
+    cuda: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    info: DeviceInfo,
+    jit: Jit,
+    loaded: Mutex<HashMap<Variant, Arc<LoadedKernel>>>,
+}
+
+impl Context {
+    /// Opens GPU `ordinal`, caching kernels in [`DiskCache::default_dir`].
+    pub fn new(ordinal: usize) -> Result<Self> {
+        Self::with_cache(ordinal, DiskCache::new(DiskCache::default_dir()))
+    }
+
+    /// Opens GPU `ordinal` with an explicit kernel cache.
+    pub fn with_cache(ordinal: usize, cache: DiskCache) -> Result<Self> {
+        // SAFETY: only probes whether libcuda can be opened.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(Error::NoGpu("the NVIDIA driver library (libcuda.so) was not found".into()));
+        }
+        let count = CudaContext::device_count().map_err(|e| Error::NoGpu(format!("the CUDA driver could not start: {e}")))?;
+        if ordinal >= count as usize {
+            return Err(Error::NoGpu(format!("device {ordinal} requested, {count} present")));
+        }
+        let cuda = CudaContext::new(ordinal).ctx("creating the CUDA context")?;
+        // One stream, so cudarc's cross-stream event tracking is pure overhead.
+        unsafe { cuda.disable_event_tracking() };
+        let stream = cuda.default_stream();
+        let info = device_info(&cuda)?;
+        Ok(Self { cuda, stream, info, jit: Jit::new(cache), loaded: Mutex::new(HashMap::new()) })
+    }
+
+    /// The device.
+    pub fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    /// The device ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.info.ordinal
+    }
+
+    /// The stream every call is queued on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The JIT compiler and its cache.
+    pub fn jit(&self) -> &Jit {
+        &self.jit
+    }
+
+    /// The CUDA context.
+    pub fn cuda(&self) -> &Arc<CudaContext> {
+        &self.cuda
+    }
+
+    /// Waits for all queued work.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream.synchronize().ctx("synchronizing the stream")
+    }
+
+    /// Attention into fresh buffers. See [`Context::attention_into`].
+    ///
+    /// ```no_run
+    /// # fn main() -> flashcore::Result<()> {
+    /// use flashcore::{AttnParams, Context, DType, DeviceTensor};
+    /// let ctx = Context::new(0)?;
+    /// let shape = [2, 1024, 16, 128];
+    /// let data: Vec<f32> = (0..shape.iter().product::<usize>()).map(|i| (i as f32).sin()).collect();
+    /// let q = DeviceTensor::from_f32(&ctx, &data, shape, DType::BF16)?;
+    /// let out = ctx.attention(q.view(), q.view(), q.view(), &AttnParams::causal())?;
+    /// let o: Vec<f32> = out.o.to_f32(&ctx)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn attention(&self, q: TensorView, k: TensorView, v: TensorView, params: &AttnParams) -> Result<AttnOutput> {
+        let layout = Layout::contiguous(q.layout.shape, q.layout.dtype);
+        let mut o = DeviceTensor::filled(self, 0, q.layout.shape, q.layout.dtype)?;
+        let [b, sq, hq, _] = q.layout.shape;
+        let mut lse = self.stream.alloc_zeros::<f32>((b * hq * sq).max(1)).ctx("allocating lse")?;
+        debug_assert_eq!(o.layout(), &layout);
+        self.attention_into(q, k, v, o.view_mut(), Some(&mut lse), params)?;
+        Ok(AttnOutput { o, lse })
+    }
+
+    /// Attention `o = softmax(scale · q kᵀ [+ mask]) v`, written into `o` (same shape and
+    /// dtype as `q`) and, if given, `lse [B, Hq, Sq]` (natural log, f32).
+    ///
+    /// Shapes are BSHD: `q [B, Sq, Hq, D]`, `k, v [B, Sk, Hkv, D]` with `Hq % Hkv == 0`;
+    /// the last dim contiguous, other strides free (multiples of 8 elements), so a
+    /// PyTorch BHSD tensor works through its strides. The call is queued on the stream.
+    pub fn attention_into(
+        &self,
+        q: TensorView,
+        k: TensorView,
+        v: TensorView,
+        o: TensorViewMut,
+        lse: Option<&mut CudaSlice<f32>>,
+        params: &AttnParams,
+    ) -> Result<()> {
+        let shape = validate::problem(&q, &k, &v, &o.as_view(), self.ordinal())?;
+        let scale = params.scale_for(shape.head_dim);
+        if !scale.is_finite() {
+            return Err(Error::Param { arg: "softmax_scale", msg: format!("{scale} is not finite") });
+        }
+        let lse_ptr = match lse {
+            Some(buf) => {
+                validate::lse(buf.len(), &shape)?;
+                buf.device_ptr_mut(&self.stream).0
+            }
+            None => 0,
+        };
+        let variant = dispatch::select(self.info.arch, &shape, q.layout.dtype, params)?;
+        let kernel = self.load(&variant)?;
+        let stride = |t: &TensorView| [0, 1, 2].map(|i| t.layout.strides[i] as i64);
+        let p = FwdParams {
+            q: q.ptr,
+            k: k.ptr,
+            v: v.ptr,
+            o: o.ptr,
+            lse: lse_ptr,
+            q_strides: stride(&q),
+            k_strides: stride(&k),
+            v_strides: stride(&v),
+            o_strides: stride(&o.as_view()),
+            batch: shape.batch as i32,
+            seqlen_q: shape.seqlen_q as i32,
+            seqlen_k: shape.seqlen_k as i32,
+            heads_q: shape.heads_q as i32,
+            heads_kv: shape.heads_kv as i32,
+            head_dim: shape.head_dim as i32,
+            softmax_scale: scale,
+            softmax_scale_log2: scale * std::f32::consts::LOG2_E,
+            causal: i32::from(params.causal),
+            _pad: 0,
+        };
+        self.launch(&kernel, &shape, &p)
+    }
+
+    fn launch(&self, kernel: &LoadedKernel, shape: &ProblemShape, p: &FwdParams) -> Result<()> {
+        let (grid, threads) = kernel.variant.grid(shape);
+        let cfg = LaunchConfig { grid_dim: grid, block_dim: (threads, 1, 1), shared_mem_bytes: kernel.variant.smem_bytes };
+        // SAFETY: `p` matches the kernel's `FwdParams` ABI and its pointers were validated.
+        unsafe { self.stream.launch_builder(&kernel.function).arg(p).launch(cfg) }.ctx(format!("launching {}", kernel.variant.name()))?;
+        Ok(())
+    }
+
+    /// Compiles (or fetches from the caches) and loads `variant`.
+    pub fn load(&self, variant: &Variant) -> Result<Arc<LoadedKernel>> {
+        if let Some(k) = self.loaded.lock().unwrap().get(variant) {
+            return Ok(k.clone());
+        }
+        if variant.smem_bytes > self.info.max_smem_per_block {
+            return Err(Error::Unsupported {
+                kernel: variant.name(),
+                msg: format!("needs {} B of shared memory, the device allows {}", variant.smem_bytes, self.info.max_smem_per_block),
+            });
+        }
+        let source = variant.source();
+        let compiled = self.jit.compile(&source, self.info.arch)?;
+        let module = self.cuda.load_module(Ptx::from_binary(compiled.cubin.to_vec())).ctx(format!("loading {}", source.name))?;
+        let function = module.load_function(source.entry).ctx(format!("finding {} in its module", source.entry))?;
+        function
+            .set_attribute(FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, variant.smem_bytes as i32)
+            .ctx("raising the dynamic shared memory limit")?;
+        let kernel = Arc::new(LoadedKernel { variant: variant.clone(), resources: compiled.resources, from_cache: compiled.from_cache, function });
+        self.loaded.lock().unwrap().insert(variant.clone(), kernel.clone());
+        Ok(kernel)
+    }
+}
+
+fn device_info(cuda: &Arc<CudaContext>) -> Result<DeviceInfo> {
+    let attr = |a| cuda.attribute(a).map(|v| v as u32).ctx("reading a device attribute");
+    let (major, minor) = cuda.compute_capability().ctx("reading the compute capability")?;
+    let mut driver_version = 0;
+    // SAFETY: writes one int.
+    unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver_version) }.result().ctx("reading the driver version")?;
+    Ok(DeviceInfo {
+        ordinal: cuda.ordinal(),
+        name: cuda.name().ctx("reading the device name")?,
+        compute_capability: (major as u32, minor as u32),
+        arch: Arch::for_device(major as u32, minor as u32),
+        sm_count: attr(Attr::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+        memory_bytes: cuda.total_mem().ctx("reading the memory size")?,
+        l2_bytes: attr(Attr::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?,
+        max_smem_per_block: attr(Attr::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
+        driver_version,
+    })
+}

@@ -1,0 +1,82 @@
+//! The ptxas resource report (`-Xptxas -v`), parsed from the NVRTC log.
+
+/// Resources ptxas reported for one kernel entry.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ResourceReport {
+    /// Registers per thread.
+    pub registers: u32,
+    /// Static shared memory in bytes (dynamic shared memory is set at launch).
+    pub static_smem: u32,
+    /// Stack frame bytes per thread.
+    pub stack_frame: u32,
+    /// Spill store bytes.
+    pub spill_stores: u32,
+    /// Spill load bytes.
+    pub spill_loads: u32,
+}
+
+impl ResourceReport {
+    /// Parses the report of `entry` from an NVRTC log; `None` if the log has none.
+    pub fn parse(log: &str, entry: &str) -> Option<Self> {
+        let mut report = ResourceReport::default();
+        let mut in_entry = false;
+        let mut found = false;
+        for line in log.lines() {
+            if line.contains("Compiling entry function") || line.contains("Function properties for") {
+                in_entry = line.contains(&format!("'{entry}'")) || line.trim_end().ends_with(&format!(" {entry}"));
+                continue;
+            }
+            if !in_entry {
+                continue;
+            }
+            if line.contains("bytes stack frame") {
+                report.stack_frame = number_before(line, "bytes stack frame")?;
+                report.spill_stores = number_before(line, "bytes spill stores")?;
+                report.spill_loads = number_before(line, "bytes spill loads")?;
+            }
+            if line.contains("Used") && line.contains("registers") {
+                report.registers = number_before(line, "registers")?;
+                report.static_smem = number_before(line, "bytes smem").unwrap_or(0);
+                found = true;
+            }
+        }
+        found.then_some(report)
+    }
+
+    /// Whether ptxas spilled registers to local memory.
+    pub fn spills(&self) -> bool {
+        self.spill_stores > 0 || self.spill_loads > 0
+    }
+}
+
+fn number_before(line: &str, marker: &str) -> Option<u32> {
+    let head = &line[..line.find(marker)?];
+    head.split(|c: char| !c.is_ascii_digit()).rfind(|s| !s.is_empty())?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LOG: &str = "ptxas info    : 4 bytes gmem
+ptxas info    : Compiling entry function 'other' for 'sm_90a'
+ptxas info    : Function properties for other
+ptxas         .     8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 8 bytes smem
+ptxas info    : Compiling entry function 'fc_fwd' for 'sm_90a'
+ptxas info    : Function properties for fc_fwd
+ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 168 registers, used 1 barriers, 1024 bytes smem, 400 bytes cmem[0]
+";
+
+    #[test]
+    fn parses_the_named_entry_only() {
+        let r = ResourceReport::parse(LOG, "fc_fwd").unwrap();
+        assert_eq!(r, ResourceReport { registers: 168, static_smem: 1024, stack_frame: 0, spill_stores: 0, spill_loads: 0 });
+        assert!(!r.spills());
+        let o = ResourceReport::parse(LOG, "other").unwrap();
+        assert_eq!((o.registers, o.spill_stores, o.stack_frame), (255, 4, 8));
+        assert!(o.spills());
+        assert_eq!(ResourceReport::parse(LOG, "missing"), None);
+    }
+}

@@ -1,0 +1,184 @@
+//! Kernel families: their variants, the compile-time configuration of each, and how each
+//! is launched. One file per family; this one holds what they share.
+
+pub(crate) mod fwd_sm80;
+pub(crate) mod reference;
+
+use cudarc::driver::DeviceRepr;
+
+use crate::jit::{Arch, KernelSource};
+use crate::params::ProblemShape;
+use crate::tensor::DType;
+
+/// The forward-attention launch ABI, field for field `FwdParams` in
+/// `kernels/common/params.cuh`: change both together.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct FwdParams {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub o: u64,
+    pub lse: u64,
+    pub q_strides: [i64; 3],
+    pub k_strides: [i64; 3],
+    pub v_strides: [i64; 3],
+    pub o_strides: [i64; 3],
+    pub batch: i32,
+    pub seqlen_q: i32,
+    pub seqlen_k: i32,
+    pub heads_q: i32,
+    pub heads_kv: i32,
+    pub head_dim: i32,
+    pub softmax_scale: f32,
+    pub softmax_scale_log2: f32,
+    pub causal: i32,
+    pub _pad: i32,
+}
+
+const _: () = assert!(std::mem::size_of::<FwdParams>() == 176);
+
+// SAFETY: plain old data with the C layout the kernels expect.
+unsafe impl DeviceRepr for FwdParams {}
+
+/// A family of kernels: one algorithm, many compile-time variants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KernelFamily {
+    /// Naive fp32 GPU reference (one warp per query row): the oracle, not fast.
+    Reference,
+    /// FlashAttention-2-style forward with mma.sync, for sm_80 and newer.
+    FwdSm80,
+}
+
+impl KernelFamily {
+    /// Every family.
+    pub const ALL: [KernelFamily; 2] = [KernelFamily::Reference, KernelFamily::FwdSm80];
+
+    /// The family's name, as the CLI takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelFamily::Reference => "reference",
+            KernelFamily::FwdSm80 => "fwd_sm80",
+        }
+    }
+
+    /// Parses a family name.
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|f| f.name() == name)
+    }
+
+    /// Whether the family can run on `arch` at all.
+    pub fn runs_on(self, arch: Arch) -> bool {
+        match self {
+            KernelFamily::Reference => arch.major >= 8,
+            KernelFamily::FwdSm80 => arch.major >= 8,
+        }
+    }
+
+    /// Head dims the family supports.
+    pub fn head_dims(self) -> &'static [usize] {
+        match self {
+            KernelFamily::Reference => reference::HEAD_DIMS,
+            KernelFamily::FwdSm80 => fwd_sm80::HEAD_DIMS,
+        }
+    }
+
+    /// Every variant the family compiles for `arch`.
+    pub fn variants(self, arch: Arch) -> Vec<Variant> {
+        let dtypes = [DType::F16, DType::BF16];
+        match self {
+            KernelFamily::Reference => dtypes.iter().map(|&d| reference::variant(d)).collect(),
+            KernelFamily::FwdSm80 => {
+                let mut out = Vec::new();
+                for &head_dim in fwd_sm80::HEAD_DIMS {
+                    for dtype in dtypes {
+                        for causal in [false, true] {
+                            out.push(fwd_sm80::variant(arch, dtype, head_dim, causal));
+                        }
+                    }
+                }
+                out
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for KernelFamily {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A tile configuration: the compile-time shape of a kernel's work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct Tile {
+    /// Query rows per CTA.
+    pub block_m: u32,
+    /// Keys per K/V tile.
+    pub block_n: u32,
+    /// Warps per CTA.
+    pub warps: u32,
+    /// K/V pipeline stages.
+    pub stages: u32,
+}
+
+/// One compiled variant of a family.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Variant {
+    /// Its family.
+    pub family: KernelFamily,
+    /// Input/output dtype.
+    pub dtype: DType,
+    /// Compile-time head dim; `None` when the head dim is a run-time argument.
+    pub head_dim: Option<usize>,
+    /// Compile-time mask; `None` when causal is a run-time argument.
+    pub causal: Option<bool>,
+    /// Tile configuration.
+    pub tile: Tile,
+    /// Dynamic shared memory per CTA at this configuration, in bytes.
+    pub smem_bytes: u32,
+}
+
+impl Variant {
+    /// A name unique per compiled binary, e.g. `fwd_sm80_bf16_d128_causal_128x64w4s2`.
+    pub fn name(&self) -> String {
+        let mut name = format!("{}_{}", self.family.name(), self.dtype.name());
+        if let Some(d) = self.head_dim {
+            name += &format!("_d{d}");
+        }
+        if let Some(c) = self.causal {
+            name += if c { "_causal" } else { "_full" };
+        }
+        let t = self.tile;
+        name + &format!("_{}x{}w{}s{}", t.block_m, t.block_n, t.warps, t.stages)
+    }
+
+    /// What the JIT compiles.
+    pub fn source(&self) -> KernelSource {
+        let t = self.tile;
+        let mut defines = vec![("FC_DTYPE_BF16".to_string(), u8::from(self.dtype == DType::BF16).to_string())];
+        if let Some(d) = self.head_dim {
+            defines.push(("FC_HEAD_DIM".into(), d.to_string()));
+        }
+        if let Some(c) = self.causal {
+            defines.push(("FC_CAUSAL".into(), u8::from(c).to_string()));
+        }
+        for (k, v) in [("FC_BLOCK_M", t.block_m), ("FC_BLOCK_N", t.block_n), ("FC_NUM_WARPS", t.warps), ("FC_STAGES", t.stages)] {
+            defines.push((k.into(), v.to_string()));
+        }
+        let (file, entry) = match self.family {
+            KernelFamily::Reference => ("reference.cu", "fc_reference"),
+            KernelFamily::FwdSm80 => ("fwd_sm80.cu", "fc_fwd_sm80"),
+        };
+        KernelSource { name: self.name(), file, entry, defines }
+    }
+
+    /// Grid `(x, y, z)` and threads per block for `shape`: one CTA per
+    /// (query tile, head, batch).
+    pub fn grid(&self, shape: &ProblemShape) -> ((u32, u32, u32), u32) {
+        let m = self.tile.block_m as usize;
+        let tiles = shape.seqlen_q.div_ceil(m) as u32;
+        ((tiles, shape.heads_q as u32, shape.batch as u32), 32 * self.tile.warps)
+    }
+}

@@ -1,0 +1,21 @@
+//! The naive GPU reference kernel (`kernels/reference.cu`): head dim and mask are run-time
+//! arguments, so one binary per dtype serves every problem.
+
+use super::{KernelFamily, Tile, Variant};
+use crate::tensor::DType;
+
+/// Head dims the reference kernel takes (any multiple of 8 up to 256 works; these are the
+/// ones the fast kernels offer, which the reference checks).
+pub const HEAD_DIMS: &[usize] = &[32, 64, 96, 128, 192, 256];
+
+/// The reference variant for `dtype`.
+pub fn variant(dtype: DType) -> Variant {
+    Variant {
+        family: KernelFamily::Reference,
+        dtype,
+        head_dim: None,
+        causal: None,
+        tile: Tile { block_m: 4, block_n: 1, warps: 4, stages: 1 },
+        smem_bytes: 0,
+    }
+}

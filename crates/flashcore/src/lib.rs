@@ -1,0 +1,40 @@
+//! # FlashCore
+//!
+//! Fused attention kernels for NVIDIA GPUs, compiled on first use by NVRTC for the exact
+//! GPU and cached on disk. No CUDA toolkit is needed to build; at run time FlashCore needs
+//! the NVIDIA driver and `libnvrtc` (the CUDA toolkit's, PyTorch's, or
+//! `pip install nvidia-cuda-nvrtc`).
+//!
+//! ```no_run
+//! # fn main() -> flashcore::Result<()> {
+//! use flashcore::{AttnParams, Context, DType, DeviceTensor};
+//! let ctx = Context::new(0)?;                                    // GPU 0, JIT cache ready
+//! let shape = [1, 4096, 16, 128];                                // [B, S, H, D]
+//! let x: Vec<f32> = (0..shape.iter().product()).map(|i: usize| (i % 7) as f32 * 0.1).collect();
+//! let q = DeviceTensor::from_f32(&ctx, &x, shape, DType::BF16)?;
+//! let out = ctx.attention(q.view(), q.view(), q.view(), &AttnParams::causal())?;
+//! println!("{:?}", &out.o.to_f32(&ctx)?[..4]);
+//! # Ok(()) }
+//! ```
+//!
+//! Shapes are BSHD (`q [B, Sq, Hq, D]`, `k, v [B, Sk, Hkv, D]`), GQA/MQA when
+//! `Hq % Hkv == 0`, causal masks bottom-right aligned (see [`AttnParams::causal`]).
+//! [`reference::attention`] is the f64 CPU oracle every kernel is checked against.
+#![deny(missing_docs)]
+
+pub mod bench;
+mod context;
+pub mod dispatch;
+mod error;
+pub mod jit;
+pub mod kernels;
+mod params;
+pub mod reference;
+mod tensor;
+mod validate;
+
+pub use context::{AttnOutput, Context, DeviceInfo, LoadedKernel};
+pub use error::{Error, Result};
+pub use kernels::{KernelFamily, Tile, Variant};
+pub use params::{AttnParams, ProblemShape};
+pub use tensor::{DType, DeviceTensor, Layout, TensorView, TensorViewMut};

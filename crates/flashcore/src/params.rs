@@ -1,0 +1,115 @@
+//! Attention parameters and the problem shape, with its FLOP and byte counts.
+
+/// Parameters of one attention call.
+///
+/// ```
+/// use flashcore::AttnParams;
+/// let p = AttnParams::causal();
+/// assert!(p.causal && p.softmax_scale.is_none());
+/// let p = AttnParams { softmax_scale: Some(0.1), ..AttnParams::default() };
+/// assert_eq!(p.scale_for(64), 0.1);
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct AttnParams {
+    /// Multiplies `q·k`; `None` means `1/sqrt(D)`.
+    pub softmax_scale: Option<f32>,
+    /// Causal mask, **bottom-right aligned** when `Sq != Sk` (as FlashAttention ≥ 2.1):
+    /// query `i` sees key `j` iff `j <= i + Sk - Sq`. With `Sq = 3, Sk = 5` (`x` = visible):
+    ///
+    /// ```text
+    ///          k0 k1 k2 k3 k4
+    ///     q0 [ x  x  x  .  . ]
+    ///     q1 [ x  x  x  x  . ]
+    ///     q2 [ x  x  x  x  x ]
+    /// ```
+    ///
+    /// With `Sq > Sk` the first `Sq - Sk` query rows see no key at all: their output is 0
+    /// and their log-sum-exp is `-inf`.
+    pub causal: bool,
+    /// Force a kernel family; `None` lets FlashCore pick the fastest for the device.
+    pub kernel: Option<crate::kernels::KernelFamily>,
+}
+
+impl AttnParams {
+    /// Causal attention with the default scale.
+    pub fn causal() -> Self {
+        Self { causal: true, ..Self::default() }
+    }
+
+    /// The scale actually used for head dim `head_dim`.
+    pub fn scale_for(&self, head_dim: usize) -> f32 {
+        self.softmax_scale.unwrap_or(1.0 / (head_dim as f32).sqrt())
+    }
+}
+
+/// The shape of one attention problem: `q [B, Sq, Hq, D]`, `k, v [B, Sk, Hkv, D]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct ProblemShape {
+    /// Batch size `B`.
+    pub batch: usize,
+    /// Query sequence length `Sq`.
+    pub seqlen_q: usize,
+    /// Key/value sequence length `Sk`.
+    pub seqlen_k: usize,
+    /// Query heads `Hq`.
+    pub heads_q: usize,
+    /// Key/value heads `Hkv`; `Hq % Hkv == 0` (GQA/MQA).
+    pub heads_kv: usize,
+    /// Head dimension `D`.
+    pub head_dim: usize,
+}
+
+impl ProblemShape {
+    /// Number of (query, key) pairs one head attends to, under the mask.
+    pub fn visible_pairs(&self, causal: bool) -> u64 {
+        let (sq, sk) = (self.seqlen_q as u64, self.seqlen_k as u64);
+        if !causal {
+            return sq * sk;
+        }
+        // Row i sees keys 0..=i+sk-sq, clamped to [0, sk].
+        (0..sq).map(|i| (i + sk).saturating_sub(sq).saturating_add(1).min(sk)).sum()
+    }
+
+    /// Matrix FLOPs of the forward pass: two products of `2·D` FLOPs per visible pair.
+    /// For causal with `Sq = Sk` this is close to half of the dense count (the
+    /// convention of FlashAttention's benchmarks, which use exactly half).
+    pub fn flops(&self, causal: bool) -> f64 {
+        4.0 * (self.batch * self.heads_q * self.head_dim) as f64 * self.visible_pairs(causal) as f64
+    }
+
+    /// The fewest bytes a forward pass moves: q, k, v read once, o written once
+    /// (`elem_bytes` per element), and the f32 log-sum-exp.
+    pub fn min_bytes(&self, elem_bytes: usize) -> f64 {
+        let q = self.batch * self.seqlen_q * self.heads_q * self.head_dim;
+        let kv = 2 * self.batch * self.seqlen_k * self.heads_kv * self.head_dim;
+        ((2 * q + kv) * elem_bytes + 4 * self.batch * self.heads_q * self.seqlen_q) as f64
+    }
+
+    /// Bytes of K and V, the traffic that bounds decode.
+    pub fn kv_bytes(&self, elem_bytes: usize) -> f64 {
+        (2 * self.batch * self.seqlen_k * self.heads_kv * self.head_dim * elem_bytes) as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(sq: usize, sk: usize) -> ProblemShape {
+        ProblemShape { batch: 1, seqlen_q: sq, seqlen_k: sk, heads_q: 1, heads_kv: 1, head_dim: 1 }
+    }
+
+    #[test]
+    fn visible_pairs_count_the_bottom_right_mask() {
+        assert_eq!(shape(3, 5).visible_pairs(true), 3 + 4 + 5);
+        assert_eq!(shape(4, 4).visible_pairs(true), 10);
+        assert_eq!(shape(5, 2).visible_pairs(true), 1 + 2);
+        assert_eq!(shape(5, 2).visible_pairs(false), 10);
+    }
+
+    #[test]
+    fn flops_match_the_dense_formula() {
+        let s = ProblemShape { batch: 2, seqlen_q: 8, seqlen_k: 16, heads_q: 4, heads_kv: 2, head_dim: 64 };
+        assert_eq!(s.flops(false), 4.0 * 2.0 * 4.0 * 8.0 * 16.0 * 64.0);
+    }
+}

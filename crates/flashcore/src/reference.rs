@@ -1,0 +1,403 @@
+//! The f64 CPU reference: the oracle every kernel is checked against.
+//!
+//! Slow and obviously right: one query row at a time, a plain softmax with the row max
+//! subtracted, in f64. Parallel over (batch, query head) with rayon. Same semantics as the
+//! kernels (see [`AttnParams`](crate::params::AttnParams)):
+//!
+//! - `s_ij = softmax_scale · q_i · k_j`;
+//! - causal is bottom-right aligned: query `i` sees key `j` iff `j <= i + Sk - Sq`;
+//! - GQA/MQA: query head `h` reads key/value head `h / (Hq / Hkv)`;
+//! - `lse_i = ln Σ_j exp(s_ij)` over the visible keys; a row that sees no key (causal with
+//!   `Sq > Sk`) gives `o = 0` and `lse = -inf`, never NaN.
+
+use crate::params::ProblemShape;
+use rayon::prelude::*;
+
+/// Output of the reference: `o` is `[B, Sq, Hq, D]` contiguous, `lse` is `[B, Hq, Sq]`
+/// (natural log).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReferenceOutput {
+    /// Attention output, `[B, Sq, Hq, D]` contiguous.
+    pub o: Vec<f64>,
+    /// Log-sum-exp of each row's logits, `[B, Hq, Sq]`, natural log; `-inf` for rows that
+    /// see no key.
+    pub lse: Vec<f64>,
+}
+
+/// Attention of `q: [B, Sq, Hq, D]` over `k, v: [B, Sk, Hkv, D]`, all contiguous BSHD.
+///
+/// # Panics
+/// If a slice's length does not match `shape`, or `Hkv` is 0 or does not divide `Hq`.
+/// (The public GPU API validates its arguments before it calls this.)
+pub fn attention(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    shape: &ProblemShape,
+    softmax_scale: f64,
+    causal: bool,
+) -> ReferenceOutput {
+    let ProblemShape {
+        batch,
+        seqlen_q: sq,
+        seqlen_k: sk,
+        heads_q: hq,
+        heads_kv: hkv,
+        head_dim: d,
+    } = *shape;
+    assert!(
+        hkv > 0 && hq % hkv == 0,
+        "heads_q = {hq} must be a multiple of heads_kv = {hkv}"
+    );
+    let (q_len, kv_len) = (batch * sq * hq * d, batch * sk * hkv * d);
+    for (name, t, want) in [("q", q, q_len), ("k", k, kv_len), ("v", v, kv_len)] {
+        assert_eq!(
+            t.len(),
+            want,
+            "{name} has {} elements, {shape:?} needs {want}",
+            t.len()
+        );
+    }
+    let group = hq / hkv;
+
+    // One job per (batch, query head); each returns that head's [Sq, D] output and [Sq] lse.
+    let heads: Vec<(Vec<f64>, Vec<f64>)> = (0..batch * hq)
+        .into_par_iter()
+        .map(|bh| {
+            let (b, h) = (bh / hq, bh % hq);
+            let q_row = |i: usize| &q[((b * sq + i) * hq + h) * d..][..d];
+            let kv_at = |j: usize| ((b * sk + j) * hkv + h / group) * d;
+            let mut o = vec![0.0; sq * d];
+            let mut lse = vec![f64::NEG_INFINITY; sq];
+            for i in 0..sq {
+                // Keys 0..visible are the ones with j <= i + Sk - Sq.
+                let visible = if causal {
+                    (i + 1 + sk).saturating_sub(sq).min(sk)
+                } else {
+                    sk
+                };
+                if visible == 0 {
+                    continue;
+                }
+                let s: Vec<f64> = (0..visible)
+                    .map(|j| softmax_scale * dot(q_row(i), &k[kv_at(j)..][..d]))
+                    .collect();
+                let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let p: Vec<f64> = s.iter().map(|&s| (s - max).exp()).collect();
+                let sum: f64 = p.iter().sum();
+                let o_i = &mut o[i * d..][..d];
+                for (j, &p) in p.iter().enumerate() {
+                    let weight = p / sum;
+                    for (o, &v) in o_i.iter_mut().zip(&v[kv_at(j)..][..d]) {
+                        *o += weight * v;
+                    }
+                }
+                lse[i] = max + sum.ln();
+            }
+            (o, lse)
+        })
+        .collect();
+
+    let mut o = vec![0.0; q_len];
+    let mut lse = Vec::with_capacity(batch * hq * sq);
+    for (bh, (o_head, lse_head)) in heads.into_iter().enumerate() {
+        let (b, h) = (bh / hq, bh % hq);
+        for (i, row) in o_head.chunks_exact(d.max(1)).enumerate() {
+            o[((b * sq + i) * hq + h) * d..][..d].copy_from_slice(row);
+        }
+        lse.extend(lse_head);
+    }
+    ReferenceOutput { o, lse }
+}
+
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(a, b)| a * b).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(batch: usize, sq: usize, sk: usize, hq: usize, hkv: usize, d: usize) -> ProblemShape {
+        ProblemShape {
+            batch,
+            seqlen_q: sq,
+            seqlen_k: sk,
+            heads_q: hq,
+            heads_kv: hkv,
+            head_dim: d,
+        }
+    }
+
+    /// Deterministic values in [-1, 1) (splitmix64), so tests need no RNG crate.
+    fn random(n: usize, seed: u64) -> Vec<f64> {
+        let mut x = seed;
+        (0..n)
+            .map(|_| {
+                x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+                let mut z = x;
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                z ^= z >> 31;
+                (z >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Random q, k, v for `s`.
+    fn qkv(s: &ProblemShape, seed: u64) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+        let nq = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
+        let nkv = s.batch * s.seqlen_k * s.heads_kv * s.head_dim;
+        (
+            random(nq, seed),
+            random(nkv, seed + 1),
+            random(nkv, seed + 2),
+        )
+    }
+
+    fn assert_close(a: &[f64], b: &[f64], tol: f64) {
+        assert_eq!(a.len(), b.len());
+        for (i, (x, y)) in a.iter().zip(b).enumerate() {
+            let same_inf = x.is_infinite() && x == y;
+            assert!(same_inf || (x - y).abs() <= tol, "element {i}: {x} vs {y}");
+        }
+    }
+
+    /// Brute force: the mask spelled out with signed indices, no max subtraction.
+    fn brute_force(
+        q: &[f64],
+        k: &[f64],
+        v: &[f64],
+        s: &ProblemShape,
+        scale: f64,
+        causal: bool,
+    ) -> ReferenceOutput {
+        let (sq, sk, hq, hkv, d) = (s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv, s.head_dim);
+        let mut o = vec![0.0; s.batch * sq * hq * d];
+        let mut lse = vec![f64::NEG_INFINITY; s.batch * hq * sq];
+        for b in 0..s.batch {
+            for h in 0..hq {
+                let kh = h * hkv / hq;
+                for i in 0..sq {
+                    let mut weights = vec![0.0; sk];
+                    for (j, w) in weights.iter_mut().enumerate() {
+                        if causal && j as isize > i as isize + sk as isize - sq as isize {
+                            continue;
+                        }
+                        let logit: f64 = (0..d)
+                            .map(|c| {
+                                q[((b * sq + i) * hq + h) * d + c]
+                                    * k[((b * sk + j) * hkv + kh) * d + c]
+                            })
+                            .sum();
+                        *w = (scale * logit).exp();
+                    }
+                    let sum: f64 = weights.iter().sum();
+                    if sum == 0.0 {
+                        continue;
+                    }
+                    lse[(b * hq + h) * sq + i] = sum.ln();
+                    for (j, w) in weights.iter().enumerate() {
+                        for c in 0..d {
+                            o[((b * sq + i) * hq + h) * d + c] +=
+                                w / sum * v[((b * sk + j) * hkv + kh) * d + c];
+                        }
+                    }
+                }
+            }
+        }
+        ReferenceOutput { o, lse }
+    }
+
+    #[test]
+    fn one_query_two_keys_by_hand() {
+        // Logits 0 and ln 2: weights 1/3 and 2/3, so o = 3/3 + 2·6/3 = 5 and lse = ln 3.
+        let out = attention(
+            &[1.0],
+            &[0.0, 2f64.ln()],
+            &[3.0, 6.0],
+            &shape(1, 1, 2, 1, 1, 1),
+            1.0,
+            false,
+        );
+        assert_close(&out.o, &[5.0], 1e-14);
+        assert_close(&out.lse, &[3f64.ln()], 1e-14);
+        // The scale multiplies the logits: scale 2 gives ln 4, weights 1/5 and 4/5.
+        let out = attention(
+            &[1.0],
+            &[0.0, 2f64.ln()],
+            &[3.0, 6.0],
+            &shape(1, 1, 2, 1, 1, 1),
+            2.0,
+            false,
+        );
+        assert_close(&out.o, &[3.0 / 5.0 + 24.0 / 5.0], 1e-14);
+        assert_close(&out.lse, &[5f64.ln()], 1e-14);
+    }
+
+    #[test]
+    fn large_logits_do_not_overflow() {
+        // exp(1000) overflows f64; the max subtraction keeps it exact.
+        let out = attention(
+            &[1000.0],
+            &[1.0, 1.0, -1.0],
+            &[1.0, 3.0, 100.0],
+            &shape(1, 1, 3, 1, 1, 1),
+            1.0,
+            false,
+        );
+        assert_close(&out.o, &[2.0], 1e-12);
+        assert_close(&out.lse, &[1000.0 + 2f64.ln()], 1e-12);
+    }
+
+    #[test]
+    fn matches_brute_force_on_random_inputs() {
+        for (sq, sk) in [(4, 4), (3, 7), (7, 3), (1, 5), (6, 1)] {
+            for causal in [false, true] {
+                let s = shape(2, sq, sk, 4, 2, 5);
+                let (q, k, v) = qkv(&s, 7);
+                let got = attention(&q, &k, &v, &s, 0.7, causal);
+                let want = brute_force(&q, &k, &v, &s, 0.7, causal);
+                assert_close(&got.o, &want.o, 1e-13);
+                assert_close(&got.lse, &want.lse, 1e-13);
+            }
+        }
+    }
+
+    #[test]
+    fn shifting_all_keys_shifts_each_rows_logits_only() {
+        // k_j + c adds scale·q_i·c to every logit of row i: o is unchanged, lse_i moves by it.
+        let s = shape(1, 3, 5, 1, 1, 4);
+        let (q, k, v) = qkv(&s, 11);
+        let c = [0.5, -2.0, 1.5, 3.0];
+        let shifted: Vec<f64> = k.iter().enumerate().map(|(n, k)| k + c[n % 4]).collect();
+        let base = attention(&q, &k, &v, &s, 0.9, false);
+        let out = attention(&q, &shifted, &v, &s, 0.9, false);
+        assert_close(&out.o, &base.o, 1e-12);
+        for i in 0..3 {
+            let shift = 0.9 * dot(&q[i * 4..][..4], &c);
+            assert!((out.lse[i] - base.lse[i] - shift).abs() < 1e-12);
+        }
+    }
+
+    #[test]
+    fn permuting_keys_and_values_together_changes_nothing() {
+        let s = shape(1, 3, 5, 2, 2, 3);
+        let (q, k, v) = qkv(&s, 23);
+        let row = 2 * 3; // Hkv · D values per key position.
+        let perm = [3, 0, 4, 1, 2];
+        let permute = |t: &[f64]| -> Vec<f64> {
+            perm.iter()
+                .flat_map(|&j| t[j * row..][..row].to_vec())
+                .collect()
+        };
+        let base = attention(&q, &k, &v, &s, 0.5, false);
+        let out = attention(&q, &permute(&k), &permute(&v), &s, 0.5, false);
+        assert_close(&out.o, &base.o, 1e-14);
+        assert_close(&out.lse, &base.lse, 1e-14);
+    }
+
+    #[test]
+    fn causal_first_row_is_the_first_value() {
+        let s = shape(2, 4, 4, 3, 3, 2);
+        let (q, k, v) = qkv(&s, 31);
+        let out = attention(&q, &k, &v, &s, 1.3, true);
+        for b in 0..2 {
+            for h in 0..3 {
+                let at = (b * 4 * 3 + h) * 2; // Row 0 of (b, h), in q, k, v and o alike.
+                assert_close(&out.o[at..][..2], &v[at..][..2], 1e-15);
+                assert_close(
+                    &out.lse[(b * 3 + h) * 4..][..1],
+                    &[1.3 * dot(&q[at..][..2], &k[at..][..2])],
+                    1e-14,
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn gqa_equals_mha_with_repeated_kv_heads() {
+        let (gqa, mha) = (shape(2, 3, 6, 8, 2, 4), shape(2, 3, 6, 8, 8, 4));
+        let (q, k, v) = qkv(&gqa, 41);
+        // Query heads 0..4 share kv head 0, heads 4..8 kv head 1.
+        let repeat =
+            |t: &[f64]| -> Vec<f64> { t.chunks(4).flat_map(|head| [head; 4].concat()).collect() };
+        let (k_mha, v_mha) = (repeat(&k), repeat(&v));
+        assert_eq!(k_mha.len(), 2 * 6 * 8 * 4);
+        assert_eq!(k_mha[(5 * 8 + 3) * 4..][..4], k[(5 * 2) * 4..][..4]);
+        let got = attention(&q, &k, &v, &gqa, 0.5, true);
+        let want = attention(&q, &k_mha, &v_mha, &mha, 0.5, true);
+        assert_eq!(got, want);
+    }
+
+    #[test]
+    fn fully_masked_rows_give_zero_and_minus_infinity() {
+        // Sq = 5 > Sk = 2: rows 0..3 see no key, row 3 sees k0, row 4 sees k0 and k1.
+        let s = shape(1, 5, 2, 1, 1, 3);
+        let (q, k, v) = qkv(&s, 53);
+        let out = attention(&q, &k, &v, &s, 1.0, true);
+        assert!(out.o.iter().chain(&out.lse).all(|x| !x.is_nan()));
+        assert!(out.o[..9].iter().all(|&x| x == 0.0));
+        assert_eq!(out.lse[..3], [f64::NEG_INFINITY; 3]);
+        assert_close(&out.o[9..12], &v[..3], 1e-15);
+        assert!(out.lse[3..].iter().all(|x| x.is_finite()));
+    }
+
+    #[test]
+    fn lse_normalizes_the_visible_weights() {
+        let s = shape(1, 4, 6, 1, 1, 3);
+        let (q, k, _) = qkv(&s, 61);
+        let v = vec![0.0; k.len()];
+        for causal in [false, true] {
+            let out = attention(&q, &k, &v, &s, 2.0, causal);
+            for i in 0..4 {
+                let visible = if causal { i + 3 } else { 6 };
+                let total: f64 = (0..visible)
+                    .map(|j| (2.0 * dot(&q[i * 3..][..3], &k[j * 3..][..3]) - out.lse[i]).exp())
+                    .sum();
+                assert!(
+                    (total - 1.0).abs() < 1e-14,
+                    "row {i}: Σ exp(s - lse) = {total}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn causal_mask_is_bottom_right_aligned() {
+        // With one-hot values (D = Sk, v_j = e_j) row i of o is row i's weights, so its
+        // support is exactly the set of keys query i sees.
+        for (sq, sk) in [(3, 5), (5, 3), (4, 4), (1, 6)] {
+            let s = shape(1, sq, sk, 1, 1, sk);
+            let q = random(sq * sk, 71);
+            let k = random(sk * sk, 72);
+            let v: Vec<f64> = (0..sk * sk)
+                .map(|n| if n / sk == n % sk { 1.0 } else { 0.0 })
+                .collect();
+            let out = attention(&q, &k, &v, &s, 1.0, true);
+            for i in 0..sq {
+                for j in 0..sk {
+                    let visible = j as isize <= i as isize + sk as isize - sq as isize;
+                    assert_eq!(
+                        out.o[i * sk + j] > 0.0,
+                        visible,
+                        "Sq {sq}, Sk {sk}: q{i} k{j}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "k has 5 elements")]
+    fn inconsistent_lengths_panic_with_a_message() {
+        attention(
+            &[0.0; 4],
+            &[0.0; 5],
+            &[0.0; 4],
+            &shape(1, 2, 2, 1, 1, 2),
+            1.0,
+            false,
+        );
+    }
+}

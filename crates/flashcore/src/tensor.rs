@@ -1,0 +1,211 @@
+//! Device tensors: an owning [`DeviceTensor`] and the borrowed views the API takes,
+//! [`TensorView`] and [`TensorViewMut`] (pointer, shape, strides in elements, dtype, device).
+
+use std::marker::PhantomData;
+
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+
+use crate::context::Context;
+use crate::error::{DriverContext, Error, Result};
+
+/// Element type of attention inputs and outputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    /// IEEE half precision.
+    F16,
+    /// bfloat16.
+    BF16,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub const fn size_bytes(self) -> usize {
+        2
+    }
+
+    /// The short name used in kernel names and reports (`f16`, `bf16`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+        }
+    }
+
+    /// Rounds an `f32` to this dtype's 16-bit pattern.
+    pub fn encode(self, x: f32) -> u16 {
+        match self {
+            DType::F16 => half::f16::from_f32(x).to_bits(),
+            DType::BF16 => half::bf16::from_f32(x).to_bits(),
+        }
+    }
+
+    /// Widens a 16-bit pattern of this dtype to `f32`.
+    pub fn decode(self, bits: u16) -> f32 {
+        match self {
+            DType::F16 => half::f16::from_bits(bits).to_f32(),
+            DType::BF16 => half::bf16::from_bits(bits).to_f32(),
+        }
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Shape `[B, S, H, D]`, strides in elements, dtype and device of a 4-D tensor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    /// `[B, S, H, D]`.
+    pub shape: [usize; 4],
+    /// Element strides of the four dims; `strides[3]` must be 1.
+    pub strides: [usize; 4],
+    /// Element type.
+    pub dtype: DType,
+}
+
+impl Layout {
+    /// A contiguous BSHD layout.
+    pub fn contiguous(shape: [usize; 4], dtype: DType) -> Self {
+        let [_, s, h, d] = shape;
+        Self { shape, strides: [s * h * d, h * d, d, 1], dtype }
+    }
+
+    /// Elements covered from the first to one past the last element.
+    pub fn span(&self) -> usize {
+        if self.shape.contains(&0) {
+            return 0;
+        }
+        1 + (0..4).map(|i| (self.shape[i] - 1) * self.strides[i]).sum::<usize>()
+    }
+}
+
+/// A borrowed, read-only device tensor.
+#[derive(Debug, Clone, Copy)]
+pub struct TensorView<'a> {
+    pub(crate) ptr: u64,
+    pub(crate) layout: Layout,
+    pub(crate) device: usize,
+    _borrow: PhantomData<&'a ()>,
+}
+
+/// A borrowed, writable device tensor.
+#[derive(Debug)]
+pub struct TensorViewMut<'a> {
+    pub(crate) ptr: u64,
+    pub(crate) layout: Layout,
+    pub(crate) device: usize,
+    _borrow: PhantomData<&'a mut ()>,
+}
+
+impl TensorView<'_> {
+    /// A view over memory FlashCore does not own (a PyTorch tensor, say).
+    ///
+    /// # Safety
+    /// `ptr` must point to device memory on `device` holding at least `layout.span()`
+    /// elements, valid and not written by others while the view is used.
+    pub unsafe fn from_raw(ptr: u64, layout: Layout, device: usize) -> Self {
+        Self { ptr, layout, device, _borrow: PhantomData }
+    }
+
+    /// The view's layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+}
+
+impl TensorViewMut<'_> {
+    /// A writable view over memory FlashCore does not own.
+    ///
+    /// # Safety
+    /// As [`TensorView::from_raw`], and nothing else may read or write the memory while
+    /// the view is used.
+    pub unsafe fn from_raw(ptr: u64, layout: Layout, device: usize) -> Self {
+        Self { ptr, layout, device, _borrow: PhantomData }
+    }
+
+    /// The view's layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    pub(crate) fn as_view(&self) -> TensorView<'_> {
+        TensorView { ptr: self.ptr, layout: self.layout, device: self.device, _borrow: PhantomData }
+    }
+}
+
+/// A contiguous BSHD tensor in device memory, owned by FlashCore.
+#[derive(Debug)]
+pub struct DeviceTensor {
+    buf: CudaSlice<u16>,
+    layout: Layout,
+    device: usize,
+}
+
+impl DeviceTensor {
+    /// Uploads `data` (row-major BSHD, rounded to `dtype`).
+    pub fn from_f32(ctx: &Context, data: &[f32], shape: [usize; 4], dtype: DType) -> Result<Self> {
+        let layout = Layout::contiguous(shape, dtype);
+        if data.len() != layout.span() {
+            return Err(Error::Shape {
+                arg: "data",
+                msg: format!("{} values for shape {shape:?}", data.len()),
+            });
+        }
+        let bits: Vec<u16> = data.iter().map(|&x| dtype.encode(x)).collect();
+        Self::from_bits(ctx, &bits, shape, dtype)
+    }
+
+    /// Uploads raw 16-bit patterns of `dtype`.
+    pub fn from_bits(ctx: &Context, bits: &[u16], shape: [usize; 4], dtype: DType) -> Result<Self> {
+        let layout = Layout::contiguous(shape, dtype);
+        if bits.len() != layout.span() {
+            return Err(Error::Shape { arg: "data", msg: format!("{} values for shape {shape:?}", bits.len()) });
+        }
+        let buf = ctx.stream().clone_htod(bits).ctx("uploading a tensor")?;
+        Ok(Self { buf, layout, device: ctx.ordinal() })
+    }
+
+    /// A tensor whose every element has the bit pattern `bits` (NaN poisoning, say).
+    pub fn filled(ctx: &Context, bits: u16, shape: [usize; 4], dtype: DType) -> Result<Self> {
+        let n = Layout::contiguous(shape, dtype).span();
+        Self::from_bits(ctx, &vec![bits; n], shape, dtype)
+    }
+
+    /// Sets every element to the bit pattern `bits`.
+    pub fn fill(&mut self, ctx: &Context, bits: u16) -> Result<()> {
+        let host = vec![bits; self.buf.len()];
+        ctx.stream().memcpy_htod(&host, &mut self.buf).ctx("filling a tensor")
+    }
+
+    /// Downloads the raw 16-bit patterns.
+    pub fn to_bits(&self, ctx: &Context) -> Result<Vec<u16>> {
+        ctx.stream().clone_dtoh(&self.buf).ctx("downloading a tensor")
+    }
+
+    /// Downloads and widens to `f32`.
+    pub fn to_f32(&self, ctx: &Context) -> Result<Vec<f32>> {
+        let dtype = self.layout.dtype;
+        Ok(self.to_bits(ctx)?.into_iter().map(|b| dtype.decode(b)).collect())
+    }
+
+    /// The tensor's layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// A read-only view.
+    pub fn view(&self) -> TensorView<'_> {
+        let (ptr, _sync) = self.buf.device_ptr(self.buf.stream());
+        TensorView { ptr, layout: self.layout, device: self.device, _borrow: PhantomData }
+    }
+
+    /// A writable view.
+    pub fn view_mut(&mut self) -> TensorViewMut<'_> {
+        let stream = self.buf.stream().clone();
+        let (ptr, _sync) = self.buf.device_ptr_mut(&stream);
+        TensorViewMut { ptr, layout: self.layout, device: self.device, _borrow: PhantomData }
+    }
+}

@@ -1,0 +1,29 @@
+// The forward-attention launch ABI shared by every kernel family.
+// Mirrored field for field by `FwdParams` in crates/flashcore/src/kernels/mod.rs:
+// change both together.
+#pragma once
+
+struct FwdParams {
+    // Tensors are BSHD with the last dim contiguous; strides are in elements.
+    const void* q;
+    const void* k;
+    const void* v;
+    void* o;
+    float* lse;  // [B, Hq, Sq] contiguous; may be null (not requested)
+
+    long long q_stride_b, q_stride_s, q_stride_h;
+    long long k_stride_b, k_stride_s, k_stride_h;
+    long long v_stride_b, v_stride_s, v_stride_h;
+    long long o_stride_b, o_stride_s, o_stride_h;
+
+    int batch;
+    int seqlen_q;
+    int seqlen_k;
+    int heads_q;
+    int heads_kv;     // heads_q % heads_kv == 0; kv head = q head / (heads_q / heads_kv)
+    int head_dim;     // equals the compile-time FC_HEAD_DIM for specialised kernels
+    float softmax_scale;       // applied to q·k
+    float softmax_scale_log2;  // softmax_scale * log2(e), for exp2-based softmax
+    int causal;                // bottom-right aligned: key j visible to query i iff j <= i + seqlen_k - seqlen_q
+    int _pad;
+};

@@ -1,0 +1,62 @@
+// Numeric storage types without CUDA headers: fp16 and bf16 are 16-bit payloads, and
+// conversions go through single PTX instructions (sm_80+).
+#pragma once
+
+namespace fc {
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef long long i64;
+
+struct f16 { u16 bits; };
+struct bf16 { u16 bits; };
+
+// 16-byte vector, the unit of every coalesced global load and store.
+struct alignas(16) u32x4 { u32 x, y, z, w; };
+
+__device__ __forceinline__ float to_float(f16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h.bits));
+    return f;
+}
+__device__ __forceinline__ float to_float(bf16 h) {
+    return __uint_as_float(static_cast<u32>(h.bits) << 16);
+}
+
+template <typename T> __device__ __forceinline__ T from_float(float f);
+template <> __device__ __forceinline__ f16 from_float<f16>(float f) {
+    f16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(f));
+    return h;
+}
+template <> __device__ __forceinline__ bf16 from_float<bf16>(float f) {
+    bf16 h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h.bits) : "f"(f));
+    return h;
+}
+
+// Two floats packed into one 32-bit register of two 16-bit values, `lo` in the low half:
+// the operand format of mma/wgmma A fragments.
+template <typename T> __device__ __forceinline__ u32 pack2(float lo, float hi);
+template <> __device__ __forceinline__ u32 pack2<f16>(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+template <> __device__ __forceinline__ u32 pack2<bf16>(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// Compile-time dtype selection: FC_DTYPE_BF16=1 picks bf16, else fp16.
+#if defined(FC_DTYPE_BF16) && FC_DTYPE_BF16
+typedef bf16 elem_t;
+#else
+typedef f16 elem_t;
+#endif
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+}  // namespace fc
