@@ -1,0 +1,95 @@
+// Online softmax over a wgmma accumulator tile (m64nN, f32), for the Hopper forward.
+//
+// Layout: in a warpgroup, thread t (warp w = t/32, lane l) holds rows 16w + l/4 and
+// 16w + l/4 + 8; for each 8-column chunk j it holds s[4j+0..1] (first row) and s[4j+2..3]
+// (second row), columns 8j + 2(l%4) + {0,1}. A row is spread over the 4 lanes of a quad,
+// so row reductions are two xor-shuffles. (The sm80 helper's softmax works on mma.m16n8
+// fragments of one warp; this is the same numerics on the warpgroup layout.)
+//
+// Numerics: base 2 with the softmax scale folded in, p = 2^(s·scale_log2 − m·scale_log2),
+// one FFMA and one MUFU.EX2 per element. m is the running max of the raw scores. A row
+// with no visible key so far has m = −inf; its shift is taken as 0 so that 2^(−inf) = 0
+// instead of 2^(−inf + inf) = NaN. Row sums stay per-thread partial until finish(): the
+// rescale factors are equal across a quad, so summing late is exact.
+#pragma once
+#include "common/types.cuh"
+
+namespace fc {
+namespace sm90 {
+
+__device__ __forceinline__ float exp2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
+constexpr float kLn2 = 0.6931471805599453f;
+
+struct OnlineSoftmax {
+    float row_max[2];
+    float row_sum[2];
+
+    __device__ __forceinline__ OnlineSoftmax() {
+        row_max[0] = row_max[1] = neg_inf();
+        row_sum[0] = row_sum[1] = 0.f;
+    }
+
+    // Turns scores s into unnormalised probabilities in place; returns in `rescale` the
+    // factor the output accumulator rows must be multiplied by (0 on the first block of a
+    // row whose max was −inf, which is harmless: the accumulator is still 0 then).
+    template <int R>
+    __device__ __forceinline__ void update(float (&s)[R], float scale_log2, float (&rescale)[2]) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            float m = row_max[r];
+#pragma unroll
+            for (int j = 0; j < R / 4; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+            m = quad_max(m);
+            const float shift = (m == neg_inf()) ? 0.f : m * scale_log2;
+            rescale[r] = exp2_approx(row_max[r] * scale_log2 - shift);
+            row_max[r] = m;
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < R / 4; ++j) {
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    float& x = s[4 * j + 2 * r + c];
+                    x = exp2_approx(fmaf(x, scale_log2, -shift));
+                    sum += x;
+                }
+            }
+            row_sum[r] = row_sum[r] * rescale[r] + sum;
+        }
+    }
+
+    // Final 1/rowsum for the output (0 for a row that saw no key, so o = 0, never NaN) and
+    // the natural-log log-sum-exp (−inf for such a row).
+    __device__ __forceinline__ void finish(float scale_log2, float (&inv_sum)[2], float (&lse)[2]) {
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const float sum = quad_sum(row_sum[r]);
+            const bool empty = (sum == 0.f);
+            inv_sum[r] = empty ? 0.f : 1.f / sum;
+            lse[r] = empty ? neg_inf() : (row_max[r] * scale_log2 + __log2f(sum)) * kLn2;
+        }
+    }
+};
+
+// Multiplies each accumulator row by its factor (rows as in the layout above).
+template <int R> __device__ __forceinline__ void scale_rows(float (&acc)[R], const float (&f)[2]) {
+#pragma unroll
+    for (int i = 0; i < R; ++i) acc[i] *= f[(i >> 1) & 1];
+}
+
+}  // namespace sm90
+}  // namespace fc

@@ -1,0 +1,95 @@
+// Shared-memory tiles in the 128-byte-swizzled layout that TMA writes and wgmma reads, and
+// the two warpgroup matrix products of attention built on them.
+//
+// A tile of kRows x kCols 16-bit elements is stored as kCols/64 panels, each kRows rows of
+// 128 bytes (64 elements): the 128-byte swizzle spans one 128-byte row, so a wider row is
+// split into panels, loaded by one TMA box each. Panels are 1024-byte multiples (kRows % 8
+// == 0), so every panel starts on the swizzle's 1024-byte period.
+#pragma once
+#include "common/types.cuh"
+#include "ptx/tma.cuh"
+#include "ptx/wgmma.cuh"
+
+namespace fc {
+namespace sm90 {
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 a;
+    asm("{\n.reg .u64 t;\ncvta.to.shared.u64 t, %1;\ncvt.u32.u64 %0, t;\n}\n" : "=r"(a) : "l"(p));
+    return a;
+}
+
+constexpr int kPanelCols = 64;     // 16-bit elements in one 128-byte swizzle row
+constexpr u32 kRowBytes = 128;
+constexpr u32 kSwizzlePeriod = 1024;  // 8 rows of 128 bytes
+
+template <int kRows, int kCols> struct SmemTile {
+    static_assert(kCols % kPanelCols == 0, "tile width must be whole 64-element panels");
+    static_assert(kRows % 8 == 0 && kRows <= 256, "tile rows: multiple of 8, one TMA box");
+    static constexpr int kPanels = kCols / kPanelCols;
+    static constexpr u32 kPanelBytes = kRows * kRowBytes;
+    static constexpr u32 kBytes = kPanels * kPanelBytes;
+
+    alignas(kSwizzlePeriod) elem_t data[kRows * kCols];
+
+    __device__ __forceinline__ u32 addr() const { return smem_addr(data); }
+
+    // TMA: rows [row, row + kRows) of (head, batch); all panels complete on `bar`.
+    __device__ __forceinline__ void load(const TmaDescriptor* map, u32 bar, int row, int head, int batch) const {
+#pragma unroll
+        for (int p = 0; p < kPanels; ++p) tma::load_4d(addr() + p * kPanelBytes, map, bar, p * kPanelCols, row, head, batch);
+    }
+
+    // K-major operand (rows are M or N, columns are K): 64 or N rows from `row0`, the
+    // 16-column step `kk`. Steps within a panel move the start 32 bytes along the row; the
+    // hardware applies the swizzle to the final address.
+    __device__ __forceinline__ u64 kmajor_desc(int row0, int kk) const {
+        const u32 a = addr() + (kk / 4) * kPanelBytes + row0 * kRowBytes + (kk % 4) * 32;
+        return wgmma::desc_sw128(a, 16, kSwizzlePeriod);
+    }
+
+    // MN-major operand (rows are K, columns are N): the 16-row step `kk`, all kCols columns;
+    // the descriptor steps panel to panel along N by kPanelBytes.
+    __device__ __forceinline__ u64 mnmajor_desc(int kk) const {
+        const u32 a = addr() + kk * 16 * kRowBytes;
+        return wgmma::desc_sw128(a, kPanelBytes, kSwizzlePeriod);
+    }
+};
+
+// S[64 x N] = Q[q_row0 .. q_row0+64, :] · K^T. Issued and committed, not waited for.
+template <int kM, int kN, int kD>
+__device__ __forceinline__ void gemm_qk(float (&s)[kN / 2], const SmemTile<kM, kD>& q, int q_row0,
+                                        const SmemTile<kN, kD>& k) {
+    wgmma::fence_operands(s);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+        wgmma::Mma<kN>::template ss<0>(s, q.kmajor_desc(q_row0, kk), k.kmajor_desc(0, kk), kk > 0 ? 1 : 0);
+    wgmma::commit_group();
+    wgmma::fence_operands(s);
+}
+
+// O[64 x D] += P[64 x N] · V, P in registers (packed pairs in the accumulator's order,
+// which is the register-A layout of wgmma for 16-bit types). Issued and committed.
+template <int kN, int kD>
+__device__ __forceinline__ void gemm_pv(float (&o)[kD / 2], u32 (&p)[kN / 4], const SmemTile<kN, kD>& v) {
+    wgmma::fence_operands(o);
+    wgmma::fence_operands(p);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kN / 16; ++kk) {
+        const u32 a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
+        wgmma::Mma<kD>::template rs<1>(o, a, v.mnmajor_desc(kk), 1);
+    }
+    wgmma::commit_group();
+    wgmma::fence_operands(o);
+}
+
+// Scores (f32 accumulator) to the 16-bit P operand of gemm_pv.
+template <int R> __device__ __forceinline__ void to_operand(const float (&s)[R], u32 (&p)[R / 2]) {
+#pragma unroll
+    for (int i = 0; i < R / 2; ++i) p[i] = pack2<elem_t>(s[2 * i], s[2 * i + 1]);
+}
+
+}  // namespace sm90
+}  // namespace fc
