@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""Cross-check `flashcore attn --cpu` (the Rust f64 reference) against NumPy, independently.
+
+For each case: random f32 q, k, v (BSHD) go to qkv.safetensors; `flashcore attn --cpu
+--f64-out` writes o [B, Sq, Hq, D] and lse [B, Hq, Sq] as F64; NumPy recomputes both in
+float64 and the two must agree to 1e-12 (relative L2 for o, per element for lse; fully
+masked rows must be o = 0, lse = -inf in both).
+
+Usage:
+    check_reference.py [FLASHCORE_BIN]   # default: $FLASHCORE_BIN, else target/release/flashcore
+    check_reference.py --self-test      # NumPy attention vs a brute-force loop; no binary needed
+
+Needs only numpy and safetensors (pip install numpy safetensors).
+"""
+
+import math
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+from safetensors.numpy import load_file, save_file
+
+TOL = 1e-12
+
+# (name, B, Sq, Sk, Hq, Hkv, D, causal, scale, logit_gain). scale None = the default
+# 1/sqrt(D); those cases use D = 16, 64 or 256 so that 1/sqrt(D) is exact in f32 and f64
+# alike. Explicit scales are rounded to f32 (the API's type) and passed exactly.
+# logit_gain multiplies q to reach large logits (~±30).
+CASES = [
+    ("non-causal", 2, 64, 80, 4, 4, 64, False, None, 1.0),
+    ("causal Sq=Sk", 2, 96, 96, 4, 4, 64, True, None, 1.0),
+    ("causal Sq<Sk", 1, 37, 100, 2, 2, 32, True, 0.3, 1.0),
+    ("causal Sq>Sk (masked rows)", 1, 100, 37, 2, 2, 16, True, None, 1.0),
+    ("GQA 8/2 non-causal", 2, 48, 70, 8, 2, 64, False, 0.2, 1.0),
+    ("GQA 8/2 causal", 2, 70, 70, 8, 2, 64, True, None, 1.0),
+    ("MQA 4/1 decode Sq=1", 3, 1, 257, 4, 1, 128, True, 0.0883883, 1.0),
+    ("large logits", 1, 33, 65, 2, 1, 256, False, None, 6.0),
+]
+
+
+def attention(q, k, v, scale, causal):
+    """float64 attention: GQA by repeating kv heads, bottom-right aligned causal mask."""
+    q, k, v = (np.asarray(t, dtype=np.float64) for t in (q, k, v))
+    _, sq, hq, _ = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    k = np.repeat(k, hq // hkv, axis=2)
+    v = np.repeat(v, hq // hkv, axis=2)
+    s = scale * np.einsum("bqhd,bkhd->bhqk", q, k)
+    if causal:
+        i, j = np.arange(sq)[:, None], np.arange(sk)[None, :]
+        s = np.where(j <= i + sk - sq, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True) if sk else np.full(s.shape[:-1] + (1,), -np.inf)
+    m = np.where(np.isfinite(m), m, 0.0)  # Fully masked row: exp(-inf - 0) = 0, no NaN.
+    p = np.exp(s - m)
+    total = p.sum(axis=-1, keepdims=True)
+    with np.errstate(divide="ignore"):
+        lse = (m + np.log(total))[..., 0]
+    o = np.einsum("bhqk,bkhd->bqhd", p / np.where(total > 0, total, 1.0), v)
+    return o, lse
+
+
+def brute_force(q, k, v, scale, causal):
+    """The same thing one scalar at a time, for the self-test."""
+    b_, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    o = np.zeros((b_, sq, hq, d))
+    lse = np.full((b_, hq, sq), -np.inf)
+    for b in range(b_):
+        for h in range(hq):
+            kh = h // (hq // hkv)
+            for i in range(sq):
+                keys = [j for j in range(sk) if not causal or j - i <= sk - sq]
+                if not keys:
+                    continue
+                logits = [scale * sum(float(q[b, i, h, c]) * float(k[b, j, kh, c]) for c in range(d)) for j in keys]
+                top = max(logits)
+                weights = [math.exp(x - top) for x in logits]
+                total = sum(weights)
+                lse[b, h, i] = top + math.log(total)
+                for w, j in zip(weights, keys):
+                    for c in range(d):
+                        o[b, i, h, c] += w / total * float(v[b, j, kh, c])
+    return o, lse
+
+
+def compare(o, lse, o_ref, lse_ref):
+    """Returns (ok, message): relative L2 error of o, max error of lse, -inf pattern of lse."""
+    if o.shape != o_ref.shape or lse.shape != lse_ref.shape:
+        return False, f"shapes o {o.shape} lse {lse.shape}, expected {o_ref.shape} {lse_ref.shape}"
+    if np.isnan(o).any() or np.isnan(lse).any():
+        return False, "NaN in output"
+    masked = np.isneginf(lse_ref)
+    if (np.isneginf(lse) != masked).any():
+        return False, f"lse is -inf on {np.isneginf(lse).sum()} rows, expected {masked.sum()}"
+    norm = np.linalg.norm(o_ref)
+    o_err = np.linalg.norm(o - o_ref) / (norm if norm > 0 else 1.0)
+    lse_err = float(np.max(np.abs(lse[~masked] - lse_ref[~masked]) / np.maximum(1.0, np.abs(lse_ref[~masked])), initial=0.0))
+    ok = o_err < TOL and lse_err < TOL
+    return ok, f"o rel {o_err:.1e}, lse {lse_err:.1e}" + (f", {masked.sum()} masked rows" if masked.any() else "")
+
+
+def random_qkv(rng, b, sq, sk, hq, hkv, d, gain):
+    q = (gain * rng.standard_normal((b, sq, hq, d))).astype(np.float32)
+    k = rng.standard_normal((b, sk, hkv, d)).astype(np.float32)
+    v = rng.standard_normal((b, sk, hkv, d)).astype(np.float32)
+    return q, k, v
+
+
+def report(results):
+    passed = sum(results)
+    print(f"{passed} passed, {len(results) - passed} failed")
+    return 0 if passed == len(results) else 1
+
+
+def run_cases(binary):
+    if not os.path.isfile(binary):
+        print(f"flashcore binary not found at {binary} (pass its path or set FLASHCORE_BIN)", file=sys.stderr)
+        return 2
+    rng = np.random.default_rng(0)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        qkv_path, out_path = os.path.join(tmp, "qkv.safetensors"), os.path.join(tmp, "out.safetensors")
+        for name, b, sq, sk, hq, hkv, d, causal, scale, gain in CASES:
+            q, k, v = random_qkv(rng, b, sq, sk, hq, hkv, d, gain)
+            save_file({"q": q, "k": k, "v": v}, qkv_path)
+            cmd = [binary, "attn", "--cpu", "--input", qkv_path, "--output", out_path, "--f64-out"]
+            cmd += ["--causal"] if causal else []
+            if scale is not None:
+                scale = float(np.float32(scale))
+                cmd += ["--scale", repr(scale)]
+            label = f"{name:28} B{b} Sq{sq} Sk{sk} H{hq}/{hkv} D{d}"
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                print(f"FAIL {label}: exit {proc.returncode}: {proc.stderr.strip()[-500:]}")
+                results.append(False)
+                continue
+            out = load_file(out_path)
+            if out["o"].dtype != np.float64 or out["lse"].dtype != np.float64:
+                print(f"FAIL {label}: o is {out['o'].dtype}, lse {out['lse'].dtype}; --f64-out wants float64")
+                results.append(False)
+                continue
+            o_ref, lse_ref = attention(q, k, v, scale if scale is not None else 1.0 / np.sqrt(d), causal)
+            ok, msg = compare(out["o"], out["lse"], o_ref, lse_ref)
+            print(f"{'PASS' if ok else 'FAIL'} {label}: {msg}")
+            results.append(ok)
+    return report(results)
+
+
+def self_test():
+    rng = np.random.default_rng(1)
+    results = []
+    small = [("non-causal", 2, 5, 7, 2, 2, 3, False, 0.7),
+             ("causal Sq=Sk", 1, 6, 6, 2, 1, 4, True, 0.5),
+             ("causal Sq<Sk", 2, 3, 8, 4, 2, 2, True, 1.1),
+             ("causal Sq>Sk", 1, 7, 3, 3, 3, 2, True, 0.9),
+             ("GQA 8/2", 1, 4, 5, 8, 2, 3, True, 0.4),
+             ("decode Sq=1", 2, 1, 9, 4, 1, 5, True, 0.3),
+             ("large logits", 1, 3, 4, 1, 1, 8, False, 10.0)]
+    for name, b, sq, sk, hq, hkv, d, causal, scale in small:
+        q, k, v = random_qkv(rng, b, sq, sk, hq, hkv, d, 1.0)
+        ok, msg = compare(*attention(q, k, v, scale, causal), *brute_force(q, k, v, scale, causal))
+        print(f"{'PASS' if ok else 'FAIL'} self-test {name:14}: {msg}")
+        results.append(ok)
+
+    # The mask is bottom-right aligned: Sq = 3, Sk = 5 gives rows seeing 3, 4, 5 keys.
+    q, k, v = random_qkv(rng, 1, 3, 5, 1, 1, 5, 1.0)
+    v = np.eye(5, dtype=np.float32).reshape(1, 5, 1, 5)  # One-hot values: o holds the weights.
+    o, _ = attention(q, k, v, 1.0, True)
+    ok = ((o[0, :, 0] > 0).sum(axis=1) == [3, 4, 5]).all()
+    print(f"{'PASS' if ok else 'FAIL'} self-test mask alignment: visible keys per row {(o[0, :, 0] > 0).sum(axis=1)}")
+    results.append(bool(ok))
+
+    # compare() must catch a small error and a wrongly masked row.
+    o_ref, lse_ref = attention(*random_qkv(rng, 1, 6, 3, 2, 2, 4, 1.0), 0.5, True)
+    caught = not compare(o_ref * (1 + 1e-9), lse_ref, o_ref, lse_ref)[0]
+    caught &= not compare(o_ref, np.where(np.isneginf(lse_ref), 0.0, lse_ref), o_ref, lse_ref)[0]
+    print(f"{'PASS' if caught else 'FAIL'} self-test compare() rejects a 1e-9 error and a wrong mask")
+    results.append(bool(caught))
+
+    # Inputs survive the safetensors round trip bit for bit.
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "qkv.safetensors")
+        q, k, v = random_qkv(rng, 1, 2, 3, 2, 1, 4, 1.0)
+        save_file({"q": q, "k": k, "v": v}, path)
+        back = load_file(path)
+        ok = all(np.array_equal(back[n], t) and back[n].dtype == np.float32 for n, t in zip("qkv", (q, k, v)))
+        print(f"{'PASS' if ok else 'FAIL'} self-test safetensors round trip")
+        results.append(ok)
+    return report(results)
+
+
+def main(argv):
+    if "-h" in argv or "--help" in argv:
+        print(__doc__)
+        return 0
+    if argv == ["--self-test"]:
+        return self_test()
+    if len(argv) > 1:
+        print(__doc__, file=sys.stderr)
+        return 2
+    return run_cases(argv[0] if argv else os.environ.get("FLASHCORE_BIN", "target/release/flashcore"))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

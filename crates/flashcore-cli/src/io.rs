@@ -1,0 +1,475 @@
+//! Safetensors I/O for `flashcore attn`: read `q`, `k`, `v`; write `o` and `lse`.
+//!
+//! Values are widened to f64 on read and rounded to nearest in the file dtype on write, so
+//! the CPU reference and the GPU path see exactly what the file holds.
+
+use half::{bf16, f16};
+use safetensors::{tensor::TensorView, Dtype, SafeTensorError, SafeTensors};
+use std::path::{Path, PathBuf};
+
+/// The element types `attn` reads and writes. `F64` is only written (`o` and `lse` when
+/// full precision is asked for); inputs are F16, BF16 or F32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileDType {
+    /// IEEE half precision.
+    F16,
+    /// bfloat16.
+    BF16,
+    /// IEEE single precision.
+    F32,
+    /// IEEE double precision (output only).
+    F64,
+}
+
+/// A host tensor read from / written to safetensors: shape, dtype and values widened to f64.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostTensor {
+    /// Dimensions, outermost first (row-major, contiguous).
+    pub shape: Vec<usize>,
+    /// The dtype in the file.
+    pub dtype: FileDType,
+    /// The values, `shape.iter().product()` of them.
+    pub data: Vec<f64>,
+}
+
+/// What went wrong reading or writing a safetensors file, and with which tensor.
+#[derive(Debug, thiserror::Error)]
+pub enum IoError {
+    /// The file could not be read.
+    #[error("cannot read `{}`: {source}", path.display())]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The file could not be written.
+    #[error("cannot write `{}`: {source}", path.display())]
+    Write {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The bytes are not a valid safetensors file (or could not be encoded as one).
+    #[error("`{}` is not a valid safetensors file: {source}", path.display())]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// The parser's error.
+        source: SafeTensorError,
+    },
+    /// A required tensor is absent.
+    #[error("`{}` has no tensor named `{name}` (it has: {found})", path.display())]
+    MissingTensor {
+        /// The file.
+        path: PathBuf,
+        /// The tensor looked for.
+        name: &'static str,
+        /// The names it does have, comma-separated.
+        found: String,
+    },
+    /// A tensor has a dtype `attn` does not take, or differs from `q`'s.
+    #[error("tensor `{name}` in `{}` is {dtype}; expected {expected}", path.display())]
+    WrongDType {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        name: &'static str,
+        /// Its dtype in the file.
+        dtype: String,
+        /// What was expected.
+        expected: String,
+    },
+    /// A tensor is not rank 4.
+    #[error("tensor `{name}` in `{}` has shape {shape:?}; expected rank 4 [B, S, H, D]", path.display())]
+    WrongRank {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        name: &'static str,
+        /// Its shape.
+        shape: Vec<usize>,
+    },
+    /// A tensor to write has a number of values that does not fill its shape.
+    #[error("tensor `{name}` has {len} values, its shape {shape:?} needs {}", shape.iter().product::<usize>())]
+    Length {
+        /// The tensor.
+        name: &'static str,
+        /// Its number of values.
+        len: usize,
+        /// Its shape.
+        shape: Vec<usize>,
+    },
+}
+
+/// Reads the tensors `q`, `k`, `v` of `path`: F16, BF16 or F32, all of `q`'s dtype, rank 4
+/// (BSHD). Shapes are not checked against each other here; the attention API does that.
+pub fn read_qkv(path: &Path) -> Result<(HostTensor, HostTensor, HostTensor), IoError> {
+    let bytes = std::fs::read(path).map_err(|source| IoError::Read {
+        path: path.into(),
+        source,
+    })?;
+    let file = SafeTensors::deserialize(&bytes).map_err(|source| IoError::Format {
+        path: path.into(),
+        source,
+    })?;
+    let read = |name| {
+        let t = read_tensor(&file, path, name)?;
+        if t.dtype == FileDType::F64 {
+            let (dtype, expected) = ("F64".into(), "F16, BF16 or F32".into());
+            return Err(IoError::WrongDType {
+                path: path.into(),
+                name,
+                dtype,
+                expected,
+            });
+        }
+        if t.shape.len() != 4 {
+            return Err(IoError::WrongRank {
+                path: path.into(),
+                name,
+                shape: t.shape,
+            });
+        }
+        Ok(t)
+    };
+    let (q, k, v) = (read("q")?, read("k")?, read("v")?);
+    for (name, t) in [("k", &k), ("v", &v)] {
+        if t.dtype != q.dtype {
+            let (dtype, expected) = (format!("{:?}", t.dtype), format!("{:?} like `q`", q.dtype));
+            return Err(IoError::WrongDType {
+                path: path.into(),
+                name,
+                dtype,
+                expected,
+            });
+        }
+    }
+    Ok((q, k, v))
+}
+
+/// Writes `o` (in `o.dtype`) and `lse` (in `lse.dtype`, F32 normally, `[B, Hq, Sq]`) to `path`.
+pub fn write_outputs(path: &Path, o: &HostTensor, lse: &HostTensor) -> Result<(), IoError> {
+    write_tensors(path, &[("o", o), ("lse", lse)])
+}
+
+fn write_tensors(path: &Path, tensors: &[(&'static str, &HostTensor)]) -> Result<(), IoError> {
+    let mut encoded = Vec::with_capacity(tensors.len());
+    for &(name, t) in tensors {
+        if t.data.len() != t.shape.iter().product::<usize>() {
+            return Err(IoError::Length {
+                name,
+                len: t.data.len(),
+                shape: t.shape.clone(),
+            });
+        }
+        encoded.push((name, t, encode(t.dtype, &t.data)));
+    }
+    let format = |source| IoError::Format {
+        path: path.into(),
+        source,
+    };
+    let views = encoded
+        .iter()
+        .map(|(name, t, bytes)| {
+            Ok((
+                *name,
+                TensorView::new(dtype_in_file(t.dtype), t.shape.clone(), bytes)?,
+            ))
+        })
+        .collect::<Result<Vec<_>, SafeTensorError>>()
+        .map_err(format)?;
+    let bytes = safetensors::serialize(views, None).map_err(format)?;
+    std::fs::write(path, bytes).map_err(|source| IoError::Write {
+        path: path.into(),
+        source,
+    })
+}
+
+fn read_tensor(file: &SafeTensors, path: &Path, name: &'static str) -> Result<HostTensor, IoError> {
+    let view = file.tensor(name).map_err(|_| {
+        let mut names = file.names();
+        names.sort_unstable();
+        IoError::MissingTensor {
+            path: path.into(),
+            name,
+            found: names.join(", "),
+        }
+    })?;
+    let dtype = match view.dtype() {
+        Dtype::F16 => FileDType::F16,
+        Dtype::BF16 => FileDType::BF16,
+        Dtype::F32 => FileDType::F32,
+        Dtype::F64 => FileDType::F64,
+        other => {
+            let (dtype, expected) = (other.to_string(), "F16, BF16 or F32".into());
+            return Err(IoError::WrongDType {
+                path: path.into(),
+                name,
+                dtype,
+                expected,
+            });
+        }
+    };
+    Ok(HostTensor {
+        shape: view.shape().to_vec(),
+        dtype,
+        data: decode(dtype, view.data()),
+    })
+}
+
+fn dtype_in_file(dtype: FileDType) -> Dtype {
+    match dtype {
+        FileDType::F16 => Dtype::F16,
+        FileDType::BF16 => Dtype::BF16,
+        FileDType::F32 => Dtype::F32,
+        FileDType::F64 => Dtype::F64,
+    }
+}
+
+/// Little-endian bytes to f64 (safetensors is little-endian; its parser checked the length).
+fn decode(dtype: FileDType, bytes: &[u8]) -> Vec<f64> {
+    match dtype {
+        FileDType::F16 => bytes
+            .chunks_exact(2)
+            .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f64())
+            .collect(),
+        FileDType::BF16 => bytes
+            .chunks_exact(2)
+            .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f64())
+            .collect(),
+        FileDType::F32 => bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()) as f64)
+            .collect(),
+        FileDType::F64 => bytes
+            .chunks_exact(8)
+            .map(|b| f64::from_le_bytes(b.try_into().unwrap()))
+            .collect(),
+    }
+}
+
+/// f64 to little-endian bytes of `dtype`, rounding to nearest.
+fn encode(dtype: FileDType, data: &[f64]) -> Vec<u8> {
+    match dtype {
+        FileDType::F16 => data
+            .iter()
+            .flat_map(|&x| f16::from_f64(x).to_le_bytes())
+            .collect(),
+        FileDType::BF16 => data
+            .iter()
+            .flat_map(|&x| bf16::from_f64(x).to_le_bytes())
+            .collect(),
+        FileDType::F32 => data
+            .iter()
+            .flat_map(|&x| (x as f32).to_le_bytes())
+            .collect(),
+        FileDType::F64 => data.iter().flat_map(|&x| x.to_le_bytes()).collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tensor(shape: &[usize], dtype: FileDType, seed: usize) -> HostTensor {
+        let n = shape.iter().product::<usize>();
+        // Multiples of 1/8 in [-4, 4): exact in every dtype, so round trips are exact.
+        let data = (0..n)
+            .map(|i| ((i * 7 + seed * 13) % 64) as f64 / 8.0 - 4.0)
+            .collect();
+        HostTensor {
+            shape: shape.to_vec(),
+            dtype,
+            data,
+        }
+    }
+
+    fn qkv(dtype: FileDType) -> [HostTensor; 3] {
+        [
+            tensor(&[2, 3, 4, 8], dtype, 1),
+            tensor(&[2, 5, 2, 8], dtype, 2),
+            tensor(&[2, 5, 2, 8], dtype, 3),
+        ]
+    }
+
+    #[test]
+    fn qkv_round_trip_in_every_input_dtype() {
+        for dtype in [FileDType::F16, FileDType::BF16, FileDType::F32] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("qkv.safetensors");
+            let [q, k, v] = qkv(dtype);
+            write_tensors(&path, &[("q", &q), ("k", &k), ("v", &v)]).unwrap();
+            assert_eq!(read_qkv(&path).unwrap(), (q, k, v), "{dtype:?}");
+        }
+    }
+
+    #[test]
+    fn outputs_round_trip_including_f64_and_infinities() {
+        for dtype in [
+            FileDType::F16,
+            FileDType::BF16,
+            FileDType::F32,
+            FileDType::F64,
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("out.safetensors");
+            let o = tensor(&[1, 3, 2, 4], dtype, 5);
+            let lse = HostTensor {
+                shape: vec![1, 2, 3],
+                dtype: FileDType::F32,
+                data: vec![f64::NEG_INFINITY, 0.5, 1.0, -2.0, 3.25, 0.0],
+            };
+            write_outputs(&path, &o, &lse).unwrap();
+            let bytes = std::fs::read(&path).unwrap();
+            let file = SafeTensors::deserialize(&bytes).unwrap();
+            assert_eq!(read_tensor(&file, &path, "o").unwrap(), o, "{dtype:?}");
+            assert_eq!(read_tensor(&file, &path, "lse").unwrap(), lse);
+        }
+    }
+
+    #[test]
+    fn writing_rounds_to_the_nearest_value_of_the_dtype() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("out.safetensors");
+        let data = vec![0.1, -1.0 / 3.0, 1e-6, 65504.0];
+        for (dtype, round) in [
+            (
+                FileDType::F16,
+                (|x| f16::from_f64(x).to_f64()) as fn(f64) -> f64,
+            ),
+            (FileDType::BF16, |x| bf16::from_f64(x).to_f64()),
+            (FileDType::F32, |x| x as f32 as f64),
+        ] {
+            let o = HostTensor {
+                shape: vec![1, 1, 1, 4],
+                dtype,
+                data: data.clone(),
+            };
+            let lse = HostTensor {
+                shape: vec![1, 1, 1],
+                dtype: FileDType::F32,
+                data: vec![0.0],
+            };
+            write_outputs(&path, &o, &lse).unwrap();
+            let bytes = std::fs::read(&path).unwrap();
+            let read = read_tensor(&SafeTensors::deserialize(&bytes).unwrap(), &path, "o").unwrap();
+            assert_eq!(
+                read.data,
+                data.iter().map(|&x| round(x)).collect::<Vec<_>>()
+            );
+            assert_ne!(read.data, data, "{dtype:?} should not hold these exactly");
+        }
+    }
+
+    #[test]
+    fn missing_tensor_is_named_with_the_ones_present() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("qk.safetensors");
+        let [q, k, _] = qkv(FileDType::F16);
+        write_tensors(&path, &[("q", &q), ("k", &k)]).unwrap();
+        let err = read_qkv(&path).unwrap_err();
+        assert!(
+            matches!(err, IoError::MissingTensor { name: "v", .. }),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string()
+                .contains("no tensor named `v` (it has: k, q)"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn wrong_rank_is_rejected() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("qkv.safetensors");
+        let [q, _, v] = qkv(FileDType::F32);
+        let k = tensor(&[5, 2, 8], FileDType::F32, 2);
+        write_tensors(&path, &[("q", &q), ("k", &k), ("v", &v)]).unwrap();
+        let err = read_qkv(&path).unwrap_err();
+        assert!(
+            matches!(&err, IoError::WrongRank { name: "k", shape, .. } if shape == &[5, 2, 8]),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn wrong_or_mixed_dtypes_are_rejected() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("qkv.safetensors");
+        let [q, k, v] = qkv(FileDType::F16);
+        let ints = [0u8; 4 * 2 * 5 * 2 * 8];
+        let int_v = TensorView::new(Dtype::I32, v.shape.clone(), &ints).unwrap();
+        let (q_bytes, k_bytes) = (encode(q.dtype, &q.data), encode(k.dtype, &k.data));
+        let views = [
+            (
+                "q",
+                TensorView::new(Dtype::F16, q.shape.clone(), &q_bytes).unwrap(),
+            ),
+            (
+                "k",
+                TensorView::new(Dtype::F16, k.shape.clone(), &k_bytes).unwrap(),
+            ),
+            ("v", int_v),
+        ];
+        std::fs::write(&path, safetensors::serialize(views, None).unwrap()).unwrap();
+        let err = read_qkv(&path).unwrap_err();
+        assert!(
+            matches!(&err, IoError::WrongDType { name: "v", dtype, .. } if dtype == "I32"),
+            "{err:?}"
+        );
+
+        let v = HostTensor {
+            dtype: FileDType::BF16,
+            ..v
+        };
+        write_tensors(&path, &[("q", &q), ("k", &k), ("v", &v)]).unwrap();
+        let err = read_qkv(&path).unwrap_err();
+        assert!(
+            err.to_string().contains("`v` in")
+                && err.to_string().contains("is BF16; expected F16 like `q`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn io_and_format_errors_name_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("absent.safetensors");
+        let err = read_qkv(&path).unwrap_err();
+        assert!(
+            matches!(err, IoError::Read { .. }) && err.to_string().contains("absent.safetensors"),
+            "{err}"
+        );
+
+        std::fs::write(&path, b"not a safetensors file").unwrap();
+        let err = read_qkv(&path).unwrap_err();
+        assert!(
+            matches!(err, IoError::Format { .. }) && err.to_string().contains("absent.safetensors"),
+            "{err}"
+        );
+
+        let o = tensor(&[1, 1, 1, 2], FileDType::F32, 0);
+        let err = write_outputs(&dir.path().join("no/such/dir.safetensors"), &o, &o).unwrap_err();
+        assert!(matches!(err, IoError::Write { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn values_that_do_not_fill_the_shape_are_refused_on_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let o = tensor(&[1, 1, 1, 2], FileDType::F32, 0);
+        let lse = HostTensor {
+            shape: vec![1, 1, 2],
+            dtype: FileDType::F32,
+            data: vec![0.0],
+        };
+        let err = write_outputs(&dir.path().join("out.safetensors"), &o, &lse).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("tensor `lse` has 1 values, its shape [1, 1, 2] needs 2"),
+            "{err}"
+        );
+    }
+}
