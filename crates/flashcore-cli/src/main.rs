@@ -1,1 +1,55 @@
-fn main() {}
+//! The `flashcore` command: info, check, bench, attn, compile.
+
+mod attn;
+mod bench;
+mod cases;
+mod check;
+mod compile;
+mod info;
+mod io;
+mod suites;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// FlashCore: fused attention kernels for NVIDIA GPUs, JIT-compiled and cached.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// GPU, NVRTC, cache and kernels (works without a GPU).
+    Info,
+    /// Correctness suite of every kernel on this GPU against the f64 reference.
+    Check(check::CheckArgs),
+    /// Timed benchmark suite: table and JSON.
+    Bench(bench::BenchArgs),
+    /// Attention on q, k, v from a safetensors file.
+    Attn(attn::AttnArgs),
+    /// Compile every kernel variant ahead of time and report resources (no GPU needed).
+    Compile(compile::CompileArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Info => info::run(),
+        Command::Check(a) => check::run(a),
+        Command::Bench(a) => bench::run(a),
+        Command::Attn(a) => attn::run(a),
+        Command::Compile(a) => compile::run(a),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("flashcore: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -100,7 +100,7 @@ pub struct TensorViewMut<'a> {
     _borrow: PhantomData<&'a mut ()>,
 }
 
-impl TensorView<'_> {
+impl<'a> TensorView<'a> {
     /// A view over memory FlashCore does not own (a PyTorch tensor, say).
     ///
     /// # Safety
@@ -113,6 +113,27 @@ impl TensorView<'_> {
     /// The view's layout.
     pub fn layout(&self) -> &Layout {
         &self.layout
+    }
+
+    /// Rows `start..start + len` of the sequence dim, `None` if out of range.
+    pub fn narrow_seq(&self, start: usize, len: usize) -> Option<TensorView<'a>> {
+        if start.checked_add(len)? > self.layout.shape[1] {
+            return None;
+        }
+        let mut layout = self.layout;
+        layout.shape[1] = len;
+        let ptr = self.ptr + (start * layout.strides[1] * layout.dtype.size_bytes()) as u64;
+        Some(TensorView { ptr, layout, device: self.device, _borrow: PhantomData })
+    }
+
+    /// The device address of element `[0, 0, 0, 0]`.
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+
+    /// The device ordinal.
+    pub fn device(&self) -> usize {
+        self.device
     }
 }
 

@@ -1,0 +1,294 @@
+//! `flashcore bench`: device time of a suite, as a table and JSON (schema 1, shared with
+//! `bench/anchors.py`), and the regression guard `--compare`.
+
+use std::path::PathBuf;
+
+use anyhow::{anyhow, bail, Context as _, Result};
+use flashcore::bench::{time, TimingOptions};
+use flashcore::{AttnParams, Context, DeviceTensor, Error, KernelFamily};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::{Deserialize, Serialize};
+
+use crate::cases::{errors, random_qkv, Case, Inputs, Storage, Stored};
+use crate::suites;
+
+/// Query rows checked against the GPU reference after timing (the last rows, which keep
+/// the bottom-right causal alignment when the queries are narrowed).
+const VERIFY_ROWS: usize = 128;
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Suite to run: quick, seed, sweep.
+    #[arg(long, default_value = "quick")]
+    suite: String,
+    /// Print the suite's cases as JSON and exit (no GPU needed).
+    #[arg(long)]
+    list_json: bool,
+    /// Write results to this JSON file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Force a kernel family (default: the fastest for the device).
+    #[arg(long)]
+    kernel: Option<String>,
+    /// Timed samples per case.
+    #[arg(long, default_value_t = 30)]
+    samples: usize,
+    /// Skip the accuracy check against the GPU reference.
+    #[arg(long)]
+    no_verify: bool,
+    /// Compare with an earlier JSON; non-zero exit when a row is slower than the threshold.
+    #[arg(long)]
+    compare: Option<PathBuf>,
+    /// With --compare: the newer results to compare, instead of running the suite now.
+    #[arg(long, requires = "compare")]
+    current: Option<PathBuf>,
+    /// With --compare: the slowdown (in percent) that fails a row.
+    #[arg(long, default_value_t = 5.0)]
+    threshold: f64,
+}
+
+#[derive(Serialize, Deserialize)]
+pub struct Report {
+    pub schema: u32,
+    pub system: String,
+    pub suite: String,
+    pub env: serde_json::Value,
+    pub results: Vec<Row>,
+}
+
+#[derive(Serialize, Deserialize, Clone)]
+pub struct Row {
+    pub case: Case,
+    pub kernel: Option<String>,
+    pub status: String,
+    pub message: Option<String>,
+    pub samples_ms: Vec<f64>,
+    pub median_ms: Option<f64>,
+    pub min_ms: Option<f64>,
+    pub max_ms: Option<f64>,
+    pub tflops: Option<f64>,
+    pub gbps: Option<f64>,
+    pub rel_error: Option<f64>,
+}
+
+pub fn run(args: &BenchArgs) -> Result<bool> {
+    if let (Some(old), Some(new)) = (&args.compare, &args.current) {
+        return compare(&read_report(old)?, &read_report(new)?, args.threshold);
+    }
+    let suite_name = match &args.compare {
+        Some(old) => read_report(old)?.suite,
+        None => args.suite.clone(),
+    };
+    let cases = suites::suite(&suite_name).ok_or_else(|| anyhow!("unknown suite {suite_name:?}; known: {}", suites::NAMES.join(", ")))?;
+    if args.list_json {
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "suite": suite_name, "cases": cases }))?);
+        return Ok(true);
+    }
+    let family = match &args.kernel {
+        Some(name) => Some(KernelFamily::parse(name).ok_or_else(|| anyhow!("unknown kernel {name:?}"))?),
+        None => None,
+    };
+    let ctx = Context::new(0)?;
+    let bar = ProgressBar::new(cases.len() as u64).with_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").unwrap());
+    let mut rows = Vec::new();
+    for case in &cases {
+        bar.set_message(case.name.clone());
+        rows.push(bench_case(&ctx, case, family, args)?);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let report = Report { schema: 1, system: "flashcore".into(), suite: suite_name, env: env(&ctx), results: rows };
+    print_table(&report);
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?).with_context(|| format!("writing {}", path.display()))?;
+        println!("wrote {}", path.display());
+    }
+    match &args.compare {
+        Some(old) => compare(&read_report(old)?, &report, args.threshold),
+        None => Ok(report.results.iter().all(|r| r.status != "error")),
+    }
+}
+
+fn env(ctx: &Context) -> serde_json::Value {
+    let info = ctx.info();
+    let nvrtc = ctx.jit().nvrtc().map(|n| format!("{}.{}", n.version().0, n.version().1)).unwrap_or_else(|e| e.to_string());
+    let date = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    serde_json::json!({
+        "device": info.name,
+        "sm": info.arch.to_string(),
+        "sm_count": info.sm_count,
+        "cuda_driver_api": format!("{}.{}", info.driver_version / 1000, info.driver_version % 1000 / 10),
+        "nvrtc": nvrtc,
+        "flashcore_commit": env!("FLASHCORE_COMMIT"),
+        "date_unix": date,
+    })
+}
+
+fn unsupported(case: &Case, status: &str, message: String) -> Row {
+    Row {
+        case: case.clone(),
+        kernel: None,
+        status: status.into(),
+        message: Some(message),
+        samples_ms: vec![],
+        median_ms: None,
+        min_ms: None,
+        max_ms: None,
+        tflops: None,
+        gbps: None,
+        rel_error: None,
+    }
+}
+
+fn bench_case(ctx: &Context, case: &Case, family: Option<KernelFamily>, args: &BenchArgs) -> Result<Row> {
+    let params = AttnParams { causal: case.causal, kernel: family, ..Default::default() };
+    let variant = match flashcore::dispatch::select(ctx.info().arch, &case.shape(), case.dtype, &params) {
+        Ok(v) => v,
+        Err(e @ (Error::HeadDim { .. } | Error::Unsupported { .. })) => return Ok(unsupported(case, "unsupported", e.to_string())),
+        Err(e) => return Err(e.into()),
+    };
+    let shape = case.shape();
+    // Rotate input sets while one set would stay resident in L2.
+    let set_bytes = shape.min_bytes(case.dtype.size_bytes());
+    let sets = ((4.0 * ctx.info().l2_bytes as f64 / set_bytes).ceil() as usize).clamp(1, 8);
+    let mut inputs = Vec::new();
+    for s in 0..sets {
+        let h = random_qkv(case, Inputs::Normal, 1000 + s as u64);
+        let up = |data: &[f32], sh| Stored::upload(ctx, data, sh, case.dtype, Storage::Bshd);
+        inputs.push((up(&h.q, case.q_shape())?, up(&h.k, case.kv_shape())?, up(&h.v, case.kv_shape())?));
+    }
+    let mut o = DeviceTensor::filled(ctx, 0x7fc0, case.q_shape(), case.dtype)?;
+    let mut lse = ctx.stream().alloc_zeros::<f32>(case.batch * case.heads_q * case.seqlen_q)?;
+    let opts = TimingOptions { samples: args.samples, ..Default::default() };
+    let timing = match time(ctx, opts, |i| {
+        let (q, k, v) = &inputs[i % sets];
+        ctx.attention_into(q.view(), k.view(), v.view(), o.view_mut(), Some(&mut lse), &params)
+    }) {
+        Ok(t) => t,
+        Err(e @ Error::Unsupported { .. }) => return Ok(unsupported(case, "unsupported", e.to_string())),
+        Err(e) => return Ok(unsupported(case, "error", e.to_string())),
+    };
+    let rel_error = if args.no_verify { None } else { Some(verify(ctx, case, &inputs[0], &params)?) };
+    let secs = timing.median_ms * 1e-3;
+    let decode = case.seqlen_q == 1;
+    Ok(Row {
+        case: case.clone(),
+        kernel: Some(variant.name()),
+        status: "ok".into(),
+        message: None,
+        median_ms: Some(timing.median_ms),
+        min_ms: Some(timing.min_ms),
+        max_ms: Some(timing.max_ms),
+        samples_ms: timing.samples_ms,
+        tflops: Some(shape.flops(case.causal) / secs * 1e-12),
+        gbps: decode.then(|| shape.kv_bytes(case.dtype.size_bytes()) / secs * 1e-9),
+        rel_error,
+    })
+}
+
+/// Relative error of the last `VERIFY_ROWS` query rows against the GPU reference kernel.
+fn verify(ctx: &Context, case: &Case, (q, k, v): &(Stored, Stored, Stored), params: &AttnParams) -> Result<f64> {
+    let rows = case.seqlen_q.min(VERIFY_ROWS);
+    let start = case.seqlen_q - rows;
+    let mut o = DeviceTensor::filled(ctx, 0x7fc0, case.q_shape(), case.dtype)?;
+    ctx.attention_into(q.view(), k.view(), v.view(), o.view_mut(), None, params)?;
+    let sliced_shape = [case.batch, rows, case.heads_q, case.head_dim];
+    let mut o_ref = DeviceTensor::filled(ctx, 0x7fc0, sliced_shape, case.dtype)?;
+    let q_rows = q.view().narrow_seq(start, rows).expect("rows are in range");
+    let ref_params = AttnParams { kernel: Some(KernelFamily::Reference), ..*params };
+    ctx.attention_into(q_rows, k.view(), v.view(), o_ref.view_mut(), None, &ref_params)?;
+    let got = o.to_f32(ctx)?;
+    let want: Vec<f64> = o_ref.to_f32(ctx)?.into_iter().map(f64::from).collect();
+    let row_len = case.heads_q * case.head_dim;
+    let mut picked = Vec::with_capacity(want.len());
+    for b in 0..case.batch {
+        let base = (b * case.seqlen_q + start) * row_len;
+        picked.extend_from_slice(&got[base..base + rows * row_len]);
+    }
+    Ok(errors(&picked, &want).0)
+}
+
+fn print_table(report: &Report) {
+    println!("{:<44} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9}  kernel", "case", "median_ms", "min_ms", "max_ms", "TFLOPS", "GB/s", "rel_err");
+    let f = |x: Option<f64>, p: usize| x.map(|v| format!("{v:.p$}")).unwrap_or_else(|| "—".into());
+    for r in &report.results {
+        if r.status != "ok" {
+            println!("{:<44} {}: {}", r.case.name, r.status, r.message.as_deref().unwrap_or(""));
+            continue;
+        }
+        println!(
+            "{:<44} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9}  {}",
+            r.case.name,
+            f(r.median_ms, 4),
+            f(r.min_ms, 4),
+            f(r.max_ms, 4),
+            f(r.tflops, 1),
+            f(r.gbps, 0),
+            r.rel_error.map(|e| format!("{e:.1e}")).unwrap_or_else(|| "—".into()),
+            r.kernel.as_deref().unwrap_or("")
+        );
+    }
+}
+
+fn read_report(path: &PathBuf) -> Result<Report> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text).with_context(|| format!("parsing {} as a bench report", path.display()))
+}
+
+/// Prints the per-row change of `new` against `old`; false when a row slowed by more than
+/// `threshold` percent or disappeared.
+pub fn compare(old: &Report, new: &Report, threshold: f64) -> Result<bool> {
+    if old.suite != new.suite {
+        bail!("suites differ: {} vs {}", old.suite, new.suite);
+    }
+    let mut ok = true;
+    println!("{:<44} {:>10} {:>10} {:>8}", "case", "old_ms", "new_ms", "change");
+    for o in old.results.iter().filter(|r| r.status == "ok") {
+        let Some(n) = new.results.iter().find(|r| r.case.name == o.case.name) else { continue };
+        let (Some(a), Some(b)) = (o.median_ms, n.median_ms) else {
+            println!("{:<44} {:>10.4} {:>10} {:>8}  REGRESSION ({})", o.case.name, o.median_ms.unwrap_or(0.0), "—", "", n.status);
+            ok = false;
+            continue;
+        };
+        let change = (b / a - 1.0) * 100.0;
+        let slow = change > threshold;
+        ok &= !slow;
+        println!("{:<44} {a:>10.4} {b:>10.4} {change:>+7.1}%{}", o.case.name, if slow { "  REGRESSION" } else { "" });
+    }
+    println!("{}", if ok { format!("no row slower by more than {threshold}%") } else { format!("rows slower by more than {threshold}%") });
+    Ok(ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use flashcore::DType;
+
+    fn report(ms: &[Option<f64>]) -> Report {
+        let results = ms
+            .iter()
+            .enumerate()
+            .map(|(i, &m)| {
+                let mut r = unsupported(&Case::new(1, 128 * (i + 1), 128, 1, 1, 64, false, DType::BF16), if m.is_some() { "ok" } else { "error" }, String::new());
+                r.median_ms = m;
+                r
+            })
+            .collect();
+        Report { schema: 1, system: "flashcore".into(), suite: "quick".into(), env: serde_json::json!({}), results }
+    }
+
+    #[test]
+    fn compare_flags_rows_slower_than_the_threshold() {
+        let old = report(&[Some(1.0), Some(2.0)]);
+        assert!(compare(&old, &report(&[Some(1.04), Some(1.5)]), 5.0).unwrap());
+        assert!(!compare(&old, &report(&[Some(1.06), Some(2.0)]), 5.0).unwrap());
+        assert!(!compare(&old, &report(&[Some(1.0), None]), 5.0).unwrap(), "a row that stopped working fails");
+    }
+
+    #[test]
+    fn report_json_round_trips() {
+        let r = report(&[Some(1.0)]);
+        let back: Report = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(back.results[0].median_ms, Some(1.0));
+    }
+}

@@ -1,0 +1,205 @@
+//! `flashcore check`: the correctness suite (DESIGN §5) for every kernel on this GPU.
+
+use anyhow::{bail, Result};
+use flashcore::{reference, AttnParams, Context, DType, DeviceTensor, KernelFamily};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::cases::{errors, random_qkv, Case, HostQkv, Inputs, Storage, Stored};
+
+/// Above this many multiply-adds the f64 CPU oracle is too slow; the GPU reference kernel
+/// (itself checked against the CPU oracle on the small cases) takes over.
+const CPU_REFERENCE_MAX_WORK: usize = 20_000_000_000;
+
+#[derive(clap::Args)]
+pub struct CheckArgs {
+    /// A few cases per kernel.
+    #[arg(long, conflicts_with = "full")]
+    quick: bool,
+    /// Every case (the default).
+    #[arg(long)]
+    full: bool,
+    /// Only this kernel family (reference, fwd_sm80, ...).
+    #[arg(long)]
+    kernel: Option<String>,
+}
+
+struct Spec {
+    case: Case,
+    inputs: Inputs,
+    storage: Storage,
+}
+
+struct Outcome {
+    spec_name: String,
+    kernel: KernelFamily,
+    oracle: &'static str,
+    rel: f64,
+    max_abs: f64,
+    lse_err: f64,
+    deterministic: bool,
+    failure: Option<String>,
+}
+
+fn tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::BF16 => 1e-2,
+        DType::F16 => 2e-3,
+    }
+}
+
+fn specs(family: KernelFamily, quick: bool) -> Vec<Spec> {
+    let lengths: &[(usize, usize)] = if quick {
+        &[(1, 1), (113, 113), (1000, 1000), (7, 1000)]
+    } else {
+        &[(1, 1), (7, 7), (113, 113), (1000, 1000), (4097, 4097), (1, 4097), (113, 1000), (1000, 113), (7, 4097), (256, 128)]
+    };
+    let head_dims: Vec<usize> = if quick { family.head_dims().iter().copied().filter(|&d| d == 64 || d == 128).collect() } else { family.head_dims().to_vec() };
+    let mut out = Vec::new();
+    let mut n = 0usize;
+    for dtype in [DType::BF16, DType::F16] {
+        for &d in &head_dims {
+            for causal in [false, true] {
+                for &(sq, sk) in lengths {
+                    // Long sequences only at one head count, to bound the oracle's time.
+                    let big = sq.max(sk) > 2000;
+                    if big && (d != 128 && d != 64) {
+                        continue;
+                    }
+                    let (hkv, ratio) = [(2, 1), (1, 4), (1, 8)][n % 3];
+                    n += 1;
+                    let batch = if big { 1 } else { 2 };
+                    let case = Case::new(batch, sq, sk, hkv * ratio, hkv, d, causal, dtype);
+                    let storage = if n % 5 == 0 { Storage::Bhsd } else { Storage::Bshd };
+                    out.push(Spec { case, inputs: Inputs::Normal, storage });
+                }
+                // Adversarial inputs, one shape each.
+                for inputs in [Inputs::LargeLogits, Inputs::IdenticalKeys] {
+                    let case = Case::new(1, 200, 300, 4, 2, d, causal, dtype);
+                    out.push(Spec { case, inputs, storage: Storage::Bshd });
+                }
+            }
+        }
+    }
+    out
+}
+
+pub fn run(args: &CheckArgs) -> Result<bool> {
+    let ctx = Context::new(0)?;
+    let arch = ctx.info().arch;
+    let families: Vec<KernelFamily> = match &args.kernel {
+        Some(name) => vec![KernelFamily::parse(name).ok_or_else(|| anyhow::anyhow!("unknown kernel {name:?}; known: {}", family_names()))?],
+        None => KernelFamily::ALL.into_iter().filter(|f| f.runs_on(arch)).collect(),
+    };
+    let all: Vec<(KernelFamily, Spec)> = families.iter().flat_map(|&f| specs(f, args.quick).into_iter().map(move |s| (f, s))).collect();
+    println!("{} on {} ({arch}): {} cases", if args.quick { "quick check" } else { "full check" }, ctx.info().name, all.len());
+    let bar = ProgressBar::new(all.len() as u64).with_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").unwrap());
+    let mut outcomes = Vec::new();
+    for (family, spec) in &all {
+        bar.set_message(format!("{family} {}", spec.case.name));
+        outcomes.push(check_one(&ctx, *family, spec)?);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    print_table(&outcomes);
+    let failed = outcomes.iter().filter(|o| o.failure.is_some()).count();
+    println!("{} passed, {failed} failed", outcomes.len() - failed);
+    Ok(failed == 0)
+}
+
+fn family_names() -> String {
+    KernelFamily::ALL.map(|f| f.name()).join(", ")
+}
+
+fn nan_bits(dtype: DType) -> u16 {
+    match dtype {
+        DType::F16 => 0x7e00,
+        DType::BF16 => 0x7fc0,
+    }
+}
+
+/// Runs `family` on the inputs into NaN-poisoned buffers; returns (o, lse).
+fn run_poisoned(ctx: &Context, family: KernelFamily, case: &Case, q: &Stored, k: &Stored, v: &Stored) -> Result<(Vec<u16>, Vec<f32>)> {
+    let mut o = DeviceTensor::filled(ctx, nan_bits(case.dtype), case.q_shape(), case.dtype)?;
+    let mut lse = ctx.stream().clone_htod(&vec![f32::NAN; case.batch * case.heads_q * case.seqlen_q])?;
+    let params = AttnParams { causal: case.causal, kernel: Some(family), ..Default::default() };
+    ctx.attention_into(q.view(), k.view(), v.view(), o.view_mut(), Some(&mut lse), &params)?;
+    Ok((o.to_bits(ctx)?, ctx.stream().clone_dtoh(&lse)?))
+}
+
+fn check_one(ctx: &Context, family: KernelFamily, spec: &Spec) -> Result<Outcome> {
+    let case = &spec.case;
+    let host = random_qkv(case, spec.inputs, 0x5eed ^ case.seqlen_q as u64 ^ ((case.head_dim as u64) << 20));
+    let up = |data: &[f32], shape| Stored::upload(ctx, data, shape, case.dtype, spec.storage);
+    let (q, k, v) = (up(&host.q, case.q_shape())?, up(&host.k, case.kv_shape())?, up(&host.v, case.kv_shape())?);
+
+    let (o_bits, lse) = run_poisoned(ctx, family, case, &q, &k, &v)?;
+    let (o_bits2, lse2) = run_poisoned(ctx, family, case, &q, &k, &v)?;
+    let deterministic = o_bits == o_bits2 && lse.iter().zip(&lse2).all(|(a, b)| a.to_bits() == b.to_bits());
+    let o: Vec<f32> = o_bits.iter().map(|&b| case.dtype.decode(b)).collect();
+
+    let (oracle, ref_o, ref_lse) = oracle(ctx, family, case, &host, &q, &k, &v)?;
+    let (rel, max_abs) = errors(&o, &ref_o);
+    let mut lse_err = 0f64;
+    let mut failure = None;
+    for (i, (&got, &want)) in lse.iter().zip(&ref_lse).enumerate() {
+        if want == f64::NEG_INFINITY {
+            if got != f32::NEG_INFINITY {
+                failure = Some(format!("lse[{i}] = {got} for a fully masked row, want -inf"));
+            }
+        } else {
+            lse_err = lse_err.max((got as f64 - want).abs());
+        }
+    }
+    let name = format!("{}{}{}", case.name, inputs_suffix(spec.inputs), if spec.storage == Storage::Bhsd { "_bhsd" } else { "" });
+    if o.iter().any(|x| !x.is_finite()) {
+        failure = Some("NaN/Inf in the output (unwritten or overflowed elements)".into());
+    } else if !(rel <= tolerance(case.dtype)) {
+        failure = Some(format!("rel error {rel:.2e} > {:.0e}", tolerance(case.dtype)));
+    } else if !(lse_err <= 2e-3) {
+        failure = Some(format!("lse error {lse_err:.2e} > 2e-3"));
+    } else if !deterministic {
+        failure = Some("two runs differ bitwise".into());
+    }
+    Ok(Outcome { spec_name: name, kernel: family, oracle, rel, max_abs, lse_err, deterministic, failure })
+}
+
+fn inputs_suffix(inputs: Inputs) -> &'static str {
+    match inputs {
+        Inputs::Normal => "",
+        Inputs::LargeLogits => "_large-logits",
+        Inputs::IdenticalKeys => "_identical-keys",
+    }
+}
+
+/// The f64 CPU oracle when affordable, else the GPU reference kernel.
+fn oracle(ctx: &Context, family: KernelFamily, case: &Case, host: &HostQkv, q: &Stored, k: &Stored, v: &Stored) -> Result<(&'static str, Vec<f64>, Vec<f64>)> {
+    let work = case.batch * case.heads_q * case.seqlen_q * case.seqlen_k * case.head_dim;
+    if work <= CPU_REFERENCE_MAX_WORK {
+        let wide = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
+        let scale = 1.0 / (case.head_dim as f64).sqrt();
+        let r = reference::attention(&wide(&host.q), &wide(&host.k), &wide(&host.v), &case.shape(), scale, case.causal);
+        return Ok(("cpu-f64", r.o, r.lse));
+    }
+    if family == KernelFamily::Reference {
+        bail!("case {} is too large for the CPU oracle and cannot check the GPU reference against itself", case.name);
+    }
+    let (o, lse) = run_poisoned(ctx, KernelFamily::Reference, case, q, k, v)?;
+    Ok(("gpu-ref", o.iter().map(|&b| case.dtype.decode(b) as f64).collect(), lse.iter().map(|&x| x as f64).collect()))
+}
+
+fn print_table(outcomes: &[Outcome]) {
+    println!("{:<10} {:<48} {:<8} {:>9} {:>9} {:>9} {:>5}  result", "kernel", "case", "oracle", "rel_err", "max_abs", "lse_err", "det");
+    for o in outcomes {
+        println!(
+            "{:<10} {:<48} {:<8} {:>9.2e} {:>9.2e} {:>9.2e} {:>5}  {}",
+            o.kernel.name(),
+            o.spec_name,
+            o.oracle,
+            o.rel,
+            o.max_abs,
+            o.lse_err,
+            if o.deterministic { "yes" } else { "NO" },
+            o.failure.as_deref().unwrap_or("ok")
+        );
+    }
+}

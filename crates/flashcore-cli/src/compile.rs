@@ -1,0 +1,74 @@
+//! `flashcore compile`: build every kernel variant ahead of time (no GPU needed) and print
+//! registers, shared memory and spills. A spill or a compile error is a failure.
+
+use anyhow::{anyhow, Result};
+use flashcore::jit::{Arch, DiskCache, Jit};
+use flashcore::{Context, KernelFamily, Variant};
+use rayon::prelude::*;
+
+#[derive(clap::Args)]
+pub struct CompileArgs {
+    /// Target arch, e.g. sm_90a (default: this GPU's, or all without a GPU).
+    #[arg(long)]
+    arch: Option<String>,
+    /// Every supported arch (sm_80, sm_86, sm_89, sm_90a).
+    #[arg(long, conflicts_with = "arch")]
+    all_archs: bool,
+    /// Only this kernel family.
+    #[arg(long)]
+    kernel: Option<String>,
+    /// Compile into a fresh temporary cache (measures real compile times).
+    #[arg(long)]
+    no_cache: bool,
+}
+
+pub fn run(args: &CompileArgs) -> Result<bool> {
+    let archs = match (&args.arch, args.all_archs) {
+        (Some(a), _) => vec![Arch::parse(a).ok_or_else(|| anyhow!("cannot parse arch {a:?} (try sm_90a)"))?],
+        (None, true) => Arch::all_supported(),
+        (None, false) => match Context::new(0) {
+            Ok(ctx) => vec![ctx.info().arch],
+            Err(_) => Arch::all_supported(),
+        },
+    };
+    let families: Vec<KernelFamily> = match &args.kernel {
+        Some(n) => vec![KernelFamily::parse(n).ok_or_else(|| anyhow!("unknown kernel {n:?}"))?],
+        None => KernelFamily::ALL.to_vec(),
+    };
+    let tmp = tempfile::tempdir()?;
+    let cache = if args.no_cache { DiskCache::new(tmp.path()) } else { DiskCache::new(DiskCache::default_dir()) };
+    let jit = Jit::new(cache);
+    jit.nvrtc()?;
+    let jobs: Vec<(Arch, Variant)> = archs
+        .iter()
+        .flat_map(|&a| families.iter().filter(move |f| f.runs_on(a)).flat_map(move |f| f.variants(a).into_iter().map(move |v| (a, v))))
+        .collect();
+    let results: Vec<_> = jobs.par_iter().map(|(arch, v)| (arch, v, jit.compile(&v.source(), *arch))).collect();
+    println!("{:<52} {:<7} {:>5} {:>10} {:>10} {:>7} {:>8}", "variant", "arch", "regs", "smem_dyn", "smem_stat", "spill", "seconds");
+    let mut ok = true;
+    for (arch, v, r) in &results {
+        match r {
+            Ok(c) => {
+                let spill = c.resources.spill_stores + c.resources.spill_loads;
+                ok &= spill == 0;
+                println!(
+                    "{:<52} {:<7} {:>5} {:>10} {:>10} {:>7} {:>8.2}{}",
+                    v.name(),
+                    arch.to_string(),
+                    c.resources.registers,
+                    v.smem_bytes,
+                    c.resources.static_smem,
+                    spill,
+                    c.seconds,
+                    if spill > 0 { "  SPILLS" } else { "" }
+                );
+            }
+            Err(e) => {
+                ok = false;
+                println!("{:<52} {:<7} FAILED: {e}", v.name(), arch.to_string());
+            }
+        }
+    }
+    println!("{} variants, {}", results.len(), if ok { "all compiled, no spills" } else { "FAILURES above" });
+    Ok(ok)
+}

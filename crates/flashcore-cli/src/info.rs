@@ -1,0 +1,44 @@
+//! `flashcore info`: the GPU, NVRTC, the cache, and the kernels for this arch. Works
+//! without a GPU and says so.
+
+use anyhow::Result;
+use flashcore::jit::{DiskCache, Jit};
+use flashcore::{Context, KernelFamily};
+
+pub fn run() -> Result<bool> {
+    let arch = match Context::new(0) {
+        Ok(ctx) => {
+            let i = ctx.info();
+            println!("GPU            {} (device {})", i.name, i.ordinal);
+            println!("arch           {} (compute capability {}.{})", i.arch, i.compute_capability.0, i.compute_capability.1);
+            println!("SMs            {}", i.sm_count);
+            println!("memory         {:.1} GiB", i.memory_bytes as f64 / (1u64 << 30) as f64);
+            println!("L2             {} MiB", i.l2_bytes >> 20);
+            println!("smem/block     {} KiB (opt-in)", i.max_smem_per_block >> 10);
+            println!("driver CUDA    {}.{}", i.driver_version / 1000, i.driver_version % 1000 / 10);
+            Some(i.arch)
+        }
+        Err(e) => {
+            println!("GPU            none: {e}");
+            None
+        }
+    };
+    let jit = Jit::new(DiskCache::new(DiskCache::default_dir()));
+    match jit.nvrtc() {
+        Ok(n) => println!("NVRTC          {}.{} from {}", n.version().0, n.version().1, n.path().display()),
+        Err(e) => println!("NVRTC          {e}"),
+    }
+    println!("cache dir      {}", jit.cache().dir().display());
+    match arch {
+        Some(arch) => {
+            let default = flashcore::dispatch::default_family(arch);
+            for family in KernelFamily::ALL.into_iter().filter(|f| f.runs_on(arch)) {
+                let dims = family.head_dims().iter().map(|d| d.to_string()).collect::<Vec<_>>().join("/");
+                let tag = if family == default { " (default)" } else { "" };
+                println!("kernel         {family}{tag}: head dims {dims}, {} variants", family.variants(arch).len());
+            }
+        }
+        None => println!("kernels        (need a GPU to say which run here; `flashcore compile --all-archs` builds them all)"),
+    }
+    Ok(true)
+}
