@@ -1,11 +1,57 @@
-// Hopper forward attention (sm_90a), step 1: one warpgroup, TMA loads + wgmma, no overlap.
-// Tile 64 x FC_BLOCK_N, one stage, 128 threads. Correctness baseline for the pipelined kernel.
+// Hopper forward attention (sm_90a), FlashAttention-3 style.
+//
+// Structure: one producer warpgroup (one thread issues every TMA load) and FC_CONSUMER_WG
+// consumer warpgroups of 64 query rows each; K and V flow through separate rings of
+// FC_STAGES shared-memory stages guarded by full/empty mbarriers. With FC_OVERLAP=1 the
+// consumers (a) take turns issuing their matrix products, handed round by named barriers
+// (ping-pong: one warpgroup's softmax runs under another's GEMMs), and (b) issue the next
+// block's S = Q·K^T before this block's softmax and P·V, so MUFU and tensor cores overlap
+// within a warpgroup too. Key blocks are visited from last to first, so the blocks that
+// need the causal/seqlen mask come first.
+//
+// Variants (per head dim; defaults below, override with -D):
+//   D=64 : 128 x 128 tile, 2 consumer WGs, 2 stages;  smem  80 KB
+//   D=128: 128 x 128 tile, 2 consumer WGs, 2 stages;  smem 160 KB
+//   D=256: 128 x  80 tile, 2 consumer WGs, 2 stages;  smem 224 KB
+//   Registers (setmaxnreg): producer 24, consumers 240. ptxas: 0 spills (see perf-log).
+//
+// ---------------------------------------------------------------------------------------
+// HOST CONTRACT
+// Entry: fc_fwd_sm90(FwdParams p, TmaDescriptor tma_q, tma_k, tma_v), each by value
+//   (__grid_constant__; a TmaDescriptor is the 128-byte, 64-byte-aligned CUtensorMap).
+// Tensor maps, cuTensorMapEncodeTiled, one per tensor:
+//   dtype      CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 (FC_DTYPE_BF16=1) or _FLOAT16
+//   rank       4; dims innermost first: {D, S, H, B}  (S = seqlen_q / seqlen_k,
+//              H = heads_q / heads_kv for Q / K,V; B = batch)
+//   strides    3 byte strides for dims 1..3: {stride_s*2, stride_h*2, stride_b*2}
+//              (elements of FwdParams times sizeof(elem) = 2; multiples of 16 bytes)
+//   box        Q: {64, kBlockM, 1, 1};  K and V: {64, kBlockN, 1, 1}
+//              (64 elements = one 128-byte swizzle row; D/64 boxes per tile)
+//   elem strides {1, 1, 1, 1}
+//   interleave CU_TENSOR_MAP_INTERLEAVE_NONE
+//   swizzle    CU_TENSOR_MAP_SWIZZLE_128B
+//   l2 promo   CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+//   oob fill   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE (zeros: rows past S must read as 0)
+//   global address: the tensor's base pointer (16-byte aligned)
+// Grid  (ceil(seqlen_q / kBlockM), heads_q, batch);  block (kThreads, 1, 1)
+//   kBlockM = 64 * FC_CONSUMER_WG, kThreads = 128 * (FC_CONSUMER_WG + 1)
+// Dynamic shared memory: kSmemBytes = sizeof(SharedStorage) + 1024 (alignment slack) =
+//   2 * (kBlockM*D + 2*FC_STAGES*kBlockN*D) + 1024 + barriers (8*(1 + 4*FC_STAGES), padded);
+//   needs cudaFuncSetAttribute(fc_fwd_sm90, cudaFuncAttributeMaxDynamicSharedMemorySize,
+//   kSmemBytes) (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) when above 48 KB.
+// Output o: BSHD via p.o_stride_*, written with predicated stores; lse [B, Hq, Sq] f32
+//   natural log when p.lse != nullptr. Causal is the compile-time FC_CAUSAL, bottom-right
+//   aligned; p.causal is ignored.
+// ---------------------------------------------------------------------------------------
 #include "common/params.cuh"
+#include "common/pipeline.cuh"
 #include "common/softmax_sm90.cuh"
 #include "common/tile_sm90.cuh"
 #include "common/types.cuh"
+#include "ptx/barrier.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/tma.cuh"
+#include "ptx/warpgroup.cuh"
 #include "ptx/wgmma.cuh"
 
 #ifndef FC_HEAD_DIM
@@ -15,26 +61,57 @@
 #define FC_CAUSAL 0
 #endif
 #ifndef FC_BLOCK_N
+#if FC_HEAD_DIM <= 128
 #define FC_BLOCK_N 128
+#else
+#define FC_BLOCK_N 80
+#endif
+#endif
+#ifndef FC_CONSUMER_WG
+#define FC_CONSUMER_WG 2
+#endif
+#ifndef FC_STAGES
+#define FC_STAGES 2
+#endif
+#ifndef FC_OVERLAP
+#define FC_OVERLAP 1
 #endif
 
 namespace fc {
 namespace fwd_sm90 {
 
 constexpr int kHeadDim = FC_HEAD_DIM;
-constexpr int kBlockM = 64;
+constexpr int kConsumerWG = FC_CONSUMER_WG;
+constexpr int kBlockM = 64 * kConsumerWG;
 constexpr int kBlockN = FC_BLOCK_N;
+constexpr int kStages = FC_STAGES;
 constexpr bool kCausal = FC_CAUSAL != 0;
-constexpr int kThreads = 128;
+constexpr bool kOverlap = FC_OVERLAP != 0;
+constexpr int kThreads = warpgroup::kThreads * (kConsumerWG + 1);
+// setmaxnreg budgets: 64K registers per SM shared by one CTA.
+constexpr int kProducerRegs = kConsumerWG == 2 ? 24 : 32;
+constexpr int kConsumerRegs = kConsumerWG == 2 ? 240 : 160;
+static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim");
+static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "key block: whole k16 steps, one wgmma N");
+static_assert(kConsumerWG == 2 || kConsumerWG == 3, "consumer warpgroups");
+static_assert(warpgroup::kThreads * (kProducerRegs + kConsumerWG * kConsumerRegs) <= 65536, "register file");
+
+// Named barrier ids (0 is __syncthreads): one per consumer warpgroup, for the ping-pong.
+constexpr u32 kSchedulerBarrier = 1;
+
+using QTile = sm90::SmemTile<kBlockM, kHeadDim>;
+using KVTile = sm90::SmemTile<kBlockN, kHeadDim>;
 
 struct SharedStorage {
-    sm90::SmemTile<kBlockM, kHeadDim> q;
-    sm90::SmemTile<kBlockN, kHeadDim> k;
-    sm90::SmemTile<kBlockN, kHeadDim> v;
+    QTile q;
+    KVTile k[kStages];
+    KVTile v[kStages];
     alignas(8) u64 q_full;
-    alignas(8) u64 kv_full;
+    u64 k_full[kStages], k_empty[kStages];
+    u64 v_full[kStages], v_empty[kStages];
 };
 constexpr unsigned kSmemBytes = sizeof(SharedStorage) + sm90::kSwizzlePeriod;
+static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
 
 __device__ __forceinline__ SharedStorage& shared_storage() {
     extern __shared__ unsigned char smem_raw[];
@@ -42,6 +119,8 @@ __device__ __forceinline__ SharedStorage& shared_storage() {
     const u32 pad = (sm90::kSwizzlePeriod - (a % sm90::kSwizzlePeriod)) % sm90::kSwizzlePeriod;
     return *reinterpret_cast<SharedStorage*>(smem_raw + pad);
 }
+
+__device__ __forceinline__ u32 bar(const u64& b) { return sm90::smem_addr(&b); }
 
 __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
@@ -94,6 +173,133 @@ __device__ __forceinline__ void store_output(float (&o)[kHeadDim / 2], sm90::Onl
     }
 }
 
+
+// The query tile this CTA owns. Heavier (later) causal tiles are launched first.
+struct Tile {
+    int m0, head, kv_head, batch;
+    BlockRange blocks;
+};
+__device__ __forceinline__ Tile current_tile(const FwdParams& p) {
+    Tile t;
+    t.m0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
+    t.head = blockIdx.y;
+    t.batch = blockIdx.z;
+    t.kv_head = t.head / (p.heads_q / p.heads_kv);
+    t.blocks = key_blocks(p, t.m0, kBlockM);
+    return t;
+}
+
+// Producer: Q once, then K and V blocks from last to first. K of the next block is issued
+// before V of this one, the order in which the consumers need them.
+__device__ __forceinline__ void produce(SharedStorage& smem, const Tile& t, const TmaDescriptor* tma_q,
+                                        const TmaDescriptor* tma_k, const TmaDescriptor* tma_v) {
+    mbarrier::arrive_expect_tx(bar(smem.q_full), QTile::kBytes);
+    smem.q.load(tma_q, bar(smem.q_full), t.m0, t.head, t.batch);
+    PipelineState<kStages> ks, vs;
+    auto load = [&](KVTile* tiles, u64* full, u64* empty, PipelineState<kStages>& st, const TmaDescriptor* map, int n) {
+        mbarrier::wait(bar(empty[st.stage]), st.empty_parity());
+        mbarrier::arrive_expect_tx(bar(full[st.stage]), KVTile::kBytes);
+        tiles[st.stage].load(map, bar(full[st.stage]), n * kBlockN, t.kv_head, t.batch);
+        st.advance();
+    };
+    const int n_end = t.blocks.n_end;
+    if (n_end == 0) return;
+    load(smem.k, smem.k_full, smem.k_empty, ks, tma_k, n_end - 1);
+    for (int n = n_end - 1; n > 0; --n) {
+        load(smem.k, smem.k_full, smem.k_empty, ks, tma_k, n - 1);
+        load(smem.v, smem.v_full, smem.v_empty, vs, tma_v, n);
+    }
+    load(smem.v, smem.v_full, smem.v_empty, vs, tma_v, 0);
+}
+
+// Ping-pong hand-off: a consumer warpgroup waits for its turn before issuing its GEMMs and
+// passes the turn on after issuing them.
+__device__ __forceinline__ void take_turn(int wg) {
+    if (kOverlap) named_barrier::sync(kSchedulerBarrier + wg, 2 * warpgroup::kThreads);
+}
+__device__ __forceinline__ void pass_turn(int wg) {
+    if (kOverlap) named_barrier::arrive(kSchedulerBarrier + (wg + 1) % kConsumerWG, 2 * warpgroup::kThreads);
+}
+
+// One consumer warpgroup: rows [64*wg, 64*wg + 64) of the tile.
+__device__ __forceinline__ void consume(SharedStorage& smem, const Tile& t, const FwdParams& p, int wg) {
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+    const int q_row = 64 * wg;                           // within the Q tile
+    const int row0 = t.m0 + q_row + 16 * warp + lane / 4;  // this thread's first query row
+    const int col_lane = 2 * (lane % 4);
+    const float scale_log2 = p.softmax_scale_log2;
+
+    float o[kHeadDim / 2];
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
+    sm90::OnlineSoftmax softmax;
+    PipelineState<kStages> ks, vs;
+    float s[kBlockN / 2];
+    u32 pk[kBlockN / 4];
+    float rescale[2];
+
+    // The last warpgroup hands the first turn to warpgroup 0.
+    if (kOverlap && wg == kConsumerWG - 1) named_barrier::arrive(kSchedulerBarrier, 2 * warpgroup::kThreads);
+
+    const int n_end = t.blocks.n_end;
+    if (n_end > 0) {
+        mbarrier::wait(bar(smem.q_full), 0);
+        int n = n_end - 1;
+        mbarrier::wait(bar(smem.k_full[ks.stage]), ks.full_parity());
+        take_turn(wg);
+        sm90::gemm_qk(s, smem.q, q_row, smem.k[ks.stage]);
+        pass_turn(wg);
+        wgmma::wait<0>();
+        wgmma::fence_operands(s);
+        mbarrier::arrive(bar(smem.k_empty[ks.stage]));
+        ks.advance();
+        if (n >= t.blocks.n_mask_from) apply_mask(s, row0, n * kBlockN + col_lane, p);
+        softmax.update(s, scale_log2, rescale);
+        sm90::to_operand(s, pk);
+
+        for (--n; n >= 0; --n) {
+            mbarrier::wait(bar(smem.k_full[ks.stage]), ks.full_parity());
+            if (kOverlap) {
+                take_turn(wg);
+                sm90::gemm_qk(s, smem.q, q_row, smem.k[ks.stage]);
+                mbarrier::wait(bar(smem.v_full[vs.stage]), vs.full_parity());
+                sm90::gemm_pv(o, pk, smem.v[vs.stage]);
+                pass_turn(wg);
+                wgmma::wait<1>();  // S done; P·V of the previous block still in flight
+                wgmma::fence_operands(s);
+            } else {
+                sm90::gemm_qk(s, smem.q, q_row, smem.k[ks.stage]);
+                wgmma::wait<0>();
+                wgmma::fence_operands(s);
+            }
+            mbarrier::arrive(bar(smem.k_empty[ks.stage]));
+            ks.advance();
+            if (n >= t.blocks.n_mask_from) apply_mask(s, row0, n * kBlockN + col_lane, p);
+            softmax.update(s, scale_log2, rescale);
+            if (!kOverlap) {
+                mbarrier::wait(bar(smem.v_full[vs.stage]), vs.full_parity());
+                sm90::gemm_pv(o, pk, smem.v[vs.stage]);
+            }
+            wgmma::wait<0>();
+            wgmma::fence_operands(o);
+            wgmma::fence_operands(pk);
+            mbarrier::arrive(bar(smem.v_empty[vs.stage]));
+            vs.advance();
+            sm90::scale_rows(o, rescale);
+            sm90::to_operand(s, pk);
+        }
+        mbarrier::wait(bar(smem.v_full[vs.stage]), vs.full_parity());
+        sm90::gemm_pv(o, pk, smem.v[vs.stage]);
+        wgmma::wait<0>();
+        wgmma::fence_operands(o);
+        wgmma::fence_operands(pk);
+        mbarrier::arrive(bar(smem.v_empty[vs.stage]));
+    }
+    // Warpgroup 0 takes the last turn passed to it, so no barrier is left half-arrived.
+    if (kOverlap && wg == 0) named_barrier::sync(kSchedulerBarrier, 2 * warpgroup::kThreads);
+    store_output(o, softmax, p, row0, t.head, t.batch);
+}
+
 }  // namespace fwd_sm90
 }  // namespace fc
 
@@ -104,57 +310,30 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 fc_fwd_sm90(const __grid_constant__ FwdParams p, const __grid_constant__ TmaDescriptor tma_q,
             const __grid_constant__ TmaDescriptor tma_k, const __grid_constant__ TmaDescriptor tma_v) {
     SharedStorage& smem = shared_storage();
-    const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
-    const int kv_head = head / (p.heads_q / p.heads_kv);
-    const int m0 = m_block * kBlockM;
-    const BlockRange blocks = key_blocks(p, m0, kBlockM);
-    const u32 q_full = sm90::smem_addr(&smem.q_full), kv_full = sm90::smem_addr(&smem.kv_full);
-    const bool leader = threadIdx.x == 0;
+    const Tile tile = current_tile(p);
+    const int wg = warpgroup::index();
 
-    if (leader) {
-        mbarrier::init(q_full, 1);
-        mbarrier::init(kv_full, 1);
+    if (threadIdx.x == 0) {
+        tma::prefetch_descriptor(&tma_q);
+        tma::prefetch_descriptor(&tma_k);
+        tma::prefetch_descriptor(&tma_v);
+        constexpr u32 kConsumerThreads = kConsumerWG * warpgroup::kThreads;
+        mbarrier::init(bar(smem.q_full), 1);
+        for (int i = 0; i < kStages; ++i) {
+            mbarrier::init(bar(smem.k_full[i]), 1);
+            mbarrier::init(bar(smem.v_full[i]), 1);
+            mbarrier::init(bar(smem.k_empty[i]), kConsumerThreads);
+            mbarrier::init(bar(smem.v_empty[i]), kConsumerThreads);
+        }
         mbarrier::fence_init();
     }
     __syncthreads();
-    if (leader) {
-        mbarrier::arrive_expect_tx(q_full, decltype(smem.q)::kBytes);
-        smem.q.load(&tma_q, q_full, m0, head, batch);
+
+    if (wg == 0) {
+        warpgroup::decrease_registers<kProducerRegs>();
+        if (threadIdx.x == 0) produce(smem, tile, &tma_q, &tma_k, &tma_v);
+    } else {
+        warpgroup::increase_registers<kConsumerRegs>();
+        consume(smem, tile, p, wg - 1);
     }
-
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const int row0 = m0 + 16 * warp + lane / 4;
-    float o[kHeadDim / 2];
-#pragma unroll
-    for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
-    sm90::OnlineSoftmax softmax;
-    u32 phase = 0;
-
-    mbarrier::wait(q_full, 0);
-    for (int n = blocks.n_end - 1; n >= 0; --n) {
-        if (leader) {
-            mbarrier::arrive_expect_tx(kv_full, 2 * decltype(smem.k)::kBytes);
-            smem.k.load(&tma_k, kv_full, n * kBlockN, kv_head, batch);
-            smem.v.load(&tma_v, kv_full, n * kBlockN, kv_head, batch);
-        }
-        mbarrier::wait(kv_full, phase);
-        phase ^= 1;
-
-        float s[kBlockN / 2];
-        sm90::gemm_qk(s, smem.q, 0, smem.k);
-        wgmma::wait<0>();
-        wgmma::fence_operands(s);
-        if (n >= blocks.n_mask_from) apply_mask(s, row0, n * kBlockN + 2 * (lane % 4), p);
-        float rescale[2];
-        softmax.update(s, p.softmax_scale_log2, rescale);
-        sm90::scale_rows(o, rescale);
-        u32 pk[kBlockN / 4];
-        sm90::to_operand(s, pk);
-        sm90::gemm_pv(o, pk, smem.v);
-        wgmma::wait<0>();
-        wgmma::fence_operands(o);
-        wgmma::fence_operands(pk);
-        __syncthreads();  // K and V are overwritten next iteration
-    }
-    store_output(o, softmax, p, row0, head, batch);
 }
