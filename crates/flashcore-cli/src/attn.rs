@@ -47,7 +47,12 @@ pub fn run(args: &AttnArgs) -> Result<bool> {
     let (q, k, v) = read_qkv(&args.input)?;
     let ([b, sq, hq, d], [kb, sk, hkv, kd]) = (shape4(&q, "q")?, shape4(&k, "k")?);
     if k.shape != v.shape || kb != b || kd != d || hkv == 0 || hq % hkv != 0 {
-        bail!("shapes do not form an attention problem: q {:?}, k {:?}, v {:?} (need k = v, same B and D, Hq % Hkv == 0)", q.shape, k.shape, v.shape);
+        bail!(
+            "shapes do not form an attention problem: q {:?}, k {:?}, v {:?} (need k = v, same B and D, Hq % Hkv == 0)",
+            q.shape,
+            k.shape,
+            v.shape
+        );
     }
     let shape = ProblemShape { batch: b, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d };
     let scale = args.scale.unwrap_or(1.0 / (d as f64).sqrt());

@@ -269,7 +269,11 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(i, &m)| {
-                let mut r = unsupported(&Case::new(1, 128 * (i + 1), 128, 1, 1, 64, false, DType::BF16), if m.is_some() { "ok" } else { "error" }, String::new());
+                let mut r = unsupported(
+                    &Case::new(1, 128 * (i + 1), 128, 1, 1, 64, false, DType::BF16),
+                    if m.is_some() { "ok" } else { "error" },
+                    String::new(),
+                );
                 r.median_ms = m;
                 r
             })

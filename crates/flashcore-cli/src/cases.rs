@@ -22,7 +22,16 @@ pub struct Case {
 
 impl Case {
     #[allow(clippy::too_many_arguments)]
-    pub fn new(batch: usize, seqlen_q: usize, seqlen_k: usize, heads_q: usize, heads_kv: usize, head_dim: usize, causal: bool, dtype: DType) -> Self {
+    pub fn new(
+        batch: usize,
+        seqlen_q: usize,
+        seqlen_k: usize,
+        heads_q: usize,
+        heads_kv: usize,
+        head_dim: usize,
+        causal: bool,
+        dtype: DType,
+    ) -> Self {
         let mut name = format!("b{batch}_sq{seqlen_q}_sk{seqlen_k}_h{heads_q}");
         if heads_kv != heads_q {
             name += &format!("kv{heads_kv}");
@@ -112,7 +121,9 @@ impl Stored {
     pub fn upload(ctx: &Context, data: &[f32], shape: [usize; 4], dtype: DType, storage: Storage) -> Result<Self> {
         let [b, s, h, d] = shape;
         match storage {
-            Storage::Bshd => Ok(Self { tensor: DeviceTensor::from_f32(ctx, data, shape, dtype)?, layout: Layout::contiguous(shape, dtype) }),
+            Storage::Bshd => {
+                Ok(Self { tensor: DeviceTensor::from_f32(ctx, data, shape, dtype)?, layout: Layout::contiguous(shape, dtype) })
+            }
             Storage::Bhsd => {
                 let mut t = vec![0f32; data.len()];
                 for (bi, si, hi) in itertools(b, s, h) {

@@ -53,7 +53,8 @@ fn specs(family: KernelFamily, quick: bool) -> Vec<Spec> {
     } else {
         &[(1, 1), (7, 7), (113, 113), (1000, 1000), (4097, 4097), (1, 4097), (113, 1000), (1000, 113), (7, 4097), (256, 128)]
     };
-    let head_dims: Vec<usize> = if quick { family.head_dims().iter().copied().filter(|&d| d == 64 || d == 128).collect() } else { family.head_dims().to_vec() };
+    let head_dims: Vec<usize> =
+        if quick { family.head_dims().iter().copied().filter(|&d| d == 64 || d == 128).collect() } else { family.head_dims().to_vec() };
     let mut out = Vec::new();
     let mut n = 0usize;
     for dtype in [DType::BF16, DType::F16] {
@@ -140,26 +141,32 @@ fn check_one(ctx: &Context, family: KernelFamily, spec: &Spec) -> Result<Outcome
     let (oracle, ref_o, ref_lse) = oracle(ctx, family, case, &host, &q, &k, &v)?;
     let (rel, max_abs) = errors(&o, &ref_o);
     let mut lse_err = 0f64;
-    let mut failure = None;
+    let mut lse_failure = None;
     for (i, (&got, &want)) in lse.iter().zip(&ref_lse).enumerate() {
         if want == f64::NEG_INFINITY {
             if got != f32::NEG_INFINITY {
-                failure = Some(format!("lse[{i}] = {got} for a fully masked row, want -inf"));
+                lse_failure = Some(format!("lse[{i}] = {got} for a fully masked row, want -inf"));
             }
+        } else if !got.is_finite() {
+            lse_failure = Some(format!("lse[{i}] = {got}, want {want:.4}"));
         } else {
             lse_err = lse_err.max((got as f64 - want).abs());
         }
     }
     let name = format!("{}{}{}", case.name, inputs_suffix(spec.inputs), if spec.storage == Storage::Bhsd { "_bhsd" } else { "" });
-    if o.iter().any(|x| !x.is_finite()) {
-        failure = Some("NaN/Inf in the output (unwritten or overflowed elements)".into());
-    } else if !(rel <= tolerance(case.dtype)) {
-        failure = Some(format!("rel error {rel:.2e} > {:.0e}", tolerance(case.dtype)));
-    } else if !(lse_err <= 2e-3) {
-        failure = Some(format!("lse error {lse_err:.2e} > 2e-3"));
+    let failure = if o.iter().any(|x| !x.is_finite()) {
+        Some("NaN/Inf in the output (unwritten or overflowed elements)".into())
+    } else if rel > tolerance(case.dtype) {
+        Some(format!("rel error {rel:.2e} > {:.0e}", tolerance(case.dtype)))
+    } else if lse_failure.is_some() {
+        lse_failure
+    } else if lse_err > 2e-3 {
+        Some(format!("lse error {lse_err:.2e} > 2e-3"))
     } else if !deterministic {
-        failure = Some("two runs differ bitwise".into());
-    }
+        Some("two runs differ bitwise".into())
+    } else {
+        None
+    };
     Ok(Outcome { spec_name: name, kernel: family, oracle, rel, max_abs, lse_err, deterministic, failure })
 }
 
@@ -172,7 +179,15 @@ fn inputs_suffix(inputs: Inputs) -> &'static str {
 }
 
 /// The f64 CPU oracle when affordable, else the GPU reference kernel.
-fn oracle(ctx: &Context, family: KernelFamily, case: &Case, host: &HostQkv, q: &Stored, k: &Stored, v: &Stored) -> Result<(&'static str, Vec<f64>, Vec<f64>)> {
+fn oracle(
+    ctx: &Context,
+    family: KernelFamily,
+    case: &Case,
+    host: &HostQkv,
+    q: &Stored,
+    k: &Stored,
+    v: &Stored,
+) -> Result<(&'static str, Vec<f64>, Vec<f64>)> {
     let work = case.batch * case.heads_q * case.seqlen_q * case.seqlen_k * case.head_dim;
     if work <= CPU_REFERENCE_MAX_WORK {
         let wide = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();

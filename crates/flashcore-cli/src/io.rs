@@ -106,31 +106,16 @@ pub enum IoError {
 /// Reads the tensors `q`, `k`, `v` of `path`: F16, BF16 or F32, all of `q`'s dtype, rank 4
 /// (BSHD). Shapes are not checked against each other here; the attention API does that.
 pub fn read_qkv(path: &Path) -> Result<(HostTensor, HostTensor, HostTensor), IoError> {
-    let bytes = std::fs::read(path).map_err(|source| IoError::Read {
-        path: path.into(),
-        source,
-    })?;
-    let file = SafeTensors::deserialize(&bytes).map_err(|source| IoError::Format {
-        path: path.into(),
-        source,
-    })?;
+    let bytes = std::fs::read(path).map_err(|source| IoError::Read { path: path.into(), source })?;
+    let file = SafeTensors::deserialize(&bytes).map_err(|source| IoError::Format { path: path.into(), source })?;
     let read = |name| {
         let t = read_tensor(&file, path, name)?;
         if t.dtype == FileDType::F64 {
             let (dtype, expected) = ("F64".into(), "F16, BF16 or F32".into());
-            return Err(IoError::WrongDType {
-                path: path.into(),
-                name,
-                dtype,
-                expected,
-            });
+            return Err(IoError::WrongDType { path: path.into(), name, dtype, expected });
         }
         if t.shape.len() != 4 {
-            return Err(IoError::WrongRank {
-                path: path.into(),
-                name,
-                shape: t.shape,
-            });
+            return Err(IoError::WrongRank { path: path.into(), name, shape: t.shape });
         }
         Ok(t)
     };
@@ -138,12 +123,7 @@ pub fn read_qkv(path: &Path) -> Result<(HostTensor, HostTensor, HostTensor), IoE
     for (name, t) in [("k", &k), ("v", &v)] {
         if t.dtype != q.dtype {
             let (dtype, expected) = (format!("{:?}", t.dtype), format!("{:?} like `q`", q.dtype));
-            return Err(IoError::WrongDType {
-                path: path.into(),
-                name,
-                dtype,
-                expected,
-            });
+            return Err(IoError::WrongDType { path: path.into(), name, dtype, expected });
         }
     }
     Ok((q, k, v))
@@ -158,44 +138,25 @@ fn write_tensors(path: &Path, tensors: &[(&'static str, &HostTensor)]) -> Result
     let mut encoded = Vec::with_capacity(tensors.len());
     for &(name, t) in tensors {
         if t.data.len() != t.shape.iter().product::<usize>() {
-            return Err(IoError::Length {
-                name,
-                len: t.data.len(),
-                shape: t.shape.clone(),
-            });
+            return Err(IoError::Length { name, len: t.data.len(), shape: t.shape.clone() });
         }
         encoded.push((name, t, encode(t.dtype, &t.data)));
     }
-    let format = |source| IoError::Format {
-        path: path.into(),
-        source,
-    };
+    let format = |source| IoError::Format { path: path.into(), source };
     let views = encoded
         .iter()
-        .map(|(name, t, bytes)| {
-            Ok((
-                *name,
-                TensorView::new(dtype_in_file(t.dtype), t.shape.clone(), bytes)?,
-            ))
-        })
+        .map(|(name, t, bytes)| Ok((*name, TensorView::new(dtype_in_file(t.dtype), t.shape.clone(), bytes)?)))
         .collect::<Result<Vec<_>, SafeTensorError>>()
         .map_err(format)?;
     let bytes = safetensors::serialize(views, None).map_err(format)?;
-    std::fs::write(path, bytes).map_err(|source| IoError::Write {
-        path: path.into(),
-        source,
-    })
+    std::fs::write(path, bytes).map_err(|source| IoError::Write { path: path.into(), source })
 }
 
 fn read_tensor(file: &SafeTensors, path: &Path, name: &'static str) -> Result<HostTensor, IoError> {
     let view = file.tensor(name).map_err(|_| {
         let mut names = file.names();
         names.sort_unstable();
-        IoError::MissingTensor {
-            path: path.into(),
-            name,
-            found: names.join(", "),
-        }
+        IoError::MissingTensor { path: path.into(), name, found: names.join(", ") }
     })?;
     let dtype = match view.dtype() {
         Dtype::F16 => FileDType::F16,
@@ -204,19 +165,10 @@ fn read_tensor(file: &SafeTensors, path: &Path, name: &'static str) -> Result<Ho
         Dtype::F64 => FileDType::F64,
         other => {
             let (dtype, expected) = (other.to_string(), "F16, BF16 or F32".into());
-            return Err(IoError::WrongDType {
-                path: path.into(),
-                name,
-                dtype,
-                expected,
-            });
+            return Err(IoError::WrongDType { path: path.into(), name, dtype, expected });
         }
     };
-    Ok(HostTensor {
-        shape: view.shape().to_vec(),
-        dtype,
-        data: decode(dtype, view.data()),
-    })
+    Ok(HostTensor { shape: view.shape().to_vec(), dtype, data: decode(dtype, view.data()) })
 }
 
 fn dtype_in_file(dtype: FileDType) -> Dtype {
@@ -231,40 +183,19 @@ fn dtype_in_file(dtype: FileDType) -> Dtype {
 /// Little-endian bytes to f64 (safetensors is little-endian; its parser checked the length).
 fn decode(dtype: FileDType, bytes: &[u8]) -> Vec<f64> {
     match dtype {
-        FileDType::F16 => bytes
-            .chunks_exact(2)
-            .map(|b| f16::from_le_bytes([b[0], b[1]]).to_f64())
-            .collect(),
-        FileDType::BF16 => bytes
-            .chunks_exact(2)
-            .map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f64())
-            .collect(),
-        FileDType::F32 => bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()) as f64)
-            .collect(),
-        FileDType::F64 => bytes
-            .chunks_exact(8)
-            .map(|b| f64::from_le_bytes(b.try_into().unwrap()))
-            .collect(),
+        FileDType::F16 => bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]]).to_f64()).collect(),
+        FileDType::BF16 => bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f64()).collect(),
+        FileDType::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap()) as f64).collect(),
+        FileDType::F64 => bytes.chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().unwrap())).collect(),
     }
 }
 
 /// f64 to little-endian bytes of `dtype`, rounding to nearest.
 fn encode(dtype: FileDType, data: &[f64]) -> Vec<u8> {
     match dtype {
-        FileDType::F16 => data
-            .iter()
-            .flat_map(|&x| f16::from_f64(x).to_le_bytes())
-            .collect(),
-        FileDType::BF16 => data
-            .iter()
-            .flat_map(|&x| bf16::from_f64(x).to_le_bytes())
-            .collect(),
-        FileDType::F32 => data
-            .iter()
-            .flat_map(|&x| (x as f32).to_le_bytes())
-            .collect(),
+        FileDType::F16 => data.iter().flat_map(|&x| f16::from_f64(x).to_le_bytes()).collect(),
+        FileDType::BF16 => data.iter().flat_map(|&x| bf16::from_f64(x).to_le_bytes()).collect(),
+        FileDType::F32 => data.iter().flat_map(|&x| (x as f32).to_le_bytes()).collect(),
         FileDType::F64 => data.iter().flat_map(|&x| x.to_le_bytes()).collect(),
     }
 }
@@ -276,22 +207,12 @@ mod tests {
     fn tensor(shape: &[usize], dtype: FileDType, seed: usize) -> HostTensor {
         let n = shape.iter().product::<usize>();
         // Multiples of 1/8 in [-4, 4): exact in every dtype, so round trips are exact.
-        let data = (0..n)
-            .map(|i| ((i * 7 + seed * 13) % 64) as f64 / 8.0 - 4.0)
-            .collect();
-        HostTensor {
-            shape: shape.to_vec(),
-            dtype,
-            data,
-        }
+        let data = (0..n).map(|i| ((i * 7 + seed * 13) % 64) as f64 / 8.0 - 4.0).collect();
+        HostTensor { shape: shape.to_vec(), dtype, data }
     }
 
     fn qkv(dtype: FileDType) -> [HostTensor; 3] {
-        [
-            tensor(&[2, 3, 4, 8], dtype, 1),
-            tensor(&[2, 5, 2, 8], dtype, 2),
-            tensor(&[2, 5, 2, 8], dtype, 3),
-        ]
+        [tensor(&[2, 3, 4, 8], dtype, 1), tensor(&[2, 5, 2, 8], dtype, 2), tensor(&[2, 5, 2, 8], dtype, 3)]
     }
 
     #[test]
@@ -307,20 +228,11 @@ mod tests {
 
     #[test]
     fn outputs_round_trip_including_f64_and_infinities() {
-        for dtype in [
-            FileDType::F16,
-            FileDType::BF16,
-            FileDType::F32,
-            FileDType::F64,
-        ] {
+        for dtype in [FileDType::F16, FileDType::BF16, FileDType::F32, FileDType::F64] {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("out.safetensors");
             let o = tensor(&[1, 3, 2, 4], dtype, 5);
-            let lse = HostTensor {
-                shape: vec![1, 2, 3],
-                dtype: FileDType::F32,
-                data: vec![f64::NEG_INFINITY, 0.5, 1.0, -2.0, 3.25, 0.0],
-            };
+            let lse = HostTensor { shape: vec![1, 2, 3], dtype: FileDType::F32, data: vec![f64::NEG_INFINITY, 0.5, 1.0, -2.0, 3.25, 0.0] };
             write_outputs(&path, &o, &lse).unwrap();
             let bytes = std::fs::read(&path).unwrap();
             let file = SafeTensors::deserialize(&bytes).unwrap();
@@ -335,30 +247,16 @@ mod tests {
         let path = dir.path().join("out.safetensors");
         let data = vec![0.1, -1.0 / 3.0, 1e-6, 65504.0];
         for (dtype, round) in [
-            (
-                FileDType::F16,
-                (|x| f16::from_f64(x).to_f64()) as fn(f64) -> f64,
-            ),
+            (FileDType::F16, (|x| f16::from_f64(x).to_f64()) as fn(f64) -> f64),
             (FileDType::BF16, |x| bf16::from_f64(x).to_f64()),
             (FileDType::F32, |x| x as f32 as f64),
         ] {
-            let o = HostTensor {
-                shape: vec![1, 1, 1, 4],
-                dtype,
-                data: data.clone(),
-            };
-            let lse = HostTensor {
-                shape: vec![1, 1, 1],
-                dtype: FileDType::F32,
-                data: vec![0.0],
-            };
+            let o = HostTensor { shape: vec![1, 1, 1, 4], dtype, data: data.clone() };
+            let lse = HostTensor { shape: vec![1, 1, 1], dtype: FileDType::F32, data: vec![0.0] };
             write_outputs(&path, &o, &lse).unwrap();
             let bytes = std::fs::read(&path).unwrap();
             let read = read_tensor(&SafeTensors::deserialize(&bytes).unwrap(), &path, "o").unwrap();
-            assert_eq!(
-                read.data,
-                data.iter().map(|&x| round(x)).collect::<Vec<_>>()
-            );
+            assert_eq!(read.data, data.iter().map(|&x| round(x)).collect::<Vec<_>>());
             assert_ne!(read.data, data, "{dtype:?} should not hold these exactly");
         }
     }
@@ -370,15 +268,8 @@ mod tests {
         let [q, k, _] = qkv(FileDType::F16);
         write_tensors(&path, &[("q", &q), ("k", &k)]).unwrap();
         let err = read_qkv(&path).unwrap_err();
-        assert!(
-            matches!(err, IoError::MissingTensor { name: "v", .. }),
-            "{err:?}"
-        );
-        assert!(
-            err.to_string()
-                .contains("no tensor named `v` (it has: k, q)"),
-            "{err}"
-        );
+        assert!(matches!(err, IoError::MissingTensor { name: "v", .. }), "{err:?}");
+        assert!(err.to_string().contains("no tensor named `v` (it has: k, q)"), "{err}");
     }
 
     #[test]
@@ -389,10 +280,7 @@ mod tests {
         let k = tensor(&[5, 2, 8], FileDType::F32, 2);
         write_tensors(&path, &[("q", &q), ("k", &k), ("v", &v)]).unwrap();
         let err = read_qkv(&path).unwrap_err();
-        assert!(
-            matches!(&err, IoError::WrongRank { name: "k", shape, .. } if shape == &[5, 2, 8]),
-            "{err:?}"
-        );
+        assert!(matches!(&err, IoError::WrongRank { name: "k", shape, .. } if shape == &[5, 2, 8]), "{err:?}");
     }
 
     #[test]
@@ -404,34 +292,18 @@ mod tests {
         let int_v = TensorView::new(Dtype::I32, v.shape.clone(), &ints).unwrap();
         let (q_bytes, k_bytes) = (encode(q.dtype, &q.data), encode(k.dtype, &k.data));
         let views = [
-            (
-                "q",
-                TensorView::new(Dtype::F16, q.shape.clone(), &q_bytes).unwrap(),
-            ),
-            (
-                "k",
-                TensorView::new(Dtype::F16, k.shape.clone(), &k_bytes).unwrap(),
-            ),
+            ("q", TensorView::new(Dtype::F16, q.shape.clone(), &q_bytes).unwrap()),
+            ("k", TensorView::new(Dtype::F16, k.shape.clone(), &k_bytes).unwrap()),
             ("v", int_v),
         ];
         std::fs::write(&path, safetensors::serialize(views, None).unwrap()).unwrap();
         let err = read_qkv(&path).unwrap_err();
-        assert!(
-            matches!(&err, IoError::WrongDType { name: "v", dtype, .. } if dtype == "I32"),
-            "{err:?}"
-        );
+        assert!(matches!(&err, IoError::WrongDType { name: "v", dtype, .. } if dtype == "I32"), "{err:?}");
 
-        let v = HostTensor {
-            dtype: FileDType::BF16,
-            ..v
-        };
+        let v = HostTensor { dtype: FileDType::BF16, ..v };
         write_tensors(&path, &[("q", &q), ("k", &k), ("v", &v)]).unwrap();
         let err = read_qkv(&path).unwrap_err();
-        assert!(
-            err.to_string().contains("`v` in")
-                && err.to_string().contains("is BF16; expected F16 like `q`"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("`v` in") && err.to_string().contains("is BF16; expected F16 like `q`"), "{err}");
     }
 
     #[test]
@@ -439,17 +311,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("absent.safetensors");
         let err = read_qkv(&path).unwrap_err();
-        assert!(
-            matches!(err, IoError::Read { .. }) && err.to_string().contains("absent.safetensors"),
-            "{err}"
-        );
+        assert!(matches!(err, IoError::Read { .. }) && err.to_string().contains("absent.safetensors"), "{err}");
 
         std::fs::write(&path, b"not a safetensors file").unwrap();
         let err = read_qkv(&path).unwrap_err();
-        assert!(
-            matches!(err, IoError::Format { .. }) && err.to_string().contains("absent.safetensors"),
-            "{err}"
-        );
+        assert!(matches!(err, IoError::Format { .. }) && err.to_string().contains("absent.safetensors"), "{err}");
 
         let o = tensor(&[1, 1, 1, 2], FileDType::F32, 0);
         let err = write_outputs(&dir.path().join("no/such/dir.safetensors"), &o, &o).unwrap_err();
@@ -460,16 +326,8 @@ mod tests {
     fn values_that_do_not_fill_the_shape_are_refused_on_write() {
         let dir = tempfile::tempdir().unwrap();
         let o = tensor(&[1, 1, 1, 2], FileDType::F32, 0);
-        let lse = HostTensor {
-            shape: vec![1, 1, 2],
-            dtype: FileDType::F32,
-            data: vec![0.0],
-        };
+        let lse = HostTensor { shape: vec![1, 1, 2], dtype: FileDType::F32, data: vec![0.0] };
         let err = write_outputs(&dir.path().join("out.safetensors"), &o, &lse).unwrap_err();
-        assert!(
-            err.to_string()
-                .contains("tensor `lse` has 1 values, its shape [1, 1, 2] needs 2"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("tensor `lse` has 1 values, its shape [1, 1, 2] needs 2"), "{err}");
     }
 }

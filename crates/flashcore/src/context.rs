@@ -233,7 +233,8 @@ impl Context {
         function
             .set_attribute(FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, variant.smem_bytes as i32)
             .ctx("raising the dynamic shared memory limit")?;
-        let kernel = Arc::new(LoadedKernel { variant: variant.clone(), resources: compiled.resources, from_cache: compiled.from_cache, function });
+        let kernel =
+            Arc::new(LoadedKernel { variant: variant.clone(), resources: compiled.resources, from_cache: compiled.from_cache, function });
         self.loaded.lock().unwrap().insert(variant.clone(), kernel.clone());
         Ok(kernel)
     }

@@ -29,3 +29,33 @@ pub fn select(arch: Arch, shape: &ProblemShape, dtype: DType, params: &AttnParam
         KernelFamily::FwdSm80 => fwd_sm80::variant(arch, dtype, d, params.causal),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(head_dim: usize) -> ProblemShape {
+        ProblemShape { batch: 1, seqlen_q: 10, seqlen_k: 10, heads_q: 2, heads_kv: 1, head_dim }
+    }
+
+    #[test]
+    fn unsupported_head_dim_is_a_head_dim_error() {
+        let arch = Arch::parse("sm_80").unwrap();
+        let err = select(arch, &shape(72), DType::BF16, &AttnParams::default()).unwrap_err();
+        assert!(matches!(err, Error::HeadDim { head_dim: 72, .. }), "{err}");
+        assert!(err.to_string().contains("128"), "lists the supported dims: {err}");
+    }
+
+    #[test]
+    fn forcing_a_family_picks_it() {
+        let arch = Arch::parse("sm_90a").unwrap();
+        let p = AttnParams { kernel: Some(KernelFamily::Reference), ..AttnParams::default() };
+        assert_eq!(select(arch, &shape(64), DType::F16, &p).unwrap().family, KernelFamily::Reference);
+    }
+
+    #[test]
+    fn pre_ampere_is_unsupported() {
+        let arch = Arch::parse("sm_75").unwrap();
+        assert!(matches!(select(arch, &shape(64), DType::F16, &AttnParams::default()), Err(Error::Unsupported { .. })));
+    }
+}

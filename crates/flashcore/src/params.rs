@@ -67,7 +67,7 @@ impl ProblemShape {
             return sq * sk;
         }
         // Row i sees keys 0..=i+sk-sq, clamped to [0, sk].
-        (0..sq).map(|i| (i + sk).saturating_sub(sq).saturating_add(1).min(sk)).sum()
+        (0..sq).map(|i| (i + sk + 1).saturating_sub(sq).min(sk)).sum()
     }
 
     /// Matrix FLOPs of the forward pass: two products of `2·D` FLOPs per visible pair.

@@ -29,34 +29,12 @@ pub struct ReferenceOutput {
 /// # Panics
 /// If a slice's length does not match `shape`, or `Hkv` is 0 or does not divide `Hq`.
 /// (The public GPU API validates its arguments before it calls this.)
-pub fn attention(
-    q: &[f64],
-    k: &[f64],
-    v: &[f64],
-    shape: &ProblemShape,
-    softmax_scale: f64,
-    causal: bool,
-) -> ReferenceOutput {
-    let ProblemShape {
-        batch,
-        seqlen_q: sq,
-        seqlen_k: sk,
-        heads_q: hq,
-        heads_kv: hkv,
-        head_dim: d,
-    } = *shape;
-    assert!(
-        hkv > 0 && hq % hkv == 0,
-        "heads_q = {hq} must be a multiple of heads_kv = {hkv}"
-    );
+pub fn attention(q: &[f64], k: &[f64], v: &[f64], shape: &ProblemShape, softmax_scale: f64, causal: bool) -> ReferenceOutput {
+    let ProblemShape { batch, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d } = *shape;
+    assert!(hkv > 0 && hq % hkv == 0, "heads_q = {hq} must be a multiple of heads_kv = {hkv}");
     let (q_len, kv_len) = (batch * sq * hq * d, batch * sk * hkv * d);
     for (name, t, want) in [("q", q, q_len), ("k", k, kv_len), ("v", v, kv_len)] {
-        assert_eq!(
-            t.len(),
-            want,
-            "{name} has {} elements, {shape:?} needs {want}",
-            t.len()
-        );
+        assert_eq!(t.len(), want, "{name} has {} elements, {shape:?} needs {want}", t.len());
     }
     let group = hq / hkv;
 
@@ -71,17 +49,11 @@ pub fn attention(
             let mut lse = vec![f64::NEG_INFINITY; sq];
             for i in 0..sq {
                 // Keys 0..visible are the ones with j <= i + Sk - Sq.
-                let visible = if causal {
-                    (i + 1 + sk).saturating_sub(sq).min(sk)
-                } else {
-                    sk
-                };
+                let visible = if causal { (i + 1 + sk).saturating_sub(sq).min(sk) } else { sk };
                 if visible == 0 {
                     continue;
                 }
-                let s: Vec<f64> = (0..visible)
-                    .map(|j| softmax_scale * dot(q_row(i), &k[kv_at(j)..][..d]))
-                    .collect();
+                let s: Vec<f64> = (0..visible).map(|j| softmax_scale * dot(q_row(i), &k[kv_at(j)..][..d])).collect();
                 let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let p: Vec<f64> = s.iter().map(|&s| (s - max).exp()).collect();
                 let sum: f64 = p.iter().sum();
@@ -119,14 +91,7 @@ mod tests {
     use super::*;
 
     fn shape(batch: usize, sq: usize, sk: usize, hq: usize, hkv: usize, d: usize) -> ProblemShape {
-        ProblemShape {
-            batch,
-            seqlen_q: sq,
-            seqlen_k: sk,
-            heads_q: hq,
-            heads_kv: hkv,
-            head_dim: d,
-        }
+        ProblemShape { batch, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d }
     }
 
     /// Deterministic values in [-1, 1) (splitmix64), so tests need no RNG crate.
@@ -148,11 +113,7 @@ mod tests {
     fn qkv(s: &ProblemShape, seed: u64) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
         let nq = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
         let nkv = s.batch * s.seqlen_k * s.heads_kv * s.head_dim;
-        (
-            random(nq, seed),
-            random(nkv, seed + 1),
-            random(nkv, seed + 2),
-        )
+        (random(nq, seed), random(nkv, seed + 1), random(nkv, seed + 2))
     }
 
     fn assert_close(a: &[f64], b: &[f64], tol: f64) {
@@ -164,14 +125,7 @@ mod tests {
     }
 
     /// Brute force: the mask spelled out with signed indices, no max subtraction.
-    fn brute_force(
-        q: &[f64],
-        k: &[f64],
-        v: &[f64],
-        s: &ProblemShape,
-        scale: f64,
-        causal: bool,
-    ) -> ReferenceOutput {
+    fn brute_force(q: &[f64], k: &[f64], v: &[f64], s: &ProblemShape, scale: f64, causal: bool) -> ReferenceOutput {
         let (sq, sk, hq, hkv, d) = (s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv, s.head_dim);
         let mut o = vec![0.0; s.batch * sq * hq * d];
         let mut lse = vec![f64::NEG_INFINITY; s.batch * hq * sq];
@@ -184,12 +138,7 @@ mod tests {
                         if causal && j as isize > i as isize + sk as isize - sq as isize {
                             continue;
                         }
-                        let logit: f64 = (0..d)
-                            .map(|c| {
-                                q[((b * sq + i) * hq + h) * d + c]
-                                    * k[((b * sk + j) * hkv + kh) * d + c]
-                            })
-                            .sum();
+                        let logit: f64 = (0..d).map(|c| q[((b * sq + i) * hq + h) * d + c] * k[((b * sk + j) * hkv + kh) * d + c]).sum();
                         *w = (scale * logit).exp();
                     }
                     let sum: f64 = weights.iter().sum();
@@ -199,8 +148,7 @@ mod tests {
                     lse[(b * hq + h) * sq + i] = sum.ln();
                     for (j, w) in weights.iter().enumerate() {
                         for c in 0..d {
-                            o[((b * sq + i) * hq + h) * d + c] +=
-                                w / sum * v[((b * sk + j) * hkv + kh) * d + c];
+                            o[((b * sq + i) * hq + h) * d + c] += w / sum * v[((b * sk + j) * hkv + kh) * d + c];
                         }
                     }
                 }
@@ -212,25 +160,11 @@ mod tests {
     #[test]
     fn one_query_two_keys_by_hand() {
         // Logits 0 and ln 2: weights 1/3 and 2/3, so o = 3/3 + 2·6/3 = 5 and lse = ln 3.
-        let out = attention(
-            &[1.0],
-            &[0.0, 2f64.ln()],
-            &[3.0, 6.0],
-            &shape(1, 1, 2, 1, 1, 1),
-            1.0,
-            false,
-        );
+        let out = attention(&[1.0], &[0.0, 2f64.ln()], &[3.0, 6.0], &shape(1, 1, 2, 1, 1, 1), 1.0, false);
         assert_close(&out.o, &[5.0], 1e-14);
         assert_close(&out.lse, &[3f64.ln()], 1e-14);
         // The scale multiplies the logits: scale 2 gives ln 4, weights 1/5 and 4/5.
-        let out = attention(
-            &[1.0],
-            &[0.0, 2f64.ln()],
-            &[3.0, 6.0],
-            &shape(1, 1, 2, 1, 1, 1),
-            2.0,
-            false,
-        );
+        let out = attention(&[1.0], &[0.0, 2f64.ln()], &[3.0, 6.0], &shape(1, 1, 2, 1, 1, 1), 2.0, false);
         assert_close(&out.o, &[3.0 / 5.0 + 24.0 / 5.0], 1e-14);
         assert_close(&out.lse, &[5f64.ln()], 1e-14);
     }
@@ -238,14 +172,7 @@ mod tests {
     #[test]
     fn large_logits_do_not_overflow() {
         // exp(1000) overflows f64; the max subtraction keeps it exact.
-        let out = attention(
-            &[1000.0],
-            &[1.0, 1.0, -1.0],
-            &[1.0, 3.0, 100.0],
-            &shape(1, 1, 3, 1, 1, 1),
-            1.0,
-            false,
-        );
+        let out = attention(&[1000.0], &[1.0, 1.0, -1.0], &[1.0, 3.0, 100.0], &shape(1, 1, 3, 1, 1, 1), 1.0, false);
         assert_close(&out.o, &[2.0], 1e-12);
         assert_close(&out.lse, &[1000.0 + 2f64.ln()], 1e-12);
     }
@@ -286,11 +213,7 @@ mod tests {
         let (q, k, v) = qkv(&s, 23);
         let row = 2 * 3; // Hkv · D values per key position.
         let perm = [3, 0, 4, 1, 2];
-        let permute = |t: &[f64]| -> Vec<f64> {
-            perm.iter()
-                .flat_map(|&j| t[j * row..][..row].to_vec())
-                .collect()
-        };
+        let permute = |t: &[f64]| -> Vec<f64> { perm.iter().flat_map(|&j| t[j * row..][..row].to_vec()).collect() };
         let base = attention(&q, &k, &v, &s, 0.5, false);
         let out = attention(&q, &permute(&k), &permute(&v), &s, 0.5, false);
         assert_close(&out.o, &base.o, 1e-14);
@@ -306,11 +229,7 @@ mod tests {
             for h in 0..3 {
                 let at = (b * 4 * 3 + h) * 2; // Row 0 of (b, h), in q, k, v and o alike.
                 assert_close(&out.o[at..][..2], &v[at..][..2], 1e-15);
-                assert_close(
-                    &out.lse[(b * 3 + h) * 4..][..1],
-                    &[1.3 * dot(&q[at..][..2], &k[at..][..2])],
-                    1e-14,
-                );
+                assert_close(&out.lse[(b * 3 + h) * 4..][..1], &[1.3 * dot(&q[at..][..2], &k[at..][..2])], 1e-14);
             }
         }
     }
@@ -320,8 +239,7 @@ mod tests {
         let (gqa, mha) = (shape(2, 3, 6, 8, 2, 4), shape(2, 3, 6, 8, 8, 4));
         let (q, k, v) = qkv(&gqa, 41);
         // Query heads 0..4 share kv head 0, heads 4..8 kv head 1.
-        let repeat =
-            |t: &[f64]| -> Vec<f64> { t.chunks(4).flat_map(|head| [head; 4].concat()).collect() };
+        let repeat = |t: &[f64]| -> Vec<f64> { t.chunks(4).flat_map(|head| [head; 4].concat()).collect() };
         let (k_mha, v_mha) = (repeat(&k), repeat(&v));
         assert_eq!(k_mha.len(), 2 * 6 * 8 * 4);
         assert_eq!(k_mha[(5 * 8 + 3) * 4..][..4], k[(5 * 2) * 4..][..4]);
@@ -352,13 +270,8 @@ mod tests {
             let out = attention(&q, &k, &v, &s, 2.0, causal);
             for i in 0..4 {
                 let visible = if causal { i + 3 } else { 6 };
-                let total: f64 = (0..visible)
-                    .map(|j| (2.0 * dot(&q[i * 3..][..3], &k[j * 3..][..3]) - out.lse[i]).exp())
-                    .sum();
-                assert!(
-                    (total - 1.0).abs() < 1e-14,
-                    "row {i}: Σ exp(s - lse) = {total}"
-                );
+                let total: f64 = (0..visible).map(|j| (2.0 * dot(&q[i * 3..][..3], &k[j * 3..][..3]) - out.lse[i]).exp()).sum();
+                assert!((total - 1.0).abs() < 1e-14, "row {i}: Σ exp(s - lse) = {total}");
             }
         }
     }
@@ -371,18 +284,12 @@ mod tests {
             let s = shape(1, sq, sk, 1, 1, sk);
             let q = random(sq * sk, 71);
             let k = random(sk * sk, 72);
-            let v: Vec<f64> = (0..sk * sk)
-                .map(|n| if n / sk == n % sk { 1.0 } else { 0.0 })
-                .collect();
+            let v: Vec<f64> = (0..sk * sk).map(|n| if n / sk == n % sk { 1.0 } else { 0.0 }).collect();
             let out = attention(&q, &k, &v, &s, 1.0, true);
             for i in 0..sq {
                 for j in 0..sk {
                     let visible = j as isize <= i as isize + sk as isize - sq as isize;
-                    assert_eq!(
-                        out.o[i * sk + j] > 0.0,
-                        visible,
-                        "Sq {sq}, Sk {sk}: q{i} k{j}"
-                    );
+                    assert_eq!(out.o[i * sk + j] > 0.0, visible, "Sq {sq}, Sk {sk}: q{i} k{j}");
                 }
             }
         }
@@ -391,13 +298,6 @@ mod tests {
     #[test]
     #[should_panic(expected = "k has 5 elements")]
     fn inconsistent_lengths_panic_with_a_message() {
-        attention(
-            &[0.0; 4],
-            &[0.0; 5],
-            &[0.0; 4],
-            &shape(1, 2, 2, 1, 1, 2),
-            1.0,
-            false,
-        );
+        attention(&[0.0; 4], &[0.0; 5], &[0.0; 4], &shape(1, 2, 2, 1, 1, 2), 1.0, false);
     }
 }

@@ -170,10 +170,7 @@ impl DeviceTensor {
     pub fn from_f32(ctx: &Context, data: &[f32], shape: [usize; 4], dtype: DType) -> Result<Self> {
         let layout = Layout::contiguous(shape, dtype);
         if data.len() != layout.span() {
-            return Err(Error::Shape {
-                arg: "data",
-                msg: format!("{} values for shape {shape:?}", data.len()),
-            });
+            return Err(Error::Shape { arg: "data", msg: format!("{} values for shape {shape:?}", data.len()) });
         }
         let bits: Vec<u16> = data.iter().map(|&x| dtype.encode(x)).collect();
         Self::from_bits(ctx, &bits, shape, dtype)

@@ -63,15 +63,18 @@ fn tensor(arg: &'static str, t: &TensorView, device: usize) -> Result<()> {
     if !matches!(t.layout.dtype, DType::F16 | DType::BF16) {
         return Err(Error::DType { arg, msg: format!("{} is not supported", t.layout.dtype) });
     }
+    if t.layout.shape[3] % 8 != 0 {
+        return Err(shape_err(arg, format!("head dim {} must be a multiple of 8", t.layout.shape[3])));
+    }
     if t.layout.strides[3] != 1 {
         return Err(Error::Stride { arg, msg: format!("last dim must be contiguous (stride 1), got {:?}", t.layout.strides) });
     }
     // Kernels move 16 bytes (8 elements) at a time along each row.
     if let Some(i) = (0..3).find(|&i| t.layout.strides[i] % 8 != 0 && t.layout.shape[i] > 1) {
-        return Err(Error::Stride { arg, msg: format!("stride of dim {i} is {}, must be a multiple of 8 elements (16 bytes)", t.layout.strides[i]) });
-    }
-    if t.layout.shape[3] % 8 != 0 {
-        return Err(shape_err(arg, format!("head dim {} must be a multiple of 8", t.layout.shape[3])));
+        return Err(Error::Stride {
+            arg,
+            msg: format!("stride of dim {i} is {}, must be a multiple of 8 elements (16 bytes)", t.layout.strides[i]),
+        });
     }
     if t.ptr % 16 != 0 {
         return Err(Error::Alignment { arg, ptr: t.ptr });
@@ -81,4 +84,139 @@ fn tensor(arg: &'static str, t: &TensorView, device: usize) -> Result<()> {
 
 fn shape_err(arg: &'static str, msg: String) -> Error {
     Error::Shape { arg, msg }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::Layout;
+
+    const DEV: usize = 0;
+
+    fn view(shape: [usize; 4], dtype: DType) -> TensorView<'static> {
+        // SAFETY: validation never dereferences the pointer.
+        unsafe { TensorView::from_raw(0x1000, Layout::contiguous(shape, dtype), DEV) }
+    }
+
+    fn with(layout: Layout, ptr: u64, device: usize) -> TensorView<'static> {
+        // SAFETY: as above.
+        unsafe { TensorView::from_raw(ptr, layout, device) }
+    }
+
+    fn qkv() -> [TensorView<'static>; 4] {
+        let q = view([2, 100, 8, 64], DType::BF16);
+        let kv = view([2, 300, 2, 64], DType::BF16);
+        [q, kv, kv, q]
+    }
+
+    fn check(t: [TensorView<'static>; 4]) -> Result<ProblemShape> {
+        problem(&t[0], &t[1], &t[2], &t[3], DEV)
+    }
+
+    #[test]
+    fn a_valid_gqa_problem_passes() {
+        let s = check(qkv()).unwrap();
+        assert_eq!((s.batch, s.seqlen_q, s.seqlen_k, s.heads_q, s.heads_kv, s.head_dim), (2, 100, 300, 8, 2, 64));
+    }
+
+    #[test]
+    fn bhsd_strides_are_accepted() {
+        let mut t = qkv();
+        t[0] = with(Layout { shape: [2, 100, 8, 64], strides: [8 * 100 * 64, 64, 100 * 64, 1], dtype: DType::BF16 }, 0x1000, DEV);
+        assert!(check(t).is_ok());
+    }
+
+    #[test]
+    fn batch_mismatch_names_k() {
+        let mut t = qkv();
+        t[1] = view([3, 300, 2, 64], DType::BF16);
+        assert!(matches!(check(t), Err(Error::Shape { arg: "k", .. })));
+    }
+
+    #[test]
+    fn head_dim_mismatch_names_k() {
+        let mut t = qkv();
+        t[1] = view([2, 300, 2, 128], DType::BF16);
+        assert!(matches!(check(t), Err(Error::Shape { arg: "k", .. })));
+    }
+
+    #[test]
+    fn v_unlike_k_names_v() {
+        let mut t = qkv();
+        t[2] = view([2, 301, 2, 64], DType::BF16);
+        assert!(matches!(check(t), Err(Error::Shape { arg: "v", .. })));
+    }
+
+    #[test]
+    fn output_unlike_q_names_o() {
+        let mut t = qkv();
+        t[3] = view([2, 99, 8, 64], DType::BF16);
+        assert!(matches!(check(t), Err(Error::Shape { arg: "o", .. })));
+    }
+
+    #[test]
+    fn heads_not_a_multiple_names_k() {
+        let mut t = qkv();
+        t[1] = view([2, 300, 3, 64], DType::BF16);
+        t[2] = t[1];
+        let err = check(t).unwrap_err();
+        assert!(matches!(err, Error::Shape { arg: "k", .. }));
+        assert!(err.to_string().contains("multiple"), "{err}");
+    }
+
+    #[test]
+    fn empty_tensor_is_an_error() {
+        let mut t = qkv();
+        t[0] = view([2, 0, 8, 64], DType::BF16);
+        t[3] = t[0];
+        assert!(matches!(check(t), Err(Error::Shape { arg: "q", .. })));
+    }
+
+    #[test]
+    fn mixed_dtypes_name_the_odd_one() {
+        let mut t = qkv();
+        t[2] = view([2, 300, 2, 64], DType::F16);
+        assert!(matches!(check(t), Err(Error::DType { arg: "v", .. })));
+    }
+
+    #[test]
+    fn non_contiguous_last_dim_is_a_stride_error() {
+        let mut t = qkv();
+        t[0] = with(Layout { shape: [2, 100, 8, 64], strides: [100 * 8 * 128, 8 * 128, 128, 2], dtype: DType::BF16 }, 0x1000, DEV);
+        assert!(matches!(check(t), Err(Error::Stride { arg: "q", .. })));
+    }
+
+    #[test]
+    fn stride_not_a_multiple_of_8_is_a_stride_error() {
+        let mut t = qkv();
+        t[1] = with(Layout { shape: [2, 300, 2, 64], strides: [300 * 132, 132 + 4, 66, 1], dtype: DType::BF16 }, 0x1000, DEV);
+        assert!(matches!(check(t), Err(Error::Stride { arg: "k", .. })));
+    }
+
+    #[test]
+    fn misaligned_pointer_is_an_alignment_error() {
+        let mut t = qkv();
+        t[2] = with(*t[2].layout(), 0x1008, DEV);
+        assert!(matches!(check(t), Err(Error::Alignment { arg: "v", ptr: 0x1008 })));
+    }
+
+    #[test]
+    fn head_dim_not_a_multiple_of_8_is_rejected() {
+        let q = view([1, 4, 1, 60], DType::BF16);
+        assert!(matches!(problem(&q, &q, &q, &q, DEV), Err(Error::Shape { arg: "q", .. })));
+    }
+
+    #[test]
+    fn tensor_on_another_device_is_a_device_error() {
+        let mut t = qkv();
+        t[1] = with(*t[1].layout(), 0x1000, 1);
+        assert!(matches!(check(t), Err(Error::DeviceMismatch { arg: "k", tensor_device: 1, context_device: 0 })));
+    }
+
+    #[test]
+    fn lse_length_must_match() {
+        let s = check(qkv()).unwrap();
+        assert!(lse(2 * 8 * 100, &s).is_ok());
+        assert!(matches!(lse(2 * 8 * 99, &s), Err(Error::Shape { arg: "lse", .. })));
+    }
 }

@@ -123,12 +123,8 @@ impl Jit {
 
     /// The NVRTC options for `source` on `arch`.
     pub fn options(source: &KernelSource, arch: Arch) -> Vec<String> {
-        let mut opts = vec![
-            format!("--gpu-architecture={arch}"),
-            "-std=c++17".into(),
-            "-default-device".into(),
-            "--ptxas-options=-v".into(),
-        ];
+        let mut opts =
+            vec![format!("--gpu-architecture={arch}"), "-std=c++17".into(), "-default-device".into(), "--ptxas-options=-v".into()];
         opts.extend(source.defines.iter().map(|(k, v)| format!("-D{k}={v}")));
         opts
     }

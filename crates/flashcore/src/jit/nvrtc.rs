@@ -149,7 +149,13 @@ impl Nvrtc {
 
     /// Compiles `source` (named `name`) with in-memory `headers` `(include name, text)`.
     /// `Err` is for failures of NVRTC itself; a rejected program is `Ok` with no CUBIN.
-    pub fn compile(&self, name: &str, source: &str, headers: &[(&str, &str)], options: &[String]) -> std::result::Result<CompileOutput, String> {
+    pub fn compile(
+        &self,
+        name: &str,
+        source: &str,
+        headers: &[(&str, &str)],
+        options: &[String],
+    ) -> std::result::Result<CompileOutput, String> {
         let cstr = |s: &str| CString::new(s).map_err(|_| format!("NUL byte in {s:?}"));
         let (c_src, c_name) = (cstr(source)?, cstr(name)?);
         let c_hdr: Vec<CString> = headers.iter().map(|h| cstr(h.1)).collect::<std::result::Result<_, _>>()?;
@@ -160,7 +166,10 @@ impl Nvrtc {
         let p_opt: Vec<*const c_char> = c_opt.iter().map(|c| c.as_ptr()).collect();
         let mut prog: Program = std::ptr::null_mut();
         unsafe {
-            self.check((self.create)(&mut prog, c_src.as_ptr(), c_name.as_ptr(), p_hdr.len() as c_int, p_hdr.as_ptr(), p_inc.as_ptr()), "nvrtcCreateProgram")?;
+            self.check(
+                (self.create)(&mut prog, c_src.as_ptr(), c_name.as_ptr(), p_hdr.len() as c_int, p_hdr.as_ptr(), p_inc.as_ptr()),
+                "nvrtcCreateProgram",
+            )?;
             let status = (self.compile)(prog, p_opt.len() as c_int, p_opt.as_ptr());
             let result = self.collect(prog, status);
             (self.destroy)(&mut prog);

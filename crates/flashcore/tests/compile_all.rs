@@ -1,0 +1,64 @@
+//! Every kernel variant compiles with NVRTC for sm_80, sm_86, sm_89 and sm_90a, fits the
+//! arch's shared memory, and does not spill. NVRTC must be present: a missing NVRTC fails
+//! this test (the README's test command installs it), it never skips.
+
+use flashcore::jit::{Arch, DiskCache, Jit};
+use flashcore::KernelFamily;
+use rayon::prelude::*;
+
+/// Opt-in shared memory per block: 163 KB on sm_80, 99 KB on sm_86/89, 227 KB on sm_90.
+fn smem_limit(arch: Arch) -> u32 {
+    match (arch.major, arch.minor) {
+        (8, 0) => 163 * 1024,
+        (8, _) => 99 * 1024,
+        _ => 227 * 1024,
+    }
+}
+
+#[test]
+fn every_variant_compiles_for_every_arch_without_spills() {
+    let dir = tempfile::tempdir().unwrap();
+    let jit = Jit::new(DiskCache::new(dir.path()));
+    let nvrtc = jit.nvrtc().expect("NVRTC is required for this test: run the README's test command, which installs it");
+    eprintln!("NVRTC {:?} from {}", nvrtc.version(), nvrtc.path().display());
+    let jobs: Vec<_> = Arch::all_supported()
+        .into_iter()
+        .flat_map(|arch| {
+            KernelFamily::ALL
+                .into_iter()
+                .filter(move |f| f.runs_on(arch))
+                .flat_map(move |f| f.variants(arch).into_iter().map(move |v| (arch, v)))
+        })
+        .collect();
+    assert!(jobs.len() >= 8, "expected variants for every family and arch, got {}", jobs.len());
+    let failures: Vec<String> = jobs
+        .par_iter()
+        .filter_map(|(arch, v)| {
+            let name = format!("{} on {arch}", v.name());
+            if v.smem_bytes > smem_limit(*arch) {
+                return Some(format!("{name}: {} B of shared memory > {}", v.smem_bytes, smem_limit(*arch)));
+            }
+            match jit.compile(&v.source(), *arch) {
+                Ok(c) if c.resources.registers == 0 => Some(format!("{name}: no ptxas report in the log")),
+                Ok(c) if c.resources.spills() => Some(format!("{name}: spills {:?}", c.resources)),
+                Ok(_) => None,
+                Err(e) => Some(format!("{name}: {e}")),
+            }
+        })
+        .collect();
+    assert!(failures.is_empty(), "{} of {} variants failed:\n{}", failures.len(), jobs.len(), failures.join("\n"));
+}
+
+#[test]
+fn a_cache_hit_loads_in_milliseconds() {
+    let dir = tempfile::tempdir().unwrap();
+    let jit = Jit::new(DiskCache::new(dir.path()));
+    let arch = Arch::parse("sm_90a").unwrap();
+    let v = &KernelFamily::Reference.variants(arch)[0];
+    let first = jit.compile(&v.source(), arch).expect("NVRTC is required for this test");
+    assert!(!first.from_cache);
+    let second = jit.compile(&v.source(), arch).unwrap();
+    assert!(second.from_cache);
+    assert_eq!(first.cubin, second.cubin);
+    assert!(second.seconds < 0.05, "cache hit took {} s", second.seconds);
+}

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The test command: finds NVRTC (or installs it from PyPI into ./.venv), then runs
+# formatting, lints and every test, kernel compilation for every arch included.
+# No GPU needed. Fails loudly on anything missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+find_nvrtc() {
+    for f in "${FLASHCORE_NVRTC:-}" "${CUDA_HOME:-/nonexistent}"/lib64/libnvrtc.so* /usr/local/cuda/lib64/libnvrtc.so* \
+             .venv/lib/python3*/site-packages/nvidia/cu13/lib/libnvrtc.so.13; do
+        [ -n "$f" ] && [ -f "$f" ] && { realpath "$f"; return 0; }
+    done
+    return 1
+}
+
+if ! nvrtc=$(find_nvrtc); then
+    echo "== NVRTC not found: installing nvidia-cuda-nvrtc from PyPI into .venv"
+    python3 -m venv .venv
+    .venv/bin/python -m pip install --quiet --disable-pip-version-check nvidia-cuda-nvrtc
+    nvrtc=$(find_nvrtc) || { echo "error: nvidia-cuda-nvrtc installed but libnvrtc.so.13 not found under .venv" >&2; exit 1; }
+fi
+export FLASHCORE_NVRTC="$nvrtc"
+echo "== NVRTC: $FLASHCORE_NVRTC"
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo test"
+cargo test --workspace --locked
