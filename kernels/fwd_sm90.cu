@@ -9,11 +9,13 @@
 // within a warpgroup too. Key blocks are visited from last to first, so the blocks that
 // need the causal/seqlen mask come first.
 //
-// Variants (per head dim; defaults below, override with -D):
-//   D=64 : 128 x 128 tile, 2 consumer WGs, 2 stages;  smem  80 KB
-//   D=128: 128 x 128 tile, 2 consumer WGs, 2 stages;  smem 160 KB
-//   D=256: 128 x  80 tile, 2 consumer WGs, 2 stages;  smem 224 KB
-//   Registers (setmaxnreg): producer 24, consumers 240. ptxas: 0 spills (see perf-log).
+// Variants (per head dim; defaults below, override with -D), smem = kSmemBytes:
+//   D=64 : 192 x 128 tile, 3 consumer WGs, 3 stages, setmaxnreg 32/160; smem 122 KB
+//          (the exp2 unit bounds D64: a third warpgroup's softmax hides under two GEMMs)
+//   D=128: 128 x 176 tile, 2 consumer WGs, 2 stages, setmaxnreg 24/240; smem 210 KB
+//   D=256: 128 x  80 tile, 2 consumer WGs, 2 stages, setmaxnreg 24/240; smem 226 KB
+//          (80 is the widest key block whose 2 K + 2 V stages fit beside Q)
+//   ptxas: 0 bytes stack, 0 spills for all (entry cap 168 / 128 regs before setmaxnreg).
 //
 // ---------------------------------------------------------------------------------------
 // HOST CONTRACT
@@ -35,8 +37,9 @@
 //   global address: the tensor's base pointer (16-byte aligned)
 // Grid  (ceil(seqlen_q / kBlockM), heads_q, batch);  block (kThreads, 1, 1)
 //   kBlockM = 64 * FC_CONSUMER_WG, kThreads = 128 * (FC_CONSUMER_WG + 1)
-// Dynamic shared memory: kSmemBytes = sizeof(SharedStorage) + 1024 (alignment slack) =
-//   2 * (kBlockM*D + 2*FC_STAGES*kBlockN*D) + 1024 + barriers (8*(1 + 4*FC_STAGES), padded);
+// Dynamic shared memory: kSmemBytes = sizeof(SharedStorage) + 1024 (alignment slack)
+//   = 2*(kBlockM*D + 2*FC_STAGES*kBlockN*D) + 2048 bytes (tiles, then barriers padded to
+//   1 KB, then the slack): D64 124928, D128 215040, D256 231424 with the defaults;
 //   needs cudaFuncSetAttribute(fc_fwd_sm90, cudaFuncAttributeMaxDynamicSharedMemorySize,
 //   kSmemBytes) (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) when above 48 KB.
 // Output o: BSHD via p.o_stride_*, written with predicated stores; lse [B, Hq, Sq] f32
@@ -60,18 +63,21 @@
 #ifndef FC_CAUSAL
 #define FC_CAUSAL 0
 #endif
+// Defaults per head dim, from the H100 sweep in docs/perf-log.md (bf16, 16k tokens).
 #ifndef FC_BLOCK_N
-#if FC_HEAD_DIM <= 128
+#if FC_HEAD_DIM == 64
 #define FC_BLOCK_N 128
+#elif FC_HEAD_DIM == 128
+#define FC_BLOCK_N 176
 #else
 #define FC_BLOCK_N 80
 #endif
 #endif
 #ifndef FC_CONSUMER_WG
-#define FC_CONSUMER_WG 2
+#define FC_CONSUMER_WG (FC_HEAD_DIM == 64 ? 3 : 2)
 #endif
 #ifndef FC_STAGES
-#define FC_STAGES 2
+#define FC_STAGES (FC_HEAD_DIM == 64 ? 3 : 2)
 #endif
 #ifndef FC_OVERLAP
 #define FC_OVERLAP 1
