@@ -31,10 +31,15 @@ pub fn run() -> Result<bool> {
     println!("cache dir      {}", jit.cache().dir().display());
     match arch {
         Some(arch) => {
-            let default = flashcore::dispatch::default_family(arch);
             for family in KernelFamily::ALL.into_iter().filter(|f| f.runs_on(arch)) {
                 let dims = family.head_dims().iter().map(|d| d.to_string()).collect::<Vec<_>>().join("/");
-                let tag = if family == default { " (default)" } else { "" };
+                let default: Vec<String> = family
+                    .head_dims()
+                    .iter()
+                    .filter(|&&d| flashcore::dispatch::default_family(arch, d) == family)
+                    .map(|d| d.to_string())
+                    .collect();
+                let tag = if default.is_empty() { String::new() } else { format!(" (default for D {})", default.join("/")) };
                 println!("kernel         {family}{tag}: head dims {dims}, {} variants", family.variants(arch).len());
             }
         }

@@ -10,7 +10,7 @@ use cudarc::nvrtc::Ptx;
 use crate::dispatch;
 use crate::error::{DriverContext, Error, Result};
 use crate::jit::{Arch, DiskCache, Jit, ResourceReport};
-use crate::kernels::{FwdParams, Variant};
+use crate::kernels::{fwd_sm90, FwdParams, KernelFamily, Variant};
 use crate::params::{AttnParams, ProblemShape};
 use crate::tensor::{DeviceTensor, Layout, TensorView, TensorViewMut};
 use crate::validate;
@@ -204,12 +204,15 @@ impl Context {
             causal: i32::from(params.causal),
             _pad: 0,
         };
-        self.launch(&kernel, &shape, &p)
+        self.launch(&kernel, &shape, &p, [&q, &k, &v])
     }
 
-    fn launch(&self, kernel: &LoadedKernel, shape: &ProblemShape, p: &FwdParams) -> Result<()> {
+    fn launch(&self, kernel: &LoadedKernel, shape: &ProblemShape, p: &FwdParams, qkv: [&TensorView; 3]) -> Result<()> {
         let (grid, threads) = kernel.variant.grid(shape);
         let cfg = LaunchConfig { grid_dim: grid, block_dim: (threads, 1, 1), shared_mem_bytes: kernel.variant.smem_bytes };
+        if kernel.variant.family == KernelFamily::FwdSm90 {
+            return fwd_sm90::launch(&self.stream, &kernel.function, cfg, &kernel.variant, p, qkv);
+        }
         // SAFETY: `p` matches the kernel's `FwdParams` ABI and its pointers were validated.
         unsafe { self.stream.launch_builder(&kernel.function).arg(p).launch(cfg) }.ctx(format!("launching {}", kernel.variant.name()))?;
         Ok(())

@@ -3,19 +3,23 @@
 
 use crate::error::{Error, Result};
 use crate::jit::Arch;
-use crate::kernels::{fwd_sm80, reference, KernelFamily, Variant};
+use crate::kernels::{fwd_sm80, fwd_sm90, reference, KernelFamily, Variant};
 use crate::params::{AttnParams, ProblemShape};
 use crate::tensor::DType;
 
-/// The family FlashCore runs on `arch` when the caller does not force one.
-pub fn default_family(arch: Arch) -> KernelFamily {
-    let _ = arch;
-    KernelFamily::FwdSm80
+/// The family FlashCore runs on `arch` for `head_dim` when the caller does not force one:
+/// the Hopper kernel where it exists for the head dim, else the Ampere-class one.
+pub fn default_family(arch: Arch, head_dim: usize) -> KernelFamily {
+    if KernelFamily::FwdSm90.runs_on(arch) && fwd_sm90::HEAD_DIMS.contains(&head_dim) {
+        KernelFamily::FwdSm90
+    } else {
+        KernelFamily::FwdSm80
+    }
 }
 
 /// Picks the variant for a validated problem.
 pub fn select(arch: Arch, shape: &ProblemShape, dtype: DType, params: &AttnParams) -> Result<Variant> {
-    let family = params.kernel.unwrap_or_else(|| default_family(arch));
+    let family = params.kernel.unwrap_or_else(|| default_family(arch, shape.head_dim));
     if !family.runs_on(arch) {
         return Err(Error::Unsupported { kernel: family.name().into(), msg: format!("does not run on {arch}") });
     }
@@ -27,6 +31,7 @@ pub fn select(arch: Arch, shape: &ProblemShape, dtype: DType, params: &AttnParam
     Ok(match family {
         KernelFamily::Reference => reference::variant(dtype),
         KernelFamily::FwdSm80 => fwd_sm80::variant(arch, dtype, d, params.causal),
+        KernelFamily::FwdSm90 => fwd_sm90::variant(dtype, d, params.causal),
     })
 }
 
@@ -44,6 +49,15 @@ mod tests {
         let err = select(arch, &shape(72), DType::BF16, &AttnParams::default()).unwrap_err();
         assert!(matches!(err, Error::HeadDim { head_dim: 72, .. }), "{err}");
         assert!(err.to_string().contains("128"), "lists the supported dims: {err}");
+    }
+
+    #[test]
+    fn hopper_defaults_to_the_hopper_kernel_where_it_has_the_head_dim() {
+        let hopper = Arch::parse("sm_90a").unwrap();
+        let pick = |arch, d| select(arch, &shape(d), DType::BF16, &AttnParams::default()).unwrap().family;
+        assert_eq!(pick(hopper, 128), KernelFamily::FwdSm90);
+        assert_eq!(pick(hopper, 96), KernelFamily::FwdSm80);
+        assert_eq!(pick(Arch::parse("sm_89").unwrap(), 128), KernelFamily::FwdSm80);
     }
 
     #[test]

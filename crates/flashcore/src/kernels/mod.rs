@@ -2,6 +2,7 @@
 //! is launched. One file per family; this one holds what they share.
 
 pub(crate) mod fwd_sm80;
+pub(crate) mod fwd_sm90;
 pub(crate) mod reference;
 
 use cudarc::driver::DeviceRepr;
@@ -49,17 +50,20 @@ pub enum KernelFamily {
     Reference,
     /// FlashAttention-2-style forward with mma.sync, for sm_80 and newer.
     FwdSm80,
+    /// FlashAttention-3-style forward with wgmma, TMA and warp specialization (sm_90a).
+    FwdSm90,
 }
 
 impl KernelFamily {
     /// Every family.
-    pub const ALL: [KernelFamily; 2] = [KernelFamily::Reference, KernelFamily::FwdSm80];
+    pub const ALL: [KernelFamily; 3] = [KernelFamily::Reference, KernelFamily::FwdSm80, KernelFamily::FwdSm90];
 
     /// The family's name, as the CLI takes it.
     pub fn name(self) -> &'static str {
         match self {
             KernelFamily::Reference => "reference",
             KernelFamily::FwdSm80 => "fwd_sm80",
+            KernelFamily::FwdSm90 => "fwd_sm90",
         }
     }
 
@@ -73,6 +77,7 @@ impl KernelFamily {
         match self {
             KernelFamily::Reference => arch.major >= 8,
             KernelFamily::FwdSm80 => arch.major >= 8,
+            KernelFamily::FwdSm90 => arch.is_hopper(),
         }
     }
 
@@ -81,6 +86,7 @@ impl KernelFamily {
         match self {
             KernelFamily::Reference => reference::HEAD_DIMS,
             KernelFamily::FwdSm80 => fwd_sm80::HEAD_DIMS,
+            KernelFamily::FwdSm90 => fwd_sm90::HEAD_DIMS,
         }
     }
 
@@ -89,12 +95,15 @@ impl KernelFamily {
         let dtypes = [DType::F16, DType::BF16];
         match self {
             KernelFamily::Reference => dtypes.iter().map(|&d| reference::variant(d)).collect(),
-            KernelFamily::FwdSm80 => {
+            KernelFamily::FwdSm80 | KernelFamily::FwdSm90 => {
                 let mut out = Vec::new();
-                for &head_dim in fwd_sm80::HEAD_DIMS {
+                for &head_dim in self.head_dims() {
                     for dtype in dtypes {
                         for causal in [false, true] {
-                            out.push(fwd_sm80::variant(arch, dtype, head_dim, causal));
+                            out.push(match self {
+                                KernelFamily::FwdSm90 => fwd_sm90::variant(dtype, head_dim, causal),
+                                _ => fwd_sm80::variant(arch, dtype, head_dim, causal),
+                            });
                         }
                     }
                 }
@@ -170,6 +179,10 @@ impl Variant {
         let (file, entry) = match self.family {
             KernelFamily::Reference => ("reference.cu", "fc_reference"),
             KernelFamily::FwdSm80 => ("fwd_sm80.cu", "fc_fwd_sm80"),
+            KernelFamily::FwdSm90 => {
+                defines.extend(fwd_sm90::extra_defines(t));
+                ("fwd_sm90.cu", "fc_fwd_sm90")
+            }
         };
         KernelSource { name: self.name(), file, entry, defines }
     }

@@ -1,0 +1,125 @@
+//! The Hopper forward kernel (`kernels/fwd_sm90.cu`, sm_90a): tile configurations and the
+//! TMA tensor maps it reads Q, K and V through.
+
+use cudarc::driver::sys::{
+    self, CUtensorMap, CUtensorMapDataType as DataType, CUtensorMapFloatOOBfill as OobFill, CUtensorMapInterleave as Interleave,
+    CUtensorMapL2promotion as L2Promotion, CUtensorMapSwizzle as Swizzle,
+};
+use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+
+use super::{FwdParams, KernelFamily, Tile, Variant};
+use crate::error::{DriverContext, Result};
+use crate::tensor::{DType, TensorView};
+
+/// Head dims with a compiled variant.
+pub const HEAD_DIMS: &[usize] = &[64, 128, 256];
+
+/// Elements of one 128-byte swizzle row: the TMA box's inner extent.
+const SWIZZLE_ROW_ELEMS: u32 = 64;
+
+/// The tile for `head_dim`: 2 consumer warpgroups of 64 rows, one producer warpgroup.
+/// Key block 80 at D = 256 keeps two K/V stages within 227 KB.
+fn tile(head_dim: usize) -> Tile {
+    let block_n = if head_dim <= 128 { 128 } else { 80 };
+    Tile { block_m: 128, block_n, warps: 12, stages: 2 }
+}
+
+/// Dynamic shared memory: Q plus `stages` K and V tiles (2 bytes an element), the
+/// barriers (padded to the 1024-byte alignment of the tiles), and 1024 bytes of slack to
+/// align the base for the 128-byte swizzle.
+fn smem_bytes(tile: Tile, head_dim: usize) -> u32 {
+    2 * (tile.block_m + 2 * tile.stages * tile.block_n) * head_dim as u32 + 2 * 1024
+}
+
+/// The variant for one (dtype, head dim, mask).
+pub fn variant(dtype: DType, head_dim: usize, causal: bool) -> Variant {
+    let tile = tile(head_dim);
+    Variant {
+        family: KernelFamily::FwdSm90,
+        dtype,
+        head_dim: Some(head_dim),
+        causal: Some(causal),
+        tile,
+        smem_bytes: smem_bytes(tile, head_dim),
+    }
+}
+
+/// Defines beyond the common ones.
+pub fn extra_defines(tile: Tile) -> Vec<(String, String)> {
+    vec![("FC_CONSUMER_WG".into(), (tile.warps / 4 - 1).to_string())]
+}
+
+/// A `CUtensorMap` passed by value as a `__grid_constant__` kernel parameter.
+#[repr(transparent)]
+#[derive(Clone, Copy)]
+struct TensorMap(CUtensorMap);
+
+// SAFETY: an opaque 128-byte POD the driver filled in.
+unsafe impl DeviceRepr for TensorMap {}
+
+/// A 4-D tensor map over a BSHD view, dims innermost first `{D, S, H, B}`, with a box of
+/// `{64, rows, 1, 1}` and 128-byte swizzle; rows past S read as zeros.
+fn tensor_map(t: &TensorView, rows: u32) -> Result<TensorMap> {
+    let l = t.layout;
+    let elem = l.dtype.size_bytes() as u64;
+    let dims = [l.shape[3], l.shape[1], l.shape[2], l.shape[0]].map(|d| d as u64);
+    let strides = [l.strides[1], l.strides[2], l.strides[0]].map(|s| s as u64 * elem);
+    let boxes = [SWIZZLE_ROW_ELEMS, rows, 1, 1];
+    let elem_strides = [1u32; 4];
+    let dtype = match l.dtype {
+        DType::F16 => DataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        DType::BF16 => DataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+    };
+    let mut map = std::mem::MaybeUninit::<CUtensorMap>::uninit();
+    // SAFETY: every array has the rank's length; the address is a validated device pointer.
+    unsafe {
+        sys::cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            dtype,
+            4,
+            t.ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            elem_strides.as_ptr(),
+            Interleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            L2Promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            OobFill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+        .result()
+        .ctx("encoding a TMA tensor map")?;
+        Ok(TensorMap(map.assume_init()))
+    }
+}
+
+/// Encodes the tensor maps and launches.
+pub fn launch(
+    stream: &CudaStream,
+    function: &CudaFunction,
+    cfg: LaunchConfig,
+    variant: &Variant,
+    p: &FwdParams,
+    qkv: [&TensorView; 3],
+) -> Result<()> {
+    let tq = tensor_map(qkv[0], variant.tile.block_m)?;
+    let tk = tensor_map(qkv[1], variant.tile.block_n)?;
+    let tv = tensor_map(qkv[2], variant.tile.block_n)?;
+    // SAFETY: the arguments match `fc_fwd_sm90(FwdParams, CUtensorMap x3)`.
+    unsafe { stream.launch_builder(function).arg(p).arg(&tq).arg(&tk).arg(&tv).launch(cfg) }
+        .ctx(format!("launching {}", variant.name()))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_variant_fits_hopper_shared_memory() {
+        for &d in HEAD_DIMS {
+            let v = variant(DType::BF16, d, false);
+            assert!(v.smem_bytes <= 227 * 1024, "D{d}: {}", v.smem_bytes);
+        }
+    }
+}
