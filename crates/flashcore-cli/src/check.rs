@@ -15,6 +15,9 @@ pub struct CheckArgs {
     /// A few cases per kernel.
     #[arg(long, conflicts_with = "full")]
     quick: bool,
+    /// One small case per variant (for compute-sanitizer runs).
+    #[arg(long, conflicts_with_all = ["full", "quick"])]
+    smoke: bool,
     /// Every case (the default).
     #[arg(long)]
     full: bool,
@@ -47,7 +50,26 @@ fn tolerance(dtype: DType) -> f64 {
     }
 }
 
-fn specs(family: KernelFamily, quick: bool) -> Vec<Spec> {
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Depth {
+    Smoke,
+    Quick,
+    Full,
+}
+
+fn specs(family: KernelFamily, depth: Depth) -> Vec<Spec> {
+    if depth == Depth::Smoke {
+        let mut out = Vec::new();
+        for dtype in [DType::BF16, DType::F16] {
+            for &d in family.head_dims() {
+                for causal in [false, true] {
+                    out.push(Spec { case: Case::new(1, 130, 200, 4, 2, d, causal, dtype), inputs: Inputs::Normal, storage: Storage::Bshd });
+                }
+            }
+        }
+        return out;
+    }
+    let quick = depth == Depth::Quick;
     let lengths: &[(usize, usize)] = if quick {
         &[(1, 1), (113, 113), (1000, 1000), (7, 1000)]
     } else {
@@ -91,8 +113,14 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
         Some(name) => vec![KernelFamily::parse(name).ok_or_else(|| anyhow::anyhow!("unknown kernel {name:?}; known: {}", family_names()))?],
         None => KernelFamily::ALL.into_iter().filter(|f| f.runs_on(arch)).collect(),
     };
-    let all: Vec<(KernelFamily, Spec)> = families.iter().flat_map(|&f| specs(f, args.quick).into_iter().map(move |s| (f, s))).collect();
-    println!("{} on {} ({arch}): {} cases", if args.quick { "quick check" } else { "full check" }, ctx.info().name, all.len());
+    let depth = match (args.smoke, args.quick) {
+        (true, _) => Depth::Smoke,
+        (_, true) => Depth::Quick,
+        _ => Depth::Full,
+    };
+    let all: Vec<(KernelFamily, Spec)> = families.iter().flat_map(|&f| specs(f, depth).into_iter().map(move |s| (f, s))).collect();
+    let label = ["smoke", "quick", "full"][depth as usize];
+    println!("{label} check on {} ({arch}): {} cases", ctx.info().name, all.len());
     let bar = ProgressBar::new(all.len() as u64).with_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").unwrap());
     let mut outcomes = Vec::new();
     for (family, spec) in &all {
