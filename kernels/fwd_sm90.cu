@@ -100,6 +100,12 @@ constexpr int kConsumerRegs = kConsumerWG == 2 ? 240 : 160;
 static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim");
 static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "key block: whole k16 steps, one wgmma N");
 static_assert(kConsumerWG == 2 || kConsumerWG == 3, "consumer warpgroups");
+#ifdef FC_BLOCK_M
+static_assert(FC_BLOCK_M == kBlockM, "FC_BLOCK_M must be 64 * FC_CONSUMER_WG");
+#endif
+#ifdef FC_NUM_WARPS
+static_assert(FC_NUM_WARPS * 32 == kThreads, "FC_NUM_WARPS must be 4 * (FC_CONSUMER_WG + 1)");
+#endif
 static_assert(warpgroup::kThreads * (kProducerRegs + kConsumerWG * kConsumerRegs) <= 65536, "register file");
 
 // Named barrier ids (0 is __syncthreads): one per consumer warpgroup, for the ping-pong.
