@@ -59,4 +59,12 @@ typedef f16 elem_t;
 
 constexpr float kLog2e = 1.4426950408889634f;
 
+// The 32-bit shared-space address of a pointer into shared memory (the operand form of
+// ldmatrix, cp.async and the other shared-memory PTX instructions).
+__device__ __forceinline__ u32 smem_u32(const void* p) {
+    u32 a;
+    asm("{\n.reg .u64 t;\ncvta.to.shared.u64 t, %1;\ncvt.u32.u64 %0, t;\n}\n" : "=r"(a) : "l"(p));
+    return a;
+}
+
 }  // namespace fc

@@ -1,0 +1,355 @@
+// Ampere-class forward attention (sm_80, sm_86, sm_89, sm_90), FlashAttention-2 style.
+//
+// One CTA per (query tile of kBlockM rows, head, batch); each warp owns kBlockM / kWarps
+// query rows. The Q tile is loaded once; K and V tiles stream through a ring of kStages
+// shared-memory slots filled by cp.async (one commit group per tile), so the next tiles
+// load while this one is computed. Per key tile: S = Q·Kᵀ (ldmatrix + mma.sync, f32),
+// mask where needed, online softmax in registers (base 2), then O += P·V with P converted
+// in registers into the A operand. Key tiles are visited from last to first, so the tiles
+// that need the causal / sequence-end mask come first; fully masked tiles are never loaded.
+//
+// Configurations (BLOCK_M x BLOCK_N, warps, stages; host passes them as -D), smem =
+// 2 * (BLOCK_M + 2 * STAGES * BLOCK_N) * D bytes (Q tile, then K and V slots; the epilogue
+// reuses the Q tile), registers from ptxas (0 spills, 0 stack on every arch):
+//   D    sm_80 (163 KB)        sm_86 / sm_89 (99 KB)  sm_90 (227 KB)
+//   32   128x128 w4 s2  40 KB  128x64 w4 s2  24 KB    128x128 w4 s2  40 KB
+//   64   128x128 w4 s2  80 KB  128x64 w4 s2  48 KB    128x128 w4 s2  80 KB
+//   96   128x64  w4 s2  72 KB  128x32 w4 s2  48 KB    128x64  w4 s2  72 KB
+//   128  128x32  w4 s2  64 KB  64x32  w4 s2  48 KB    128x64  w4 s2  96 KB
+//   256  64x64   w4 s2 160 KB  64x32  w4 s2  96 KB    128x64  w8 s2 192 KB
+//   registers: see the table in docs/perf-log.md (fwd_sm80 section).
+//
+// HOST CONTRACT
+// Entry fc_fwd_sm80(FwdParams p). Grid (ceil(seqlen_q / BLOCK_M), heads_q, batch), block
+// 32 * NUM_WARPS threads, dynamic smem as above (cudaFuncSetAttribute over 48 KB). Pointers
+// 16-byte aligned, strides multiples of 8 elements, last dim contiguous. Causal is the
+// compile-time FC_CAUSAL (bottom-right aligned); p.causal is ignored. lse [B, Hq, Sq] f32,
+// natural log, written when p.lse != nullptr.
+#include "common/params.cuh"
+#include "common/softmax.cuh"
+#include "common/swizzle.cuh"
+#include "common/types.cuh"
+#include "ptx/cp_async.cuh"
+#include "ptx/ldmatrix.cuh"
+#include "ptx/mma.cuh"
+
+#ifndef FC_HEAD_DIM
+#define FC_HEAD_DIM 128
+#endif
+#ifndef FC_CAUSAL
+#define FC_CAUSAL 0
+#endif
+#ifndef FC_BLOCK_M
+#define FC_BLOCK_M 128
+#endif
+#ifndef FC_BLOCK_N
+#define FC_BLOCK_N 64
+#endif
+#ifndef FC_NUM_WARPS
+#define FC_NUM_WARPS 4
+#endif
+#ifndef FC_STAGES
+#define FC_STAGES 2
+#endif
+
+namespace fc {
+namespace fwd_sm80 {
+
+constexpr int kD = FC_HEAD_DIM;
+constexpr int kBlockM = FC_BLOCK_M;
+constexpr int kBlockN = FC_BLOCK_N;
+constexpr int kWarps = FC_NUM_WARPS;
+constexpr int kStages = FC_STAGES;
+constexpr bool kCausal = FC_CAUSAL != 0;
+constexpr int kThreads = 32 * kWarps;
+
+constexpr int kWarpRows = kBlockM / kWarps;
+constexpr int kMTiles = kWarpRows / 16;  // 16-row mma tiles per warp
+constexpr int kNTiles = kBlockN / 8;     // 8-key n-tiles of S
+constexpr int kDTiles = kD / 8;          // 8-column n-tiles of O
+
+static_assert(kD % 32 == 0 && kD <= 256, "head dim: 32, 64, 96, 128 or 256");
+static_assert(kWarpRows % 16 == 0, "each warp owns whole 16-row mma tiles");
+static_assert(kBlockN % 16 == 0, "key tile: whole 16-key steps of P·V");
+static_assert(kStages >= 2, "a ring of at least two K/V slots");
+
+using QTile = SwizzledTile<kBlockM, kD>;
+using KVTile = SwizzledTile<kBlockN, kD>;
+constexpr int kSmemBytes = QTile::kBytes + 2 * kStages * KVTile::kBytes;
+
+// Hides a value's origin from the optimiser, so that what is derived from it is recomputed
+// where it is used instead of hoisted out of the main loop, where it would stay live beside
+// the accumulators and spill (a few integer instructions per key tile are the cheaper side).
+template <typename T> __device__ __forceinline__ T recomputed(T x) {
+    asm volatile("" : "+r"(x));
+    return x;
+}
+
+// Rows [0, valid) of a tile from global memory (row stride in elements); rows past
+// `valid` are zero-filled so that they contribute nothing (and never NaN) downstream:
+// their copies read no byte (src-size 0), so their out-of-range addresses are never used.
+// A thread copies chunk c of rows r0, r0 + kRowsPerPass, ...; when kRowsPerPass is a
+// multiple of 8 the swizzle is the same on all of them, so one base offset serves every
+// copy and little stays live across the main loop.
+template <class Tile> struct TileLoader {
+    static constexpr int kCopies = Tile::kBytes / 16 / kThreads;
+    static constexpr bool kRegular = kThreads % Tile::kChunks == 0 && kThreads / Tile::kChunks % 8 == 0;
+    static constexpr int kRowsPerPass = kThreads / Tile::kChunks;
+    static_assert(Tile::kBytes / 16 % kThreads == 0, "whole 16-byte chunks per thread");
+
+    int tid;
+    __device__ __forceinline__ explicit TileLoader(int t) : tid(t) {}
+
+    __device__ __forceinline__ void operator()(u32 smem, const elem_t* g, i64 row_stride, int valid) const {
+        const int tid = recomputed(this->tid);
+        if constexpr (kRegular) {
+            const int r0 = tid / Tile::kChunks, c = tid % Tile::kChunks;
+            const u32 dst = smem + Tile::offset(r0, c);
+            const elem_t* src = g + r0 * row_stride + c * 8;
+#pragma unroll
+            for (int i = 0; i < kCopies; ++i) {
+                cp_async::copy16(dst + i * kRowsPerPass * Tile::kRowBytes, src, r0 + i * kRowsPerPass < valid);
+                src += kRowsPerPass * row_stride;  // a running pointer: no per-copy offsets live
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < kCopies; ++i) {
+                const int id = tid + i * kThreads;
+                const int r = id / Tile::kChunks, c = id % Tile::kChunks;
+                const bool ok = r < valid;
+                cp_async::copy16(smem + Tile::offset(r, c), g + r * row_stride + c * 8, ok);
+            }
+        }
+    }
+};
+
+// S[kMTiles x kNTiles] = Q(warp rows) · Kᵀ. A from the Q tile, B from the K tile, both by
+// ldmatrix; each B fragment is reused by the warp's kMTiles row tiles.
+__device__ __forceinline__ void gemm_qk(float (&s)[kMTiles][kNTiles][4], const FragAddr<QTile>& q, int q_row0,
+                                        const FragAddr<KVTile>& k) {
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m)
+#pragma unroll
+        for (int j = 0; j < kNTiles; ++j) s[m][j][0] = s[m][j][1] = s[m][j][2] = s[m][j][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+        u32 a[kMTiles][4];
+#pragma unroll
+        for (int m = 0; m < kMTiles; ++m) ldmatrix::x4(a[m], q(q_row0 + 16 * m, 2 * kk));
+#pragma unroll
+        for (int j = 0; j < kNTiles; j += 2) {
+            u32 b[4];  // keys 8j..8j+7 (b0, b1) and 8j+8..8j+15 (b2, b3), d 16kk..16kk+15
+            ldmatrix::x4(b, k(8 * j, 2 * kk));
+#pragma unroll
+            for (int m = 0; m < kMTiles; ++m) {
+                mma::m16n8k16<elem_t>(s[m][j], a[m], b[0], b[1]);
+                mma::m16n8k16<elem_t>(s[m][j + 1], a[m], b[2], b[3]);
+            }
+        }
+    }
+}
+
+// O += P · V with P the softmax output still in S's registers: the accumulators of
+// n-tiles 2kk and 2kk+1, packed to 16 bits, are the A fragment of key step kk.
+__device__ __forceinline__ void gemm_pv(float (&o)[kMTiles][kDTiles][4], const float (&p)[kMTiles][kNTiles][4],
+                                        const FragAddr<KVTile>& v) {
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        u32 a[kMTiles][4];
+#pragma unroll
+        for (int m = 0; m < kMTiles; ++m) {
+            a[m][0] = pack2<elem_t>(p[m][2 * kk][0], p[m][2 * kk][1]);
+            a[m][1] = pack2<elem_t>(p[m][2 * kk][2], p[m][2 * kk][3]);
+            a[m][2] = pack2<elem_t>(p[m][2 * kk + 1][0], p[m][2 * kk + 1][1]);
+            a[m][3] = pack2<elem_t>(p[m][2 * kk + 1][2], p[m][2 * kk + 1][3]);
+        }
+#pragma unroll
+        for (int j = 0; j < kDTiles; j += 2) {
+            u32 b[4];  // keys 16kk..+15 by columns 8j..8j+15, transposed into B fragments
+            ldmatrix::x4_trans(b, v(16 * kk, j));
+#pragma unroll
+            for (int m = 0; m < kMTiles; ++m) {
+                mma::m16n8k16<elem_t>(o[m][j], a[m], b[0], b[1]);
+                mma::m16n8k16<elem_t>(o[m][j + 1], a[m], b[2], b[3]);
+            }
+        }
+    }
+}
+
+// Key tiles this query tile visits, and from which one on the mask is needed.
+struct KeyRange {
+    int tiles;        // tiles 0 .. tiles-1 hold visible keys; later ones are skipped
+    int first_masked; // tiles >= this one need the causal or sequence-end mask
+};
+
+__device__ __forceinline__ KeyRange key_range(int m0, int seqlen_q, int seqlen_k) {
+    int end = seqlen_k;                   // one past the last visible key of the tile
+    int full = seqlen_k;                  // keys below this are visible to every row
+    if (kCausal) {
+        const int shift = seqlen_k - seqlen_q;  // bottom-right alignment
+        end = min(end, max(0, m0 + kBlockM + shift));
+        full = min(full, max(0, m0 + 1 + shift));
+    }
+    return {(end + kBlockN - 1) / kBlockN, full / kBlockN};
+}
+
+// Sets to -inf the scores of keys past the row's last visible key (causal) or past Sk.
+__device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTiles][4], int key0, int row0, int seqlen_q,
+                                           int seqlen_k, int lane) {
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = row0 + 16 * m + 8 * r + lane / 4;
+            int last = seqlen_k - 1;
+            if (kCausal) last = min(last, row + seqlen_k - seqlen_q);
+            const int limit = last - key0 - 2 * (lane % 4);  // in-tile column of the lane's pair
+#pragma unroll
+            for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+                for (int c = 0; c < 2; ++c)
+                    if (8 * j + c > limit) s[m][j][2 * r + c] = math::neg_inf();
+        }
+}
+
+template <int R, int C>
+__device__ __forceinline__ void scale_rows(float (&o)[R][C][4], const float (&f)[R][2]) {
+#pragma unroll
+    for (int m = 0; m < R; ++m)
+#pragma unroll
+        for (int j = 0; j < C; ++j) {
+            o[m][j][0] *= f[m][0];
+            o[m][j][1] *= f[m][0];
+            o[m][j][2] *= f[m][1];
+            o[m][j][3] *= f[m][1];
+        }
+}
+
+// Normalised O of the warp's rows to global memory: fragments into the warp's own rows of
+// the Q tile (only this warp ever read them), then 16-byte row-contiguous stores.
+__device__ __forceinline__ void store_output(const FwdParams& p, float (&o)[kMTiles][kDTiles][4],
+                                             const float (&inv_sum)[kMTiles][2], u32 q_smem, elem_t* out,
+                                             int rows_valid, int warp, int lane) {
+    const int row0 = warp * kWarpRows;
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = row0 + 16 * m + 8 * r + lane / 4;
+#pragma unroll
+            for (int j = 0; j < kDTiles; ++j) {
+                const u32 v = pack2<elem_t>(o[m][j][2 * r] * inv_sum[m][r], o[m][j][2 * r + 1] * inv_sum[m][r]);
+                const u32 addr = q_smem + QTile::offset(row, j) + 4 * (lane % 4);
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+            }
+        }
+    __syncwarp();
+    constexpr int kWarpChunks = kWarpRows * QTile::kChunks;
+#pragma unroll
+    for (int i = 0; i < kWarpChunks / 32; ++i) {
+        const int id = lane + 32 * i;
+        const int row = row0 + id / QTile::kChunks, c = id % QTile::kChunks;
+        u32x4 v;
+        asm volatile("ld.shared.v4.b32 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "r"(q_smem + QTile::offset(row, c))
+                     : "memory");
+        if (row < rows_valid) *reinterpret_cast<u32x4*>(out + row * p.o_stride_s + c * 8) = v;
+    }
+}
+
+}  // namespace fwd_sm80
+}  // namespace fc
+
+extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_sm80(const FwdParams p) {
+    using namespace fc;
+    using namespace fc::fwd_sm80;
+    extern __shared__ __align__(128) unsigned char smem[];
+
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+    const int m0 = blockIdx.x * kBlockM, head = blockIdx.y, batch = blockIdx.z;
+    const int kv_head = head / (p.heads_q / p.heads_kv);
+    const int rows_valid = p.seqlen_q - m0;
+
+    const elem_t* q = static_cast<const elem_t*>(p.q) + batch * p.q_stride_b + head * p.q_stride_h + m0 * p.q_stride_s;
+
+    const u32 q_smem = smem_u32(smem);
+    const u32 k_smem = q_smem + QTile::kBytes;
+    const u32 v_smem = k_smem + kStages * KVTile::kBytes;
+
+    const KeyRange keys = key_range(m0, p.seqlen_q, p.seqlen_k);
+    // Iteration i visits key tile keys.tiles - 1 - i, in ring slot i % kStages.
+    const TileLoader<KVTile> load_kv_tile(tid);
+    auto load_kv = [&](int i) {
+        const int key0 = (keys.tiles - 1 - i) * kBlockN;
+        const u32 slot = (i % kStages) * KVTile::kBytes;
+        const int b = recomputed(batch), h = recomputed(kv_head);
+        const elem_t* k = static_cast<const elem_t*>(p.k) + b * p.k_stride_b + h * p.k_stride_h;
+        const elem_t* v = static_cast<const elem_t*>(p.v) + b * p.v_stride_b + h * p.v_stride_h;
+        load_kv_tile(k_smem + slot, k + key0 * p.k_stride_s, p.k_stride_s, p.seqlen_k - key0);
+        load_kv_tile(v_smem + slot, v + key0 * p.v_stride_s, p.v_stride_s, p.seqlen_k - key0);
+    };
+
+    TileLoader<QTile>{tid}(q_smem, q, p.q_stride_s, rows_valid);
+#pragma unroll
+    for (int i = 0; i < kStages - 1; ++i) {
+        if (i < keys.tiles) load_kv(i);
+        cp_async::commit();  // group i (group 0 also holds Q)
+    }
+
+    // Per-lane ldmatrix addresses. Q (A operand) and V (B operand, transposed): lanes 0-15
+    // give rows 0-15 at the even chunk, lanes 16-31 the same rows at the odd one. K (B
+    // operand): lanes 0-7 / 8-15 give keys 0-7 at the even / odd chunk, lanes 16-31 keys 8-15.
+    const FragAddr<QTile> q_frag(q_smem, lane % 16, lane / 16);
+    const FragAddr<KVTile> k_frag(k_smem, lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
+    const FragAddr<KVTile> v_frag(v_smem, lane % 16, lane / 16);
+    const int q_row0 = warp * kWarpRows;
+
+    float o[kMTiles][kDTiles][4];
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m)
+#pragma unroll
+        for (int j = 0; j < kDTiles; ++j) o[m][j][0] = o[m][j][1] = o[m][j][2] = o[m][j][3] = 0.f;
+    OnlineSoftmax<kMTiles> softmax;
+
+    for (int i = 0; i < keys.tiles; ++i) {
+        const int tile = keys.tiles - 1 - i;
+        cp_async::wait<kStages - 2>();  // tile i (and Q) landed for this thread ...
+        __syncthreads();                 // ... and for all; slot (i - 1) % kStages is free
+        if (i + kStages - 1 < keys.tiles) load_kv(i + kStages - 1);
+        cp_async::commit();
+
+        const u32 slot = (i % kStages) * KVTile::kBytes;
+        FragAddr<QTile> q_i = q_frag;
+        FragAddr<KVTile> k_i = k_frag, v_i = v_frag;
+        q_i.base = recomputed(q_i.base);
+        k_i.base += slot;
+        v_i.base += slot;
+
+        float s[kMTiles][kNTiles][4];
+        gemm_qk(s, q_i, q_row0, k_i);
+        if (tile >= keys.first_masked) apply_mask(s, tile * kBlockN, m0 + q_row0, p.seqlen_q, p.seqlen_k, lane);
+        float rescale[kMTiles][2];
+        softmax.update(s, p.softmax_scale_log2, rescale);
+        scale_rows(o, rescale);
+        gemm_pv(o, s, v_i);
+    }
+
+    float inv_sum[kMTiles][2], lse[kMTiles][2];
+    softmax.finish(p.softmax_scale_log2, inv_sum, lse);
+    if (p.lse != nullptr && lane % 4 == 0) {
+        float* lse_row = p.lse + (static_cast<i64>(batch) * p.heads_q + head) * p.seqlen_q + m0;
+#pragma unroll
+        for (int m = 0; m < kMTiles; ++m)
+#pragma unroll
+            for (int r = 0; r < 2; ++r) {
+                const int row = q_row0 + 16 * m + 8 * r + lane / 4;
+                if (row < rows_valid) lse_row[row] = lse[m][r];
+            }
+    }
+
+    cp_async::wait<0>();  // with no key tile, the Q copies may still be in flight
+    __syncthreads();
+    elem_t* out = static_cast<elem_t*>(p.o) + batch * p.o_stride_b + head * p.o_stride_h + m0 * p.o_stride_s;
+    store_output(p, o, inv_sum, q_smem, out, rows_valid, warp, lane);
+}

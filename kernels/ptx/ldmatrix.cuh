@@ -1,0 +1,26 @@
+// ldmatrix (sm_75+): a warp loads 8x8 matrices of 16-bit elements from shared memory into
+// mma fragments. Lane 8i + r gives the address of row r of matrix i (16 contiguous bytes);
+// each lane receives, per matrix, the pair at (row lane/4, cols 2(lane%4)..+1), or with
+// .trans the pair at (rows 2(lane%4)..+1, col lane/4). The 8 row addresses of a matrix
+// are read in one shared-memory wavefront when they fall in 8 distinct 16-byte bank
+// groups (see common/swizzle.cuh).
+#pragma once
+#include "common/types.cuh"
+
+namespace fc {
+namespace ldmatrix {
+
+__device__ __forceinline__ void x4(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+__device__ __forceinline__ void x4_trans(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+}  // namespace ldmatrix
+}  // namespace fc
