@@ -1,0 +1,769 @@
+#!/usr/bin/env python3
+"""Anchor timings: PyTorch SDPA with each backend forced, on exactly a flashcore suite's cases.
+
+For every case of a suite (read from `flashcore bench --suite NAME --list-json`, or from a
+file holding that output) and every backend
+
+    sdpa-cudnn      SDPBackend.CUDNN_ATTENTION
+    sdpa-flash      SDPBackend.FLASH_ATTENTION      (FlashAttention-2)
+    sdpa-efficient  SDPBackend.EFFICIENT_ATTENTION  (xFormers' memory-efficient kernel)
+
+this times one forward pass the way `flashcore bench` does (DESIGN §6) and writes
+`anchors-<suite>-<system>.json` in the schema of `flashcore bench --json` (schema 1).
+
+Conventions, matching flashcore:
+- q [B, Sq, Hq, D], k, v [B, Sk, Hkv, D] (BSHD), handed to SDPA as the BHSD view
+  `.transpose(1, 2)` (no copy). Same dtype as the case. Fresh standard-normal inputs.
+- GQA (Hq != Hkv) via `enable_gqa=True`; a backend that refuses is recorded "unsupported"
+  with the exception text and the warnings PyTorch gave, never dropped.
+- causal is BOTTOM-RIGHT aligned (FlashAttention >= 2.1). SDPA's `is_causal` is top-left,
+  so it is used only when Sq = Sk (where the two agree). For Sq != Sk:
+    sdpa-flash      calls the backend's own op `aten._scaled_dot_product_flash_attention`
+                    with is_causal=True, which FA2 aligns bottom-right (what CausalBias does);
+    sdpa-efficient  calls `aten._efficient_attention_forward` with custom_mask_type=2
+                    (causal from the bottom right, what CausalBias does);
+    sdpa-cudnn      gets an explicit boolean bottom-right mask through SDPA.
+  Whatever the path, the output is checked against the bottom-right reference, so a
+  misaligned mask shows as a large rel_error. Seen on an H100 (torch 2.11, cuDNN 9.19):
+  all three agree with the reference for Sq < Sk; for Sq > Sk cuDNN and FA2 agree, and the
+  efficient kernel's custom_mask_type=2 does not (rel_error 0.52 on the rows that see keys),
+  so those rows come out "error". The efficient backend takes no GQA (-> "unsupported").
+- Timing: input sets rotated while 4 sets would fit in L2 (up to 8 sets); 10 warm-up calls;
+  one call timed to choose N calls per sample (~2 ms a sample, 1..1000); >= 20 samples
+  (default 30), each the mean of N back-to-back calls between two CUDA events; median, min,
+  max. By default the N calls are captured once in a CUDA graph and the graph is replayed
+  (Python's per-call overhead of ~10-30 us would otherwise dominate the short cases); the
+  plain eager median is recorded beside it (`eager_median_ms`). `--timing eager` times eager
+  calls only.
+- FLOPs = 4·B·Hq·D·(visible pairs): Sq·Sk dense; Sq·Sk/2 for causal with Sq = Sk; the exact
+  bottom-right count for causal with Sq != Sk. For Sq = 1, gbps = bytes of K and V / time.
+- rel_error = ||out - ref||_2 / ||ref||_2 on the first input set, the reference computed in
+  float64 on the GPU from the same (rounded) inputs, on a slice (<= 2 batches, <= 4 query
+  heads, <= 512 query rows: the first and last 256) so huge shapes stay cheap. Rows that see
+  no key (causal, Sq > Sk) are left out: their output is a convention, not a result.
+
+Usage:
+    anchors.py --suite sweep [--flashcore target/release/flashcore] [--out-dir DIR]
+    anchors.py --suite-json suite.json [--backends cudnn,flash,efficient] [--out-dir DIR]
+    anchors.py --self-test        # pure functions; needs neither a GPU nor torch
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+import warnings
+
+SCHEMA = 1
+SYSTEMS = {
+    "cudnn": ("sdpa-cudnn", "CUDNN_ATTENTION"),
+    "flash": ("sdpa-flash", "FLASH_ATTENTION"),
+    "efficient": ("sdpa-efficient", "EFFICIENT_ATTENTION"),
+}
+CASE_FIELDS = ("name", "batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "causal", "dtype")
+ROW_FIELDS = ("case", "kernel", "status", "message", "samples_ms", "median_ms", "min_ms", "max_ms", "tflops", "gbps", "rel_error")
+DTYPE_ALIASES = {"bf16": "bf16", "bfloat16": "bf16", "f16": "f16", "fp16": "f16", "float16": "f16", "half": "f16"}
+ELEM_BYTES = 2  # fp16 and bf16
+
+# ----------------------------------------------------------------------------------------
+# Pure functions (no torch): FLOPs, bytes, masks, suites, JSON.
+
+
+def visible_pairs(sq, sk, causal):
+    """(query, key) pairs one head attends to. Causal is bottom-right aligned: row i sees keys
+    0..=i+sk-sq, clamped to [0, sk]. Sq = Sk causal counts exactly half (the convention of
+    FlashAttention's benchmarks and DESIGN §6), not S(S+1)/2."""
+    if not causal:
+        return sq * sk
+    if sq == sk:
+        return sq * sk / 2
+    return sum(min(max(i + sk - sq + 1, 0), sk) for i in range(sq)) if sq <= 1 << 16 else _pairs_closed(sq, sk)
+
+
+def _pairs_closed(sq, sk):
+    """Closed form of the bottom-right count (for very long Sq)."""
+    off = sk - sq
+    # rows with i + off + 1 <= 0 see nothing; rows with i + off + 1 >= sk see all sk keys
+    first = max(0, -off)  # first row that sees >= 1 key (i + off + 1 >= 1)
+    full = max(0, min(sq, sk - off - 1))  # first row that sees all keys
+    total = 0
+    if full > first:  # rows first..full-1 see i+off+1 keys
+        a, b = first + off + 1, full - 1 + off + 1
+        total += (a + b) * (full - first) // 2
+    total += (sq - max(full, first)) * sk if sq > max(full, first) else 0
+    return total
+
+
+def flops(case):
+    """Matrix FLOPs of the forward pass: two products of 2·D FLOPs per visible pair."""
+    return 4.0 * case["batch"] * case["heads_q"] * case["head_dim"] * visible_pairs(case["seqlen_q"], case["seqlen_k"], case["causal"])
+
+
+def kv_bytes(case):
+    """Bytes of K and V: what a decode step must read."""
+    return 2.0 * case["batch"] * case["seqlen_k"] * case["heads_kv"] * case["head_dim"] * ELEM_BYTES
+
+
+def min_bytes(case):
+    """Fewest bytes a forward pass moves: q, k, v read, o written, f32 lse (as flashcore)."""
+    q = case["batch"] * case["seqlen_q"] * case["heads_q"] * case["head_dim"]
+    kv = 2 * case["batch"] * case["seqlen_k"] * case["heads_kv"] * case["head_dim"]
+    return (2 * q + kv) * ELEM_BYTES + 4 * case["batch"] * case["heads_q"] * case["seqlen_q"]
+
+
+def is_decode(case):
+    return case["seqlen_q"] == 1
+
+
+def metrics(case, median_ms):
+    """(tflops, gbps) of a case run in median_ms; gbps only for decode (Sq = 1)."""
+    if median_ms is None or median_ms <= 0:
+        return None, None
+    secs = median_ms * 1e-3
+    tflops = flops(case) / secs * 1e-12
+    gbps = kv_bytes(case) / secs * 1e-9 if is_decode(case) else None
+    return tflops, gbps
+
+
+def input_sets(case, l2_bytes, max_sets=8):
+    """Input sets to rotate: enough that 4x L2 is covered, as `flashcore bench` does."""
+    return max(1, min(max_sets, math.ceil(4.0 * l2_bytes / min_bytes(case))))
+
+
+def bottom_right_allowed(i, j, sq, sk):
+    """Whether query row i may see key j under the bottom-right causal mask."""
+    return j <= i + sk - sq
+
+
+def bottom_right_mask(sq, sk, xp, rows=None):
+    """Boolean [len(rows), sk] mask (True = attend) for query rows `rows` (default all),
+    with any array module `xp` that has arange (numpy or torch)."""
+    r = xp.arange(sq) if rows is None else rows
+    return xp.arange(sk)[None, :] <= (r[:, None] + (sk - sq))
+
+
+def check_rows(sq, limit=512, sk=None, causal=False):
+    """Query rows the reference check covers: all, or the first and last limit/2. Under a
+    causal mask with Sq > Sk the first Sq - Sk rows see no key at all; their output is a
+    convention (flashcore and FA2 write 0, cuDNN and the efficient kernel do not), not a
+    result, so they are left out."""
+    first = max(0, sq - sk) if causal and sk is not None else 0
+    n = sq - first
+    if n <= limit:
+        return list(range(first, sq))
+    h = limit // 2
+    return list(range(first, first + h)) + list(range(sq - h, sq))
+
+
+def check_heads(hq, hkv, limit=4):
+    """Query heads the reference check covers: spread over the kv groups when GQA."""
+    if hq <= limit:
+        return list(range(hq))
+    group = hq // hkv
+    step = max(1, hq // limit)
+    heads = sorted({(k * step) for k in range(limit)} | {group - 1})
+    return heads[:limit] if len(heads) > limit else heads
+
+
+def normalize_case(c):
+    """Validates a list-json case and returns a copy with canonical dtype; raises ValueError."""
+    missing = [f for f in CASE_FIELDS if f not in c]
+    if missing:
+        raise ValueError(f"case {c.get('name', c)!r} lacks {missing}")
+    out = dict(c)
+    dt = DTYPE_ALIASES.get(str(c["dtype"]).lower())
+    if dt is None:
+        raise ValueError(f"case {c['name']}: unknown dtype {c['dtype']!r}")
+    out["dtype"] = dt
+    for f in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim"):
+        if not isinstance(c[f], int) or c[f] < 1:
+            raise ValueError(f"case {c['name']}: {f} must be a positive integer, got {c[f]!r}")
+    if c["heads_q"] % c["heads_kv"]:
+        raise ValueError(f"case {c['name']}: heads_q % heads_kv != 0")
+    return out
+
+
+def parse_suite(text):
+    """Parses `flashcore bench --list-json` output: (suite name, cases)."""
+    d = json.loads(text)
+    if "suite" not in d or "cases" not in d:
+        raise ValueError("suite JSON needs keys 'suite' and 'cases'")
+    cases = [normalize_case(c) for c in d["cases"]]
+    names = [c["name"] for c in cases]
+    if len(set(names)) != len(names):
+        raise ValueError("duplicate case names in the suite")
+    return d["suite"], cases
+
+
+def make_row(case, kernel, status, message=None, samples_ms=(), rel_error=None, **extra):
+    """One result row in flashcore's schema; median/min/max and metrics derived from samples."""
+    assert status in ("ok", "unsupported", "error"), status
+    samples = [float(s) for s in samples_ms]
+    med = mn = mx = None
+    if samples:
+        srt = sorted(samples)
+        med, mn, mx = srt[len(srt) // 2], srt[0], srt[-1]  # the same median index as flashcore
+    tflops, gbps = metrics(case, med)
+    row = {
+        "case": case,
+        "kernel": kernel,
+        "status": status,
+        "message": message,
+        "samples_ms": samples,
+        "median_ms": med,
+        "min_ms": mn,
+        "max_ms": mx,
+        "tflops": tflops,
+        "gbps": gbps,
+        "rel_error": rel_error,
+    }
+    row.update(extra)
+    return row
+
+
+def make_report(system, suite, env, rows):
+    return {"schema": SCHEMA, "system": system, "suite": suite, "env": env, "results": rows}
+
+
+def validate_report(doc):
+    """Raises AssertionError when `doc` is not a schema-1 bench report."""
+    assert doc.get("schema") == SCHEMA, "schema"
+    for k in ("system", "suite", "env", "results"):
+        assert k in doc, k
+    for r in doc["results"]:
+        for k in ROW_FIELDS:
+            assert k in r, f"row lacks {k}"
+        assert r["status"] in ("ok", "unsupported", "error")
+        for k in CASE_FIELDS:
+            assert k in r["case"], f"case lacks {k}"
+        if r["status"] == "ok":
+            assert r["median_ms"] is not None and len(r["samples_ms"]) >= 1
+        else:
+            assert r["message"], "a row that is not ok says why"
+
+
+def write_json(path, doc):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1, allow_nan=False, default=_nan_to_none)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def _nan_to_none(x):
+    raise TypeError(f"not JSON serializable: {x!r}")
+
+
+def finite_or_none(x):
+    return None if x is None or not math.isfinite(x) else float(x)
+
+
+# ----------------------------------------------------------------------------------------
+# GPU side (torch imported lazily).
+
+
+def torch_env(torch, command):
+    props = torch.cuda.get_device_properties(0)
+    driver = None
+    try:
+        driver = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader", "-i", "0"], capture_output=True, text=True, timeout=30
+        ).stdout.strip() or None
+    except Exception:
+        pass
+    cuda_driver_api = None
+    try:
+        import ctypes
+
+        v = ctypes.c_int()
+        ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(v))
+        cuda_driver_api = f"{v.value // 1000}.{v.value % 1000 // 10}"
+    except Exception:
+        pass
+    cudnn = torch.backends.cudnn.version()
+    return {
+        "device": torch.cuda.get_device_name(0),
+        "sm": f"sm_{props.major}{props.minor}",
+        "sm_count": props.multi_processor_count,
+        "l2_bytes": getattr(props, "L2_cache_size", None),
+        "driver": driver,
+        "cuda_driver_api": cuda_driver_api,
+        "cuda_runtime": torch.version.cuda,
+        "torch": torch.__version__,
+        "cudnn": f"{cudnn // 10000}.{cudnn % 10000 // 100}.{cudnn % 100}" if cudnn and cudnn >= 10000 else cudnn,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": command,
+    }
+
+
+class Runner:
+    """Builds the call for one (backend, case) and runs it with the backend forced."""
+
+    def __init__(self, torch, key, case):
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        self.torch, self.key, self.case = torch, key, case
+        self.system, backend_name = SYSTEMS[key]
+        self.ctx = lambda: sdpa_kernel([getattr(SDPBackend, backend_name)])
+        c = case
+        self.gqa = c["heads_q"] != c["heads_kv"]
+        self.scale = 1.0 / math.sqrt(c["head_dim"])
+        self.bottom_right = c["causal"] and c["seqlen_q"] != c["seqlen_k"]
+        self.mask = None
+        self.kernel = self.system
+        if self.bottom_right and key == "flash":
+            self.kernel = "aten._scaled_dot_product_flash_attention(is_causal=bottom-right)"
+        elif self.bottom_right and key == "efficient":
+            self.kernel = "aten._efficient_attention_forward(custom_mask_type=2)"
+        elif self.bottom_right:
+            self.kernel = f"{self.system}+bool-mask"
+            self.mask = bottom_right_mask(c["seqlen_q"], c["seqlen_k"], torch_arange(torch))
+
+    def __call__(self, q, k, v):
+        """q, k, v: BHSD views. Returns o as BHSD."""
+        F = self.torch.nn.functional
+        ops = self.torch.ops.aten
+        if self.bottom_right and self.key == "flash":
+            return ops._scaled_dot_product_flash_attention(q, k, v, 0.0, is_causal=True, return_debug_mask=False, scale=self.scale)[0]
+        if self.bottom_right and self.key == "efficient":
+            if self.gqa:
+                raise RuntimeError("bottom-right causal through aten._efficient_attention_forward needs Hq == Hkv here")
+            o = ops._efficient_attention_forward(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, None, None, None, None, 0.0, 2, False, scale=self.scale
+            )[0]
+            return o.transpose(1, 2)
+        kw = {"scale": self.scale}
+        if self.gqa:
+            kw["enable_gqa"] = True
+        if self.mask is not None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, **kw)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=self.case["causal"], **kw)
+
+    def forced(self, q, k, v):
+        with self.ctx():
+            return self(q, k, v)
+
+
+def torch_arange(torch):
+    class _XP:
+        @staticmethod
+        def arange(n):
+            return torch.arange(n, device="cuda")
+
+    return _XP
+
+
+def make_inputs(torch, case, seed):
+    dt = {"bf16": torch.bfloat16, "f16": torch.float16}[case["dtype"]]
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    b, sq, sk, hq, hkv, d = (case[f] for f in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim"))
+    q = torch.randn(b, sq, hq, d, device="cuda", dtype=dt, generator=g)
+    k = torch.randn(b, sk, hkv, d, device="cuda", dtype=dt, generator=g)
+    v = torch.randn(b, sk, hkv, d, device="cuda", dtype=dt, generator=g)
+    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # BHSD views of BSHD storage
+
+
+def reference_rel_error(torch, case, q, k, v, o):
+    """||o - ref|| / ||ref|| on a slice; ref in float64 on the GPU, bottom-right causal."""
+    sq, sk = case["seqlen_q"], case["seqlen_k"]
+    group = case["heads_q"] // case["heads_kv"]
+    rows = check_rows(sq, sk=sk, causal=case["causal"])
+    if not rows:
+        return 0.0
+    rows = torch.tensor(rows, device="cuda")
+    num = den = 0.0
+    for b in range(min(case["batch"], 2)):
+        for h in check_heads(case["heads_q"], case["heads_kv"]):
+            qh = q[b, h].index_select(0, rows).double()
+            kh, vh = k[b, h // group].double(), v[b, h // group].double()
+            s = (qh @ kh.T) / math.sqrt(case["head_dim"])
+            if case["causal"]:
+                s = s.masked_fill(~bottom_right_mask(sq, sk, torch_arange(torch), rows), float("-inf"))
+            p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # fully masked rows: 0, as flashcore
+            ref = p @ vh
+            got = o[b, h].index_select(0, rows).double()
+            num += (got - ref).pow(2).sum().item()
+            den += ref.pow(2).sum().item()
+    if not math.isfinite(num):
+        return float("nan")
+    return math.sqrt(num / den) if den > 0 else math.sqrt(num)
+
+
+def time_calls(torch, fn, sets, warmup, samples, target_ms, use_graph):
+    """Returns (samples_ms, calls_per_sample): each sample the mean of N back-to-back calls."""
+    stream = torch.cuda.current_stream()
+    ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    n_sets = len(sets)
+
+    def eager(n, start=0):
+        ev0.record(stream)
+        for i in range(n):
+            fn(*sets[(start + i) % n_sets])
+        ev1.record(stream)
+        ev1.synchronize()
+        return ev0.elapsed_time(ev1)
+
+    eager(warmup)
+    one = max(eager(1), 1e-4)
+    n = int(min(1000, max(1, math.ceil(target_ms / one))))
+    if not use_graph:
+        return [eager(n) / n for _ in range(samples)], n
+    g = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(stream)
+    with torch.cuda.stream(side):  # a few calls on a side stream first, as PyTorch asks
+        for i in range(3):
+            fn(*sets[i % n_sets])
+    stream.wait_stream(side)
+    with torch.cuda.graph(g):
+        for i in range(n):
+            fn(*sets[i % n_sets])
+    for _ in range(3):
+        g.replay()
+    out = []
+    for _ in range(samples):
+        ev0.record(stream)
+        g.replay()
+        ev1.record(stream)
+        ev1.synchronize()
+        out.append(ev0.elapsed_time(ev1) / n)
+    del g
+    return out, n
+
+
+def exception_text(e, caught):
+    msg = f"{type(e).__name__}: {str(e).strip()}"
+    notes = []
+    for w in caught:
+        t = clean_warning(str(w.message))
+        if t and t not in notes:
+            notes.append(t)
+    if notes:
+        msg += " | warnings: " + " | ".join(notes)
+    return msg[:4000]
+
+
+def clean_warning(text):
+    """PyTorch's SDPA warnings without source locations, headers and the lines saying that
+    the backends we switched off are off; '' when nothing informative is left."""
+    import re
+
+    t = re.sub(r"\s*\(Triggered internally at [^)]*\)", "", text).strip()
+    if not t or t.endswith("not used because:") or "has been runtime disabled" in t:
+        return ""
+    return t
+
+
+def refusal(e):
+    """Whether an exception means 'this backend does not take this problem'."""
+    t = str(e)
+    return any(
+        s in t
+        for s in (
+            "No available kernel",
+            "needs Hq == Hkv",
+            "number of heads in key/value must divide",
+            "not supported",
+            "does not support",
+            "Unsupported",
+            "unsupported",
+            "only supports",
+            "must be",
+            "cuDNN Frontend error",
+        )
+    )
+
+
+def bench_case(torch, key, case, args, l2_bytes):
+    runner = Runner(torch, key, case)
+    n_sets = input_sets(case, l2_bytes)
+    sets = []
+    try:
+        sets = [make_inputs(torch, case, 1000 + s) for s in range(n_sets)]
+        # 1. Does the backend take it? Warnings (why a backend was skipped) go in the message.
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                o = runner.forced(*sets[0])
+                torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001 - recorded, not swallowed
+                status = "unsupported" if refusal(e) else "error"
+                return make_row(case, runner.kernel, status, exception_text(e, caught))
+        # 2. Correctness on the first input set.
+        rel = reference_rel_error(torch, case, *sets[0], o)
+        del o
+        # 3. Timing.
+        with runner.ctx():
+            timing = "graph" if args.timing == "graph" else "eager"
+            graph_note = None
+            if timing == "graph":
+                try:
+                    samples, n = time_calls(torch, runner, sets, args.warmup, args.samples, args.sample_ms, True)
+                except Exception as e:  # noqa: BLE001
+                    torch.cuda.synchronize()
+                    graph_note = f"CUDA graph capture failed, eager timing: {type(e).__name__}: {str(e).strip()[:300]}"
+                    timing = "eager"
+            eager_samples, n_eager = time_calls(torch, runner, sets, 0 if timing == "graph" else args.warmup, args.samples, args.sample_ms, False)
+            if timing == "eager":
+                samples, n = eager_samples, n_eager
+        eager_sorted = sorted(eager_samples)
+        status, message = "ok", graph_note
+        if not math.isfinite(rel) or rel > args.max_rel_error:
+            status = "error"
+            message = f"rel_error {rel:.3g} over {args.max_rel_error:g} against the float64 reference" + (f"; {graph_note}" if graph_note else "")
+        return make_row(
+            case,
+            runner.kernel,
+            status,
+            message,
+            samples,
+            finite_or_none(rel),
+            timing=timing,
+            calls_per_sample=n,
+            input_sets=n_sets,
+            eager_median_ms=eager_sorted[len(eager_sorted) // 2],
+        )
+    except torch.cuda.OutOfMemoryError as e:
+        return make_row(case, runner.kernel, "error", f"OutOfMemoryError: {str(e).strip()[:500]}")
+    except Exception as e:  # noqa: BLE001
+        traceback.print_exc()
+        return make_row(case, runner.kernel, "error", f"{type(e).__name__}: {str(e).strip()[:2000]}")
+    finally:
+        del sets
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def load_suite(args):
+    if args.suite_json:
+        with open(args.suite_json) as f:
+            text = f.read()
+    else:
+        if not args.suite:
+            sys.exit("anchors.py: give --suite NAME (runs `flashcore bench --suite NAME --list-json`) or --suite-json FILE")
+        if not os.path.exists(args.flashcore):
+            sys.exit(f"anchors.py: flashcore binary {args.flashcore} not found (build it: cargo build --release; or pass --flashcore / --suite-json)")
+        p = subprocess.run([args.flashcore, "bench", "--suite", args.suite, "--list-json"], capture_output=True, text=True)
+        if p.returncode != 0:
+            sys.exit(f"anchors.py: `{args.flashcore} bench --suite {args.suite} --list-json` failed:\n{p.stderr}")
+        text = p.stdout
+    suite, cases = parse_suite(text)
+    if args.suite and args.suite != suite:
+        sys.exit(f"anchors.py: --suite {args.suite} but the suite JSON is {suite!r}")
+    if args.filter:
+        cases = [c for c in cases if args.filter in c["name"]]
+    return suite, cases
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--suite", help="suite name: quick, seed, sweep")
+    ap.add_argument("--suite-json", help="a file holding `flashcore bench --suite NAME --list-json` output")
+    ap.add_argument("--flashcore", default=os.environ.get("FLASHCORE_BIN", "target/release/flashcore"), help="flashcore binary for --list-json")
+    ap.add_argument("--out-dir", default=".", help="writes anchors-<suite>-<system>.json here")
+    ap.add_argument("--backends", default="cudnn,flash,efficient", help="comma list of cudnn, flash, efficient")
+    ap.add_argument("--samples", type=int, default=30, help="timed samples per case (>= 20 for reported numbers)")
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--sample-ms", type=float, default=2.0, help="target duration of one sample")
+    ap.add_argument("--timing", choices=("graph", "eager"), default="graph")
+    ap.add_argument("--max-rel-error", type=float, default=2e-2, help="rel_error above this marks the row 'error'")
+    ap.add_argument("--filter", help="only cases whose name contains this")
+    ap.add_argument("--self-test", action="store_true", help="test the pure functions (no GPU, no torch needed)")
+    args = ap.parse_args(argv)
+    if args.self_test:
+        return self_test()
+    keys = [k.strip() for k in args.backends.split(",") if k.strip()]
+    bad = [k for k in keys if k not in SYSTEMS]
+    if bad:
+        sys.exit(f"anchors.py: unknown backends {bad}; known: {', '.join(SYSTEMS)}")
+    suite, cases = load_suite(args)
+    try:
+        import torch
+    except ImportError:
+        sys.exit("anchors.py: PyTorch is not installed (pip install torch); --self-test runs without it")
+    if not torch.cuda.is_available():
+        sys.exit("anchors.py: torch sees no CUDA GPU")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    os.makedirs(args.out_dir, exist_ok=True)
+    env = torch_env(torch, " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]))
+    l2 = env["l2_bytes"] or 50 << 20
+    print(f"# {env['device']}  torch {env['torch']}  CUDA {env['cuda_runtime']}  cuDNN {env['cudnn']}  suite {suite}: {len(cases)} cases", flush=True)
+    for key in keys:
+        system = SYSTEMS[key][0]
+        path = os.path.join(args.out_dir, f"anchors-{suite}-{system}.json")
+        rows = []
+        for case in cases:
+            t0 = time.time()
+            row = bench_case(torch, key, case, args, l2)
+            rows.append(row)
+            write_json(path, make_report(system, suite, env, rows))  # after every case: partial results survive
+            val = row["gbps"] if row["gbps"] is not None else row["tflops"]
+            unit = "GB/s" if row["gbps"] is not None else "TFLOPS"
+            if row["status"] == "ok":
+                eager = row.get("eager_median_ms")
+                print(
+                    f"{system:<15} {case['name']:<44} {row['median_ms'] * 1e3:10.1f} us  {val:8.1f} {unit:<6}"
+                    f" rel {row['rel_error']:.1e}  eager {eager * 1e3:.1f} us  ({time.time() - t0:.1f}s)",
+                    flush=True,
+                )
+            else:
+                print(f"{system:<15} {case['name']:<44} {row['status']}: {(row['message'] or '')[:160]}", flush=True)
+        print(f"wrote {path}", flush=True)
+    return 0
+
+
+# ----------------------------------------------------------------------------------------
+# Self-test of the pure functions.
+
+
+def self_test():
+    # FLOPs: dense, causal Sq = Sk exactly half, bottom-right counts by brute force.
+    c = {"name": "x", "batch": 2, "seqlen_q": 8, "seqlen_k": 8, "heads_q": 4, "heads_kv": 2, "head_dim": 64, "causal": False, "dtype": "bf16"}
+    assert flops(c) == 4 * 2 * 4 * 8 * 8 * 64
+    assert flops(dict(c, causal=True)) == flops(c) / 2
+    for sq, sk in [(3, 5), (5, 2), (1, 7), (7, 1), (4, 4), (1, 1), (100, 37), (37, 100)]:
+        brute = sum(bottom_right_allowed(i, j, sq, sk) for i in range(sq) for j in range(sk))
+        want = sq * sk / 2 if sq == sk else brute
+        assert visible_pairs(sq, sk, True) == want, (sq, sk, visible_pairs(sq, sk, True), want)
+        if sq != sk:
+            assert _pairs_closed(sq, sk) == brute, (sq, sk, _pairs_closed(sq, sk), brute)
+        assert visible_pairs(sq, sk, False) == sq * sk
+    assert visible_pairs(3, 5, True) == 3 + 4 + 5 and visible_pairs(5, 2, True) == 1 + 2  # as params.rs's test
+    assert _pairs_closed(1 << 17, 1 << 18) == sum(range((1 << 18) - (1 << 17) + 1, (1 << 18) + 1))
+    # Decode bytes and metrics: B8 Sk4k Hkv8 D128 bf16 reads 2*8*4096*8*128*2 bytes.
+    dec = dict(c, batch=8, seqlen_q=1, seqlen_k=4096, heads_q=32, heads_kv=8, head_dim=128)
+    assert kv_bytes(dec) == 2 * 8 * 4096 * 8 * 128 * 2
+    tf, gb = metrics(dec, 0.1)
+    assert abs(gb - kv_bytes(dec) / 1e-4 / 1e9) < 1e-9 and tf is not None
+    tf, gb = metrics(c, 1.0)
+    assert gb is None and abs(tf - flops(c) / 1e-3 / 1e12) < 1e-12
+    assert metrics(c, None) == (None, None)
+    # Input sets: small problems rotate up to 8 sets, huge ones use 1.
+    assert input_sets(dict(c, batch=1, seqlen_q=512, seqlen_k=512, heads_q=8, heads_kv=8), 50 << 20) == 8
+    assert input_sets(dec, 50 << 20) == 2  # K+V 134 MB a set: ceil(210 MB / 134 MB) = 2
+    big = dict(c, batch=1, seqlen_q=16384, seqlen_k=16384, heads_q=16, heads_kv=16, head_dim=128)
+    assert input_sets(big, 50 << 20) == 1
+    # Mask: with numpy when present, else the same formula on lists.
+    try:
+        import numpy as np
+
+        for sq, sk in [(3, 5), (5, 3), (4, 4), (1, 6)]:
+            m = bottom_right_mask(sq, sk, np)
+            brute = np.array([[bottom_right_allowed(i, j, sq, sk) for j in range(sk)] for i in range(sq)])
+            assert m.shape == (sq, sk) and (m == brute).all(), (sq, sk)
+            rows = np.array([0, sq - 1])
+            assert (bottom_right_mask(sq, sk, np, rows) == brute[rows]).all()
+        assert bottom_right_mask(3, 5, np).sum() == 12 and bottom_right_mask(4, 4, np)[0].sum() == 1
+        assert bottom_right_mask(5, 2, np)[:3].sum() == 0  # rows that see nothing
+        mask_note = "numpy"
+    except ImportError:
+
+        class _ListXP:  # just enough of an array module for bottom_right_mask
+            class _A(list):
+                def __getitem__(self, idx):
+                    if idx == (None, slice(None)):
+                        return _ListXP._Row(self)
+                    if idx == (slice(None), None):
+                        return _ListXP._Col(self)
+                    return list.__getitem__(self, idx)
+
+            class _Row(list):
+                def __le__(self, col):
+                    return [[a <= b for a in self] for b in col.vals]
+
+            class _Col:
+                def __init__(self, v):
+                    self.vals = list(v)
+
+                def __add__(self, x):
+                    return _ListXP._Col([a + x for a in self.vals])
+
+            @staticmethod
+            def arange(n):
+                return _ListXP._A(range(n))
+
+        for sq, sk in [(3, 5), (5, 3), (4, 4)]:
+            m = bottom_right_mask(sq, sk, _ListXP)
+            assert m == [[bottom_right_allowed(i, j, sq, sk) for j in range(sk)] for i in range(sq)]
+        mask_note = "pure python"
+    # Check slices.
+    assert check_rows(100) == list(range(100))
+    assert check_rows(1000, sk=113, causal=True) == list(range(887, 1000))
+    assert len(check_rows(1000, sk=113, causal=False)) == 512
+    assert check_rows(5, sk=2, causal=True) == [3, 4] and check_rows(2, sk=5, causal=True) == [0, 1]
+    r = check_rows(20000, sk=1000, causal=True)
+    assert len(r) == 512 and r[0] == 19000 and r[-1] == 19999
+    r = check_rows(16384)
+    assert len(r) == 512 and r[0] == 0 and r[-1] == 16383 and r[255] == 255 and r[256] == 16384 - 256
+    assert check_heads(4, 2) == [0, 1, 2, 3] and check_heads(8, 8) == [0, 2, 4, 6]
+    hs = check_heads(32, 8)
+    assert len(hs) <= 4 and len({h // 4 for h in hs}) >= 2 and all(0 <= h < 32 for h in hs)
+    # Suite parsing: aliases, validation, duplicates.
+    suite_text = json.dumps({"suite": "quick", "cases": [c, dict(c, name="y", dtype="fp16")]})
+    name, cases = parse_suite(suite_text)
+    assert name == "quick" and [k["dtype"] for k in cases] == ["bf16", "f16"]
+    for bad in [dict(c, dtype="fp8"), dict(c, heads_kv=3), {k: v for k, v in c.items() if k != "head_dim"}, dict(c, batch=0)]:
+        try:
+            normalize_case(bad)
+        except ValueError:
+            pass
+        else:
+            raise AssertionError(f"accepted {bad}")
+    try:
+        parse_suite(json.dumps({"suite": "q", "cases": [c, c]}))
+        raise AssertionError("accepted duplicate names")
+    except ValueError:
+        pass
+    # Rows and report: the schema flashcore writes; JSON round trip; NaN never written.
+    ok = make_row(c, "sdpa-cudnn", "ok", None, [1.2, 1.0, 1.1, 5.0], 1e-3, timing="graph")
+    assert ok["median_ms"] == 1.2 and ok["min_ms"] == 1.0 and ok["max_ms"] == 5.0  # sorted[n/2], as flashcore
+    assert abs(ok["tflops"] - flops(c) / 1.2e-3 / 1e12) < 1e-12 and ok["gbps"] is None
+    un = make_row(c, "sdpa-flash", "unsupported", "RuntimeError: No available kernel")
+    assert un["median_ms"] is None and un["tflops"] is None and un["samples_ms"] == []
+    doc = make_report("sdpa-cudnn", "quick", {"device": "fake"}, [ok, un])
+    validate_report(doc)
+    assert list(doc) == ["schema", "system", "suite", "env", "results"]
+    assert all(list(r)[: len(ROW_FIELDS)] == list(ROW_FIELDS) for r in doc["results"])
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        p = os.path.join(d, "a.json")
+        write_json(p, doc)
+        with open(p) as f:
+            back = json.load(f)
+        validate_report(back)
+        assert back == json.loads(json.dumps(doc))
+        try:
+            write_json(p, make_report("x", "q", {}, [dict(ok, rel_error=float("nan"))]))
+            raise AssertionError("NaN was written")
+        except ValueError:
+            pass
+    assert finite_or_none(float("nan")) is None and finite_or_none(2.0) == 2.0
+    try:
+        validate_report(make_report("x", "q", {}, [dict(un, message=None)]))
+        raise AssertionError("a refusal without a message passed")
+    except AssertionError as e:
+        assert "says why" in str(e)
+    # Warning cleanup.
+    assert clean_warning("Memory efficient kernel not used because: (Triggered internally at /x/sdp_utils.cpp:986.)") == ""
+    assert clean_warning("Flash attention has been runtime disabled. (Triggered internally at /x.h:540.)") == ""
+    assert clean_warning("For dense input, both fused kernels require query, key and value to have the same num_heads. (Triggered internally at /x.h:418.)") == (
+        "For dense input, both fused kernels require query, key and value to have the same num_heads."
+    )
+    # Refusal classification.
+    assert refusal(RuntimeError("No available kernel. Aborting execution."))
+    assert not refusal(RuntimeError("CUDA error: an illegal memory access was encountered"))
+    print(f"anchors.py self-test: ok (mask via {mask_note}; torch not imported: {'torch' not in sys.modules})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
