@@ -113,8 +113,16 @@ fn env(ctx: &Context) -> serde_json::Value {
     let info = ctx.info();
     let nvrtc = ctx.jit().nvrtc().map(|n| format!("{}.{}", n.version().0, n.version().1)).unwrap_or_else(|e| e.to_string());
     let date = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    // The kernel module's version is the driver's; the CUDA API reports only its CUDA level.
+    let driver = std::fs::read_to_string("/proc/driver/nvidia/version").ok().and_then(|t| {
+        t.split_whitespace()
+            .find(|w| w.chars().filter(|&c| c == '.').count() >= 1 && w.chars().all(|c| c.is_ascii_digit() || c == '.'))
+            .map(String::from)
+    });
     serde_json::json!({
         "device": info.name,
+        "driver": driver,
+        "date": utc_date(date),
         "sm": info.arch.to_string(),
         "sm_count": info.sm_count,
         "cuda_driver_api": format!("{}.{}", info.driver_version / 1000, info.driver_version % 1000 / 10),
@@ -122,6 +130,20 @@ fn env(ctx: &Context) -> serde_json::Value {
         "flashcore_commit": env!("FLASHCORE_COMMIT"),
         "date_unix": date,
     })
+}
+
+/// `YYYY-MM-DD` of a Unix time (UTC), by the civil-from-days algorithm.
+fn utc_date(unix_secs: u64) -> String {
+    let z = (unix_secs / 86_400) as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
 }
 
 fn unsupported(case: &Case, status: &str, message: String) -> Row {
@@ -287,6 +309,13 @@ mod tests {
         assert!(compare(&old, &report(&[Some(1.04), Some(1.5)]), 5.0).unwrap());
         assert!(!compare(&old, &report(&[Some(1.06), Some(2.0)]), 5.0).unwrap());
         assert!(!compare(&old, &report(&[Some(1.0), None]), 5.0).unwrap(), "a row that stopped working fails");
+    }
+
+    #[test]
+    fn utc_dates() {
+        assert_eq!(utc_date(0), "1970-01-01");
+        assert_eq!(utc_date(1_795_305_600), "2026-11-22");
+        assert_eq!(utc_date(951_782_400), "2000-02-29");
     }
 
     #[test]

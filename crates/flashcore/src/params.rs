@@ -70,11 +70,17 @@ impl ProblemShape {
         (0..sq).map(|i| (i + sk + 1).saturating_sub(sq).min(sk)).sum()
     }
 
-    /// Matrix FLOPs of the forward pass: two products of `2·D` FLOPs per visible pair.
-    /// For causal with `Sq = Sk` this is close to half of the dense count (the
-    /// convention of FlashAttention's benchmarks, which use exactly half).
+    /// Matrix FLOPs of the forward pass, `4·B·Hq·Sq·Sk·D`: two products of `2·D` FLOPs
+    /// per (query, key) pair. Causal with `Sq = Sk` counts exactly half, the convention of
+    /// FlashAttention's and cuDNN's benchmarks; causal with `Sq != Sk` counts the visible
+    /// pairs.
     pub fn flops(&self, causal: bool) -> f64 {
-        4.0 * (self.batch * self.heads_q * self.head_dim) as f64 * self.visible_pairs(causal) as f64
+        let per_pair = 4.0 * (self.batch * self.heads_q * self.head_dim) as f64;
+        if causal && self.seqlen_q == self.seqlen_k {
+            per_pair * (self.seqlen_q * self.seqlen_k) as f64 / 2.0
+        } else {
+            per_pair * self.visible_pairs(causal) as f64
+        }
     }
 
     /// The fewest bytes a forward pass moves: q, k, v read once, o written once
@@ -111,5 +117,7 @@ mod tests {
     fn flops_match_the_dense_formula() {
         let s = ProblemShape { batch: 2, seqlen_q: 8, seqlen_k: 16, heads_q: 4, heads_kv: 2, head_dim: 64 };
         assert_eq!(s.flops(false), 4.0 * 2.0 * 4.0 * 8.0 * 16.0 * 64.0);
+        let square = ProblemShape { seqlen_k: 8, ..s };
+        assert_eq!(square.flops(true), square.flops(false) / 2.0, "causal Sq = Sk is half by convention");
     }
 }
