@@ -33,6 +33,10 @@ pub struct BenchArgs {
     /// Timed samples per case.
     #[arg(long, default_value_t = 30)]
     samples: usize,
+    /// Time launches issued one by one instead of CUDA-graph replays (the eager median is
+    /// recorded either way).
+    #[arg(long)]
+    eager: bool,
     /// Skip the accuracy check against the GPU reference.
     #[arg(long)]
     no_verify: bool,
@@ -69,6 +73,12 @@ pub struct Row {
     pub tflops: Option<f64>,
     pub gbps: Option<f64>,
     pub rel_error: Option<f64>,
+    /// How `median_ms` was taken: "graph" (CUDA-graph replays) or "eager".
+    #[serde(default)]
+    pub timing: Option<String>,
+    /// Median of launches issued one by one from the host (what an eager caller sees).
+    #[serde(default)]
+    pub eager_median_ms: Option<f64>,
 }
 
 pub fn run(args: &BenchArgs) -> Result<bool> {
@@ -159,6 +169,8 @@ fn unsupported(case: &Case, status: &str, message: String) -> Row {
         tflops: None,
         gbps: None,
         rel_error: None,
+        timing: None,
+        eager_median_ms: None,
     }
 }
 
@@ -181,11 +193,14 @@ fn bench_case(ctx: &Context, case: &Case, family: Option<KernelFamily>, args: &B
     }
     let mut o = DeviceTensor::filled(ctx, 0x7fc0, case.q_shape(), case.dtype)?;
     let mut lse = ctx.stream().alloc_zeros::<f32>(case.batch * case.heads_q * case.seqlen_q)?;
-    let opts = TimingOptions { samples: args.samples, ..Default::default() };
-    let timing = match time(ctx, opts, |i| {
-        let (q, k, v) = &inputs[i % sets];
-        ctx.attention_into(q.view(), k.view(), v.view(), o.view_mut(), Some(&mut lse), &params)
-    }) {
+    let mut timed = |graph: bool| {
+        let opts = TimingOptions { samples: args.samples, graph, ..Default::default() };
+        time(ctx, opts, |i| {
+            let (q, k, v) = &inputs[i % sets];
+            ctx.attention_into(q.view(), k.view(), v.view(), o.view_mut(), Some(&mut lse), &params)
+        })
+    };
+    let (timing, eager) = match timed(!args.eager).and_then(|t| Ok((t, timed(false)?))) {
         Ok(t) => t,
         Err(e @ Error::Unsupported { .. }) => return Ok(unsupported(case, "unsupported", e.to_string())),
         Err(e) => return Ok(unsupported(case, "error", e.to_string())),
@@ -205,6 +220,8 @@ fn bench_case(ctx: &Context, case: &Case, family: Option<KernelFamily>, args: &B
         tflops: Some(shape.flops(case.causal) / secs * 1e-12),
         gbps: decode.then(|| shape.kv_bytes(case.dtype.size_bytes()) / secs * 1e-9),
         rel_error,
+        timing: Some(if args.eager { "eager" } else { "graph" }.into()),
+        eager_median_ms: Some(eager.median_ms),
     })
 }
 
@@ -231,7 +248,10 @@ fn verify(ctx: &Context, case: &Case, (q, k, v): &(Stored, Stored, Stored), para
 }
 
 fn print_table(report: &Report) {
-    println!("{:<44} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9}  kernel", "case", "median_ms", "min_ms", "max_ms", "TFLOPS", "GB/s", "rel_err");
+    println!(
+        "{:<44} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9}  kernel",
+        "case", "median_ms", "min_ms", "max_ms", "eager_ms", "TFLOPS", "GB/s", "rel_err"
+    );
     let f = |x: Option<f64>, p: usize| x.map(|v| format!("{v:.p$}")).unwrap_or_else(|| "—".into());
     for r in &report.results {
         if r.status != "ok" {
@@ -239,11 +259,12 @@ fn print_table(report: &Report) {
             continue;
         }
         println!(
-            "{:<44} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9}  {}",
+            "{:<44} {:>10} {:>10} {:>10} {:>10} {:>9} {:>9} {:>9}  {}",
             r.case.name,
             f(r.median_ms, 4),
             f(r.min_ms, 4),
             f(r.max_ms, 4),
+            f(r.eager_median_ms, 4),
             f(r.tflops, 1),
             f(r.gbps, 0),
             r.rel_error.map(|e| format!("{e:.1e}")).unwrap_or_else(|| "—".into()),

@@ -95,7 +95,7 @@ impl Context {
         let cuda = CudaContext::new(ordinal).ctx("creating the CUDA context")?;
         // One stream, so cudarc's cross-stream event tracking is pure overhead.
         unsafe { cuda.disable_event_tracking() };
-        let stream = cuda.default_stream();
+        let stream = cuda.new_stream().ctx("creating a stream")?;
         let info = device_info(&cuda)?;
         Ok(Self { cuda, stream, info, jit: Jit::new(cache), loaded: Mutex::new(HashMap::new()) })
     }
