@@ -8,16 +8,28 @@
 // in registers into the A operand. Key tiles are visited from last to first, so the tiles
 // that need the causal / sequence-end mask come first; fully masked tiles are never loaded.
 //
-// Configurations (BLOCK_M x BLOCK_N, warps, stages; host passes them as -D), smem =
-// 2 * (BLOCK_M + 2 * STAGES * BLOCK_N) * D bytes (Q tile, then K and V slots; the epilogue
-// reuses the Q tile), registers from ptxas (0 spills, 0 stack on every arch):
-//   D    sm_80 (163 KB)        sm_86 / sm_89 (99 KB)  sm_90 (227 KB)
-//   32   128x128 w4 s2  40 KB  128x64 w4 s2  24 KB    128x128 w4 s2  40 KB
-//   64   128x128 w4 s2  80 KB  128x64 w4 s2  48 KB    128x128 w4 s2  80 KB
-//   96   128x64  w4 s2  72 KB  128x32 w4 s2  48 KB    128x64  w4 s2  72 KB
-//   128  128x32  w4 s2  64 KB  64x32  w4 s2  48 KB    128x64  w4 s2  96 KB
-//   256  64x64   w4 s2 160 KB  64x32  w4 s2  96 KB    128x64  w8 s2 192 KB
-//   registers: see the table in docs/perf-log.md (fwd_sm80 section).
+// Configurations (BLOCK_M x BLOCK_N, warps, stages; the host passes them as -D). Dynamic
+// smem = 2 * (BLOCK_M + 2 * STAGES * BLOCK_N) * D bytes (Q tile, then the K and V slots; the
+// epilogue reuses the Q tile). Registers from ptxas (CUDA 13 NVRTC), fp16/bf16 alike,
+// full/causal; 0 bytes stack and 0 spills on sm_80, sm_86, sm_89 and sm_90a for all of them:
+//   D    sm_80 (163 KB)            sm_86 / sm_89 (99 KB)     sm_90 (227 KB)
+//   32   128x128 w4 s2  40 KB      128x64 w4 s2  24 KB       128x128 w4 s2  40 KB
+//   64   128x64  w4 s2  48 KB      128x64 w4 s2  48 KB       128x64  w4 s2  48 KB
+//   96   128x32  w4 s2  48 KB      128x32 w4 s2  48 KB       128x32  w4 s2  48 KB
+//   128  128x32  w4 s2  64 KB      64x32  w4 s2  48 KB       128x32  w4 s2  64 KB
+//   256  64x32   w4 s2  96 KB      64x32  w4 s2  96 KB       128x64  w8 s2 192 KB
+// Registers (full / causal; fp16 = bf16):
+//   D    sm_80      sm_86, sm_89   sm_90a
+//   32   234 / 236  156 / 158      233 / 237
+//   64   215 / 218  215 / 218      214 / 218
+//   96   217 / 220  217 / 220      219 / 223
+//   128  237 / 238  152 / 153      240 / 242
+//   256  230 / 232  230 / 232      239 / 248
+// Why these: a warp owns 32 query rows where registers allow (its two m16 tiles share every
+// K/V fragment, halving shared-memory reads per mma); on sm_86/89 tiles stay at or under
+// ~48 KB so that two CTAs share an SM. Measured on H100 (docs/perf-log.md): 128x64 D128 and
+// 128x128 D64 are faster (369 / 350 TFLOPS vs 352 / 335 bf16 at 16k) but ptxas spills a
+// few words in them, so they wait until that is fixed.
 //
 // HOST CONTRACT
 // Entry fc_fwd_sm80(FwdParams p). Grid (ceil(seqlen_q / BLOCK_M), heads_q, batch), block
@@ -39,14 +51,15 @@
 #ifndef FC_CAUSAL
 #define FC_CAUSAL 0
 #endif
+// Defaults: the sm_90 column above (the host always passes all four).
 #ifndef FC_BLOCK_M
 #define FC_BLOCK_M 128
 #endif
 #ifndef FC_BLOCK_N
-#define FC_BLOCK_N 64
+#define FC_BLOCK_N (FC_HEAD_DIM == 32 ? 128 : FC_HEAD_DIM == 64 ? 64 : FC_HEAD_DIM == 256 ? 64 : 32)
 #endif
 #ifndef FC_NUM_WARPS
-#define FC_NUM_WARPS 4
+#define FC_NUM_WARPS (FC_HEAD_DIM == 256 ? 8 : 4)
 #endif
 #ifndef FC_STAGES
 #define FC_STAGES 2
