@@ -14,15 +14,35 @@ fn smem_bytes(tile: Tile, head_dim: usize) -> u32 {
     (tile.block_m + 2 * tile.stages * tile.block_n) * head_dim as u32 * 2
 }
 
-/// The tile for `head_dim` on `arch`.
+/// Arch families by shared memory per block.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SmemClass {
+    /// sm_80: 163 KB.
+    A100,
+    /// sm_86, sm_89: 99 KB; tiles stay near 48 KB so two CTAs share an SM.
+    Small,
+    /// sm_90: 227 KB.
+    Hopper,
+}
+
+/// The tile for `head_dim` on `arch` (measured on H100, `docs/perf-log.md`). A warp owns
+/// 32 query rows where registers allow, so its two m16 tiles share every K/V fragment.
 fn tile(arch: Arch, head_dim: usize) -> Tile {
-    let small_smem = arch.major == 8 && arch.minor != 0;
-    let t = |block_m, block_n, warps, stages| Tile { block_m, block_n, warps, stages };
-    match (head_dim, small_smem) {
-        (0..=64, _) => t(128, 64, 4, 2),
-        (65..=128, _) => t(128, 64, 4, 2),
-        (_, true) => t(64, 32, 4, 2),
-        _ => t(128, 32, 8, 2),
+    let class = match (arch.major, arch.minor) {
+        (8, 0) => SmemClass::A100,
+        (8, _) => SmemClass::Small,
+        _ => SmemClass::Hopper,
+    };
+    let t = |block_m, block_n, warps| Tile { block_m, block_n, warps, stages: 2 };
+    match (head_dim, class) {
+        (0..=32, SmemClass::Small) => t(128, 64, 4),
+        (0..=32, _) => t(128, 128, 4),
+        (33..=64, _) => t(128, 64, 4),
+        (65..=96, _) => t(128, 32, 4),
+        (97..=128, SmemClass::Small) => t(64, 32, 4),
+        (97..=128, _) => t(128, 32, 4),
+        (_, SmemClass::Hopper) => t(128, 64, 8),
+        _ => t(64, 32, 4),
     }
 }
 
