@@ -5,6 +5,7 @@ use anyhow::Result;
 use flashcore::{Context, DType, DeviceTensor, Layout, ProblemShape, TensorView};
 use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
+use rayon::prelude::*;
 
 /// One attention problem.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -79,28 +80,31 @@ pub struct HostQkv {
 }
 
 pub fn random_qkv(case: &Case, inputs: Inputs, seed: u64) -> HostQkv {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut draw = |shape: [usize; 4], scale: f32| -> Vec<f32> {
-        let n: usize = shape.iter().product();
-        (0..n)
-            .map(|_| {
-                let x: f32 = StandardNormal.sample(&mut rng);
-                case.dtype.decode(case.dtype.encode(x * scale))
-            })
-            .collect()
-    };
     let qk_scale = if inputs == Inputs::LargeLogits { 30f32.sqrt() } else { 1.0 };
-    let q = draw(case.q_shape(), qk_scale);
-    let mut k = draw(case.kv_shape(), qk_scale);
-    let v = draw(case.kv_shape(), 1.0);
+    let q = normal(case.q_shape().iter().product(), qk_scale, case.dtype, seed);
+    let mut k = normal(case.kv_shape().iter().product(), qk_scale, case.dtype, seed ^ 0x6b);
+    let v = normal(case.kv_shape().iter().product(), 1.0, case.dtype, seed ^ 0x76);
     if inputs == Inputs::IdenticalKeys {
-        let (d, rows) = (case.head_dim, k.len() / case.head_dim);
+        let d = case.head_dim;
         let first: Vec<f32> = k[..d].to_vec();
-        for r in 0..rows {
-            k[r * d..(r + 1) * d].copy_from_slice(&first);
-        }
+        k.chunks_mut(d).for_each(|row| row.copy_from_slice(&first));
     }
     HostQkv { q, k, v }
+}
+
+/// `n` standard normal values times `scale`, rounded to `dtype`; drawn in parallel chunks,
+/// each from its own seeded generator, so the result depends only on `seed`.
+fn normal(n: usize, scale: f32, dtype: DType, seed: u64) -> Vec<f32> {
+    const CHUNK: usize = 1 << 16;
+    let mut out = vec![0f32; n];
+    out.par_chunks_mut(CHUNK).enumerate().for_each(|(i, chunk)| {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(i as u64));
+        for x in chunk {
+            let z: f32 = StandardNormal.sample(&mut rng);
+            *x = dtype.decode(dtype.encode(z * scale));
+        }
+    });
+    out
 }
 
 /// Memory layout of a device tensor: BSHD contiguous, or stored BHSD (PyTorch's usual
