@@ -9,46 +9,64 @@
 // within a warpgroup too. Key blocks are visited from last to first, so the blocks that
 // need the causal/seqlen mask come first.
 //
+// Persistent (FC_PERSISTENT=1, default): a CTA loops over query tiles handed out by a static
+// round-robin scheduler (common/tile_scheduler.cuh; causal tiles longest first, in L2-sized
+// sections of heads); with one CTA per SM where the host chooses so.
+// The producer loads the next tile's Q as soon as the consumers have issued their last
+// Q·K^T, and its first K blocks right away; only its first V waits for the epilogue, which
+// stages O in V's shared-memory stages and writes it with TMA stores (one per warpgroup and
+// 64-column panel) instead of scattered 4-byte register stores.
+//
 // Variants (per head dim; defaults below, override with -D), smem = kSmemBytes:
 //   D=64 : 192 x 128 tile, 3 consumer WGs, 3 stages, setmaxnreg 32/160; smem 122 KB
 //          (the exp2 unit bounds D64: a third warpgroup's softmax hides under two GEMMs)
 //   D=128: 128 x 176 tile, 2 consumer WGs, 2 stages, setmaxnreg 24/240; smem 210 KB
 //   D=256: 128 x  80 tile, 2 consumer WGs, 2 stages, setmaxnreg 24/240; smem 226 KB
 //          (80 is the widest key block whose 2 K + 2 V stages fit beside Q)
-//   ptxas: 0 bytes stack, 0 spills for all (entry cap 168 / 128 regs before setmaxnreg).
+//   O (kBlockM x D) shares V's stages, so the epilogue costs no shared memory.
+//   ptxas: 0 bytes stack, 0 spills for all (entry cap 168 / 128 regs before setmaxnreg;
+//   the producer's tile loop fits 24 registers only with 32-bit barrier/stage addresses
+//   and unsigned tile-index division, see bar() and TileOrder).
 //
 // ---------------------------------------------------------------------------------------
 // HOST CONTRACT
-// Entry: fc_fwd_sm90(FwdParams p, TmaDescriptor tma_q, tma_k, tma_v), each by value
+// Entry: fc_fwd_sm90(FwdParams p, TmaDescriptor tma_q, tma_k, tma_v, tma_o), each by value
 //   (__grid_constant__; a TmaDescriptor is the 128-byte, 64-byte-aligned CUtensorMap).
 // Tensor maps, cuTensorMapEncodeTiled, one per tensor:
 //   dtype      CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 (FC_DTYPE_BF16=1) or _FLOAT16
 //   rank       4; dims innermost first: {D, S, H, B}  (S = seqlen_q / seqlen_k,
-//              H = heads_q / heads_kv for Q / K,V; B = batch)
+//              H = heads_q / heads_kv for Q, O / K, V; B = batch)
 //   strides    3 byte strides for dims 1..3: {stride_s*2, stride_h*2, stride_b*2}
 //              (elements of FwdParams times sizeof(elem) = 2; multiples of 16 bytes)
-//   box        Q: {64, kBlockM, 1, 1};  K and V: {64, kBlockN, 1, 1}
-//              (64 elements = one 128-byte swizzle row; D/64 boxes per tile)
+//   box        Q: {64, kBlockM, 1, 1};  K and V: {64, kBlockN, 1, 1};  O: {64, 64, 1, 1}
+//              (64 elements = one 128-byte swizzle row; D/64 boxes per tile; O is stored
+//              per consumer warpgroup, 64 rows)
 //   elem strides {1, 1, 1, 1}
 //   interleave CU_TENSOR_MAP_INTERLEAVE_NONE
 //   swizzle    CU_TENSOR_MAP_SWIZZLE_128B
 //   l2 promo   CU_TENSOR_MAP_L2_PROMOTION_L2_256B
-//   oob fill   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE (zeros: rows past S must read as 0)
+//   oob fill   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE (zeros: rows past S must read as 0;
+//              stores clip there)
 //   global address: the tensor's base pointer (16-byte aligned)
-// Grid  (ceil(seqlen_q / kBlockM), heads_q, batch);  block (kThreads, 1, 1)
+// Grid  (ctas, 1, 1), tiles = ceil(seqlen_q / kBlockM) * heads_q * batch:
+//   FC_PERSISTENT=1 (default): any 1 <= ctas <= tiles; CTA c takes tiles c, then one per
+//   round of ctas tiles (snake order), so ctas = tiles is one CTA per tile. The host picks
+//   min(tiles, SMs) where that measured faster (short keys), tiles elsewhere.
+//   FC_PERSISTENT=0: ctas = tiles exactly.   block (kThreads, 1, 1)
 //   kBlockM = 64 * FC_CONSUMER_WG, kThreads = 128 * (FC_CONSUMER_WG + 1)
 // Dynamic shared memory: kSmemBytes = sizeof(SharedStorage) + 1024 (alignment slack)
 //   = 2*(kBlockM*D + 2*FC_STAGES*kBlockN*D) + 2048 bytes (tiles, then barriers padded to
 //   1 KB, then the slack): D64 124928, D128 215040, D256 231424 with the defaults;
 //   needs cudaFuncSetAttribute(fc_fwd_sm90, cudaFuncAttributeMaxDynamicSharedMemorySize,
 //   kSmemBytes) (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) when above 48 KB.
-// Output o: BSHD via p.o_stride_*, written with predicated stores; lse [B, Hq, Sq] f32
-//   natural log when p.lse != nullptr. Causal is the compile-time FC_CAUSAL, bottom-right
-//   aligned; p.causal is ignored.
+// Output o: BSHD through tma_o (p.o and p.o_stride_* only for tiles with no visible key);
+//   lse [B, Hq, Sq] f32 natural log when p.lse != nullptr. Causal is the compile-time
+//   FC_CAUSAL, bottom-right aligned; p.causal is ignored.
 // ---------------------------------------------------------------------------------------
 #include "common/params.cuh"
 #include "common/pipeline.cuh"
 #include "common/softmax_sm90.cuh"
+#include "common/tile_scheduler.cuh"
 #include "common/tile_sm90.cuh"
 #include "common/types.cuh"
 #include "ptx/barrier.cuh"
@@ -82,6 +100,9 @@
 #ifndef FC_OVERLAP
 #define FC_OVERLAP 1
 #endif
+#ifndef FC_PERSISTENT
+#define FC_PERSISTENT 1
+#endif
 
 namespace fc {
 namespace fwd_sm90 {
@@ -108,20 +129,34 @@ static_assert(FC_NUM_WARPS * 32 == kThreads, "FC_NUM_WARPS must be 4 * (FC_CONSU
 #endif
 static_assert(warpgroup::kThreads * (kProducerRegs + kConsumerWG * kConsumerRegs) <= 65536, "register file");
 
-// Named barrier ids (0 is __syncthreads): one per consumer warpgroup, for the ping-pong.
+// Named barrier ids (0 is __syncthreads): one per consumer warpgroup for the ping-pong, then
+// one per consumer warpgroup for its epilogue.
 constexpr u32 kSchedulerBarrier = 1;
+constexpr u32 kEpilogueBarrier = kSchedulerBarrier + kConsumerWG;
+
+#if FC_PERSISTENT
+using Scheduler = PersistentScheduler<kCausal>;
+#else
+using Scheduler = SingleTileScheduler<kCausal>;
+#endif
 
 using QTile = sm90::SmemTile<kBlockM, kHeadDim>;
 using KVTile = sm90::SmemTile<kBlockN, kHeadDim>;
+using OTile = sm90::SmemTile<kBlockM, kHeadDim>;
 
 struct SharedStorage {
     QTile q;
     KVTile k[kStages];
-    KVTile v[kStages];
-    alignas(8) u64 q_full;
+    union {  // the epilogue stages O where V was (O does not fit beside Q, K and V at D128/256)
+        KVTile v[kStages];
+        OTile o;
+    };
+    alignas(8) u64 q_full, q_empty;
     u64 k_full[kStages], k_empty[kStages];
     u64 v_full[kStages], v_empty[kStages];
+    u64 o_free;  // the TMA store has read O out of V's stages
 };
+static_assert(sizeof(OTile) <= kStages * sizeof(KVTile), "O must fit in V's stages");
 constexpr unsigned kSmemBytes = sizeof(SharedStorage) + sm90::kSwizzlePeriod;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
 
@@ -132,7 +167,10 @@ __device__ __forceinline__ SharedStorage& shared_storage() {
     return *reinterpret_cast<SharedStorage*>(smem_raw + pad);
 }
 
+// Shared addresses of a barrier and of stage `i` of a barrier ring, in 32-bit arithmetic
+// (through &ring[i] the producer would keep 64-bit generic addresses live).
 __device__ __forceinline__ u32 bar(const u64& b) { return sm90::smem_addr(&b); }
+__device__ __forceinline__ u32 bar(const u64 (&ring)[kStages], int i) { return sm90::smem_addr(ring) + 8 * i; }
 
 __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
@@ -164,68 +202,123 @@ __device__ __forceinline__ void apply_mask(float (&s)[R], int row0, int col0, co
     }
 }
 
-// Normalises and writes this thread's two rows of O (and their LSE), rows past seqlen_q
-// skipped.
-__device__ __forceinline__ void store_output(float (&o)[kHeadDim / 2], sm90::OnlineSoftmax& softmax,
-                                             const FwdParams& p, int row0, int head, int batch) {
+// One query tile: where it is, and the key blocks it visits.
+struct Tile {
+    int m0, head, kv_head, batch;
+    BlockRange blocks;
+};
+// Causal sections: as many heads as have K and V within kL2SectionBytes (of H100's 50 MB L2).
+constexpr long long kL2SectionBytes = 32ll << 20;
+__device__ __forceinline__ Scheduler make_scheduler(const FwdParams& p) {
+    const long long kv_bytes = 4ll * kHeadDim * p.seqlen_k;  // K and V of one head, 2 bytes each
+    const int section = static_cast<int>(max(1ll, min(static_cast<long long>(p.heads_q) * p.batch, kL2SectionBytes / kv_bytes)));
+    Scheduler s;
+    s.order = {ceil_div(p.seqlen_q, kBlockM), p.heads_q, p.batch, section};
+    return s;
+}
+__device__ __forceinline__ Tile make_tile(const FwdParams& p, const WorkTile& w) {
+    Tile t;
+    t.m0 = w.m_block * kBlockM;
+    t.head = w.head;
+    t.batch = w.batch;
+    t.kv_head = t.head / (p.heads_q / p.heads_kv);
+    t.blocks = key_blocks(p, t.m0, kBlockM);
+    return t;
+}
+
+// This thread's LSE of its two rows (natural log), rows past seqlen_q skipped.
+__device__ __forceinline__ void store_lse(const float (&lse)[2], const FwdParams& p, int row0, const Tile& t) {
+    if (p.lse == nullptr || threadIdx.x % 4 != 0) return;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = row0 + 8 * r;
+        if (row < p.seqlen_q) p.lse[(static_cast<i64>(t.batch) * p.heads_q + t.head) * p.seqlen_q + row] = lse[r];
+    }
+}
+
+// Epilogue of one consumer warpgroup: normalise O, stage it in shared memory (swizzled, in
+// V's stages), and write it with one TMA store per 64-column panel: whole 128-byte rows
+// instead of scattered 4-byte stores. `last_v` is the tile's last V stage: once every
+// consumer warpgroup has released it, no one reads V's stages until the producer, waiting on
+// o_free, refills them for the next tile.
+__device__ __forceinline__ void store_output(SharedStorage& smem, float (&o)[kHeadDim / 2], sm90::OnlineSoftmax& softmax,
+                                             const FwdParams& p, const Tile& t, int wg, int row0,
+                                             const PipelineState<kStages>& last_v, const TmaDescriptor* tma_o) {
     float inv[2], lse[2];
     softmax.finish(p.softmax_scale_log2, inv, lse);
+    mbarrier::wait(bar(smem.v_empty, last_v.stage), last_v.full_parity());
+    sm90::write_accumulator(smem.o, 64 * wg, o, inv);
+    tma::fence_proxy_async_shared();
+    named_barrier::sync(kEpilogueBarrier + wg, warpgroup::kThreads);
+    if (threadIdx.x % warpgroup::kThreads == 0) {
+        smem.o.store(tma_o, 64 * wg, t.m0 + 64 * wg, t.head, t.batch);
+        tma::store_commit_group();
+        tma::store_wait_read();
+        mbarrier::arrive(bar(smem.o_free));
+    }
+    store_lse(lse, p, row0, t);
+}
+
+// A tile with no visible key (causal with seqlen_q > seqlen_k): O = 0 and LSE = -inf,
+// stored straight from registers so that the O/V hand-over above only counts tiles that
+// loaded V.
+__device__ __forceinline__ void store_empty(const FwdParams& p, const Tile& t, int row0) {
     const int lane = threadIdx.x % 32;
-    elem_t* out = static_cast<elem_t*>(p.o) + batch * p.o_stride_b + head * p.o_stride_h;
+    elem_t* out = static_cast<elem_t*>(p.o) + t.batch * p.o_stride_b + t.head * p.o_stride_h;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int row = row0 + 8 * r;
         if (row >= p.seqlen_q) continue;
         elem_t* dst = out + row * p.o_stride_s + 2 * (lane % 4);
 #pragma unroll
-        for (int j = 0; j < kHeadDim / 8; ++j)
-            *reinterpret_cast<u32*>(dst + 8 * j) = pack2<elem_t>(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]);
-        if (p.lse != nullptr && lane % 4 == 0)
-            p.lse[(static_cast<i64>(batch) * p.heads_q + head) * p.seqlen_q + row] = lse[r];
+        for (int j = 0; j < kHeadDim / 8; ++j) *reinterpret_cast<u32*>(dst + 8 * j) = 0u;
     }
+    const float lse[2] = {sm90::neg_inf(), sm90::neg_inf()};
+    store_lse(lse, p, row0, t);
 }
 
-
-// The query tile this CTA owns. Heavier (later) causal tiles are launched first.
-struct Tile {
-    int m0, head, kv_head, batch;
-    BlockRange blocks;
-};
-__device__ __forceinline__ Tile current_tile(const FwdParams& p) {
-    Tile t;
-    t.m0 = (gridDim.x - 1 - blockIdx.x) * kBlockM;
-    t.head = blockIdx.y;
-    t.batch = blockIdx.z;
-    t.kv_head = t.head / (p.heads_q / p.heads_kv);
-    t.blocks = key_blocks(p, t.m0, kBlockM);
-    return t;
-}
-
-// Producer: Q once, then K and V blocks from last to first. K of the next block is issued
-// before V of this one, the order in which the consumers need them.
-__device__ __forceinline__ void produce(SharedStorage& smem, const Tile& t, const TmaDescriptor* tma_q,
+// Producer: for each tile, Q (once the consumers have issued their last Q·K^T of the
+// previous tile), then K and V blocks from last to first; K of the next block is issued
+// before V of this one, the order in which the consumers need them. The first V of a tile
+// waits until the previous tile's O has left V's stages, so the next tile's Q and first K
+// blocks load under the previous tile's epilogue.
+__device__ __forceinline__ void produce(SharedStorage& smem, const FwdParams& p, const TmaDescriptor* tma_q,
                                         const TmaDescriptor* tma_k, const TmaDescriptor* tma_v) {
-    mbarrier::arrive_expect_tx(bar(smem.q_full), QTile::kBytes);
-    smem.q.load(tma_q, bar(smem.q_full), t.m0, t.head, t.batch);
+    const Scheduler sched = make_scheduler(p);
     PipelineState<kStages> ks, vs;
-    auto load = [&](KVTile* tiles, u64* full, u64* empty, PipelineState<kStages>& st, const TmaDescriptor* map, int n) {
-        mbarrier::wait(bar(empty[st.stage]), st.empty_parity());
-        mbarrier::arrive_expect_tx(bar(full[st.stage]), KVTile::kBytes);
-        tiles[st.stage].load(map, bar(full[st.stage]), n * kBlockN, t.kv_head, t.batch);
-        st.advance();
-    };
-    const int n_end = t.blocks.n_end;
-    if (n_end == 0) return;
-    load(smem.k, smem.k_full, smem.k_empty, ks, tma_k, n_end - 1);
-    for (int n = n_end - 1; n > 0; --n) {
-        load(smem.k, smem.k_full, smem.k_empty, ks, tma_k, n - 1);
-        load(smem.v, smem.v_full, smem.v_empty, vs, tma_v, n);
+    PipelineState<1> tiles;  // one phase of q_empty and of o_free per tile with keys
+    for (WorkTile w = sched.initial_work(); w.valid; w = sched.next_work(w)) {
+        const Tile t = make_tile(p, w);
+        const int n_end = t.blocks.n_end;
+        if (n_end == 0) continue;
+        auto load = [&](const KVTile (&ring)[kStages], const u64 (&full)[kStages], const u64 (&empty)[kStages],
+                        PipelineState<kStages>& st, const TmaDescriptor* map, int n) {
+            mbarrier::wait(bar(empty, st.stage), st.empty_parity());
+            mbarrier::arrive_expect_tx(bar(full, st.stage), KVTile::kBytes);
+            KVTile::load_to(sm90::smem_addr(ring) + st.stage * KVTile::kBytes, map, bar(full, st.stage), n * kBlockN,
+                            t.kv_head, t.batch);
+            st.advance();
+        };
+        auto load_v = [&](int n) {
+            if (n == n_end - 1) mbarrier::wait(bar(smem.o_free), tiles.empty_parity());
+            load(smem.v, smem.v_full, smem.v_empty, vs, tma_v, n);
+        };
+        mbarrier::wait(bar(smem.q_empty), tiles.empty_parity());
+        mbarrier::arrive_expect_tx(bar(smem.q_full), QTile::kBytes);
+        smem.q.load(tma_q, bar(smem.q_full), t.m0, t.head, t.batch);
+        load(smem.k, smem.k_full, smem.k_empty, ks, tma_k, n_end - 1);
+        for (int n = n_end - 1; n > 0; --n) {
+            load(smem.k, smem.k_full, smem.k_empty, ks, tma_k, n - 1);
+            load_v(n);
+        }
+        load_v(0);
+        tiles.advance();
     }
-    load(smem.v, smem.v_full, smem.v_empty, vs, tma_v, 0);
 }
 
 // Ping-pong hand-off: a consumer warpgroup waits for its turn before issuing its GEMMs and
-// passes the turn on after issuing them.
+// passes the turn on after issuing them. Every warpgroup takes the same number of turns per
+// tile, so the rotation carries over from tile to tile.
 __device__ __forceinline__ void take_turn(int wg) {
     if (kOverlap) named_barrier::sync(kSchedulerBarrier + wg, 2 * warpgroup::kThreads);
 }
@@ -233,48 +326,55 @@ __device__ __forceinline__ void pass_turn(int wg) {
     if (kOverlap) named_barrier::arrive(kSchedulerBarrier + (wg + 1) % kConsumerWG, 2 * warpgroup::kThreads);
 }
 
-// One consumer warpgroup: rows [64*wg, 64*wg + 64) of the tile.
-__device__ __forceinline__ void consume(SharedStorage& smem, const Tile& t, const FwdParams& p, int wg) {
+// One consumer warpgroup: rows [64*wg, 64*wg + 64) of each tile.
+__device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p, const TmaDescriptor* tma_o, int wg) {
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    const int q_row = 64 * wg;                           // within the Q tile
-    const int row0 = t.m0 + q_row + 16 * warp + lane / 4;  // this thread's first query row
+    const int q_row = 64 * wg;  // within the Q tile
     const int col_lane = 2 * (lane % 4);
     const float scale_log2 = p.softmax_scale_log2;
-
-    float o[kHeadDim / 2];
-#pragma unroll
-    for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
-    sm90::OnlineSoftmax softmax;
+    const Scheduler sched = make_scheduler(p);
     PipelineState<kStages> ks, vs;
-    float s[kBlockN / 2];
-    u32 pk[kBlockN / 4];
-    float rescale[2];
+    PipelineState<1> qs;
 
     // The last warpgroup hands the first turn to warpgroup 0.
     if (kOverlap && wg == kConsumerWG - 1) named_barrier::arrive(kSchedulerBarrier, 2 * warpgroup::kThreads);
 
-    const int n_end = t.blocks.n_end;
-    if (n_end > 0) {
-        mbarrier::wait(bar(smem.q_full), 0);
+    for (WorkTile w = sched.initial_work(); w.valid; w = sched.next_work(w)) {
+        const Tile t = make_tile(p, w);
+        const int row0 = t.m0 + q_row + 16 * warp + lane / 4;  // this thread's first query row
+        const int n_end = t.blocks.n_end;
+        if (n_end == 0) {
+            store_empty(p, t, row0);
+            continue;
+        }
+        float o[kHeadDim / 2];
+#pragma unroll
+        for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
+        sm90::OnlineSoftmax softmax;
+        float s[kBlockN / 2];
+        u32 pk[kBlockN / 4];
+        float rescale[2];
+
+        mbarrier::wait(bar(smem.q_full), qs.full_parity());
         int n = n_end - 1;
-        mbarrier::wait(bar(smem.k_full[ks.stage]), ks.full_parity());
+        mbarrier::wait(bar(smem.k_full, ks.stage), ks.full_parity());
         take_turn(wg);
         sm90::gemm_qk(s, smem.q, q_row, smem.k[ks.stage]);
         pass_turn(wg);
         wgmma::wait<0>();
         wgmma::fence_operands(s);
-        mbarrier::arrive(bar(smem.k_empty[ks.stage]));
+        mbarrier::arrive(bar(smem.k_empty, ks.stage));
         ks.advance();
         if (n >= t.blocks.n_mask_from) apply_mask(s, row0, n * kBlockN + col_lane, p);
         softmax.update(s, scale_log2, rescale);
         sm90::to_operand(s, pk);
 
         for (--n; n >= 0; --n) {
-            mbarrier::wait(bar(smem.k_full[ks.stage]), ks.full_parity());
+            mbarrier::wait(bar(smem.k_full, ks.stage), ks.full_parity());
             if (kOverlap) {
                 take_turn(wg);
                 sm90::gemm_qk(s, smem.q, q_row, smem.k[ks.stage]);
-                mbarrier::wait(bar(smem.v_full[vs.stage]), vs.full_parity());
+                mbarrier::wait(bar(smem.v_full, vs.stage), vs.full_parity());
                 sm90::gemm_pv(o, pk, smem.v[vs.stage]);
                 pass_turn(wg);
                 wgmma::wait<1>();  // S done; P·V of the previous block still in flight
@@ -284,32 +384,37 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const Tile& t, cons
                 wgmma::wait<0>();
                 wgmma::fence_operands(s);
             }
-            mbarrier::arrive(bar(smem.k_empty[ks.stage]));
+            mbarrier::arrive(bar(smem.k_empty, ks.stage));
             ks.advance();
             if (n >= t.blocks.n_mask_from) apply_mask(s, row0, n * kBlockN + col_lane, p);
             softmax.update(s, scale_log2, rescale);
             if (!kOverlap) {
-                mbarrier::wait(bar(smem.v_full[vs.stage]), vs.full_parity());
+                mbarrier::wait(bar(smem.v_full, vs.stage), vs.full_parity());
                 sm90::gemm_pv(o, pk, smem.v[vs.stage]);
             }
             wgmma::wait<0>();
             wgmma::fence_operands(o);
             wgmma::fence_operands(pk);
-            mbarrier::arrive(bar(smem.v_empty[vs.stage]));
+            mbarrier::arrive(bar(smem.v_empty, vs.stage));
             vs.advance();
             sm90::scale_rows(o, rescale);
             sm90::to_operand(s, pk);
         }
-        mbarrier::wait(bar(smem.v_full[vs.stage]), vs.full_parity());
+        // Every Q·K^T of the tile is done: the producer may load the next tile's Q.
+        mbarrier::arrive(bar(smem.q_empty));
+        qs.advance();
+        mbarrier::wait(bar(smem.v_full, vs.stage), vs.full_parity());
         sm90::gemm_pv(o, pk, smem.v[vs.stage]);
         wgmma::wait<0>();
         wgmma::fence_operands(o);
         wgmma::fence_operands(pk);
-        mbarrier::arrive(bar(smem.v_empty[vs.stage]));
+        mbarrier::arrive(bar(smem.v_empty, vs.stage));
+        const PipelineState<kStages> last_v = vs;
+        vs.advance();
+        store_output(smem, o, softmax, p, t, wg, row0, last_v, tma_o);
     }
     // Warpgroup 0 takes the last turn passed to it, so no barrier is left half-arrived.
     if (kOverlap && wg == 0) named_barrier::sync(kSchedulerBarrier, 2 * warpgroup::kThreads);
-    store_output(o, softmax, p, row0, t.head, t.batch);
 }
 
 }  // namespace fwd_sm90
@@ -320,17 +425,20 @@ using namespace fc::fwd_sm90;
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
 fc_fwd_sm90(const __grid_constant__ FwdParams p, const __grid_constant__ TmaDescriptor tma_q,
-            const __grid_constant__ TmaDescriptor tma_k, const __grid_constant__ TmaDescriptor tma_v) {
+            const __grid_constant__ TmaDescriptor tma_k, const __grid_constant__ TmaDescriptor tma_v,
+            const __grid_constant__ TmaDescriptor tma_o) {
     SharedStorage& smem = shared_storage();
-    const Tile tile = current_tile(p);
     const int wg = warpgroup::index();
 
     if (threadIdx.x == 0) {
         tma::prefetch_descriptor(&tma_q);
         tma::prefetch_descriptor(&tma_k);
         tma::prefetch_descriptor(&tma_v);
+        tma::prefetch_descriptor(&tma_o);
         constexpr u32 kConsumerThreads = kConsumerWG * warpgroup::kThreads;
         mbarrier::init(bar(smem.q_full), 1);
+        mbarrier::init(bar(smem.q_empty), kConsumerThreads);
+        mbarrier::init(bar(smem.o_free), kConsumerWG);
         for (int i = 0; i < kStages; ++i) {
             mbarrier::init(bar(smem.k_full[i]), 1);
             mbarrier::init(bar(smem.v_full[i]), 1);
@@ -343,9 +451,9 @@ fc_fwd_sm90(const __grid_constant__ FwdParams p, const __grid_constant__ TmaDesc
 
     if (wg == 0) {
         warpgroup::decrease_registers<kProducerRegs>();
-        if (threadIdx.x == 0) produce(smem, tile, &tma_q, &tma_k, &tma_v);
+        if (threadIdx.x == 0) produce(smem, p, &tma_q, &tma_k, &tma_v);
     } else {
         warpgroup::increase_registers<kConsumerRegs>();
-        consume(smem, tile, p, wg - 1);
+        consume(smem, p, &tma_o, wg - 1);
     }
 }

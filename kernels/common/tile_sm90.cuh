@@ -19,6 +19,10 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
     return a;
 }
 
+__device__ __forceinline__ void st_shared_u32(u32 addr, u32 v) {
+    asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+
 constexpr int kPanelCols = 64;     // 16-bit elements in one 128-byte swizzle row
 constexpr u32 kRowBytes = 128;
 constexpr u32 kSwizzlePeriod = 1024;  // 8 rows of 128 bytes
@@ -36,8 +40,22 @@ template <int kRows, int kCols> struct SmemTile {
 
     // TMA: rows [row, row + kRows) of (head, batch); all panels complete on `bar`.
     __device__ __forceinline__ void load(const TmaDescriptor* map, u32 bar, int row, int head, int batch) const {
+        load_to(addr(), map, bar, row, head, batch);
+    }
+    // The same into the tile at shared address `dst` (stage `i` of a ring is at
+    // smem_addr(ring) + i * kBytes: 32-bit arithmetic, where &ring[i] would be 64-bit).
+    static __device__ __forceinline__ void load_to(u32 dst, const TmaDescriptor* map, u32 bar, int row, int head, int batch) {
 #pragma unroll
-        for (int p = 0; p < kPanels; ++p) tma::load_4d(addr() + p * kPanelBytes, map, bar, p * kPanelCols, row, head, batch);
+        for (int p = 0; p < kPanels; ++p) tma::load_4d(dst + p * kPanelBytes, map, bar, p * kPanelCols, row, head, batch);
+    }
+
+    // TMA store: rows [row0, row0 + box rows) of every panel to rows [row, ...) of (head,
+    // batch); the map's box is {64, box rows}. Issued, not committed; clips at the tensor's
+    // edges, so rows past the sequence are not written.
+    __device__ __forceinline__ void store(const TmaDescriptor* map, int row0, int row, int head, int batch) const {
+#pragma unroll
+        for (int p = 0; p < kPanels; ++p)
+            tma::store_4d(map, addr() + p * kPanelBytes + row0 * kRowBytes, p * kPanelCols, row, head, batch);
     }
 
     // K-major operand (rows are M or N, columns are K): 64 or N rows from `row0`, the
@@ -83,6 +101,25 @@ __device__ __forceinline__ void gemm_pv(float (&o)[kD / 2], u32 (&p)[kN / 4], co
     }
     wgmma::commit_group();
     wgmma::fence_operands(o);
+}
+
+// Writes a warpgroup's m64 x kCols f32 accumulator (layout: softmax_sm90.cuh), each row
+// times its factor, as 16-bit values into rows [row0, row0 + 64) of `t` (row0 % 8 == 0), in
+// the 128-byte swizzle TMA reads: 16-byte chunk c of row r lies at chunk c ^ (r % 8), so the
+// 8 rows a warp writes at once fall in 8 different chunks and no two lanes share a bank.
+template <int kRows, int kCols>
+__device__ __forceinline__ void write_accumulator(const SmemTile<kRows, kCols>& t, int row0, const float (&acc)[kCols / 2],
+                                                  const float (&f)[2]) {
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const u32 row_addr = t.addr() + (row0 + 16 * warp + lane / 4 + 8 * r) * kRowBytes + (lane % 4) * 4;
+#pragma unroll
+        for (int j = 0; j < kCols / 8; ++j) {
+            const u32 a = row_addr + (j / 8) * SmemTile<kRows, kCols>::kPanelBytes + (((j % 8) ^ (lane / 4)) * 16);
+            st_shared_u32(a, pack2<elem_t>(acc[4 * j + 2 * r] * f[r], acc[4 * j + 2 * r + 1] * f[r]));
+        }
+    }
 }
 
 // Scores (f32 accumulator) to the 16-bit P operand of gemm_pv.

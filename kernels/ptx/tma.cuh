@@ -47,6 +47,10 @@ __device__ __forceinline__ void store_4d(const TmaDescriptor* map, u32 smem_src,
         ::"l"(map), "r"(smem_src), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
 }
 
+// Orders this thread's earlier generic-proxy writes to shared memory before later
+// async-proxy reads of it (a TMA store of a tile the threads just wrote).
+__device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
 __device__ __forceinline__ void store_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 
 // Waits until the stores' shared-memory reads are done (the buffer may be reused).

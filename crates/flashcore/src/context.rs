@@ -204,14 +204,14 @@ impl Context {
             causal: i32::from(params.causal),
             _pad: 0,
         };
-        self.launch(&kernel, &shape, &p, [&q, &k, &v])
+        self.launch(&kernel, &shape, &p, [&q, &k, &v, &o.as_view()])
     }
 
-    fn launch(&self, kernel: &LoadedKernel, shape: &ProblemShape, p: &FwdParams, qkv: [&TensorView; 3]) -> Result<()> {
-        let (grid, threads) = kernel.variant.grid(shape);
+    fn launch(&self, kernel: &LoadedKernel, shape: &ProblemShape, p: &FwdParams, qkvo: [&TensorView; 4]) -> Result<()> {
+        let (grid, threads) = kernel.variant.grid(shape, self.info.sm_count);
         let cfg = LaunchConfig { grid_dim: grid, block_dim: (threads, 1, 1), shared_mem_bytes: kernel.variant.smem_bytes };
         if kernel.variant.family == KernelFamily::FwdSm90 {
-            return fwd_sm90::launch(&self.stream, &kernel.function, cfg, &kernel.variant, p, qkv);
+            return fwd_sm90::launch(&self.stream, &kernel.function, cfg, &kernel.variant, p, qkvo);
         }
         // SAFETY: `p` matches the kernel's `FwdParams` ABI and its pointers were validated.
         unsafe { self.stream.launch_builder(&kernel.function).arg(p).launch(cfg) }.ctx(format!("launching {}", kernel.variant.name()))?;

@@ -9,6 +9,7 @@ use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKer
 
 use super::{FwdParams, KernelFamily, Tile, Variant};
 use crate::error::{DriverContext, Result};
+use crate::params::ProblemShape;
 use crate::tensor::{DType, TensorView};
 
 /// Head dims with a compiled variant.
@@ -16,6 +17,9 @@ pub const HEAD_DIMS: &[usize] = &[64, 128, 256];
 
 /// Elements of one 128-byte swizzle row: the TMA box's inner extent.
 const SWIZZLE_ROW_ELEMS: u32 = 64;
+
+/// Query rows of one consumer warpgroup: the rows of O each of its TMA stores writes.
+const WARPGROUP_ROWS: u32 = 64;
 
 /// The tile for `head_dim`: consumer warpgroups of 64 query rows plus one producer
 /// warpgroup. D64 is bound by the exp unit as much as the tensor cores, so it runs 3
@@ -47,6 +51,24 @@ pub fn variant(dtype: DType, head_dim: usize, causal: bool) -> Variant {
         tile,
         smem_bytes: smem_bytes(tile, head_dim),
     }
+}
+
+/// The longest key sequence for which the persistent grid measured faster on H100
+/// (docs/perf-log.md, 2026-11-22): short tiles expose the per-tile prologue and epilogue,
+/// which the persistent loop overlaps with the neighbouring tiles; long tiles are balanced
+/// better by the hardware's block scheduler than by a static round-robin, causal ones (of
+/// unequal lengths) much better, except at D64.
+const PERSISTENT_MAX_SEQLEN_K: usize = 2048;
+
+/// Grid for `shape`: one CTA per SM (fewer if there are fewer query tiles), each looping
+/// over tiles (the kernel's `PersistentScheduler`), or, where that measured slower, one CTA
+/// per tile (the same scheduler then hands each CTA a single tile).
+pub fn grid(variant: &Variant, shape: &ProblemShape, sm_count: u32) -> (u32, u32, u32) {
+    let tiles = shape.seqlen_q.div_ceil(variant.tile.block_m as usize) * shape.heads_q * shape.batch;
+    let causal = variant.causal.unwrap_or(false);
+    let persistent = shape.seqlen_k <= PERSISTENT_MAX_SEQLEN_K && (!causal || shape.head_dim <= 64);
+    let ctas = if persistent { tiles.min(sm_count as usize) } else { tiles };
+    (ctas.max(1) as u32, 1, 1)
 }
 
 /// Defines beyond the common ones.
@@ -98,20 +120,21 @@ fn tensor_map(t: &TensorView, rows: u32) -> Result<TensorMap> {
     }
 }
 
-/// Encodes the tensor maps and launches.
+/// Encodes the tensor maps (Q, K, V loads; O stores) and launches.
 pub fn launch(
     stream: &CudaStream,
     function: &CudaFunction,
     cfg: LaunchConfig,
     variant: &Variant,
     p: &FwdParams,
-    qkv: [&TensorView; 3],
+    qkvo: [&TensorView; 4],
 ) -> Result<()> {
-    let tq = tensor_map(qkv[0], variant.tile.block_m)?;
-    let tk = tensor_map(qkv[1], variant.tile.block_n)?;
-    let tv = tensor_map(qkv[2], variant.tile.block_n)?;
-    // SAFETY: the arguments match `fc_fwd_sm90(FwdParams, CUtensorMap x3)`.
-    unsafe { stream.launch_builder(function).arg(p).arg(&tq).arg(&tk).arg(&tv).launch(cfg) }
+    let tq = tensor_map(qkvo[0], variant.tile.block_m)?;
+    let tk = tensor_map(qkvo[1], variant.tile.block_n)?;
+    let tv = tensor_map(qkvo[2], variant.tile.block_n)?;
+    let to = tensor_map(qkvo[3], WARPGROUP_ROWS)?;
+    // SAFETY: the arguments match `fc_fwd_sm90(FwdParams, CUtensorMap x4)`.
+    unsafe { stream.launch_builder(function).arg(p).arg(&tq).arg(&tk).arg(&tv).arg(&to).launch(cfg) }
         .ctx(format!("launching {}", variant.name()))?;
     Ok(())
 }

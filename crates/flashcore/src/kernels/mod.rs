@@ -187,11 +187,15 @@ impl Variant {
         KernelSource { name: self.name(), file, entry, defines }
     }
 
-    /// Grid `(x, y, z)` and threads per block for `shape`: one CTA per
-    /// (query tile, head, batch).
-    pub fn grid(&self, shape: &ProblemShape) -> ((u32, u32, u32), u32) {
+    /// Grid `(x, y, z)` and threads per block for `shape` on a device of `sm_count` SMs:
+    /// one CTA per (query tile, head, batch), or a family's own (fwd_sm90 may be persistent).
+    pub fn grid(&self, shape: &ProblemShape, sm_count: u32) -> ((u32, u32, u32), u32) {
+        let threads = 32 * self.tile.warps;
+        if self.family == KernelFamily::FwdSm90 {
+            return (fwd_sm90::grid(self, shape, sm_count), threads);
+        }
         let m = self.tile.block_m as usize;
         let tiles = shape.seqlen_q.div_ceil(m) as u32;
-        ((tiles, shape.heads_q as u32, shape.batch as u32), 32 * self.tile.warps)
+        ((tiles, shape.heads_q as u32, shape.batch as u32), threads)
     }
 }
