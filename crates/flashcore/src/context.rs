@@ -93,7 +93,8 @@ impl Context {
             return Err(Error::NoGpu(format!("device {ordinal} requested, {count} present")));
         }
         let cuda = CudaContext::new(ordinal).ctx("creating the CUDA context")?;
-        // One stream, so cudarc's cross-stream event tracking is pure overhead.
+        // One stream, so cudarc's cross-stream event tracking is pure overhead. A stream of
+        // our own, not the legacy default stream, so its work can be captured in a graph.
         unsafe { cuda.disable_event_tracking() };
         let stream = cuda.new_stream().ctx("creating a stream")?;
         let info = device_info(&cuda)?;
