@@ -21,7 +21,7 @@ step check-full "$bin" check --full
 if command -v compute-sanitizer >/dev/null; then
     for kernel in fwd_sm80 fwd_sm90; do
         for tool in memcheck racecheck; do
-            step "sanitizer-$tool-$kernel" compute-sanitizer --tool "$tool" --error-exitcode 1 "$bin" check --smoke --kernel "$kernel"
+            step "sanitizer-$tool-$kernel" timeout 150 compute-sanitizer --tool "$tool" --error-exitcode 1 "$bin" check --smoke --kernel "$kernel"
         done
     done
 else
