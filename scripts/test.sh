@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: finds NVRTC (or installs it from PyPI into ./.venv), then runs
-# formatting, lints and every test, kernel compilation for every arch included.
-# No GPU needed. Fails loudly on anything missing.
+# formatting, lints and every test, kernel compilation for every arch included, then the
+# Python checks. No GPU needed. Fails loudly on anything missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,3 +28,14 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
 cargo test --workspace --locked
+
+# The Python side: an independent NumPy check of `flashcore attn --cpu`, and the benchmark
+# scripts' self-tests (no GPU needed).
+[ -x .venv/bin/python ] || python3 -m venv .venv
+.venv/bin/python -m pip install --quiet --disable-pip-version-check numpy safetensors matplotlib
+cargo build --locked -p flashcore-cli
+echo "== bench/check_reference.py (flashcore attn --cpu vs NumPy float64)"
+.venv/bin/python bench/check_reference.py target/debug/flashcore
+echo "== bench self-tests"
+.venv/bin/python bench/anchors.py --self-test
+.venv/bin/python bench/report.py --self-test
