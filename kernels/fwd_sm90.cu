@@ -198,7 +198,7 @@ __device__ __forceinline__ void apply_mask(float (&s)[R], int row0, int col0, co
     for (int i = 0; i < R; ++i) {
         const int col = col0 + 8 * (i / 4) + (i % 2);
         const int row = row0 + 8 * ((i / 2) % 2);
-        if (col >= p.seqlen_k || (kCausal && col > row + off)) s[i] = sm90::neg_inf();
+        if (col >= p.seqlen_k || (kCausal && col > row + off)) s[i] = math::neg_inf();
     }
 }
 
@@ -273,7 +273,7 @@ __device__ __forceinline__ void store_empty(const FwdParams& p, const Tile& t, i
 #pragma unroll
         for (int j = 0; j < kHeadDim / 8; ++j) *reinterpret_cast<u32*>(dst + 8 * j) = 0u;
     }
-    const float lse[2] = {sm90::neg_inf(), sm90::neg_inf()};
+    const float lse[2] = {math::neg_inf(), math::neg_inf()};
     store_lse(lse, p, row0, t);
 }
 

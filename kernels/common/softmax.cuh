@@ -15,21 +15,11 @@
 //   per row per key block).
 // - A row with no visible key at all ends with sum 0: output 0 and lse = -inf, not NaN.
 #pragma once
+#include "common/quad.cuh"
 #include "common/types.cuh"
 #include "ptx/math.cuh"
 
 namespace fc {
-
-__device__ __forceinline__ float quad_max(float x) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
-constexpr float kLn2 = 0.6931471805599453f;
 
 template <int kM> struct OnlineSoftmax {
     float row_max[kM][2];

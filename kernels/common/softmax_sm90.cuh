@@ -12,35 +12,19 @@
 // instead of 2^(−inf + inf) = NaN. Row sums stay per-thread partial until finish(): the
 // rescale factors are equal across a quad, so summing late is exact.
 #pragma once
+#include "common/quad.cuh"
 #include "common/types.cuh"
+#include "ptx/math.cuh"
 
 namespace fc {
 namespace sm90 {
-
-__device__ __forceinline__ float exp2_approx(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-__device__ __forceinline__ float quad_max(float x) {
-    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-    x += __shfl_xor_sync(0xffffffffu, x, 1);
-    return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
-__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
-constexpr float kLn2 = 0.6931471805599453f;
 
 struct OnlineSoftmax {
     float row_max[2];
     float row_sum[2];
 
     __device__ __forceinline__ OnlineSoftmax() {
-        row_max[0] = row_max[1] = neg_inf();
+        row_max[0] = row_max[1] = math::neg_inf();
         row_sum[0] = row_sum[1] = 0.f;
     }
 
@@ -55,8 +39,8 @@ struct OnlineSoftmax {
 #pragma unroll
             for (int j = 0; j < R / 4; ++j) m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
             m = quad_max(m);
-            const float shift = (m == neg_inf()) ? 0.f : m * scale_log2;
-            rescale[r] = exp2_approx(row_max[r] * scale_log2 - shift);
+            const float shift = (m == math::neg_inf()) ? 0.f : m * scale_log2;
+            rescale[r] = math::ex2(row_max[r] * scale_log2 - shift);
             row_max[r] = m;
             float sum = 0.f;
 #pragma unroll
@@ -64,7 +48,7 @@ struct OnlineSoftmax {
 #pragma unroll
                 for (int c = 0; c < 2; ++c) {
                     float& x = s[4 * j + 2 * r + c];
-                    x = exp2_approx(fmaf(x, scale_log2, -shift));
+                    x = math::ex2(fmaf(x, scale_log2, -shift));
                     sum += x;
                 }
             }
@@ -80,7 +64,7 @@ struct OnlineSoftmax {
             const float sum = quad_sum(row_sum[r]);
             const bool empty = (sum == 0.f);
             inv_sum[r] = empty ? 0.f : 1.f / sum;
-            lse[r] = empty ? neg_inf() : (row_max[r] * scale_log2 + __log2f(sum)) * kLn2;
+            lse[r] = empty ? math::neg_inf() : (row_max[r] * scale_log2 + __log2f(sum)) * kLn2;
         }
     }
 };

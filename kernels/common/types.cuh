@@ -58,6 +58,7 @@ typedef f16 elem_t;
 #endif
 
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
 // The 32-bit shared-space address of a pointer into shared memory (the operand form of
 // ldmatrix, cp.async and the other shared-memory PTX instructions).
