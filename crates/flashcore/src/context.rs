@@ -12,7 +12,7 @@ use crate::error::{DriverContext, Error, Result};
 use crate::jit::{Arch, DiskCache, Jit, ResourceReport};
 use crate::kernels::{fwd_sm90, FwdParams, KernelFamily, Variant};
 use crate::params::{AttnParams, ProblemShape};
-use crate::tensor::{DeviceTensor, Layout, TensorView, TensorViewMut};
+use crate::tensor::{DeviceTensor, TensorView, TensorViewMut};
 use crate::validate;
 
 /// What the driver says about the device.
@@ -145,11 +145,9 @@ impl Context {
     /// # Ok(()) }
     /// ```
     pub fn attention(&self, q: TensorView, k: TensorView, v: TensorView, params: &AttnParams) -> Result<AttnOutput> {
-        let layout = Layout::contiguous(q.layout.shape, q.layout.dtype);
         let mut o = DeviceTensor::filled(self, 0, q.layout.shape, q.layout.dtype)?;
         let [b, sq, hq, _] = q.layout.shape;
         let mut lse = self.stream.alloc_zeros::<f32>((b * hq * sq).max(1)).ctx("allocating lse")?;
-        debug_assert_eq!(o.layout(), &layout);
         self.attention_into(q, k, v, o.view_mut(), Some(&mut lse), params)?;
         Ok(AttnOutput { o, lse })
     }
