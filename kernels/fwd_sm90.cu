@@ -9,10 +9,10 @@
 // within a warpgroup too. Key blocks are visited from last to first, so the blocks that
 // need the causal/seqlen mask come first.
 //
-// Persistent (FC_PERSISTENT=1, default): a CTA loops over query tiles handed out by a static
-// round-robin scheduler (common/tile_scheduler.cuh; causal tiles longest first, in L2-sized
-// sections of heads); with one CTA per SM where the host chooses so.
-// The producer loads the next tile's Q as soon as the consumers have issued their last
+// Persistent: one CTA per SM loops over query tiles, claimed one at a time from a global
+// counter when the CTA is ready for more (common/tile_scheduler.cuh; causal tiles longest
+// first, in L2-sized sections of heads). The producer claims the tiles and announces each
+// to the consumers through shared memory and q_full. The producer loads the next tile's Q as soon as the consumers have issued their last
 // Q·K^T, and its first K blocks right away; only its first V waits for the epilogue, which
 // stages O in V's shared-memory stages and writes it with TMA stores (one per warpgroup and
 // 64-column panel) instead of scattered 4-byte register stores.
@@ -30,8 +30,11 @@
 //
 // ---------------------------------------------------------------------------------------
 // HOST CONTRACT
-// Entry: fc_fwd_sm90(FwdParams p, TmaDescriptor tma_q, tma_k, tma_v, tma_o), each by value
-//   (__grid_constant__; a TmaDescriptor is the 128-byte, 64-byte-aligned CUtensorMap).
+// Entry: fc_fwd_sm90(FwdParams p, TmaDescriptor tma_q, tma_k, tma_v, tma_o,
+//   TileSchedule schedule), each by value (__grid_constant__; a TmaDescriptor is the
+//   128-byte, 64-byte-aligned CUtensorMap; TileSchedule is {u32* counter, int section,
+//   int pad}: counter = two u32 that are zero before the launch and are left zero after it,
+//   used by no concurrent launch; section = heads per longest-first section, >= 1).
 // Tensor maps, cuTensorMapEncodeTiled, one per tensor:
 //   dtype      CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 (FC_DTYPE_BF16=1) or _FLOAT16
 //   rank       4; dims innermost first: {D, S, H, B}  (S = seqlen_q / seqlen_k,
@@ -49,10 +52,8 @@
 //              stores clip there)
 //   global address: the tensor's base pointer (16-byte aligned)
 // Grid  (ctas, 1, 1), tiles = ceil(seqlen_q / kBlockM) * heads_q * batch:
-//   FC_PERSISTENT=1 (default): any 1 <= ctas <= tiles; CTA c takes tiles c, then one per
-//   round of ctas tiles (snake order), so ctas = tiles is one CTA per tile. The host picks
-//   min(tiles, SMs) where that measured faster (short keys), tiles elsewhere.
-//   FC_PERSISTENT=0: ctas = tiles exactly.   block (kThreads, 1, 1)
+//   any 1 <= ctas <= tiles (the host takes min(tiles, SMs)); CTA c starts with tile c and
+//   claims the rest.   block (kThreads, 1, 1)
 //   kBlockM = 64 * FC_CONSUMER_WG, kThreads = 128 * (FC_CONSUMER_WG + 1)
 // Dynamic shared memory: kSmemBytes = sizeof(SharedStorage) + 1024 (alignment slack)
 //   = 2*(kBlockM*D + 2*FC_STAGES*kBlockN*D) + 2048 bytes (tiles, then barriers padded to
@@ -100,9 +101,6 @@
 #ifndef FC_OVERLAP
 #define FC_OVERLAP 1
 #endif
-#ifndef FC_PERSISTENT
-#define FC_PERSISTENT 1
-#endif
 
 namespace fc {
 namespace fwd_sm90 {
@@ -134,11 +132,7 @@ static_assert(warpgroup::kThreads * (kProducerRegs + kConsumerWG * kConsumerRegs
 constexpr u32 kSchedulerBarrier = 1;
 constexpr u32 kEpilogueBarrier = kSchedulerBarrier + kConsumerWG;
 
-#if FC_PERSISTENT
-using Scheduler = PersistentScheduler<kCausal>;
-#else
-using Scheduler = SingleTileScheduler<kCausal>;
-#endif
+using Order = TileOrder<kCausal>;
 
 using QTile = sm90::SmemTile<kBlockM, kHeadDim>;
 using KVTile = sm90::SmemTile<kBlockN, kHeadDim>;
@@ -154,7 +148,8 @@ struct SharedStorage {
     alignas(8) u64 q_full, q_empty;
     u64 k_full[kStages], k_empty[kStages];
     u64 v_full[kStages], v_empty[kStages];
-    u64 o_free;  // the TMA store has read O out of V's stages
+    u64 o_free;      // the TMA store has read O out of V's stages
+    WorkTile tile;  // the tile q_full announces (not valid: stop)
 };
 static_assert(sizeof(OTile) <= kStages * sizeof(KVTile), "O must fit in V's stages");
 constexpr unsigned kSmemBytes = sizeof(SharedStorage) + sm90::kSwizzlePeriod;
@@ -207,14 +202,8 @@ struct Tile {
     int m0, head, kv_head, batch;
     BlockRange blocks;
 };
-// Causal sections: as many heads as have K and V within kL2SectionBytes (of H100's 50 MB L2).
-constexpr long long kL2SectionBytes = 32ll << 20;
-__device__ __forceinline__ Scheduler make_scheduler(const FwdParams& p) {
-    const long long kv_bytes = 4ll * kHeadDim * p.seqlen_k;  // K and V of one head, 2 bytes each
-    const int section = static_cast<int>(max(1ll, min(static_cast<long long>(p.heads_q) * p.batch, kL2SectionBytes / kv_bytes)));
-    Scheduler s;
-    s.order = {ceil_div(p.seqlen_q, kBlockM), p.heads_q, p.batch, section};
-    return s;
+__device__ __forceinline__ Order make_order(const FwdParams& p, const TileSchedule& schedule) {
+    return Order{ceil_div(p.seqlen_q, kBlockM), p.heads_q, p.batch, schedule.section};
 }
 __device__ __forceinline__ Tile make_tile(const FwdParams& p, const WorkTile& w) {
     Tile t;
@@ -246,7 +235,7 @@ __device__ __forceinline__ void store_output(SharedStorage& smem, float (&o)[kHe
                                              const PipelineState<kStages>& last_v, const TmaDescriptor* tma_o) {
     float inv[2], lse[2];
     softmax.finish(p.softmax_scale_log2, inv, lse);
-    mbarrier::wait(bar(smem.v_empty, last_v.stage), last_v.full_parity());
+    mbarrier::wait(bar(smem.v_empty, last_v.stage()), last_v.full_parity());
     sm90::write_accumulator(smem.o, 64 * wg, o, inv);
     tma::fence_proxy_async_shared();
     named_barrier::sync(kEpilogueBarrier + wg, warpgroup::kThreads);
@@ -277,43 +266,60 @@ __device__ __forceinline__ void store_empty(const FwdParams& p, const Tile& t, i
     store_lse(lse, p, row0, t);
 }
 
-// Producer: for each tile, Q (once the consumers have issued their last Q·K^T of the
-// previous tile), then K and V blocks from last to first; K of the next block is issued
-// before V of this one, the order in which the consumers need them. The first V of a tile
-// waits until the previous tile's O has left V's stages, so the next tile's Q and first K
-// blocks load under the previous tile's epilogue.
-__device__ __forceinline__ void produce(SharedStorage& smem, const FwdParams& p, const TmaDescriptor* tma_q,
-                                        const TmaDescriptor* tma_k, const TmaDescriptor* tma_v) {
-    const Scheduler sched = make_scheduler(p);
-    PipelineState<kStages> ks, vs;
-    PipelineState<1> tiles;  // one phase of q_empty and of o_free per tile with keys
-    for (WorkTile w = sched.initial_work(); w.valid; w = sched.next_work(w)) {
+// Producer: claims tiles and announces each to the consumers through q_full, with Q (a tile
+// with no visible key and the stop mark come without data). It claims the next tile as soon
+// as it has announced this one, so the atomic's latency hides under this tile's loads. Then
+// K and V blocks from last to first; K of the next block is issued before V of this one, the
+// order in which the consumers need them. The next tile's announcement waits until the
+// consumers have issued their last Q·K^T (q_empty), and its first V until the previous
+// tile's O has left V's stages (o_free), so its Q and first K blocks load under the
+// previous tile's epilogue.
+__device__ __forceinline__ void produce(SharedStorage& smem, const FwdParams& p, const TileSchedule& schedule,
+                                        const TmaDescriptor* tma_q, const TmaDescriptor* tma_k, const TmaDescriptor* tma_v) {
+    const Order order = make_order(p, schedule);
+    const TileCounter counter{schedule.counter};
+    PipelineCounter<kStages> ks, vs;
+    PipelineCounter<1> tiles;  // one phase of q_full, q_empty and o_free per announced tile
+    for (int index = counter.first(), next;; index = next, tiles.advance()) {
+        // Decoded before the wait, off the path from q_empty to the Q load.
+        const WorkTile w = order.at(index);
         const Tile t = make_tile(p, w);
+        mbarrier::wait(bar(smem.q_empty), tiles.empty_parity());
+        smem.tile = w;
+        if (!w.valid) {
+            mbarrier::arrive(bar(smem.q_full));
+            break;
+        }
         const int n_end = t.blocks.n_end;
-        if (n_end == 0) continue;
+        if (n_end == 0) {
+            mbarrier::arrive(bar(smem.q_full));
+            next = counter.claim();
+            continue;
+        }
+        mbarrier::arrive_expect_tx(bar(smem.q_full), QTile::kBytes);
+        smem.q.load(tma_q, bar(smem.q_full), t.m0, t.head, t.batch);
         auto load = [&](const KVTile (&ring)[kStages], const u64 (&full)[kStages], const u64 (&empty)[kStages],
-                        PipelineState<kStages>& st, const TmaDescriptor* map, int n) {
-            mbarrier::wait(bar(empty, st.stage), st.empty_parity());
-            mbarrier::arrive_expect_tx(bar(full, st.stage), KVTile::kBytes);
-            KVTile::load_to(sm90::smem_addr(ring) + st.stage * KVTile::kBytes, map, bar(full, st.stage), n * kBlockN,
+                        PipelineCounter<kStages>& st, const TmaDescriptor* map, int n) {
+            mbarrier::wait(bar(empty, st.stage()), st.empty_parity());
+            mbarrier::arrive_expect_tx(bar(full, st.stage()), KVTile::kBytes);
+            KVTile::load_to(sm90::smem_addr(ring) + st.stage() * KVTile::kBytes, map, bar(full, st.stage()), n * kBlockN,
                             t.kv_head, t.batch);
             st.advance();
         };
-        auto load_v = [&](int n) {
-            if (n == n_end - 1) mbarrier::wait(bar(smem.o_free), tiles.empty_parity());
-            load(smem.v, smem.v_full, smem.v_empty, vs, tma_v, n);
-        };
-        mbarrier::wait(bar(smem.q_empty), tiles.empty_parity());
-        mbarrier::arrive_expect_tx(bar(smem.q_full), QTile::kBytes);
-        smem.q.load(tma_q, bar(smem.q_full), t.m0, t.head, t.batch);
-        load(smem.k, smem.k_full, smem.k_empty, ks, tma_k, n_end - 1);
-        for (int n = n_end - 1; n > 0; --n) {
-            load(smem.k, smem.k_full, smem.k_empty, ks, tma_k, n - 1);
+        auto load_k = [&](int n) { load(smem.k, smem.k_full, smem.k_empty, ks, tma_k, n); };
+        auto load_v = [&](int n) { load(smem.v, smem.v_full, smem.v_empty, vs, tma_v, n); };
+        int n = n_end - 1;
+        load_k(n);
+        next = counter.claim();  // claimed early: the atomic's latency hides under this tile
+        if (n > 0) load_k(n - 1);
+        mbarrier::wait(bar(smem.o_free), tiles.empty_parity());
+        load_v(n);
+        for (--n; n >= 0; --n) {
+            if (n > 0) load_k(n - 1);
             load_v(n);
         }
-        load_v(0);
-        tiles.advance();
     }
+    counter.retire();
 }
 
 // Ping-pong hand-off: a consumer warpgroup waits for its turn before issuing its GEMMs and
@@ -327,23 +333,32 @@ __device__ __forceinline__ void pass_turn(int wg) {
 }
 
 // One consumer warpgroup: rows [64*wg, 64*wg + 64) of each tile.
-__device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p, const TmaDescriptor* tma_o, int wg) {
+__device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p, const TileSchedule& schedule,
+                                        const TmaDescriptor* tma_o, int wg) {
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const int q_row = 64 * wg;  // within the Q tile
     const int col_lane = 2 * (lane % 4);
     const float scale_log2 = p.softmax_scale_log2;
-    const Scheduler sched = make_scheduler(p);
     PipelineState<kStages> ks, vs;
     PipelineState<1> qs;
 
     // The last warpgroup hands the first turn to warpgroup 0.
     if (kOverlap && wg == kConsumerWG - 1) named_barrier::arrive(kSchedulerBarrier, 2 * warpgroup::kThreads);
 
-    for (WorkTile w = sched.initial_work(); w.valid; w = sched.next_work(w)) {
+    for (;;) {
+        mbarrier::wait(bar(smem.q_full), qs.full_parity());
+        qs.advance();
+        const WorkTile w = smem.tile;
+        // The stop test through a shuffle: ptxas then treats the tile loop as warp-uniform
+        // and keeps the pipeline stages, hence the wgmma descriptors, in uniform registers
+        // (with the test on the loaded value, 5% slower: descriptors built per thread + R2UR).
+        if (!warpgroup::warp_uniform(w.valid)) break;
         const Tile t = make_tile(p, w);
         const int row0 = t.m0 + q_row + 16 * warp + lane / 4;  // this thread's first query row
         const int n_end = t.blocks.n_end;
         if (n_end == 0) {
+            mbarrier::arrive(bar(smem.q_empty));
+            if (threadIdx.x % warpgroup::kThreads == 0) mbarrier::arrive(bar(smem.o_free));  // O left V's stages alone
             store_empty(p, t, row0);
             continue;
         }
@@ -355,66 +370,78 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
         u32 pk[kBlockN / 4];
         float rescale[2];
 
-        mbarrier::wait(bar(smem.q_full), qs.full_parity());
         int n = n_end - 1;
-        mbarrier::wait(bar(smem.k_full, ks.stage), ks.full_parity());
+        mbarrier::wait(bar(smem.k_full, ks.stage()), ks.full_parity());
         take_turn(wg);
-        sm90::gemm_qk(s, smem.q, q_row, smem.k[ks.stage]);
+        sm90::gemm_qk(s, smem.q, q_row, smem.k[ks.stage()]);
         pass_turn(wg);
         wgmma::wait<0>();
         wgmma::fence_operands(s);
-        mbarrier::arrive(bar(smem.k_empty, ks.stage));
+        mbarrier::arrive(bar(smem.k_empty, ks.stage()));
         ks.advance();
         if (n >= t.blocks.n_mask_from) apply_mask(s, row0, n * kBlockN + col_lane, p);
         softmax.update(s, scale_log2, rescale);
         sm90::to_operand(s, pk);
 
         for (--n; n >= 0; --n) {
-            mbarrier::wait(bar(smem.k_full, ks.stage), ks.full_parity());
+            mbarrier::wait(bar(smem.k_full, ks.stage()), ks.full_parity());
             if (kOverlap) {
                 take_turn(wg);
-                sm90::gemm_qk(s, smem.q, q_row, smem.k[ks.stage]);
-                mbarrier::wait(bar(smem.v_full, vs.stage), vs.full_parity());
-                sm90::gemm_pv(o, pk, smem.v[vs.stage]);
+                sm90::gemm_qk(s, smem.q, q_row, smem.k[ks.stage()]);
+                mbarrier::wait(bar(smem.v_full, vs.stage()), vs.full_parity());
+                sm90::gemm_pv(o, pk, smem.v[vs.stage()]);
                 pass_turn(wg);
                 wgmma::wait<1>();  // S done; P·V of the previous block still in flight
                 wgmma::fence_operands(s);
             } else {
-                sm90::gemm_qk(s, smem.q, q_row, smem.k[ks.stage]);
+                sm90::gemm_qk(s, smem.q, q_row, smem.k[ks.stage()]);
                 wgmma::wait<0>();
                 wgmma::fence_operands(s);
             }
-            mbarrier::arrive(bar(smem.k_empty, ks.stage));
+            mbarrier::arrive(bar(smem.k_empty, ks.stage()));
             ks.advance();
             if (n >= t.blocks.n_mask_from) apply_mask(s, row0, n * kBlockN + col_lane, p);
             softmax.update(s, scale_log2, rescale);
             if (!kOverlap) {
-                mbarrier::wait(bar(smem.v_full, vs.stage), vs.full_parity());
-                sm90::gemm_pv(o, pk, smem.v[vs.stage]);
+                mbarrier::wait(bar(smem.v_full, vs.stage()), vs.full_parity());
+                sm90::gemm_pv(o, pk, smem.v[vs.stage()]);
             }
             wgmma::wait<0>();
             wgmma::fence_operands(o);
             wgmma::fence_operands(pk);
-            mbarrier::arrive(bar(smem.v_empty, vs.stage));
+            mbarrier::arrive(bar(smem.v_empty, vs.stage()));
             vs.advance();
             sm90::scale_rows(o, rescale);
             sm90::to_operand(s, pk);
         }
         // Every Q·K^T of the tile is done: the producer may load the next tile's Q.
         mbarrier::arrive(bar(smem.q_empty));
-        qs.advance();
-        mbarrier::wait(bar(smem.v_full, vs.stage), vs.full_parity());
-        sm90::gemm_pv(o, pk, smem.v[vs.stage]);
+        mbarrier::wait(bar(smem.v_full, vs.stage()), vs.full_parity());
+        sm90::gemm_pv(o, pk, smem.v[vs.stage()]);
         wgmma::wait<0>();
         wgmma::fence_operands(o);
         wgmma::fence_operands(pk);
-        mbarrier::arrive(bar(smem.v_empty, vs.stage));
+        mbarrier::arrive(bar(smem.v_empty, vs.stage()));
         const PipelineState<kStages> last_v = vs;
         vs.advance();
         store_output(smem, o, softmax, p, t, wg, row0, last_v, tma_o);
     }
     // Warpgroup 0 takes the last turn passed to it, so no barrier is left half-arrived.
     if (kOverlap && wg == 0) named_barrier::sync(kSchedulerBarrier, 2 * warpgroup::kThreads);
+}
+
+__device__ __forceinline__ void init_barriers(SharedStorage& smem) {
+    constexpr u32 kConsumerThreads = kConsumerWG * warpgroup::kThreads;
+    mbarrier::init(bar(smem.q_full), 1);
+    mbarrier::init(bar(smem.q_empty), kConsumerThreads);
+    mbarrier::init(bar(smem.o_free), kConsumerWG);
+    for (int i = 0; i < kStages; ++i) {
+        mbarrier::init(bar(smem.k_full[i]), 1);
+        mbarrier::init(bar(smem.v_full[i]), 1);
+        mbarrier::init(bar(smem.k_empty[i]), kConsumerThreads);
+        mbarrier::init(bar(smem.v_empty[i]), kConsumerThreads);
+    }
+    mbarrier::fence_init();
 }
 
 }  // namespace fwd_sm90
@@ -426,34 +453,23 @@ using namespace fc::fwd_sm90;
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
 fc_fwd_sm90(const __grid_constant__ FwdParams p, const __grid_constant__ TmaDescriptor tma_q,
             const __grid_constant__ TmaDescriptor tma_k, const __grid_constant__ TmaDescriptor tma_v,
-            const __grid_constant__ TmaDescriptor tma_o) {
-    SharedStorage& smem = shared_storage();
-    const int wg = warpgroup::index();
-
+            const __grid_constant__ TmaDescriptor tma_o, const __grid_constant__ TileSchedule schedule) {
     if (threadIdx.x == 0) {
         tma::prefetch_descriptor(&tma_q);
         tma::prefetch_descriptor(&tma_k);
         tma::prefetch_descriptor(&tma_v);
         tma::prefetch_descriptor(&tma_o);
-        constexpr u32 kConsumerThreads = kConsumerWG * warpgroup::kThreads;
-        mbarrier::init(bar(smem.q_full), 1);
-        mbarrier::init(bar(smem.q_empty), kConsumerThreads);
-        mbarrier::init(bar(smem.o_free), kConsumerWG);
-        for (int i = 0; i < kStages; ++i) {
-            mbarrier::init(bar(smem.k_full[i]), 1);
-            mbarrier::init(bar(smem.v_full[i]), 1);
-            mbarrier::init(bar(smem.k_empty[i]), kConsumerThreads);
-            mbarrier::init(bar(smem.v_empty[i]), kConsumerThreads);
-        }
-        mbarrier::fence_init();
+        init_barriers(shared_storage());
     }
     __syncthreads();
-
-    if (wg == 0) {
+    // Each role sets its register budget before it derives anything (the shared storage
+    // address, its warpgroup): a value computed before setmaxnreg and used after it has to
+    // fit the entry budget, and ptxas spills it rather than recompute it.
+    if (warpgroup::index() == 0) {
         warpgroup::decrease_registers<kProducerRegs>();
-        if (threadIdx.x == 0) produce(smem, p, &tma_q, &tma_k, &tma_v);
+        if (threadIdx.x == 0) produce(shared_storage(), p, schedule, &tma_q, &tma_k, &tma_v);
     } else {
         warpgroup::increase_registers<kConsumerRegs>();
-        consume(smem, p, &tma_o, wg - 1);
+        consume(shared_storage(), p, schedule, &tma_o, warpgroup::index_in_role() - 1);
     }
 }

@@ -1,23 +1,27 @@
-// Tile schedulers: which query tile (m block, head, batch) a CTA works on next. They share
-// one interface, so a persistent grid and one CTA per tile are a swap of types:
-//   for (WorkTile w = sched.initial_work(); w.valid; w = sched.next_work(w)) { ... }
-// Neither uses atomics: the order is a pure function of the CTA index, so runs are
-// deterministic and there is no counter to reset between launches.
+// Tile scheduling: which query tile (m block, head, batch) a CTA works on next.
+//
+// TileOrder maps a linear tile index to a tile. TileCounter hands the indices out: CTA c
+// starts with tile c, and from then on each CTA takes the next unclaimed index from a global
+// counter when it is ready for more work, so a persistent grid (one CTA per SM) balances
+// unequal tiles (causal) and unequal SMs as the hardware block scheduler would, while
+// keeping the overlap of one tile's epilogue with the next tile's loads. Which CTA runs a
+// tile does not change its arithmetic, so results stay bitwise deterministic.
 #pragma once
+#include "common/types.cuh"
+#include "ptx/atomic.cuh"
 
 namespace fc {
 
 struct WorkTile {
     int m_block, head, batch;
-    int round;  // how many tiles this CTA had before this one
     bool valid;
 };
 
-// Linear tile index -> tile. Longest first (causal): heads (x batch) in sections of
-// `section` heads, and within a section m blocks outermost, last (longest) first, so tiles
-// handed out together have about the same length while the CTAs running together still
-// share few enough heads that their K and V stay in L2. Otherwise m blocks innermost, so
-// the CTAs running together read the same head's K and V.
+// Longest first (causal): heads (x batch) in sections of `section` heads, and within a
+// section m blocks outermost, last (longest) first, so tiles handed out together have about
+// the same length while the CTAs running together share few enough heads that their K and V
+// stay in L2. Otherwise m blocks innermost, so the CTAs running together read the same
+// head's K and V.
 template <bool kLongestFirst> struct TileOrder {
     int m_blocks, heads, batch;
     int section;  // heads per section, >= 1 (longest first only)
@@ -26,7 +30,7 @@ template <bool kLongestFirst> struct TileOrder {
 
     // Unsigned division: fewer instructions and registers than signed (the producer runs
     // this within a 24-32 register budget).
-    __device__ __forceinline__ WorkTile at(int index, int round) const {
+    __device__ __forceinline__ WorkTile at(int index) const {
         const unsigned i = index, heads_batch = heads * batch;
         WorkTile w;
         unsigned hb;
@@ -41,38 +45,38 @@ template <bool kLongestFirst> struct TileOrder {
         }
         w.head = hb % static_cast<unsigned>(heads);
         w.batch = hb / static_cast<unsigned>(heads);
-        w.round = round;
         w.valid = index < total();
         return w;
     }
 };
 
-// One CTA per tile: grid = total tiles.
-template <bool kLongestFirst> struct SingleTileScheduler {
-    TileOrder<kLongestFirst> order;
-
-    __device__ __forceinline__ WorkTile initial_work() const { return order.at(blockIdx.x, 0); }
-    __device__ __forceinline__ WorkTile next_work(const WorkTile& w) const {
-        WorkTile next = w;
-        next.valid = false;
-        return next;
-    }
+// What the host passes the scheduler (a kernel parameter of its own, by value):
+//   counter  two u32, zero before the first launch (see TileCounter)
+//   section  heads per longest-first section, >= 1: as many as have K and V within a share
+//            of L2 (the host knows the L2 size)
+struct TileSchedule {
+    u32* counter;
+    int section;
+    int _pad;
 };
 
-// Persistent: grid = min(total tiles, SMs); CTA c takes one tile of every round of gridDim.x
-// tiles, position c in even rounds and gridDim.x - 1 - c in odd ones. The snake evens out
-// the work when tiles come longest first: the CTA that took the longest tile of one round
-// takes the shortest of the next.
-template <bool kLongestFirst> struct PersistentScheduler {
-    TileOrder<kLongestFirst> order;
+// The global counter behind the dynamic hand-out: state[0] counts indices claimed past the
+// first gridDim.x, state[1] counts CTAs that have stopped claiming. Both are zero at every
+// launch: the host zeroes them once, and the last CTA to stop zeroes them again, so no memset
+// is needed between launches (and a CUDA graph of launches replays correctly). Launches that
+// share a counter must be ordered (one stream). Only one thread per CTA may call these.
+struct TileCounter {
+    u32* state;
 
-    __device__ __forceinline__ WorkTile initial_work() const { return tile(0); }
-    __device__ __forceinline__ WorkTile next_work(const WorkTile& w) const { return tile(w.round + 1); }
-
-  private:
-    __device__ __forceinline__ WorkTile tile(int round) const {
-        const int pos = round % 2 == 0 ? blockIdx.x : gridDim.x - 1 - blockIdx.x;
-        return order.at(round * gridDim.x + pos, round);
+    __device__ __forceinline__ int first() const { return blockIdx.x; }
+    __device__ __forceinline__ int claim() const { return gridDim.x + atomic::add(state, 1u); }
+    // After this CTA's last claim.
+    __device__ __forceinline__ void retire() const {
+        atomic::fence_gpu();  // this CTA's claims are ordered before its retirement
+        if (atomic::add(state + 1, 1u) == gridDim.x - 1) {
+            state[0] = 0;
+            state[1] = 0;
+        }
     }
 };
 

@@ -19,9 +19,23 @@ template <int kRegs> __device__ __forceinline__ void decrease_registers() {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
 }
 
+// `v` as lane 0 has it: ptxas then knows the value is warp-uniform, so what it bounds (loop
+// counts, pipeline stages, shared-memory addresses) can live in uniform registers, which
+// wgmma descriptors need, instead of per-thread ones moved over with R2UR.
+__device__ __forceinline__ int warp_uniform(int v) { return __shfl_sync(0xffffffffu, v, 0); }
+
 // This thread's warpgroup, made warp-uniform so that role branches do not diverge.
 __device__ __forceinline__ int index() {
     return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / kThreads, 0);
+}
+
+// The same, read afresh (volatile) rather than shared with an earlier index(): a role
+// calls it after setmaxnreg, so that no value is carried across the register
+// reallocation, where it must fit the entry budget and ptxas may spill it instead.
+__device__ __forceinline__ int index_in_role() {
+    u32 tid;
+    asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid));
+    return __shfl_sync(0xffffffffu, static_cast<int>(tid) / kThreads, 0);
 }
 
 }  // namespace warpgroup

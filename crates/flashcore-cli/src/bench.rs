@@ -21,6 +21,10 @@ pub struct BenchArgs {
     /// Suite to run: quick, seed, sweep.
     #[arg(long, default_value = "quick")]
     suite: String,
+    /// Only the cases whose name contains any of these substrings (comma-separated), e.g.
+    /// `sk16384,d256_causal`.
+    #[arg(long, value_delimiter = ',')]
+    filter: Vec<String>,
     /// Print the suite's cases as JSON and exit (no GPU needed).
     #[arg(long)]
     list_json: bool,
@@ -89,7 +93,14 @@ pub fn run(args: &BenchArgs) -> Result<bool> {
         Some(old) => read_report(old)?.suite,
         None => args.suite.clone(),
     };
-    let cases = suites::suite(&suite_name).ok_or_else(|| anyhow!("unknown suite {suite_name:?}; known: {}", suites::NAMES.join(", ")))?;
+    let mut cases =
+        suites::suite(&suite_name).ok_or_else(|| anyhow!("unknown suite {suite_name:?}; known: {}", suites::NAMES.join(", ")))?;
+    if !args.filter.is_empty() {
+        cases.retain(|c| args.filter.iter().any(|f| c.name.contains(f.as_str())));
+        if cases.is_empty() {
+            return Err(anyhow!("no case of suite {suite_name:?} matches --filter {}", args.filter.join(",")));
+        }
+    }
     if args.list_json {
         println!("{}", serde_json::to_string_pretty(&serde_json::json!({ "suite": suite_name, "cases": cases }))?);
         return Ok(true);

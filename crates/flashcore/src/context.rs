@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::sys::{CUdevice_attribute as Attr, CUfunction_attribute as FnAttr};
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtrMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 
 use crate::dispatch;
@@ -74,6 +74,9 @@ pub struct Context {
     info: DeviceInfo,
     jit: Jit,
     loaded: Mutex<HashMap<Variant, Arc<LoadedKernel>>>,
+    /// The fwd_sm90 tile counter: zero between launches, used by one launch at a time (all
+    /// launches go to `stream`).
+    tile_counter: CudaSlice<u32>,
 }
 
 impl Context {
@@ -98,7 +101,8 @@ impl Context {
         unsafe { cuda.disable_event_tracking() };
         let stream = cuda.new_stream().ctx("creating a stream")?;
         let info = device_info(&cuda)?;
-        Ok(Self { cuda, stream, info, jit: Jit::new(cache), loaded: Mutex::new(HashMap::new()) })
+        let tile_counter = stream.alloc_zeros::<u32>(2).ctx("allocating the tile counter")?;
+        Ok(Self { cuda, stream, info, jit: Jit::new(cache), loaded: Mutex::new(HashMap::new()), tile_counter })
     }
 
     /// The device.
@@ -210,7 +214,8 @@ impl Context {
         let (grid, threads) = kernel.variant.grid(shape, self.info.sm_count);
         let cfg = LaunchConfig { grid_dim: grid, block_dim: (threads, 1, 1), shared_mem_bytes: kernel.variant.smem_bytes };
         if kernel.variant.family == KernelFamily::FwdSm90 {
-            return fwd_sm90::launch(&self.stream, &kernel.function, cfg, &kernel.variant, p, qkvo);
+            let (counter, _sync) = self.tile_counter.device_ptr(&self.stream);
+            return fwd_sm90::launch(&self.stream, &kernel.function, cfg, &kernel.variant, p, qkvo, counter);
         }
         // SAFETY: `p` matches the kernel's `FwdParams` ABI and its pointers were validated.
         unsafe { self.stream.launch_builder(&kernel.function).arg(p).launch(cfg) }.ctx(format!("launching {}", kernel.variant.name()))?;

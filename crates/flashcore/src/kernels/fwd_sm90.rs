@@ -53,23 +53,38 @@ pub fn variant(dtype: DType, head_dim: usize, causal: bool) -> Variant {
     }
 }
 
-/// The longest key sequence for which the persistent grid measured faster on H100
-/// (docs/perf-log.md, 2026-11-22): short tiles expose the per-tile prologue and epilogue,
-/// which the persistent loop overlaps with the neighbouring tiles; long tiles are balanced
-/// better by the hardware's block scheduler than by a static round-robin, causal ones (of
-/// unequal lengths) much better, except at D64.
-const PERSISTENT_MAX_SEQLEN_K: usize = 2048;
-
 /// Grid for `shape`: one CTA per SM (fewer if there are fewer query tiles), each looping
-/// over tiles (the kernel's `PersistentScheduler`), or, where that measured slower, one CTA
-/// per tile (the same scheduler then hands each CTA a single tile).
+/// over the tiles it claims from the tile counter (`common/tile_scheduler.cuh`).
 pub fn grid(variant: &Variant, shape: &ProblemShape, sm_count: u32) -> (u32, u32, u32) {
     let tiles = shape.seqlen_q.div_ceil(variant.tile.block_m as usize) * shape.heads_q * shape.batch;
-    let causal = variant.causal.unwrap_or(false);
-    let persistent = shape.seqlen_k <= PERSISTENT_MAX_SEQLEN_K && (!causal || shape.head_dim <= 64);
-    let ctas = if persistent { tiles.min(sm_count as usize) } else { tiles };
-    (ctas.max(1) as u32, 1, 1)
+    (tiles.min(sm_count as usize).max(1) as u32, 1, 1)
 }
+
+/// Share of L2 the K and V of one longest-first section of heads should fit in (causal
+/// order: the CTAs running together work on one section, so they re-read its K and V from
+/// L2). 32 MiB of H100's 50 MB measured best (docs/perf-log.md).
+const L2_SECTION_BYTES: u64 = 32 << 20;
+
+/// Heads (x batch) per longest-first section: as many as have K and V within
+/// `L2_SECTION_BYTES`, at least one.
+fn section_heads(p: &FwdParams) -> i32 {
+    let kv_bytes = 4 * p.head_dim.max(1) as u64 * p.seqlen_k.max(1) as u64; // K and V, 2 bytes an element
+    let heads = p.heads_q as u64 * p.batch as u64;
+    (L2_SECTION_BYTES / kv_bytes).clamp(1, heads.max(1)) as i32
+}
+
+/// The kernel's `TileSchedule` parameter.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct TileSchedule {
+    /// Two `u32`, zero between launches (the kernel's last CTA re-zeroes them).
+    counter: u64,
+    section: i32,
+    _pad: i32,
+}
+
+// SAFETY: plain old data matching the kernel's struct.
+unsafe impl DeviceRepr for TileSchedule {}
 
 /// Defines beyond the common ones.
 pub fn extra_defines(tile: Tile) -> Vec<(String, String)> {
@@ -120,7 +135,9 @@ fn tensor_map(t: &TensorView, rows: u32) -> Result<TensorMap> {
     }
 }
 
-/// Encodes the tensor maps (Q, K, V loads; O stores) and launches.
+/// Encodes the tensor maps (Q, K, V loads; O stores) and launches. `tile_counter` is the
+/// device address of two zeroed `u32` that no launch on another stream uses meanwhile.
+#[allow(clippy::too_many_arguments)]
 pub fn launch(
     stream: &CudaStream,
     function: &CudaFunction,
@@ -128,13 +145,15 @@ pub fn launch(
     variant: &Variant,
     p: &FwdParams,
     qkvo: [&TensorView; 4],
+    tile_counter: u64,
 ) -> Result<()> {
     let tq = tensor_map(qkvo[0], variant.tile.block_m)?;
     let tk = tensor_map(qkvo[1], variant.tile.block_n)?;
     let tv = tensor_map(qkvo[2], variant.tile.block_n)?;
     let to = tensor_map(qkvo[3], WARPGROUP_ROWS)?;
-    // SAFETY: the arguments match `fc_fwd_sm90(FwdParams, CUtensorMap x4)`.
-    unsafe { stream.launch_builder(function).arg(p).arg(&tq).arg(&tk).arg(&tv).arg(&to).launch(cfg) }
+    let schedule = TileSchedule { counter: tile_counter, section: section_heads(p), _pad: 0 };
+    // SAFETY: the arguments match `fc_fwd_sm90(FwdParams, CUtensorMap x4, TileSchedule)`.
+    unsafe { stream.launch_builder(function).arg(p).arg(&tq).arg(&tk).arg(&tv).arg(&to).arg(&schedule).launch(cfg) }
         .ctx(format!("launching {}", variant.name()))?;
     Ok(())
 }

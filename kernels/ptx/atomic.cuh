@@ -1,0 +1,20 @@
+// Global-memory atomics and fences (device scope).
+#pragma once
+#include "common/types.cuh"
+
+namespace fc {
+namespace atomic {
+
+// Returns the old value.
+__device__ __forceinline__ u32 add(u32* addr, u32 value) {
+    u32 old;
+    asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], %2;\n" : "=r"(old) : "l"(addr), "r"(value) : "memory");
+    return old;
+}
+
+// Orders this thread's earlier memory operations before its later ones, for every thread
+// on the GPU.
+__device__ __forceinline__ void fence_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
+
+}  // namespace atomic
+}  // namespace fc
