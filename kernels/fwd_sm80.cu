@@ -14,22 +14,22 @@
 // full/causal; 0 bytes stack and 0 spills on sm_80, sm_86, sm_89 and sm_90a for all of them:
 //   D    sm_80 (163 KB)            sm_86 / sm_89 (99 KB)     sm_90 (227 KB)
 //   32   128x128 w4 s2  40 KB      128x64 w4 s2  24 KB       128x128 w4 s2  40 KB
-//   64   128x64  w4 s2  48 KB      128x64 w4 s2  48 KB       128x64  w4 s2  48 KB
+//   64   128x64  w4 s2  48 KB      128x64 w4 s2  48 KB       128x128 w4 s2  80 KB
 //   96   128x32  w4 s2  48 KB      128x32 w4 s2  48 KB       128x32  w4 s2  48 KB
-//   128  128x32  w4 s2  64 KB      64x32  w4 s2  48 KB       128x32  w4 s2  64 KB
+//   128  128x32  w4 s2  64 KB      64x32  w4 s2  48 KB       128x64  w4 s2  96 KB
 //   256  64x32   w4 s2  96 KB      64x32  w4 s2  96 KB       128x64  w8 s2 192 KB
 // Registers (full / causal; fp16 = bf16):
 //   D    sm_80      sm_86, sm_89   sm_90a
 //   32   234 / 236  156 / 158      233 / 237
-//   64   215 / 218  215 / 218      214 / 218
+//   64   215 / 218  215 / 218      255 / 255
 //   96   217 / 220  217 / 220      219 / 223
-//   128  237 / 238  152 / 153      240 / 242
+//   128  237 / 238  152 / 153      255 / 255
 //   256  230 / 232  230 / 232      239 / 248
 // Why these: a warp owns 32 query rows where registers allow (its two m16 tiles share every
 // K/V fragment, halving shared-memory reads per mma); on sm_86/89 tiles stay at or under
-// ~48 KB so that two CTAs share an SM. Measured on H100 (docs/perf-log.md): 128x64 D128 and
-// 128x128 D64 are faster (369 / 350 TFLOPS vs 352 / 335 bf16 at 16k) but ptxas spills a
-// few words in them, so they wait until that is fixed.
+// ~48 KB so that two CTAs share an SM. On H100 the wide tiles D64 128x128 and D128 128x64
+// (255 registers, no spill thanks to after_softmax) measured +3% and +11% over 128x64 /
+// 128x32 (docs/perf-log.md); sm_80 keeps the narrower ones until measured on an A100.
 //
 // HOST CONTRACT
 // Entry fc_fwd_sm80(FwdParams p). Grid (ceil(seqlen_q / BLOCK_M), heads_q, batch), block
@@ -80,6 +80,10 @@ constexpr int kWarpRows = kBlockM / kWarps;
 constexpr int kMTiles = kWarpRows / 16;  // 16-row mma tiles per warp
 constexpr int kNTiles = kBlockN / 8;     // 8-key n-tiles of S
 constexpr int kDTiles = kD / 8;          // 8-column n-tiles of O
+// The widest tiles hold 192+ accumulator registers (S and O); only there does ptxas, left
+// free to overlap the softmax with P·V, spill (see after_softmax). Elsewhere the overlap
+// is kept: forcing the order there cost 7-8% on H100 (D64 128x64, D256 128x64 w8).
+constexpr bool kPvAfterSoftmax = 4 * kMTiles * (kNTiles + kDTiles) >= 192;
 
 static_assert(kD % 32 == 0 && kD <= 256, "head dim: 32, 64, 96, 128 or 256");
 static_assert(kWarpRows % 16 == 0, "each warp owns whole 16-row mma tiles");
@@ -187,6 +191,21 @@ __device__ __forceinline__ void gemm_pv(float (&o)[kMTiles][kDTiles][4], const f
             }
         }
     }
+}
+
+// `addr` unchanged, but computed (for ptxas) from every row sum, so that no load through it
+// can issue before the softmax has produced every probability of the key tile. Given the
+// freedom, ptxas defers exponentials into P·V and hoists the V fragment loads up into the
+// softmax to hide their latency; on the widest tiles (D=128 128x64, D=64 128x128) that kept
+// the f32 scores, O and the early V fragments live together and spilled. The added term,
+// bit 31 of (row-sum bits & seqlen_k), is 0 because seqlen_k >= 0, which neither compiler
+// can prove, so the dependency stays; it costs a few integer instructions per key tile.
+__device__ __forceinline__ u32 after_softmax(u32 addr, const OnlineSoftmax<kMTiles>& softmax, int seqlen_k) {
+    u32 bits = 0;
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m)
+        bits |= __float_as_uint(softmax.row_sum[m][0]) | __float_as_uint(softmax.row_sum[m][1]);
+    return addr + ((bits & static_cast<u32>(seqlen_k)) >> 31);
 }
 
 // Key tiles this query tile visits, and from which one on the mask is needed.
@@ -345,6 +364,7 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
         float rescale[kMTiles][2];
         softmax.update(s, p.softmax_scale_log2, rescale);
         scale_rows(o, rescale);
+        if (kPvAfterSoftmax) v_i.base = after_softmax(v_i.base, softmax, p.seqlen_k);
         gemm_pv(o, s, v_i);
     }
 
