@@ -12,10 +12,11 @@
 // Persistent: one CTA per SM loops over query tiles, claimed one at a time from a global
 // counter when the CTA is ready for more (common/tile_scheduler.cuh; causal tiles longest
 // first, in L2-sized sections of heads). The producer claims the tiles and announces each
-// to the consumers through shared memory and q_full. The producer loads the next tile's Q as soon as the consumers have issued their last
-// Q·K^T, and its first K blocks right away; only its first V waits for the epilogue, which
-// stages O in V's shared-memory stages and writes it with TMA stores (one per warpgroup and
-// 64-column panel) instead of scattered 4-byte register stores.
+// to the consumers through shared memory and q_full. It loads the next tile's Q as soon as
+// the consumers have issued their last Q·K^T, and its first K blocks right away; only its
+// first V waits for the epilogue, which stages O in V's shared-memory stages and writes it
+// with TMA stores (one per warpgroup and 64-column panel) instead of scattered 4-byte
+// register stores.
 //
 // Variants (per head dim; defaults below, override with -D), smem = kSmemBytes:
 //   D=64 : 192 x 128 tile, 3 consumer WGs, 3 stages, setmaxnreg 32/160; smem 122 KB
@@ -267,8 +268,8 @@ __device__ __forceinline__ void store_empty(const FwdParams& p, const Tile& t, i
 }
 
 // Producer: claims tiles and announces each to the consumers through q_full, with Q (a tile
-// with no visible key and the stop mark come without data). It claims the next tile as soon
-// as it has announced this one, so the atomic's latency hides under this tile's loads. Then
+// with no visible key and the stop mark come without data). It claims the next tile once
+// this tile's first K load is issued, so the atomic's latency hides under this tile. Then
 // K and V blocks from last to first; K of the next block is issued before V of this one, the
 // order in which the consumers need them. The next tile's announcement waits until the
 // consumers have issued their last Q·K^T (q_empty), and its first V until the previous
