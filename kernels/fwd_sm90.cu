@@ -158,15 +158,15 @@ static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
 
 __device__ __forceinline__ SharedStorage& shared_storage() {
     extern __shared__ unsigned char smem_raw[];
-    const u32 a = sm90::smem_addr(smem_raw);
+    const u32 a = smem_u32(smem_raw);
     const u32 pad = (sm90::kSwizzlePeriod - (a % sm90::kSwizzlePeriod)) % sm90::kSwizzlePeriod;
     return *reinterpret_cast<SharedStorage*>(smem_raw + pad);
 }
 
 // Shared addresses of a barrier and of stage `i` of a barrier ring, in 32-bit arithmetic
 // (through &ring[i] the producer would keep 64-bit generic addresses live).
-__device__ __forceinline__ u32 bar(const u64& b) { return sm90::smem_addr(&b); }
-__device__ __forceinline__ u32 bar(const u64 (&ring)[kStages], int i) { return sm90::smem_addr(ring) + 8 * i; }
+__device__ __forceinline__ u32 bar(const u64& b) { return smem_u32(&b); }
+__device__ __forceinline__ u32 bar(const u64 (&ring)[kStages], int i) { return smem_u32(ring) + 8 * i; }
 
 __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
@@ -303,7 +303,7 @@ __device__ __forceinline__ void produce(SharedStorage& smem, const FwdParams& p,
                         PipelineCounter<kStages>& st, const TmaDescriptor* map, int n) {
             mbarrier::wait(bar(empty, st.stage()), st.empty_parity());
             mbarrier::arrive_expect_tx(bar(full, st.stage()), KVTile::kBytes);
-            KVTile::load_to(sm90::smem_addr(ring) + st.stage() * KVTile::kBytes, map, bar(full, st.stage()), n * kBlockN,
+            KVTile::load_to(smem_u32(ring) + st.stage() * KVTile::kBytes, map, bar(full, st.stage()), n * kBlockN,
                             t.kv_head, t.batch);
             st.advance();
         };
@@ -334,8 +334,7 @@ __device__ __forceinline__ void pass_turn(int wg) {
 }
 
 // One consumer warpgroup: rows [64*wg, 64*wg + 64) of each tile.
-__device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p, const TileSchedule& schedule,
-                                        const TmaDescriptor* tma_o, int wg) {
+__device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p, const TmaDescriptor* tma_o, int wg) {
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const int q_row = 64 * wg;  // within the Q tile
     const int col_lane = 2 * (lane % 4);
@@ -471,6 +470,6 @@ fc_fwd_sm90(const __grid_constant__ FwdParams p, const __grid_constant__ TmaDesc
         if (threadIdx.x == 0) produce(shared_storage(), p, schedule, &tma_q, &tma_k, &tma_v);
     } else {
         warpgroup::increase_registers<kConsumerRegs>();
-        consume(shared_storage(), p, schedule, &tma_o, warpgroup::index_in_role() - 1);
+        consume(shared_storage(), p, &tma_o, warpgroup::index_in_role() - 1);
     }
 }

@@ -13,12 +13,6 @@
 namespace fc {
 namespace sm90 {
 
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    u32 a;
-    asm("{\n.reg .u64 t;\ncvta.to.shared.u64 t, %1;\ncvt.u32.u64 %0, t;\n}\n" : "=r"(a) : "l"(p));
-    return a;
-}
-
 __device__ __forceinline__ void st_shared_u32(u32 addr, u32 v) {
     asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
@@ -36,14 +30,14 @@ template <int kRows, int kCols> struct SmemTile {
 
     alignas(kSwizzlePeriod) elem_t data[kRows * kCols];
 
-    __device__ __forceinline__ u32 addr() const { return smem_addr(data); }
+    __device__ __forceinline__ u32 addr() const { return smem_u32(data); }
 
     // TMA: rows [row, row + kRows) of (head, batch); all panels complete on `bar`.
     __device__ __forceinline__ void load(const TmaDescriptor* map, u32 bar, int row, int head, int batch) const {
         load_to(addr(), map, bar, row, head, batch);
     }
     // The same into the tile at shared address `dst` (stage `i` of a ring is at
-    // smem_addr(ring) + i * kBytes: 32-bit arithmetic, where &ring[i] would be 64-bit).
+    // smem_u32(ring) + i * kBytes: 32-bit arithmetic, where &ring[i] would be 64-bit).
     static __device__ __forceinline__ void load_to(u32 dst, const TmaDescriptor* map, u32 bar, int row, int head, int batch) {
 #pragma unroll
         for (int p = 0; p < kPanels; ++p) tma::load_4d(dst + p * kPanelBytes, map, bar, p * kPanelCols, row, head, batch);

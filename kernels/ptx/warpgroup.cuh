@@ -25,9 +25,7 @@ template <int kRegs> __device__ __forceinline__ void decrease_registers() {
 __device__ __forceinline__ int warp_uniform(int v) { return __shfl_sync(0xffffffffu, v, 0); }
 
 // This thread's warpgroup, made warp-uniform so that role branches do not diverge.
-__device__ __forceinline__ int index() {
-    return __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / kThreads, 0);
-}
+__device__ __forceinline__ int index() { return warp_uniform(static_cast<int>(threadIdx.x) / kThreads); }
 
 // The same, read afresh (volatile) rather than shared with an earlier index(): a role
 // calls it after setmaxnreg, so that no value is carried across the register
@@ -35,7 +33,7 @@ __device__ __forceinline__ int index() {
 __device__ __forceinline__ int index_in_role() {
     u32 tid;
     asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid));
-    return __shfl_sync(0xffffffffu, static_cast<int>(tid) / kThreads, 0);
+    return warp_uniform(static_cast<int>(tid) / kThreads);
 }
 
 }  // namespace warpgroup
