@@ -31,14 +31,31 @@
 // (255 registers, no spill thanks to after_softmax) measured +3% and +11% over 128x64 /
 // 128x32 (docs/perf-log.md); sm_80 keeps the narrower ones until measured on an A100.
 //
+// Split-KV (FC_SPLIT_KV=1, for decode and other grids too small to fill the GPU): the
+// key tiles of a query tile are shared out among p.num_splits CTAs, each writing a partial
+// O and LSE in f32 (common/params.cuh), which fc_split_combine merges. Its tiles have 64
+// query rows (16 per warp): decode has few rows (GQA heads packed as rows by the host), and
+// the narrow tile keeps two CTAs per SM. Dynamic smem, registers (fp16 = bf16, full /
+// causal; 0 spills on every arch; BLOCK_M x BLOCK_N w4 s2, 64 rows each):
+//   D    sm_80, sm_90        sm_86 / sm_89
+//   32   64x128  36 KB       64x128  36 KB
+//   64   64x128  72 KB       64x128  72 KB
+//   96   64x64   60 KB       64x64   60 KB
+//   128  64x128 144 KB       64x64   80 KB
+//   256  64x64  160 KB       64x32   96 KB
+//
 // HOST CONTRACT
-// Entry fc_fwd_sm80(FwdParams p). Grid (ceil(seqlen_q / BLOCK_M), heads_q, batch), block
-// 32 * NUM_WARPS threads, dynamic smem as above (cudaFuncSetAttribute over 48 KB). Pointers
-// 16-byte aligned, strides multiples of 8 elements, last dim contiguous. Causal is the
-// compile-time FC_CAUSAL (bottom-right aligned); p.causal is ignored. lse [B, Hq, Sq] f32,
-// natural log, written when p.lse != nullptr.
+// Entry fc_fwd_sm80(FwdParams p). Grid (ceil(seqlen_q / BLOCK_M) * S, heads_q, batch) with
+// S = p.num_splits for FC_SPLIT_KV=1 (CTA x is query tile x / S, split x % S), else S = 1;
+// block 32 * NUM_WARPS threads, dynamic smem as above (cudaFuncSetAttribute over 48 KB).
+// Pointers 16-byte aligned, strides multiples of 8 elements, last dim contiguous. Causal is
+// the compile-time FC_CAUSAL (bottom-right aligned); p.causal is ignored. lse [B, Hq, Sq]
+// f32, natural log, written when p.lse != nullptr.
+// Entry fc_split_combine(FwdParams p) (FC_SPLIT_KV=1 only; after fc_fwd_sm80 when
+// p.num_splits > 1): grid (ceil(B * Hq * Sq / 4)), block 128 threads, no shared memory.
 #include "common/params.cuh"
 #include "common/softmax.cuh"
+#include "common/split_combine.cuh"
 #include "common/swizzle.cuh"
 #include "common/types.cuh"
 #include "ptx/cp_async.cuh"
@@ -64,6 +81,9 @@
 #ifndef FC_STAGES
 #define FC_STAGES 2
 #endif
+#ifndef FC_SPLIT_KV
+#define FC_SPLIT_KV 0
+#endif
 
 namespace fc {
 namespace fwd_sm80 {
@@ -74,6 +94,7 @@ constexpr int kBlockN = FC_BLOCK_N;
 constexpr int kWarps = FC_NUM_WARPS;
 constexpr int kStages = FC_STAGES;
 constexpr bool kCausal = FC_CAUSAL != 0;
+constexpr bool kSplitKv = FC_SPLIT_KV != 0;
 constexpr int kThreads = 32 * kWarps;
 
 constexpr int kWarpRows = kBlockM / kWarps;
@@ -290,6 +311,31 @@ __device__ __forceinline__ void store_output(const FwdParams& p, float (&o)[kMTi
     }
 }
 
+// Split-KV: this split's normalised O and LSE of the warp's rows, f32, straight from the
+// fragments (8-byte stores; the partials are small beside K and V).
+__device__ __forceinline__ void store_partial(const FwdParams& p, float (&o)[kMTiles][kDTiles][4],
+                                              const float (&inv_sum)[kMTiles][2], const float (&lse)[kMTiles][2],
+                                              i64 first_row, int rows_valid, int q_row0, int split, int lane) {
+    const i64 rows = static_cast<i64>(p.batch) * p.heads_q * p.seqlen_q;
+    const i64 base = split * rows + first_row;
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = q_row0 + 16 * m + 8 * r + lane / 4;
+            if (row >= rows_valid) continue;
+            if (lane % 4 == 0) p.lse_accum[base + row] = lse[m][r];
+            float* dst = p.o_accum + (base + row) * kD + 2 * (lane % 4);
+#pragma unroll
+            for (int j = 0; j < kDTiles; ++j) {
+                float2 v;
+                v.x = o[m][j][2 * r] * inv_sum[m][r];
+                v.y = o[m][j][2 * r + 1] * inv_sum[m][r];
+                *reinterpret_cast<float2*>(dst + 8 * j) = v;
+            }
+        }
+}
+
 }  // namespace fwd_sm80
 }  // namespace fc
 
@@ -299,7 +345,9 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
     extern __shared__ __align__(128) unsigned char smem[];
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int m0 = blockIdx.x * kBlockM, head = blockIdx.y, batch = blockIdx.z;
+    const int splits = kSplitKv ? p.num_splits : 1;
+    const int split = blockIdx.x % splits;
+    const int m0 = blockIdx.x / splits * kBlockM, head = blockIdx.y, batch = blockIdx.z;
     const int kv_head = head / (p.heads_q / p.heads_kv);
     const int rows_valid = p.seqlen_q - m0;
 
@@ -310,10 +358,17 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
     const u32 v_smem = k_smem + kStages * KVTile::kBytes;
 
     const KeyRange keys = key_range(m0, p.seqlen_q, p.seqlen_k);
-    // Iteration i visits key tile keys.tiles - 1 - i, in ring slot i % kStages.
+    // This CTA's key tiles: [tile_begin, tile_end), all of the query tile's unless split.
+    int tile_begin = 0, tile_end = keys.tiles;
+    if (kSplitKv) {
+        tile_begin = min(keys.tiles, split * p.split_tiles);
+        tile_end = min(keys.tiles, tile_begin + p.split_tiles);
+    }
+    const int n_tiles = tile_end - tile_begin;
+    // Iteration i visits key tile tile_end - 1 - i, in ring slot i % kStages.
     const TileLoader<KVTile> load_kv_tile(tid);
     auto load_kv = [&](int i) {
-        const int key0 = (keys.tiles - 1 - i) * kBlockN;
+        const int key0 = (tile_end - 1 - i) * kBlockN;
         const u32 slot = (i % kStages) * KVTile::kBytes;
         const int b = recomputed(batch), h = recomputed(kv_head);
         const elem_t* k = static_cast<const elem_t*>(p.k) + b * p.k_stride_b + h * p.k_stride_h;
@@ -325,7 +380,7 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
     TileLoader<QTile>{tid}(q_smem, q, p.q_stride_s, rows_valid);
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) {
-        if (i < keys.tiles) load_kv(i);
+        if (i < n_tiles) load_kv(i);
         cp_async::commit();  // group i (group 0 also holds Q)
     }
 
@@ -344,11 +399,11 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
         for (int j = 0; j < kDTiles; ++j) o[m][j][0] = o[m][j][1] = o[m][j][2] = o[m][j][3] = 0.f;
     OnlineSoftmax<kMTiles> softmax;
 
-    for (int i = 0; i < keys.tiles; ++i) {
-        const int tile = keys.tiles - 1 - i;
+    for (int i = 0; i < n_tiles; ++i) {
+        const int tile = tile_end - 1 - i;
         cp_async::wait<kStages - 2>();  // tile i (and Q) landed for this thread ...
         __syncthreads();                 // ... and for all; slot (i - 1) % kStages is free
-        if (i + kStages - 1 < keys.tiles) load_kv(i + kStages - 1);
+        if (i + kStages - 1 < n_tiles) load_kv(i + kStages - 1);
         cp_async::commit();
 
         const u32 slot = (i % kStages) * KVTile::kBytes;
@@ -370,6 +425,12 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
 
     float inv_sum[kMTiles][2], lse[kMTiles][2];
     softmax.finish(p.softmax_scale_log2, inv_sum, lse);
+    if (kSplitKv && splits > 1) {
+        cp_async::wait<0>();  // with no key tile, the Q copies may still be in flight
+        const i64 first_row = (static_cast<i64>(batch) * p.heads_q + head) * p.seqlen_q + m0;
+        store_partial(p, o, inv_sum, lse, first_row, rows_valid, q_row0, split, lane);
+        return;
+    }
     if (p.lse != nullptr && lane % 4 == 0) {
         float* lse_row = p.lse + (static_cast<i64>(batch) * p.heads_q + head) * p.seqlen_q + m0;
 #pragma unroll
@@ -386,3 +447,19 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
     elem_t* out = static_cast<elem_t*>(p.o) + batch * p.o_stride_b + head * p.o_stride_h + m0 * p.o_stride_s;
     store_output(p, o, inv_sum, q_smem, out, rows_valid, warp, lane);
 }
+
+#if FC_SPLIT_KV
+extern "C" __global__ void __launch_bounds__(128) fc_split_combine(const FwdParams p) {
+    using namespace fc;
+    const int lane = threadIdx.x % 32;
+    const i64 rows = static_cast<i64>(p.batch) * p.heads_q * p.seqlen_q;
+    const i64 row = static_cast<i64>(blockIdx.x) * 4 + threadIdx.x / 32;  // (batch * Hq + head) * Sq + query
+    if (row >= rows) return;
+    const int query = static_cast<int>(row % p.seqlen_q);
+    const int head = static_cast<int>(row / p.seqlen_q % p.heads_q);
+    const int batch = static_cast<int>(row / p.seqlen_q / p.heads_q);
+    elem_t* out = static_cast<elem_t*>(p.o) + batch * p.o_stride_b + query * p.o_stride_s + head * p.o_stride_h;
+    float* lse_out = p.lse == nullptr ? nullptr : p.lse + row;
+    split_kv::combine_row<FC_HEAD_DIM>(p.o_accum, p.lse_accum, rows, row, p.num_splits, out, lse_out, lane);
+}
+#endif

@@ -92,7 +92,7 @@ fn gpu(args: &AttnArgs, q: &HostTensor, k: &HostTensor, v: &HostTensor, shape: &
         DeviceTensor::from_f32(&ctx, &data, shape4(t, "tensor")?, dtype).map_err(anyhow::Error::from)
     };
     let (qd, kd, vd) = (up(q)?, up(k)?, up(v)?);
-    let params = AttnParams { softmax_scale: Some(scale as f32), causal: args.causal, kernel };
+    let params = AttnParams { softmax_scale: Some(scale as f32), causal: args.causal, kernel, ..AttnParams::default() };
     let out = ctx.attention(qd.view(), kd.view(), vd.view(), &params)?;
     let o = out.o.to_f32(&ctx)?.into_iter().map(f64::from).collect();
     let lse = ctx.stream().clone_dtoh(&out.lse)?.into_iter().take(shape.batch * shape.heads_q * shape.seqlen_q).map(f64::from).collect();

@@ -34,6 +34,9 @@ pub struct BenchArgs {
     /// Force a kernel family (default: the fastest for the device).
     #[arg(long)]
     kernel: Option<String>,
+    /// Split-KV: CTAs per query tile's keys (fwd_sm80; default: picked per case, 1 = never).
+    #[arg(long)]
+    splits: Option<usize>,
     /// Timed samples per case.
     #[arg(long, default_value_t = 30)]
     samples: usize,
@@ -186,9 +189,9 @@ fn unsupported(case: &Case, status: &str, message: String) -> Row {
 }
 
 fn bench_case(ctx: &Context, case: &Case, family: Option<KernelFamily>, args: &BenchArgs) -> Result<Row> {
-    let params = AttnParams { causal: case.causal, kernel: family, ..Default::default() };
-    let variant = match flashcore::dispatch::select(ctx.info().arch, &case.shape(), case.dtype, &params) {
-        Ok(v) => v,
+    let params = AttnParams { causal: case.causal, kernel: family, num_splits: args.splits, ..Default::default() };
+    let plan = match ctx.plan(&case.shape(), case.dtype, &params) {
+        Ok(p) => p,
         Err(e @ (Error::HeadDim { .. } | Error::Unsupported { .. })) => return Ok(unsupported(case, "unsupported", e.to_string())),
         Err(e) => return Err(e.into()),
     };
@@ -221,7 +224,7 @@ fn bench_case(ctx: &Context, case: &Case, family: Option<KernelFamily>, args: &B
     let decode = case.seqlen_q == 1;
     Ok(Row {
         case: case.clone(),
-        kernel: Some(variant.name()),
+        kernel: Some(plan.describe()),
         status: "ok".into(),
         message: None,
         median_ms: Some(timing.median_ms),

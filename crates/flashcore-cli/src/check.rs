@@ -30,6 +30,14 @@ struct Spec {
     case: Case,
     inputs: Inputs,
     storage: Storage,
+    /// Forced split-KV count (`None`: the dispatcher's choice).
+    splits: Option<usize>,
+}
+
+impl Spec {
+    fn new(case: Case, inputs: Inputs, storage: Storage) -> Self {
+        Self { case, inputs, storage, splits: None }
+    }
 }
 
 struct Outcome {
@@ -63,7 +71,9 @@ fn specs(family: KernelFamily, depth: Depth) -> Vec<Spec> {
         for dtype in [DType::BF16, DType::F16] {
             for &d in family.head_dims() {
                 for causal in [false, true] {
-                    out.push(Spec { case: Case::new(1, 130, 200, 4, 2, d, causal, dtype), inputs: Inputs::Normal, storage: Storage::Bshd });
+                    out.push(Spec::new(Case::new(1, 130, 200, 4, 2, d, causal, dtype), Inputs::Normal, Storage::Bshd));
+                    // Decode: GQA packing and, in fwd_sm80, split-KV with its combine pass.
+                    out.push(Spec::new(Case::new(2, 1, 1000, 8, 2, d, causal, dtype), Inputs::Normal, Storage::Bshd));
                 }
             }
         }
@@ -93,15 +103,42 @@ fn specs(family: KernelFamily, depth: Depth) -> Vec<Spec> {
                     let batch = if big { 1 } else { 2 };
                     let case = Case::new(batch, sq, sk, hkv * ratio, hkv, d, causal, dtype);
                     let storage = if n % 5 == 0 { Storage::Bhsd } else { Storage::Bshd };
-                    out.push(Spec { case, inputs: Inputs::Normal, storage });
+                    out.push(Spec::new(case, Inputs::Normal, storage));
                 }
                 // Adversarial inputs, one shape each.
                 for inputs in [Inputs::LargeLogits, Inputs::IdenticalKeys] {
                     let case = Case::new(1, 200, 300, 4, 2, d, causal, dtype);
-                    out.push(Spec { case, inputs, storage: Storage::Bshd });
+                    out.push(Spec::new(case, inputs, Storage::Bshd));
                 }
+                out.extend(decode_specs(family, d, causal, dtype, quick));
             }
         }
+    }
+    out
+}
+
+/// Decode (GQA packed as rows, MQA, plain MHA) at the dispatcher's split count, and for
+/// the family that splits, forced splits: with Sq > 1 under the causal mask, with rows that
+/// every split finds empty (Sq > Sk), with more splits than some tiles' visible keys, and
+/// with identical keys (equal partial LSEs).
+fn decode_specs(family: KernelFamily, d: usize, causal: bool, dtype: DType, quick: bool) -> Vec<Spec> {
+    let bhsd = |case| Spec { storage: Storage::Bhsd, ..Spec::new(case, Inputs::Normal, Storage::Bshd) };
+    let mut out = vec![Spec::new(Case::new(3, 1, 4097, 8, 2, d, causal, dtype), Inputs::Normal, Storage::Bshd)];
+    if !quick {
+        out.push(bhsd(Case::new(2, 1, 1000, 8, 1, d, causal, dtype)));
+        out.push(Spec::new(Case::new(2, 1, 7, 4, 4, d, causal, dtype), Inputs::Normal, Storage::Bshd));
+    }
+    if family != KernelFamily::FwdSm80 {
+        return out;
+    }
+    let forced = |case, inputs, splits| Spec { splits: Some(splits), ..Spec::new(case, inputs, Storage::Bshd) };
+    out.push(forced(Case::new(2, 113, 1000, 4, 2, d, causal, dtype), Inputs::Normal, 3));
+    out.push(forced(Case::new(1, 300, 200, 4, 2, d, causal, dtype), Inputs::Normal, 2));
+    if !quick {
+        out.push(forced(Case::new(1, 7, 4097, 8, 1, d, causal, dtype), Inputs::Normal, 5));
+        out.push(forced(Case::new(1, 1, 1000, 4, 4, d, causal, dtype), Inputs::Normal, 128));
+        out.push(forced(Case::new(1, 200, 300, 4, 2, d, causal, dtype), Inputs::IdenticalKeys, 2));
+        out.push(forced(Case::new(2, 1, 1000, 8, 2, d, causal, dtype), Inputs::Normal, 1));
     }
     out
 }
@@ -147,10 +184,18 @@ fn nan_bits(dtype: DType) -> u16 {
 }
 
 /// Runs `family` on the inputs into NaN-poisoned buffers; returns (o, lse).
-fn run_poisoned(ctx: &Context, family: KernelFamily, case: &Case, q: &Stored, k: &Stored, v: &Stored) -> Result<(Vec<u16>, Vec<f32>)> {
+fn run_poisoned(
+    ctx: &Context,
+    family: KernelFamily,
+    splits: Option<usize>,
+    case: &Case,
+    q: &Stored,
+    k: &Stored,
+    v: &Stored,
+) -> Result<(Vec<u16>, Vec<f32>)> {
     let mut o = DeviceTensor::filled(ctx, nan_bits(case.dtype), case.q_shape(), case.dtype)?;
     let mut lse = ctx.stream().clone_htod(&vec![f32::NAN; case.batch * case.heads_q * case.seqlen_q])?;
-    let params = AttnParams { causal: case.causal, kernel: Some(family), ..Default::default() };
+    let params = AttnParams { causal: case.causal, kernel: Some(family), num_splits: splits, ..Default::default() };
     ctx.attention_into(q.view(), k.view(), v.view(), o.view_mut(), Some(&mut lse), &params)?;
     Ok((o.to_bits(ctx)?, ctx.stream().clone_dtoh(&lse)?))
 }
@@ -161,8 +206,8 @@ fn check_one(ctx: &Context, family: KernelFamily, spec: &Spec) -> Result<Outcome
     let up = |data: &[f32], shape| Stored::upload(ctx, data, shape, case.dtype, spec.storage);
     let (q, k, v) = (up(&host.q, case.q_shape())?, up(&host.k, case.kv_shape())?, up(&host.v, case.kv_shape())?);
 
-    let (o_bits, lse) = run_poisoned(ctx, family, case, &q, &k, &v)?;
-    let (o_bits2, lse2) = run_poisoned(ctx, family, case, &q, &k, &v)?;
+    let (o_bits, lse) = run_poisoned(ctx, family, spec.splits, case, &q, &k, &v)?;
+    let (o_bits2, lse2) = run_poisoned(ctx, family, spec.splits, case, &q, &k, &v)?;
     let deterministic = o_bits == o_bits2 && lse.iter().zip(&lse2).all(|(a, b)| a.to_bits() == b.to_bits());
     let o: Vec<f32> = o_bits.iter().map(|&b| case.dtype.decode(b)).collect();
 
@@ -181,7 +226,8 @@ fn check_one(ctx: &Context, family: KernelFamily, spec: &Spec) -> Result<Outcome
             lse_err = lse_err.max((got as f64 - want).abs());
         }
     }
-    let name = format!("{}{}{}", case.name, inputs_suffix(spec.inputs), if spec.storage == Storage::Bhsd { "_bhsd" } else { "" });
+    let splits = spec.splits.map(|n| format!("_split{n}")).unwrap_or_default();
+    let name = format!("{}{}{}{splits}", case.name, inputs_suffix(spec.inputs), if spec.storage == Storage::Bhsd { "_bhsd" } else { "" });
     let failure = if o.iter().any(|x| !x.is_finite()) {
         Some("NaN/Inf in the output (unwritten or overflowed elements)".into())
     } else if rel > tolerance(case.dtype) {
@@ -226,7 +272,7 @@ fn oracle(
     if family == KernelFamily::Reference {
         bail!("case {} is too large for the CPU oracle and cannot check the GPU reference against itself", case.name);
     }
-    let (o, lse) = run_poisoned(ctx, KernelFamily::Reference, case, q, k, v)?;
+    let (o, lse) = run_poisoned(ctx, KernelFamily::Reference, None, case, q, k, v)?;
     Ok(("gpu-ref", o.iter().map(|&b| case.dtype.decode(b) as f64).collect(), lse.iter().map(|&x| x as f64).collect()))
 }
 

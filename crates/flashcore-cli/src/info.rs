@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use flashcore::jit::{DiskCache, Jit};
-use flashcore::{Context, KernelFamily};
+use flashcore::{Context, KernelFamily, ProblemShape};
 
 pub fn run() -> Result<bool> {
     let arch = match Context::new(0) {
@@ -36,14 +36,21 @@ pub fn run() -> Result<bool> {
                 let default: Vec<String> = family
                     .head_dims()
                     .iter()
-                    .filter(|&&d| flashcore::dispatch::default_family(arch, d) == family)
+                    .filter(|&&d| flashcore::dispatch::default_family(arch, &prefill(d)) == family)
                     .map(|d| d.to_string())
                     .collect();
                 let tag = if default.is_empty() { String::new() } else { format!(" (default for D {})", default.join("/")) };
                 println!("kernel         {family}{tag}: head dims {dims}, {} variants", family.variants(arch).len());
             }
+            let decode = ProblemShape { seqlen_q: 1, heads_kv: 8, ..prefill(128) };
+            println!("decode         {} (split-KV, GQA heads packed as rows)", flashcore::dispatch::default_family(arch, &decode));
         }
         None => println!("kernels        (need a GPU to say which run here; `flashcore compile --all-archs` builds them all)"),
     }
     Ok(true)
+}
+
+/// A prefill-sized problem: the kind the default-kernel line of `info` speaks of.
+fn prefill(head_dim: usize) -> ProblemShape {
+    ProblemShape { batch: 1, seqlen_q: 4096, seqlen_k: 4096, heads_q: 32, heads_kv: 32, head_dim }
 }

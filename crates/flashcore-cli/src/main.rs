@@ -36,6 +36,13 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Die quietly of SIGPIPE, as command-line tools do (`flashcore info | head`), instead of
+    // Rust's default of ignoring it and panicking on the failed write.
+    #[cfg(unix)]
+    // SAFETY: restores the default disposition of one signal before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Info => info::run(),

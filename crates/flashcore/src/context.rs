@@ -7,7 +7,7 @@ use cudarc::driver::sys::{CUdevice_attribute as Attr, CUfunction_attribute as Fn
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 
-use crate::dispatch;
+use crate::dispatch::{self, Plan};
 use crate::error::{DriverContext, Error, Result};
 use crate::jit::{Arch, DiskCache, Jit, ResourceReport};
 use crate::kernels::{fwd_sm90, FwdParams, KernelFamily, Variant};
@@ -53,6 +53,8 @@ pub struct LoadedKernel {
     /// Whether the CUBIN came from the disk cache.
     pub from_cache: bool,
     function: CudaFunction,
+    /// `fc_split_combine`, for split-KV variants.
+    combine: Option<CudaFunction>,
 }
 
 /// Log-sum-exp and output of one attention call.
@@ -77,6 +79,9 @@ pub struct Context {
     /// The fwd_sm90 tile counter: zero between launches, used by one launch at a time (all
     /// launches go to `stream`).
     tile_counter: CudaSlice<u32>,
+    /// Split-KV partial results (O, then LSE), grown on demand; one launch at a time uses
+    /// it, in stream order.
+    split_workspace: Mutex<Option<CudaSlice<f32>>>,
 }
 
 impl Context {
@@ -102,7 +107,15 @@ impl Context {
         let stream = cuda.new_stream().ctx("creating a stream")?;
         let info = device_info(&cuda)?;
         let tile_counter = stream.alloc_zeros::<u32>(2).ctx("allocating the tile counter")?;
-        Ok(Self { cuda, stream, info, jit: Jit::new(cache), loaded: Mutex::new(HashMap::new()), tile_counter })
+        Ok(Self {
+            cuda,
+            stream,
+            info,
+            jit: Jit::new(cache),
+            loaded: Mutex::new(HashMap::new()),
+            tile_counter,
+            split_workspace: Mutex::new(None),
+        })
     }
 
     /// The device.
@@ -113,6 +126,13 @@ impl Context {
     /// The device ordinal.
     pub fn ordinal(&self) -> usize {
         self.info.ordinal
+    }
+
+    /// What [`Context::attention_into`] would run for a problem of `shape` and `dtype`.
+    pub fn plan(&self, shape: &ProblemShape, dtype: crate::DType, params: &AttnParams) -> Result<Plan> {
+        let device =
+            dispatch::Device { arch: self.info.arch, sm_count: self.info.sm_count, max_smem_per_block: self.info.max_smem_per_block };
+        dispatch::plan(&device, shape, dtype, params)
     }
 
     /// The stream every call is queued on.
@@ -183,10 +203,14 @@ impl Context {
             }
             None => 0,
         };
-        let variant = dispatch::select(self.info.arch, &shape, q.layout.dtype, params)?;
-        let kernel = self.load(&variant)?;
+        let plan = self.plan(&shape, q.layout.dtype, params)?;
+        let kernel = self.load(&plan.variant)?;
+        let o = o.as_view();
+        let pack = |t: &TensorView<'_>| if plan.packed_gqa { t.layout.gqa_packed(shape.heads_kv) } else { t.layout };
+        let (q, o): (TensorView, TensorView) = (q.with_layout(pack(&q)), o.with_layout(pack(&o)));
+        let shape = plan.shape;
         let stride = |t: &TensorView| [0, 1, 2].map(|i| t.layout.strides[i] as i64);
-        let p = FwdParams {
+        let mut p = FwdParams {
             q: q.ptr,
             k: k.ptr,
             v: v.ptr,
@@ -195,7 +219,7 @@ impl Context {
             q_strides: stride(&q),
             k_strides: stride(&k),
             v_strides: stride(&v),
-            o_strides: stride(&o.as_view()),
+            o_strides: stride(&o),
             batch: shape.batch as i32,
             seqlen_q: shape.seqlen_q as i32,
             seqlen_k: shape.seqlen_k as i32,
@@ -206,12 +230,39 @@ impl Context {
             softmax_scale_log2: scale * std::f32::consts::LOG2_E,
             causal: i32::from(params.causal),
             _pad: 0,
+            o_accum: 0,
+            lse_accum: 0,
+            num_splits: plan.splits as i32,
+            split_tiles: plan.split_tiles as i32,
         };
-        self.launch(&kernel, &shape, &p, [&q, &k, &v, &o.as_view()])
+        if plan.splits > 1 {
+            let mut workspace = self.split_workspace.lock().unwrap();
+            let (o_accum, lse_accum) = self.split_buffers(&mut workspace, &shape, plan.splits)?;
+            p.o_accum = o_accum;
+            p.lse_accum = lse_accum;
+            self.launch(&kernel, &plan, &p, [&q, &k, &v, &o])?;
+            return self.launch_combine(&kernel, &p);
+        }
+        self.launch(&kernel, &plan, &p, [&q, &k, &v, &o])
     }
 
-    fn launch(&self, kernel: &LoadedKernel, shape: &ProblemShape, p: &FwdParams, qkvo: [&TensorView; 4]) -> Result<()> {
-        let (grid, threads) = kernel.variant.grid(shape, self.info.sm_count);
+    /// Device addresses of the split-KV partial O `[splits, B, Hq, Sq, D]` and LSE
+    /// `[splits, B, Hq, Sq]` (f32) in the workspace, grown first if too small. Growing
+    /// allocates, so it must not happen during a graph capture: a warm-up call of the same
+    /// shape before the capture sizes it.
+    fn split_buffers(&self, workspace: &mut Option<CudaSlice<f32>>, shape: &ProblemShape, splits: usize) -> Result<(u64, u64)> {
+        let rows = splits * shape.batch * shape.heads_q * shape.seqlen_q;
+        let need = rows * (shape.head_dim + 1);
+        if workspace.as_ref().map_or(true, |w| w.len() < need) {
+            *workspace = None; // freed in stream order before the larger one is taken
+            *workspace = Some(self.stream.alloc_zeros::<f32>(need).ctx("allocating the split-KV workspace")?);
+        }
+        let (base, _sync) = workspace.as_ref().unwrap().device_ptr(&self.stream);
+        Ok((base, base + (rows * shape.head_dim * std::mem::size_of::<f32>()) as u64))
+    }
+
+    fn launch(&self, kernel: &LoadedKernel, plan: &Plan, p: &FwdParams, qkvo: [&TensorView; 4]) -> Result<()> {
+        let (grid, threads) = kernel.variant.grid(&plan.shape, self.info.sm_count, plan.splits as u32);
         let cfg = LaunchConfig { grid_dim: grid, block_dim: (threads, 1, 1), shared_mem_bytes: kernel.variant.smem_bytes };
         if kernel.variant.family == KernelFamily::FwdSm90 {
             let (counter, _sync) = self.tile_counter.device_ptr(&self.stream);
@@ -219,6 +270,24 @@ impl Context {
         }
         // SAFETY: `p` matches the kernel's `FwdParams` ABI and its pointers were validated.
         unsafe { self.stream.launch_builder(&kernel.function).arg(p).launch(cfg) }.ctx(format!("launching {}", kernel.variant.name()))?;
+        Ok(())
+    }
+
+    /// The split-KV merge: one warp per (batch, head, query) row, four rows a block.
+    fn launch_combine(&self, kernel: &LoadedKernel, p: &FwdParams) -> Result<()> {
+        let combine = kernel
+            .combine
+            .as_ref()
+            .ok_or_else(|| Error::Unsupported { kernel: kernel.variant.name(), msg: "has no split-KV combine entry".into() })?;
+        let rows = p.batch as u64 * p.heads_q as u64 * p.seqlen_q as u64;
+        let blocks = u32::try_from(rows.div_ceil(4)).map_err(|_| Error::Unsupported {
+            kernel: kernel.variant.name(),
+            msg: format!("{rows} query rows overflow the combine grid"),
+        })?;
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: `fc_split_combine(FwdParams)`; the partials were written by the launch before it.
+        unsafe { self.stream.launch_builder(combine).arg(p).launch(cfg) }
+            .ctx(format!("launching the combine of {}", kernel.variant.name()))?;
         Ok(())
     }
 
@@ -240,12 +309,24 @@ impl Context {
         function
             .set_attribute(FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, variant.smem_bytes as i32)
             .ctx("raising the dynamic shared memory limit")?;
-        let kernel =
-            Arc::new(LoadedKernel { variant: variant.clone(), resources: compiled.resources, from_cache: compiled.from_cache, function });
+        let combine = match variant.split_kv {
+            true => Some(module.load_function(SPLIT_COMBINE_ENTRY).ctx(format!("finding {SPLIT_COMBINE_ENTRY} in {}", source.name))?),
+            false => None,
+        };
+        let kernel = Arc::new(LoadedKernel {
+            variant: variant.clone(),
+            resources: compiled.resources,
+            from_cache: compiled.from_cache,
+            function,
+            combine,
+        });
         self.loaded.lock().unwrap().insert(variant.clone(), kernel.clone());
         Ok(kernel)
     }
 }
+
+/// The split-KV merge entry point in a split variant's module.
+const SPLIT_COMBINE_ENTRY: &str = "fc_split_combine";
 
 fn device_info(cuda: &Arc<CudaContext>) -> Result<DeviceInfo> {
     let attr = |a| cuda.attribute(a).map(|v| v as u32).ctx("reading a device attribute");

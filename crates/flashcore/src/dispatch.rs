@@ -1,5 +1,5 @@
-//! Problem + device → kernel variant. The one place where run-time choices become
-//! compile-time ones.
+//! Problem + device → kernel variant + launch plan. The one place where run-time choices
+//! become compile-time ones.
 
 use crate::error::{Error, Result};
 use crate::jit::Arch;
@@ -7,19 +7,87 @@ use crate::kernels::{fwd_sm80, fwd_sm90, reference, KernelFamily, Variant};
 use crate::params::{AttnParams, ProblemShape};
 use crate::tensor::DType;
 
-/// The family FlashCore runs on `arch` for `head_dim` when the caller does not force one:
-/// the Hopper kernel where it exists for the head dim, else the Ampere-class one.
-pub fn default_family(arch: Arch, head_dim: usize) -> KernelFamily {
-    if KernelFamily::FwdSm90.runs_on(arch) && fwd_sm90::HEAD_DIMS.contains(&head_dim) {
+/// What the dispatcher needs to know of the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Device {
+    /// The arch kernels are compiled for.
+    pub arch: Arch,
+    /// Streaming multiprocessors.
+    pub sm_count: u32,
+    /// Most shared memory a block may opt in to (a proxy for shared memory per SM).
+    pub max_smem_per_block: u32,
+}
+
+/// What runs for one problem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// The compiled variant.
+    pub variant: Variant,
+    /// The problem as the kernel sees it (GQA heads packed as query rows, see
+    /// [`packs_gqa`]).
+    pub shape: ProblemShape,
+    /// Whether `q` and `o` are viewed with each KV head's query heads as query rows.
+    pub packed_gqa: bool,
+    /// CTAs that share each query tile's keys; 1 means unsplit (no combine pass).
+    pub splits: usize,
+    /// Key tiles each split visits (all of them when unsplit).
+    pub split_tiles: usize,
+}
+
+impl Plan {
+    /// The variant's name, with the split count when split.
+    pub fn describe(&self) -> String {
+        let mut s = self.variant.name();
+        if self.splits > 1 {
+            s += &format!(" x{} splits", self.splits);
+        }
+        if self.packed_gqa {
+            s += " (gqa packed)";
+        }
+        s
+    }
+}
+
+/// Whether decode with GQA/MQA runs with the query heads of each KV head packed as query
+/// rows (`q [B, 1, Hq, D]` viewed as `[B, Hq/Hkv, Hkv, D]`): each K/V head is then read
+/// once for all its query heads, and its rows fill one tile together. Exact for `Sq = 1`,
+/// where the causal mask hides nothing. The reference kernel is never packed: it stays an
+/// independent oracle.
+pub fn packs_gqa(shape: &ProblemShape, family: KernelFamily) -> bool {
+    shape.seqlen_q == 1 && shape.heads_q > shape.heads_kv && family != KernelFamily::Reference
+}
+
+/// `shape` with GQA heads packed as query rows (see [`packs_gqa`]).
+pub fn packed(shape: &ProblemShape) -> ProblemShape {
+    ProblemShape { seqlen_q: shape.seqlen_q * (shape.heads_q / shape.heads_kv), heads_q: shape.heads_kv, ..*shape }
+}
+
+/// Query rows per KV head, as the kernel will see them.
+fn kernel_rows(shape: &ProblemShape) -> usize {
+    if shape.seqlen_q == 1 {
+        shape.heads_q / shape.heads_kv
+    } else {
+        shape.seqlen_q
+    }
+}
+
+/// The family FlashCore runs on `arch` for `shape` when the caller does not force one:
+/// the Hopper kernel where it exists for the head dim, except for decode-like problems (a
+/// few query rows, where the split-KV kernel spreads the keys over the GPU); else the
+/// Ampere-class one.
+pub fn default_family(arch: Arch, shape: &ProblemShape) -> KernelFamily {
+    let decode_like = kernel_rows(shape) <= fwd_sm80::SPLIT_KV_MAX_ROWS;
+    if KernelFamily::FwdSm90.runs_on(arch) && fwd_sm90::HEAD_DIMS.contains(&shape.head_dim) && !decode_like {
         KernelFamily::FwdSm90
     } else {
         KernelFamily::FwdSm80
     }
 }
 
-/// Picks the variant for a validated problem.
-pub fn select(arch: Arch, shape: &ProblemShape, dtype: DType, params: &AttnParams) -> Result<Variant> {
-    let family = params.kernel.unwrap_or_else(|| default_family(arch, shape.head_dim));
+/// Picks the variant and launch plan for a validated problem.
+pub fn plan(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnParams) -> Result<Plan> {
+    let arch = device.arch;
+    let family = params.kernel.unwrap_or_else(|| default_family(arch, shape));
     if !family.runs_on(arch) {
         return Err(Error::Unsupported { kernel: family.name().into(), msg: format!("does not run on {arch}") });
     }
@@ -28,48 +96,133 @@ pub fn select(arch: Arch, shape: &ProblemShape, dtype: DType, params: &AttnParam
         let supported = family.head_dims().iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ");
         return Err(Error::HeadDim { head_dim: d, supported: format!("{supported} for {family}") });
     }
+    if params.num_splits == Some(0) {
+        return Err(Error::Param { arg: "num_splits", msg: "must be at least 1 (None picks it)".into() });
+    }
+    let packed_gqa = packs_gqa(shape, family);
+    let kshape = if packed_gqa { packed(shape) } else { *shape };
+    let causal = params.causal && !packed_gqa;
+    let whole = |variant: Variant| {
+        let split_tiles = kshape.seqlen_k.div_ceil(variant.tile.block_n as usize);
+        Plan { variant, shape: kshape, packed_gqa, splits: 1, split_tiles }
+    };
     Ok(match family {
-        KernelFamily::Reference => reference::variant(dtype),
-        KernelFamily::FwdSm80 => fwd_sm80::variant(arch, dtype, d, params.causal),
-        KernelFamily::FwdSm90 => fwd_sm90::variant(dtype, d, params.causal),
+        KernelFamily::Reference => whole(reference::variant(dtype)),
+        KernelFamily::FwdSm90 => whole(fwd_sm90::variant(dtype, d, causal)),
+        KernelFamily::FwdSm80 => {
+            let unsplit = fwd_sm80::variant(arch, dtype, d, causal);
+            let use_split = match params.num_splits {
+                Some(n) => n > 1,
+                None => kshape.seqlen_q <= fwd_sm80::SPLIT_KV_MAX_ROWS || ctas(&unsplit, &kshape) < device.sm_count as usize / 2,
+            };
+            if !use_split {
+                return Ok(whole(unsplit));
+            }
+            let variant = fwd_sm80::split_variant(arch, dtype, d, causal);
+            let key_tiles = kshape.seqlen_k.div_ceil(variant.tile.block_n as usize);
+            let wanted = params.num_splits.unwrap_or_else(|| {
+                let wave = device.sm_count as usize * ctas_per_sm(&variant, device);
+                fwd_sm80::num_splits(ctas(&variant, &kshape), key_tiles, wave)
+            });
+            let splits = fwd_sm80::effective_splits(key_tiles, wanted.min(fwd_sm80::MAX_SPLITS));
+            Plan { variant, shape: kshape, packed_gqa, splits, split_tiles: fwd_sm80::tiles_per_split(key_tiles, splits) }
+        }
     })
+}
+
+/// CTAs of an unsplit launch of `variant` on `shape`.
+fn ctas(variant: &Variant, shape: &ProblemShape) -> usize {
+    shape.seqlen_q.div_ceil(variant.tile.block_m as usize) * shape.heads_q * shape.batch
+}
+
+/// CTAs of `variant` one SM holds, by shared memory, at most two (a 128-thread CTA of up
+/// to 255 registers takes half the register file).
+fn ctas_per_sm(variant: &Variant, device: &Device) -> usize {
+    const RESERVED: u32 = 1024; // per CTA, by the hardware
+    ((device.max_smem_per_block + RESERVED) / (variant.smem_bytes + RESERVED)).clamp(1, 2) as usize
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn h100() -> Device {
+        Device { arch: Arch::parse("sm_90a").unwrap(), sm_count: 132, max_smem_per_block: 227 * 1024 }
+    }
+
+    fn on(arch: &str) -> Device {
+        Device { arch: Arch::parse(arch).unwrap(), ..h100() }
+    }
+
     fn shape(head_dim: usize) -> ProblemShape {
-        ProblemShape { batch: 1, seqlen_q: 10, seqlen_k: 10, heads_q: 2, heads_kv: 1, head_dim }
+        ProblemShape { batch: 8, seqlen_q: 1000, seqlen_k: 1000, heads_q: 16, heads_kv: 4, head_dim }
+    }
+
+    fn decode(batch: usize, seqlen_k: usize) -> ProblemShape {
+        ProblemShape { batch, seqlen_q: 1, seqlen_k, heads_q: 32, heads_kv: 8, head_dim: 128 }
+    }
+
+    fn pick(device: &Device, s: &ProblemShape, p: &AttnParams) -> Plan {
+        plan(device, s, DType::BF16, p).unwrap()
     }
 
     #[test]
     fn unsupported_head_dim_is_a_head_dim_error() {
-        let arch = Arch::parse("sm_80").unwrap();
-        let err = select(arch, &shape(72), DType::BF16, &AttnParams::default()).unwrap_err();
+        let err = plan(&on("sm_80"), &shape(72), DType::BF16, &AttnParams::default()).unwrap_err();
         assert!(matches!(err, Error::HeadDim { head_dim: 72, .. }), "{err}");
         assert!(err.to_string().contains("128"), "lists the supported dims: {err}");
     }
 
     #[test]
     fn hopper_defaults_to_the_hopper_kernel_where_it_has_the_head_dim() {
-        let hopper = Arch::parse("sm_90a").unwrap();
-        let pick = |arch, d| select(arch, &shape(d), DType::BF16, &AttnParams::default()).unwrap().family;
-        assert_eq!(pick(hopper, 128), KernelFamily::FwdSm90);
-        assert_eq!(pick(hopper, 96), KernelFamily::FwdSm80);
-        assert_eq!(pick(Arch::parse("sm_89").unwrap(), 128), KernelFamily::FwdSm80);
+        let family = |dev: &Device, d| pick(dev, &shape(d), &AttnParams::default()).variant.family;
+        assert_eq!(family(&h100(), 128), KernelFamily::FwdSm90);
+        assert_eq!(family(&h100(), 96), KernelFamily::FwdSm80);
+        assert_eq!(family(&on("sm_89"), 128), KernelFamily::FwdSm80);
+    }
+
+    #[test]
+    fn decode_runs_split_with_gqa_heads_packed_as_rows() {
+        let p = pick(&h100(), &decode(8, 4096), &AttnParams::causal());
+        assert_eq!(p.variant.family, KernelFamily::FwdSm80);
+        assert!(p.variant.split_kv && p.packed_gqa);
+        assert_eq!(p.variant.causal, Some(false), "causal hides nothing at Sq = 1");
+        assert_eq!((p.shape.seqlen_q, p.shape.heads_q), (4, 8));
+        assert!(p.splits > 1, "{}", p.describe());
+        let tiles = 4096usize.div_ceil(p.variant.tile.block_n as usize);
+        assert!(p.splits * p.split_tiles >= tiles && (p.splits - 1) * p.split_tiles < tiles);
+        // A big batch fills the GPU unsplit.
+        assert_eq!(pick(&h100(), &decode(512, 4096), &AttnParams::default()).splits, 1);
+    }
+
+    #[test]
+    fn the_reference_kernel_is_never_packed_or_split() {
+        let p = AttnParams { kernel: Some(KernelFamily::Reference), ..AttnParams::default() };
+        let plan = pick(&h100(), &decode(1, 4096), &p);
+        assert!(!plan.packed_gqa && plan.splits == 1);
+        assert_eq!(plan.shape, decode(1, 4096));
+    }
+
+    #[test]
+    fn forced_split_counts_are_honoured_within_the_key_tiles() {
+        let force = |n| AttnParams { kernel: Some(KernelFamily::FwdSm80), num_splits: Some(n), ..AttnParams::default() };
+        let big = shape(128);
+        assert!(!pick(&h100(), &big, &force(1)).variant.split_kv);
+        let p = pick(&h100(), &big, &force(3));
+        assert!(p.variant.split_kv && p.splits == 3);
+        let tiny = ProblemShape { seqlen_k: 10, ..big };
+        assert_eq!(pick(&h100(), &tiny, &force(7)).splits, 1, "one key tile");
+        assert!(matches!(plan(&h100(), &big, DType::BF16, &force(0)), Err(Error::Param { .. })));
     }
 
     #[test]
     fn forcing_a_family_picks_it() {
-        let arch = Arch::parse("sm_90a").unwrap();
         let p = AttnParams { kernel: Some(KernelFamily::Reference), ..AttnParams::default() };
-        assert_eq!(select(arch, &shape(64), DType::F16, &p).unwrap().family, KernelFamily::Reference);
+        assert_eq!(plan(&h100(), &shape(64), DType::F16, &p).unwrap().variant.family, KernelFamily::Reference);
     }
 
     #[test]
     fn pre_ampere_is_unsupported() {
-        let arch = Arch::parse("sm_75").unwrap();
-        assert!(matches!(select(arch, &shape(64), DType::F16, &AttnParams::default()), Err(Error::Unsupported { .. })));
+        assert!(matches!(plan(&on("sm_75"), &shape(64), DType::F16, &AttnParams::default()), Err(Error::Unsupported { .. })));
     }
 }

@@ -28,6 +28,11 @@ pub struct AttnParams {
     pub causal: bool,
     /// Force a kernel family; `None` lets FlashCore pick the fastest for the device.
     pub kernel: Option<crate::kernels::KernelFamily>,
+    /// Split-KV: how many CTAs share each query tile's keys (their partial results are
+    /// merged by a second pass). `None` picks it from the grid and the GPU (decode and
+    /// other grids too small to fill it are split); `Some(1)` never splits. Only the
+    /// `fwd_sm80` family splits; capped at the number of key tiles.
+    pub num_splits: Option<usize>,
 }
 
 impl AttnParams {

@@ -135,6 +135,10 @@ impl<'a> TensorView<'a> {
     pub fn device(&self) -> usize {
         self.device
     }
+
+    pub(crate) fn with_layout(&self, layout: Layout) -> TensorView<'a> {
+        TensorView { layout, ..*self }
+    }
 }
 
 impl TensorViewMut<'_> {
@@ -154,6 +158,20 @@ impl TensorViewMut<'_> {
 
     pub(crate) fn as_view(&self) -> TensorView<'_> {
         TensorView { ptr: self.ptr, layout: self.layout, device: self.device, _borrow: PhantomData }
+    }
+}
+
+impl Layout {
+    /// A one-query-row layout `[B, 1, Hq, D]` seen as `[B, Hq / heads_kv, heads_kv, D]`:
+    /// the query heads that share a KV head become that head's query rows (GQA packing for
+    /// decode). Query head `h` is row `h % (Hq / heads_kv)` of head `h / (Hq / heads_kv)`,
+    /// which is where the kernels' head mapping `kv = h / (Hq / Hkv)` put it.
+    pub(crate) fn gqa_packed(&self, heads_kv: usize) -> Layout {
+        let [b, s, h, d] = self.shape;
+        debug_assert!(s == 1 && h % heads_kv == 0);
+        let group = h / heads_kv;
+        let [sb, _, sh, sd] = self.strides;
+        Layout { shape: [b, group, heads_kv, d], strides: [sb, sh, group * sh, sd], dtype: self.dtype }
     }
 }
 

@@ -28,11 +28,7 @@ enum SmemClass {
 /// The tile for `head_dim` on `arch` (measured on H100, `docs/perf-log.md`). A warp owns
 /// 32 query rows where registers allow, so its two m16 tiles share every K/V fragment.
 fn tile(arch: Arch, head_dim: usize) -> Tile {
-    let class = match (arch.major, arch.minor) {
-        (8, 0) => SmemClass::A100,
-        (8, _) => SmemClass::Small,
-        _ => SmemClass::Hopper,
-    };
+    let class = smem_class(arch);
     let t = |block_m, block_n, warps| Tile { block_m, block_n, warps, stages: 2 };
     match (head_dim, class) {
         (0..=32, SmemClass::Small) => t(128, 64, 4),
@@ -49,9 +45,28 @@ fn tile(arch: Arch, head_dim: usize) -> Tile {
     }
 }
 
-/// The variant for one (dtype, head dim, mask) on `arch`.
-pub fn variant(arch: Arch, dtype: DType, head_dim: usize, causal: bool) -> Variant {
-    let tile = tile(arch, head_dim);
+fn smem_class(arch: Arch) -> SmemClass {
+    match (arch.major, arch.minor) {
+        (8, 0) => SmemClass::A100,
+        (8, _) => SmemClass::Small,
+        _ => SmemClass::Hopper,
+    }
+}
+
+/// The split-KV tile: 64 query rows (16 a warp), since decode has few rows, and key tiles
+/// as wide as shared memory allows (D256 64x64 spills, so 64x32 there).
+fn split_tile(arch: Arch, head_dim: usize) -> Tile {
+    let t = |block_n| Tile { block_m: 64, block_n, warps: 4, stages: 2 };
+    match (head_dim, smem_class(arch)) {
+        (0..=64, _) => t(128),
+        (65..=96, _) => t(64),
+        (97..=128, SmemClass::Small) => t(64),
+        (97..=128, _) => t(128),
+        _ => t(32),
+    }
+}
+
+fn make_variant(dtype: DType, head_dim: usize, causal: bool, tile: Tile, split_kv: bool) -> Variant {
     Variant {
         family: KernelFamily::FwdSm80,
         dtype,
@@ -59,5 +74,110 @@ pub fn variant(arch: Arch, dtype: DType, head_dim: usize, causal: bool) -> Varia
         causal: Some(causal),
         tile,
         smem_bytes: smem_bytes(tile, head_dim),
+        split_kv,
+    }
+}
+
+/// The variant for one (dtype, head dim, mask) on `arch`.
+pub fn variant(arch: Arch, dtype: DType, head_dim: usize, causal: bool) -> Variant {
+    make_variant(dtype, head_dim, causal, tile(arch, head_dim), false)
+}
+
+/// The split-KV variant for one (dtype, head dim, mask) on `arch`.
+pub fn split_variant(arch: Arch, dtype: DType, head_dim: usize, causal: bool) -> Variant {
+    make_variant(dtype, head_dim, causal, split_tile(arch, head_dim), true)
+}
+
+/// Query rows (after GQA packing) up to which the split-KV variant runs: decode and short
+/// speculative-decode chunks, one 64-row tile.
+pub const SPLIT_KV_MAX_ROWS: usize = 64;
+
+/// Most splits of one query tile's keys.
+pub const MAX_SPLITS: usize = 128;
+
+/// How many CTAs share a query tile's `key_tiles` key tiles when `base_ctas` CTAs (query
+/// tiles x heads x batch) would run unsplit and a full wave is `wave` CTAs. Unsplit when
+/// the base grid fills most of a wave; else the fewest splits whose wave efficiency (work
+/// in the last wave over a full one) is within 85% of the best possible, as FlashAttention-2
+/// chooses. Counts that give the same tiles per split as a smaller count are skipped.
+pub fn num_splits(base_ctas: usize, key_tiles: usize, wave: usize) -> usize {
+    if base_ctas == 0 || key_tiles < 2 || 5 * base_ctas >= 4 * wave {
+        return 1;
+    }
+    let efficiency = |splits: usize| {
+        let waves = (base_ctas * splits) as f64 / wave as f64;
+        waves / waves.ceil()
+    };
+    let candidates: Vec<usize> = (1..=key_tiles.min(MAX_SPLITS)).filter(|&s| effective_splits(key_tiles, s) == s).collect();
+    let best = candidates.iter().map(|&s| efficiency(s)).fold(0.0, f64::max);
+    candidates.into_iter().find(|&s| efficiency(s) >= 0.85 * best).unwrap_or(1)
+}
+
+/// Key tiles per split when `key_tiles` are shared out among `splits`.
+pub fn tiles_per_split(key_tiles: usize, splits: usize) -> usize {
+    key_tiles.div_ceil(splits.max(1))
+}
+
+/// Splits that actually get key tiles when `key_tiles` are dealt `tiles_per_split` at a time.
+pub fn effective_splits(key_tiles: usize, splits: usize) -> usize {
+    key_tiles.div_ceil(tiles_per_split(key_tiles, splits)).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_grid_is_not_split() {
+        assert_eq!(num_splits(264, 64, 264), 1);
+        assert_eq!(num_splits(1000, 64, 264), 1);
+        assert_eq!(num_splits(8, 1, 264), 1, "one key tile cannot be split");
+    }
+
+    #[test]
+    fn decode_grids_are_split_to_fill_a_wave() {
+        // B8 Hkv8 decode at 2 CTAs a SM on 132 SMs: 4 splits fill 256 of 264 slots.
+        assert_eq!(num_splits(64, 32, 264), 4);
+        // B1: many splits, each with the same number of key tiles.
+        let s = num_splits(8, 1024, 264);
+        assert!((26..=33).contains(&s), "{s}");
+        assert_eq!(effective_splits(1024, s), s);
+        // Never more splits than key tiles.
+        assert!(num_splits(1, 3, 264) <= 3);
+    }
+
+    #[test]
+    fn splits_cover_every_key_tile_once_and_none_is_empty() {
+        // As the kernel deals them: split s takes tiles [s * per, min(tiles, (s + 1) * per)).
+        for key_tiles in 1..300 {
+            for wanted in 1..=key_tiles.min(MAX_SPLITS) {
+                let splits = effective_splits(key_tiles, wanted);
+                let per = tiles_per_split(key_tiles, splits);
+                let mut seen = vec![0; key_tiles];
+                for s in 0..splits {
+                    let (begin, end) = ((s * per).min(key_tiles), ((s + 1) * per).min(key_tiles));
+                    assert!(begin < end, "split {s} of {splits} empty for {key_tiles} tiles");
+                    seen[begin..end].iter_mut().for_each(|n| *n += 1);
+                }
+                assert!(seen.iter().all(|&n| n == 1), "{key_tiles} tiles, {wanted} splits");
+            }
+        }
+    }
+
+    #[test]
+    fn every_split_tile_fits_its_arch() {
+        for arch in ["sm_80", "sm_86", "sm_89", "sm_90a"] {
+            let arch = Arch::parse(arch).unwrap();
+            let limit = match smem_class(arch) {
+                SmemClass::A100 => 163 * 1024,
+                SmemClass::Small => 99 * 1024,
+                SmemClass::Hopper => 227 * 1024,
+            };
+            for &d in HEAD_DIMS {
+                let v = split_variant(arch, DType::BF16, d, false);
+                assert!(v.smem_bytes <= limit, "{} on {arch}: {} B", v.name(), v.smem_bytes);
+                assert!(v.split_kv && v.name().ends_with("_splitkv"));
+            }
+        }
     }
 }

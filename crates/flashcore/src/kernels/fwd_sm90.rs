@@ -50,6 +50,7 @@ pub fn variant(dtype: DType, head_dim: usize, causal: bool) -> Variant {
         causal: Some(causal),
         tile,
         smem_bytes: smem_bytes(tile, head_dim),
+        split_kv: false,
     }
 }
 

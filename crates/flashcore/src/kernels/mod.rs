@@ -35,9 +35,13 @@ pub(crate) struct FwdParams {
     pub softmax_scale_log2: f32,
     pub causal: i32,
     pub _pad: i32,
+    pub o_accum: u64,
+    pub lse_accum: u64,
+    pub num_splits: i32,
+    pub split_tiles: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<FwdParams>() == 176);
+const _: () = assert!(std::mem::size_of::<FwdParams>() == 200);
 
 // SAFETY: plain old data with the C layout the kernels expect.
 unsafe impl DeviceRepr for FwdParams {}
@@ -100,10 +104,13 @@ impl KernelFamily {
                 for &head_dim in self.head_dims() {
                     for dtype in dtypes {
                         for causal in [false, true] {
-                            out.push(match self {
-                                KernelFamily::FwdSm90 => fwd_sm90::variant(dtype, head_dim, causal),
-                                _ => fwd_sm80::variant(arch, dtype, head_dim, causal),
-                            });
+                            match self {
+                                KernelFamily::FwdSm90 => out.push(fwd_sm90::variant(dtype, head_dim, causal)),
+                                _ => {
+                                    out.push(fwd_sm80::variant(arch, dtype, head_dim, causal));
+                                    out.push(fwd_sm80::split_variant(arch, dtype, head_dim, causal));
+                                }
+                            }
                         }
                     }
                 }
@@ -147,10 +154,14 @@ pub struct Variant {
     pub tile: Tile,
     /// Dynamic shared memory per CTA at this configuration, in bytes.
     pub smem_bytes: u32,
+    /// Split-KV: the key range of a query tile can be shared out among several CTAs, whose
+    /// partial results a second kernel of the same module (`fc_split_combine`) merges.
+    pub split_kv: bool,
 }
 
 impl Variant {
-    /// A name unique per compiled binary, e.g. `fwd_sm80_bf16_d128_causal_128x64w4s2`.
+    /// A name unique per compiled binary, e.g. `fwd_sm80_bf16_d128_causal_128x64w4s2`
+    /// (`..._splitkv` for a split-KV variant).
     pub fn name(&self) -> String {
         let mut name = format!("{}_{}", self.family.name(), self.dtype.name());
         if let Some(d) = self.head_dim {
@@ -160,7 +171,11 @@ impl Variant {
             name += if c { "_causal" } else { "_full" };
         }
         let t = self.tile;
-        name + &format!("_{}x{}w{}s{}", t.block_m, t.block_n, t.warps, t.stages)
+        name += &format!("_{}x{}w{}s{}", t.block_m, t.block_n, t.warps, t.stages);
+        if self.split_kv {
+            name += "_splitkv";
+        }
+        name
     }
 
     /// What the JIT compiles.
@@ -176,6 +191,9 @@ impl Variant {
         for (k, v) in [("FC_BLOCK_M", t.block_m), ("FC_BLOCK_N", t.block_n), ("FC_NUM_WARPS", t.warps), ("FC_STAGES", t.stages)] {
             defines.push((k.into(), v.to_string()));
         }
+        if self.split_kv {
+            defines.push(("FC_SPLIT_KV".into(), "1".into()));
+        }
         let (file, entry) = match self.family {
             KernelFamily::Reference => ("reference.cu", "fc_reference"),
             KernelFamily::FwdSm80 => ("fwd_sm80.cu", "fc_fwd_sm80"),
@@ -188,14 +206,15 @@ impl Variant {
     }
 
     /// Grid `(x, y, z)` and threads per block for `shape` on a device of `sm_count` SMs:
-    /// one CTA per (query tile, head, batch), or a family's own (fwd_sm90 may be persistent).
-    pub fn grid(&self, shape: &ProblemShape, sm_count: u32) -> ((u32, u32, u32), u32) {
+    /// one CTA per (query tile, key split, head, batch), or a family's own (fwd_sm90 is
+    /// persistent).
+    pub fn grid(&self, shape: &ProblemShape, sm_count: u32, splits: u32) -> ((u32, u32, u32), u32) {
         let threads = 32 * self.tile.warps;
         if self.family == KernelFamily::FwdSm90 {
             return (fwd_sm90::grid(self, shape, sm_count), threads);
         }
         let m = self.tile.block_m as usize;
         let tiles = shape.seqlen_q.div_ceil(m) as u32;
-        ((tiles, shape.heads_q as u32, shape.batch as u32), threads)
+        ((tiles * splits, shape.heads_q as u32, shape.batch as u32), threads)
     }
 }

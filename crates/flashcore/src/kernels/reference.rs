@@ -17,5 +17,6 @@ pub fn variant(dtype: DType) -> Variant {
         causal: None,
         tile: Tile { block_m: 4, block_n: 1, warps: 4, stages: 1 },
         smem_bytes: 0,
+        split_kv: false,
     }
 }

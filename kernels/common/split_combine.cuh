@@ -1,0 +1,49 @@
+// Merging the partial results of split-KV attention (FlashDecoding). Split s of a query
+// row saw a subset of the keys and left O_s, normalised over those keys, and their
+// log-sum-exp L_s. Over all keys L = log Σ_s e^(L_s) and O = Σ_s e^(L_s − L) · O_s,
+// computed with the largest L_s subtracted first so no term overflows. A split that saw
+// no visible key has L_s = −inf and weight 0; a row that every split found empty (fully
+// masked) ends with O = 0 and L = −inf, never NaN.
+//
+// Partial layout (row = (batch · Hq + head) · Sq + query, the LSE index of the output):
+// lse_accum[s · rows + row], o_accum[(s · rows + row) · D + column], f32.
+#pragma once
+#include "common/quad.cuh"
+#include "common/types.cuh"
+#include "ptx/math.cuh"
+
+namespace fc {
+namespace split_kv {
+
+// One warp merges one row: every lane reduces the LSEs, then owns kD / 32 columns.
+template <int kD>
+__device__ __forceinline__ void combine_row(const float* o_accum, const float* lse_accum, i64 rows, i64 row,
+                                            int num_splits, elem_t* out, float* lse_out, int lane) {
+    static_assert(kD % 32 == 0, "whole columns per lane");
+    constexpr int kCols = kD / 32;
+    float mx = math::neg_inf();
+    for (int s = lane; s < num_splits; s += 32) mx = fmaxf(mx, lse_accum[s * rows + row]);
+    mx = warp_max(mx);
+    float acc[kCols];
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) acc[c] = 0.f;
+    float lse = math::neg_inf();
+    if (mx != math::neg_inf()) {
+        float sum = 0.f;
+        for (int s = lane; s < num_splits; s += 32) sum += math::ex2((lse_accum[s * rows + row] - mx) * kLog2e);
+        sum = warp_sum(sum);
+        lse = mx + math::lg2(sum) * kLn2;
+        for (int s = 0; s < num_splits; ++s) {
+            const float w = math::ex2((lse_accum[s * rows + row] - lse) * kLog2e);
+            const float* o_s = o_accum + (s * rows + row) * kD + lane * kCols;
+#pragma unroll
+            for (int c = 0; c < kCols; ++c) acc[c] = fmaf(w, o_s[c], acc[c]);
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < kCols; ++c) out[lane * kCols + c] = from_float<elem_t>(acc[c]);
+    if (lse_out != nullptr && lane == 0) *lse_out = lse;
+}
+
+}  // namespace split_kv
+}  // namespace fc
