@@ -47,6 +47,8 @@
 // HOST CONTRACT
 // Entry fc_fwd_sm80(FwdParams p). Grid (ceil(seqlen_q / BLOCK_M) * S, heads_q, batch) with
 // S = p.num_splits for FC_SPLIT_KV=1 (CTA x is query tile x / S, split x % S), else S = 1;
+// but causal and unsplit: grid (ceil(seqlen_q / BLOCK_M) * heads_q * batch), tiles in
+// TileOrder<true> order with p.tile_section heads a section (common/tile_scheduler.cuh);
 // block 32 * NUM_WARPS threads, dynamic smem as above (cudaFuncSetAttribute over 48 KB).
 // Pointers 16-byte aligned, strides multiples of 8 elements, last dim contiguous. Causal is
 // the compile-time FC_CAUSAL (bottom-right aligned); p.causal is ignored. lse [B, Hq, Sq]
@@ -57,6 +59,7 @@
 #include "common/softmax.cuh"
 #include "common/split_combine.cuh"
 #include "common/swizzle.cuh"
+#include "common/tile_scheduler.cuh"
 #include "common/types.cuh"
 #include "ptx/cp_async.cuh"
 #include "ptx/ldmatrix.cuh"
@@ -95,6 +98,9 @@ constexpr int kWarps = FC_NUM_WARPS;
 constexpr int kStages = FC_STAGES;
 constexpr bool kCausal = FC_CAUSAL != 0;
 constexpr bool kSplitKv = FC_SPLIT_KV != 0;
+// Causal tiles differ in length: taken longest first (in L2-sized sections of heads) the
+// last wave is not left with a few long tiles.
+constexpr bool kLongestFirst = kCausal && !kSplitKv;
 constexpr int kThreads = 32 * kWarps;
 
 constexpr int kWarpRows = kBlockM / kWarps;
@@ -229,6 +235,27 @@ __device__ __forceinline__ u32 after_softmax(u32 addr, const OnlineSoftmax<kMTil
     return addr + ((bits & static_cast<u32>(seqlen_k)) >> 31);
 }
 
+// The query tile a CTA computes, and its key split.
+struct QueryTile {
+    int m0, head, batch, kv_head, split;
+};
+__device__ __forceinline__ QueryTile query_tile(const FwdParams& p) {
+    const int splits = kSplitKv ? p.num_splits : 1;
+    QueryTile t;
+    t.split = blockIdx.x % splits;
+    int m_block = blockIdx.x / splits;
+    t.head = blockIdx.y;
+    t.batch = blockIdx.z;
+    if (kLongestFirst) {
+        const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+        const WorkTile w = TileOrder<true>{m_blocks, p.heads_q, p.batch, p.tile_section}.at(recomputed(blockIdx.x));
+        m_block = w.m_block, t.head = w.head, t.batch = w.batch;
+    }
+    t.m0 = m_block * kBlockM;
+    t.kv_head = t.head / (p.heads_q / p.heads_kv);
+    return t;
+}
+
 // Key tiles this query tile visits, and from which one on the mask is needed.
 struct KeyRange {
     int tiles;        // tiles 0 .. tiles-1 hold visible keys; later ones are skipped
@@ -346,9 +373,11 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const int splits = kSplitKv ? p.num_splits : 1;
-    const int split = blockIdx.x % splits;
-    const int m0 = blockIdx.x / splits * kBlockM, head = blockIdx.y, batch = blockIdx.z;
-    const int kv_head = head / (p.heads_q / p.heads_kv);
+    const QueryTile tile0 = query_tile(p);
+    // The tile's coordinates where the main loop and the epilogue need them: decoded again
+    // there when longest first, since kept live across the loop they spill the widest tiles.
+    auto where = [&]() { return kLongestFirst ? query_tile(p) : tile0; };
+    const int m0 = tile0.m0, head = tile0.head, batch = tile0.batch, split = tile0.split;
     const int rows_valid = p.seqlen_q - m0;
 
     const elem_t* q = static_cast<const elem_t*>(p.q) + batch * p.q_stride_b + head * p.q_stride_h + m0 * p.q_stride_s;
@@ -370,7 +399,8 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
     auto load_kv = [&](int i) {
         const int key0 = (tile_end - 1 - i) * kBlockN;
         const u32 slot = (i % kStages) * KVTile::kBytes;
-        const int b = recomputed(batch), h = recomputed(kv_head);
+        const QueryTile t = where();
+        const int b = recomputed(t.batch), h = recomputed(t.kv_head);
         const elem_t* k = static_cast<const elem_t*>(p.k) + b * p.k_stride_b + h * p.k_stride_h;
         const elem_t* v = static_cast<const elem_t*>(p.v) + b * p.v_stride_b + h * p.v_stride_h;
         load_kv_tile(k_smem + slot, k + key0 * p.k_stride_s, p.k_stride_s, p.seqlen_k - key0);
@@ -415,7 +445,7 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
 
         float s[kMTiles][kNTiles][4];
         gemm_qk(s, q_i, q_row0, k_i);
-        if (tile >= keys.first_masked) apply_mask(s, tile * kBlockN, m0 + q_row0, p.seqlen_q, p.seqlen_k, lane);
+        if (tile >= keys.first_masked) apply_mask(s, tile * kBlockN, where().m0 + q_row0, p.seqlen_q, p.seqlen_k, lane);
         float rescale[kMTiles][2];
         softmax.update(s, p.softmax_scale_log2, rescale);
         scale_rows(o, rescale);
@@ -425,27 +455,29 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
 
     float inv_sum[kMTiles][2], lse[kMTiles][2];
     softmax.finish(p.softmax_scale_log2, inv_sum, lse);
+    const QueryTile t = where();
+    const int rows_left = kLongestFirst ? p.seqlen_q - t.m0 : rows_valid;
     if (kSplitKv && splits > 1) {
         cp_async::wait<0>();  // with no key tile, the Q copies may still be in flight
-        const i64 first_row = (static_cast<i64>(batch) * p.heads_q + head) * p.seqlen_q + m0;
-        store_partial(p, o, inv_sum, lse, first_row, rows_valid, q_row0, split, lane);
+        const i64 first_row = (static_cast<i64>(t.batch) * p.heads_q + t.head) * p.seqlen_q + t.m0;
+        store_partial(p, o, inv_sum, lse, first_row, rows_left, q_row0, t.split, lane);
         return;
     }
     if (p.lse != nullptr && lane % 4 == 0) {
-        float* lse_row = p.lse + (static_cast<i64>(batch) * p.heads_q + head) * p.seqlen_q + m0;
+        float* lse_row = p.lse + (static_cast<i64>(t.batch) * p.heads_q + t.head) * p.seqlen_q + t.m0;
 #pragma unroll
         for (int m = 0; m < kMTiles; ++m)
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 const int row = q_row0 + 16 * m + 8 * r + lane / 4;
-                if (row < rows_valid) lse_row[row] = lse[m][r];
+                if (row < rows_left) lse_row[row] = lse[m][r];
             }
     }
 
     cp_async::wait<0>();  // with no key tile, the Q copies may still be in flight
     __syncthreads();
-    elem_t* out = static_cast<elem_t*>(p.o) + batch * p.o_stride_b + head * p.o_stride_h + m0 * p.o_stride_s;
-    store_output(p, o, inv_sum, q_smem, out, rows_valid, warp, lane);
+    elem_t* out = static_cast<elem_t*>(p.o) + t.batch * p.o_stride_b + t.head * p.o_stride_h + t.m0 * p.o_stride_s;
+    store_output(p, o, inv_sum, q_smem, out, rows_left, warp, lane);
 }
 
 #if FC_SPLIT_KV

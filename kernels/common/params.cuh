@@ -25,7 +25,7 @@ struct FwdParams {
     float softmax_scale;       // applied to q·k
     float softmax_scale_log2;  // softmax_scale * log2(e), for exp2-based softmax
     int causal;                // bottom-right aligned: key j visible to query i iff j <= i + seqlen_k - seqlen_q
-    int _pad;
+    int tile_section;          // heads per longest-first section (fwd_sm80 causal; TileOrder)
 
     // Split-KV (fwd_sm80 built with FC_SPLIT_KV=1; ignored elsewhere). With num_splits > 1,
     // split s of a query tile visits key tiles [s * split_tiles, (s + 1) * split_tiles) and

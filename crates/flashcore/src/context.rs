@@ -229,12 +229,13 @@ impl Context {
             softmax_scale: scale,
             softmax_scale_log2: scale * std::f32::consts::LOG2_E,
             causal: i32::from(params.causal),
-            _pad: 0,
+            tile_section: 0,
             o_accum: 0,
             lse_accum: 0,
             num_splits: plan.splits as i32,
             split_tiles: plan.split_tiles as i32,
         };
+        p.tile_section = crate::kernels::section_heads(&p);
         if plan.splits > 1 {
             let mut workspace = self.split_workspace.lock().unwrap();
             let (o_accum, lse_accum) = self.split_buffers(&mut workspace, &shape, plan.splits)?;

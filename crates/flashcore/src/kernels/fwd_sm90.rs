@@ -7,7 +7,7 @@ use cudarc::driver::sys::{
 };
 use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
 
-use super::{FwdParams, KernelFamily, Tile, Variant};
+use super::{section_heads, FwdParams, KernelFamily, Tile, Variant};
 use crate::error::{DriverContext, Result};
 use crate::params::ProblemShape;
 use crate::tensor::{DType, TensorView};
@@ -59,19 +59,6 @@ pub fn variant(dtype: DType, head_dim: usize, causal: bool) -> Variant {
 pub fn grid(variant: &Variant, shape: &ProblemShape, sm_count: u32) -> (u32, u32, u32) {
     let tiles = shape.seqlen_q.div_ceil(variant.tile.block_m as usize) * shape.heads_q * shape.batch;
     (tiles.min(sm_count as usize).max(1) as u32, 1, 1)
-}
-
-/// Share of L2 the K and V of one longest-first section of heads should fit in (causal
-/// order: the CTAs running together work on one section, so they re-read its K and V from
-/// L2). 32 MiB of H100's 50 MB measured best (docs/perf-log.md).
-const L2_SECTION_BYTES: u64 = 32 << 20;
-
-/// Heads (x batch) per longest-first section: as many as have K and V within
-/// `L2_SECTION_BYTES`, at least one.
-fn section_heads(p: &FwdParams) -> i32 {
-    let kv_bytes = 4 * p.head_dim.max(1) as u64 * p.seqlen_k.max(1) as u64; // K and V, 2 bytes an element
-    let heads = p.heads_q as u64 * p.batch as u64;
-    (L2_SECTION_BYTES / kv_bytes).clamp(1, heads.max(1)) as i32
 }
 
 /// The kernel's `TileSchedule` parameter.

@@ -34,7 +34,7 @@ pub(crate) struct FwdParams {
     pub softmax_scale: f32,
     pub softmax_scale_log2: f32,
     pub causal: i32,
-    pub _pad: i32,
+    pub tile_section: i32,
     pub o_accum: u64,
     pub lse_accum: u64,
     pub num_splits: i32,
@@ -45,6 +45,19 @@ const _: () = assert!(std::mem::size_of::<FwdParams>() == 200);
 
 // SAFETY: plain old data with the C layout the kernels expect.
 unsafe impl DeviceRepr for FwdParams {}
+
+/// Share of L2 the K and V of one longest-first section of heads should fit in (causal
+/// order: the CTAs running together work on one section, so they re-read its K and V from
+/// L2). 32 MiB of H100's 50 MB measured best (docs/perf-log.md).
+const L2_SECTION_BYTES: u64 = 32 << 20;
+
+/// Heads (x batch) per longest-first section: as many as have K and V within
+/// `L2_SECTION_BYTES`, at least one.
+pub(crate) fn section_heads(p: &FwdParams) -> i32 {
+    let kv_bytes = 4 * p.head_dim.max(1) as u64 * p.seqlen_k.max(1) as u64; // K and V, 2 bytes an element
+    let heads = p.heads_q as u64 * p.batch as u64;
+    (L2_SECTION_BYTES / kv_bytes).clamp(1, heads.max(1)) as i32
+}
 
 /// A family of kernels: one algorithm, many compile-time variants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -215,6 +228,15 @@ impl Variant {
         }
         let m = self.tile.block_m as usize;
         let tiles = shape.seqlen_q.div_ceil(m) as u32;
+        if self.longest_first() {
+            return ((tiles * shape.heads_q as u32 * shape.batch as u32, 1, 1), threads);
+        }
         ((tiles * splits, shape.heads_q as u32, shape.batch as u32), threads)
+    }
+
+    /// Whether the kernel takes its tiles longest first from a 1-D grid (fwd_sm80 causal,
+    /// unsplit: `FwdParams::tile_section` heads a section, see `common/tile_scheduler.cuh`).
+    pub fn longest_first(&self) -> bool {
+        self.family == KernelFamily::FwdSm80 && self.causal == Some(true) && !self.split_kv
     }
 }
