@@ -99,8 +99,9 @@ constexpr int kStages = FC_STAGES;
 constexpr bool kCausal = FC_CAUSAL != 0;
 constexpr bool kSplitKv = FC_SPLIT_KV != 0;
 // Causal tiles differ in length: taken longest first (in L2-sized sections of heads) the
-// last wave is not left with a few long tiles.
-constexpr bool kLongestFirst = kCausal && !kSplitKv;
+// last wave is not left with a few long tiles. Measured on H100 (docs/perf-log.md): +4-10%
+// at D128/D256 from S = 1k, but -5% at D64 S <= 1k, where m blocks innermost share K/V.
+constexpr bool kLongestFirst = kCausal && !kSplitKv && kD > 64;
 constexpr int kThreads = 32 * kWarps;
 
 constexpr int kWarpRows = kBlockM / kWarps;

@@ -6,7 +6,7 @@ use flashcore::jit::{DiskCache, Jit};
 use flashcore::{Context, KernelFamily, ProblemShape};
 
 pub fn run() -> Result<bool> {
-    let arch = match Context::new(0) {
+    let device = match Context::new(0) {
         Ok(ctx) => {
             let i = ctx.info();
             println!("GPU            {} (device {})", i.name, i.ordinal);
@@ -16,7 +16,7 @@ pub fn run() -> Result<bool> {
             println!("L2             {} MiB", i.l2_bytes >> 20);
             println!("smem/block     {} KiB (opt-in)", i.max_smem_per_block >> 10);
             println!("driver CUDA    {}.{}", i.driver_version / 1000, i.driver_version % 1000 / 10);
-            Some(i.arch)
+            Some(i.device())
         }
         Err(e) => {
             println!("GPU            none: {e}");
@@ -29,21 +29,22 @@ pub fn run() -> Result<bool> {
         Err(e) => println!("NVRTC          {e}"),
     }
     println!("cache dir      {}", jit.cache().dir().display());
-    match arch {
-        Some(arch) => {
+    match device {
+        Some(device) => {
+            let arch = device.arch;
             for family in KernelFamily::ALL.into_iter().filter(|f| f.runs_on(arch)) {
                 let dims = family.head_dims().iter().map(|d| d.to_string()).collect::<Vec<_>>().join("/");
                 let default: Vec<String> = family
                     .head_dims()
                     .iter()
-                    .filter(|&&d| flashcore::dispatch::default_family(arch, &prefill(d)) == family)
+                    .filter(|&&d| flashcore::dispatch::default_family(&device, &prefill(d)) == family)
                     .map(|d| d.to_string())
                     .collect();
                 let tag = if default.is_empty() { String::new() } else { format!(" (default for D {})", default.join("/")) };
                 println!("kernel         {family}{tag}: head dims {dims}, {} variants", family.variants(arch).len());
             }
             let decode = ProblemShape { seqlen_q: 1, heads_kv: 8, ..prefill(128) };
-            println!("decode         {} (split-KV, GQA heads packed as rows)", flashcore::dispatch::default_family(arch, &decode));
+            println!("decode         {} (split-KV, GQA heads packed as rows)", flashcore::dispatch::default_family(&device, &decode));
         }
         None => println!("kernels        (need a GPU to say which run here; `flashcore compile --all-archs` builds them all)"),
     }

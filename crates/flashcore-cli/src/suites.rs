@@ -4,7 +4,7 @@ use flashcore::DType;
 
 use crate::cases::Case;
 
-pub const NAMES: &[&str] = &["quick", "seed", "sweep"];
+pub const NAMES: &[&str] = &["quick", "seed", "sweep", "small"];
 
 /// 16k tokens per batch, hidden 2048: `B = 16384 / S`, `H = 2048 / D`.
 fn sweep_case(s: usize, d: usize, causal: bool) -> Case {
@@ -41,6 +41,23 @@ pub fn suite(name: &str) -> Option<Vec<Case>> {
             v.push(Case::new(1, 512, 512, 8, 8, 64, false, DType::F16));
             v.extend([(8, 4096), (8, 32768), (8, 131072), (1, 131072)].map(|(b, s)| decode_case(b, s)));
             v
+        }
+        // Grids that leave most SMs idle (one short sequence, few heads): latency-bound, where
+        // splitting the keys across CTAs competes with one CTA per query tile.
+        "small" => {
+            let bf16 = |b, s, hq, hkv, d, causal| Case::new(b, s, s, hq, hkv, d, causal, DType::BF16);
+            vec![
+                Case::new(1, 512, 512, 8, 8, 64, false, DType::F16),
+                bf16(1, 512, 8, 8, 64, true),
+                bf16(1, 1024, 8, 8, 128, false),
+                bf16(1, 1024, 4, 4, 128, false),
+                bf16(1, 1024, 4, 4, 128, true),
+                bf16(1, 512, 16, 16, 128, true),
+                bf16(1, 256, 32, 8, 128, false),
+                bf16(2, 512, 8, 8, 256, false),
+                bf16(2, 512, 8, 8, 256, true),
+                bf16(1, 2048, 8, 8, 64, true),
+            ]
         }
         _ => return None,
     };

@@ -39,6 +39,13 @@ pub struct DeviceInfo {
     pub driver_version: i32,
 }
 
+impl DeviceInfo {
+    /// What the dispatcher needs to know of the device.
+    pub fn device(&self) -> dispatch::Device {
+        dispatch::Device { arch: self.arch, sm_count: self.sm_count, max_smem_per_block: self.max_smem_per_block }
+    }
+}
+
 fn display<S: serde::Serializer>(a: &Arch, s: S) -> std::result::Result<S::Ok, S::Error> {
     s.collect_str(a)
 }
@@ -130,9 +137,7 @@ impl Context {
 
     /// What [`Context::attention_into`] would run for a problem of `shape` and `dtype`.
     pub fn plan(&self, shape: &ProblemShape, dtype: crate::DType, params: &AttnParams) -> Result<Plan> {
-        let device =
-            dispatch::Device { arch: self.info.arch, sm_count: self.info.sm_count, max_smem_per_block: self.info.max_smem_per_block };
-        dispatch::plan(&device, shape, dtype, params)
+        dispatch::plan(&self.info.device(), shape, dtype, params)
     }
 
     /// The stream every call is queued on.

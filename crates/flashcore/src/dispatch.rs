@@ -71,23 +71,29 @@ fn kernel_rows(shape: &ProblemShape) -> usize {
     }
 }
 
-/// The family FlashCore runs on `arch` for `shape` when the caller does not force one:
-/// the Hopper kernel where it exists for the head dim, except for decode-like problems (a
-/// few query rows, where the split-KV kernel spreads the keys over the GPU); else the
-/// Ampere-class one.
-pub fn default_family(arch: Arch, shape: &ProblemShape) -> KernelFamily {
+/// The family FlashCore runs on `device` for `shape` when the caller does not force one:
+/// the Hopper kernel where it exists for the head dim, except where its grid would leave
+/// most SMs idle (decode; a few short sequences) and the split-KV kernel can spread the
+/// keys over the GPU instead; else the Ampere-class one.
+pub fn default_family(device: &Device, shape: &ProblemShape) -> KernelFamily {
+    let arch = device.arch;
+    if !KernelFamily::FwdSm90.runs_on(arch) || !fwd_sm90::HEAD_DIMS.contains(&shape.head_dim) {
+        return KernelFamily::FwdSm80;
+    }
     let decode_like = kernel_rows(shape) <= fwd_sm80::SPLIT_KV_MAX_ROWS;
-    if KernelFamily::FwdSm90.runs_on(arch) && fwd_sm90::HEAD_DIMS.contains(&shape.head_dim) && !decode_like {
-        KernelFamily::FwdSm90
-    } else {
+    let hopper = fwd_sm90::variant(DType::BF16, shape.head_dim, false);
+    let small_grid = ctas(&hopper, shape) < device.sm_count as usize / 2;
+    if decode_like || (small_grid && sm80_plan(device, shape, DType::BF16, false, None).splits > 1) {
         KernelFamily::FwdSm80
+    } else {
+        KernelFamily::FwdSm90
     }
 }
 
 /// Picks the variant and launch plan for a validated problem.
 pub fn plan(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnParams) -> Result<Plan> {
     let arch = device.arch;
-    let family = params.kernel.unwrap_or_else(|| default_family(arch, shape));
+    let family = params.kernel.unwrap_or_else(|| default_family(device, shape));
     if !family.runs_on(arch) {
         return Err(Error::Unsupported { kernel: family.name().into(), msg: format!("does not run on {arch}") });
     }
@@ -102,32 +108,40 @@ pub fn plan(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnPa
     let packed_gqa = packs_gqa(shape, family);
     let kshape = if packed_gqa { packed(shape) } else { *shape };
     let causal = params.causal && !packed_gqa;
-    let whole = |variant: Variant| {
-        let split_tiles = kshape.seqlen_k.div_ceil(variant.tile.block_n as usize);
-        Plan { variant, shape: kshape, packed_gqa, splits: 1, split_tiles }
+    let mut plan = match family {
+        KernelFamily::Reference => unsplit(reference::variant(dtype), &kshape),
+        KernelFamily::FwdSm90 => unsplit(fwd_sm90::variant(dtype, d, causal), &kshape),
+        KernelFamily::FwdSm80 => sm80_plan(device, &kshape, dtype, causal, params.num_splits),
     };
-    Ok(match family {
-        KernelFamily::Reference => whole(reference::variant(dtype)),
-        KernelFamily::FwdSm90 => whole(fwd_sm90::variant(dtype, d, causal)),
-        KernelFamily::FwdSm80 => {
-            let unsplit = fwd_sm80::variant(arch, dtype, d, causal);
-            let use_split = match params.num_splits {
-                Some(n) => n > 1,
-                None => kshape.seqlen_q <= fwd_sm80::SPLIT_KV_MAX_ROWS || ctas(&unsplit, &kshape) < device.sm_count as usize / 2,
-            };
-            if !use_split {
-                return Ok(whole(unsplit));
-            }
-            let variant = fwd_sm80::split_variant(arch, dtype, d, causal);
-            let key_tiles = kshape.seqlen_k.div_ceil(variant.tile.block_n as usize);
-            let wanted = params.num_splits.unwrap_or_else(|| {
-                let wave = device.sm_count as usize * ctas_per_sm(&variant, device);
-                fwd_sm80::num_splits(ctas(&variant, &kshape), key_tiles, wave)
-            });
-            let splits = fwd_sm80::effective_splits(key_tiles, wanted.min(fwd_sm80::MAX_SPLITS));
-            Plan { variant, shape: kshape, packed_gqa, splits, split_tiles: fwd_sm80::tiles_per_split(key_tiles, splits) }
-        }
-    })
+    plan.packed_gqa = packed_gqa;
+    Ok(plan)
+}
+
+fn unsplit(variant: Variant, shape: &ProblemShape) -> Plan {
+    let split_tiles = shape.seqlen_k.div_ceil(variant.tile.block_n as usize);
+    Plan { variant, shape: *shape, packed_gqa: false, splits: 1, split_tiles }
+}
+
+/// The fwd_sm80 plan for `shape` (already packed): the split-KV variant for a few query
+/// rows or a grid under half the SMs, split as `num_splits` says or to fill a wave.
+fn sm80_plan(device: &Device, shape: &ProblemShape, dtype: DType, causal: bool, num_splits: Option<usize>) -> Plan {
+    let d = shape.head_dim;
+    let whole = fwd_sm80::variant(device.arch, dtype, d, causal);
+    let use_split = match num_splits {
+        Some(n) => n > 1,
+        None => shape.seqlen_q <= fwd_sm80::SPLIT_KV_MAX_ROWS || ctas(&whole, shape) < device.sm_count as usize / 2,
+    };
+    if !use_split {
+        return unsplit(whole, shape);
+    }
+    let variant = fwd_sm80::split_variant(device.arch, dtype, d, causal);
+    let key_tiles = shape.seqlen_k.div_ceil(variant.tile.block_n as usize);
+    let wanted = num_splits.unwrap_or_else(|| {
+        let wave = device.sm_count as usize * ctas_per_sm(&variant, device);
+        fwd_sm80::num_splits(ctas(&variant, shape), key_tiles, wave)
+    });
+    let splits = fwd_sm80::effective_splits(key_tiles, wanted.min(fwd_sm80::MAX_SPLITS));
+    Plan { variant, shape: *shape, packed_gqa: false, splits, split_tiles: fwd_sm80::tiles_per_split(key_tiles, splits) }
 }
 
 /// CTAs of an unsplit launch of `variant` on `shape`.
@@ -193,6 +207,16 @@ mod tests {
         assert!(p.splits * p.split_tiles >= tiles && (p.splits - 1) * p.split_tiles < tiles);
         // A big batch fills the GPU unsplit.
         assert_eq!(pick(&h100(), &decode(512, 4096), &AttnParams::default()).splits, 1);
+    }
+
+    #[test]
+    fn small_prefill_grids_on_hopper_run_split_where_splitting_fills_the_gpu() {
+        let small = ProblemShape { batch: 1, seqlen_q: 512, seqlen_k: 512, heads_q: 8, heads_kv: 8, head_dim: 64 };
+        let p = pick(&h100(), &small, &AttnParams::default());
+        assert_eq!(p.variant.family, KernelFamily::FwdSm80);
+        assert!(p.variant.split_kv && p.splits > 1 && !p.packed_gqa, "{}", p.describe());
+        let big = ProblemShape { batch: 8, seqlen_q: 2048, seqlen_k: 2048, heads_q: 16, heads_kv: 16, head_dim: 64 };
+        assert_eq!(pick(&h100(), &big, &AttnParams::default()).variant.family, KernelFamily::FwdSm90);
     }
 
     #[test]

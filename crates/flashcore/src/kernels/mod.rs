@@ -235,8 +235,9 @@ impl Variant {
     }
 
     /// Whether the kernel takes its tiles longest first from a 1-D grid (fwd_sm80 causal,
-    /// unsplit: `FwdParams::tile_section` heads a section, see `common/tile_scheduler.cuh`).
+    /// unsplit, D > 64: `FwdParams::tile_section` heads a section, see
+    /// `common/tile_scheduler.cuh`).
     pub fn longest_first(&self) -> bool {
-        self.family == KernelFamily::FwdSm80 && self.causal == Some(true) && !self.split_kv
+        self.family == KernelFamily::FwdSm80 && self.causal == Some(true) && !self.split_kv && self.head_dim.is_some_and(|d| d > 64)
     }
 }
