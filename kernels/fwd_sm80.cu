@@ -33,8 +33,7 @@
 //
 // Split-KV (FC_SPLIT_KV=1, for decode and other grids too small to fill the GPU): the
 // key tiles of a query tile are shared out among p.num_splits CTAs, each writing a partial
-// O and LSE in f32 (common/params.cuh); the last of them to finish merges them
-// (common/split_combine.cuh), so no second launch is needed. Its tiles have 64
+// O and LSE in f32 (common/params.cuh), which fc_split_combine merges. Its tiles have 64
 // query rows (16 per warp): decode has few rows (GQA heads packed as rows by the host), and
 // the narrow tile keeps two CTAs per SM. Dynamic smem, registers (fp16 = bf16, full /
 // causal; 0 spills on every arch; BLOCK_M x BLOCK_N w4 s2, 64 rows each):
@@ -53,8 +52,9 @@
 // block 32 * NUM_WARPS threads, dynamic smem as above (cudaFuncSetAttribute over 48 KB).
 // Pointers 16-byte aligned, strides multiples of 8 elements, last dim contiguous. Causal is
 // the compile-time FC_CAUSAL (bottom-right aligned); p.causal is ignored. lse [B, Hq, Sq]
-// f32, natural log, written when p.lse != nullptr. Split-KV with p.num_splits > 1 needs
-// p.o_accum, p.lse_accum and p.split_counters as common/params.cuh describes.
+// f32, natural log, written when p.lse != nullptr.
+// Entry fc_split_combine(FwdParams p) (FC_SPLIT_KV=1 only; after fc_fwd_sm80 when
+// p.num_splits > 1): grid (ceil(B * Hq * Sq / 4)), block 128 threads, no shared memory.
 #include "common/params.cuh"
 #include "common/softmax.cuh"
 #include "common/split_combine.cuh"
@@ -462,15 +462,6 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
         cp_async::wait<0>();  // with no key tile, the Q copies may still be in flight
         const i64 first_row = (static_cast<i64>(t.batch) * p.heads_q + t.head) * p.seqlen_q + t.m0;
         store_partial(p, o, inv_sum, lse, first_row, rows_left, q_row0, t.split, lane);
-        const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-        unsigned* counter = p.split_counters + (static_cast<i64>(t.batch) * p.heads_q + t.head) * m_blocks + t.m0 / kBlockM;
-        if (split_kv::last_split_done(counter, splits, reinterpret_cast<int*>(smem))) {
-            const i64 rows = static_cast<i64>(p.batch) * p.heads_q * p.seqlen_q;
-            elem_t* out = static_cast<elem_t*>(p.o) + t.batch * p.o_stride_b + t.head * p.o_stride_h + t.m0 * p.o_stride_s;
-            for (int r = warp; r < min(kBlockM, rows_left); r += kWarps)
-                split_kv::combine_row<kD>(p.o_accum, p.lse_accum, rows, first_row + r, splits, out + r * p.o_stride_s,
-                                          p.lse == nullptr ? nullptr : p.lse + first_row + r, lane);
-        }
         return;
     }
     if (p.lse != nullptr && lane % 4 == 0) {
@@ -490,3 +481,18 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
     store_output(p, o, inv_sum, q_smem, out, rows_left, warp, lane);
 }
 
+#if FC_SPLIT_KV
+extern "C" __global__ void __launch_bounds__(128) fc_split_combine(const FwdParams p) {
+    using namespace fc;
+    const int lane = threadIdx.x % 32;
+    const i64 rows = static_cast<i64>(p.batch) * p.heads_q * p.seqlen_q;
+    const i64 row = static_cast<i64>(blockIdx.x) * 4 + threadIdx.x / 32;  // (batch * Hq + head) * Sq + query
+    if (row >= rows) return;
+    const int query = static_cast<int>(row % p.seqlen_q);
+    const int head = static_cast<int>(row / p.seqlen_q % p.heads_q);
+    const int batch = static_cast<int>(row / p.seqlen_q / p.heads_q);
+    elem_t* out = static_cast<elem_t*>(p.o) + batch * p.o_stride_b + query * p.o_stride_s + head * p.o_stride_h;
+    float* lse_out = p.lse == nullptr ? nullptr : p.lse + row;
+    split_kv::combine_row<FC_HEAD_DIM>(p.o_accum, p.lse_accum, rows, row, p.num_splits, out, lse_out, lane);
+}
+#endif

@@ -30,12 +30,10 @@ struct FwdParams {
     // Split-KV (fwd_sm80 built with FC_SPLIT_KV=1; ignored elsewhere). With num_splits > 1,
     // split s of a query tile visits key tiles [s * split_tiles, (s + 1) * split_tiles) and
     // writes its normalised partial O and its LSE, f32, to o_accum [num_splits, B, Hq, Sq, D]
-    // and lse_accum [num_splits, B, Hq, Sq]; the last split of the tile to finish (counted
-    // in split_counters [B, Hq, ceil(Sq / BLOCK_M)], zero before the launch and left zero)
-    // merges them into o and lse. With num_splits == 1 the kernel writes o and lse itself.
+    // and lse_accum [num_splits, B, Hq, Sq]; fc_split_combine then writes o and lse. With
+    // num_splits == 1 the kernel writes o and lse itself.
     float* o_accum;
     float* lse_accum;
     int num_splits;
     int split_tiles;
-    unsigned* split_counters;
 };

@@ -6,13 +6,10 @@
 // masked) ends with O = 0 and L = −inf, never NaN.
 //
 // Partial layout (row = (batch · Hq + head) · Sq + query, the LSE index of the output):
-// lse_accum[s · rows + row], o_accum[(s · rows + row) · D + column], f32. The splits are
-// other CTAs of the same launch, so the partials are read from L2 (atomic::load_l2), after
-// the count of finished splits says they are all there (last_split_done).
+// lse_accum[s · rows + row], o_accum[(s · rows + row) · D + column], f32.
 #pragma once
 #include "common/quad.cuh"
 #include "common/types.cuh"
-#include "ptx/atomic.cuh"
 #include "ptx/math.cuh"
 
 namespace fc {
@@ -25,7 +22,7 @@ __device__ __forceinline__ void combine_row(const float* o_accum, const float* l
     static_assert(kD % 32 == 0, "whole columns per lane");
     constexpr int kCols = kD / 32;
     float mx = math::neg_inf();
-    for (int s = lane; s < num_splits; s += 32) mx = fmaxf(mx, atomic::load_l2(lse_accum + s * rows + row));
+    for (int s = lane; s < num_splits; s += 32) mx = fmaxf(mx, lse_accum[s * rows + row]);
     mx = warp_max(mx);
     float acc[kCols];
 #pragma unroll
@@ -33,38 +30,19 @@ __device__ __forceinline__ void combine_row(const float* o_accum, const float* l
     float lse = math::neg_inf();
     if (mx != math::neg_inf()) {
         float sum = 0.f;
-        for (int s = lane; s < num_splits; s += 32) sum += math::ex2((atomic::load_l2(lse_accum + s * rows + row) - mx) * kLog2e);
+        for (int s = lane; s < num_splits; s += 32) sum += math::ex2((lse_accum[s * rows + row] - mx) * kLog2e);
         sum = warp_sum(sum);
         lse = mx + math::lg2(sum) * kLn2;
         for (int s = 0; s < num_splits; ++s) {
-            const float w = math::ex2((atomic::load_l2(lse_accum + s * rows + row) - lse) * kLog2e);
+            const float w = math::ex2((lse_accum[s * rows + row] - lse) * kLog2e);
             const float* o_s = o_accum + (s * rows + row) * kD + lane * kCols;
 #pragma unroll
-            for (int c = 0; c < kCols; ++c) acc[c] = fmaf(w, atomic::load_l2(o_s + c), acc[c]);
+            for (int c = 0; c < kCols; ++c) acc[c] = fmaf(w, o_s[c], acc[c]);
         }
     }
 #pragma unroll
     for (int c = 0; c < kCols; ++c) out[lane * kCols + c] = from_float<elem_t>(acc[c]);
     if (lse_out != nullptr && lane == 0) *lse_out = lse;
-}
-
-// Whether this CTA is the last of `num_splits` to finish its query tile, once every thread
-// has written its partials: each thread fences its writes, then one thread counts the CTA
-// in. The last one zeroes the counter again (no memset between launches; CUDA graphs replay)
-// and fences, so its reads of the partials come after everyone's writes. `flag` is one
-// shared int of scratch.
-__device__ __forceinline__ bool last_split_done(unsigned* counter, int num_splits, int* flag) {
-    atomic::fence_gpu();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        const bool last = atomic::add(counter, 1u) == static_cast<u32>(num_splits - 1);
-        if (last) *counter = 0;
-        *flag = last;
-    }
-    __syncthreads();
-    const bool last = *flag != 0;
-    if (last) atomic::fence_gpu();
-    return last;
 }
 
 }  // namespace split_kv

@@ -60,13 +60,8 @@ pub struct LoadedKernel {
     /// Whether the CUBIN came from the disk cache.
     pub from_cache: bool,
     function: CudaFunction,
-}
-
-/// Split-KV scratch: the partial O and LSE of every split, and one arrival counter per
-/// query tile (zero between launches: the last split of a tile zeroes it again).
-struct SplitWorkspace {
-    partials: CudaSlice<f32>,
-    counters: CudaSlice<u32>,
+    /// `fc_split_combine`, for split-KV variants.
+    combine: Option<CudaFunction>,
 }
 
 /// Log-sum-exp and output of one attention call.
@@ -91,8 +86,9 @@ pub struct Context {
     /// The fwd_sm90 tile counter: zero between launches, used by one launch at a time (all
     /// launches go to `stream`).
     tile_counter: CudaSlice<u32>,
-    /// Split-KV scratch, grown on demand; one launch at a time uses it, in stream order.
-    split_workspace: Mutex<Option<SplitWorkspace>>,
+    /// Split-KV partial results (O, then LSE), grown on demand; one launch at a time uses
+    /// it, in stream order.
+    split_workspace: Mutex<Option<CudaSlice<f32>>>,
 }
 
 impl Context {
@@ -243,42 +239,32 @@ impl Context {
             lse_accum: 0,
             num_splits: plan.splits as i32,
             split_tiles: plan.split_tiles as i32,
-            split_counters: 0,
         };
         p.tile_section = crate::kernels::section_heads(&p);
         if plan.splits > 1 {
             let mut workspace = self.split_workspace.lock().unwrap();
-            let tiles = shape.seqlen_q.div_ceil(plan.variant.tile.block_m as usize) * shape.heads_q * shape.batch;
-            (p.o_accum, p.lse_accum, p.split_counters) = self.split_buffers(&mut workspace, &shape, plan.splits, tiles)?;
-            return self.launch(&kernel, &plan, &p, [&q, &k, &v, &o]);
+            let (o_accum, lse_accum) = self.split_buffers(&mut workspace, &shape, plan.splits)?;
+            p.o_accum = o_accum;
+            p.lse_accum = lse_accum;
+            self.launch(&kernel, &plan, &p, [&q, &k, &v, &o])?;
+            return self.launch_combine(&kernel, &p);
         }
         self.launch(&kernel, &plan, &p, [&q, &k, &v, &o])
     }
 
     /// Device addresses of the split-KV partial O `[splits, B, Hq, Sq, D]` and LSE
-    /// `[splits, B, Hq, Sq]` (f32) and of `tiles` zeroed counters, from the workspace, grown
-    /// first if too small. Growing allocates, so it must not happen during a graph capture:
-    /// a warm-up call of the same shape before the capture sizes it.
-    fn split_buffers(
-        &self,
-        workspace: &mut Option<SplitWorkspace>,
-        shape: &ProblemShape,
-        splits: usize,
-        tiles: usize,
-    ) -> Result<(u64, u64, u64)> {
+    /// `[splits, B, Hq, Sq]` (f32) in the workspace, grown first if too small. Growing
+    /// allocates, so it must not happen during a graph capture: a warm-up call of the same
+    /// shape before the capture sizes it.
+    fn split_buffers(&self, workspace: &mut Option<CudaSlice<f32>>, shape: &ProblemShape, splits: usize) -> Result<(u64, u64)> {
         let rows = splits * shape.batch * shape.heads_q * shape.seqlen_q;
         let need = rows * (shape.head_dim + 1);
-        if workspace.as_ref().map_or(true, |w| w.partials.len() < need || w.counters.len() < tiles) {
-            let (old_partials, old_counters) = workspace.as_ref().map_or((0, 0), |w| (w.partials.len(), w.counters.len()));
+        if workspace.as_ref().map_or(true, |w| w.len() < need) {
             *workspace = None; // freed in stream order before the larger one is taken
-            let partials = self.stream.alloc_zeros::<f32>(need.max(old_partials)).ctx("allocating the split-KV workspace")?;
-            let counters = self.stream.alloc_zeros::<u32>(tiles.max(old_counters)).ctx("allocating the split-KV counters")?;
-            *workspace = Some(SplitWorkspace { partials, counters });
+            *workspace = Some(self.stream.alloc_zeros::<f32>(need).ctx("allocating the split-KV workspace")?);
         }
-        let w = workspace.as_ref().unwrap();
-        let (base, _sync) = w.partials.device_ptr(&self.stream);
-        let (counters, _sync) = w.counters.device_ptr(&self.stream);
-        Ok((base, base + (rows * shape.head_dim * std::mem::size_of::<f32>()) as u64, counters))
+        let (base, _sync) = workspace.as_ref().unwrap().device_ptr(&self.stream);
+        Ok((base, base + (rows * shape.head_dim * std::mem::size_of::<f32>()) as u64))
     }
 
     fn launch(&self, kernel: &LoadedKernel, plan: &Plan, p: &FwdParams, qkvo: [&TensorView; 4]) -> Result<()> {
@@ -290,6 +276,24 @@ impl Context {
         }
         // SAFETY: `p` matches the kernel's `FwdParams` ABI and its pointers were validated.
         unsafe { self.stream.launch_builder(&kernel.function).arg(p).launch(cfg) }.ctx(format!("launching {}", kernel.variant.name()))?;
+        Ok(())
+    }
+
+    /// The split-KV merge: one warp per (batch, head, query) row, four rows a block.
+    fn launch_combine(&self, kernel: &LoadedKernel, p: &FwdParams) -> Result<()> {
+        let combine = kernel
+            .combine
+            .as_ref()
+            .ok_or_else(|| Error::Unsupported { kernel: kernel.variant.name(), msg: "has no split-KV combine entry".into() })?;
+        let rows = p.batch as u64 * p.heads_q as u64 * p.seqlen_q as u64;
+        let blocks = u32::try_from(rows.div_ceil(4)).map_err(|_| Error::Unsupported {
+            kernel: kernel.variant.name(),
+            msg: format!("{rows} query rows overflow the combine grid"),
+        })?;
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: `fc_split_combine(FwdParams)`; the partials were written by the launch before it.
+        unsafe { self.stream.launch_builder(combine).arg(p).launch(cfg) }
+            .ctx(format!("launching the combine of {}", kernel.variant.name()))?;
         Ok(())
     }
 
@@ -311,12 +315,24 @@ impl Context {
         function
             .set_attribute(FnAttr::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, variant.smem_bytes as i32)
             .ctx("raising the dynamic shared memory limit")?;
-        let kernel =
-            Arc::new(LoadedKernel { variant: variant.clone(), resources: compiled.resources, from_cache: compiled.from_cache, function });
+        let combine = match variant.split_kv {
+            true => Some(module.load_function(SPLIT_COMBINE_ENTRY).ctx(format!("finding {SPLIT_COMBINE_ENTRY} in {}", source.name))?),
+            false => None,
+        };
+        let kernel = Arc::new(LoadedKernel {
+            variant: variant.clone(),
+            resources: compiled.resources,
+            from_cache: compiled.from_cache,
+            function,
+            combine,
+        });
         self.loaded.lock().unwrap().insert(variant.clone(), kernel.clone());
         Ok(kernel)
     }
 }
+
+/// The split-KV merge entry point in a split variant's module.
+const SPLIT_COMBINE_ENTRY: &str = "fc_split_combine";
 
 fn device_info(cuda: &Arc<CudaContext>) -> Result<DeviceInfo> {
     let attr = |a| cuda.attribute(a).map(|v| v as u32).ctx("reading a device attribute");

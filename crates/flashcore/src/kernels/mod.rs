@@ -39,10 +39,9 @@ pub(crate) struct FwdParams {
     pub lse_accum: u64,
     pub num_splits: i32,
     pub split_tiles: i32,
-    pub split_counters: u64,
 }
 
-const _: () = assert!(std::mem::size_of::<FwdParams>() == 208);
+const _: () = assert!(std::mem::size_of::<FwdParams>() == 200);
 
 // SAFETY: plain old data with the C layout the kernels expect.
 unsafe impl DeviceRepr for FwdParams {}
@@ -168,8 +167,8 @@ pub struct Variant {
     pub tile: Tile,
     /// Dynamic shared memory per CTA at this configuration, in bytes.
     pub smem_bytes: u32,
-    /// Split-KV: the key range of a query tile can be shared out among several CTAs, the
-    /// last of which merges their partial results.
+    /// Split-KV: the key range of a query tile can be shared out among several CTAs, whose
+    /// partial results a second kernel of the same module (`fc_split_combine`) merges.
     pub split_kv: bool,
 }
 
