@@ -72,9 +72,11 @@ fn kernel_rows(shape: &ProblemShape) -> usize {
 }
 
 /// The family FlashCore runs on `device` for `shape` when the caller does not force one:
-/// the Hopper kernel where it exists for the head dim, except where its grid would leave
-/// most SMs idle (decode; a few short sequences) and the split-KV kernel can spread the
-/// keys over the GPU instead; else the Ampere-class one.
+/// the Hopper kernel where it exists for the head dim, except for decode and, up to D128,
+/// where its grid would leave most SMs idle and the split-KV kernel can spread the keys
+/// over the GPU instead; else the Ampere-class one. Measured on H100 (`bench --suite
+/// small`): B1 H8 S512 D64 8.5 us split vs 9.8, B1 H4 S1k D128 14.3 vs 15.9; but D256's
+/// split tile (64x32) is half as fast as the Hopper kernel (B2 H8 S512: 33.4 vs 17.1).
 pub fn default_family(device: &Device, shape: &ProblemShape) -> KernelFamily {
     let arch = device.arch;
     if !KernelFamily::FwdSm90.runs_on(arch) || !fwd_sm90::HEAD_DIMS.contains(&shape.head_dim) {
@@ -82,7 +84,7 @@ pub fn default_family(device: &Device, shape: &ProblemShape) -> KernelFamily {
     }
     let decode_like = kernel_rows(shape) <= fwd_sm80::SPLIT_KV_MAX_ROWS;
     let hopper = fwd_sm90::variant(DType::BF16, shape.head_dim, false);
-    let small_grid = ctas(&hopper, shape) < device.sm_count as usize / 2;
+    let small_grid = ctas(&hopper, shape) < device.sm_count as usize / 2 && shape.head_dim <= 128;
     if decode_like || (small_grid && sm80_plan(device, shape, DType::BF16, false, None).splits > 1) {
         KernelFamily::FwdSm80
     } else {
@@ -217,6 +219,8 @@ mod tests {
         assert!(p.variant.split_kv && p.splits > 1 && !p.packed_gqa, "{}", p.describe());
         let big = ProblemShape { batch: 8, seqlen_q: 2048, seqlen_k: 2048, heads_q: 16, heads_kv: 16, head_dim: 64 };
         assert_eq!(pick(&h100(), &big, &AttnParams::default()).variant.family, KernelFamily::FwdSm90);
+        let d256 = ProblemShape { batch: 2, head_dim: 256, ..small };
+        assert_eq!(pick(&h100(), &d256, &AttnParams::default()).variant.family, KernelFamily::FwdSm90);
     }
 
     #[test]
