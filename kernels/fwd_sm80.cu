@@ -22,9 +22,9 @@
 //   D    sm_80      sm_86, sm_89   sm_90a
 //   32   234 / 236  156 / 158      233 / 237
 //   64   215 / 218  215 / 218      255 / 255
-//   96   217 / 220  217 / 220      219 / 223
-//   128  237 / 238  152 / 153      255 / 255
-//   256  230 / 232  230 / 232      239 / 248
+//   96   217 / 216  217 / 216      219 / 219
+//   128  237 / 237  152 / 153      255 / 255
+//   256  230 / 230  230 / 230      239 / 239
 // Why these: a warp owns 32 query rows where registers allow (its two m16 tiles share every
 // K/V fragment, halving shared-memory reads per mma); on sm_86/89 tiles stay at or under
 // ~48 KB so that two CTAs share an SM. On H100 the wide tiles D64 128x128 and D128 128x64
@@ -34,15 +34,15 @@
 // Split-KV (FC_SPLIT_KV=1, for decode and other grids too small to fill the GPU): the
 // key tiles of a query tile are shared out among p.num_splits CTAs, each writing a partial
 // O and LSE in f32 (common/params.cuh), which fc_split_combine merges. Its tiles have 64
-// query rows (16 per warp): decode has few rows (GQA heads packed as rows by the host), and
-// the narrow tile keeps two CTAs per SM. Dynamic smem, registers (fp16 = bf16, full /
-// causal; 0 spills on every arch; BLOCK_M x BLOCK_N w4 s2, 64 rows each):
-//   D    sm_80, sm_90        sm_86 / sm_89
-//   32   64x128  36 KB       64x128  36 KB
-//   64   64x128  72 KB       64x128  72 KB
-//   96   64x64   60 KB       64x64   60 KB
-//   128  64x128 144 KB       64x64   80 KB
-//   256  64x64  160 KB       64x32   96 KB
+// query rows (16 per warp): decode has few rows (GQA heads packed as rows by the host).
+// BLOCK_M x BLOCK_N w4 s2, dynamic smem, registers (full / causal; fp16 = bf16; 0 spills;
+// D256 64x64 spilled 60-156 B, hence 64x32):
+//   D    sm_80, sm_90 tile   sm_86/89 tile    sm_80      sm_86, sm_89   sm_90a
+//   32   64x128   36 KB      64x128  36 KB    148 / 147  148 / 147      154 / 158
+//   64   64x128   72 KB      64x128  72 KB    190 / 194  190 / 194      198 / 196
+//   96   64x64    60 KB      64x64   60 KB    168 / 168  168 / 168      168 / 172
+//   128  64x128  144 KB      64x64   80 KB    219 / 218  174 / 174      222 / 225
+//   256  64x32    96 KB      64x32   96 KB    232 / 230  232 / 230      244 / 242
 //
 // HOST CONTRACT
 // Entry fc_fwd_sm80(FwdParams p). Grid (ceil(seqlen_q / BLOCK_M) * S, heads_q, batch) with
