@@ -83,7 +83,7 @@ pub fn default_family(device: &Device, shape: &ProblemShape) -> KernelFamily {
         return KernelFamily::FwdSm80;
     }
     let decode_like = kernel_rows(shape) <= fwd_sm80::SPLIT_KV_MAX_ROWS;
-    let hopper = fwd_sm90::variant(DType::BF16, shape.head_dim, false);
+    let hopper = fwd_sm90::variant(DType::BF16, shape.head_dim, false, shape.seqlen_k);
     let small_grid = ctas(&hopper, shape) < device.sm_count as usize / 2 && shape.head_dim <= 128;
     if decode_like || (small_grid && sm80_plan(device, shape, DType::BF16, false, None).splits > 1) {
         KernelFamily::FwdSm80
@@ -112,7 +112,7 @@ pub fn plan(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnPa
     let causal = params.causal && !packed_gqa;
     let mut plan = match family {
         KernelFamily::Reference => unsplit(reference::variant(dtype), &kshape),
-        KernelFamily::FwdSm90 => unsplit(fwd_sm90::variant(dtype, d, causal), &kshape),
+        KernelFamily::FwdSm90 => unsplit(fwd_sm90::variant(dtype, d, causal, kshape.seqlen_k), &kshape),
         KernelFamily::FwdSm80 => sm80_plan(device, &kshape, dtype, causal, params.num_splits),
     };
     plan.packed_gqa = packed_gqa;

@@ -118,7 +118,7 @@ impl KernelFamily {
                     for dtype in dtypes {
                         for causal in [false, true] {
                             match self {
-                                KernelFamily::FwdSm90 => out.push(fwd_sm90::variant(dtype, head_dim, causal)),
+                                KernelFamily::FwdSm90 => out.extend(fwd_sm90::variants(dtype, head_dim, causal)),
                                 _ => {
                                     out.push(fwd_sm80::variant(arch, dtype, head_dim, causal));
                                     out.push(fwd_sm80::split_variant(arch, dtype, head_dim, causal));
