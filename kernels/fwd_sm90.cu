@@ -24,9 +24,10 @@
 //   D=128: 128 x 176 tile, 2 consumer WGs, 2 stages, setmaxnreg 24/240; smem 210 KB
 //   D=256: 128 x  80 tile, 2 consumer WGs, 2 stages, setmaxnreg 24/240; smem 226 KB
 //          (80 is the widest key block whose 2 K + 2 V stages fit beside Q)
-//   Causal with few keys (host: D128 Sk <= 2048, D256 Sk <= 512): D128 128 x 128 (166 KB),
-//   D256 128 x 64 (199 KB): most tiles meet the diagonal there, and a narrower key block
-//   computes fewer masked scores (H100: D128 causal S512 +18%, S1k +11%).
+//   Few keys (host: D64 causal Sk <= 1024, D128 causal <= 2048 and full <= 1024, D256
+//   causal <= 512): D64 128 x 128 with 2 consumer WGs and 3 stages (114 KB), D128 128 x 128
+//   (166 KB), D256 128 x 64 (199 KB): smaller tiles waste less of the causal diagonal and of
+//   the last partial tile (H100: D128 causal S512 +18%, S1k +11%; D64 causal S1k +10%).
 //   O (kBlockM x D) shares V's stages, so the epilogue costs no shared memory.
 //   ptxas: 0 bytes stack, 0 spills for all (entry cap 168 / 128 regs before setmaxnreg;
 //   the producer's tile loop fits 24 registers only with 32-bit barrier/stage addresses

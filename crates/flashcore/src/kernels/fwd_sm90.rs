@@ -24,12 +24,13 @@ const WARPGROUP_ROWS: u32 = 64;
 /// The tile for `head_dim`: consumer warpgroups of 64 query rows plus one producer
 /// warpgroup. D64 is bound by the exp unit as much as the tensor cores, so it runs 3
 /// consumers (192 rows) and 3 stages; D128's 176-wide key block measured ~7% over 128;
-/// D256 needs an 80-wide key block to fit two K/V stages in 227 KB. `short_causal`: a
-/// causal problem with few keys, where most query tiles meet the diagonal and a narrower
-/// key block computes fewer masked scores (D128 128 keys, D256 64).
-fn tile(head_dim: usize, short_causal: bool) -> Tile {
-    match (head_dim, short_causal) {
-        (0..=64, _) => Tile { block_m: 192, block_n: 128, warps: 16, stages: 3 },
+/// D256 needs an 80-wide key block to fit two K/V stages in 227 KB. `short`: few keys,
+/// where smaller tiles waste less on the diagonal (causal) and on the last partial tile:
+/// D64 128 rows (2 consumers), D128 128 keys, D256 64 keys.
+fn tile(head_dim: usize, short: bool) -> Tile {
+    match (head_dim, short) {
+        (0..=64, false) => Tile { block_m: 192, block_n: 128, warps: 16, stages: 3 },
+        (0..=64, true) => Tile { block_m: 128, block_n: 128, warps: 12, stages: 3 },
         (65..=128, false) => Tile { block_m: 128, block_n: 176, warps: 12, stages: 2 },
         (65..=128, true) => Tile { block_m: 128, block_n: 128, warps: 12, stages: 2 },
         (_, false) => Tile { block_m: 128, block_n: 80, warps: 12, stages: 2 },
@@ -37,13 +38,19 @@ fn tile(head_dim: usize, short_causal: bool) -> Tile {
     }
 }
 
-/// Causal problems with at most this many keys take the short-causal tiles. Measured on
-/// H100 (bf16 TFLOPS, sweep, short / long key block): D128 S512 278 / 236, 1k 440 / 398, 2k
-/// 553 / 534, 4k ±3%, 8k-16k -2 to -10%; D256 S512 302 / 288, 1k 458 / 469, 2k 545 / 581.
-fn short_causal_max_keys(head_dim: usize) -> usize {
-    match head_dim {
-        0..=128 => 2048,
-        _ => 512,
+/// Problems with at most this many keys take the short tiles (0: never). Measured on H100
+/// (bf16 TFLOPS, sweep, short / default tile, docs/perf-log.md): D64 causal S512 217 / 205,
+/// 1k 310 / 281, 2k tie, then -5 to -10%; D64 full ties to 1k, then -5 to -10%; D128 causal
+/// S512 278 / 236, 1k 440 / 398, 2k 553 / 534, 8k-16k -2 to -10%; D128 full S512 513 / 498,
+/// 1k 587 / 566, 2k -1%; D256 causal S512 302 / 288, 1k 458 / 469.
+fn short_max_keys(head_dim: usize, causal: bool) -> usize {
+    match (head_dim, causal) {
+        (0..=64, true) => 1024,
+        (0..=64, false) => 0,
+        (65..=128, true) => 2048,
+        (65..=128, false) => 1024,
+        (_, true) => 512,
+        (_, false) => 0,
     }
 }
 
@@ -56,21 +63,21 @@ fn smem_bytes(tile: Tile, head_dim: usize) -> u32 {
 
 /// The variant for one (dtype, head dim, mask) and `seqlen_k` keys.
 pub fn variant(dtype: DType, head_dim: usize, causal: bool, seqlen_k: usize) -> Variant {
-    make_variant(dtype, head_dim, causal, causal && seqlen_k <= short_causal_max_keys(head_dim))
+    make_variant(dtype, head_dim, causal, seqlen_k <= short_max_keys(head_dim, causal))
 }
 
-/// Every variant for one (dtype, head dim, mask): causal has a short-causal tile too where
-/// it differs.
+/// Every variant for one (dtype, head dim, mask): the default tile, and the short one where
+/// it is used.
 pub fn variants(dtype: DType, head_dim: usize, causal: bool) -> Vec<Variant> {
     let mut out = vec![make_variant(dtype, head_dim, causal, false)];
-    if causal && tile(head_dim, true) != tile(head_dim, false) {
+    if short_max_keys(head_dim, causal) > 0 {
         out.push(make_variant(dtype, head_dim, causal, true));
     }
     out
 }
 
-fn make_variant(dtype: DType, head_dim: usize, causal: bool, short_causal: bool) -> Variant {
-    let tile = tile(head_dim, short_causal);
+fn make_variant(dtype: DType, head_dim: usize, causal: bool, short: bool) -> Variant {
+    let tile = tile(head_dim, short);
     Variant {
         family: KernelFamily::FwdSm90,
         dtype,
@@ -179,13 +186,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn short_causal_problems_take_the_narrow_key_blocks() {
+    fn short_problems_take_the_small_tiles() {
         assert_eq!(variant(DType::BF16, 128, true, 2048).tile.block_n, 128);
         assert_eq!(variant(DType::BF16, 128, true, 2049).tile.block_n, 176);
-        assert_eq!(variant(DType::BF16, 128, false, 512).tile.block_n, 176);
+        assert_eq!(variant(DType::BF16, 128, false, 1024).tile.block_n, 128);
+        assert_eq!(variant(DType::BF16, 128, false, 1025).tile.block_n, 176);
         assert_eq!(variant(DType::BF16, 256, true, 512).tile.block_n, 64);
         assert_eq!(variant(DType::BF16, 256, true, 1024).tile.block_n, 80);
-        assert_eq!(variants(DType::F16, 64, true).len(), 1, "D64 has one causal tile");
+        assert_eq!(variant(DType::BF16, 64, true, 1024).tile.block_m, 128);
+        assert_eq!(variant(DType::BF16, 64, false, 512).tile.block_m, 192);
+        assert_eq!(variants(DType::F16, 64, false).len(), 1, "D64 full has one tile");
+        assert_eq!(variants(DType::F16, 256, true).len(), 2);
     }
 
     #[test]
