@@ -245,3 +245,33 @@ impl DeviceTensor {
         TensorViewMut { ptr, layout: self.layout, device: self.device, _borrow: PhantomData }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Element offset of `[b, s, h, d]` under `layout`.
+    fn offset(layout: &Layout, index: [usize; 4]) -> usize {
+        (0..4).map(|i| index[i] * layout.strides[i]).sum()
+    }
+
+    #[test]
+    fn gqa_packing_makes_each_kv_heads_query_heads_its_rows() {
+        // Contiguous and PyTorch-BHSD-style strides alike.
+        let contiguous = Layout::contiguous([3, 1, 8, 64], DType::BF16);
+        let bhsd = Layout { shape: [3, 1, 8, 64], strides: [8 * 100 * 64, 64, 100 * 64, 1], dtype: DType::F16 };
+        for layout in [contiguous, bhsd] {
+            let packed = layout.gqa_packed(2);
+            assert_eq!(packed.shape, [3, 4, 2, 64]);
+            for b in 0..3 {
+                for h in 0..8 {
+                    for d in [0, 63] {
+                        // Query head h reads KV head h / 4 (the kernels' mapping): row h % 4 of it.
+                        assert_eq!(offset(&layout, [b, 0, h, d]), offset(&packed, [b, h % 4, h / 4, d]), "b{b} h{h}");
+                    }
+                }
+            }
+            assert_eq!(packed.span(), layout.span());
+        }
+    }
+}
