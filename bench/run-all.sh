@@ -3,7 +3,7 @@
 # results page (DESIGN §6): raw JSON under docs/results/raw/<gpu-slug>/ (or --out), the page
 # docs/results/<gpu-slug>.md and its plots.
 #
-#   bench/run-all.sh [--bin target/release/flashcore] [--out DIR] [--suites "seed sweep quick"]
+#   bench/run-all.sh [--bin target/release/flashcore] [--out DIR] [--suites "seed sweep quick small"]
 #                    [--results-dir docs/results] [--python python3] [--no-anchors] [--no-flashcore]
 #
 # Needs: an NVIDIA GPU, the flashcore binary (cargo build --release), and for the anchors and
@@ -15,7 +15,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/.." && pwd)"
 bin="target/release/flashcore"
 out=""
-suites="seed sweep quick"
+suites="seed sweep quick small"
 results="docs/results"
 py="${PYTHON:-python3}"
 do_anchors=1
