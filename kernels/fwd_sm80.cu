@@ -54,7 +54,9 @@
 // the compile-time FC_CAUSAL (bottom-right aligned); p.causal is ignored. lse [B, Hq, Sq]
 // f32, natural log, written when p.lse != nullptr.
 // Entry fc_split_combine(FwdParams p) (FC_SPLIT_KV=1 only; after fc_fwd_sm80 when
-// p.num_splits > 1): grid (ceil(B * Hq * Sq / 4)), block 128 threads, no shared memory.
+// p.num_splits > 1): grid (ceil(B * Hq * Sq / 4)), block 128 threads, no shared memory; on
+// sm_90+ it may be launched with programmatic stream serialization (it waits for
+// fc_fwd_sm80's completion itself, griddepcontrol.wait).
 #include "common/params.cuh"
 #include "common/softmax.cuh"
 #include "common/split_combine.cuh"
@@ -62,6 +64,7 @@
 #include "common/tile_scheduler.cuh"
 #include "common/types.cuh"
 #include "ptx/cp_async.cuh"
+#include "ptx/griddep.cuh"
 #include "ptx/ldmatrix.cuh"
 #include "ptx/mma.cuh"
 
@@ -459,7 +462,8 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
     const QueryTile t = where();
     const int rows_left = kLongestFirst ? p.seqlen_q - t.m0 : rows_valid;
     if (kSplitKv && splits > 1) {
-        cp_async::wait<0>();  // with no key tile, the Q copies may still be in flight
+        griddep::launch_dependents();  // the combine may launch now; it waits for the partials
+        cp_async::wait<0>();           // with no key tile, the Q copies may still be in flight
         const i64 first_row = (static_cast<i64>(t.batch) * p.heads_q + t.head) * p.seqlen_q + t.m0;
         store_partial(p, o, inv_sum, lse, first_row, rows_left, q_row0, t.split, lane);
         return;
@@ -493,6 +497,7 @@ extern "C" __global__ void __launch_bounds__(128) fc_split_combine(const FwdPara
     const int batch = static_cast<int>(row / p.seqlen_q / p.heads_q);
     elem_t* out = static_cast<elem_t*>(p.o) + batch * p.o_stride_b + query * p.o_stride_s + head * p.o_stride_h;
     float* lse_out = p.lse == nullptr ? nullptr : p.lse + row;
+    griddep::wait();  // launched early (programmatic dependent launch): the partials are ready now
     split_kv::combine_row<FC_HEAD_DIM>(p.o_accum, p.lse_accum, rows, row, p.num_splits, out, lse_out, lane);
 }
 #endif

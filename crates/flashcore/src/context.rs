@@ -279,7 +279,9 @@ impl Context {
         Ok(())
     }
 
-    /// The split-KV merge: one warp per (batch, head, query) row, four rows a block.
+    /// The split-KV merge: one warp per (batch, head, query) row, four rows a block. On
+    /// sm_90+ it is launched as a programmatic dependent of the split kernel, so its launch
+    /// overlaps the split kernel's last CTAs (it waits for their partials itself).
     fn launch_combine(&self, kernel: &LoadedKernel, p: &FwdParams) -> Result<()> {
         let combine = kernel
             .combine
@@ -290,10 +292,13 @@ impl Context {
             kernel: kernel.variant.name(),
             msg: format!("{rows} query rows overflow the combine grid"),
         })?;
+        let what = || format!("launching the combine of {}", kernel.variant.name());
+        if self.info.arch.major >= 9 {
+            return launch_dependent(&self.stream, combine, (blocks, 128), p).ctx(what());
+        }
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: `fc_split_combine(FwdParams)`; the partials were written by the launch before it.
-        unsafe { self.stream.launch_builder(combine).arg(p).launch(cfg) }
-            .ctx(format!("launching the combine of {}", kernel.variant.name()))?;
+        unsafe { self.stream.launch_builder(combine).arg(p).launch(cfg) }.ctx(what())?;
         Ok(())
     }
 
@@ -329,6 +334,38 @@ impl Context {
         self.loaded.lock().unwrap().insert(variant.clone(), kernel.clone());
         Ok(kernel)
     }
+}
+
+/// Launches `function(p)` on `stream` with programmatic stream serialization (sm_90+): it
+/// may start before the previous kernel on the stream ends, and must wait for it itself
+/// (`griddepcontrol.wait`). `(blocks, threads)`: a 1-D grid, no shared memory.
+fn launch_dependent(
+    stream: &CudaStream,
+    function: &CudaFunction,
+    (blocks, threads): (u32, u32),
+    p: &FwdParams,
+) -> std::result::Result<(), cudarc::driver::DriverError> {
+    use cudarc::driver::sys;
+    // SAFETY: a plain C struct (an id and a union of plain values); all zeros is valid.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: blocks,
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: threads,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: 0,
+        hStream: stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    let mut args = [p as *const FwdParams as *mut std::ffi::c_void];
+    // SAFETY: `function` takes one `FwdParams` by value; `args` points at it for the call's
+    // duration; `config` and `attr` outlive the call.
+    unsafe { sys::cuLaunchKernelEx(&config, function.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }.result()
 }
 
 /// The split-KV merge entry point in a split variant's module.
