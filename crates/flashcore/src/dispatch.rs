@@ -65,7 +65,7 @@ pub fn packed(shape: &ProblemShape) -> ProblemShape {
 /// Query rows per KV head, as the kernel will see them.
 fn kernel_rows(shape: &ProblemShape) -> usize {
     if shape.seqlen_q == 1 {
-        shape.heads_q / shape.heads_kv
+        packed(shape).seqlen_q
     } else {
         shape.seqlen_q
     }

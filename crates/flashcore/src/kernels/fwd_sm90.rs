@@ -7,7 +7,7 @@ use cudarc::driver::sys::{
 };
 use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
 
-use super::{section_heads, FwdParams, KernelFamily, Tile, Variant};
+use super::{FwdParams, KernelFamily, Tile, Variant};
 use crate::error::{DriverContext, Result};
 use crate::params::ProblemShape;
 use crate::tensor::{DType, TensorView};
@@ -174,7 +174,7 @@ pub fn launch(
     let tk = tensor_map(qkvo[1], variant.tile.block_n)?;
     let tv = tensor_map(qkvo[2], variant.tile.block_n)?;
     let to = tensor_map(qkvo[3], WARPGROUP_ROWS)?;
-    let schedule = TileSchedule { counter: tile_counter, section: section_heads(p), _pad: 0 };
+    let schedule = TileSchedule { counter: tile_counter, section: p.tile_section, _pad: 0 };
     // SAFETY: the arguments match `fc_fwd_sm90(FwdParams, CUtensorMap x4, TileSchedule)`.
     unsafe { stream.launch_builder(function).arg(p).arg(&tq).arg(&tk).arg(&tv).arg(&to).arg(&schedule).launch(cfg) }
         .ctx(format!("launching {}", variant.name()))?;
