@@ -84,7 +84,7 @@ pub fn default_family(device: &Device, shape: &ProblemShape) -> KernelFamily {
     }
     let decode_like = kernel_rows(shape) <= fwd_sm80::SPLIT_KV_MAX_ROWS;
     let hopper = fwd_sm90::variant(DType::BF16, shape.head_dim, false, shape.seqlen_k);
-    let small_grid = ctas(&hopper, shape) < device.sm_count as usize / 2 && shape.head_dim <= 128;
+    let small_grid = hopper.query_tiles(shape) < device.sm_count as usize / 2 && shape.head_dim <= 128;
     if decode_like || (small_grid && sm80_plan(device, shape, DType::BF16, false, None).splits > 1) {
         KernelFamily::FwdSm80
     } else {
@@ -131,7 +131,7 @@ fn sm80_plan(device: &Device, shape: &ProblemShape, dtype: DType, causal: bool, 
     let whole = fwd_sm80::variant(device.arch, dtype, d, causal);
     let use_split = match num_splits {
         Some(n) => n > 1,
-        None => shape.seqlen_q <= fwd_sm80::SPLIT_KV_MAX_ROWS || ctas(&whole, shape) < device.sm_count as usize / 2,
+        None => shape.seqlen_q <= fwd_sm80::SPLIT_KV_MAX_ROWS || whole.query_tiles(shape) < device.sm_count as usize / 2,
     };
     if !use_split {
         return unsplit(whole, shape);
@@ -140,15 +140,10 @@ fn sm80_plan(device: &Device, shape: &ProblemShape, dtype: DType, causal: bool, 
     let key_tiles = shape.seqlen_k.div_ceil(variant.tile.block_n as usize);
     let wanted = num_splits.unwrap_or_else(|| {
         let wave = device.sm_count as usize * ctas_per_sm(&variant, device);
-        fwd_sm80::num_splits(ctas(&variant, shape), key_tiles, wave)
+        fwd_sm80::num_splits(variant.query_tiles(shape), key_tiles, wave)
     });
     let splits = fwd_sm80::effective_splits(key_tiles, wanted.min(fwd_sm80::MAX_SPLITS));
     Plan { variant, shape: *shape, packed_gqa: false, splits, split_tiles: fwd_sm80::tiles_per_split(key_tiles, splits) }
-}
-
-/// CTAs of an unsplit launch of `variant` on `shape`.
-fn ctas(variant: &Variant, shape: &ProblemShape) -> usize {
-    shape.seqlen_q.div_ceil(variant.tile.block_m as usize) * shape.heads_q * shape.batch
 }
 
 /// CTAs of `variant` one SM holds, by shared memory, at most two (a 128-thread CTA of up

@@ -92,8 +92,7 @@ fn make_variant(dtype: DType, head_dim: usize, causal: bool, short: bool) -> Var
 /// Grid for `shape`: one CTA per SM (fewer if there are fewer query tiles), each looping
 /// over the tiles it claims from the tile counter (`common/tile_scheduler.cuh`).
 pub fn grid(variant: &Variant, shape: &ProblemShape, sm_count: u32) -> (u32, u32, u32) {
-    let tiles = shape.seqlen_q.div_ceil(variant.tile.block_m as usize) * shape.heads_q * shape.batch;
-    (tiles.min(sm_count as usize).max(1) as u32, 1, 1)
+    (variant.query_tiles(shape).min(sm_count as usize).max(1) as u32, 1, 1)
 }
 
 /// The kernel's `TileSchedule` parameter.

@@ -226,12 +226,17 @@ impl Variant {
         if self.family == KernelFamily::FwdSm90 {
             return (fwd_sm90::grid(self, shape, sm_count), threads);
         }
-        let m = self.tile.block_m as usize;
-        let tiles = shape.seqlen_q.div_ceil(m) as u32;
         if self.longest_first() {
-            return ((tiles * shape.heads_q as u32 * shape.batch as u32, 1, 1), threads);
+            return ((self.query_tiles(shape) as u32, 1, 1), threads);
         }
-        ((tiles * splits, shape.heads_q as u32, shape.batch as u32), threads)
+        let m_blocks = shape.seqlen_q.div_ceil(self.tile.block_m as usize) as u32;
+        ((m_blocks * splits, shape.heads_q as u32, shape.batch as u32), threads)
+    }
+
+    /// Query tiles (query blocks x heads x batch) of `shape`: the CTAs of an unsplit launch,
+    /// or the work items of a persistent one.
+    pub fn query_tiles(&self, shape: &ProblemShape) -> usize {
+        shape.seqlen_q.div_ceil(self.tile.block_m as usize) * shape.heads_q * shape.batch
     }
 
     /// Whether the kernel takes its tiles longest first from a 1-D grid (fwd_sm80 causal,
