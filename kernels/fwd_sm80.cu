@@ -10,7 +10,8 @@
 //
 // Configurations (BLOCK_M x BLOCK_N, warps, stages; the host passes them as -D). Dynamic
 // smem = 2 * (BLOCK_M + 2 * STAGES * BLOCK_N) * D bytes (Q tile, then the K and V slots; the
-// epilogue reuses the Q tile). Registers from ptxas (CUDA 13 NVRTC), fp16/bf16 alike,
+// epilogue reuses the Q tile). STAGES = 1 is FlashAttention-2's single K and V buffer (see
+// kSingleBuffer). Registers from ptxas (CUDA 13 NVRTC), fp16/bf16 alike,
 // full/causal; 0 bytes stack and 0 spills on sm_80, sm_86, sm_89 and sm_90a for all of them:
 //   D    sm_80 (163 KB)            sm_86 / sm_89 (99 KB)     sm_90 (227 KB)
 //   32   128x128 w4 s2  40 KB      128x64 w4 s2  24 KB       128x128 w4 s2  40 KB
@@ -18,37 +19,41 @@
 //   96   128x32  w4 s2  48 KB      128x32 w4 s2  48 KB       128x32  w4 s2  48 KB
 //   128  128x32  w4 s2  64 KB      64x32  w4 s2  48 KB       128x64  w4 s2  96 KB
 //   256  64x32   w4 s2  96 KB      64x32  w4 s2  96 KB       128x64  w8 s2 192 KB
+//   256, Sk <= 1024 (sm_90 only)                              64x64   w4 s1  96 KB
 // Registers (full / causal; fp16 = bf16):
 //   D    sm_80      sm_86, sm_89   sm_90a
 //   32   234 / 236  156 / 158      233 / 237
 //   64   215 / 218  215 / 218      255 / 255
 //   96   217 / 216  217 / 216      219 / 219
 //   128  237 / 237  152 / 153      255 / 255
-//   256  230 / 230  230 / 230      239 / 239
+//   256  228 / 228  228 / 228      239 / 239;  64x64 s1: 246 / 254
 // Why these: a warp owns 32 query rows where registers allow (its two m16 tiles share every
 // K/V fragment, halving shared-memory reads per mma); on sm_86/89 tiles stay at or under
 // ~48 KB so that two CTAs share an SM. On H100 the wide tiles D64 128x128 and D128 128x64
 // (255 registers, no spill thanks to after_softmax) measured +3% and +11% over 128x64 /
-// 128x32 (docs/perf-log.md); sm_80 keeps the narrower ones until measured on an A100.
+// 128x32 (docs/perf-log.md); sm_80 keeps the narrower ones until measured on an A100. With
+// few keys, D256 on H100 runs 64x64 with one K and one V slot, two CTAs an SM: 64-row tiles
+// waste less of the causal diagonal and the second CTA hides each one's prologue (S512
+// causal 217 vs 191 TFLOPS); from 2k keys the 128-row tile's halved K/V traffic wins.
 //
 // Split-KV (FC_SPLIT_KV=1, for decode and other grids too small to fill the GPU): the
 // key tiles of a query tile are shared out among p.num_splits CTAs, each writing a partial
 // O and LSE in f32 (common/params.cuh), which fc_split_combine merges. Its tiles have 64
 // query rows (16 per warp): decode has few rows (GQA heads packed as rows by the host).
-// BLOCK_M x BLOCK_N w4 s2, dynamic smem, registers (full / causal; fp16 = bf16; 0 spills;
-// D256 64x64 spilled 60-156 B, hence 64x32):
+// BLOCK_M x BLOCK_N w4 s2, dynamic smem, registers (full / causal; fp16 = bf16; 0 spills):
 //   D    sm_80, sm_90 tile   sm_86/89 tile    sm_80      sm_86, sm_89   sm_90a
 //   32   64x128   36 KB      64x128  36 KB    148 / 147  148 / 147      154 / 158
 //   64   64x128   72 KB      64x128  72 KB    190 / 194  190 / 194      198 / 196
 //   96   64x64    60 KB      64x64   60 KB    168 / 168  168 / 168      168 / 172
 //   128  64x128  144 KB      64x64   80 KB    219 / 218  174 / 174      222 / 225
-//   256  64x32    96 KB      64x32   96 KB    232 / 230  232 / 230      244 / 242
+//   256  64x64   160 KB      64x32   96 KB    245 / 235  231 / 230      244 / 255
 //
 // HOST CONTRACT
 // Entry fc_fwd_sm80(FwdParams p). Grid (ceil(seqlen_q / BLOCK_M) * S, heads_q, batch) with
 // S = p.num_splits for FC_SPLIT_KV=1 (CTA x is query tile x / S, split x % S), else S = 1;
-// but causal and unsplit: grid (ceil(seqlen_q / BLOCK_M) * heads_q * batch), tiles in
-// TileOrder<true> order with p.tile_section heads a section (common/tile_scheduler.cuh);
+// but for kLongestFirst (causal, unsplit, D > 64, STAGES > 1): grid (ceil(seqlen_q /
+// BLOCK_M) * heads_q * batch), tiles in TileOrder<true> order with p.tile_section heads a
+// section (common/tile_scheduler.cuh);
 // block 32 * NUM_WARPS threads, dynamic smem as above (cudaFuncSetAttribute over 48 KB).
 // Pointers 16-byte aligned, strides multiples of 8 elements, last dim contiguous. Causal is
 // the compile-time FC_CAUSAL (bottom-right aligned); p.causal is ignored. lse [B, Hq, Sq]
@@ -103,8 +108,9 @@ constexpr bool kCausal = FC_CAUSAL != 0;
 constexpr bool kSplitKv = FC_SPLIT_KV != 0;
 // Causal tiles differ in length: taken longest first (in L2-sized sections of heads) the
 // last wave is not left with a few long tiles. Measured on H100 (docs/perf-log.md): +4-10%
-// at D128/D256 from S = 1k, but -5% at D64 S <= 1k, where m blocks innermost share K/V.
-constexpr bool kLongestFirst = kCausal && !kSplitKv && kD > 64;
+// at D128/D256 from S = 1k, but -5% at D64 S <= 1k and -5% with the single-buffer D256
+// 64x64 tile at S512 (two CTAs an SM), where m blocks innermost share K/V.
+constexpr bool kLongestFirst = kCausal && !kSplitKv && kD > 64 && kStages > 1;
 constexpr int kThreads = 32 * kWarps;
 
 constexpr int kWarpRows = kBlockM / kWarps;
@@ -119,7 +125,16 @@ constexpr bool kPvAfterSoftmax = 4 * kMTiles * (kNTiles + kDTiles) >= 192;
 static_assert(kD % 32 == 0 && kD <= 256, "head dim: 32, 64, 96, 128 or 256");
 static_assert(kWarpRows % 16 == 0, "each warp owns whole 16-row mma tiles");
 static_assert(kBlockN % 16 == 0, "key tile: whole 16-key steps of P·V");
-static_assert(kStages >= 2, "a ring of at least two K/V slots");
+static_assert(kStages >= 1, "at least one K and one V slot");
+// One K and one V slot (FlashAttention-2's layout and order): V's copy overlaps Q·Kᵀ, the
+// next K's copy the softmax and P·V (H100, D256 causal S512: 217 TFLOPS, against 209 with
+// the V wait after the softmax). Half the shared memory of a two-slot ring, so a 96 KB
+// D256 64x64 tile leaves room for a second CTA on the SM, whose math hides this one's
+// waits.
+constexpr bool kSingleBuffer = kStages == 1;
+static_assert(!(kSingleBuffer && FC_SPLIT_KV), "split-KV tiles use a ring");
+// Copy groups (one per tile) a ring may leave in flight when tile i is needed.
+constexpr int kRingInFlight = kSingleBuffer ? 0 : kStages - 2;
 
 using QTile = SwizzledTile<kBlockM, kD>;
 using KVTile = SwizzledTile<kBlockN, kD>;
@@ -136,14 +151,18 @@ template <typename T> __device__ __forceinline__ T recomputed(T x) {
 // Rows [0, valid) of a tile from global memory (row stride in elements); rows past
 // `valid` are zero-filled so that they contribute nothing (and never NaN) downstream:
 // their copies read no byte (src-size 0), so their out-of-range addresses are never used.
-// A thread copies chunk c of rows r0, r0 + kRowsPerPass, ...; when kRowsPerPass is a
-// multiple of 8 the swizzle is the same on all of them, so one base offset serves every
-// copy and little stays live across the main loop.
+// A thread copies chunk c of rows r0, r0 + kRowsPerPass, ... The swizzle repeats every 8
+// rows, so when kRowsPerPass divides 8 or is a multiple of it, kKeys base offsets (one per
+// residue of the row mod 8) serve every copy and little stays live across the main loop:
+// a per-copy offset for each of D256's 16 copies a thread (4 warps) held 48 registers.
 template <class Tile> struct TileLoader {
     static constexpr int kCopies = Tile::kBytes / 16 / kThreads;
-    static constexpr bool kRegular = kThreads % Tile::kChunks == 0 && kThreads / Tile::kChunks % 8 == 0;
     static constexpr int kRowsPerPass = kThreads / Tile::kChunks;
+    static constexpr bool kRegular =
+        kThreads % Tile::kChunks == 0 && (kRowsPerPass % 8 == 0 || 8 % kRowsPerPass == 0);
+    static constexpr int kKeys = kRegular && kRowsPerPass < 8 ? 8 / kRowsPerPass : 1;
     static_assert(Tile::kBytes / 16 % kThreads == 0, "whole 16-byte chunks per thread");
+    static_assert(kCopies % kKeys == 0 || kCopies < kKeys, "copies cover whole 8-row groups");
 
     int tid;
     __device__ __forceinline__ explicit TileLoader(int t) : tid(t) {}
@@ -152,11 +171,15 @@ template <class Tile> struct TileLoader {
         const int tid = recomputed(this->tid);
         if constexpr (kRegular) {
             const int r0 = tid / Tile::kChunks, c = tid % Tile::kChunks;
-            const u32 dst = smem + Tile::offset(r0, c);
+            u32 dst[kKeys];
+#pragma unroll
+            for (int k = 0; k < kKeys; ++k) dst[k] = smem + Tile::offset(r0 + k * kRowsPerPass, c);
             const elem_t* src = g + r0 * row_stride + c * 8;
 #pragma unroll
             for (int i = 0; i < kCopies; ++i) {
-                cp_async::copy16(dst + i * kRowsPerPass * Tile::kRowBytes, src, r0 + i * kRowsPerPass < valid);
+                // copy i is row r0 + i * kRowsPerPass: 8-row group i / kKeys, residue key i % kKeys
+                const u32 row_group = static_cast<u32>(i / kKeys * kRowsPerPass * kKeys) * Tile::kRowBytes;
+                cp_async::copy16(dst[i % kKeys] + row_group, src, r0 + i * kRowsPerPass < valid);
                 src += kRowsPerPass * row_stride;  // a running pointer: no per-copy offsets live
             }
         } else {
@@ -410,8 +433,22 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
         load_kv_tile(k_smem + slot, k + key0 * p.k_stride_s, p.k_stride_s, p.seqlen_k - key0);
         load_kv_tile(v_smem + slot, v + key0 * p.v_stride_s, p.v_stride_s, p.seqlen_k - key0);
     };
+    // The single-buffer pipeline loads K and V of a tile separately (into slot 0).
+    auto load_k_or_v = [&](int i, bool is_v) {
+        const int key0 = (tile_end - 1 - i) * kBlockN;
+        const QueryTile t = where();
+        const int b = recomputed(t.batch), h = recomputed(t.kv_head);
+        const elem_t* base = static_cast<const elem_t*>(is_v ? p.v : p.k);
+        const i64 stride_s = is_v ? p.v_stride_s : p.k_stride_s;
+        const elem_t* src = base + b * (is_v ? p.v_stride_b : p.k_stride_b) + h * (is_v ? p.v_stride_h : p.k_stride_h);
+        load_kv_tile(is_v ? v_smem : k_smem, src + key0 * stride_s, stride_s, p.seqlen_k - key0);
+    };
 
     TileLoader<QTile>{tid}(q_smem, q, p.q_stride_s, rows_valid);
+    if (kSingleBuffer) {
+        if (n_tiles > 0) load_k_or_v(0, false);
+        cp_async::commit();  // Q and the first K
+    }
 #pragma unroll
     for (int i = 0; i < kStages - 1; ++i) {
         if (i < n_tiles) load_kv(i);
@@ -435,9 +472,15 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
 
     for (int i = 0; i < n_tiles; ++i) {
         const int tile = tile_end - 1 - i;
-        cp_async::wait<kStages - 2>();  // tile i (and Q) landed for this thread ...
-        __syncthreads();                 // ... and for all; slot (i - 1) % kStages is free
-        if (i + kStages - 1 < n_tiles) load_kv(i + kStages - 1);
+        if (kSingleBuffer) {
+            cp_async::wait<0>();  // K of tile i (and Q) landed for this thread ...
+            __syncthreads();      // ... and for all; every warp is past P·V of tile i - 1
+            load_k_or_v(i, true);
+        } else {
+            cp_async::wait<kRingInFlight>();  // tile i (and Q) landed for this thread ...
+            __syncthreads();                   // ... and for all; slot (i - 1) % kStages is free
+            if (i + kStages - 1 < n_tiles) load_kv(i + kStages - 1);
+        }
         cp_async::commit();
 
         const u32 slot = (i % kStages) * KVTile::kBytes;
@@ -450,6 +493,12 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
         float s[kMTiles][kNTiles][4];
         gemm_qk(s, q_i, q_row0, k_i);
         if (tile >= keys.first_masked) apply_mask(s, tile * kBlockN, where().m0 + q_row0, p.seqlen_q, p.seqlen_k, lane);
+        if (kSingleBuffer) {
+            cp_async::wait<0>();  // V of tile i landed for this thread ...
+            __syncthreads();      // ... and for all; every warp is past Q·Kᵀ, K's slot is free
+            if (i + 1 < n_tiles) load_k_or_v(i + 1, false);
+            cp_async::commit();
+        }
         float rescale[kMTiles][2];
         softmax.update(s, p.softmax_scale_log2, rescale);
         scale_rows(o, rescale);

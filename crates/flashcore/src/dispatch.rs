@@ -76,7 +76,7 @@ fn kernel_rows(shape: &ProblemShape) -> usize {
 /// where its grid would leave most SMs idle and the split-KV kernel can spread the keys
 /// over the GPU instead; else the Ampere-class one. Measured on H100 (`bench --suite
 /// small`): B1 H8 S512 D64 8.5 us split vs 9.8, B1 H4 S1k D128 14.3 vs 15.9; but D256's
-/// split tile (64x32) is half as fast as the Hopper kernel (B2 H8 S512: 33.4 vs 17.1).
+/// split tile is slower than the Hopper kernel (B2 H8 S512: 21.4 us with 64x64, vs 17.1).
 pub fn default_family(device: &Device, shape: &ProblemShape) -> KernelFamily {
     let arch = device.arch;
     if !KernelFamily::FwdSm90.runs_on(arch) || !fwd_sm90::HEAD_DIMS.contains(&shape.head_dim) {
@@ -128,7 +128,7 @@ fn unsplit(variant: Variant, shape: &ProblemShape) -> Plan {
 /// rows or a grid under half the SMs, split as `num_splits` says or to fill a wave.
 fn sm80_plan(device: &Device, shape: &ProblemShape, dtype: DType, causal: bool, num_splits: Option<usize>) -> Plan {
     let d = shape.head_dim;
-    let whole = fwd_sm80::variant(device.arch, dtype, d, causal);
+    let whole = fwd_sm80::variant(device.arch, dtype, d, causal, shape.seqlen_k);
     let use_split = match num_splits {
         Some(n) => n > 1,
         None => shape.seqlen_q <= fwd_sm80::SPLIT_KV_MAX_ROWS || whole.query_tiles(shape) < device.sm_count as usize / 2,

@@ -45,6 +45,23 @@ fn tile(arch: Arch, head_dim: usize) -> Tile {
     }
 }
 
+/// Problems with at most this many keys take [`short_tile`] (0: never).
+fn short_max_keys(arch: Arch, head_dim: usize, causal: bool) -> usize {
+    match (head_dim, causal, smem_class(arch)) {
+        (129.., _, SmemClass::Hopper) => 1024,
+        _ => 0,
+    }
+}
+
+/// The tile for few keys: FlashAttention-2's D256 64x64 w4 with one K and one V slot (96 KB,
+/// two CTAs an SM, each hiding the other's loads and epilogue; 64-row tiles waste less on
+/// the causal diagonal than 128-row ones). Measured on H100 (bf16 TFLOPS, sweep, causal,
+/// short / default tile, docs/perf-log.md): S512 210 / 188, 1k 246 / 240, 2k 270 / 276,
+/// 16k 298 / 320; non-causal S512 276 / 280.
+fn short_tile() -> Tile {
+    Tile { block_m: 64, block_n: 64, warps: 4, stages: 1 }
+}
+
 fn smem_class(arch: Arch) -> SmemClass {
     match (arch.major, arch.minor) {
         (8, 0) => SmemClass::A100,
@@ -54,7 +71,7 @@ fn smem_class(arch: Arch) -> SmemClass {
 }
 
 /// The split-KV tile: 64 query rows (16 a warp), since decode has few rows, and key tiles
-/// as wide as shared memory allows (D256 64x64 spills, so 64x32 there).
+/// as wide as shared memory allows (D256 64x64 needs 160 KB, so 64x32 on sm_86/89).
 fn split_tile(arch: Arch, head_dim: usize) -> Tile {
     let t = |block_n| Tile { block_m: 64, block_n, warps: 4, stages: 2 };
     match (head_dim, smem_class(arch)) {
@@ -62,7 +79,8 @@ fn split_tile(arch: Arch, head_dim: usize) -> Tile {
         (65..=96, _) => t(64),
         (97..=128, SmemClass::Small) => t(64),
         (97..=128, _) => t(128),
-        _ => t(32),
+        (_, SmemClass::Small) => t(32),
+        _ => t(64),
     }
 }
 
@@ -78,9 +96,20 @@ fn make_variant(dtype: DType, head_dim: usize, causal: bool, tile: Tile, split_k
     }
 }
 
-/// The variant for one (dtype, head dim, mask) on `arch`.
-pub fn variant(arch: Arch, dtype: DType, head_dim: usize, causal: bool) -> Variant {
-    make_variant(dtype, head_dim, causal, tile(arch, head_dim), false)
+/// The variant for one (dtype, head dim, mask) and `seqlen_k` keys on `arch`.
+pub fn variant(arch: Arch, dtype: DType, head_dim: usize, causal: bool, seqlen_k: usize) -> Variant {
+    let short = seqlen_k <= short_max_keys(arch, head_dim, causal);
+    make_variant(dtype, head_dim, causal, if short { short_tile() } else { tile(arch, head_dim) }, false)
+}
+
+/// Every unsplit variant for one (dtype, head dim, mask) on `arch`: the default tile, and
+/// the short one where it is used.
+pub fn variants(arch: Arch, dtype: DType, head_dim: usize, causal: bool) -> Vec<Variant> {
+    let mut out = vec![make_variant(dtype, head_dim, causal, tile(arch, head_dim), false)];
+    if short_max_keys(arch, head_dim, causal) > 0 {
+        out.push(make_variant(dtype, head_dim, causal, short_tile(), false));
+    }
+    out
 }
 
 /// The split-KV variant for one (dtype, head dim, mask) on `arch`.
@@ -183,6 +212,33 @@ mod tests {
                 let v = split_variant(arch, DType::BF16, d, false);
                 assert!(v.smem_bytes <= limit, "{} on {arch}: {} B", v.name(), v.smem_bytes);
                 assert!(v.split_kv && v.name().ends_with("_splitkv"));
+            }
+        }
+    }
+
+    #[test]
+    fn hopper_d256_takes_the_single_buffer_tile_up_to_1k_keys() {
+        let h100 = Arch::parse("sm_90a").unwrap();
+        for causal in [false, true] {
+            let short = variant(h100, DType::BF16, 256, causal, 1024);
+            assert_eq!((short.tile.block_m, short.tile.block_n, short.tile.warps, short.tile.stages), (64, 64, 4, 1));
+            assert_eq!(short.smem_bytes, 96 * 1024, "two CTAs an SM");
+            assert!(!short.longest_first(), "single-buffer tiles keep the 3-D grid");
+            let long = variant(h100, DType::BF16, 256, causal, 1025);
+            assert_eq!((long.tile.block_m, long.tile.stages), (128, 2));
+            assert_eq!(long.longest_first(), causal);
+            let all = variants(h100, DType::BF16, 256, causal);
+            assert!(all.contains(&short) && all.contains(&long) && all.len() == 2);
+        }
+        // Other head dims and archs have one unsplit tile whatever the key count.
+        for arch in ["sm_80", "sm_86", "sm_89", "sm_90a"] {
+            let arch = Arch::parse(arch).unwrap();
+            for &d in HEAD_DIMS {
+                if d == 256 && smem_class(arch) == SmemClass::Hopper {
+                    continue;
+                }
+                assert_eq!(variant(arch, DType::F16, d, true, 1), variant(arch, DType::F16, d, true, 1 << 20));
+                assert_eq!(variants(arch, DType::F16, d, true).len(), 1);
             }
         }
     }

@@ -120,7 +120,7 @@ impl KernelFamily {
                             match self {
                                 KernelFamily::FwdSm90 => out.extend(fwd_sm90::variants(dtype, head_dim, causal)),
                                 _ => {
-                                    out.push(fwd_sm80::variant(arch, dtype, head_dim, causal));
+                                    out.extend(fwd_sm80::variants(arch, dtype, head_dim, causal));
                                     out.push(fwd_sm80::split_variant(arch, dtype, head_dim, causal));
                                 }
                             }
@@ -240,9 +240,13 @@ impl Variant {
     }
 
     /// Whether the kernel takes its tiles longest first from a 1-D grid (fwd_sm80 causal,
-    /// unsplit, D > 64: `FwdParams::tile_section` heads a section, see
+    /// unsplit, D > 64, K/V ring of 2+ slots: `FwdParams::tile_section` heads a section, see
     /// `common/tile_scheduler.cuh`).
     pub fn longest_first(&self) -> bool {
-        self.family == KernelFamily::FwdSm80 && self.causal == Some(true) && !self.split_kv && self.head_dim.is_some_and(|d| d > 64)
+        self.family == KernelFamily::FwdSm80
+            && self.causal == Some(true)
+            && !self.split_kv
+            && self.tile.stages > 1
+            && self.head_dim.is_some_and(|d| d > 64)
     }
 }
