@@ -16,22 +16,25 @@
 //   D    sm_80 (163 KB)            sm_86 / sm_89 (99 KB)     sm_90 (227 KB)
 //   32   128x128 w4 s2  40 KB      128x64 w4 s2  24 KB       128x128 w4 s2  40 KB
 //   64   128x64  w4 s2  48 KB      128x64 w4 s2  48 KB       128x128 w4 s2  80 KB
-//   96   128x32  w4 s2  48 KB      128x32 w4 s2  48 KB       128x32  w4 s2  48 KB
+//   96   128x32  w4 s2  48 KB      128x32 w4 s2  48 KB       128x64  w4 s2  72 KB
 //   128  128x32  w4 s2  64 KB      64x32  w4 s2  48 KB       128x64  w4 s2  96 KB
+//   192  128x64  w8 s2 144 KB      128x64 w8 s1  96 KB       128x64  w8 s2 144 KB
 //   256  64x32   w4 s2  96 KB      64x32  w4 s2  96 KB       128x64  w8 s2 192 KB
 //   256, Sk <= 1024 (sm_90 only)                              64x64   w4 s1  96 KB
 // Registers (full / causal; fp16 = bf16):
 //   D    sm_80      sm_86, sm_89   sm_90a
 //   32   234 / 236  156 / 158      233 / 237
 //   64   215 / 218  215 / 218      255 / 255
-//   96   217 / 216  217 / 216      219 / 219
+//   96   217 / 216  217 / 216      252 / 252
 //   128  237 / 237  152 / 153      255 / 255
+//   192  207 / 207  213 / 214      208 / 209
 //   256  228 / 228  228 / 228      239 / 239;  64x64 s1: 246 / 254
 // Why these: a warp owns 32 query rows where registers allow (its two m16 tiles share every
 // K/V fragment, halving shared-memory reads per mma); on sm_86/89 tiles stay at or under
 // ~48 KB so that two CTAs share an SM. On H100 the wide tiles D64 128x128 and D128 128x64
 // (255 registers, no spill thanks to after_softmax) measured +3% and +11% over 128x64 /
-// 128x32 (docs/perf-log.md); sm_80 keeps the narrower ones until measured on an A100. With
+// 128x32, and D96 128x64 +9-18% over 128x32 (docs/perf-log.md); sm_80 keeps the narrower
+// ones until measured on an A100. D192 is FlashAttention-2's 128x64 w8 tile. With
 // few keys, D256 on H100 runs 64x64 with one K and one V slot, two CTAs an SM: 64-row tiles
 // waste less of the causal diagonal and the second CTA hides each one's prologue (S512
 // causal 217 vs 191 TFLOPS); from 2k keys the 128-row tile's halved K/V traffic wins.
@@ -46,6 +49,7 @@
 //   64   64x128   72 KB      64x128  72 KB    190 / 194  190 / 194      198 / 196
 //   96   64x64    60 KB      64x64   60 KB    168 / 168  168 / 168      168 / 172
 //   128  64x128  144 KB      64x64   80 KB    219 / 218  174 / 174      222 / 225
+//   192  64x64   120 KB      64x32   72 KB    211 / 212  197 / 199      210 / 213
 //   256  64x64   160 KB      64x32   96 KB    245 / 235  231 / 230      244 / 255
 //
 // HOST CONTRACT
@@ -117,12 +121,9 @@ constexpr int kWarpRows = kBlockM / kWarps;
 constexpr int kMTiles = kWarpRows / 16;  // 16-row mma tiles per warp
 constexpr int kNTiles = kBlockN / 8;     // 8-key n-tiles of S
 constexpr int kDTiles = kD / 8;          // 8-column n-tiles of O
-// The widest tiles hold 192+ accumulator registers (S and O); only there does ptxas, left
-// free to overlap the softmax with P·V, spill (see after_softmax). Elsewhere the overlap
-// is kept: forcing the order there cost 7-8% on H100 (D64 128x64, D256 128x64 w8).
-constexpr bool kPvAfterSoftmax = 4 * kMTiles * (kNTiles + kDTiles) >= 192;
+constexpr int kAccumulators = 4 * kMTiles * (kNTiles + kDTiles);  // f32 registers of S and O
 
-static_assert(kD % 32 == 0 && kD <= 256, "head dim: 32, 64, 96, 128 or 256");
+static_assert(kD % 32 == 0 && kD <= 256, "head dim: 32, 64, 96, 128, 192 or 256");
 static_assert(kWarpRows % 16 == 0, "each warp owns whole 16-row mma tiles");
 static_assert(kBlockN % 16 == 0, "key tile: whole 16-key steps of P·V");
 static_assert(kStages >= 1, "at least one K and one V slot");
@@ -161,6 +162,14 @@ template <class Tile> struct TileLoader {
     static constexpr bool kRegular =
         kThreads % Tile::kChunks == 0 && (kRowsPerPass % 8 == 0 || 8 % kRowsPerPass == 0);
     static constexpr int kKeys = kRegular && kRowsPerPass < 8 ? 8 / kRowsPerPass : 1;
+    // Rows whose chunk count the threads do not divide (D192: 24 chunks) go by 8-chunk
+    // swizzle groups instead: a thread copies chunk c of every group of rows r0, r0 +
+    // kGroupRows, ...; the swizzle only permutes within a group, so group g of a row lies
+    // 128 * g bytes after group 0 and one base offset again serves every copy.
+    static constexpr int kGroupRows = kThreads / 8;
+    static constexpr int kRows = Tile::kBytes / Tile::kRowBytes;
+    static constexpr bool kGroupwise = !kRegular && Tile::kChunks == Tile::kFullChunks && kGroupRows % 8 == 0 &&
+                                       kRows % kGroupRows == 0;
     static_assert(Tile::kBytes / 16 % kThreads == 0, "whole 16-byte chunks per thread");
     static_assert(kCopies % kKeys == 0 || kCopies < kKeys, "copies cover whole 8-row groups");
 
@@ -182,6 +191,18 @@ template <class Tile> struct TileLoader {
                 cp_async::copy16(dst[i % kKeys] + row_group, src, r0 + i * kRowsPerPass < valid);
                 src += kRowsPerPass * row_stride;  // a running pointer: no per-copy offsets live
             }
+        } else if constexpr (kGroupwise) {
+            const int r0 = tid / 8, c = tid % 8;
+            const u32 dst = smem + Tile::offset(r0, c);
+            const elem_t* src = g + r0 * row_stride + c * 8;
+#pragma unroll
+            for (int i = 0; i < kRows / kGroupRows; ++i) {
+#pragma unroll
+                for (int group = 0; group < Tile::kChunks / 8; ++group)
+                    cp_async::copy16(dst + (i * kGroupRows * Tile::kRowBytes + 128 * group), src + 64 * group,
+                                     r0 + i * kGroupRows < valid);
+                src += kGroupRows * row_stride;
+            }
         } else {
 #pragma unroll
             for (int i = 0; i < kCopies; ++i) {
@@ -193,6 +214,14 @@ template <class Tile> struct TileLoader {
         }
     }
 };
+
+// The widest tiles hold 192+ accumulator registers; only there does ptxas, left free to
+// overlap the softmax with P·V, spill (see after_softmax), and so do 160-accumulator tiles
+// whose loader is irregular (D96: 12 chunks a row; per-copy offsets stay live across the
+// loop; D96 128x64 spilled 16-36 B on sm_90a). Elsewhere the overlap is kept: forcing the
+// order there cost 7-8% on H100 (D64 128x64, D256 128x64 w8).
+constexpr bool kPvAfterSoftmax =
+    kAccumulators >= 192 || (kAccumulators >= 160 && !TileLoader<KVTile>::kRegular && !TileLoader<KVTile>::kGroupwise);
 
 // S[kMTiles x kNTiles] = Q(warp rows) · Kᵀ. A from the Q tile, B from the K tile, both by
 // ldmatrix; each B fragment is reused by the warp's kMTiles row tiles.

@@ -22,11 +22,12 @@
 //   D=64 : 192 x 128 tile, 3 consumer WGs, 3 stages, setmaxnreg 32/160; smem 122 KB
 //          (the exp2 unit bounds D64: a third warpgroup's softmax hides under two GEMMs)
 //   D=128: 128 x 176 tile, 2 consumer WGs, 2 stages, setmaxnreg 24/240; smem 210 KB
+//   D=192: 128 x 112 tile, 2 consumer WGs, 2 stages, setmaxnreg 24/240; smem 218 KB
 //   D=256: 128 x  80 tile, 2 consumer WGs, 2 stages, setmaxnreg 24/240; smem 226 KB
 //          (80 is the widest key block whose 2 K + 2 V stages fit beside Q)
 //   Few keys (host: D64 causal Sk <= 1024, D128 causal <= 2048 and full <= 1024, D256
 //   causal <= 512): D64 128 x 128 with 2 consumer WGs and 3 stages (114 KB), D128 128 x 128
-//   (166 KB), D256 128 x 64 (199 KB): smaller tiles waste less of the causal diagonal and of
+//   (166 KB), D192 128 x 64 (146 KB) and D256 128 x 64 (199 KB): smaller tiles waste less of the causal diagonal and of
 //   the last partial tile (H100: D128 causal S512 +18%, S1k +11%; D64 causal S1k +10%).
 //   O (kBlockM x D) shares V's stages, so the epilogue costs no shared memory.
 //   ptxas: 0 bytes stack, 0 spills for all (entry cap 168 / 128 regs before setmaxnreg;
@@ -62,7 +63,7 @@
 //   kBlockM = 64 * FC_CONSUMER_WG, kThreads = 128 * (FC_CONSUMER_WG + 1)
 // Dynamic shared memory: kSmemBytes = sizeof(SharedStorage) + 1024 (alignment slack)
 //   = 2*(kBlockM*D + 2*FC_STAGES*kBlockN*D) + 2048 bytes (tiles, then barriers padded to
-//   1 KB, then the slack): D64 124928, D128 215040, D256 231424 with the defaults;
+//   1 KB, then the slack): D64 124928, D128 215040, D192 223232, D256 231424 with the defaults;
 //   needs cudaFuncSetAttribute(fc_fwd_sm90, cudaFuncAttributeMaxDynamicSharedMemorySize,
 //   kSmemBytes) (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) when above 48 KB.
 // Output o: BSHD through tma_o (p.o and p.o_stride_* only for tiles with no visible key);
@@ -93,6 +94,8 @@
 #define FC_BLOCK_N 128
 #elif FC_HEAD_DIM == 128
 #define FC_BLOCK_N 176
+#elif FC_HEAD_DIM == 192
+#define FC_BLOCK_N 112
 #else
 #define FC_BLOCK_N 80
 #endif
@@ -121,7 +124,7 @@ constexpr int kThreads = warpgroup::kThreads * (kConsumerWG + 1);
 // setmaxnreg budgets: 64K registers per SM shared by one CTA.
 constexpr int kProducerRegs = kConsumerWG == 2 ? 24 : 32;
 constexpr int kConsumerRegs = kConsumerWG == 2 ? 240 : 160;
-static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256, "head dim");
+static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 192 || kHeadDim == 256, "head dim");
 static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "key block: whole k16 steps, one wgmma N");
 static_assert(kConsumerWG == 2 || kConsumerWG == 3, "consumer warpgroups");
 #ifdef FC_BLOCK_M

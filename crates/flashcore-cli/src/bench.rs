@@ -18,7 +18,7 @@ const VERIFY_ROWS: usize = 128;
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// Suite to run: quick, seed, sweep.
+    /// Suite to run: quick, seed, sweep, small, dims.
     #[arg(long, default_value = "quick")]
     suite: String,
     /// Only the cases whose name contains any of these substrings (comma-separated), e.g.

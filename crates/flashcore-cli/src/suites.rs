@@ -4,7 +4,7 @@ use flashcore::DType;
 
 use crate::cases::Case;
 
-pub const NAMES: &[&str] = &["quick", "seed", "sweep", "small"];
+pub const NAMES: &[&str] = &["quick", "seed", "sweep", "small", "dims"];
 
 /// 16k tokens per batch, hidden 2048: `B = 16384 / S`, `H = 2048 / D`.
 fn sweep_case(s: usize, d: usize, causal: bool) -> Case {
@@ -58,6 +58,18 @@ pub fn suite(name: &str) -> Option<Vec<Case>> {
                 bf16(2, 512, 8, 8, 256, true),
                 bf16(1, 2048, 8, 8, 64, true),
             ]
+        }
+        // The head dims outside the sweep (32, 96, 192), 16 heads, at 2k and 8k keys.
+        "dims" => {
+            let mut v = Vec::new();
+            for d in [32, 96, 192] {
+                for causal in [false, true] {
+                    for (b, s) in [(8, 2048), (2, 8192)] {
+                        v.push(Case::new(b, s, s, 16, 16, d, causal, DType::BF16));
+                    }
+                }
+            }
+            v
         }
         _ => return None,
     };

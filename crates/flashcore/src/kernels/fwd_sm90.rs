@@ -13,7 +13,7 @@ use crate::params::ProblemShape;
 use crate::tensor::{DType, TensorView};
 
 /// Head dims with a compiled variant.
-pub const HEAD_DIMS: &[usize] = &[64, 128, 256];
+pub const HEAD_DIMS: &[usize] = &[64, 128, 192, 256];
 
 /// Elements of one 128-byte swizzle row: the TMA box's inner extent.
 const SWIZZLE_ROW_ELEMS: u32 = 64;
@@ -24,15 +24,17 @@ const WARPGROUP_ROWS: u32 = 64;
 /// The tile for `head_dim`: consumer warpgroups of 64 query rows plus one producer
 /// warpgroup. D64 is bound by the exp unit as much as the tensor cores, so it runs 3
 /// consumers (192 rows) and 3 stages; D128's 176-wide key block measured ~7% over 128;
-/// D256 needs an 80-wide key block to fit two K/V stages in 227 KB. `short`: few keys,
-/// where smaller tiles waste less on the diagonal (causal) and on the last partial tile:
-/// D64 128 rows (2 consumers), D128 128 keys, D256 64 keys.
+/// D192 takes FlashAttention-3's 112-wide key block (two stages in 218 KB); D256 needs an
+/// 80-wide key block to fit two K/V stages in 227 KB. `short`: few keys, where smaller tiles
+/// waste less on the diagonal (causal) and on the last partial tile: D64 128 rows (2
+/// consumers), D128 128 keys, D192 and D256 64 keys.
 fn tile(head_dim: usize, short: bool) -> Tile {
     match (head_dim, short) {
         (0..=64, false) => Tile { block_m: 192, block_n: 128, warps: 16, stages: 3 },
         (0..=64, true) => Tile { block_m: 128, block_n: 128, warps: 12, stages: 3 },
         (65..=128, false) => Tile { block_m: 128, block_n: 176, warps: 12, stages: 2 },
         (65..=128, true) => Tile { block_m: 128, block_n: 128, warps: 12, stages: 2 },
+        (129..=192, false) => Tile { block_m: 128, block_n: 112, warps: 12, stages: 2 },
         (_, false) => Tile { block_m: 128, block_n: 80, warps: 12, stages: 2 },
         (_, true) => Tile { block_m: 128, block_n: 64, warps: 12, stages: 2 },
     }
