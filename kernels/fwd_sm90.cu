@@ -22,6 +22,7 @@
 //   D=64 : 192 x 128 tile, 3 consumer WGs, 3 stages, setmaxnreg 32/160; smem 122 KB
 //          (the exp2 unit bounds D64: a third warpgroup's softmax hides under two GEMMs)
 //   D=128: 128 x 176 tile, 2 consumer WGs, 2 stages, setmaxnreg 24/240; smem 210 KB
+//          (D=96 runs as D128 with the columns past 96 zero: see kHeadDim)
 //   D=192: 128 x 112 tile, 2 consumer WGs, 2 stages, setmaxnreg 24/240; smem 218 KB
 //   D=256: 128 x  80 tile, 2 consumer WGs, 2 stages, setmaxnreg 24/240; smem 226 KB
 //          (80 is the widest key block whose 2 K + 2 V stages fit beside Q)
@@ -92,7 +93,7 @@
 #ifndef FC_BLOCK_N
 #if FC_HEAD_DIM == 64
 #define FC_BLOCK_N 128
-#elif FC_HEAD_DIM == 128
+#elif FC_HEAD_DIM == 96 || FC_HEAD_DIM == 128
 #define FC_BLOCK_N 176
 #elif FC_HEAD_DIM == 192
 #define FC_BLOCK_N 112
@@ -113,7 +114,12 @@
 namespace fc {
 namespace fwd_sm90 {
 
-constexpr int kHeadDim = FC_HEAD_DIM;
+// A head dim that is not whole 64-column panels (D96) runs as the next whole number of
+// panels: TMA zero-fills the columns past D on every load (they add 0 to Q·K^T, and give
+// O columns that are 0) and clips them on the store of O, so only shared memory and the
+// tensor cores see the padding (D96 does 4/3 of its useful work).
+constexpr int kHeadDimReal = FC_HEAD_DIM;
+constexpr int kHeadDim = (kHeadDimReal + 63) / 64 * 64;
 constexpr int kConsumerWG = FC_CONSUMER_WG;
 constexpr int kBlockM = 64 * kConsumerWG;
 constexpr int kBlockN = FC_BLOCK_N;
@@ -124,7 +130,9 @@ constexpr int kThreads = warpgroup::kThreads * (kConsumerWG + 1);
 // setmaxnreg budgets: 64K registers per SM shared by one CTA.
 constexpr int kProducerRegs = kConsumerWG == 2 ? 24 : 32;
 constexpr int kConsumerRegs = kConsumerWG == 2 ? 240 : 160;
-static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 192 || kHeadDim == 256, "head dim");
+static_assert(kHeadDimReal == 64 || kHeadDimReal == 96 || kHeadDimReal == 128 || kHeadDimReal == 192 ||
+                  kHeadDimReal == 256,
+              "head dim");
 static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "key block: whole k16 steps, one wgmma N");
 static_assert(kConsumerWG == 2 || kConsumerWG == 3, "consumer warpgroups");
 #ifdef FC_BLOCK_M
@@ -268,7 +276,7 @@ __device__ __forceinline__ void store_empty(const FwdParams& p, const Tile& t, i
         if (row >= p.seqlen_q) continue;
         elem_t* dst = out + row * p.o_stride_s + 2 * (lane % 4);
 #pragma unroll
-        for (int j = 0; j < kHeadDim / 8; ++j) *reinterpret_cast<u32*>(dst + 8 * j) = 0u;
+        for (int j = 0; j < kHeadDimReal / 8; ++j) *reinterpret_cast<u32*>(dst + 8 * j) = 0u;
     }
     const float lse[2] = {math::neg_inf(), math::neg_inf()};
     store_lse(lse, p, row0, t);

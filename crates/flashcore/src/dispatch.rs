@@ -188,7 +188,8 @@ mod tests {
     fn hopper_defaults_to_the_hopper_kernel_where_it_has_the_head_dim() {
         let family = |dev: &Device, d| pick(dev, &shape(d), &AttnParams::default()).variant.family;
         assert_eq!(family(&h100(), 128), KernelFamily::FwdSm90);
-        assert_eq!(family(&h100(), 96), KernelFamily::FwdSm80);
+        assert_eq!(family(&h100(), 96), KernelFamily::FwdSm90, "as D128, padded");
+        assert_eq!(family(&h100(), 32), KernelFamily::FwdSm80);
         assert_eq!(family(&on("sm_89"), 128), KernelFamily::FwdSm80);
     }
 

@@ -13,7 +13,7 @@ use crate::params::ProblemShape;
 use crate::tensor::{DType, TensorView};
 
 /// Head dims with a compiled variant.
-pub const HEAD_DIMS: &[usize] = &[64, 128, 192, 256];
+pub const HEAD_DIMS: &[usize] = &[64, 96, 128, 192, 256];
 
 /// Elements of one 128-byte swizzle row: the TMA box's inner extent.
 const SWIZZLE_ROW_ELEMS: u32 = 64;
@@ -27,7 +27,7 @@ const WARPGROUP_ROWS: u32 = 64;
 /// D192 takes FlashAttention-3's 112-wide key block (two stages in 218 KB); D256 needs an
 /// 80-wide key block to fit two K/V stages in 227 KB. `short`: few keys, where smaller tiles
 /// waste less on the diagonal (causal) and on the last partial tile: D64 128 rows (2
-/// consumers), D128 128 keys, D192 and D256 64 keys.
+/// consumers), D128 128 keys, D192 and D256 64 keys. D96 runs as D128 (see padded_head_dim).
 fn tile(head_dim: usize, short: bool) -> Tile {
     match (head_dim, short) {
         (0..=64, false) => Tile { block_m: 192, block_n: 128, warps: 16, stages: 3 },
@@ -60,7 +60,13 @@ fn short_max_keys(head_dim: usize, causal: bool) -> usize {
 /// barriers (padded to the 1024-byte alignment of the tiles), and 1024 bytes of slack to
 /// align the base for the 128-byte swizzle.
 fn smem_bytes(tile: Tile, head_dim: usize) -> u32 {
-    2 * (tile.block_m + 2 * tile.stages * tile.block_n) * head_dim as u32 + 2 * 1024
+    2 * (tile.block_m + 2 * tile.stages * tile.block_n) * padded_head_dim(head_dim) as u32 + 2 * 1024
+}
+
+/// The head dim the kernel's tiles have: whole 64-column panels (D96 runs as D128, its
+/// columns past 96 zero-filled by TMA and never stored).
+fn padded_head_dim(head_dim: usize) -> usize {
+    head_dim.div_ceil(64) * 64
 }
 
 /// The variant for one (dtype, head dim, mask) and `seqlen_k` keys.
