@@ -26,10 +26,11 @@
 //   D=192: 128 x 112 tile, 2 consumer WGs, 2 stages, setmaxnreg 24/240; smem 218 KB
 //   D=256: 128 x  80 tile, 2 consumer WGs, 2 stages, setmaxnreg 24/240; smem 226 KB
 //          (80 is the widest key block whose 2 K + 2 V stages fit beside Q)
-//   Few keys (host: D64 causal Sk <= 1024, D128 causal <= 2048 and full <= 1024, D256
-//   causal <= 512): D64 128 x 128 with 2 consumer WGs and 3 stages (114 KB), D128 128 x 128
-//   (166 KB), D192 128 x 64 (146 KB) and D256 128 x 64 (199 KB): smaller tiles waste less of the causal diagonal and of
-//   the last partial tile (H100: D128 causal S512 +18%, S1k +11%; D64 causal S1k +10%).
+//   Few keys (host: D64 causal Sk <= 1024, D96/D128 causal <= 2048 and full <= 1024,
+//   D192/D256 causal <= 512): D64 128 x 128 with 2 consumer WGs and 3 stages (114 KB),
+//   D96/D128 128 x 128 (166 KB), D192 128 x 64 (146 KB), D256 128 x 64 (199 KB): smaller
+//   tiles waste less of the causal diagonal and of the last partial tile (H100: D128
+//   causal S512 +18%, S1k +11%; D64 causal S1k +10%).
 //   O (kBlockM x D) shares V's stages, so the epilogue costs no shared memory.
 //   ptxas: 0 bytes stack, 0 spills for all (entry cap 168 / 128 regs before setmaxnreg;
 //   the producer's tile loop fits 24 registers only with 32-bit barrier/stage addresses
@@ -49,8 +50,9 @@
 //   strides    3 byte strides for dims 1..3: {stride_s*2, stride_h*2, stride_b*2}
 //              (elements of FwdParams times sizeof(elem) = 2; multiples of 16 bytes)
 //   box        Q: {64, kBlockM, 1, 1};  K and V: {64, kBlockN, 1, 1};  O: {64, 64, 1, 1}
-//              (64 elements = one 128-byte swizzle row; D/64 boxes per tile; O is stored
-//              per consumer warpgroup, 64 rows)
+//              (64 elements = one 128-byte swizzle row; ceil(D/64) boxes per tile, the
+//              columns past D (D96) zero-filled on load and clipped on store; O is
+//              stored per consumer warpgroup, 64 rows)
 //   elem strides {1, 1, 1, 1}
 //   interleave CU_TENSOR_MAP_INTERLEAVE_NONE
 //   swizzle    CU_TENSOR_MAP_SWIZZLE_128B
@@ -63,8 +65,9 @@
 //   claims the rest.   block (kThreads, 1, 1)
 //   kBlockM = 64 * FC_CONSUMER_WG, kThreads = 128 * (FC_CONSUMER_WG + 1)
 // Dynamic shared memory: kSmemBytes = sizeof(SharedStorage) + 1024 (alignment slack)
-//   = 2*(kBlockM*D + 2*FC_STAGES*kBlockN*D) + 2048 bytes (tiles, then barriers padded to
-//   1 KB, then the slack): D64 124928, D128 215040, D192 223232, D256 231424 with the defaults;
+//   = 2*(kBlockM*D + 2*FC_STAGES*kBlockN*D) + 2048 bytes, D padded to whole 64-column
+//   panels (tiles, then barriers padded to 1 KB, then the slack): D64 124928, D96 and D128
+//   215040, D192 223232, D256 231424 with the defaults;
 //   needs cudaFuncSetAttribute(fc_fwd_sm90, cudaFuncAttributeMaxDynamicSharedMemorySize,
 //   kSmemBytes) (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) when above 48 KB.
 // Output o: BSHD through tma_o (p.o and p.o_stride_* only for tiles with no visible key);

@@ -37,7 +37,8 @@ fn tile(arch: Arch, head_dim: usize) -> Tile {
         (33..=64, SmemClass::Hopper) => t(128, 128, 4),
         (33..=64, _) => t(128, 64, 4),
         // D96 on H100 (dims suite, bf16 TFLOPS, 128x64 / 128x32): S2k 311 / 285, 8k 323 / 299,
-        // causal 231 / 200, 262 / 222; 64x64 slower still (256-263 full).
+        // causal 231 / 200, 262 / 222; 64x64 slower still (256-263 full). (fwd_sm90, D96 as
+        // D128, is the default there: ~500.)
         (65..=96, SmemClass::Hopper) => t(128, 64, 4),
         (65..=96, _) => t(128, 32, 4),
         (97..=128, SmemClass::Small) => t(64, 32, 4),
@@ -62,9 +63,9 @@ fn short_max_keys(arch: Arch, head_dim: usize, causal: bool) -> usize {
 
 /// The tile for few keys: FlashAttention-2's D256 64x64 w4 with one K and one V slot (96 KB,
 /// two CTAs an SM, each hiding the other's loads and epilogue; 64-row tiles waste less on
-/// the causal diagonal than 128-row ones). Measured on H100 (bf16 TFLOPS, sweep, causal,
-/// short / default tile, docs/perf-log.md): S512 210 / 188, 1k 246 / 240, 2k 270 / 276,
-/// 16k 298 / 320; non-causal S512 276 / 280.
+/// the causal diagonal than 128-row ones). Measured on H100 (bf16 TFLOPS, sweep, short /
+/// default tile, docs/perf-log.md): causal S512 217 / 191, 1k 255 / 242, 2k 276 / 278;
+/// full S512 285 / 281, 1k 315 / 312, 2k even (326 / 327).
 fn short_tile() -> Tile {
     Tile { block_m: 64, block_n: 64, warps: 4, stages: 1 }
 }

@@ -207,6 +207,17 @@ mod tests {
     }
 
     #[test]
+    fn d96_runs_as_d128() {
+        for causal in [false, true] {
+            for sk in [512, 4096] {
+                let (d96, d128) = (variant(DType::BF16, 96, causal, sk), variant(DType::BF16, 128, causal, sk));
+                assert_eq!((d96.tile, d96.smem_bytes), (d128.tile, d128.smem_bytes));
+                assert_eq!(d96.head_dim, Some(96), "the kernel is told the real head dim");
+            }
+        }
+    }
+
+    #[test]
     fn every_variant_fits_hopper_shared_memory() {
         for &d in HEAD_DIMS {
             for v in variants(DType::BF16, d, true).into_iter().chain(variants(DType::BF16, d, false)) {
