@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # ncu (clocks as found) of fwd_sm90 D128 full at 8k (B2) and 16k (B1). Run from the repository root on the GPU machine with OUT set.
 set -uo pipefail
-
-
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export FLASHCORE_CACHE_DIR=/tmp/c27
 F=${1:-target/release/flashcore}
 $F compile --kernel fwd_sm90 > /dev/null 2>&1
