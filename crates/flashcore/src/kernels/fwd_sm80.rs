@@ -208,6 +208,26 @@ mod tests {
     }
 
     #[test]
+    fn every_unsplit_tile_fits_its_arch() {
+        for arch in ["sm_80", "sm_86", "sm_89", "sm_90a"] {
+            let arch = Arch::parse(arch).unwrap();
+            let limit = match smem_class(arch) {
+                SmemClass::A100 => 163 * 1024,
+                SmemClass::Small => 99 * 1024,
+                SmemClass::Hopper => 227 * 1024,
+            };
+            for &d in HEAD_DIMS {
+                for causal in [false, true] {
+                    for v in variants(arch, DType::BF16, d, causal) {
+                        assert!(v.smem_bytes <= limit, "{} on {arch}: {} B", v.name(), v.smem_bytes);
+                        assert_eq!(v.tile.block_m % (16 * v.tile.warps), 0, "{}: whole 16-row mma tiles a warp", v.name());
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn every_split_tile_fits_its_arch() {
         for arch in ["sm_80", "sm_86", "sm_89", "sm_90a"] {
             let arch = Arch::parse(arch).unwrap();
