@@ -207,15 +207,24 @@ mod tests {
         }
     }
 
+    /// One arch of each shared-memory class, with the most dynamic shared memory a block gets.
+    fn archs_and_smem_limits() -> Vec<(Arch, u32)> {
+        ["sm_80", "sm_86", "sm_89", "sm_90a"]
+            .map(|a| {
+                let arch = Arch::parse(a).unwrap();
+                let limit = match smem_class(arch) {
+                    SmemClass::A100 => 163 * 1024,
+                    SmemClass::Small => 99 * 1024,
+                    SmemClass::Hopper => 227 * 1024,
+                };
+                (arch, limit)
+            })
+            .to_vec()
+    }
+
     #[test]
     fn every_unsplit_tile_fits_its_arch() {
-        for arch in ["sm_80", "sm_86", "sm_89", "sm_90a"] {
-            let arch = Arch::parse(arch).unwrap();
-            let limit = match smem_class(arch) {
-                SmemClass::A100 => 163 * 1024,
-                SmemClass::Small => 99 * 1024,
-                SmemClass::Hopper => 227 * 1024,
-            };
+        for (arch, limit) in archs_and_smem_limits() {
             for &d in HEAD_DIMS {
                 for causal in [false, true] {
                     for v in variants(arch, DType::BF16, d, causal) {
@@ -229,13 +238,7 @@ mod tests {
 
     #[test]
     fn every_split_tile_fits_its_arch() {
-        for arch in ["sm_80", "sm_86", "sm_89", "sm_90a"] {
-            let arch = Arch::parse(arch).unwrap();
-            let limit = match smem_class(arch) {
-                SmemClass::A100 => 163 * 1024,
-                SmemClass::Small => 99 * 1024,
-                SmemClass::Hopper => 227 * 1024,
-            };
+        for (arch, limit) in archs_and_smem_limits() {
             for &d in HEAD_DIMS {
                 let v = split_variant(arch, DType::BF16, d, false);
                 assert!(v.smem_bytes <= limit, "{} on {arch}: {} B", v.name(), v.smem_bytes);
