@@ -419,17 +419,28 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
             mbarrier::arrive(bar(smem.k_empty, ks.stage()));
             ks.advance();
             if (n >= t.blocks.n_mask_from) apply_mask(s, row0, n * kBlockN + col_lane, p);
-            softmax.update(s, scale_log2, rescale);
+            // Whether any row of this warp moved its max (warp-uniform, so the skip below
+            // does not diverge).
+            const bool rescale_o = __any_sync(0xffffffffu, softmax.update(s, scale_log2, rescale));
             if (!kOverlap) {
                 mbarrier::wait(bar(smem.v_full, vs.stage()), vs.full_parity());
                 sm90::gemm_pv(o, pk, smem.v[vs.stage()]);
             }
-            wgmma::wait<0>();
+            // The wait for P·V is in both arms of the rescale branch. As one straight-line
+            // wait, ptxas hoists it above the softmax, to just after the S wait (SASS:
+            // WARPGROUP.DEPBAR.LE gsb0, 0x0 before the MUFU.EX2s), and this block's exp2
+            // work no longer overlaps its P·V; behind a branch on the softmax's max it stays.
+            if (rescale_o) {
+                wgmma::wait<0, 1>();
+                wgmma::fence_operands(o);
+                sm90::scale_rows(o, rescale);
+            } else {
+                wgmma::wait<0, 2>();
+            }
             wgmma::fence_operands(o);
             wgmma::fence_operands(pk);
             mbarrier::arrive(bar(smem.v_empty, vs.stage()));
             vs.advance();
-            sm90::scale_rows(o, rescale);
             sm90::to_operand(s, pk);
         }
         // Every Q·K^T of the tile is done: the producer may load the next tile's Q.

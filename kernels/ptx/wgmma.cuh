@@ -31,9 +31,11 @@ __device__ __forceinline__ void commit_group() {
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
 }
 
-// Waits until at most N committed groups of this warpgroup are still in flight.
-template <int N> __device__ __forceinline__ void wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+// Waits until at most N committed groups of this warpgroup are still in flight. kSite only
+// tags the instruction (a PTX comment), so that two waits in the two arms of a branch are
+// not identical and the compiler does not merge them into one wait above the branch.
+template <int N, int kSite = 0> __device__ __forceinline__ void wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0; // site %1\n" ::"n"(N), "n"(kSite) : "memory");
 }
 
 template <int R> __device__ __forceinline__ void fence_operands(float (&r)[R]) {

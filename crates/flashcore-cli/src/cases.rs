@@ -70,6 +70,10 @@ pub enum Inputs {
     LargeLogits,
     /// Every key identical: softmax is uniform, so o is the mean of v.
     IdenticalKeys,
+    /// Keys scaled from 1× at both ends of the sequence to 8× in the middle, so a row's
+    /// running max keeps rising whichever end a kernel starts from (tests the rescale of
+    /// the output when the max moves mid-row).
+    RisingLogits,
 }
 
 /// Host copies of q, k, v, already rounded to the case's dtype.
@@ -84,10 +88,19 @@ pub fn random_qkv(case: &Case, inputs: Inputs, seed: u64) -> HostQkv {
     let q = normal(case.q_shape().iter().product(), qk_scale, case.dtype, seed);
     let mut k = normal(case.kv_shape().iter().product(), qk_scale, case.dtype, seed ^ 0x6b);
     let v = normal(case.kv_shape().iter().product(), 1.0, case.dtype, seed ^ 0x76);
+    let d = case.head_dim;
     if inputs == Inputs::IdenticalKeys {
-        let d = case.head_dim;
         let first: Vec<f32> = k[..d].to_vec();
         k.chunks_mut(d).for_each(|row| row.copy_from_slice(&first));
+    }
+    if inputs == Inputs::RisingLogits {
+        // k rows in [B, Sk, Hkv, D] order: row r is key (r / Hkv) % Sk.
+        let sk = case.seqlen_k as f32;
+        for (r, row) in k.chunks_mut(d).enumerate() {
+            let j = ((r / case.heads_kv) % case.seqlen_k) as f32;
+            let tent = 1.0 + 7.0 * (1.0 - (2.0 * j / sk.max(2.0) - 1.0).abs());
+            row.iter_mut().for_each(|x| *x = case.dtype.decode(case.dtype.encode(*x * tent)));
+        }
     }
     HostQkv { q, k, v }
 }

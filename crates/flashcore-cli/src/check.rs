@@ -26,17 +26,24 @@ pub struct CheckArgs {
     kernel: Option<String>,
 }
 
+#[derive(Clone)]
 struct Spec {
     case: Case,
     inputs: Inputs,
     storage: Storage,
     /// Forced split-KV count (`None`: the dispatcher's choice).
     splits: Option<usize>,
+    /// Softmax scale (`None`: 1/sqrt(D)).
+    scale: Option<f32>,
 }
 
 impl Spec {
     fn new(case: Case, inputs: Inputs, storage: Storage) -> Self {
-        Self { case, inputs, storage, splits: None }
+        Self { case, inputs, storage, splits: None, scale: None }
+    }
+
+    fn scale(&self) -> f32 {
+        self.scale.unwrap_or(1.0 / (self.case.head_dim as f32).sqrt())
     }
 }
 
@@ -109,6 +116,12 @@ fn specs(family: KernelFamily, depth: Depth) -> Vec<Spec> {
                 for inputs in [Inputs::LargeLogits, Inputs::IdenticalKeys] {
                     let case = Case::new(1, 200, 300, 4, 2, d, causal, dtype);
                     out.push(Spec::new(case, inputs, Storage::Bshd));
+                }
+                out.push(Spec::new(Case::new(1, 200, 1000, 4, 2, d, causal, dtype), Inputs::RisingLogits, Storage::Bshd));
+                // A zero scale (uniform softmax over the visible keys) and an unscaled q·k.
+                for scale in [0.0, 1.0] {
+                    let case = Case::new(1, 113, 300, 4, 2, d, causal, dtype);
+                    out.push(Spec { scale: Some(scale), ..Spec::new(case, Inputs::Normal, Storage::Bshd) });
                 }
                 out.extend(decode_specs(family, d, causal, dtype, quick));
             }
@@ -187,7 +200,7 @@ fn nan_bits(dtype: DType) -> u16 {
 fn run_poisoned(
     ctx: &Context,
     family: KernelFamily,
-    splits: Option<usize>,
+    spec: &Spec,
     case: &Case,
     q: &Stored,
     k: &Stored,
@@ -195,7 +208,13 @@ fn run_poisoned(
 ) -> Result<(Vec<u16>, Vec<f32>)> {
     let mut o = DeviceTensor::filled(ctx, nan_bits(case.dtype), case.q_shape(), case.dtype)?;
     let mut lse = ctx.stream().clone_htod(&vec![f32::NAN; case.batch * case.heads_q * case.seqlen_q])?;
-    let params = AttnParams { causal: case.causal, kernel: Some(family), num_splits: splits, ..Default::default() };
+    let params = AttnParams {
+        causal: case.causal,
+        kernel: Some(family),
+        num_splits: spec.splits,
+        softmax_scale: Some(spec.scale()),
+        ..Default::default()
+    };
     ctx.attention_into(q.view(), k.view(), v.view(), o.view_mut(), Some(&mut lse), &params)?;
     Ok((o.to_bits(ctx)?, ctx.stream().clone_dtoh(&lse)?))
 }
@@ -206,12 +225,12 @@ fn check_one(ctx: &Context, family: KernelFamily, spec: &Spec) -> Result<Outcome
     let up = |data: &[f32], shape| Stored::upload(ctx, data, shape, case.dtype, spec.storage);
     let (q, k, v) = (up(&host.q, case.q_shape())?, up(&host.k, case.kv_shape())?, up(&host.v, case.kv_shape())?);
 
-    let (o_bits, lse) = run_poisoned(ctx, family, spec.splits, case, &q, &k, &v)?;
-    let (o_bits2, lse2) = run_poisoned(ctx, family, spec.splits, case, &q, &k, &v)?;
+    let (o_bits, lse) = run_poisoned(ctx, family, spec, case, &q, &k, &v)?;
+    let (o_bits2, lse2) = run_poisoned(ctx, family, spec, case, &q, &k, &v)?;
     let deterministic = o_bits == o_bits2 && lse.iter().zip(&lse2).all(|(a, b)| a.to_bits() == b.to_bits());
     let o: Vec<f32> = o_bits.iter().map(|&b| case.dtype.decode(b)).collect();
 
-    let (oracle, ref_o, ref_lse) = oracle(ctx, family, case, &host, &q, &k, &v)?;
+    let (oracle, ref_o, ref_lse) = oracle(ctx, family, spec, &host, &q, &k, &v)?;
     let (rel, max_abs) = errors(&o, &ref_o);
     let mut lse_err = 0f64;
     let mut lse_failure = None;
@@ -227,7 +246,9 @@ fn check_one(ctx: &Context, family: KernelFamily, spec: &Spec) -> Result<Outcome
         }
     }
     let splits = spec.splits.map(|n| format!("_split{n}")).unwrap_or_default();
-    let name = format!("{}{}{}{splits}", case.name, inputs_suffix(spec.inputs), if spec.storage == Storage::Bhsd { "_bhsd" } else { "" });
+    let scale = spec.scale.map(|s| format!("_scale{s}")).unwrap_or_default();
+    let bhsd = if spec.storage == Storage::Bhsd { "_bhsd" } else { "" };
+    let name = format!("{}{}{bhsd}{splits}{scale}", case.name, inputs_suffix(spec.inputs));
     let failure = if o.iter().any(|x| !x.is_finite()) {
         Some("NaN/Inf in the output (unwritten or overflowed elements)".into())
     } else if rel > tolerance(case.dtype) {
@@ -249,6 +270,7 @@ fn inputs_suffix(inputs: Inputs) -> &'static str {
         Inputs::Normal => "",
         Inputs::LargeLogits => "_large-logits",
         Inputs::IdenticalKeys => "_identical-keys",
+        Inputs::RisingLogits => "_rising-logits",
     }
 }
 
@@ -256,23 +278,23 @@ fn inputs_suffix(inputs: Inputs) -> &'static str {
 fn oracle(
     ctx: &Context,
     family: KernelFamily,
-    case: &Case,
+    spec: &Spec,
     host: &HostQkv,
     q: &Stored,
     k: &Stored,
     v: &Stored,
 ) -> Result<(&'static str, Vec<f64>, Vec<f64>)> {
+    let case = &spec.case;
     let work = case.batch * case.heads_q * case.seqlen_q * case.seqlen_k * case.head_dim;
     if work <= CPU_REFERENCE_MAX_WORK {
         let wide = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
-        let scale = 1.0 / (case.head_dim as f64).sqrt();
-        let r = reference::attention(&wide(&host.q), &wide(&host.k), &wide(&host.v), &case.shape(), scale, case.causal);
+        let r = reference::attention(&wide(&host.q), &wide(&host.k), &wide(&host.v), &case.shape(), spec.scale() as f64, case.causal);
         return Ok(("cpu-f64", r.o, r.lse));
     }
     if family == KernelFamily::Reference {
         bail!("case {} is too large for the CPU oracle and cannot check the GPU reference against itself", case.name);
     }
-    let (o, lse) = run_poisoned(ctx, KernelFamily::Reference, None, case, q, k, v)?;
+    let (o, lse) = run_poisoned(ctx, KernelFamily::Reference, &Spec { splits: None, ..spec.clone() }, case, q, k, v)?;
     Ok(("gpu-ref", o.iter().map(|&b| case.dtype.decode(b) as f64).collect(), lse.iter().map(|&x| x as f64).collect()))
 }
 

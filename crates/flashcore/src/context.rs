@@ -198,9 +198,7 @@ impl Context {
     ) -> Result<()> {
         let shape = validate::problem(&q, &k, &v, &o.as_view(), self.ordinal())?;
         let scale = params.scale_for(shape.head_dim);
-        if !scale.is_finite() {
-            return Err(Error::Param { arg: "softmax_scale", msg: format!("{scale} is not finite") });
-        }
+        validate::softmax_scale(scale)?;
         let lse_ptr = match lse {
             Some(buf) => {
                 validate::lse(buf.len(), &shape)?;
@@ -232,7 +230,10 @@ impl Context {
             heads_kv: shape.heads_kv as i32,
             head_dim: shape.head_dim as i32,
             softmax_scale: scale,
-            softmax_scale_log2: scale * std::f32::consts::LOG2_E,
+            // Not 0 for a zero scale: the kernels multiply masked (−inf) scores by it, and
+            // −inf·0 is NaN. The smallest normal float gives the same softmax (2^(s·c) = 1
+            // for every visible key) and keeps −inf·c = −inf.
+            softmax_scale_log2: (scale * std::f32::consts::LOG2_E).max(f32::MIN_POSITIVE),
             causal: i32::from(params.causal),
             tile_section: 0,
             o_accum: 0,

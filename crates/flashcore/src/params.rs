@@ -11,7 +11,7 @@
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct AttnParams {
-    /// Multiplies `q·k`; `None` means `1/sqrt(D)`.
+    /// Multiplies `q·k`; `None` means `1/sqrt(D)`. Must be finite and ≥ 0.
     pub softmax_scale: Option<f32>,
     /// Causal mask, **bottom-right aligned** when `Sq != Sk` (as FlashAttention ≥ 2.1):
     /// query `i` sees key `j` iff `j <= i + Sk - Sq`. With `Sq = 3, Sk = 5` (`x` = visible):

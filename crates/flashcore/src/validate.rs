@@ -53,6 +53,15 @@ pub(crate) fn lse(len: usize, shape: &ProblemShape) -> Result<()> {
     Ok(())
 }
 
+/// Validates the softmax scale: finite and not negative (the kernels take each row's max
+/// of the raw scores, which is the max of the scaled ones only for a scale ≥ 0).
+pub(crate) fn softmax_scale(scale: f32) -> Result<()> {
+    if !scale.is_finite() || scale < 0.0 {
+        return Err(Error::Param { arg: "softmax_scale", msg: format!("{scale} must be finite and >= 0") });
+    }
+    Ok(())
+}
+
 fn tensor(arg: &'static str, t: &TensorView, device: usize) -> Result<()> {
     if t.device != device {
         return Err(Error::DeviceMismatch { arg, tensor_device: t.device, context_device: device });
@@ -218,5 +227,14 @@ mod tests {
         let s = check(qkv()).unwrap();
         assert!(lse(2 * 8 * 100, &s).is_ok());
         assert!(matches!(lse(2 * 8 * 99, &s), Err(Error::Shape { arg: "lse", .. })));
+    }
+
+    #[test]
+    fn softmax_scale_must_be_finite_and_not_negative() {
+        assert!(softmax_scale(0.125).is_ok());
+        assert!(softmax_scale(0.0).is_ok());
+        for bad in [-0.125, f32::NAN, f32::INFINITY] {
+            assert!(matches!(softmax_scale(bad), Err(Error::Param { arg: "softmax_scale", .. })), "{bad}");
+        }
     }
 }
