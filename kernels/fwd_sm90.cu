@@ -426,14 +426,14 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
                 mbarrier::wait(bar(smem.v_full, vs.stage()), vs.full_parity());
                 sm90::gemm_pv(o, pk, smem.v[vs.stage()]);
             }
-            // The wait for P·V is in both arms of the rescale branch. As one straight-line
-            // wait, ptxas hoists it above the softmax, to just after the S wait (SASS:
-            // WARPGROUP.DEPBAR.LE gsb0, 0x0 before the MUFU.EX2s), and this block's exp2
-            // work no longer overlaps its P·V; behind a branch on the softmax's max it stays.
-            if (rescale_o) {
+            // The wait for P·V is in both arms of a branch on the block index's parity. As
+            // one straight-line wait, ptxas hoists it above the softmax, to just after the S
+            // wait (SASS: WARPGROUP.DEPBAR.LE gsb0, 0x0 before the MUFU.EX2s), so that this
+            // block's exp2 work no longer overlaps its P·V; it does not move a wait above a
+            // branch. The condition must be the same in all four warps (the wait is
+            // .aligned over the warpgroup), hence n and not a softmax result.
+            if (n % 2) {
                 wgmma::wait<0, 1>();
-                wgmma::fence_operands(o);
-                sm90::scale_rows(o, rescale);
             } else {
                 wgmma::wait<0, 2>();
             }
@@ -441,6 +441,7 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
             wgmma::fence_operands(pk);
             mbarrier::arrive(bar(smem.v_empty, vs.stage()));
             vs.advance();
+            if (rescale_o) sm90::scale_rows(o, rescale);
             sm90::to_operand(s, pk);
         }
         // Every Q·K^T of the tile is done: the producer may load the next tile's Q.
