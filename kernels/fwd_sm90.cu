@@ -204,6 +204,14 @@ __device__ __forceinline__ BlockRange key_blocks(const FwdParams& p, int m0, int
     return r;
 }
 
+// The key blocks one consumer warpgroup's 64 rows need, at most the tile's: fewer on the
+// causal diagonal when the tile is taller than a key block (D64 192 x 128: the top rows do
+// not see the last block), none for rows all past seqlen_q (the last, partial tile).
+__device__ __forceinline__ int own_key_blocks(const FwdParams& p, const BlockRange& tile_blocks, int m0) {
+    if (m0 >= p.seqlen_q) return 0;
+    return min(tile_blocks.n_end, key_blocks(p, m0, 64).n_end);
+}
+
 // Masks scores of keys past seqlen_k and, when causal, keys after the query's diagonal.
 template <int R>
 __device__ __forceinline__ void apply_mask(float (&s)[R], int row0, int col0, const FwdParams& p) {
@@ -384,76 +392,96 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
 #pragma unroll
         for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
         sm90::OnlineSoftmax softmax;
-        float s[kBlockN / 2];
-        u32 pk[kBlockN / 4];
-        float rescale[2];
 
+        // Blocks this warpgroup's rows do not see (they come first: last to first) are
+        // passed over: released once loaded, and their turn passed on at once.
         int n = n_end - 1;
-        mbarrier::wait(bar(smem.k_full, ks.stage()), ks.full_parity());
-        take_turn(wg);
-        sm90::gemm_qk(s, smem.q, q_row, smem.k[ks.stage()]);
-        pass_turn(wg);
-        wgmma::wait<0>();
-        wgmma::fence_operands(s);
-        mbarrier::arrive(bar(smem.k_empty, ks.stage()));
-        ks.advance();
-        if (n >= t.blocks.n_mask_from) apply_mask(s, row0, n * kBlockN + col_lane, p);
-        softmax.update(s, scale_log2, rescale);
-        sm90::to_operand(s, pk);
-
-        for (--n; n >= 0; --n) {
+        const int n_own = own_key_blocks(p, t.blocks, t.m0 + q_row);
+        PipelineState<kStages> last_v = vs;
+        for (; n >= n_own; --n) {
             mbarrier::wait(bar(smem.k_full, ks.stage()), ks.full_parity());
-            if (kOverlap) {
-                take_turn(wg);
-                sm90::gemm_qk(s, smem.q, q_row, smem.k[ks.stage()]);
-                mbarrier::wait(bar(smem.v_full, vs.stage()), vs.full_parity());
-                sm90::gemm_pv(o, pk, smem.v[vs.stage()]);
-                pass_turn(wg);
-                wgmma::wait<1>();  // S done; P·V of the previous block still in flight
-                wgmma::fence_operands(s);
-            } else {
-                sm90::gemm_qk(s, smem.q, q_row, smem.k[ks.stage()]);
-                wgmma::wait<0>();
-                wgmma::fence_operands(s);
-            }
+            take_turn(wg);
+            pass_turn(wg);
+            mbarrier::arrive(bar(smem.k_empty, ks.stage()));
+            ks.advance();
+            mbarrier::wait(bar(smem.v_full, vs.stage()), vs.full_parity());
+            mbarrier::arrive(bar(smem.v_empty, vs.stage()));
+            last_v = vs;
+            vs.advance();
+        }
+        if (n < 0) {  // no block of its own: O = 0 (rows past seqlen_q are not stored)
+            mbarrier::arrive(bar(smem.q_empty));
+        } else {
+            float s[kBlockN / 2];
+            u32 pk[kBlockN / 4];
+            float rescale[2];
+
+            mbarrier::wait(bar(smem.k_full, ks.stage()), ks.full_parity());
+            take_turn(wg);
+            sm90::gemm_qk(s, smem.q, q_row, smem.k[ks.stage()]);
+            pass_turn(wg);
+            wgmma::wait<0>();
+            wgmma::fence_operands(s);
             mbarrier::arrive(bar(smem.k_empty, ks.stage()));
             ks.advance();
             if (n >= t.blocks.n_mask_from) apply_mask(s, row0, n * kBlockN + col_lane, p);
-            // Whether any row of this warp moved its max (warp-uniform, so the skip below
-            // does not diverge).
-            const bool rescale_o = __any_sync(0xffffffffu, softmax.update(s, scale_log2, rescale));
-            if (!kOverlap) {
-                mbarrier::wait(bar(smem.v_full, vs.stage()), vs.full_parity());
-                sm90::gemm_pv(o, pk, smem.v[vs.stage()]);
+            softmax.update(s, scale_log2, rescale);
+            sm90::to_operand(s, pk);
+
+            for (--n; n >= 0; --n) {
+                mbarrier::wait(bar(smem.k_full, ks.stage()), ks.full_parity());
+                if (kOverlap) {
+                    take_turn(wg);
+                    sm90::gemm_qk(s, smem.q, q_row, smem.k[ks.stage()]);
+                    mbarrier::wait(bar(smem.v_full, vs.stage()), vs.full_parity());
+                    sm90::gemm_pv(o, pk, smem.v[vs.stage()]);
+                    pass_turn(wg);
+                    wgmma::wait<1>();  // S done; P·V of the previous block still in flight
+                    wgmma::fence_operands(s);
+                } else {
+                    sm90::gemm_qk(s, smem.q, q_row, smem.k[ks.stage()]);
+                    wgmma::wait<0>();
+                    wgmma::fence_operands(s);
+                }
+                mbarrier::arrive(bar(smem.k_empty, ks.stage()));
+                ks.advance();
+                if (n >= t.blocks.n_mask_from) apply_mask(s, row0, n * kBlockN + col_lane, p);
+                // Whether any row of this warp moved its max (warp-uniform, so the skip below
+                // does not diverge).
+                const bool rescale_o = __any_sync(0xffffffffu, softmax.update(s, scale_log2, rescale));
+                if (!kOverlap) {
+                    mbarrier::wait(bar(smem.v_full, vs.stage()), vs.full_parity());
+                    sm90::gemm_pv(o, pk, smem.v[vs.stage()]);
+                }
+                // The wait for P·V is in both arms of a branch on the block index's parity. As
+                // one straight-line wait, ptxas hoists it above the softmax, to just after the S
+                // wait (SASS: WARPGROUP.DEPBAR.LE gsb0, 0x0 before the MUFU.EX2s), so that this
+                // block's exp2 work no longer overlaps its P·V; it does not move a wait above a
+                // branch. The condition must be the same in all four warps (the wait is
+                // .aligned over the warpgroup), hence n and not a softmax result.
+                if (n % 2) {
+                    wgmma::wait<0, 1>();
+                } else {
+                    wgmma::wait<0, 2>();
+                }
+                wgmma::fence_operands(o);
+                wgmma::fence_operands(pk);
+                mbarrier::arrive(bar(smem.v_empty, vs.stage()));
+                vs.advance();
+                if (rescale_o) sm90::scale_rows(o, rescale);
+                sm90::to_operand(s, pk);
             }
-            // The wait for P·V is in both arms of a branch on the block index's parity. As
-            // one straight-line wait, ptxas hoists it above the softmax, to just after the S
-            // wait (SASS: WARPGROUP.DEPBAR.LE gsb0, 0x0 before the MUFU.EX2s), so that this
-            // block's exp2 work no longer overlaps its P·V; it does not move a wait above a
-            // branch. The condition must be the same in all four warps (the wait is
-            // .aligned over the warpgroup), hence n and not a softmax result.
-            if (n % 2) {
-                wgmma::wait<0, 1>();
-            } else {
-                wgmma::wait<0, 2>();
-            }
+            // Every Q·K^T of the tile is done: the producer may load the next tile's Q.
+            mbarrier::arrive(bar(smem.q_empty));
+            mbarrier::wait(bar(smem.v_full, vs.stage()), vs.full_parity());
+            sm90::gemm_pv(o, pk, smem.v[vs.stage()]);
+            wgmma::wait<0>();
             wgmma::fence_operands(o);
             wgmma::fence_operands(pk);
             mbarrier::arrive(bar(smem.v_empty, vs.stage()));
+            last_v = vs;
             vs.advance();
-            if (rescale_o) sm90::scale_rows(o, rescale);
-            sm90::to_operand(s, pk);
         }
-        // Every Q·K^T of the tile is done: the producer may load the next tile's Q.
-        mbarrier::arrive(bar(smem.q_empty));
-        mbarrier::wait(bar(smem.v_full, vs.stage()), vs.full_parity());
-        sm90::gemm_pv(o, pk, smem.v[vs.stage()]);
-        wgmma::wait<0>();
-        wgmma::fence_operands(o);
-        wgmma::fence_operands(pk);
-        mbarrier::arrive(bar(smem.v_empty, vs.stage()));
-        const PipelineState<kStages> last_v = vs;
-        vs.advance();
         store_output(smem, o, softmax, p, t, wg, row0, last_v, tma_o);
     }
     // Warpgroup 0 takes the last turn passed to it, so no barrier is left half-arrived.
