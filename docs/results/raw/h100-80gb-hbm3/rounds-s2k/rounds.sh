@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Device run 29: sweep rows with S >= 2k, flashcore (default kernels) and cuDNN interleaved, 3 rounds each.
+# Device run 39: sweep rows with S >= 2k, flashcore (default kernels) and cuDNN interleaved, 3 rounds each.
 set -uo pipefail
-FINAL=$OUT; OUT=/tmp/w29; rm -rf $OUT; mkdir -p $OUT
-trap 'tar czf $FINAL/run.tgz -C /tmp w29' EXIT
-export FLASHCORE_CACHE_DIR=/tmp/c29 FLASHCORE_BIN=scratch/bin/fc
+FINAL=$OUT; OUT=/tmp/w39; rm -rf $OUT; mkdir -p $OUT
+trap 'tar czf $FINAL/run.tgz -C /tmp w39' EXIT
+export FLASHCORE_CACHE_DIR=/tmp/c39 FLASHCORE_BIN=scratch/bin/fc
 F=scratch/bin/fc
 $F compile --kernel fwd_sm90 > /dev/null 2>&1
 FL=sq2048_,sq4096_,sq8192_,sq16384_
@@ -18,10 +18,10 @@ for r in 1 2 3; do
 done
 python3 - <<'PY'
 import json, glob, statistics as st
-fc = [{r['case']['name']: r['tflops'] for r in json.load(open(f'/tmp/w29/fc_{i}.json'))['results']} for i in (1, 2, 3)]
+fc = [{r['case']['name']: r['tflops'] for r in json.load(open(f'/tmp/w39/fc_{i}.json'))['results']} for i in (1, 2, 3)]
 cu = [{}, {}, {}]
 for i in (1, 2, 3):
-    for f in glob.glob(f'/tmp/w29/cudnn_{i}_*/*.json'):
+    for f in glob.glob(f'/tmp/w39/cudnn_{i}_*/*.json'):
         for r in json.load(open(f))['results']:
             if r.get('tflops'): cu[i - 1][r['case']['name']] = r['tflops']
 ahead_med = ahead_all = 0
@@ -31,3 +31,16 @@ for n in fc[0]:
     print(n[:36].ljust(36), 'fc', ' '.join(f"{x:5.0f}" for x in a), '| cudnn', ' '.join(f"{x:5.0f}" for x in b), f"| med ratio {st.median(a)/st.median(b):.3f}")
 print(f"median over rounds ahead: {ahead_med}/{len(fc[0])}; ahead in every round: {ahead_all}/{len(fc[0])}")
 PY
+# ncu, one launch after three, clocks as found: the 16k target rows and fp16 S2k D64.
+for c in b1_sq16384_sk16384_h32_d64_full_bf16 b1_sq16384_sk16384_h16_d128_full_bf16 b1_sq16384_sk16384_h8_d256_full_bf16 b1_sq16384_sk16384_h16_d128_causal_bf16 b16_sq2048_sk2048_h16_d64_full_f16; do
+  timeout 100 ncu --clock-control none --target-processes all -k regex:fc_fwd_sm90 --launch-skip 3 --launch-count 1 \
+    --section SpeedOfLight --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active,smsp__issue_active.avg.pct_of_peak_sustained_active \
+    $F bench --suite seed --filter $c --samples 2 --eager --no-verify > $OUT/ncu-$c.txt 2>&1
+  echo "$c rc=$? $(grep -E 'Duration|SM Frequency|hmma_cycles|pipe_xu|issue_active' $OUT/ncu-$c.txt | awk '{print $(NF-1), $NF}' | tr '\n' ' ')"
+done
+# The dims suite (D32/D96/D192) with its anchors.
+timeout 120 $F bench --suite dims --json $OUT/flashcore-dims.json > $OUT/dims.txt 2>&1; echo "dims rc=$?"
+$F bench --suite dims --list-json > $OUT/suite-dims.json
+timeout 200 python3 bench/anchors.py --suite-json $OUT/suite-dims.json --out-dir $OUT/anchors-dims > $OUT/anchors-dims.log 2>&1; echo "anchors dims rc=$?"
+$F info > $OUT/info.txt 2>&1
+nvidia-smi > $OUT/nvidia-smi.txt 2>&1
