@@ -32,8 +32,14 @@ cargo test --workspace --locked
 # The Python side: an independent NumPy check of `flashcore attn --cpu`, and the benchmark
 # scripts' self-tests (no GPU needed).
 [ -x .venv/bin/python ] || python3 -m venv .venv
-.venv/bin/python -m pip install --quiet --disable-pip-version-check numpy safetensors matplotlib
+.venv/bin/python -m pip install --quiet --disable-pip-version-check numpy safetensors matplotlib nvidia-cuda-nvdisasm
 cargo build --locked -p flashcore-cli
+echo "== scripts/sass-check.py (fwd_sm90 SASS: wgmma, TMA, no local memory, softmax under its own P·V)"
+.venv/bin/python scripts/sass-check.py --self-test
+sass_cache=$(mktemp -d)
+trap 'rm -rf "$sass_cache"' EXIT
+FLASHCORE_CACHE_DIR="$sass_cache" target/debug/flashcore compile --arch sm_90a --kernel fwd_sm90 > /dev/null
+.venv/bin/python scripts/sass-check.py "$sass_cache"
 echo "== bench/check_reference.py (flashcore attn --cpu vs NumPy float64)"
 .venv/bin/python bench/check_reference.py target/debug/flashcore
 echo "== bench self-tests"

@@ -208,13 +208,7 @@ fn run_poisoned(
 ) -> Result<(Vec<u16>, Vec<f32>)> {
     let mut o = DeviceTensor::filled(ctx, nan_bits(case.dtype), case.q_shape(), case.dtype)?;
     let mut lse = ctx.stream().clone_htod(&vec![f32::NAN; case.batch * case.heads_q * case.seqlen_q])?;
-    let params = AttnParams {
-        causal: case.causal,
-        kernel: Some(family),
-        num_splits: spec.splits,
-        softmax_scale: Some(spec.scale()),
-        ..Default::default()
-    };
+    let params = AttnParams { causal: case.causal, kernel: Some(family), num_splits: spec.splits, softmax_scale: Some(spec.scale()) };
     ctx.attention_into(q.view(), k.view(), v.view(), o.view_mut(), Some(&mut lse), &params)?;
     Ok((o.to_bits(ctx)?, ctx.stream().clone_dtoh(&lse)?))
 }

@@ -112,7 +112,7 @@ pub fn plan(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnPa
     let causal = params.causal && !packed_gqa;
     let mut plan = match family {
         KernelFamily::Reference => unsplit(reference::variant(dtype), &kshape),
-        KernelFamily::FwdSm90 => unsplit(fwd_sm90::variant(dtype, d, causal, kshape.seqlen_k), &kshape),
+        KernelFamily::FwdSm90 => unsplit(fwd_sm90::variant_for(dtype, &kshape, causal, device.sm_count as usize), &kshape),
         KernelFamily::FwdSm80 => sm80_plan(device, &kshape, dtype, causal, params.num_splits),
     };
     plan.packed_gqa = packed_gqa;

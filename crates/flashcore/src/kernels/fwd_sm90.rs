@@ -74,6 +74,24 @@ pub fn variant(dtype: DType, head_dim: usize, causal: bool, seqlen_k: usize) -> 
     make_variant(dtype, head_dim, causal, seqlen_k <= short_max_keys(head_dim, causal))
 }
 
+/// The variant for `shape` on a GPU of `sm_count` SMs: [`variant`], or the short tile where
+/// the default one would leave SMs idle and the short tile makes more query tiles (one short
+/// sequence with few heads: B1 H8 S2k D64 causal is 88 tiles of 192 rows for 132 SMs, but 128
+/// tiles of 128 rows; each CTA then runs one tile, and the longest tile sets the time).
+pub fn variant_for(dtype: DType, shape: &ProblemShape, causal: bool, sm_count: usize) -> Variant {
+    let default = variant(dtype, shape.head_dim, causal, shape.seqlen_k);
+    if short_max_keys(shape.head_dim, causal) == 0 {
+        return default;
+    }
+    let short = make_variant(dtype, shape.head_dim, causal, true);
+    let tiles = default.query_tiles(shape);
+    if tiles < sm_count && short.query_tiles(shape) > tiles {
+        short
+    } else {
+        default
+    }
+}
+
 /// Every variant for one (dtype, head dim, mask): the default tile, and the short one where
 /// it is used.
 pub fn variants(dtype: DType, head_dim: usize, causal: bool) -> Vec<Variant> {
@@ -204,6 +222,19 @@ mod tests {
         assert_eq!(variant(DType::BF16, 64, false, 512).tile.block_m, 192);
         assert_eq!(variants(DType::F16, 64, false).len(), 1, "D64 full has one tile");
         assert_eq!(variants(DType::F16, 256, true).len(), 2);
+    }
+
+    #[test]
+    fn grids_that_leave_sms_idle_take_the_short_tile_when_it_has_more_tiles() {
+        let shape = |batch, heads, s| ProblemShape { batch, seqlen_q: s, seqlen_k: s, heads_q: heads, heads_kv: heads, head_dim: 64 };
+        // 88 tiles of 192 rows for 132 SMs; 128 of 128 rows.
+        assert_eq!(variant_for(DType::BF16, &shape(1, 8, 2048), true, 132).tile.block_m, 128);
+        // Enough tiles either way, or no short tile (D64 full): the default.
+        assert_eq!(variant_for(DType::BF16, &shape(8, 32, 2048), true, 132).tile.block_m, 192);
+        assert_eq!(variant_for(DType::BF16, &shape(1, 8, 2048), false, 132).tile.block_m, 192);
+        // Short tiles with the same rows per tile (D128 causal, 128 x 128): nothing gained.
+        let d128 = ProblemShape { head_dim: 128, ..shape(1, 4, 4096) };
+        assert_eq!(variant_for(DType::BF16, &d128, true, 132).tile.block_n, 176);
     }
 
     #[test]

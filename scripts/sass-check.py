@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Structural checks of the Hopper kernel's SASS, on CUBINs from the flashcore JIT cache.
+
+    sass-check.py CACHE_DIR [--nvdisasm PATH]
+
+For every `fwd_sm90*.fcbin` in CACHE_DIR (fill it with `FLASHCORE_CACHE_DIR=CACHE_DIR
+flashcore compile --arch sm_90a --kernel fwd_sm90`), disassembles the CUBIN and checks:
+- HGMMA (wgmma) present, UTMALDG (TMA loads) present, no LDL/STL (local memory: spills);
+- in the steady key-block loop (the innermost loop holding both HGMMA and MUFU.EX2), every
+  wait for all wgmma groups (`WARPGROUP.DEPBAR.LE gsb0, 0x0`) comes after the last MUFU.EX2:
+  the softmax overlaps the block's own P·V. ptxas hoists a plain wait above the softmax
+  (docs/perf-log.md, fifth session); this catches a kernel edit or a ptxas version that
+  brings that back. Exits non-zero on any failure.
+"""
+import argparse
+import glob
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+
+def find_nvdisasm():
+    here = os.path.dirname(os.path.abspath(__file__))
+    for pattern in (os.path.join(here, "..", ".venv", "lib", "python3*", "site-packages", "nvidia", "cu13", "bin", "nvdisasm"),
+                    "/usr/local/cuda/bin/nvdisasm"):
+        hits = sorted(glob.glob(pattern))
+        if hits:
+            return hits[-1]
+    return None
+
+
+def cubin_of(fcbin_path):
+    """The CUBIN inside a cache entry (`magic | log | cubin | sha256`): the ELF image."""
+    data = open(fcbin_path, "rb").read()
+    start = data.find(b"\x7fELF")
+    if start < 0:
+        raise ValueError(f"{fcbin_path}: no ELF image inside")
+    return data[start:len(data) - 32]
+
+
+def instructions(sass):
+    """(list of instruction texts, {label: index of the next instruction})."""
+    ins, labels = [], {}
+    for line in sass.splitlines():
+        m = re.match(r"\s*(\.L_x_\d+):", line)
+        if m:
+            labels[m.group(1)] = len(ins)
+            continue
+        m = re.match(r"\s*/\*[0-9a-f]+\*/\s+(.*?)\s*;", line)
+        if m:
+            ins.append(m.group(1))
+    return ins, labels
+
+
+def loops(ins, labels):
+    """(start, end) of every loop: a branch back to a label at or before it."""
+    out = []
+    for i, text in enumerate(ins):
+        m = re.search(r"BRA[.\w]*\s+`\((\.L_x_\d+)\)", text)
+        if m and labels.get(m.group(1), len(ins)) <= i:
+            out.append((labels[m.group(1)], i))
+    return out
+
+
+def check_sass(name, sass):
+    """A list of failure messages for one kernel's SASS."""
+    ins, labels = instructions(sass)
+    ops = [re.sub(r"^@!?U?P\w+\s+", "", t) for t in ins]
+    failures = []
+    if not any(o.startswith("HGMMA") for o in ops):
+        failures.append("no HGMMA")
+    if not any(o.startswith("UTMALDG") for o in ops):
+        failures.append("no UTMALDG")
+    local = [o for o in ops if o.startswith(("LDL", "STL"))]
+    if local:
+        failures.append(f"{len(local)} local-memory instructions (spills), e.g. {local[0]}")
+
+    def body_has(lo, hi, prefix):
+        return any(o.startswith(prefix) for o in ops[lo:hi + 1])
+
+    candidates = [(lo, hi) for lo, hi in loops(ins, labels) if body_has(lo, hi, "HGMMA") and body_has(lo, hi, "MUFU.EX2")]
+    if not candidates:
+        return failures + ["no loop holds both HGMMA and MUFU.EX2"]
+    lo, hi = min(candidates, key=lambda r: r[1] - r[0])
+    body = ops[lo:hi + 1]
+    last_exp = max(i for i, o in enumerate(body) if o.startswith("MUFU.EX2"))
+    waits = [i for i, o in enumerate(body) if re.match(r"WARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x0\b", o)]
+    if not waits:
+        failures.append("steady loop: no wait for all wgmma groups")
+    early = [i for i in waits if i < last_exp]
+    if early:
+        failures.append(f"steady loop: a wait for all wgmma groups at +{early[0]} comes before the last MUFU.EX2 at +{last_exp} "
+                        "(the softmax no longer overlaps its P·V)")
+    return failures
+
+
+GOOD_LOOP = """
+        /*0000*/                   UTMALDG.4D [UR8], [UR4] ;
+.L_x_1:
+        /*0010*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], RZ, gsb0 ;
+        /*0020*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;
+        /*0030*/                   MUFU.EX2 R24, R24 ;
+        /*0040*/              @P0 BRA `(.L_x_2) ;
+        /*0050*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+.L_x_2:
+        /*0060*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0070*/              @P1 BRA `(.L_x_1) ;
+"""
+
+
+def self_test():
+    assert check_sass("good", GOOD_LOOP) == [], check_sass("good", GOOD_LOOP)
+    hoisted = GOOD_LOOP.replace("gsb0, 0x1 ;", "gsb0, 0x1 ;\n        /*0028*/ WARPGROUP.DEPBAR.LE gsb0, 0x0 ;")
+    assert any("before the last MUFU.EX2" in f for f in check_sass("hoisted", hoisted)), check_sass("hoisted", hoisted)
+    spill = GOOD_LOOP.replace("MUFU.EX2 R24, R24 ;", "MUFU.EX2 R24, R24 ;\n        /*0038*/ STL [R1], R24 ;")
+    assert any("spills" in f for f in check_sass("spill", spill))
+    assert any("UTMALDG" in f for f in check_sass("no tma", GOOD_LOOP.replace("UTMALDG", "LDG")))
+    no_wait = GOOD_LOOP.replace("gsb0, 0x0", "gsb0, 0x1")
+    assert any("no wait" in f for f in check_sass("no wait", no_wait))
+    print("sass-check self-test: ok")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("cache_dir", nargs="?")
+    ap.add_argument("--nvdisasm")
+    ap.add_argument("--self-test", action="store_true")
+    args = ap.parse_args()
+    if args.self_test:
+        self_test()
+        return 0
+    if not args.cache_dir:
+        sys.exit("sass-check.py: give the JIT cache folder")
+    nvdisasm = args.nvdisasm or find_nvdisasm()
+    if not nvdisasm:
+        sys.exit("sass-check.py: nvdisasm not found (pip install nvidia-cuda-nvdisasm into .venv, or pass --nvdisasm)")
+    entries = sorted(glob.glob(os.path.join(args.cache_dir, "fwd_sm90*.fcbin")))
+    if not entries:
+        sys.exit(f"sass-check.py: no fwd_sm90 entries in {args.cache_dir}")
+    failed = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for path in entries:
+            name = os.path.basename(path).split("-sm_")[0]
+            cubin = os.path.join(tmp, "k.cubin")
+            open(cubin, "wb").write(cubin_of(path))
+            sass = subprocess.run([nvdisasm, "-c", cubin], check=True, capture_output=True, text=True).stdout
+            failures = check_sass(name, sass)
+            failed += bool(failures)
+            print(f"{name:48} {'ok' if not failures else 'FAILED: ' + '; '.join(failures)}")
+    print(f"{len(entries)} variants, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
