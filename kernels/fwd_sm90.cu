@@ -144,7 +144,12 @@ static_assert(FC_BLOCK_M == kBlockM, "FC_BLOCK_M must be 64 * FC_CONSUMER_WG");
 #ifdef FC_NUM_WARPS
 static_assert(FC_NUM_WARPS * 32 == kThreads, "FC_NUM_WARPS must be 4 * (FC_CONSUMER_WG + 1)");
 #endif
-static_assert(warpgroup::kThreads * (kProducerRegs + kConsumerWG * kConsumerRegs) <= 65536, "register file");
+// A CTA holds the registers of its launch (the entry cap, whole multiples of 8, times the
+// threads) and setmaxnreg only moves them between warpgroups: an increase past what the
+// others gave back waits forever.
+constexpr int kEntryRegs = 65536 / kThreads / 8 * 8;
+static_assert(warpgroup::kThreads * (kProducerRegs + kConsumerWG * kConsumerRegs) <= kThreads * kEntryRegs,
+              "register file");
 
 // Named barrier ids (0 is __syncthreads): one per consumer warpgroup for the ping-pong, then
 // one per consumer warpgroup for its epilogue.
