@@ -364,6 +364,34 @@ __device__ __forceinline__ void pass_turn(int wg) {
     if (kOverlap) named_barrier::arrive(kSchedulerBarrier + (wg + 1) % kConsumerWG, 2 * warpgroup::kThreads);
 }
 
+// A key block this warpgroup's rows do not see: its K and V stages are released once loaded
+// (so that every stage gets one arrival per consumer warpgroup, in order) and its ping-pong
+// turn is passed on at once.
+__device__ __forceinline__ void pass_over_block(SharedStorage& smem, PipelineState<kStages>& ks,
+                                                PipelineState<kStages>& vs, int wg) {
+    mbarrier::wait(bar(smem.k_full, ks.stage()), ks.full_parity());
+    take_turn(wg);
+    pass_turn(wg);
+    mbarrier::arrive(bar(smem.k_empty, ks.stage()));
+    ks.advance();
+    mbarrier::wait(bar(smem.v_full, vs.stage()), vs.full_parity());
+    mbarrier::arrive(bar(smem.v_empty, vs.stage()));
+}
+
+// Waits for this block's P·V after its softmax. The wait is in both arms of a branch on the
+// block index's parity: as one straight-line wait, ptxas hoists it above the softmax, to just
+// after the S wait (SASS: WARPGROUP.DEPBAR.LE gsb0, 0x0 before the MUFU.EX2s), and the
+// block's exp2 work no longer overlaps its P·V; it does not move a wait above a branch. The
+// condition must be the same in all four warps (the wait is .aligned over the warpgroup),
+// hence the block index and not a softmax result. scripts/sass-check.py checks the placement.
+__device__ __forceinline__ void wait_pv_below_softmax(int n) {
+    if (n % 2) {
+        wgmma::wait<0, 1>();
+    } else {
+        wgmma::wait<0, 2>();
+    }
+}
+
 // One consumer warpgroup: rows [64*wg, 64*wg + 64) of each tile.
 __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p, const TmaDescriptor* tma_o, int wg) {
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
@@ -398,19 +426,12 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
         for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
         sm90::OnlineSoftmax softmax;
 
-        // Blocks this warpgroup's rows do not see (they come first: last to first) are
-        // passed over: released once loaded, and their turn passed on at once.
+        // Blocks this warpgroup's rows do not see come first (last to first): passed over.
         int n = n_end - 1;
         const int n_own = own_key_blocks(p, t.blocks, t.m0 + q_row);
         PipelineState<kStages> last_v = vs;
         for (; n >= n_own; --n) {
-            mbarrier::wait(bar(smem.k_full, ks.stage()), ks.full_parity());
-            take_turn(wg);
-            pass_turn(wg);
-            mbarrier::arrive(bar(smem.k_empty, ks.stage()));
-            ks.advance();
-            mbarrier::wait(bar(smem.v_full, vs.stage()), vs.full_parity());
-            mbarrier::arrive(bar(smem.v_empty, vs.stage()));
+            pass_over_block(smem, ks, vs, wg);
             last_v = vs;
             vs.advance();
         }
@@ -458,17 +479,7 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
                     mbarrier::wait(bar(smem.v_full, vs.stage()), vs.full_parity());
                     sm90::gemm_pv(o, pk, smem.v[vs.stage()]);
                 }
-                // The wait for P·V is in both arms of a branch on the block index's parity. As
-                // one straight-line wait, ptxas hoists it above the softmax, to just after the S
-                // wait (SASS: WARPGROUP.DEPBAR.LE gsb0, 0x0 before the MUFU.EX2s), so that this
-                // block's exp2 work no longer overlaps its P·V; it does not move a wait above a
-                // branch. The condition must be the same in all four warps (the wait is
-                // .aligned over the warpgroup), hence n and not a softmax result.
-                if (n % 2) {
-                    wgmma::wait<0, 1>();
-                } else {
-                    wgmma::wait<0, 2>();
-                }
+                wait_pv_below_softmax(n);
                 wgmma::fence_operands(o);
                 wgmma::fence_operands(pk);
                 mbarrier::arrive(bar(smem.v_empty, vs.stage()));
