@@ -6,8 +6,10 @@
 // consumers (a) take turns issuing their matrix products, handed round by named barriers
 // (ping-pong: one warpgroup's softmax runs under another's GEMMs), and (b) issue the next
 // block's S = Q·K^T before this block's softmax and P·V, so MUFU and tensor cores overlap
-// within a warpgroup too. Key blocks are visited from last to first, so the blocks that
-// need the causal/seqlen mask come first.
+// within a warpgroup too (the softmax runs under the block's own P·V: see
+// wait_pv_below_softmax). Key blocks are visited from last to first, so the blocks that
+// need the causal/seqlen mask come first; a warpgroup passes over the leading blocks its own
+// 64 rows do not see (causal diagonal, rows past seqlen_q).
 //
 // Persistent: one CTA per SM loops over query tiles, claimed one at a time from a global
 // counter when the CTA is ready for more (common/tile_scheduler.cuh; causal tiles longest
