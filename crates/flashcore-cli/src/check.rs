@@ -202,15 +202,8 @@ fn nan_bits(dtype: DType) -> u16 {
 }
 
 /// Runs `family` on the inputs into NaN-poisoned buffers; returns (o, lse).
-fn run_poisoned(
-    ctx: &Context,
-    family: KernelFamily,
-    spec: &Spec,
-    case: &Case,
-    q: &Stored,
-    k: &Stored,
-    v: &Stored,
-) -> Result<(Vec<u16>, Vec<f32>)> {
+fn run_poisoned(ctx: &Context, family: KernelFamily, spec: &Spec, q: &Stored, k: &Stored, v: &Stored) -> Result<(Vec<u16>, Vec<f32>)> {
+    let case = &spec.case;
     let mut o = DeviceTensor::filled(ctx, nan_bits(case.dtype), case.q_shape(), case.dtype)?;
     let mut lse = ctx.stream().clone_htod(&vec![f32::NAN; case.batch * case.heads_q * case.seqlen_q])?;
     let params = AttnParams { causal: case.causal, kernel: Some(family), num_splits: spec.splits, softmax_scale: Some(spec.scale()) };
@@ -224,8 +217,8 @@ fn check_one(ctx: &Context, family: KernelFamily, spec: &Spec) -> Result<Outcome
     let up = |data: &[f32], shape| Stored::upload(ctx, data, shape, case.dtype, spec.storage);
     let (q, k, v) = (up(&host.q, case.q_shape())?, up(&host.k, case.kv_shape())?, up(&host.v, case.kv_shape())?);
 
-    let (o_bits, lse) = run_poisoned(ctx, family, spec, case, &q, &k, &v)?;
-    let (o_bits2, lse2) = run_poisoned(ctx, family, spec, case, &q, &k, &v)?;
+    let (o_bits, lse) = run_poisoned(ctx, family, spec, &q, &k, &v)?;
+    let (o_bits2, lse2) = run_poisoned(ctx, family, spec, &q, &k, &v)?;
     let deterministic = o_bits == o_bits2 && lse.iter().zip(&lse2).all(|(a, b)| a.to_bits() == b.to_bits());
     let o: Vec<f32> = o_bits.iter().map(|&b| case.dtype.decode(b)).collect();
 
@@ -293,7 +286,7 @@ fn oracle(
     if family == KernelFamily::Reference {
         bail!("case {} is too large for the CPU oracle and cannot check the GPU reference against itself", case.name);
     }
-    let (o, lse) = run_poisoned(ctx, KernelFamily::Reference, &Spec { splits: None, ..spec.clone() }, case, q, k, v)?;
+    let (o, lse) = run_poisoned(ctx, KernelFamily::Reference, &Spec { splits: None, ..spec.clone() }, q, k, v)?;
     Ok(("gpu-ref", o.iter().map(|&b| case.dtype.decode(b) as f64).collect(), lse.iter().map(|&x| x as f64).collect()))
 }
 
