@@ -180,6 +180,9 @@ struct SharedStorage {
 static_assert(sizeof(OTile) <= kStages * sizeof(KVTile), "O must fit in V's stages");
 constexpr unsigned kSmemBytes = sizeof(SharedStorage) + sm90::kSwizzlePeriod;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
+#ifdef FC_SMEM_BYTES
+static_assert(kSmemBytes == FC_SMEM_BYTES, "the host's shared-memory size (fwd_sm90.rs smem_bytes)");
+#endif
 
 __device__ __forceinline__ SharedStorage& shared_storage() {
     extern __shared__ unsigned char smem_raw[];

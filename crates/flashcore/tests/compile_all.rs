@@ -62,3 +62,16 @@ fn a_cache_hit_loads_in_milliseconds() {
     assert_eq!(first.cubin, second.cubin);
     assert!(second.seconds < 0.05, "cache hit took {} s", second.seconds);
 }
+
+#[test]
+fn fwd_sm90_refuses_a_shared_memory_size_its_layout_does_not_have() {
+    let dir = tempfile::tempdir().unwrap();
+    let jit = Jit::new(DiskCache::new(dir.path()));
+    let arch = Arch::parse("sm_90a").unwrap();
+    let v = &KernelFamily::FwdSm90.variants(arch)[0];
+    let mut source = v.source();
+    let smem = source.defines.iter_mut().find(|(k, _)| k == "FC_SMEM_BYTES").expect("fwd_sm90 is told its shared memory");
+    smem.1 = (v.smem_bytes - 1024).to_string();
+    let err = jit.compile(&source, arch).expect_err("a launch with less shared memory than the layout must not compile");
+    assert!(err.to_string().contains("shared-memory size"), "{err}");
+}

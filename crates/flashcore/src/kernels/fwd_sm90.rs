@@ -58,7 +58,8 @@ fn short_max_keys(head_dim: usize, causal: bool) -> usize {
 
 /// Dynamic shared memory: Q plus `stages` K and V tiles (2 bytes an element), the
 /// barriers (padded to the 1024-byte alignment of the tiles), and 1024 bytes of slack to
-/// align the base for the 128-byte swizzle.
+/// align the base for the 128-byte swizzle. The kernel checks it against its own layout
+/// (FC_SMEM_BYTES).
 fn smem_bytes(tile: Tile, head_dim: usize) -> u32 {
     2 * (tile.block_m + 2 * tile.stages * tile.block_n) * padded_head_dim(head_dim) as u32 + 2 * 1024
 }
@@ -134,9 +135,13 @@ struct TileSchedule {
 // SAFETY: plain old data matching the kernel's struct.
 unsafe impl DeviceRepr for TileSchedule {}
 
-/// Defines beyond the common ones.
-pub fn extra_defines(tile: Tile) -> Vec<(String, String)> {
-    vec![("FC_CONSUMER_WG".into(), (tile.warps / 4 - 1).to_string())]
+/// Defines beyond the common ones: the consumer warpgroups, and the shared-memory size the
+/// launch gives, which the kernel checks against its own layout at compile time.
+pub fn extra_defines(variant: &Variant) -> Vec<(String, String)> {
+    vec![
+        ("FC_CONSUMER_WG".into(), (variant.tile.warps / 4 - 1).to_string()),
+        ("FC_SMEM_BYTES".into(), variant.smem_bytes.to_string()),
+    ]
 }
 
 /// A `CUtensorMap` passed by value as a `__grid_constant__` kernel parameter.

@@ -211,7 +211,7 @@ impl Variant {
             KernelFamily::Reference => ("reference.cu", "fc_reference"),
             KernelFamily::FwdSm80 => ("fwd_sm80.cu", "fc_fwd_sm80"),
             KernelFamily::FwdSm90 => {
-                defines.extend(fwd_sm90::extra_defines(t));
+                defines.extend(fwd_sm90::extra_defines(self));
                 ("fwd_sm90.cu", "fc_fwd_sm90")
             }
         };
