@@ -72,6 +72,7 @@
 //   215040, D192 223232, D256 231424 with the defaults;
 //   needs cudaFuncSetAttribute(fc_fwd_sm90, cudaFuncAttributeMaxDynamicSharedMemorySize,
 //   kSmemBytes) (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) when above 48 KB.
+//   -DFC_SMEM_BYTES=<the launch's size> makes a mismatch a compile error (the host passes it).
 // Output o: BSHD through tma_o (p.o and p.o_stride_* only for tiles with no visible key);
 //   lse [B, Hq, Sq] f32 natural log when p.lse != nullptr. Causal is the compile-time
 //   FC_CAUSAL, bottom-right aligned; p.causal is ignored.
