@@ -28,7 +28,7 @@
 //   D=192: 128 x 112 tile, 2 consumer WGs, 2 stages, setmaxnreg 24/240; smem 218 KB
 //   D=256: 128 x  80 tile, 2 consumer WGs, 2 stages, setmaxnreg 24/240; smem 226 KB
 //          (80 is the widest key block whose 2 K + 2 V stages fit beside Q)
-//   Few keys (host: D64 causal Sk <= 1024, D96/D128 causal <= 2048 and full <= 1024,
+//   Few keys (host: D64 causal Sk <= 1024, D96/D128 causal <= 4096 and full <= 1024,
 //   D192/D256 causal <= 512): D64 128 x 128 with 2 consumer WGs and 3 stages (114 KB),
 //   D96/D128 128 x 128 (166 KB), D192 128 x 64 (146 KB), D256 128 x 64 (199 KB): smaller
 //   tiles waste less of the causal diagonal and of the last partial tile (H100: D128

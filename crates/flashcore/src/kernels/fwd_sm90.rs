@@ -43,13 +43,14 @@ fn tile(head_dim: usize, short: bool) -> Tile {
 /// Problems with at most this many keys take the short tiles (0: never). Measured on H100
 /// (bf16 TFLOPS, sweep, short / default tile, docs/perf-log.md): D64 causal S512 217 / 205,
 /// 1k 310 / 281, 2k tie, then -5 to -10%; D64 full ties to 1k, then -5 to -10%; D128 causal
-/// S512 278 / 236, 1k 440 / 398, 2k 553 / 534, 8k-16k -2 to -10%; D128 full S512 513 / 498,
-/// 1k 587 / 566, 2k -1%; D256 causal S512 302 / 288, 1k 458 / 469.
+/// S512 278 / 236, 1k 440 / 398, 2k 553 / 534, 4k 617 / 567 (median of three rounds),
+/// 8k-16k -5 to -8%; D128 full S512 513 / 498, 1k 587 / 566, 2k -1%; D256 causal S512
+/// 302 / 288, 1k 458 / 469.
 fn short_max_keys(head_dim: usize, causal: bool) -> usize {
     match (head_dim, causal) {
         (0..=64, true) => 1024,
         (0..=64, false) => 0,
-        (65..=128, true) => 2048,
+        (65..=128, true) => 4096,
         (65..=128, false) => 1024,
         (_, true) => 512,
         (_, false) => 0,
@@ -138,10 +139,7 @@ unsafe impl DeviceRepr for TileSchedule {}
 /// Defines beyond the common ones: the consumer warpgroups, and the shared-memory size the
 /// launch gives, which the kernel checks against its own layout at compile time.
 pub fn extra_defines(variant: &Variant) -> Vec<(String, String)> {
-    vec![
-        ("FC_CONSUMER_WG".into(), (variant.tile.warps / 4 - 1).to_string()),
-        ("FC_SMEM_BYTES".into(), variant.smem_bytes.to_string()),
-    ]
+    vec![("FC_CONSUMER_WG".into(), (variant.tile.warps / 4 - 1).to_string()), ("FC_SMEM_BYTES".into(), variant.smem_bytes.to_string())]
 }
 
 /// A `CUtensorMap` passed by value as a `__grid_constant__` kernel parameter.
@@ -217,8 +215,8 @@ mod tests {
 
     #[test]
     fn short_problems_take_the_small_tiles() {
-        assert_eq!(variant(DType::BF16, 128, true, 2048).tile.block_n, 128);
-        assert_eq!(variant(DType::BF16, 128, true, 2049).tile.block_n, 176);
+        assert_eq!(variant(DType::BF16, 128, true, 4096).tile.block_n, 128);
+        assert_eq!(variant(DType::BF16, 128, true, 4097).tile.block_n, 176);
         assert_eq!(variant(DType::BF16, 128, false, 1024).tile.block_n, 128);
         assert_eq!(variant(DType::BF16, 128, false, 1025).tile.block_n, 176);
         assert_eq!(variant(DType::BF16, 256, true, 512).tile.block_n, 64);
@@ -238,7 +236,7 @@ mod tests {
         assert_eq!(variant_for(DType::BF16, &shape(8, 32, 2048), true, 132).tile.block_m, 192);
         assert_eq!(variant_for(DType::BF16, &shape(1, 8, 2048), false, 132).tile.block_m, 192);
         // Short tiles with the same rows per tile (D128 causal, 128 x 128): nothing gained.
-        let d128 = ProblemShape { head_dim: 128, ..shape(1, 4, 4096) };
+        let d128 = ProblemShape { head_dim: 128, ..shape(1, 4, 8192) };
         assert_eq!(variant_for(DType::BF16, &d128, true, 132).tile.block_n, 176);
     }
 
