@@ -23,7 +23,7 @@
 // Variants (per head dim; defaults below, override with -D), smem = kSmemBytes:
 //   D=64 : 192 x 128 tile, 3 consumer WGs, 3 stages, setmaxnreg 32/160; smem 122 KB
 //          (the exp2 unit bounds D64: a third warpgroup's softmax hides under two GEMMs)
-//   D=128: 128 x 176 tile, 2 consumer WGs, 2 stages, setmaxnreg 24/240; smem 210 KB
+//   D=128: 128 x 192 tile, 2 consumer WGs, 2 stages, setmaxnreg 24/240; smem 226 KB
 //          (D=96 runs as D128 with the columns past 96 zero: see kHeadDim)
 //   D=192: 128 x 112 tile, 2 consumer WGs, 2 stages, setmaxnreg 24/240; smem 218 KB
 //   D=256: 128 x  80 tile, 2 consumer WGs, 2 stages, setmaxnreg 24/240; smem 226 KB
@@ -69,7 +69,7 @@
 // Dynamic shared memory: kSmemBytes = sizeof(SharedStorage) + 1024 (alignment slack)
 //   = 2*(kBlockM*D + 2*FC_STAGES*kBlockN*D) + 2048 bytes, D padded to whole 64-column
 //   panels (tiles, then barriers padded to 1 KB, then the slack): D64 124928, D96 and D128
-//   215040, D192 223232, D256 231424 with the defaults;
+//   231424, D192 223232, D256 231424 with the defaults;
 //   needs cudaFuncSetAttribute(fc_fwd_sm90, cudaFuncAttributeMaxDynamicSharedMemorySize,
 //   kSmemBytes) (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) when above 48 KB.
 //   -DFC_SMEM_BYTES=<the launch's size> makes a mismatch a compile error (the host passes it).
@@ -100,7 +100,7 @@
 #if FC_HEAD_DIM == 64
 #define FC_BLOCK_N 128
 #elif FC_HEAD_DIM == 96 || FC_HEAD_DIM == 128
-#define FC_BLOCK_N 176
+#define FC_BLOCK_N 192
 #elif FC_HEAD_DIM == 192
 #define FC_BLOCK_N 112
 #else
