@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Device run 53: run-all (main results page: sweep seed quick small with SDPA anchors) on the final binary.
+# Device run 60: run-all (main results page: sweep seed quick small with SDPA anchors) on the final binary.
 set -uo pipefail
-FINAL=$OUT; OUT=/tmp/w53; rm -rf $OUT; mkdir -p $OUT
-trap 'tar czf $FINAL/run.tgz -C /tmp w53' EXIT
-export FLASHCORE_CACHE_DIR=/tmp/fccache53
+FINAL=$OUT; OUT=/tmp/w60; rm -rf $OUT; mkdir -p $OUT
+trap 'tar czf $FINAL/run.tgz -C /tmp w60' EXIT
+export FLASHCORE_CACHE_DIR=/tmp/fccache60
 F=scratch/bin/fc
 timeout 500 bash bench/run-all.sh --bin $F --out $OUT/raw --results-dir $OUT/results --suites "sweep seed quick small" > $OUT/run-all.log 2>&1; echo "run-all rc=$?"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu,power.draw,power.limit --format=csv > $OUT/nvidia-smi.txt 2>&1
