@@ -24,7 +24,7 @@ const WARPGROUP_ROWS: u32 = 64;
 /// The tile for `head_dim`: consumer warpgroups of 64 query rows plus one producer
 /// warpgroup. D64 is bound by the exp unit as much as the tensor cores, so it runs 3
 /// consumers (192 rows) and 3 stages; D128's 192-wide key block (the widest whose two K/V
-/// stages fit: 226 KB) measured ~7% over 128 (as 176) and 1–4% over 176;
+/// stages fit: 226 KB) measured ~7% over 128 (as 176) and +2% over 176 (pooled at 16k);
 /// D192 takes FlashAttention-3's 112-wide key block (two stages in 218 KB); D256 needs an
 /// 80-wide key block to fit two K/V stages in 227 KB. `short`: few keys, where smaller tiles
 /// waste less on the diagonal (causal) and on the last partial tile: D64 128 rows (2
@@ -45,7 +45,7 @@ fn tile(head_dim: usize, short: bool) -> Tile {
 /// (bf16 TFLOPS, sweep, short / default tile, docs/perf-log.md): D64 causal S512 217 / 205,
 /// 1k 310 / 281, 2k tie, then -5 to -10%; D64 full ties to 1k, then -5 to -10%; D128 causal
 /// S512 278 / 236, 1k 440 / 398, 2k 553 / 534, 4k 617 / 567 (median of three rounds),
-/// 8k-16k -5 to -8%; D128 full S512 513 / 498, 1k 587 / 566, 2k -1%; D256 causal S512
+/// 8k-16k -5 to -8% (against 128 x 176); D128 full S512 513 / 498, 1k 587 / 566, 2k -1%; D256 causal S512
 /// 302 / 288, 1k 458 / 469.
 fn short_max_keys(head_dim: usize, causal: bool) -> usize {
     match (head_dim, causal) {
