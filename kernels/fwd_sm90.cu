@@ -2,12 +2,15 @@
 //
 // Structure: one producer warpgroup (one thread issues every TMA load) and FC_CONSUMER_WG
 // consumer warpgroups of 64 query rows each; K and V flow through separate rings of
-// FC_STAGES shared-memory stages guarded by full/empty mbarriers. With FC_OVERLAP=1 the
-// consumers (a) take turns issuing their matrix products, handed round by named barriers
-// (ping-pong: one warpgroup's softmax runs under another's GEMMs), and (b) issue the next
-// block's S = Q·K^T before this block's softmax and P·V, so MUFU and tensor cores overlap
-// within a warpgroup too (the softmax runs under the block's own P·V: see
-// wait_pv_below_softmax). Key blocks are visited from last to first, so the blocks that
+// FC_STAGES shared-memory stages guarded by full/empty mbarriers. The consumers (a) take
+// turns issuing their matrix products, handed round by named barriers (ping-pong: one
+// warpgroup's softmax runs under another's GEMMs), and (b) issue the next block's
+// S = Q·K^T before this block's softmax and P·V, so MUFU and tensor cores overlap within a
+// warpgroup too (the softmax runs under the block's own P·V: see wait_pv_below_softmax).
+// With FC_SKIP_MAX (all head dims but 256) a block after a row's first takes its softmax
+// without the block max, at the row's current shift, and falls back only where a
+// probability would pass what P's type holds (softmax_under_pv). Key blocks are visited
+// from last to first, so the blocks that
 // need the causal/seqlen mask come first; a warpgroup passes over the leading blocks its own
 // 64 rows do not see (causal diagonal, rows past seqlen_q).
 //
@@ -113,8 +116,11 @@
 #ifndef FC_STAGES
 #define FC_STAGES (FC_HEAD_DIM == 64 ? 3 : 2)
 #endif
-#ifndef FC_OVERLAP
-#define FC_OVERLAP 1
+// Steady-state blocks take the softmax without their max first (softmax_under_pv). H100,
+// against the max in every block: D64 +8-12%, D96 +6-8%, D128 +4-16%, D192 +9-11% (S >= 2k);
+// D256 within noise (its softmax is a small part of a block), so it keeps the simpler path.
+#ifndef FC_SKIP_MAX
+#define FC_SKIP_MAX (FC_HEAD_DIM != 256)
 #endif
 
 namespace fc {
@@ -131,7 +137,7 @@ constexpr int kBlockM = 64 * kConsumerWG;
 constexpr int kBlockN = FC_BLOCK_N;
 constexpr int kStages = FC_STAGES;
 constexpr bool kCausal = FC_CAUSAL != 0;
-constexpr bool kOverlap = FC_OVERLAP != 0;
+constexpr bool kSkipMax = FC_SKIP_MAX != 0;
 constexpr int kThreads = warpgroup::kThreads * (kConsumerWG + 1);
 // setmaxnreg budgets: 64K registers per SM shared by one CTA.
 constexpr int kProducerRegs = kConsumerWG == 2 ? 24 : 32;
@@ -223,9 +229,25 @@ __device__ __forceinline__ int own_key_blocks(const FwdParams& p, const BlockRan
     return min(tile_blocks.n_end, key_blocks(p, m0, 64).n_end);
 }
 
-// Masks scores of keys past seqlen_k and, when causal, keys after the query's diagonal.
+// This thread's place in its warpgroup's m64 x N accumulator (softmax_sm90.cuh): rows
+// row and row + 8, columns col and col + 1 of each 8-column chunk; its warp's rows start at
+// warp_row. From a fresh read of threadIdx.x, so that these are computed where used: kept
+// live across the tile loop, they cost the D128 consumers a spill.
+struct Fragment {
+    int warp_row, row, col;
+};
+__device__ __forceinline__ Fragment fragment() {
+    const u32 tid = warpgroup::fresh_thread_index();
+    const int warp = (tid / 32) % 4, lane = tid % 32;
+    return Fragment{16 * warp, 16 * warp + lane / 4, 2 * (lane % 4)};
+}
+
+// Masks scores of keys past seqlen_k and, when causal, keys after the query's diagonal;
+// the scores are rows [m0, m0 + 64) x keys [n0, n0 + N) of the tile's product.
 template <int R>
-__device__ __forceinline__ void apply_mask(float (&s)[R], int row0, int col0, const FwdParams& p) {
+__device__ __forceinline__ void apply_mask(float (&s)[R], int m0, int n0, const FwdParams& p) {
+    const Fragment f = fragment();
+    const int row0 = m0 + f.row, col0 = n0 + f.col;
     const int off = p.seqlen_k - p.seqlen_q;
 #pragma unroll
     for (int i = 0; i < R; ++i) {
@@ -253,13 +275,19 @@ __device__ __forceinline__ Tile make_tile(const FwdParams& p, const WorkTile& w)
     return t;
 }
 
-// This thread's LSE of its two rows (natural log), rows past seqlen_q skipped.
-__device__ __forceinline__ void store_lse(const float (&lse)[2], const FwdParams& p, int row0, const Tile& t) {
+// This thread's LSE of its two rows (natural log), rows past seqlen_q skipped; the warpgroup's
+// rows start at m0. The (batch, head) index is made opaque first: computed from
+// loop-invariant values, ptxas hoists the 64-bit address to the start of the tile and
+// keeps it live across the key loop; unsigned, so that no sign word is kept live either.
+__device__ __forceinline__ void store_lse(const float (&lse)[2], const FwdParams& p, int m0, const Tile& t) {
     if (p.lse == nullptr || threadIdx.x % 4 != 0) return;
+    int bh = t.batch * p.heads_q + t.head;
+    asm volatile("" : "+r"(bh));
+    const int row0 = m0 + fragment().row;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int row = row0 + 8 * r;
-        if (row < p.seqlen_q) p.lse[(static_cast<i64>(t.batch) * p.heads_q + t.head) * p.seqlen_q + row] = lse[r];
+        if (row < p.seqlen_q) p.lse[static_cast<u64>(static_cast<u32>(bh)) * static_cast<u32>(p.seqlen_q) + row] = lse[r];
     }
 }
 
@@ -269,10 +297,10 @@ __device__ __forceinline__ void store_lse(const float (&lse)[2], const FwdParams
 // consumer warpgroup has released it, no one reads V's stages until the producer, waiting on
 // o_free, refills them for the next tile.
 __device__ __forceinline__ void store_output(SharedStorage& smem, float (&o)[kHeadDim / 2], sm90::OnlineSoftmax& softmax,
-                                             const FwdParams& p, const Tile& t, int wg, int row0,
+                                             const FwdParams& p, const Tile& t, int wg,
                                              const PipelineState<kStages>& last_v, const TmaDescriptor* tma_o) {
     float inv[2], lse[2];
-    softmax.finish(p.softmax_scale_log2, inv, lse);
+    softmax.finish(inv, lse);
     mbarrier::wait(bar(smem.v_empty, last_v.stage()), last_v.full_parity());
     sm90::write_accumulator(smem.o, 64 * wg, o, inv);
     tma::fence_proxy_async_shared();
@@ -283,25 +311,26 @@ __device__ __forceinline__ void store_output(SharedStorage& smem, float (&o)[kHe
         tma::store_wait_read();
         mbarrier::arrive(bar(smem.o_free));
     }
-    store_lse(lse, p, row0, t);
+    store_lse(lse, p, t.m0 + 64 * wg, t);
 }
 
 // A tile with no visible key (causal with seqlen_q > seqlen_k): O = 0 and LSE = -inf,
 // stored straight from registers so that the O/V hand-over above only counts tiles that
-// loaded V.
-__device__ __forceinline__ void store_empty(const FwdParams& p, const Tile& t, int row0) {
-    const int lane = threadIdx.x % 32;
+// loaded V. The warpgroup's rows start at m0.
+__device__ __forceinline__ void store_empty(const FwdParams& p, const Tile& t, int m0) {
+    const Fragment f = fragment();
+    const int row0 = m0 + f.row;
     elem_t* out = static_cast<elem_t*>(p.o) + t.batch * p.o_stride_b + t.head * p.o_stride_h;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int row = row0 + 8 * r;
         if (row >= p.seqlen_q) continue;
-        elem_t* dst = out + row * p.o_stride_s + 2 * (lane % 4);
+        elem_t* dst = out + row * p.o_stride_s + f.col;
 #pragma unroll
         for (int j = 0; j < kHeadDimReal / 8; ++j) *reinterpret_cast<u32*>(dst + 8 * j) = 0u;
     }
     const float lse[2] = {math::neg_inf(), math::neg_inf()};
-    store_lse(lse, p, row0, t);
+    store_lse(lse, p, m0, t);
 }
 
 // Producer: claims tiles and announces each to the consumers through q_full, with Q (a tile
@@ -364,10 +393,10 @@ __device__ __forceinline__ void produce(SharedStorage& smem, const FwdParams& p,
 // passes the turn on after issuing them. Every warpgroup takes the same number of turns per
 // tile, so the rotation carries over from tile to tile.
 __device__ __forceinline__ void take_turn(int wg) {
-    if (kOverlap) named_barrier::sync(kSchedulerBarrier + wg, 2 * warpgroup::kThreads);
+    named_barrier::sync(kSchedulerBarrier + wg, 2 * warpgroup::kThreads);
 }
 __device__ __forceinline__ void pass_turn(int wg) {
-    if (kOverlap) named_barrier::arrive(kSchedulerBarrier + (wg + 1) % kConsumerWG, 2 * warpgroup::kThreads);
+    named_barrier::arrive(kSchedulerBarrier + (wg + 1) % kConsumerWG, 2 * warpgroup::kThreads);
 }
 
 // A key block this warpgroup's rows do not see: its K and V stages are released once loaded
@@ -398,17 +427,53 @@ __device__ __forceinline__ void wait_pv_below_softmax(int n) {
     }
 }
 
+// The softmax of a steady-state block and the wait for the previous block's P·V, which runs
+// under it. With kSkipMax, first exp_at_current_max (no block max) when the warp's rows
+// have a max; where a p passed the limit, lift() rescales the block's p's exactly; only an
+// exp2 that overflowed f32 (a score 128 log2 units over the max; or a NaN) needs the scores
+// again: warp_qk recomputes them from the K stage the caller still holds, after the P·V
+// wait, so that P's registers are free for it (nothing reads them until to_operand). The
+// wait is one instruction for all paths: a wgmma wait is warpgroup-wide, and warps that
+// took different paths must reach it at the same pc (compute-sanitizer synccheck: "Warpgroup
+// MMA sequence error"). Returns whether O must be rescaled (warp-uniform: every branch is).
+__device__ __forceinline__ bool softmax_under_pv(float (&s)[kBlockN / 2], sm90::OnlineSoftmax& softmax,
+                                                float (&rescale)[2], float (&o)[kHeadDim / 2], u32 (&pk)[kBlockN / 4],
+                                                const SharedStorage& smem, const PipelineState<kStages>& ks,
+                                                int q_row, int m0, bool masked, const FwdParams& p, int n) {
+    const float scale_log2 = p.softmax_scale_log2;
+    bool rescale_o = false, rescore = false;
+    if (kSkipMax && __all_sync(0xffffffffu, softmax.has_max())) {
+        float block_sum[2];
+        if (__all_sync(0xffffffffu, softmax.exp_at_current_max(s, scale_log2, block_sum))) {
+            softmax.add_block_sums(block_sum);
+        } else if (__all_sync(0xffffffffu, block_sum[0] < math::inf() && block_sum[1] < math::inf())) {  // NaN: no
+            rescale_o = __any_sync(0xffffffffu, softmax.lift(s, block_sum, rescale));
+        } else {
+            rescore = true;
+        }
+    } else {
+        rescale_o = __any_sync(0xffffffffu, softmax.update(s, scale_log2, rescale));
+    }
+    wait_pv_below_softmax(n);
+    wgmma::fence_operands(o);
+    wgmma::fence_operands(pk);
+    if (rescore) {
+        sm90::warp_qk(s, smem.q, q_row + fragment().warp_row, smem.k[ks.stage()]);
+        if (masked) apply_mask(s, m0, n * kBlockN, p);
+        rescale_o = __any_sync(0xffffffffu, softmax.update(s, scale_log2, rescale));
+    }
+    return rescale_o;
+}
+
 // One consumer warpgroup: rows [64*wg, 64*wg + 64) of each tile.
 __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p, const TmaDescriptor* tma_o, int wg) {
-    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
     const int q_row = 64 * wg;  // within the Q tile
-    const int col_lane = 2 * (lane % 4);
     const float scale_log2 = p.softmax_scale_log2;
     PipelineState<kStages> ks, vs;
     PipelineState<1> qs;
 
     // The last warpgroup hands the first turn to warpgroup 0.
-    if (kOverlap && wg == kConsumerWG - 1) named_barrier::arrive(kSchedulerBarrier, 2 * warpgroup::kThreads);
+    if (wg == kConsumerWG - 1) named_barrier::arrive(kSchedulerBarrier, 2 * warpgroup::kThreads);
 
     for (;;) {
         mbarrier::wait(bar(smem.q_full), qs.full_parity());
@@ -419,12 +484,12 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
         // (with the test on the loaded value, 5% slower: descriptors built per thread + R2UR).
         if (!warpgroup::warp_uniform(w.valid)) break;
         const Tile t = make_tile(p, w);
-        const int row0 = t.m0 + q_row + 16 * warp + lane / 4;  // this thread's first query row
+        const int m0 = t.m0 + q_row;  // this warpgroup's first query row
         const int n_end = t.blocks.n_end;
         if (n_end == 0) {
             mbarrier::arrive(bar(smem.q_empty));
             if (threadIdx.x % warpgroup::kThreads == 0) mbarrier::arrive(bar(smem.o_free));  // O left V's stages alone
-            store_empty(p, t, row0);
+            store_empty(p, t, m0);
             continue;
         }
         float o[kHeadDim / 2];
@@ -434,7 +499,7 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
 
         // Blocks this warpgroup's rows do not see come first (last to first): passed over.
         int n = n_end - 1;
-        const int n_own = own_key_blocks(p, t.blocks, t.m0 + q_row);
+        const int n_own = own_key_blocks(p, t.blocks, m0);
         PipelineState<kStages> last_v = vs;
         for (; n >= n_own; --n) {
             pass_over_block(smem, ks, vs, wg);
@@ -456,38 +521,28 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
             wgmma::fence_operands(s);
             mbarrier::arrive(bar(smem.k_empty, ks.stage()));
             ks.advance();
-            if (n >= t.blocks.n_mask_from) apply_mask(s, row0, n * kBlockN + col_lane, p);
+            if (n >= t.blocks.n_mask_from) apply_mask(s, m0, n * kBlockN, p);
             softmax.update(s, scale_log2, rescale);
             sm90::to_operand(s, pk);
 
             for (--n; n >= 0; --n) {
                 mbarrier::wait(bar(smem.k_full, ks.stage()), ks.full_parity());
-                if (kOverlap) {
-                    take_turn(wg);
-                    sm90::gemm_qk(s, smem.q, q_row, smem.k[ks.stage()]);
-                    mbarrier::wait(bar(smem.v_full, vs.stage()), vs.full_parity());
-                    sm90::gemm_pv(o, pk, smem.v[vs.stage()]);
-                    pass_turn(wg);
-                    wgmma::wait<1>();  // S done; P·V of the previous block still in flight
-                    wgmma::fence_operands(s);
-                } else {
-                    sm90::gemm_qk(s, smem.q, q_row, smem.k[ks.stage()]);
-                    wgmma::wait<0>();
-                    wgmma::fence_operands(s);
-                }
-                mbarrier::arrive(bar(smem.k_empty, ks.stage()));
-                ks.advance();
-                if (n >= t.blocks.n_mask_from) apply_mask(s, row0, n * kBlockN + col_lane, p);
-                // Whether any row of this warp moved its max (warp-uniform, so the skip below
-                // does not diverge).
-                const bool rescale_o = __any_sync(0xffffffffu, softmax.update(s, scale_log2, rescale));
-                if (!kOverlap) {
-                    mbarrier::wait(bar(smem.v_full, vs.stage()), vs.full_parity());
-                    sm90::gemm_pv(o, pk, smem.v[vs.stage()]);
-                }
-                wait_pv_below_softmax(n);
-                wgmma::fence_operands(o);
-                wgmma::fence_operands(pk);
+                take_turn(wg);
+                sm90::gemm_qk(s, smem.q, q_row, smem.k[ks.stage()]);
+                mbarrier::wait(bar(smem.v_full, vs.stage()), vs.full_parity());
+                sm90::gemm_pv(o, pk, smem.v[vs.stage()]);
+                pass_turn(wg);
+                wgmma::wait<1>();  // S done; P·V of the previous block still in flight
+                wgmma::fence_operands(s);
+                auto release_k = [&] {
+                    mbarrier::arrive(bar(smem.k_empty, ks.stage()));
+                    ks.advance();
+                };
+                if (!kSkipMax) release_k();  // else after the softmax: its slow path rereads K
+                const bool masked = n >= t.blocks.n_mask_from;
+                if (masked) apply_mask(s, m0, n * kBlockN, p);
+                const bool rescale_o = softmax_under_pv(s, softmax, rescale, o, pk, smem, ks, q_row, m0, masked, p, n);
+                if (kSkipMax) release_k();
                 mbarrier::arrive(bar(smem.v_empty, vs.stage()));
                 vs.advance();
                 if (rescale_o) sm90::scale_rows(o, rescale);
@@ -504,10 +559,10 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
             last_v = vs;
             vs.advance();
         }
-        store_output(smem, o, softmax, p, t, wg, row0, last_v, tma_o);
+        store_output(smem, o, softmax, p, t, wg, last_v, tma_o);
     }
     // Warpgroup 0 takes the last turn passed to it, so no barrier is left half-arrived.
-    if (kOverlap && wg == 0) named_barrier::sync(kSchedulerBarrier, 2 * warpgroup::kThreads);
+    if (wg == 0) named_barrier::sync(kSchedulerBarrier, 2 * warpgroup::kThreads);
 }
 
 __device__ __forceinline__ void init_barriers(SharedStorage& smem) {

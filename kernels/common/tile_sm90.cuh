@@ -7,6 +7,8 @@
 // == 0), so every panel starts on the swizzle's 1024-byte period.
 #pragma once
 #include "common/types.cuh"
+#include "ptx/ldmatrix.cuh"
+#include "ptx/mma.cuh"
 #include "ptx/tma.cuh"
 #include "ptx/wgmma.cuh"
 
@@ -52,6 +54,12 @@ template <int kRows, int kCols> struct SmemTile {
             tma::store_4d(map, addr() + p * kPanelBytes + row0 * kRowBytes, p * kPanelCols, row, head, batch);
     }
 
+    // Shared address of 16-byte chunk `c` (8 elements, c < kCols / 8) of row `row`, where the
+    // 128-byte swizzle put it: chunk c % 8 of a panel row moves to (c % 8) ^ (row % 8).
+    __device__ __forceinline__ u32 chunk_addr(int row, int c) const {
+        return addr() + (c / 8) * kPanelBytes + row * kRowBytes + (((c % 8) ^ (row % 8)) * 16);
+    }
+
     // K-major operand (rows are M or N, columns are K): 64 or N rows from `row0`, the
     // 16-column step `kk`. Steps within a panel move the start 32 bytes along the row; the
     // hardware applies the swizzle to the final address.
@@ -79,6 +87,58 @@ __device__ __forceinline__ void gemm_qk(float (&s)[kN / 2], const SmemTile<kM, k
         wgmma::Mma<kN>::template ss<0>(s, q.kmajor_desc(q_row0, kk), k.kmajor_desc(0, kk), kk > 0 ? 1 : 0);
     wgmma::commit_group();
     wgmma::fence_operands(s);
+}
+
+// One 16-key group of warp_qk: keys 16J + (0..15) at one k16 step, group 0's ldmatrix
+// address in k_addr (rows 16J + r have r's swizzle, so group J is 16J rows further on).
+template <int J, int kN>
+__device__ __forceinline__ void warp_qk_keys(float (&s)[kN / 2], const u32 (&a)[4], u32 k_addr) {
+    u32 b[4];  // keys 0-7 at k 0-7 / 8-15, then keys 8-15 at k 0-7 / 8-15
+    ldmatrix::x4<J * 16 * kRowBytes>(b, k_addr);
+    mma::m16n8k16<elem_t>(*reinterpret_cast<float(*)[4]>(&s[8 * J]), a, b[0], b[1]);
+    mma::m16n8k16<elem_t>(*reinterpret_cast<float(*)[4]>(&s[8 * J + 4]), a, b[2], b[3]);
+}
+template <int kN, int J0, int... J>
+__device__ __forceinline__ void warp_qk_keys(float (&s)[kN / 2], const u32 (&a)[4], u32 k_addr, IntSeq<J...>) {
+    (warp_qk_keys<J0 + J, kN>(s, a, k_addr), ...);
+}
+
+// Keys [16 J0, 16 (J0 + kGroups)) of warp_qk, over the whole depth.
+template <int J0, int kGroups, int kM, int kN, int kD>
+__device__ __forceinline__ void warp_qk_part(float (&s)[kN / 2], const SmemTile<kM, kD>& q, int q_row0,
+                                             const SmemTile<kN, kD>& k, u32 lane) {
+#pragma unroll 1
+    for (int kk = 0; kk < kD / 16; ++kk) {
+        u32 a[4];  // ldmatrix x4: rows 0-7 / 8-15 of k 0-7, then of k 8-15
+        ldmatrix::x4(a, q.chunk_addr(q_row0 + lane % 16, 2 * kk + lane / 16));
+        const u32 k_addr = k.chunk_addr(lane % 8 + 8 * (lane / 16), 2 * kk + (lane / 8) % 2);
+        warp_qk_keys<kN, J0>(s, a, k_addr, typename MakeIntSeq<kGroups>::type{});
+    }
+}
+template <int kM, int kN, int kD, int... P>
+__device__ __forceinline__ void warp_qk_parts(float (&s)[kN / 2], const SmemTile<kM, kD>& q, int q_row0,
+                                              const SmemTile<kN, kD>& k, u32 lane, IntSeq<P...>) {
+    constexpr int kGroups = kN / 16, kPer = 4;  // 4 key groups a pass: ptxas loads a pass's
+                                                // B fragments at once, 16 registers
+    (warp_qk_part<P * kPer, (kGroups - P * kPer < kPer ? kGroups - P * kPer : kPer)>(s, q, q_row0, k, lane), ...);
+}
+
+// S[16 x N] = Q[q_row0 .. q_row0+16, :] · K^T for one warp, by mma.sync from the same
+// shared tiles as gemm_qk: the slow path of a softmax that needs its scores again after
+// overwriting them (see OnlineSoftmax::exp_at_current_max). The result lands in gemm_qk's
+// layout: a warp's part of an m64nN wgmma accumulator is m16n8 fragments, chunk j (8 keys)
+// in s[4j .. 4j+3]. In passes of 4 key groups: with all of them at once, ptxas issues
+// every ldmatrix of a k step first, 48 registers at D128 that the loop does not have.
+template <int kM, int kN, int kD>
+__device__ __forceinline__ void warp_qk(float (&s)[kN / 2], const SmemTile<kM, kD>& q, int q_row0,
+                                        const SmemTile<kN, kD>& k) {
+    // The lane read afresh (volatile): derived from threadIdx.x, ptxas hoists the lane's
+    // addresses out of the key loop and keeps them live across it, where registers are short.
+    u32 lane;
+    asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(lane));
+#pragma unroll
+    for (int i = 0; i < kN / 2; ++i) s[i] = 0.f;
+    warp_qk_parts(s, q, q_row0, k, lane, typename MakeIntSeq<(kN / 16 + 3) / 4>::type{});
 }
 
 // O[64 x D] += P[64 x N] · V, P in registers (packed pairs in the accumulator's order,

@@ -57,6 +57,12 @@ typedef bf16 elem_t;
 typedef f16 elem_t;
 #endif
 
+// 0, 1, ..., N-1 as a parameter pack (std::make_integer_sequence without the header): a
+// fold over it unrolls a loop whose index must be a constant expression.
+template <int... I> struct IntSeq {};
+template <int N, int... I> struct MakeIntSeq : MakeIntSeq<N - 1, N - 1, I...> {};
+template <int... I> struct MakeIntSeq<0, I...> { using type = IntSeq<I...>; };
+
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 

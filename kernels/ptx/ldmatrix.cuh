@@ -16,6 +16,14 @@ __device__ __forceinline__ void x4(u32 (&r)[4], u32 addr) {
                  : "r"(addr));
 }
 
+// The same at addr + kOffset, the offset an immediate of the instruction (ptxas otherwise
+// may keep one register per offset live across a loop).
+template <int kOffset> __device__ __forceinline__ void x4(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4+%5];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr), "n"(kOffset));
+}
+
 __device__ __forceinline__ void x4_trans(u32 (&r)[4], u32 addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

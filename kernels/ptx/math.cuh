@@ -26,6 +26,7 @@ __device__ __forceinline__ float rcp(float x) {
 }
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000u); }
+__device__ __forceinline__ float inf() { return __int_as_float(0x7f800000u); }
 
 }  // namespace math
 }  // namespace fc

@@ -27,14 +27,16 @@ __device__ __forceinline__ int warp_uniform(int v) { return __shfl_sync(0xffffff
 // This thread's warpgroup, made warp-uniform so that role branches do not diverge.
 __device__ __forceinline__ int index() { return warp_uniform(static_cast<int>(threadIdx.x) / kThreads); }
 
-// The same, read afresh (volatile) rather than shared with an earlier index(): a role
-// calls it after setmaxnreg, so that no value is carried across the register
-// reallocation, where it must fit the entry budget and ptxas may spill it instead.
-__device__ __forceinline__ int index_in_role() {
+// threadIdx.x read afresh (volatile): what is derived from it is computed where it is used,
+// not hoisted and kept live (across setmaxnreg, where it must fit the entry budget, or
+// across a loop short of registers), where ptxas may spill it instead. index_in_role() is
+// the warpgroup from it: a role calls it after setmaxnreg.
+__device__ __forceinline__ u32 fresh_thread_index() {
     u32 tid;
     asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(tid));
-    return warp_uniform(static_cast<int>(tid) / kThreads);
+    return tid;
 }
+__device__ __forceinline__ int index_in_role() { return warp_uniform(static_cast<int>(fresh_thread_index()) / kThreads); }
 
 }  // namespace warpgroup
 }  // namespace fc

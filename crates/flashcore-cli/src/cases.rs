@@ -62,7 +62,7 @@ impl Case {
 }
 
 /// How the random inputs are drawn.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Inputs {
     /// Standard normal q, k, v.
     Normal,

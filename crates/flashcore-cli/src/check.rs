@@ -79,6 +79,8 @@ fn specs(family: KernelFamily, depth: Depth) -> Vec<Spec> {
             for &d in family.head_dims() {
                 for causal in [false, true] {
                     out.push(Spec::new(Case::new(1, 130, 200, 4, 2, d, causal, dtype), Inputs::Normal, Storage::Bshd));
+                    // Logits whose running max jumps: fwd_sm90's slow softmax path (warp_qk).
+                    out.push(Spec::new(Case::new(1, 130, 600, 4, 2, d, causal, dtype), Inputs::LargeLogits, Storage::Bshd));
                     // Decode: GQA packing and, in fwd_sm80, split-KV with its combine pass.
                     out.push(Spec::new(Case::new(2, 1, 1000, 8, 2, d, causal, dtype), Inputs::Normal, Storage::Bshd));
                 }
