@@ -187,6 +187,30 @@ fn tensor_map(t: &TensorView, rows: u32) -> Result<TensorMap> {
     }
 }
 
+/// Keys up to which a causal launch takes the smaller L2 section below.
+const SHORT_SECTION_MAX_KEYS: i32 = 1024;
+/// The smaller section's K and V bytes.
+const SHORT_SECTION_BYTES: u64 = 8 << 20;
+
+/// Heads per longest-first section (causal): `p.tile_section` (K and V within 32 MiB of L2),
+/// but with few keys and D <= 128 as many as have K and V within 8 MiB, as long as a section
+/// still holds one tile for each CTA. With few keys a 32 MiB section spans hundreds of heads,
+/// whose K and V do not stay in L2 from a head's longest tile to its shortest (ncu, B32 H32
+/// S512 D64: 262 MB read from DRAM for 201 MB of Q, K and V). H100, against 32 MiB
+/// (docs/perf-log.md): S512 D64 +4%, D128 +19%; S1k D64 +6%, D128 +3%. D256 S1k lost 6% (its
+/// eight tile lengths need more than a round a section to balance), and from 2k keys on
+/// smaller sections lost 1-10%: those keep the launch's section.
+fn section_heads(p: &FwdParams, block_m: u32, ctas: u32) -> i32 {
+    if p.seqlen_k > SHORT_SECTION_MAX_KEYS || p.head_dim > 128 {
+        return p.tile_section;
+    }
+    let kv_bytes = 4 * p.head_dim.max(1) as u64 * p.seqlen_k.max(1) as u64; // K and V, 2 bytes an element
+    let heads = (p.heads_q as u64 * p.batch as u64).max(1);
+    let m_blocks = (p.seqlen_q.max(1) as u64).div_ceil(block_m as u64);
+    let one_round = (ctas as u64).div_ceil(m_blocks);
+    (SHORT_SECTION_BYTES / kv_bytes).max(one_round).clamp(1, heads) as i32
+}
+
 /// Encodes the tensor maps (Q, K, V loads; O stores) and launches. `tile_counter` is the
 /// device address of two zeroed `u32` that no launch on another stream uses meanwhile.
 #[allow(clippy::too_many_arguments)]
@@ -203,7 +227,8 @@ pub fn launch(
     let tk = tensor_map(qkvo[1], variant.tile.block_n)?;
     let tv = tensor_map(qkvo[2], variant.tile.block_n)?;
     let to = tensor_map(qkvo[3], WARPGROUP_ROWS)?;
-    let schedule = TileSchedule { counter: tile_counter, section: p.tile_section, _pad: 0 };
+    let section = section_heads(p, variant.tile.block_m, cfg.grid_dim.0);
+    let schedule = TileSchedule { counter: tile_counter, section, _pad: 0 };
     // SAFETY: the arguments match `fc_fwd_sm90(FwdParams, CUtensorMap x4, TileSchedule)`.
     unsafe { stream.launch_builder(function).arg(p).arg(&tq).arg(&tk).arg(&tv).arg(&to).arg(&schedule).launch(cfg) }
         .ctx(format!("launching {}", variant.name()))?;
@@ -239,6 +264,30 @@ mod tests {
         // Short tiles with the same rows per tile (D128 causal, 128 x 128): nothing gained.
         let d128 = ProblemShape { head_dim: 128, ..shape(1, 4, 8192) };
         assert_eq!(variant_for(DType::BF16, &d128, true, 132).tile.block_n, 192);
+    }
+
+    #[test]
+    fn few_keys_take_smaller_l2_sections_that_still_fill_the_gpu() {
+        let params = |batch, heads, s, d| FwdParams {
+            batch,
+            seqlen_q: s,
+            seqlen_k: s,
+            heads_q: heads,
+            heads_kv: heads,
+            head_dim: d,
+            tile_section: 7,
+            ..Default::default()
+        };
+        // D64 S512: 128 KiB of K and V a head, 64 heads in 8 MiB (256 tiles of 128 rows).
+        assert_eq!(section_heads(&params(32, 32, 512, 64), 128, 132), 64);
+        // D128 S512: 32 heads in 8 MiB would be 128 tiles; a round of 132 CTAs needs 33 heads.
+        assert_eq!(section_heads(&params(32, 16, 512, 128), 128, 132), 33);
+        // D256: the launch's own section.
+        assert_eq!(section_heads(&params(32, 8, 512, 256), 128, 132), 7);
+        // Never more heads than there are.
+        assert_eq!(section_heads(&params(1, 8, 512, 64), 128, 132), 8);
+        // From 1025 keys on: the launch's own section.
+        assert_eq!(section_heads(&params(8, 32, 2048, 64), 192, 132), 7);
     }
 
     #[test]
