@@ -44,9 +44,8 @@ pub struct BenchArgs {
     /// recorded either way).
     #[arg(long)]
     eager: bool,
-    /// How q, k and v are drawn. Not `normal`: logits that move a row's running max often,
-    /// which costs fwd_sm90 its slow softmax path (the speed of those inputs, not the
-    /// usual case's).
+    /// How q, k and v are drawn. The others than `normal` move a row's running max far and
+    /// often, which takes fwd_sm90's softmax fallbacks: their speed, not the usual case's.
     #[arg(long, value_enum, default_value_t = Inputs::Normal)]
     inputs: Inputs,
     /// Skip the accuracy check against the GPU reference.
