@@ -204,11 +204,9 @@ fn section_heads(p: &FwdParams, block_m: u32, ctas: u32) -> i32 {
     if p.seqlen_k > SHORT_SECTION_MAX_KEYS || p.head_dim > 128 {
         return p.tile_section;
     }
-    let kv_bytes = 4 * p.head_dim.max(1) as u64 * p.seqlen_k.max(1) as u64; // K and V, 2 bytes an element
-    let heads = (p.heads_q as u64 * p.batch as u64).max(1);
     let m_blocks = (p.seqlen_q.max(1) as u64).div_ceil(block_m as u64);
     let one_round = (ctas as u64).div_ceil(m_blocks);
-    (SHORT_SECTION_BYTES / kv_bytes).max(one_round).clamp(1, heads) as i32
+    super::heads_within(p, SHORT_SECTION_BYTES, one_round)
 }
 
 /// Encodes the tensor maps (Q, K, V loads; O stores) and launches. `tile_counter` is the

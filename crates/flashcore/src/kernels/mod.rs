@@ -54,9 +54,15 @@ const L2_SECTION_BYTES: u64 = 32 << 20;
 /// Heads (x batch) per longest-first section: as many as have K and V within
 /// `L2_SECTION_BYTES`, at least one.
 pub(crate) fn section_heads(p: &FwdParams) -> i32 {
+    heads_within(p, L2_SECTION_BYTES, 1)
+}
+
+/// How many heads (x batch) have K and V within `bytes`, at least `min_heads` and at most
+/// all of them.
+pub(crate) fn heads_within(p: &FwdParams, bytes: u64, min_heads: u64) -> i32 {
     let kv_bytes = 4 * p.head_dim.max(1) as u64 * p.seqlen_k.max(1) as u64; // K and V, 2 bytes an element
-    let heads = p.heads_q as u64 * p.batch as u64;
-    (L2_SECTION_BYTES / kv_bytes).clamp(1, heads.max(1)) as i32
+    let heads = (p.heads_q as u64 * p.batch as u64).max(1);
+    (bytes / kv_bytes).max(min_heads).clamp(1, heads) as i32
 }
 
 /// A family of kernels: one algorithm, many compile-time variants.
