@@ -7,6 +7,8 @@ file holding that output) and every backend
     sdpa-cudnn      SDPBackend.CUDNN_ATTENTION
     sdpa-flash      SDPBackend.FLASH_ATTENTION      (FlashAttention-2)
     sdpa-efficient  SDPBackend.EFFICIENT_ATTENTION  (xFormers' memory-efficient kernel)
+    flashcore-py    flashcore.flash_attn_func       (the Python package: same kernels as the
+                                                     `flashcore` binary, plus the Python call)
 
 this times one forward pass the way `flashcore bench` does (DESIGN §6) and writes
 `anchors-<suite>-<system>.json` in the schema of `flashcore bench --json` (schema 1).
@@ -49,6 +51,7 @@ Usage:
 """
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
@@ -62,6 +65,7 @@ import warnings
 
 SCHEMA = 1
 SYSTEMS = {
+    "flashcore-py": ("flashcore-py", None),
     "cudnn": ("sdpa-cudnn", "CUDNN_ATTENTION"),
     "flash": ("sdpa-flash", "FLASH_ATTENTION"),
     "efficient": ("sdpa-efficient", "EFFICIENT_ATTENTION"),
@@ -311,14 +315,19 @@ class Runner:
 
         self.torch, self.key, self.case = torch, key, case
         self.system, backend_name = SYSTEMS[key]
-        self.ctx = lambda: sdpa_kernel([getattr(SDPBackend, backend_name)])
+        if backend_name is None:
+            self.ctx = contextlib.nullcontext
+        else:
+            self.ctx = lambda: sdpa_kernel([getattr(SDPBackend, backend_name)])
         c = case
         self.gqa = c["heads_q"] != c["heads_kv"]
         self.scale = 1.0 / math.sqrt(c["head_dim"])
         self.bottom_right = c["causal"] and c["seqlen_q"] != c["seqlen_k"]
         self.mask = None
         self.kernel = self.system
-        if self.bottom_right and key == "flash":
+        if key == "flashcore-py":
+            self.kernel = "flashcore.flash_attn_func"
+        elif self.bottom_right and key == "flash":
             self.kernel = "aten._scaled_dot_product_flash_attention(is_causal=bottom-right)"
         elif self.bottom_right and key == "efficient":
             self.kernel = "aten._efficient_attention_forward(custom_mask_type=2)"
@@ -330,6 +339,11 @@ class Runner:
         """q, k, v: BHSD views. Returns o as BHSD."""
         F = self.torch.nn.functional
         ops = self.torch.ops.aten
+        if self.key == "flashcore-py":
+            import flashcore
+
+            bshd = (t.transpose(1, 2) for t in (q, k, v))
+            return flashcore.flash_attn_func(*bshd, softmax_scale=self.scale, causal=self.case["causal"]).transpose(1, 2)
         if self.bottom_right and self.key == "flash":
             return ops._scaled_dot_product_flash_attention(q, k, v, 0.0, is_causal=True, return_debug_mask=False, scale=self.scale)[0]
         if self.bottom_right and self.key == "efficient":
@@ -568,7 +582,7 @@ def main(argv=None):
     ap.add_argument("--suite-json", help="a file holding `flashcore bench --suite NAME --list-json` output")
     ap.add_argument("--flashcore", default=os.environ.get("FLASHCORE_BIN", "target/release/flashcore"), help="flashcore binary for --list-json")
     ap.add_argument("--out-dir", default=".", help="writes anchors-<suite>-<system>.json here")
-    ap.add_argument("--backends", default="cudnn,flash,efficient", help="comma list of cudnn, flash, efficient")
+    ap.add_argument("--backends", default="cudnn,flash,efficient", help="comma list of cudnn, flash, efficient, flashcore-py")
     ap.add_argument("--samples", type=int, default=30, help="timed samples per case (>= 20 for reported numbers)")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--sample-ms", type=float, default=2.0, help="target duration of one sample")

@@ -33,9 +33,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import anchors  # noqa: E402  (pure functions only; torch stays unimported)
 
 FC = "flashcore"
-KNOWN_ORDER = [FC, "sdpa-cudnn", "sdpa-flash", "sdpa-efficient"]
+# The same kernels through the Python package: a column of its own, never an anchor.
+FC_PY = "flashcore-py"
+KNOWN_ORDER = [FC, FC_PY, "sdpa-cudnn", "sdpa-flash", "sdpa-efficient"]
 SUITE_ORDER = ["seed", "sweep", "quick"]
-COLORS = {FC: "#d62728", "sdpa-cudnn": "#1f77b4", "sdpa-flash": "#2ca02c", "sdpa-efficient": "#9467bd"}
+COLORS = {FC: "#d62728", FC_PY: "#ff7f0e", "sdpa-cudnn": "#1f77b4", "sdpa-flash": "#2ca02c", "sdpa-efficient": "#9467bd"}
 SWEEP_TOKENS, SWEEP_HIDDEN = 16384, 2048
 
 
@@ -151,7 +153,7 @@ def suite_table(suite, suite_data, with_flashcore=False):
     if with_flashcore and FC not in suite_data:
         suite_data = dict(suite_data, **{FC: {"env": {}, "rows": {}, "order": [], "files": []}})
     systems = systems_in(suite_data)
-    anchor_systems = [s for s in systems if s != FC]
+    anchor_systems = [s for s in systems if s not in (FC, FC_PY)]
     head = ["B", "Sq", "Sk", "Hq(/Hkv)", "D", "mask", "dtype", "unit"] + [f"`{s}`" for s in systems]
     if FC in systems and anchor_systems:
         head.append("flashcore / best anchor")

@@ -5,6 +5,7 @@
 #
 #   bench/run-all.sh [--bin target/release/flashcore] [--out DIR] [--suites "seed sweep quick small"]
 #                    [--results-dir docs/results] [--python python3] [--no-anchors] [--no-flashcore]
+#                    [--backends cudnn,flash,efficient[,flashcore-py]]
 #
 # Needs: an NVIDIA GPU, the flashcore binary (cargo build --release), and for the anchors and
 # plots a Python with PyTorch (CUDA) and matplotlib. Run from anywhere; paths are relative to
@@ -20,6 +21,7 @@ results="docs/results"
 py="${PYTHON:-python3}"
 do_anchors=1
 do_flashcore=1
+backends="cudnn,flash,efficient"
 
 die() { echo "run-all.sh: $*" >&2; exit 1; }
 say() { echo "== $*"; }
@@ -33,7 +35,8 @@ while [[ $# -gt 0 ]]; do
     --python) py="${2:?--python needs a command}"; shift 2 ;;
     --no-anchors) do_anchors=0; shift ;;
     --no-flashcore) do_flashcore=0; shift ;;
-    -h|--help) sed -n '2,12p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    --backends) backends="${2:?--backends needs a comma list}"; shift 2 ;;
+    -h|--help) sed -n '2,13p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
@@ -55,6 +58,7 @@ mkdir -p "$out" "$results"
 cmd="bench/run-all.sh --bin $bin --suites \"$suites\""
 if [[ $do_anchors == 0 ]]; then cmd+=" --no-anchors"; fi
 if [[ $do_flashcore == 0 ]]; then cmd+=" --no-flashcore"; fi
+cmd+=" --backends $backends"
 say "GPU: $gpu -> $out (page $results/$slug.md)"
 
 say "flashcore info"
@@ -78,7 +82,7 @@ for s in $suites; do
   fi
   if [[ $do_anchors == 1 ]]; then
     say "anchors (PyTorch SDPA) --suite $s"
-    "$py" "$here/anchors.py" --suite-json "$out/suite-$s.json" --out-dir "$out" || { echo "run-all.sh: anchors.py failed on suite $s" >&2; failed+=("anchors:$s"); }
+    "$py" "$here/anchors.py" --suite-json "$out/suite-$s.json" --out-dir "$out" --backends "$backends" || { echo "run-all.sh: anchors.py failed on suite $s" >&2; failed+=("anchors:$s"); }
   fi
 done
 

@@ -9,6 +9,7 @@ use cudarc::nvrtc::Ptx;
 
 use crate::dispatch::{self, Plan};
 use crate::error::{DriverContext, Error, Result};
+use crate::external::{CurrentContextGuard, ExternalStream, StreamCounters};
 use crate::jit::{Arch, DiskCache, Jit, ResourceReport};
 use crate::kernels::{fwd_sm90, FwdParams, KernelFamily, Variant};
 use crate::params::{AttnParams, ProblemShape};
@@ -89,6 +90,18 @@ pub struct Context {
     /// Split-KV partial results (O, then LSE), grown on demand; one launch at a time uses
     /// it, in stream order.
     split_workspace: Mutex<Option<CudaSlice<f32>>>,
+    /// Tile counters of callers' streams ([`Context::attention_on_stream`]).
+    stream_counters: StreamCounters,
+}
+
+/// Where one call runs: a stream, the tile counter only that stream uses, and where the
+/// call's scratch memory comes from.
+struct Lane<'a> {
+    stream: &'a Arc<CudaStream>,
+    tile_counter: u64,
+    /// Returns the device address of at least the given number of bytes, 16-byte aligned,
+    /// usable in the stream's order until the call returns.
+    scratch: &'a mut dyn FnMut(usize) -> Result<u64>,
 }
 
 impl Context {
@@ -107,6 +120,8 @@ impl Context {
         if ordinal >= count as usize {
             return Err(Error::NoGpu(format!("device {ordinal} requested, {count} present")));
         }
+        // The caller's current context (PyTorch's, say) is current again when this returns.
+        let _restore = CurrentContextGuard::save()?;
         let cuda = CudaContext::new(ordinal).ctx("creating the CUDA context")?;
         // One stream, so cudarc's cross-stream event tracking is pure overhead. A stream of
         // our own, not the legacy default stream, so its work can be captured in a graph.
@@ -114,6 +129,9 @@ impl Context {
         let stream = cuda.new_stream().ctx("creating a stream")?;
         let info = device_info(&cuda)?;
         let tile_counter = stream.alloc_zeros::<u32>(2).ctx("allocating the tile counter")?;
+        let stream_counters = StreamCounters::new(&stream)?;
+        // The counters are zeroed in this stream's order; other streams use them next.
+        stream.synchronize().ctx("zeroing the tile counters")?;
         Ok(Self {
             cuda,
             stream,
@@ -122,6 +140,7 @@ impl Context {
             loaded: Mutex::new(HashMap::new()),
             tile_counter,
             split_workspace: Mutex::new(None),
+            stream_counters,
         })
     }
 
@@ -196,13 +215,73 @@ impl Context {
         lse: Option<&mut CudaSlice<f32>>,
         params: &AttnParams,
     ) -> Result<()> {
+        let lse = lse.map(|buf| {
+            let len = buf.len();
+            (buf.device_ptr_mut(&self.stream).0, len)
+        });
+        let (tile_counter, _sync) = self.tile_counter.device_ptr(&self.stream);
+        let mut workspace = self.split_workspace.lock().unwrap();
+        let mut scratch = |bytes| self.grow_workspace(&mut workspace, bytes);
+        let mut lane = Lane { stream: &self.stream, tile_counter, scratch: &mut scratch };
+        self.run(&mut lane, q, k, v, o, lse, params)
+    }
+
+    /// Attention on `stream`, a stream of the caller's (PyTorch's current stream, say), with
+    /// the caller's memory: the call allocates nothing, does not synchronise, and takes the
+    /// scratch memory it needs (split-KV partials, `[splits, B, Hq, Sq, D + 1]` f32) from
+    /// `scratch`, which is called at most once with a byte count and returns the device
+    /// address of at least that many bytes, 16-byte aligned. `lse` is `(address, elements)`
+    /// of an f32 buffer `[B, Hq, Sq]`. Otherwise as [`Context::attention_into`].
+    ///
+    /// The calling thread's current CUDA context is left as it was.
+    ///
+    /// # Safety
+    /// - `stream` is a live stream of this device's primary context, and stays live until the
+    ///   queued work is done.
+    /// - Every pointer (the views, `lse`, what `scratch` returns) is device memory of this
+    ///   device, of the extent its layout describes, that is not freed or reused before the
+    ///   work queued on `stream` is done.
+    /// - Concurrent launches on two streams never share one stream handle (each stream's
+    ///   tile counter is its own; a CUDA graph captured on a stream uses that stream's).
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn attention_on_stream(
+        &self,
+        stream: ExternalStream,
+        q: TensorView,
+        k: TensorView,
+        v: TensorView,
+        o: TensorViewMut,
+        lse: Option<(u64, usize)>,
+        scratch: &mut dyn FnMut(usize) -> Result<u64>,
+        params: &AttnParams,
+    ) -> Result<()> {
+        let _restore = CurrentContextGuard::bind(&self.cuda)?;
+        stream.check_context(&self.cuda)?;
+        let borrowed = self.cuda.wrap_borrowed_stream(stream.raw());
+        let tile_counter = self.stream_counters.counter_for(stream)?;
+        let mut lane = Lane { stream: &borrowed, tile_counter, scratch };
+        self.run(&mut lane, q, k, v, o, lse, params)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        lane: &mut Lane,
+        q: TensorView,
+        k: TensorView,
+        v: TensorView,
+        o: TensorViewMut,
+        lse: Option<(u64, usize)>,
+        params: &AttnParams,
+    ) -> Result<()> {
         let shape = validate::problem(&q, &k, &v, &o.as_view(), self.ordinal())?;
         let scale = params.scale_for(shape.head_dim);
         validate::softmax_scale(scale)?;
         let lse_ptr = match lse {
-            Some(buf) => {
-                validate::lse(buf.len(), &shape)?;
-                buf.device_ptr_mut(&self.stream).0
+            Some((ptr, len)) => {
+                validate::lse(len, &shape)?;
+                validate::lse_alignment(ptr)?;
+                ptr
             }
             None => 0,
         };
@@ -243,47 +322,45 @@ impl Context {
         };
         p.tile_section = crate::kernels::section_heads(&p);
         if plan.splits > 1 {
-            let mut workspace = self.split_workspace.lock().unwrap();
-            let (o_accum, lse_accum) = self.split_buffers(&mut workspace, &shape, plan.splits)?;
-            p.o_accum = o_accum;
-            p.lse_accum = lse_accum;
-            self.launch(&kernel, &plan, &p, [&q, &k, &v, &o])?;
-            return self.launch_combine(&kernel, &p);
+            let rows = plan.splits * shape.batch * shape.heads_q * shape.seqlen_q;
+            let o_bytes = rows * shape.head_dim * std::mem::size_of::<f32>();
+            let base = (lane.scratch)(o_bytes + rows * std::mem::size_of::<f32>())?;
+            validate::scratch_alignment(base)?;
+            p.o_accum = base;
+            p.lse_accum = base + o_bytes as u64;
+            self.launch(lane, &kernel, &plan, &p, [&q, &k, &v, &o])?;
+            return self.launch_combine(lane.stream, &kernel, &p);
         }
-        self.launch(&kernel, &plan, &p, [&q, &k, &v, &o])
+        self.launch(lane, &kernel, &plan, &p, [&q, &k, &v, &o])
     }
 
-    /// Device addresses of the split-KV partial O `[splits, B, Hq, Sq, D]` and LSE
-    /// `[splits, B, Hq, Sq]` (f32) in the workspace, grown first if too small. Growing
-    /// allocates, so it must not happen during a graph capture: a warm-up call of the same
-    /// shape before the capture sizes it.
-    fn split_buffers(&self, workspace: &mut Option<CudaSlice<f32>>, shape: &ProblemShape, splits: usize) -> Result<(u64, u64)> {
-        let rows = splits * shape.batch * shape.heads_q * shape.seqlen_q;
-        let need = rows * (shape.head_dim + 1);
+    /// The device address of the own stream's split-KV workspace (partial O then LSE, f32),
+    /// grown first to at least `bytes`. Growing allocates, so it must not happen during a
+    /// graph capture: a warm-up call of the same shape before the capture sizes it.
+    fn grow_workspace(&self, workspace: &mut Option<CudaSlice<f32>>, bytes: usize) -> Result<u64> {
+        let need = bytes.div_ceil(std::mem::size_of::<f32>());
         if workspace.as_ref().map_or(true, |w| w.len() < need) {
             *workspace = None; // freed in stream order before the larger one is taken
             *workspace = Some(self.stream.alloc_zeros::<f32>(need).ctx("allocating the split-KV workspace")?);
         }
-        let (base, _sync) = workspace.as_ref().unwrap().device_ptr(&self.stream);
-        Ok((base, base + (rows * shape.head_dim * std::mem::size_of::<f32>()) as u64))
+        Ok(workspace.as_ref().unwrap().device_ptr(&self.stream).0)
     }
 
-    fn launch(&self, kernel: &LoadedKernel, plan: &Plan, p: &FwdParams, qkvo: [&TensorView; 4]) -> Result<()> {
+    fn launch(&self, lane: &Lane, kernel: &LoadedKernel, plan: &Plan, p: &FwdParams, qkvo: [&TensorView; 4]) -> Result<()> {
         let (grid, threads) = kernel.variant.grid(&plan.shape, self.info.sm_count, plan.splits as u32);
         let cfg = LaunchConfig { grid_dim: grid, block_dim: (threads, 1, 1), shared_mem_bytes: kernel.variant.smem_bytes };
         if kernel.variant.family == KernelFamily::FwdSm90 {
-            let (counter, _sync) = self.tile_counter.device_ptr(&self.stream);
-            return fwd_sm90::launch(&self.stream, &kernel.function, cfg, &kernel.variant, p, qkvo, counter);
+            return fwd_sm90::launch(lane.stream, &kernel.function, cfg, &kernel.variant, p, qkvo, lane.tile_counter);
         }
         // SAFETY: `p` matches the kernel's `FwdParams` ABI and its pointers were validated.
-        unsafe { self.stream.launch_builder(&kernel.function).arg(p).launch(cfg) }.ctx(format!("launching {}", kernel.variant.name()))?;
+        unsafe { lane.stream.launch_builder(&kernel.function).arg(p).launch(cfg) }.ctx(format!("launching {}", kernel.variant.name()))?;
         Ok(())
     }
 
     /// The split-KV merge: one warp per (batch, head, query) row, four rows a block. On
     /// sm_90+ it is launched as a programmatic dependent of the split kernel, so its launch
     /// overlaps the split kernel's last CTAs (it waits for their partials itself).
-    fn launch_combine(&self, kernel: &LoadedKernel, p: &FwdParams) -> Result<()> {
+    fn launch_combine(&self, stream: &CudaStream, kernel: &LoadedKernel, p: &FwdParams) -> Result<()> {
         let combine = kernel
             .combine
             .as_ref()
@@ -295,11 +372,11 @@ impl Context {
         })?;
         let what = || format!("launching the combine of {}", kernel.variant.name());
         if self.info.arch.major >= 9 {
-            return launch_dependent(&self.stream, combine, (blocks, 128), p).ctx(what());
+            return launch_dependent(stream, combine, (blocks, 128), p).ctx(what());
         }
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: `fc_split_combine(FwdParams)`; the partials were written by the launch before it.
-        unsafe { self.stream.launch_builder(combine).arg(p).launch(cfg) }.ctx(what())?;
+        unsafe { stream.launch_builder(combine).arg(p).launch(cfg) }.ctx(what())?;
         Ok(())
     }
 

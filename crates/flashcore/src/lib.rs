@@ -26,6 +26,7 @@ pub mod bench;
 mod context;
 pub mod dispatch;
 mod error;
+mod external;
 pub mod jit;
 pub mod kernels;
 mod params;
@@ -35,6 +36,7 @@ mod validate;
 
 pub use context::{AttnOutput, Context, DeviceInfo, LoadedKernel};
 pub use error::{Error, Result};
+pub use external::ExternalStream;
 pub use kernels::{KernelFamily, Tile, Variant};
 pub use params::{AttnParams, ProblemShape};
 pub use tensor::{DType, DeviceTensor, Layout, TensorView, TensorViewMut};

@@ -53,6 +53,22 @@ pub(crate) fn lse(len: usize, shape: &ProblemShape) -> Result<()> {
     Ok(())
 }
 
+/// Validates a caller's log-sum-exp address: f32 elements, so 4-byte aligned.
+pub(crate) fn lse_alignment(ptr: u64) -> Result<()> {
+    if ptr % 4 != 0 {
+        return Err(Error::Param { arg: "lse", msg: format!("device pointer {ptr:#x} is not 4-byte aligned") });
+    }
+    Ok(())
+}
+
+/// Validates the scratch memory a caller's allocator returned (read as float4 rows).
+pub(crate) fn scratch_alignment(ptr: u64) -> Result<()> {
+    if ptr == 0 || ptr % 16 != 0 {
+        return Err(Error::Alignment { arg: "scratch", ptr });
+    }
+    Ok(())
+}
+
 /// Validates the softmax scale: finite and not negative (the kernels take each row's max
 /// of the raw scores, which is the max of the scaled ones only for a scale ≥ 0).
 pub(crate) fn softmax_scale(scale: f32) -> Result<()> {

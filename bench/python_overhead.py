@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""What a call from Python costs over the kernel it launches (DESIGN §7: ≤ 8 µs).
+
+For a few small problems, where the kernel is short enough for the host to be the limit:
+- kernel: device time per call from CUDA-graph replays of 200 captured calls (no host work);
+- eager:  device time per call of 200 back-to-back eager calls (CUDA events around them),
+          i.e. the host's pace when it is slower than the GPU;
+- host:   wall time per call on the host for the same loop (perf_counter);
+- over:   eager - kernel, the time a stream of calls loses to the Python call.
+Median of 15 samples each, for `flashcore.flash_attn_func` (the public function: its eager
+fast path skips the dispatcher), `torch.ops.flashcore.fwd` (the registered op), and
+PyTorch's SDPA (cuDNN and FA2 backends) on the same tensors.
+
+    python3 bench/python_overhead.py [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import flashcore
+
+CASES = [  # (B, Sq, Sk, Hq, Hkv, D, causal)
+    (1, 1, 512, 32, 8, 128, False),
+    (1, 128, 128, 8, 8, 64, True),
+    (4, 1, 4096, 32, 8, 128, False),
+]
+CALLS, SAMPLES = 200, 15
+
+
+def median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def time_eager(fn):
+    ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    dev, host = [], []
+    for _ in range(SAMPLES):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        ev0.record()
+        for _ in range(CALLS):
+            fn()
+        ev1.record()
+        t1 = time.perf_counter()
+        ev1.synchronize()
+        dev.append(ev0.elapsed_time(ev1) * 1e3 / CALLS)
+        host.append((t1 - t0) * 1e6 / CALLS)
+    return median(dev), median(host)
+
+
+def time_graph(fn):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(CALLS):
+            fn()
+    ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    out = []
+    for _ in range(SAMPLES):
+        ev0.record()
+        g.replay()
+        ev1.record()
+        ev1.synchronize()
+        out.append(ev0.elapsed_time(ev1) * 1e3 / CALLS)
+    return median(out)
+
+
+def calls(case):
+    b, sq, sk, hq, hkv, d, causal = case
+    q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(b, sk, hkv, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    scale = d**-0.5
+    sdpa_causal = causal and sq == sk
+
+    def sdpa(backend):
+        def run():
+            with sdpa_kernel([backend]):
+                return torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=sdpa_causal, enable_gqa=hq != hkv)
+
+        return run
+
+    return {
+        "flashcore.flash_attn_func": lambda: flashcore.flash_attn_func(q, k, v, causal=causal),
+        "torch.ops.flashcore.fwd": lambda: torch.ops.flashcore.fwd(q, k, v, scale, causal, 0),
+        "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+        "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    rows = []
+    print(f"{'case':34} {'call':28} {'kernel µs':>10} {'eager µs':>9} {'host µs':>8} {'over µs':>8}")
+    for case in CASES:
+        name = "B{} Sq{} Sk{} H{}/{} D{}{}".format(*case[:6], " causal" if case[6] else "")
+        for label, fn in calls(case).items():
+            try:
+                fn()
+                kernel = time_graph(fn)
+                eager, host = time_eager(fn)
+            except Exception as e:  # noqa: BLE001 - a backend that refuses the case is reported
+                print(f"{name:34} {label:28} refused: {type(e).__name__}: {str(e)[:80]}")
+                continue
+            rows.append(dict(case=name, call=label, kernel_us=kernel, eager_us=eager, host_us=host, over_us=max(0.0, eager - kernel)))
+            print(f"{name:34} {label:28} {kernel:10.2f} {eager:9.2f} {host:8.2f} {max(0.0, eager - kernel):8.2f}")
+    if args.json:
+        env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, flashcore=flashcore.__version__, calls=CALLS, samples=SAMPLES)
+        with open(args.json, "w") as f:
+            json.dump(dict(env=env, rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

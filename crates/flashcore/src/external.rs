@@ -1,0 +1,111 @@
+//! Running on a caller's stream: what a framework (PyTorch, through the Python package)
+//! needs so that FlashCore neither synchronises nor allocates behind its back, and leaves
+//! the thread's CUDA context as it found it. See [`crate::Context::attention_on_stream`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::sys;
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
+
+use crate::error::{DriverContext, Error, Result};
+
+/// A CUDA stream owned by the caller, e.g. `torch.cuda.current_stream().cuda_stream`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ExternalStream(usize);
+
+impl ExternalStream {
+    /// Wraps a raw `CUstream` / `cudaStream_t` handle; `0` is the legacy default stream.
+    pub fn from_raw(handle: usize) -> Self {
+        Self(handle)
+    }
+
+    pub(crate) fn raw(self) -> sys::CUstream {
+        self.0 as sys::CUstream
+    }
+
+    /// Checks that the stream belongs to `cuda` (a stream of another device's context
+    /// would run the kernels there, on pointers of this device).
+    pub(crate) fn check_context(self, cuda: &CudaContext) -> Result<()> {
+        let mut owner: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: writes one handle; the caller vouches that the stream is live.
+        unsafe { sys::cuStreamGetCtx(self.raw(), &mut owner) }.result().ctx("reading the stream's context")?;
+        if owner != cuda.cu_ctx() {
+            return Err(Error::Param {
+                arg: "stream",
+                msg: format!("stream {:#x} belongs to another CUDA context than device {}'s primary context", self.0, cuda.ordinal()),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Tile counters for callers' streams: two `u32` each, zero between launches (the kernel
+/// that uses one leaves it zero), assigned to a stream at its first call and kept. A counter
+/// must never serve two launches at once, and launches on one stream are ordered, so one
+/// counter per stream is safe without a memset per call. Preallocated, so that a stream
+/// seen first during a CUDA graph capture (PyTorch captures on a stream of its own) needs
+/// no allocation.
+pub(crate) struct StreamCounters {
+    pool: CudaSlice<u32>,
+    slots: Mutex<HashMap<ExternalStream, usize>>,
+}
+
+/// How many distinct caller streams one context serves (PyTorch's pools hold 32 streams of
+/// each priority per device; the default and capture streams come on top).
+const MAX_STREAMS: usize = 512;
+
+impl StreamCounters {
+    /// Zeroed in `stream`'s order: synchronise before another stream uses them.
+    pub(crate) fn new(stream: &Arc<CudaStream>) -> Result<Self> {
+        let pool = stream.alloc_zeros::<u32>(2 * MAX_STREAMS).ctx("allocating the per-stream tile counters")?;
+        Ok(Self { pool, slots: Mutex::new(HashMap::new()) })
+    }
+
+    /// The device address of `stream`'s counter.
+    pub(crate) fn counter_for(&self, stream: ExternalStream) -> Result<u64> {
+        let mut slots = self.slots.lock().unwrap();
+        let next = slots.len();
+        let slot = *slots.entry(stream).or_insert(next);
+        if slot >= MAX_STREAMS {
+            slots.remove(&stream);
+            return Err(Error::Param { arg: "stream", msg: format!("more than {MAX_STREAMS} distinct streams used with one context") });
+        }
+        let (base, _sync) = self.pool.device_ptr(self.pool.stream());
+        Ok(base + (slot * 2 * std::mem::size_of::<u32>()) as u64)
+    }
+}
+
+/// Makes `cuda` the thread's current context and puts the previous one back on drop, so a
+/// call on device 1 does not move the caller's (PyTorch's) current device.
+pub(crate) struct CurrentContextGuard {
+    previous: sys::CUcontext,
+}
+
+impl CurrentContextGuard {
+    /// Remembers the thread's current context (the driver must be initialised).
+    pub(crate) fn save() -> Result<Self> {
+        let mut previous: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: writes one handle.
+        unsafe { sys::cuCtxGetCurrent(&mut previous) }.result().ctx("reading the current CUDA context")?;
+        Ok(Self { previous })
+    }
+
+    /// Remembers the thread's current context, then makes `cuda` current.
+    pub(crate) fn bind(cuda: &CudaContext) -> Result<Self> {
+        let guard = Self::save()?;
+        cuda.bind_to_thread().ctx("making the device's context current")?;
+        Ok(guard)
+    }
+}
+
+impl Drop for CurrentContextGuard {
+    fn drop(&mut self) {
+        // Nothing to restore to on a thread that had no context; a failure here can only mean
+        // the previous context was destroyed meanwhile, and then there is nothing to restore.
+        if !self.previous.is_null() {
+            // SAFETY: sets the thread's current context to a handle the driver gave us.
+            let _ = unsafe { sys::cuCtxSetCurrent(self.previous) };
+        }
+    }
+}

@@ -1,0 +1,23 @@
+"""FlashCore: fused attention kernels for NVIDIA GPUs, compiled on first use by NVRTC.
+
+    import flashcore
+    out = flashcore.flash_attn_func(q, k, v, causal=True)        # flash_attn 2.x semantics
+    out = flashcore.scaled_dot_product_attention(q, k, v, is_causal=True)   # SDPA's
+    flashcore.integrations.transformers.register()                # attn_implementation="flashcore"
+
+The functions are `torch.library` ops (`torch.ops.flashcore.fwd`) with fake
+implementations, so `torch.compile(fullgraph=True)` traces them and CUDA graphs capture
+them. Kernels run on PyTorch's current stream; the first call of each kernel variant
+compiles it (seconds), later calls and later processes load it from the disk cache
+(`$FLASHCORE_CACHE_DIR`, else `~/.cache/flashcore`).
+"""
+
+from ._nvrtc import use_torch_nvrtc as _use_torch_nvrtc
+
+_use_torch_nvrtc()
+
+from . import integrations  # noqa: E402
+from ._flashcore import __version__  # noqa: E402
+from .interface import device_info, flash_attn_func, kernel_plan, scaled_dot_product_attention  # noqa: E402
+
+__all__ = ["flash_attn_func", "scaled_dot_product_attention", "kernel_plan", "device_info", "integrations", "__version__"]

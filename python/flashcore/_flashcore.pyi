@@ -1,0 +1,32 @@
+"""The extension module: the Rust API as the Python layer calls it (see src/lib.rs)."""
+
+from typing import Callable, Optional, Sequence, Tuple
+
+__version__: str
+
+# (data pointer, shape [4], strides in elements [4], dtype name "f16" | "bf16")
+TensorArg = Tuple[int, Sequence[int], Sequence[int], str]
+
+def attention_forward(
+    device: int,
+    stream: int,
+    q: TensorArg,
+    k: TensorArg,
+    v: TensorArg,
+    o: TensorArg,
+    lse: Optional[Tuple[int, int]],
+    scratch: Callable[[int], int],
+    softmax_scale: Optional[float],
+    causal: bool,
+    num_splits: Optional[int] = None,
+) -> None:
+    """Attention forward on `stream` of `device` into `o` and `lse` ((address, elements), f32
+    [B, Hq, Sq]). `scratch(nbytes)` returns a device address of at least nbytes that stays
+    allocated until the call returns. Raises ValueError / TypeError / NotImplementedError /
+    RuntimeError with the Rust error's text."""
+
+def plan(device: int, q_shape: Sequence[int], k_shape: Sequence[int], dtype_name: str, causal: bool, num_splits: Optional[int] = None) -> str:
+    """The kernel variant, tile and grid FlashCore would run for this problem."""
+
+def device_info(device: int) -> str:
+    """Device name, arch, SM count and the NVRTC library in use."""

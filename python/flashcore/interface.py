@@ -1,0 +1,174 @@
+"""The public functions, with the signatures users already know: `flash_attn_func`
+(flash_attn 2.x) and `scaled_dot_product_attention` (PyTorch SDPA). They check what needs
+torch (type, device, dtype, dims) and call the `flashcore::fwd` op; shapes, strides,
+alignment and head dims are checked by the Rust library, whose errors arrive as
+`ValueError` / `TypeError` / `NotImplementedError` with its text.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from . import _flashcore, _ops
+
+
+def _check(tensors: Tuple[Tuple[str, object], ...], layout: str) -> None:
+    first_name, first = tensors[0]
+    for name, t in tensors:
+        if not isinstance(t, Tensor):
+            raise TypeError(f"`{name}` must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"`{name}` must have 4 dims {layout}, got shape {tuple(t.shape)}")
+        if t.device.type != "cuda":
+            raise ValueError(f"`{name}` is on {t.device}: FlashCore runs on CUDA tensors")
+        if t.dtype not in _ops.DTYPE_NAMES:
+            raise TypeError(f"`{name}` has dtype {t.dtype}: FlashCore takes torch.float16 and torch.bfloat16")
+        if t.device != first.device:
+            raise ValueError(f"`{name}` is on {t.device} and `{first_name}` on {first.device}: all must be on one device")
+        if t.dtype != first.dtype:
+            raise TypeError(f"`{name}` has dtype {t.dtype} and `{first_name}` {first.dtype}: all must have one dtype")
+
+
+def _unsupported(name: str, value: object, why: str = "is not supported yet") -> NotImplementedError:
+    return NotImplementedError(f"flashcore: `{name}={value!r}` {why}")
+
+
+def _scale(softmax_scale: Optional[float], head_dim: int) -> float:
+    return 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
+
+
+def _fast_path(*tensors: Tensor) -> bool:
+    """Whether the op can be skipped for a direct call: plain tensors (no fake or subclass),
+    no tracing, and no autograd graph to record. Saves the dispatcher's few microseconds."""
+    if torch.compiler.is_compiling():
+        return False
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return False
+    return all(type(t) is Tensor for t in tensors)
+
+
+def _attention(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, num_splits: int) -> Tuple[Tensor, Tensor]:
+    if _fast_path(q, k, v):
+        return _ops.forward(q, k, v, scale, causal, num_splits)
+    return _ops.fwd(q, k, v, scale, causal, num_splits)
+
+
+def flash_attn_func(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+) -> Union[Tensor, Tuple[Tensor, Tensor, None]]:
+    """Attention with flash_attn 2.x semantics.
+
+    Args:
+        q: `[B, Sq, Hq, D]`, float16 or bfloat16, on a CUDA device.
+        k, v: `[B, Sk, Hkv, D]`, same dtype and device; `Hq % Hkv == 0` (GQA/MQA).
+            The last dim must be contiguous; other strides are free (multiples of 8
+            elements), so BHSD tensors transposed to BSHD need no copy.
+            D is 32, 64, 96, 128, 192 or 256.
+        dropout_p: must be 0.0 (dropout is not supported).
+        softmax_scale: multiplies `q·kᵀ`; default `1/sqrt(D)`.
+        causal: causal mask aligned to the bottom-right corner when Sq != Sk (query i sees
+            key j iff j <= i + Sk - Sq); rows that see no key give 0.
+        window_size, softcap, alibi_slopes: not supported yet; anything but the default
+            raises NotImplementedError.
+        deterministic: accepted (the forward is always deterministic).
+        return_attn_probs: also return the log-sum-exp.
+
+    Returns:
+        `out [B, Sq, Hq, D]` (contiguous, q's dtype), or `(out, softmax_lse, None)` with
+        `softmax_lse [B, Hq, Sq]` float32 (natural log) when `return_attn_probs`.
+
+    Runs on the current CUDA stream without synchronising. The backward pass is not
+    implemented yet: `.backward()` through it raises NotImplementedError.
+    """
+    _check((("q", q), ("k", k), ("v", v)), "[B, S, H, D]")
+    if dropout_p != 0.0:
+        raise _unsupported("dropout_p", dropout_p)
+    if tuple(window_size) != (-1, -1):
+        raise _unsupported("window_size", tuple(window_size), "(sliding-window attention) is not supported yet")
+    if softcap != 0.0:
+        raise _unsupported("softcap", softcap)
+    if alibi_slopes is not None:
+        raise _unsupported("alibi_slopes", "<tensor>")
+    out, lse = _attention(q, k, v, _scale(softmax_scale, q.shape[-1]), bool(causal), 0)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def scaled_dot_product_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+) -> Tensor:
+    """Drop-in for `torch.nn.functional.scaled_dot_product_attention` on 4-D BHSD tensors.
+
+    Args:
+        query: `[B, Hq, Sq, D]`; key, value: `[B, Hkv, Sk, D]`; float16 or bfloat16, CUDA.
+        attn_mask, dropout_p: not supported (NotImplementedError unless None / 0.0).
+        is_causal: **SDPA's convention, top-left aligned**: query i sees key j iff j <= i,
+            whatever Sq and Sk (`flash_attn_func` aligns to the bottom-right instead).
+            Query rows past Sk see every key.
+        scale: default `1/sqrt(D)`.
+        enable_gqa: allow `Hq` a multiple of `Hkv`, as in SDPA; without it the heads must
+            be equal.
+
+    Returns:
+        `[B, Hq, Sq, D]` in query's dtype (a BSHD-contiguous tensor viewed as BHSD, as
+        SDPA's flash backend returns).
+    """
+    _check((("query", query), ("key", key), ("value", value)), "[B, H, S, D]")
+    if attn_mask is not None:
+        raise _unsupported("attn_mask", "<tensor>", "(an explicit mask) is not supported yet: use is_causal")
+    if dropout_p != 0.0:
+        raise _unsupported("dropout_p", dropout_p)
+    hq, hkv = query.shape[1], key.shape[1]
+    if hq != hkv and not enable_gqa:
+        raise ValueError(f"`key` has {hkv} heads and `query` {hq}: pass enable_gqa=True for grouped-query attention")
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+    s = _scale(scale, query.shape[-1])
+    sq, sk = q.shape[1], k.shape[1]
+    if not is_causal or sq == sk:
+        out = _attention(q, k, v, s, bool(is_causal), 0)[0]
+    elif sq < sk:
+        # Top-left: no query sees a key past Sq, and on the first Sq keys the mask is square.
+        out = _attention(q, k[:, :sq], v[:, :sq], s, True, 0)[0]
+    else:
+        # The first Sk rows form a square causal problem; the rows after them see every key.
+        head = _attention(q[:, :sk], k, v, s, True, 0)[0]
+        tail = _attention(q[:, sk:], k, v, s, False, 0)[0]
+        out = torch.cat((head, tail), dim=1)
+    return out.transpose(1, 2)
+
+
+def kernel_plan(q: Tensor, k: Tensor, causal: bool = False) -> str:
+    """What FlashCore would run for BSHD `q`, `k` on their device: kernel, tile, grid."""
+    _check((("q", q), ("k", k)), "[B, S, H, D]")
+    return _flashcore.plan(q.device.index, tuple(q.shape), tuple(k.shape), _ops.DTYPE_NAMES[q.dtype], causal)
+
+
+def device_info(device: Union[int, torch.device, None] = None) -> str:
+    """The GPU as FlashCore sees it (name, arch, SMs) and the NVRTC it compiles with."""
+    if device is None:
+        index = torch.cuda.current_device()
+    elif isinstance(device, int):
+        index = device
+    else:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+    return _flashcore.device_info(index)

@@ -1,0 +1,158 @@
+//! `flashcore._flashcore`: the Rust API as the Python package sees it. This layer converts
+//! arguments (addresses, shapes, strides, dtype names, streams) and errors
+//! (`flashcore::Error` → Python exceptions), and nothing else: tensors are validated and
+//! allocated by the Python side (`flashcore/_torch.py`), kernels chosen and launched by the
+//! `flashcore` crate.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use flashcore::{AttnParams, Context, DType, Error, ExternalStream, Layout, ProblemShape, TensorView, TensorViewMut};
+use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+
+/// A tensor as the Python side describes it: data pointer, shape and strides (in elements,
+/// four dims) and dtype name (`"f16"` or `"bf16"`).
+type TensorArg = (u64, [usize; 4], [usize; 4], String);
+
+/// The Python exception for a FlashCore error, with the error's text: bad arguments are
+/// `ValueError` (`TypeError` for dtypes), what FlashCore cannot do yet `NotImplementedError`,
+/// the environment (driver, NVRTC, compiler, file system) `RuntimeError`.
+fn to_py(e: Error) -> PyErr {
+    let msg = e.to_string();
+    match e {
+        Error::DType { .. } => PyTypeError::new_err(msg),
+        Error::Shape { .. } | Error::Stride { .. } | Error::Alignment { .. } | Error::DeviceMismatch { .. } | Error::Param { .. } => {
+            PyValueError::new_err(msg)
+        }
+        Error::HeadDim { .. } | Error::Unsupported { .. } => PyNotImplementedError::new_err(msg),
+        _ => PyRuntimeError::new_err(msg),
+    }
+}
+
+fn dtype(name: &str, arg: &'static str) -> PyResult<DType> {
+    match name {
+        "f16" => Ok(DType::F16),
+        "bf16" => Ok(DType::BF16),
+        other => Err(PyTypeError::new_err(format!("dtype of `{arg}`: {other} is not supported (float16 or bfloat16)"))),
+    }
+}
+
+fn layout((_, shape, strides, name): &TensorArg, arg: &'static str) -> PyResult<Layout> {
+    Ok(Layout { shape: *shape, strides: *strides, dtype: dtype(name, arg)? })
+}
+
+/// One context per device, made on first use and kept for the process: the device's primary
+/// context (PyTorch's), the JIT cache and the loaded kernels.
+fn context(device: usize) -> PyResult<Arc<Context>> {
+    static CONTEXTS: OnceLock<Mutex<HashMap<usize, Arc<Context>>>> = OnceLock::new();
+    let mut contexts = CONTEXTS.get_or_init(Default::default).lock().unwrap();
+    if let Some(ctx) = contexts.get(&device) {
+        return Ok(ctx.clone());
+    }
+    let ctx = Arc::new(Context::new(device).map_err(to_py)?);
+    contexts.insert(device, ctx.clone());
+    Ok(ctx)
+}
+
+fn params(softmax_scale: Option<f32>, causal: bool, num_splits: Option<usize>) -> AttnParams {
+    AttnParams { softmax_scale, causal, num_splits, ..AttnParams::default() }
+}
+
+/// Attention forward on `stream` of `device`: `o = softmax(scale · q kᵀ [+ mask]) v` into `o`
+/// and, when given as `(address, elements)`, the f32 `lse [B, Hq, Sq]`. `scratch(nbytes)`
+/// returns the address of at least `nbytes` of device memory the call may use (split-KV
+/// partials); it is called at most once, and what it returns must stay allocated until this
+/// call returns (work queued on `stream` after that is ordered by the caller's allocator).
+#[pyfunction]
+#[pyo3(signature = (device, stream, q, k, v, o, lse, scratch, softmax_scale, causal, num_splits=None))]
+#[allow(clippy::too_many_arguments)]
+fn attention_forward(
+    py: Python<'_>,
+    device: usize,
+    stream: usize,
+    q: TensorArg,
+    k: TensorArg,
+    v: TensorArg,
+    o: TensorArg,
+    lse: Option<(u64, usize)>,
+    scratch: Py<PyAny>,
+    softmax_scale: Option<f32>,
+    causal: bool,
+    num_splits: Option<usize>,
+) -> PyResult<()> {
+    let layouts = [layout(&q, "q")?, layout(&k, "k")?, layout(&v, "v")?, layout(&o, "o")?];
+    let ctx = context(device)?;
+    let params = params(softmax_scale, causal, num_splits);
+    let mut scratch_error: Option<PyErr> = None;
+    // Detached from the interpreter: the first call of a variant compiles it (seconds).
+    let result = py.detach(|| {
+        let mut scratch = |bytes: usize| {
+            Python::attach(|py| scratch.call1(py, (bytes,)).and_then(|r| r.extract::<u64>(py))).map_err(|e| {
+                scratch_error = Some(e);
+                Error::Param { arg: "scratch", msg: format!("allocating {bytes} bytes of scratch memory failed") }
+            })
+        };
+        // SAFETY: the Python side passes live CUDA tensors of `device` whose layouts these
+        // are (checked there: device, dtype, dims), keeps them alive across this call, and
+        // orders their reuse on `stream` through PyTorch's caching allocator; `stream` is
+        // PyTorch's current stream of `device`.
+        unsafe {
+            let view = |t: &TensorArg, l: Layout| TensorView::from_raw(t.0, l, device);
+            ctx.attention_on_stream(
+                ExternalStream::from_raw(stream),
+                view(&q, layouts[0]),
+                view(&k, layouts[1]),
+                view(&v, layouts[2]),
+                TensorViewMut::from_raw(o.0, layouts[3], device),
+                lse,
+                &mut scratch,
+                &params,
+            )
+        }
+    });
+    match (result, scratch_error) {
+        (Err(_), Some(e)) => Err(e),
+        (result, _) => result.map_err(to_py),
+    }
+}
+
+/// What would run for this problem on `device`: the kernel variant, its tile and grid (the
+/// dispatcher's own description).
+#[pyfunction]
+#[pyo3(signature = (device, q_shape, k_shape, dtype_name, causal, num_splits=None))]
+fn plan(
+    device: usize,
+    q_shape: [usize; 4],
+    k_shape: [usize; 4],
+    dtype_name: &str,
+    causal: bool,
+    num_splits: Option<usize>,
+) -> PyResult<String> {
+    let [batch, seqlen_q, heads_q, head_dim] = q_shape;
+    let [_, seqlen_k, heads_kv, _] = k_shape;
+    let shape = ProblemShape { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim };
+    let ctx = context(device)?;
+    let plan = ctx.plan(&shape, dtype(dtype_name, "q")?, &params(None, causal, num_splits)).map_err(to_py)?;
+    Ok(plan.describe())
+}
+
+/// The GPU `device` as FlashCore sees it: name, arch, SMs, the NVRTC in use.
+#[pyfunction]
+fn device_info(device: usize) -> PyResult<String> {
+    let ctx = context(device)?;
+    let info = ctx.info();
+    let nvrtc = ctx.jit().nvrtc().map_err(to_py)?;
+    let (major, minor) = nvrtc.version();
+    Ok(format!("{} ({}, {} SMs); NVRTC {major}.{minor} from {}", info.name, info.arch, info.sm_count, nvrtc.path().display()))
+}
+
+#[pymodule]
+#[pyo3(name = "_flashcore")]
+fn extension_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(attention_forward, m)?)?;
+    m.add_function(wrap_pyfunction!(plan, m)?)?;
+    m.add_function(wrap_pyfunction!(device_info, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

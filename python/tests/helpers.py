@@ -1,0 +1,45 @@
+"""Helpers of the GPU suite: the float64 reference, the error metric, inputs."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+# DESIGN §5: relative L2 error bounds against the float64 reference.
+REL_BOUND = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
+
+
+def reference(q, k, v, scale, causal, top_left=False):
+    """float64 attention on BSHD tensors: (o [B, Sq, Hq, D], lse [B, Hq, Sq]).
+    causal: bottom-right aligned (query i sees key j iff j <= i + Sk - Sq), or top-left
+    (j <= i) with `top_left`. Rows that see no key give o = 0, lse = -inf."""
+    q, k, v = (t.double().transpose(1, 2) for t in (q, k, v))  # BHSD
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    sq, sk = q.shape[2], k.shape[2]
+    if causal:
+        i = torch.arange(sq, device=q.device)[:, None]
+        j = torch.arange(sk, device=q.device)[None, :]
+        visible = j <= i if top_left else j <= i + (sk - sq)
+        s = s.masked_fill(~visible, -math.inf)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - lse[..., None]).nan_to_num(0.0)  # rows with no key: exp(-inf - -inf)
+    o = torch.matmul(p, v)
+    return o.transpose(1, 2), lse
+
+
+def rel_l2(x, ref):
+    """||x - ref|| / ||ref|| in float64; NaN or Inf in x gives inf (never passes)."""
+    x = x.double()
+    if not torch.isfinite(x).all():
+        return math.inf
+    den = ref.norm().item()
+    return (x - ref).norm().item() / max(den, 1e-30)
+
+
+def randn(*shape, dtype=torch.bfloat16, scale=1.0, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(*shape, device="cuda", dtype=torch.float32, generator=g).mul_(scale).to(dtype)

@@ -1,0 +1,113 @@
+"""Bad input: a Python exception naming the argument, never a crash, and no CUDA error left
+pending for the next torch call."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="needs PyTorch")
+import flashcore  # noqa: E402
+from helpers import randn  # noqa: E402
+
+
+def good(b=1, s=64, h=4, d=64, dtype=torch.bfloat16):
+    return randn(b, s, h, d, dtype=dtype), randn(b, s, h, d, dtype=dtype, seed=1), randn(b, s, h, d, dtype=dtype, seed=2)
+
+
+def torch_still_works():
+    torch.cuda.synchronize()
+    x = torch.ones(64, 64, device="cuda")
+    assert (x @ x).sum().item() == 64**3
+
+
+def raises(exc, match, **overrides):
+    q, k, v = good()
+    args = dict(q=q, k=k, v=v)
+    args.update(overrides)
+    with pytest.raises(exc, match=match):
+        flashcore.flash_attn_func(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+    torch_still_works()
+
+
+def test_cpu_tensor():
+    raises(ValueError, r"`q` is on cpu", q=randn(1, 64, 4, 64).cpu())
+
+
+def test_tensors_on_different_devices():
+    raises(ValueError, r"`k` is on cpu and `q` on cuda", k=randn(1, 64, 4, 64).cpu())
+
+
+def test_float32_is_a_type_error():
+    raises(TypeError, r"`q` has dtype torch.float32.*float16 and torch.bfloat16", q=randn(1, 64, 4, 64).float())
+
+
+def test_mixed_dtypes():
+    raises(TypeError, r"`v` has dtype torch.float16", v=randn(1, 64, 4, 64, dtype=torch.float16))
+
+
+def test_not_a_tensor():
+    raises(TypeError, r"`k` must be a torch.Tensor", k=[1.0])
+
+
+def test_wrong_rank():
+    raises(ValueError, r"`q` must have 4 dims", q=randn(64, 4, 64))
+
+
+def test_last_dim_not_contiguous():
+    q = randn(1, 4, 64, 64).transpose(2, 3)  # [1, 4, 64(d), 64(s)] -> last dim strided
+    raises(ValueError, r"strides of `q`: last dim must be contiguous", q=q)
+
+
+def test_misaligned_pointer():
+    flat = randn(1 * 64 * 4 * 64 + 1)
+    q = flat[1:].view(1, 64, 4, 64)  # 2 bytes past a 16-byte boundary
+    raises(ValueError, r"alignment of `q`", q=q)
+
+
+def test_heads_not_a_multiple():
+    k = randn(1, 64, 3, 64)
+    raises(ValueError, r"shape of `k`: q heads \(4\) are not a multiple of k/v heads \(3\)", k=k, v=k)
+
+
+def test_unsupported_head_dims():
+    q, k, v = good(d=48)
+    with pytest.raises(NotImplementedError, match="head dim 48 is not supported"):
+        flashcore.flash_attn_func(q, k, v)
+    q, k, v = good(d=20)
+    with pytest.raises(ValueError, match="head dim 20 must be a multiple of 8"):
+        flashcore.flash_attn_func(q, k, v)
+    torch_still_works()
+
+
+@pytest.mark.parametrize(
+    "kw,name",
+    [
+        (dict(dropout_p=0.1), "dropout_p"),
+        (dict(window_size=(128, 0)), "window_size"),
+        (dict(softcap=30.0), "softcap"),
+        (dict(alibi_slopes=torch.ones(4)), "alibi_slopes"),
+    ],
+)
+def test_unsupported_arguments_are_named(kw, name):
+    raises(NotImplementedError, f"`{name}=", **kw)
+
+
+def test_negative_scale():
+    raises(ValueError, r"parameter `softmax_scale`", softmax_scale=-1.0)
+
+
+def test_sdpa_mask_and_dropout_are_refused():
+    q = randn(1, 4, 64, 64)
+    with pytest.raises(NotImplementedError, match="attn_mask"):
+        flashcore.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(64, 64, dtype=torch.bool, device="cuda"))
+    with pytest.raises(NotImplementedError, match="dropout_p"):
+        flashcore.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+
+
+def test_backward_raises_a_clear_error():
+    q, k, v = (t.requires_grad_() for t in good())
+    out = flashcore.flash_attn_func(q, k, v, causal=True)
+    assert out.requires_grad
+    with pytest.raises(NotImplementedError, match="backward pass is not implemented yet"):
+        out.sum().backward()
+    torch_still_works()

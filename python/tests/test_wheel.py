@@ -1,0 +1,99 @@
+"""The wheel itself, on any machine (CI has no GPU and no torch): abi3 tag, contents, no link
+to libtorch / libpython / the CUDA runtime, the extension's argument and error handling,
+and the NVRTC discovery. Run: `pytest --noconftest python/tests/test_wheel.py`, with the
+wheel in $FLASHCORE_WHEEL (else the newest under target/wheels)."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def wheel() -> Path:
+    path = os.environ.get("FLASHCORE_WHEEL")
+    if path:
+        return Path(path)
+    found = sorted((ROOT / "target" / "wheels").glob("flashcore-*.whl"), key=lambda p: p.stat().st_mtime)
+    assert found, "no wheel: build one with `maturin build -m python/Cargo.toml -o target/wheels`"
+    return found[-1]
+
+
+@pytest.fixture(scope="module")
+def unpacked(wheel, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    with zipfile.ZipFile(wheel) as z:
+        z.extractall(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def ext(unpacked):
+    """The extension module, loaded on its own (the package's __init__ needs torch)."""
+    (so,) = (unpacked / "flashcore").glob("_flashcore*.so")
+    loader = importlib.machinery.ExtensionFileLoader("flashcore._flashcore", str(so))
+    spec = importlib.util.spec_from_file_location("flashcore._flashcore", so, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+def test_one_abi3_wheel_for_cpython_3_9_and_later(wheel):
+    assert "-cp39-abi3-" in wheel.name and "manylinux" in wheel.name and wheel.name.endswith("x86_64.whl")
+
+
+def test_wheel_holds_the_package(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for f in ("__init__.py", "_ops.py", "interface.py", "_nvrtc.py", "integrations/transformers.py", "py.typed", "_flashcore.pyi", "_flashcore.abi3.so"):
+        assert f"flashcore/{f}" in names, f
+
+
+def test_extension_links_neither_torch_nor_python_nor_cudart(unpacked):
+    (so,) = (unpacked / "flashcore").glob("_flashcore*.so")
+    dynamic = subprocess.run(["readelf", "-d", str(so)], check=True, capture_output=True, text=True).stdout
+    needed = [line.split("[")[1].rstrip("]") for line in dynamic.splitlines() if "(NEEDED)" in line]
+    assert needed, dynamic
+    for lib in needed:
+        assert not lib.startswith(("libtorch", "libc10", "libpython", "libcudart", "libcuda.", "libnvrtc")), needed
+
+
+def test_bad_dtype_is_a_type_error_before_any_gpu_work(ext):
+    t = (0x1000, (1, 16, 4, 64), (4096, 256, 64, 1), "bf16")
+    bad = (0x1000, (1, 16, 4, 64), (4096, 256, 64, 1), "f32")
+    with pytest.raises(TypeError, match=r"dtype of `k`: f32 is not supported"):
+        ext.attention_forward(0, 0, t, bad, t, t, None, lambda n: 0, None, False)
+
+
+@pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="this machine has a GPU: the no-GPU error cannot be seen")
+def test_no_gpu_is_a_runtime_error_not_a_crash(ext):
+    t = (0x1000, (1, 16, 4, 64), (4096, 256, 64, 1), "bf16")
+    with pytest.raises(RuntimeError, match="no usable GPU"):
+        ext.attention_forward(0, 0, t, t, t, t, None, lambda n: 0, None, False)
+    with pytest.raises(RuntimeError, match="no usable GPU"):
+        ext.device_info(0)
+
+
+def test_nvrtc_of_torch_wheels_is_found(unpacked, tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("flashcore_nvrtc", unpacked / "flashcore" / "_nvrtc.py")
+    nvrtc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nvrtc)
+    lib = tmp_path / "nvidia" / "cu13" / "lib" / "libnvrtc.so.13"
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"")
+    monkeypatch.setattr(sys, "path", [str(tmp_path / "elsewhere"), str(tmp_path)])
+    monkeypatch.delenv("FLASHCORE_NVRTC", raising=False)
+    assert nvrtc.torch_nvrtc() == lib
+    nvrtc.use_torch_nvrtc()
+    assert os.environ["FLASHCORE_NVRTC"] == str(lib)
+    monkeypatch.setenv("FLASHCORE_NVRTC", "/explicit/libnvrtc.so")
+    nvrtc.use_torch_nvrtc()
+    assert os.environ["FLASHCORE_NVRTC"] == "/explicit/libnvrtc.so", "an explicit choice wins"
