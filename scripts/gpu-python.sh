@@ -16,7 +16,7 @@ status=0
 nvrtc="$("$py" -c 'import os, flashcore; print(os.environ.get("FLASHCORE_NVRTC", ""))')" || exit 1
 "$py" -c 'import flashcore; print(flashcore.device_info())' | tee "$out/device.txt"
 if [[ -x "$bin" ]]; then
-    echo "== $bin compile (kernel cache for the package; NVRTC: ${nvrtc:-the library's own search})"
+    echo "== $bin compile (kernel cache for the package; NVRTC: ${nvrtc:-found by the library itself})"
     if [[ -n "$nvrtc" ]]; then export FLASHCORE_NVRTC="$nvrtc"; fi
     "$bin" compile > "$out/compile.log" 2>&1 || { echo "   compile FAILED: see $out/compile.log"; status=1; }
     tail -n 1 "$out/compile.log"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: finds NVRTC (or installs it from PyPI into ./.venv), then runs
 # formatting, lints and every test, kernel compilation for every arch included, then the
-# Python checks. No GPU needed. Fails loudly on anything missing.
+# Python checks and the Python package's wheel. No GPU needed. Fails loudly on anything
+# missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,3 +46,12 @@ echo "== bench/check_reference.py (flashcore attn --cpu vs NumPy float64)"
 echo "== bench self-tests"
 .venv/bin/python bench/anchors.py --self-test
 .venv/bin/python bench/report.py --self-test
+
+# The Python package: the abi3 wheel is built as a user would build it, then checked
+# (tag, contents, no libtorch/libpython link, errors from the extension, NVRTC discovery).
+# Its GPU suite (python/tests) runs on a GPU machine: scripts/gpu-python.sh.
+echo "== Python package: maturin build, python/tests/test_wheel.py"
+.venv/bin/python -m pip install --quiet --disable-pip-version-check maturin pytest
+rm -rf target/wheels
+.venv/bin/maturin build --locked -m python/Cargo.toml -o target/wheels
+.venv/bin/python -m pytest -q --noconftest -p no:cacheprovider python/tests/test_wheel.py

@@ -3,7 +3,7 @@
     import flashcore
     out = flashcore.flash_attn_func(q, k, v, causal=True)        # flash_attn 2.x semantics
     out = flashcore.scaled_dot_product_attention(q, k, v, is_causal=True)   # SDPA's
-    flashcore.integrations.transformers.register()                # attn_implementation="flashcore"
+    attn = flashcore.integrations.transformers.register()         # attn_implementation=attn
 
 The functions are `torch.library` ops (`torch.ops.flashcore.fwd`) with fake
 implementations, so `torch.compile(fullgraph=True)` traces them and CUDA graphs capture

@@ -54,16 +54,17 @@ def forward_into(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Optional[Tenso
     )
 
 
-def forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, num_splits: int) -> Tuple[Tensor, Tensor]:
-    """Attention on BSHD tensors: `(o [B, Sq, Hq, D], lse [B, Hq, Sq] f32)`. Rows that see no
-    key (no keys at all, or causal with Sq > Sk) give o = 0 and lse = -inf."""
+def forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, num_splits: int, want_lse: bool = True) -> Tuple[Tensor, Optional[Tensor]]:
+    """Attention on BSHD tensors: `(o [B, Sq, Hq, D], lse [B, Hq, Sq] f32)`, lse None unless
+    `want_lse`. Rows that see no key (no keys at all, or causal with Sq > Sk) give o = 0 and
+    lse = -inf."""
     b, sq, hq, d = q.shape
-    o = torch.empty((b, sq, hq, d), dtype=q.dtype, device=q.device)
-    lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device)
+    o = q.new_empty((b, sq, hq, d))  # new_empty: a few microseconds less than torch.empty(...)
+    lse = q.new_empty((b, hq, sq), dtype=torch.float32) if want_lse else None
     if o.numel() == 0:
         return o, lse  # an empty batch, as SDPA: nothing to compute
     if k.shape[1] == 0:
-        return o.zero_(), lse.fill_(-math.inf)
+        return o.zero_(), (lse.fill_(-math.inf) if lse is not None else None)
     forward_into(q, k, v, o, lse, softmax_scale, causal, num_splits)
     return o, lse
 

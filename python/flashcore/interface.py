@@ -17,6 +17,17 @@ from . import _flashcore, _ops
 
 
 def _check(tensors: Tuple[Tuple[str, object], ...], layout: str) -> None:
+    """Raises the named error for the first bad tensor: not a tensor, not 4-D, not on a CUDA
+    device, not fp16/bf16, or on another device or of another dtype than the first."""
+    first = tensors[0][1]
+    if isinstance(first, Tensor) and first.is_cuda and first.dim() == 4 and first.dtype in _ops.DTYPE_NAMES:
+        dtype, device = first.dtype, first.get_device()
+        if all(isinstance(t, Tensor) and t.dtype is dtype and t.is_cuda and t.dim() == 4 and t.get_device() == device for _, t in tensors[1:]):
+            return  # the common case, in few attribute reads: this runs on every call
+    _diagnose(tensors, layout)
+
+
+def _diagnose(tensors: Tuple[Tuple[str, object], ...], layout: str) -> None:
     first_name, first = tensors[0]
     for name, t in tensors:
         if not isinstance(t, Tensor):
@@ -31,6 +42,7 @@ def _check(tensors: Tuple[Tuple[str, object], ...], layout: str) -> None:
             raise ValueError(f"`{name}` is on {t.device} and `{first_name}` on {first.device}: all must be on one device")
         if t.dtype != first.dtype:
             raise TypeError(f"`{name}` has dtype {t.dtype} and `{first_name}` {first.dtype}: all must have one dtype")
+    raise AssertionError("_diagnose found nothing wrong")
 
 
 def _unsupported(name: str, value: object, why: str = "is not supported yet") -> NotImplementedError:
@@ -51,9 +63,11 @@ def _fast_path(*tensors: Tensor) -> bool:
     return all(type(t) is Tensor for t in tensors)
 
 
-def _attention(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, num_splits: int) -> Tuple[Tensor, Tensor]:
+def _attention(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, num_splits: int, want_lse: bool = True) -> Tuple[Tensor, Optional[Tensor]]:
+    """(o, lse) through the op, or directly where nothing needs the op; lse may then be None
+    when not wanted (it is neither allocated nor written)."""
     if _fast_path(q, k, v):
-        return _ops.forward(q, k, v, scale, causal, num_splits)
+        return _ops.forward(q, k, v, scale, causal, num_splits, want_lse)
     return _ops.fwd(q, k, v, scale, causal, num_splits)
 
 
@@ -95,6 +109,13 @@ def flash_attn_func(
     implemented yet: `.backward()` through it raises NotImplementedError.
     """
     _check((("q", q), ("k", k), ("v", v)), "[B, S, H, D]")
+    if dropout_p or softcap or alibi_slopes is not None or window_size[0] != -1 or window_size[1] != -1:
+        _refuse_unsupported(dropout_p, window_size, softcap, alibi_slopes)
+    out, lse = _attention(q, k, v, _scale(softmax_scale, q.shape[-1]), bool(causal), 0, return_attn_probs)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def _refuse_unsupported(dropout_p: float, window_size: Tuple[int, int], softcap: float, alibi_slopes: Optional[Tensor]) -> None:
     if dropout_p != 0.0:
         raise _unsupported("dropout_p", dropout_p)
     if tuple(window_size) != (-1, -1):
@@ -103,8 +124,6 @@ def flash_attn_func(
         raise _unsupported("softcap", softcap)
     if alibi_slopes is not None:
         raise _unsupported("alibi_slopes", "<tensor>")
-    out, lse = _attention(q, k, v, _scale(softmax_scale, q.shape[-1]), bool(causal), 0)
-    return (out, lse, None) if return_attn_probs else out
 
 
 def scaled_dot_product_attention(
@@ -145,14 +164,14 @@ def scaled_dot_product_attention(
     s = _scale(scale, query.shape[-1])
     sq, sk = q.shape[1], k.shape[1]
     if not is_causal or sq == sk:
-        out = _attention(q, k, v, s, bool(is_causal), 0)[0]
+        out = _attention(q, k, v, s, bool(is_causal), 0, False)[0]
     elif sq < sk:
         # Top-left: no query sees a key past Sq, and on the first Sq keys the mask is square.
-        out = _attention(q, k[:, :sq], v[:, :sq], s, True, 0)[0]
+        out = _attention(q, k[:, :sq], v[:, :sq], s, True, 0, False)[0]
     else:
         # The first Sk rows form a square causal problem; the rows after them see every key.
-        head = _attention(q[:, :sk], k, v, s, True, 0)[0]
-        tail = _attention(q[:, sk:], k, v, s, False, 0)[0]
+        head = _attention(q[:, :sk], k, v, s, True, 0, False)[0]
+        tail = _attention(q[:, sk:], k, v, s, False, 0, False)[0]
         out = torch.cat((head, tail), dim=1)
     return out.transpose(1, 2)
 

@@ -34,7 +34,8 @@ def test_cpu_tensor():
 
 
 def test_tensors_on_different_devices():
-    raises(ValueError, r"`k` is on cpu and `q` on cuda", k=randn(1, 64, 4, 64).cpu())
+    # One GPU here: a CPU tensor beside CUDA ones (two GPUs: test_attention.test_second_device).
+    raises(ValueError, r"`k` is on cpu: FlashCore runs on CUDA tensors", k=randn(1, 64, 4, 64).cpu())
 
 
 def test_float32_is_a_type_error():

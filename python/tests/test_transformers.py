@@ -1,5 +1,5 @@
 """A real model on FlashCore: random-initialised Llama-architecture models (no download)
-run with attn_implementation="flashcore" and "sdpa"; logits, greedy generation and
+run with FlashCore's registered implementation and with "sdpa"; logits, greedy generation and
 timings compared.
 
 Tolerance. Both runs are bf16 end to end, so they differ by bf16 rounding, compounded over
@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch", reason="needs PyTorch")
 transformers = pytest.importorskip("transformers", reason="needs transformers")
 import flashcore  # noqa: E402
 
-flashcore.integrations.transformers.register()
+FLASHCORE = flashcore.integrations.transformers.register()
 
 CONFIGS = {
     # 4 layers, hidden 2048, 16 heads, 4 KV heads, head dim 128.
@@ -71,11 +71,26 @@ def test_logits_agree_with_sdpa(models, length):
     ids = torch.randint(0, 32000, (2, length), device="cuda", generator=g)
     ref = logits(fp32, ids, "sdpa")
     sdpa = logits(bf16, ids, "sdpa")
-    ours = logits(bf16, ids, "flashcore")
+    ours = logits(bf16, ids, FLASHCORE)
     err_sdpa, err_ours = rel_l2(sdpa, ref), rel_l2(ours, ref)
     max_abs = (ours - sdpa).abs().max().item()
     print(f"{name} S={length}: rel L2 vs fp32: flashcore {err_ours:.3e}, sdpa {err_sdpa:.3e}; flashcore vs sdpa: max abs {max_abs:.3e}, rel {rel_l2(ours, sdpa):.3e}")
     assert err_ours <= 1.5 * err_sdpa + 1e-3
+
+
+def test_padding_mask_is_refused_not_ignored(models):
+    _, _, bf16 = models
+    ids = torch.randint(0, 32000, (2, 16), device="cuda")
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0  # left padding in the second sequence
+    bf16.set_attn_implementation(FLASHCORE)
+    with torch.no_grad(), pytest.raises(NotImplementedError, match="attention_mask"):
+        bf16(ids, attention_mask=mask)
+
+
+def test_a_name_with_flash_is_refused():
+    with pytest.raises(ValueError, match="containing 'flash'"):
+        flashcore.integrations.transformers.register("flashcore")
 
 
 def generate(model, ids, impl, n):
@@ -91,7 +106,7 @@ def test_greedy_generation_matches_sdpa(models, length):
     g = torch.Generator(device="cuda").manual_seed(1000 + length)
     ids = torch.randint(0, 32000, (1, length), device="cuda", generator=g)
     tok_sdpa, log_sdpa = generate(bf16, ids, "sdpa", 64)
-    tok_ours, log_ours = generate(bf16, ids, "flashcore", 64)
+    tok_ours, log_ours = generate(bf16, ids, FLASHCORE, 64)
     same = (tok_sdpa == tok_ours)[0]
     if same.all():
         print(f"{name} S={length}: 64 greedy tokens identical")
@@ -107,7 +122,7 @@ def test_greedy_generation_matches_sdpa(models, length):
 def test_timing_prefill_and_decode(models):
     name, _, bf16 = models
     ids = torch.randint(0, 32000, (1, 2048), device="cuda")
-    for impl in ("sdpa", "flashcore"):
+    for impl in ("sdpa", FLASHCORE):
         bf16.set_attn_implementation(impl)
         with torch.no_grad():
             times = {}

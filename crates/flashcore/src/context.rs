@@ -256,9 +256,8 @@ impl Context {
         params: &AttnParams,
     ) -> Result<()> {
         let _restore = CurrentContextGuard::bind(&self.cuda)?;
-        stream.check_context(&self.cuda)?;
+        let tile_counter = self.stream_counters.counter_for(stream, &self.cuda)?;
         let borrowed = self.cuda.wrap_borrowed_stream(stream.raw());
-        let tile_counter = self.stream_counters.counter_for(stream)?;
         let mut lane = Lane { stream: &borrowed, tile_counter, scratch };
         self.run(&mut lane, q, k, v, o, lse, params)
     }

@@ -62,15 +62,25 @@ impl StreamCounters {
         Ok(Self { pool, slots: Mutex::new(HashMap::new()) })
     }
 
-    /// The device address of `stream`'s counter.
-    pub(crate) fn counter_for(&self, stream: ExternalStream) -> Result<u64> {
+    /// The device address of `stream`'s counter. A stream seen for the first time is checked
+    /// to belong to `cuda` (once: the check is a driver call).
+    pub(crate) fn counter_for(&self, stream: ExternalStream, cuda: &CudaContext) -> Result<u64> {
         let mut slots = self.slots.lock().unwrap();
-        let next = slots.len();
-        let slot = *slots.entry(stream).or_insert(next);
-        if slot >= MAX_STREAMS {
-            slots.remove(&stream);
-            return Err(Error::Param { arg: "stream", msg: format!("more than {MAX_STREAMS} distinct streams used with one context") });
-        }
+        let slot = match slots.get(&stream) {
+            Some(&slot) => slot,
+            None => {
+                stream.check_context(cuda)?;
+                if slots.len() >= MAX_STREAMS {
+                    return Err(Error::Param {
+                        arg: "stream",
+                        msg: format!("more than {MAX_STREAMS} distinct streams used with one context"),
+                    });
+                }
+                let slot = slots.len();
+                slots.insert(stream, slot);
+                slot
+            }
+        };
         let (base, _sync) = self.pool.device_ptr(self.pool.stream());
         Ok(base + (slot * 2 * std::mem::size_of::<u32>()) as u64)
     }
@@ -80,6 +90,8 @@ impl StreamCounters {
 /// call on device 1 does not move the caller's (PyTorch's) current device.
 pub(crate) struct CurrentContextGuard {
     previous: sys::CUcontext,
+    /// The context made current, if any: nothing to restore when it was already current.
+    bound: sys::CUcontext,
 }
 
 impl CurrentContextGuard {
@@ -88,13 +100,14 @@ impl CurrentContextGuard {
         let mut previous: sys::CUcontext = std::ptr::null_mut();
         // SAFETY: writes one handle.
         unsafe { sys::cuCtxGetCurrent(&mut previous) }.result().ctx("reading the current CUDA context")?;
-        Ok(Self { previous })
+        Ok(Self { previous, bound: std::ptr::null_mut() })
     }
 
     /// Remembers the thread's current context, then makes `cuda` current.
     pub(crate) fn bind(cuda: &CudaContext) -> Result<Self> {
-        let guard = Self::save()?;
+        let mut guard = Self::save()?;
         cuda.bind_to_thread().ctx("making the device's context current")?;
+        guard.bound = cuda.cu_ctx();
         Ok(guard)
     }
 }
@@ -103,7 +116,7 @@ impl Drop for CurrentContextGuard {
     fn drop(&mut self) {
         // Nothing to restore to on a thread that had no context; a failure here can only mean
         // the previous context was destroyed meanwhile, and then there is nothing to restore.
-        if !self.previous.is_null() {
+        if !self.previous.is_null() && self.previous != self.bound {
             // SAFETY: sets the thread's current context to a handle the driver gave us.
             let _ = unsafe { sys::cuCtxSetCurrent(self.previous) };
         }

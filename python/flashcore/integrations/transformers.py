@@ -1,10 +1,14 @@
 """FlashCore as a Hugging Face transformers attention implementation.
 
     import flashcore
-    flashcore.integrations.transformers.register()
-    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="flashcore")
+    attn = flashcore.integrations.transformers.register()         # "fc_attention"
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation=attn)
 
-`register()` adds `"flashcore"` to transformers' `AttentionInterface`, and to its
+The name is not "flashcore": transformers (5.x) takes every implementation name that
+contains "flash" for a FlashAttention build it must import itself
+(`transformers.utils.generic.is_flash_attention_requested`), and then fails to find one.
+
+`register()` adds the name to transformers' `AttentionInterface`, and to its
 `AttentionMaskInterface` with the SDPA mask builder: transformers then passes no mask
 where the mask is plain causal (or none), exactly as it does for `"sdpa"`, and a 4-D mask
 where there is padding or another pattern. FlashCore follows SDPA's reading of a missing
@@ -22,7 +26,7 @@ from torch import Tensor
 
 from ..interface import _attention, _check, _scale, _unsupported
 
-NAME = "flashcore"
+NAME = "fc_attention"
 
 
 def attention_forward(
@@ -61,14 +65,18 @@ def attention_forward(
         # static cache), under which no query sees the keys past q_len.
         key, value = key[:, :, :q_len], value[:, :, :q_len]
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
-    out, _ = _attention(q, k, v, _scale(scaling, query.shape[-1]), causal, 0)
+    out, _ = _attention(q, k, v, _scale(scaling, query.shape[-1]), causal, 0, False)
     return out, None
 
 
-def register(name: str = NAME) -> None:
-    """Registers FlashCore with transformers under `name` (default `"flashcore"`)."""
+def register(name: str = NAME) -> str:
+    """Registers FlashCore with transformers under `name` and returns it, for
+    `attn_implementation=`. A name containing "flash" is refused (see above)."""
+    if "flash" in name:
+        raise ValueError(f"`name={name!r}`: transformers takes names containing 'flash' for FlashAttention builds it imports itself; choose another")
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     AttentionInterface.register(name, attention_forward)
     AttentionMaskInterface.register(name, sdpa_mask)
+    return name
