@@ -1,11 +1,13 @@
-// Naive GPU reference attention: the oracle for shapes too large for the CPU.
-// Simple, not fast: one warp per query row, fp32 math throughout, exact expf/logf.
+// Naive GPU reference attention, forward and backward: the oracle for shapes too large for
+// the CPU. Simple, not fast: one warp per query row (per key row for dK, dV), fp32 math
+// throughout, exact expf/logf.
 // Tile: 1 query row per warp, 4 warps per block; no shared memory; head dim <= 256
 // (each lane owns dims lane, lane+32, ...). Registers: see `flashcore compile`.
 // Same semantics as the f64 CPU reference: bottom-right causal, GQA, lse in natural log,
 // fully masked rows give o = 0 and lse = -inf.
 #include "common/types.cuh"
 #include "common/params.cuh"
+#include "common/bwd_params.cuh"
 
 namespace fc {
 
@@ -77,4 +79,111 @@ extern "C" __global__ void __launch_bounds__(32 * fc::kRefWarps) fc_reference(co
         p.lse[((long long)batch * p.heads_q + head) * p.seqlen_q + row] =
             last >= 0 ? row_max + logf(row_sum) : row_max;  // row_max is -inf when masked
     }
+}
+
+// Backward, in two launches on one stream (HOST CONTRACT: block 128 threads, no shared
+// memory; fc_reference_bwd_dq first, grid (ceil(Sq / 4), Hq, B); then fc_reference_bwd_dkv,
+// grid (ceil(Sk / 4), Hkv, B)). The first writes dQ and D_i = rowsum(dO ∘ O) to p.dsum; the
+// second reads D_i and writes dK and dV, looping over every query of the query heads that
+// share the KV head (no atomics: deterministic). P is recomputed from q, k and the saved
+// lse; a row with lse = -inf saw no key and contributes nothing.
+namespace fc {
+
+__device__ __forceinline__ elem_t* mut_row_ptr(void* base, long long sb, long long ss, long long sh, int b, int s, int h) {
+    return static_cast<elem_t*>(base) + b * sb + s * ss + h * sh;
+}
+
+// Loads row `r` (head_dim values, this lane's dims lane, lane + 32, ...) as f32.
+__device__ __forceinline__ void load_row(float (&x)[kRefMaxDimPerLane], const elem_t* r, int head_dim, int lane) {
+#pragma unroll
+    for (int c = 0; c < kRefMaxDimPerLane; ++c) {
+        const int d = lane + 32 * c;
+        x[c] = d < head_dim ? to_float(r[d]) : 0.f;
+    }
+}
+
+__device__ __forceinline__ float row_dot(const float (&a)[kRefMaxDimPerLane], const float (&b)[kRefMaxDimPerLane]) {
+    float partial = 0.f;
+#pragma unroll
+    for (int c = 0; c < kRefMaxDimPerLane; ++c) partial += a[c] * b[c];
+    return warp_sum(partial);
+}
+
+__device__ __forceinline__ void store_row(elem_t* r, const float (&x)[kRefMaxDimPerLane], float scale, int head_dim, int lane) {
+#pragma unroll
+    for (int c = 0; c < kRefMaxDimPerLane; ++c) {
+        const int d = lane + 32 * c;
+        if (d < head_dim) r[d] = from_float<elem_t>(x[c] * scale);
+    }
+}
+
+}  // namespace fc
+
+extern "C" __global__ void __launch_bounds__(32 * fc::kRefWarps) fc_reference_bwd_dq(const BwdParams p) {
+    using namespace fc;
+    const int lane = threadIdx.x % 32;
+    const int row = blockIdx.x * kRefWarps + threadIdx.x / 32;
+    const int head = blockIdx.y, batch = blockIdx.z;
+    if (row >= p.seqlen_q) return;
+    const int kv_head = head / (p.heads_q / p.heads_kv);
+
+    float q[kRefMaxDimPerLane], dout[kRefMaxDimPerLane], o[kRefMaxDimPerLane], dq[kRefMaxDimPerLane];
+    load_row(q, row_ptr(p.q, p.q_stride_b, p.q_stride_s, p.q_stride_h, batch, row, head), p.head_dim, lane);
+    load_row(dout, row_ptr(p.dout, p.do_stride_b, p.do_stride_s, p.do_stride_h, batch, row, head), p.head_dim, lane);
+    load_row(o, row_ptr(p.o, p.o_stride_b, p.o_stride_s, p.o_stride_h, batch, row, head), p.head_dim, lane);
+    const long long stat = ((long long)batch * p.heads_q + head) * p.seqlen_q + row;
+    const float dsum = row_dot(dout, o);
+    if (lane == 0) p.dsum[stat] = dsum;
+    const float lse = p.lse[stat];
+
+#pragma unroll
+    for (int c = 0; c < kRefMaxDimPerLane; ++c) dq[c] = 0.f;
+    const bool sees_keys = lse != -__int_as_float(0x7f800000);
+    const int last = !sees_keys ? -1 : p.causal ? min(p.seqlen_k - 1, row + p.seqlen_k - p.seqlen_q) : p.seqlen_k - 1;
+    for (int j = 0; j <= last; ++j) {
+        float k[kRefMaxDimPerLane], v[kRefMaxDimPerLane];
+        load_row(k, row_ptr(p.k, p.k_stride_b, p.k_stride_s, p.k_stride_h, batch, j, kv_head), p.head_dim, lane);
+        load_row(v, row_ptr(p.v, p.v_stride_b, p.v_stride_s, p.v_stride_h, batch, j, kv_head), p.head_dim, lane);
+        const float prob = expf(p.softmax_scale * row_dot(q, k) - lse);
+        const float ds = prob * (row_dot(dout, v) - dsum);
+#pragma unroll
+        for (int c = 0; c < kRefMaxDimPerLane; ++c) dq[c] += ds * k[c];
+    }
+    store_row(mut_row_ptr(p.dq, p.dq_stride_b, p.dq_stride_s, p.dq_stride_h, batch, row, head), dq, p.softmax_scale, p.head_dim, lane);
+}
+
+extern "C" __global__ void __launch_bounds__(32 * fc::kRefWarps) fc_reference_bwd_dkv(const BwdParams p) {
+    using namespace fc;
+    const int lane = threadIdx.x % 32;
+    const int key = blockIdx.x * kRefWarps + threadIdx.x / 32;
+    const int kv_head = blockIdx.y, batch = blockIdx.z;
+    if (key >= p.seqlen_k) return;
+    const int group = p.heads_q / p.heads_kv;
+
+    float k[kRefMaxDimPerLane], v[kRefMaxDimPerLane], dk[kRefMaxDimPerLane], dv[kRefMaxDimPerLane];
+    load_row(k, row_ptr(p.k, p.k_stride_b, p.k_stride_s, p.k_stride_h, batch, key, kv_head), p.head_dim, lane);
+    load_row(v, row_ptr(p.v, p.v_stride_b, p.v_stride_s, p.v_stride_h, batch, key, kv_head), p.head_dim, lane);
+#pragma unroll
+    for (int c = 0; c < kRefMaxDimPerLane; ++c) dk[c] = dv[c] = 0.f;
+    // Query i sees this key iff key <= i + Sk - Sq.
+    const int first = p.causal ? max(0, key - p.seqlen_k + p.seqlen_q) : 0;
+    for (int head = kv_head * group; head < (kv_head + 1) * group; ++head) {
+        for (int i = first; i < p.seqlen_q; ++i) {
+            const long long stat = ((long long)batch * p.heads_q + head) * p.seqlen_q + i;
+            const float lse = p.lse[stat];
+            if (lse == -__int_as_float(0x7f800000)) continue;
+            float q[kRefMaxDimPerLane], dout[kRefMaxDimPerLane];
+            load_row(q, row_ptr(p.q, p.q_stride_b, p.q_stride_s, p.q_stride_h, batch, i, head), p.head_dim, lane);
+            load_row(dout, row_ptr(p.dout, p.do_stride_b, p.do_stride_s, p.do_stride_h, batch, i, head), p.head_dim, lane);
+            const float prob = expf(p.softmax_scale * row_dot(q, k) - lse);
+            const float ds = prob * (row_dot(dout, v) - p.dsum[stat]);
+#pragma unroll
+            for (int c = 0; c < kRefMaxDimPerLane; ++c) {
+                dv[c] += prob * dout[c];
+                dk[c] += ds * q[c];
+            }
+        }
+    }
+    store_row(mut_row_ptr(p.dk, p.dk_stride_b, p.dk_stride_s, p.dk_stride_h, batch, key, kv_head), dk, p.softmax_scale, p.head_dim, lane);
+    store_row(mut_row_ptr(p.dv, p.dv_stride_b, p.dv_stride_s, p.dv_stride_h, batch, key, kv_head), dv, 1.f, p.head_dim, lane);
 }

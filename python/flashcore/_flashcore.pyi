@@ -25,6 +25,26 @@ def attention_forward(
     allocated until the call returns. Raises ValueError / TypeError / NotImplementedError /
     RuntimeError with the Rust error's text."""
 
+def attention_backward(
+    device: int,
+    stream: int,
+    q: TensorArg,
+    k: TensorArg,
+    v: TensorArg,
+    o: TensorArg,
+    lse: Tuple[int, int],
+    dout: TensorArg,
+    dq: TensorArg,
+    dk: TensorArg,
+    dv: TensorArg,
+    scratch: Callable[[int], int],
+    softmax_scale: Optional[float],
+    causal: bool,
+    deterministic: bool,
+) -> None:
+    """Gradients dq, dk, dv (written) of attention with the forward's o and lse (f32
+    [B, Hq, Sq]) given dout; scratch as for attention_forward."""
+
 def plan(device: int, q_shape: Sequence[int], k_shape: Sequence[int], dtype_name: str, causal: bool, num_splits: Optional[int] = None) -> str:
     """The kernel variant, tile and grid FlashCore would run for this problem."""
 

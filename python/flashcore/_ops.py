@@ -9,6 +9,7 @@ PyTorch's caching allocator. Nothing here synchronises.
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Optional, Tuple
 
 import torch
@@ -70,27 +71,82 @@ def forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool,
 
 
 @torch.library.custom_op("flashcore::fwd", mutates_args=(), device_types="cuda")
-def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, num_splits: int) -> Tuple[Tensor, Tensor]:
-    """The registered op: see `forward`."""
+def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, num_splits: int, deterministic: bool) -> Tuple[Tensor, Tensor]:
+    """The registered op: see `forward`. `deterministic` is for its backward."""
     return forward(q, k, v, softmax_scale, causal, num_splits)
 
 
 @fwd.register_fake
-def _fwd_fake(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, num_splits: int) -> Tuple[Tensor, Tensor]:
+def _fwd_fake(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, num_splits: int, deterministic: bool) -> Tuple[Tensor, Tensor]:
     b, sq, hq, d = q.shape
     return q.new_empty((b, sq, hq, d)), q.new_empty((b, hq, sq), dtype=torch.float32)
 
 
+def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, dout: Tensor, softmax_scale: float, causal: bool, deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """Gradients `(dq, dk, dv)`, laid out like `q`, `k`, `v` (dk and dv summed over the query
+    heads that share a KV head)."""
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if o.numel() == 0 or k.shape[1] == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()  # autograd may hand over any layout; the kernels read rows
+    keep = []
+
+    def scratch(nbytes: int) -> int:
+        buf = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
+        keep.append(buf)
+        return buf.data_ptr()
+
+    _flashcore.attention_backward(
+        q.device.index,
+        _current_stream(q.device),
+        _arg(q),
+        _arg(k),
+        _arg(v),
+        _arg(o),
+        (lse.data_ptr(), lse.numel()),
+        _arg(dout),
+        _arg(dq),
+        _arg(dk),
+        _arg(dv),
+        scratch,
+        softmax_scale,
+        causal,
+        deterministic,
+    )
+    return dq, dk, dv
+
+
+@torch.library.custom_op("flashcore::bwd", mutates_args=(), device_types="cuda")
+def bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, dout: Tensor, softmax_scale: float, causal: bool, deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """The registered backward op: see `backward`."""
+    return backward(q, k, v, o, lse, dout, softmax_scale, causal, deterministic)
+
+
+@bwd.register_fake
+def _bwd_fake(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, dout: Tensor, softmax_scale: float, causal: bool, deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
 def _fwd_setup_context(ctx, inputs, output) -> None:
-    pass
+    q, k, v, softmax_scale, causal, _, deterministic = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.softmax_scale, ctx.causal, ctx.deterministic = softmax_scale, causal, deterministic
+    ctx.mark_non_differentiable(lse)
+
+
+_SLOW_BACKWARD = (
+    "flashcore: the backward pass runs on FlashCore's naive reference kernels for now: exact and "
+    "deterministic, but far slower than cuDNN or FlashAttention; the fast backward kernels are in progress"
+)
 
 
 def _fwd_backward(ctx, grad_o, grad_lse):
-    raise NotImplementedError(
-        "flashcore: the attention backward pass is not implemented yet (this release is forward-only). "
-        "Train with attn_implementation='sdpa' / torch's scaled_dot_product_attention, or run FlashCore "
-        "under torch.no_grad() / torch.inference_mode()."
-    )
+    warnings.warn(_SLOW_BACKWARD, stacklevel=2)  # shown once per call site by Python's default filter
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = bwd(q, k, v, o, lse, grad_o, ctx.softmax_scale, ctx.causal, ctx.deterministic)
+    return dq, dk, dv, None, None, None, None
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)

@@ -63,12 +63,14 @@ def _fast_path(*tensors: Tensor) -> bool:
     return all(type(t) is Tensor for t in tensors)
 
 
-def _attention(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, num_splits: int, want_lse: bool = True) -> Tuple[Tensor, Optional[Tensor]]:
+def _attention(
+    q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, num_splits: int, want_lse: bool = True, deterministic: bool = False
+) -> Tuple[Tensor, Optional[Tensor]]:
     """(o, lse) through the op, or directly where nothing needs the op; lse may then be None
     when not wanted (it is neither allocated nor written)."""
     if _fast_path(q, k, v):
         return _ops.forward(q, k, v, scale, causal, num_splits, want_lse)
-    return _ops.fwd(q, k, v, scale, causal, num_splits)
+    return _ops.fwd(q, k, v, scale, causal, num_splits, deterministic)
 
 
 def flash_attn_func(
@@ -98,20 +100,22 @@ def flash_attn_func(
             key j iff j <= i + Sk - Sq); rows that see no key give 0.
         window_size, softcap, alibi_slopes: not supported yet; anything but the default
             raises NotImplementedError.
-        deterministic: accepted (the forward is always deterministic).
+        deterministic: bitwise-reproducible gradients in the backward (the forward is
+            always deterministic).
         return_attn_probs: also return the log-sum-exp.
 
     Returns:
         `out [B, Sq, Hq, D]` (contiguous, q's dtype), or `(out, softmax_lse, None)` with
         `softmax_lse [B, Hq, Sq]` float32 (natural log) when `return_attn_probs`.
 
-    Runs on the current CUDA stream without synchronising. The backward pass is not
-    implemented yet: `.backward()` through it raises NotImplementedError.
+    Runs on the current CUDA stream without synchronising. Differentiable: for now the
+    backward runs FlashCore's naive reference kernels (exact, deterministic, slow; the fast
+    backward kernels are in progress).
     """
     _check((("q", q), ("k", k), ("v", v)), "[B, S, H, D]")
     if dropout_p or softcap or alibi_slopes is not None or window_size[0] != -1 or window_size[1] != -1:
         _refuse_unsupported(dropout_p, window_size, softcap, alibi_slopes)
-    out, lse = _attention(q, k, v, _scale(softmax_scale, q.shape[-1]), bool(causal), 0, return_attn_probs)
+    out, lse = _attention(q, k, v, _scale(softmax_scale, q.shape[-1]), bool(causal), 0, return_attn_probs, bool(deterministic))
     return (out, lse, None) if return_attn_probs else out
 
 

@@ -7,7 +7,9 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use flashcore::{AttnParams, Context, DType, Error, ExternalStream, Layout, ProblemShape, TensorView, TensorViewMut};
+use flashcore::{
+    AttnParams, BwdInputs, Context, DType, Error, ExternalStream, GradsMut, Layout, LseView, ProblemShape, TensorView, TensorViewMut,
+};
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
@@ -87,12 +89,7 @@ fn attention_forward(
     let mut scratch_error: Option<PyErr> = None;
     // Detached from the interpreter: the first call of a variant compiles it (seconds).
     let result = py.detach(|| {
-        let mut scratch = |bytes: usize| {
-            Python::attach(|py| scratch.call1(py, (bytes,)).and_then(|r| r.extract::<u64>(py))).map_err(|e| {
-                scratch_error = Some(e);
-                Error::Param { arg: "scratch", msg: format!("allocating {bytes} bytes of scratch memory failed") }
-            })
-        };
+        let mut scratch = scratch_fn(&scratch, &mut scratch_error);
         // SAFETY: the Python side passes live CUDA tensors of `device` whose layouts these
         // are (checked there: device, dtype, dims), keeps them alive across this call, and
         // orders their reuse on `stream` through PyTorch's caching allocator; `stream` is
@@ -114,6 +111,73 @@ fn attention_forward(
     match (result, scratch_error) {
         (Err(_), Some(e)) => Err(e),
         (result, _) => result.map_err(to_py),
+    }
+}
+
+/// The backward pass on `stream` of `device`: `dq`, `dk`, `dv` (written) from `q`, `k`, `v`,
+/// the forward's `o` and `lse` (`(address, elements)`, f32 `[B, Hq, Sq]`) and `dout`. Scratch
+/// as for `attention_forward` (4·B·Hq·Sq bytes).
+#[pyfunction]
+#[pyo3(signature = (device, stream, q, k, v, o, lse, dout, dq, dk, dv, scratch, softmax_scale, causal, deterministic))]
+#[allow(clippy::too_many_arguments)]
+fn attention_backward(
+    py: Python<'_>,
+    device: usize,
+    stream: usize,
+    q: TensorArg,
+    k: TensorArg,
+    v: TensorArg,
+    o: TensorArg,
+    lse: (u64, usize),
+    dout: TensorArg,
+    dq: TensorArg,
+    dk: TensorArg,
+    dv: TensorArg,
+    scratch: Py<PyAny>,
+    softmax_scale: Option<f32>,
+    causal: bool,
+    deterministic: bool,
+) -> PyResult<()> {
+    let names = ["q", "k", "v", "o", "dout", "dq", "dk", "dv"];
+    let args = [&q, &k, &v, &o, &dout, &dq, &dk, &dv];
+    let mut layouts = Vec::with_capacity(args.len());
+    for (t, name) in args.iter().zip(names) {
+        layouts.push(layout(t, name)?);
+    }
+    let ctx = context(device)?;
+    let params = AttnParams { deterministic, ..params(softmax_scale, causal, None) };
+    let mut scratch_error: Option<PyErr> = None;
+    let result = py.detach(|| {
+        let mut scratch = scratch_fn(&scratch, &mut scratch_error);
+        // SAFETY: as in `attention_forward`: live CUDA tensors of `device` with these layouts,
+        // kept alive by the Python side across the call, on PyTorch's current stream.
+        unsafe {
+            let view = |i: usize| TensorView::from_raw(args[i].0, layouts[i], device);
+            let grad = |i: usize| TensorViewMut::from_raw(args[i].0, layouts[i], device);
+            let inputs = BwdInputs { q: view(0), k: view(1), v: view(2), o: view(3), lse: LseView::from_raw(lse.0, lse.1), dout: view(4) };
+            ctx.attention_backward_on_stream(
+                ExternalStream::from_raw(stream),
+                &inputs,
+                GradsMut { dq: grad(5), dk: grad(6), dv: grad(7) },
+                &mut scratch,
+                &params,
+            )
+        }
+    });
+    match (result, scratch_error) {
+        (Err(_), Some(e)) => Err(e),
+        (result, _) => result.map_err(to_py),
+    }
+}
+
+/// The scratch allocator as the Rust API takes it: calls the Python `scratch(nbytes)`; a
+/// Python exception there is kept in `error` (and re-raised by the caller) as it is.
+fn scratch_fn<'a>(scratch: &'a Py<PyAny>, error: &'a mut Option<PyErr>) -> impl FnMut(usize) -> flashcore::Result<u64> + 'a {
+    move |bytes: usize| {
+        Python::attach(|py| scratch.call1(py, (bytes,)).and_then(|r| r.extract::<u64>(py))).map_err(|e| {
+            *error = Some(e);
+            Error::Param { arg: "scratch", msg: format!("allocating {bytes} bytes of scratch memory failed") }
+        })
     }
 }
 
@@ -151,6 +215,7 @@ fn device_info(device: usize) -> PyResult<String> {
 #[pyo3(name = "_flashcore")]
 fn extension_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(attention_forward, m)?)?;
+    m.add_function(wrap_pyfunction!(attention_backward, m)?)?;
     m.add_function(wrap_pyfunction!(plan, m)?)?;
     m.add_function(wrap_pyfunction!(device_info, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

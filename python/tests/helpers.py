@@ -43,3 +43,22 @@ def rel_l2(x, ref):
 def randn(*shape, dtype=torch.bfloat16, scale=1.0, seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     return torch.randn(*shape, device="cuda", dtype=torch.float32, generator=g).mul_(scale).to(dtype)
+
+
+def reference_autograd(q, k, v, scale, causal, top_left=False):
+    """float64 attention on BSHD tensors that autograd can differentiate, rows that see no
+    key included (their output is 0 and their gradient 0, with no NaN on the way)."""
+    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # BHSD
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    sq, sk = q.shape[2], k.shape[2]
+    visible = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+    if causal:
+        i = torch.arange(sq, device=q.device)[:, None]
+        j = torch.arange(sk, device=q.device)[None, :]
+        visible = j <= i if top_left else j <= i + (sk - sq)
+    seen = visible.any(-1, keepdim=True)
+    s = s.masked_fill(~visible, -math.inf).masked_fill(~seen, 0.0)
+    p = torch.softmax(s, dim=-1) * seen
+    return torch.matmul(p, v).transpose(1, 2)

@@ -103,12 +103,3 @@ def test_sdpa_mask_and_dropout_are_refused():
         flashcore.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(64, 64, dtype=torch.bool, device="cuda"))
     with pytest.raises(NotImplementedError, match="dropout_p"):
         flashcore.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
-
-
-def test_backward_raises_a_clear_error():
-    q, k, v = (t.requires_grad_() for t in good())
-    out = flashcore.flash_attn_func(q, k, v, causal=True)
-    assert out.requires_grad
-    with pytest.raises(NotImplementedError, match="backward pass is not implemented yet"):
-        out.sum().backward()
-    torch_still_works()

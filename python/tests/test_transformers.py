@@ -78,6 +78,30 @@ def test_logits_agree_with_sdpa(models, length):
     assert err_ours <= 1.5 * err_sdpa + 1e-3
 
 
+def test_training_step_gradients_agree_with_sdpa(models):
+    # Every parameter's gradient of one loss.backward(), against the float32 model's, within
+    # the same yardstick as the logits: 1.5x SDPA's own bf16 error, plus 1e-3.
+    name, fp32, bf16 = models
+    g = torch.Generator(device="cuda").manual_seed(7)
+    ids = torch.randint(0, 32000, (1, 512), device="cuda", generator=g)
+
+    def gradients(model, impl):
+        model.set_attn_implementation(impl)
+        model.zero_grad(set_to_none=True)
+        model(ids, labels=ids).loss.backward()
+        out = {n: p.grad.detach().float().clone() for n, p in model.named_parameters()}
+        model.zero_grad(set_to_none=True)
+        return out
+
+    ref, sdpa, ours = gradients(fp32, "sdpa"), gradients(bf16, "sdpa"), gradients(bf16, FLASHCORE)
+    assert ref.keys() == ours.keys() and len(ours) > 0
+    rows = [(rel_l2(ours[n], ref[n]), rel_l2(sdpa[n], ref[n]), n) for n in ref]
+    worst = max(rows, key=lambda r: r[0] - 1.5 * r[1])
+    print(f"{name} training step, {len(rows)} parameters: worst against fp32 {worst[2]}: flashcore {worst[0]:.3e}, sdpa {worst[1]:.3e}")
+    for err_ours, err_sdpa, n in rows:
+        assert err_ours <= 1.5 * err_sdpa + 1e-3, f"{n}: flashcore {err_ours:.3e}, sdpa {err_sdpa:.3e}"
+
+
 def test_padding_mask_is_refused_not_ignored(models):
     _, _, bf16 = models
     ids = torch.randint(0, 32000, (2, 16), device="cuda")

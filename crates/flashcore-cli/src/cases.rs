@@ -107,7 +107,7 @@ pub fn random_qkv(case: &Case, inputs: Inputs, seed: u64) -> HostQkv {
 
 /// `n` standard normal values times `scale`, rounded to `dtype`; drawn in parallel chunks,
 /// each from its own seeded generator, so the result depends only on `seed`.
-fn normal(n: usize, scale: f32, dtype: DType, seed: u64) -> Vec<f32> {
+pub fn normal(n: usize, scale: f32, dtype: DType, seed: u64) -> Vec<f32> {
     const CHUNK: usize = 1 << 16;
     let mut out = vec![0f32; n];
     out.par_chunks_mut(CHUNK).enumerate().for_each(|(i, chunk)| {

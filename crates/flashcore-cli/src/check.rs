@@ -5,6 +5,7 @@ use flashcore::{reference, AttnParams, Context, DType, DeviceTensor, KernelFamil
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::cases::{errors, random_qkv, Case, HostQkv, Inputs, Storage, Stored};
+use crate::check_bwd;
 
 /// Above this many multiply-adds the f64 CPU oracle is too slow; the GPU reference kernel
 /// (itself checked against the CPU oracle on the small cases) takes over.
@@ -47,15 +48,16 @@ impl Spec {
     }
 }
 
-struct Outcome {
-    spec_name: String,
-    kernel: KernelFamily,
-    oracle: &'static str,
-    rel: f64,
-    max_abs: f64,
-    lse_err: f64,
-    deterministic: bool,
-    failure: Option<String>,
+/// One case's result (the backward's too: `check_bwd`).
+pub struct Outcome {
+    pub spec_name: String,
+    pub kernel: KernelFamily,
+    pub oracle: &'static str,
+    pub rel: f64,
+    pub max_abs: f64,
+    pub lse_err: f64,
+    pub deterministic: bool,
+    pub failure: Option<String>,
 }
 
 fn tolerance(dtype: DType) -> f64 {
@@ -181,13 +183,24 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
         _ => Depth::Full,
     };
     let all: Vec<(KernelFamily, Spec)> = families.iter().flat_map(|&f| specs(f, depth).into_iter().map(move |s| (f, s))).collect();
+    // The backward runs on the reference kernels: checked with them.
+    let backward = if families.contains(&KernelFamily::Reference) {
+        check_bwd::specs(depth == Depth::Quick, depth == Depth::Smoke)
+    } else {
+        Vec::new()
+    };
     let label = ["smoke", "quick", "full"][depth as usize];
-    println!("{label} check on {} ({arch}): {} cases", ctx.info().name, all.len());
-    let bar = ProgressBar::new(all.len() as u64).with_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").unwrap());
+    println!("{label} check on {} ({arch}): {} forward and {} backward cases", ctx.info().name, all.len(), backward.len());
+    let bar = ProgressBar::new((all.len() + backward.len()) as u64)
+        .with_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").unwrap());
     let mut outcomes = Vec::new();
     for (family, spec) in &all {
         bar.set_message(format!("{family} {}", spec.case.name));
         outcomes.push(check_one(&ctx, *family, spec)?);
+        bar.inc(1);
+    }
+    for spec in &backward {
+        outcomes.push(check_bwd::check_one(&ctx, spec)?);
         bar.inc(1);
     }
     bar.finish_and_clear();
@@ -213,7 +226,13 @@ fn run_poisoned(ctx: &Context, family: KernelFamily, spec: &Spec, q: &Stored, k:
     let case = &spec.case;
     let mut o = DeviceTensor::filled(ctx, nan_bits(case.dtype), case.q_shape(), case.dtype)?;
     let mut lse = ctx.stream().clone_htod(&vec![f32::NAN; case.batch * case.heads_q * case.seqlen_q])?;
-    let params = AttnParams { causal: case.causal, kernel: Some(family), num_splits: spec.splits, softmax_scale: Some(spec.scale()) };
+    let params = AttnParams {
+        causal: case.causal,
+        kernel: Some(family),
+        num_splits: spec.splits,
+        softmax_scale: Some(spec.scale()),
+        ..AttnParams::default()
+    };
     ctx.attention_into(q.view(), k.view(), v.view(), o.view_mut(), Some(&mut lse), &params)?;
     Ok((o.to_bits(ctx)?, ctx.stream().clone_dtoh(&lse)?))
 }

@@ -4,6 +4,7 @@ mod attn;
 mod bench;
 mod cases;
 mod check;
+mod check_bwd;
 mod compile;
 mod info;
 mod io;

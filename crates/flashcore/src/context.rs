@@ -63,6 +63,16 @@ pub struct LoadedKernel {
     function: CudaFunction,
     /// `fc_split_combine`, for split-KV variants.
     combine: Option<CudaFunction>,
+    /// `fc_reference_bwd_dq` and `fc_reference_bwd_dkv`, in the reference kernel's module.
+    reference_backward: Option<[CudaFunction; 2]>,
+}
+
+impl LoadedKernel {
+    /// The reference backward's two entry points (dQ, then dK and dV), if this is the
+    /// reference kernel.
+    pub(crate) fn reference_backward(&self) -> Option<[&CudaFunction; 2]> {
+        self.reference_backward.as_ref().map(|[a, b]| [a, b])
+    }
 }
 
 /// Log-sum-exp and output of one attention call.
@@ -172,6 +182,15 @@ impl Context {
     /// The CUDA context.
     pub fn cuda(&self) -> &Arc<CudaContext> {
         &self.cuda
+    }
+
+    /// The own stream's scratch memory (split-KV partials, the backward's D_i).
+    pub(crate) fn split_workspace(&self) -> &Mutex<Option<CudaSlice<f32>>> {
+        &self.split_workspace
+    }
+
+    pub(crate) fn stream_counters(&self) -> &StreamCounters {
+        &self.stream_counters
     }
 
     /// Waits for all queued work.
@@ -336,7 +355,7 @@ impl Context {
     /// The device address of the own stream's split-KV workspace (partial O then LSE, f32),
     /// grown first to at least `bytes`. Growing allocates, so it must not happen during a
     /// graph capture: a warm-up call of the same shape before the capture sizes it.
-    fn grow_workspace(&self, workspace: &mut Option<CudaSlice<f32>>, bytes: usize) -> Result<u64> {
+    pub(crate) fn grow_workspace(&self, workspace: &mut Option<CudaSlice<f32>>, bytes: usize) -> Result<u64> {
         let need = bytes.div_ceil(std::mem::size_of::<f32>());
         if workspace.as_ref().map_or(true, |w| w.len() < need) {
             *workspace = None; // freed in stream order before the larger one is taken
@@ -401,12 +420,20 @@ impl Context {
             true => Some(module.load_function(SPLIT_COMBINE_ENTRY).ctx(format!("finding {SPLIT_COMBINE_ENTRY} in {}", source.name))?),
             false => None,
         };
+        let reference_backward = match variant.family {
+            KernelFamily::Reference => {
+                let entry = |name: &str| module.load_function(name).ctx(format!("finding {name} in {}", source.name));
+                Some([entry(REFERENCE_BWD_ENTRIES[0])?, entry(REFERENCE_BWD_ENTRIES[1])?])
+            }
+            _ => None,
+        };
         let kernel = Arc::new(LoadedKernel {
             variant: variant.clone(),
             resources: compiled.resources,
             from_cache: compiled.from_cache,
             function,
             combine,
+            reference_backward,
         });
         self.loaded.lock().unwrap().insert(variant.clone(), kernel.clone());
         Ok(kernel)
@@ -447,6 +474,9 @@ fn launch_dependent(
 
 /// The split-KV merge entry point in a split variant's module.
 const SPLIT_COMBINE_ENTRY: &str = "fc_split_combine";
+
+/// The backward entry points in the reference kernel's module, in launch order.
+const REFERENCE_BWD_ENTRIES: [&str; 2] = ["fc_reference_bwd_dq", "fc_reference_bwd_dkv"];
 
 fn device_info(cuda: &Arc<CudaContext>) -> Result<DeviceInfo> {
     let attr = |a| cuda.attribute(a).map(|v| v as u32).ctx("reading a device attribute");

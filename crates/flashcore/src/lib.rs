@@ -22,6 +22,7 @@
 //! [`reference::attention`] is the f64 CPU oracle every kernel is checked against.
 #![deny(missing_docs)]
 
+mod backward;
 pub mod bench;
 mod context;
 pub mod dispatch;
@@ -34,9 +35,10 @@ pub mod reference;
 mod tensor;
 mod validate;
 
+pub use backward::{AttnGrads, BwdInputs, GradsMut};
 pub use context::{AttnOutput, Context, DeviceInfo, LoadedKernel};
 pub use error::{Error, Result};
 pub use external::ExternalStream;
 pub use kernels::{KernelFamily, Tile, Variant};
 pub use params::{AttnParams, ProblemShape};
-pub use tensor::{DType, DeviceTensor, Layout, TensorView, TensorViewMut};
+pub use tensor::{DType, DeviceTensor, Layout, LseView, TensorView, TensorViewMut};

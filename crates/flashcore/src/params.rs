@@ -33,6 +33,9 @@ pub struct AttnParams {
     /// other grids too small to fill it are split); `Some(1)` never splits. Only the
     /// `fwd_sm80` family splits; capped at the number of key tiles.
     pub num_splits: Option<usize>,
+    /// Backward only: bitwise-reproducible gradients (no order-dependent float atomics), at
+    /// a cost. The forward is always deterministic.
+    pub deterministic: bool,
 }
 
 impl AttnParams {

@@ -82,6 +82,85 @@ pub fn attention(q: &[f64], k: &[f64], v: &[f64], shape: &ProblemShape, softmax_
     ReferenceOutput { o, lse }
 }
 
+/// Gradients of the reference: `dq [B, Sq, Hq, D]`, `dk, dv [B, Sk, Hkv, D]`, contiguous.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReferenceGrads {
+    /// Gradient with respect to `q`.
+    pub dq: Vec<f64>,
+    /// Gradient with respect to `k` (summed over the query heads that share each KV head).
+    pub dk: Vec<f64>,
+    /// Gradient with respect to `v` (likewise summed).
+    pub dv: Vec<f64>,
+}
+
+/// Gradients of `Σ dout ∘ o` with `o = attention(q, k, v)`, by the textbook formulas, per
+/// (batch, query head), over the visible keys: `P = softmax(S)`, `dV = Pᵀ dO`,
+/// `dP = dO Vᵀ`, `dS = P ∘ (dP − rowsum(dO ∘ O))`, `dQ = scale · dS K`,
+/// `dK = scale · dSᵀ Q`; query heads sharing a KV head add their dK and dV. `o` comes from
+/// this module's own forward, so the result is the exact gradient of the f64 forward. Rows
+/// that see no key contribute nothing (their dQ is 0).
+///
+/// # Panics
+/// As [`attention`], and if `dout` does not have `q`'s length.
+pub fn attention_backward(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    dout: &[f64],
+    shape: &ProblemShape,
+    softmax_scale: f64,
+    causal: bool,
+) -> ReferenceGrads {
+    let ProblemShape { batch, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d } = *shape;
+    assert_eq!(dout.len(), q.len(), "dout has {} elements, q has {}", dout.len(), q.len());
+    let fwd = attention(q, k, v, shape, softmax_scale, causal);
+    let group = hq / hkv;
+    let q_at = |b: usize, i: usize, h: usize| ((b * sq + i) * hq + h) * d;
+    let kv_at = |b: usize, j: usize, h: usize| ((b * sk + j) * hkv + h / group) * d;
+
+    // One job per (batch, query head): its dQ rows, and its share of dK and dV.
+    let heads: Vec<(Vec<f64>, Vec<f64>, Vec<f64>)> = (0..batch * hq)
+        .into_par_iter()
+        .map(|bh| {
+            let (b, h) = (bh / hq, bh % hq);
+            let (mut dq, mut dk, mut dv) = (vec![0.0; sq * d], vec![0.0; sk * d], vec![0.0; sk * d]);
+            for i in 0..sq {
+                let visible = if causal { (i + 1 + sk).saturating_sub(sq).min(sk) } else { sk };
+                let lse = fwd.lse[(b * hq + h) * sq + i];
+                let (q_i, do_i, o_i) = (&q[q_at(b, i, h)..][..d], &dout[q_at(b, i, h)..][..d], &fwd.o[q_at(b, i, h)..][..d]);
+                let d_i = dot(do_i, o_i);
+                for j in 0..visible {
+                    let (k_j, v_j) = (&k[kv_at(b, j, h)..][..d], &v[kv_at(b, j, h)..][..d]);
+                    let p = (softmax_scale * dot(q_i, k_j) - lse).exp();
+                    let ds = p * (dot(do_i, v_j) - d_i);
+                    for c in 0..d {
+                        dv[j * d + c] += p * do_i[c];
+                        dq[i * d + c] += softmax_scale * ds * k_j[c];
+                        dk[j * d + c] += softmax_scale * ds * q_i[c];
+                    }
+                }
+            }
+            (dq, dk, dv)
+        })
+        .collect();
+
+    let mut grads = ReferenceGrads { dq: vec![0.0; q.len()], dk: vec![0.0; k.len()], dv: vec![0.0; v.len()] };
+    for (bh, (dq, dk, dv)) in heads.into_iter().enumerate() {
+        let (b, h) = (bh / hq, bh % hq);
+        for i in 0..sq {
+            grads.dq[q_at(b, i, h)..][..d].copy_from_slice(&dq[i * d..][..d]);
+        }
+        for j in 0..sk {
+            for (acc, part) in [(&mut grads.dk, &dk), (&mut grads.dv, &dv)] {
+                for (a, x) in acc[kv_at(b, j, h)..][..d].iter_mut().zip(&part[j * d..][..d]) {
+                    *a += x;
+                }
+            }
+        }
+    }
+    grads
+}
+
 fn dot(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(a, b)| a * b).sum()
 }
@@ -293,6 +372,46 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `Σ dout ∘ o`, the loss whose gradient `attention_backward` returns.
+    fn loss(q: &[f64], k: &[f64], v: &[f64], dout: &[f64], s: &ProblemShape, scale: f64, causal: bool) -> f64 {
+        dot(&attention(q, k, v, s, scale, causal).o, dout)
+    }
+
+    #[test]
+    fn gradients_match_finite_differences() {
+        // Sq > Sk under causal leaves rows that see no key; GQA sums two query heads per KV head.
+        for (sq, sk, causal) in [(3, 5, false), (3, 5, true), (5, 3, true), (4, 4, true)] {
+            let s = shape(2, sq, sk, 4, 2, 3);
+            let (q, k, v) = qkv(&s, 83);
+            let dout = random(q.len(), 89);
+            let grads = attention_backward(&q, &k, &v, &dout, &s, 0.8, causal);
+            let h = 1e-5;
+            for (name, x, g) in [("q", &q, &grads.dq), ("k", &k, &grads.dk), ("v", &v, &grads.dv)] {
+                for n in 0..x.len() {
+                    let (mut plus, mut minus) = (x.clone(), x.clone());
+                    plus[n] += h;
+                    minus[n] -= h;
+                    let at = |t: &[f64]| match name {
+                        "q" => loss(t, &k, &v, &dout, &s, 0.8, causal),
+                        "k" => loss(&q, t, &v, &dout, &s, 0.8, causal),
+                        _ => loss(&q, &k, t, &dout, &s, 0.8, causal),
+                    };
+                    let numeric = (at(&plus) - at(&minus)) / (2.0 * h);
+                    assert!((numeric - g[n]).abs() < 1e-8, "d{name}[{n}] (Sq {sq}, Sk {sk}, causal {causal}): {} vs {numeric}", g[n]);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rows_that_see_no_key_have_zero_gradient_and_no_nan() {
+        let s = shape(1, 5, 2, 2, 1, 4);
+        let (q, k, v) = qkv(&s, 97);
+        let grads = attention_backward(&q, &k, &v, &random(q.len(), 98), &s, 1.0, true);
+        assert!(grads.dq.iter().chain(&grads.dk).chain(&grads.dv).all(|x| x.is_finite()));
+        assert!(grads.dq[..3 * 2 * 4].iter().all(|&x| x == 0.0), "rows 0..3 see no key");
     }
 
     #[test]

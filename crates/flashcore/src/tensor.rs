@@ -175,6 +175,31 @@ impl Layout {
     }
 }
 
+/// A borrowed log-sum-exp buffer on the device: `[B, Hq, Sq]` f32, contiguous, as the
+/// forward writes it (the backward reads it).
+#[derive(Debug, Clone, Copy)]
+pub struct LseView<'a> {
+    pub(crate) ptr: u64,
+    pub(crate) len: usize,
+    _borrow: PhantomData<&'a ()>,
+}
+
+impl<'a> LseView<'a> {
+    /// A view of `slice` (e.g. [`AttnOutput::lse`](crate::AttnOutput)).
+    pub fn of(slice: &'a CudaSlice<f32>) -> Self {
+        let (ptr, _sync) = slice.device_ptr(slice.stream());
+        Self { ptr, len: slice.len(), _borrow: PhantomData }
+    }
+
+    /// A view of caller-owned memory.
+    ///
+    /// # Safety
+    /// `ptr` is device memory of `len` f32 values that outlives the view's use.
+    pub unsafe fn from_raw(ptr: u64, len: usize) -> Self {
+        Self { ptr, len, _borrow: PhantomData }
+    }
+}
+
 /// A contiguous BSHD tensor in device memory, owned by FlashCore.
 #[derive(Debug)]
 pub struct DeviceTensor {

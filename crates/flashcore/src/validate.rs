@@ -53,6 +53,53 @@ pub(crate) fn lse(len: usize, shape: &ProblemShape) -> Result<()> {
     Ok(())
 }
 
+/// Validates the backward's extra arguments against the forward problem `shape` (from
+/// [`problem`] on q, k, v, o): `dout` like `o`, the gradients like their inputs, and no
+/// gradient overlapping an input or another gradient.
+pub(crate) fn backward(
+    inputs: &[(&'static str, &TensorView); 5],
+    grads: &[(&'static str, &TensorView); 3],
+    shape: &ProblemShape,
+    device: usize,
+) -> Result<()> {
+    let [_, (_, k), _, (_, o), (_, dout)] = *inputs;
+    tensor("dout", dout, device)?;
+    if dout.layout.shape != o.layout.shape {
+        return Err(shape_err("dout", format!("{:?} differs from o's {:?}", dout.layout.shape, o.layout.shape)));
+    }
+    if dout.layout.dtype != o.layout.dtype {
+        return Err(Error::DType { arg: "dout", msg: format!("{} differs from o's {}", dout.layout.dtype, o.layout.dtype) });
+    }
+    for &(arg, g) in grads {
+        tensor(arg, g, device)?;
+        let like = if arg == "dq" { o } else { k };
+        if g.layout.shape != like.layout.shape {
+            return Err(shape_err(arg, format!("{:?} differs from the {:?} it is the gradient of", g.layout.shape, like.layout.shape)));
+        }
+        if g.layout.dtype != like.layout.dtype {
+            return Err(Error::DType { arg, msg: format!("{} differs from the inputs' {}", g.layout.dtype, like.layout.dtype) });
+        }
+        for &(other, t) in inputs.iter().chain(grads.iter()) {
+            if other != arg && overlaps(g, t) {
+                return Err(Error::Param { arg, msg: format!("its memory overlaps `{other}`: gradients need buffers of their own") });
+            }
+        }
+    }
+    let supported = crate::kernels::KernelFamily::Reference.head_dims();
+    if !supported.contains(&shape.head_dim) {
+        let list = supported.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ");
+        return Err(Error::HeadDim { head_dim: shape.head_dim, supported: list });
+    }
+    Ok(())
+}
+
+/// Whether the byte ranges `a` and `b` may reach overlap.
+fn overlaps(a: &TensorView, b: &TensorView) -> bool {
+    let range = |t: &TensorView| (t.ptr, t.ptr + (t.layout.span() * t.layout.dtype.size_bytes()) as u64);
+    let ((a0, a1), (b0, b1)) = (range(a), range(b));
+    a0 < b1 && b0 < a1
+}
+
 /// Validates a caller's log-sum-exp address: f32 elements, so 4-byte aligned.
 pub(crate) fn lse_alignment(ptr: u64) -> Result<()> {
     if ptr % 4 != 0 {
@@ -252,5 +299,50 @@ mod tests {
         for bad in [-0.125, f32::NAN, f32::INFINITY] {
             assert!(matches!(softmax_scale(bad), Err(Error::Param { arg: "softmax_scale", .. })), "{bad}");
         }
+    }
+
+    /// q, k, v, o, dout at separate addresses, and gradients dq, dk, dv at their own.
+    fn backward_args(grads_at: [u64; 3]) -> ([TensorView<'static>; 5], [TensorView<'static>; 3]) {
+        let q = Layout::contiguous([2, 100, 8, 64], DType::BF16);
+        let kv = Layout::contiguous([2, 300, 2, 64], DType::BF16);
+        let inputs =
+            [with(q, 0x10_0000, DEV), with(kv, 0x20_0000, DEV), with(kv, 0x30_0000, DEV), with(q, 0x40_0000, DEV), with(q, 0x50_0000, DEV)];
+        let grads = [with(q, grads_at[0], DEV), with(kv, grads_at[1], DEV), with(kv, grads_at[2], DEV)];
+        (inputs, grads)
+    }
+
+    fn check_backward(inputs: &[TensorView<'static>; 5], grads: &[TensorView<'static>; 3]) -> Result<()> {
+        let shape = problem(&inputs[0], &inputs[1], &inputs[2], &inputs[3], DEV)?;
+        let named = [("q", &inputs[0]), ("k", &inputs[1]), ("v", &inputs[2]), ("o", &inputs[3]), ("dout", &inputs[4])];
+        backward(&named, &[("dq", &grads[0]), ("dk", &grads[1]), ("dv", &grads[2])], &shape, DEV)
+    }
+
+    #[test]
+    fn backward_arguments_in_buffers_of_their_own_pass() {
+        let (inputs, grads) = backward_args([0x60_0000, 0x70_0000, 0x80_0000]);
+        assert!(check_backward(&inputs, &grads).is_ok());
+    }
+
+    #[test]
+    fn a_gradient_overlapping_an_input_or_another_gradient_is_named() {
+        // dk over the last bytes of v; dv over dk.
+        let (inputs, grads) = backward_args([0x60_0000, 0x30_0000 + 112, 0x80_0000]);
+        assert!(matches!(check_backward(&inputs, &grads), Err(Error::Param { arg: "dk", .. })));
+        let (inputs, grads) = backward_args([0x60_0000, 0x70_0000, 0x70_0000 + 16]);
+        assert!(matches!(check_backward(&inputs, &grads), Err(Error::Param { arg: "dk", .. })));
+    }
+
+    #[test]
+    fn backward_shapes_and_dtypes_are_named() {
+        let (mut inputs, grads) = backward_args([0x60_0000, 0x70_0000, 0x80_0000]);
+        inputs[4] = with(Layout::contiguous([2, 99, 8, 64], DType::BF16), 0x50_0000, DEV);
+        assert!(matches!(check_backward(&inputs, &grads), Err(Error::Shape { arg: "dout", .. })));
+        inputs[4] = with(Layout::contiguous([2, 100, 8, 64], DType::F16), 0x50_0000, DEV);
+        assert!(matches!(check_backward(&inputs, &grads), Err(Error::DType { arg: "dout", .. })));
+        let (inputs, mut grads) = backward_args([0x60_0000, 0x70_0000, 0x80_0000]);
+        grads[2] = with(Layout::contiguous([2, 300, 8, 64], DType::BF16), 0x80_0000, DEV);
+        assert!(matches!(check_backward(&inputs, &grads), Err(Error::Shape { arg: "dv", .. })));
+        grads[2] = with(Layout::contiguous([2, 300, 2, 64], DType::F16), 0x80_0000, DEV);
+        assert!(matches!(check_backward(&inputs, &grads), Err(Error::DType { arg: "dv", .. })));
     }
 }

@@ -46,6 +46,46 @@ const _: () = assert!(std::mem::size_of::<FwdParams>() == 200);
 // SAFETY: plain old data with the C layout the kernels expect.
 unsafe impl DeviceRepr for FwdParams {}
 
+/// The backward launch ABI, field for field `BwdParams` in `kernels/common/bwd_params.cuh`:
+/// change both together.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct BwdParams {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub o: u64,
+    pub dout: u64,
+    pub lse: u64,
+    pub dq: u64,
+    pub dk: u64,
+    pub dv: u64,
+    pub dsum: u64,
+    pub q_strides: [i64; 3],
+    pub k_strides: [i64; 3],
+    pub v_strides: [i64; 3],
+    pub o_strides: [i64; 3],
+    pub do_strides: [i64; 3],
+    pub dq_strides: [i64; 3],
+    pub dk_strides: [i64; 3],
+    pub dv_strides: [i64; 3],
+    pub batch: i32,
+    pub seqlen_q: i32,
+    pub seqlen_k: i32,
+    pub heads_q: i32,
+    pub heads_kv: i32,
+    pub head_dim: i32,
+    pub softmax_scale: f32,
+    pub softmax_scale_log2: f32,
+    pub causal: i32,
+    pub deterministic: i32,
+}
+
+const _: () = assert!(std::mem::size_of::<BwdParams>() == 80 + 8 * 24 + 40);
+
+// SAFETY: plain old data with the C layout the kernels expect.
+unsafe impl DeviceRepr for BwdParams {}
+
 /// Share of L2 the K and V of one longest-first section of heads should fit in (causal
 /// order: the CTAs running together work on one section, so they re-read its K and V from
 /// L2). 32 MiB of H100's 50 MB measured best (docs/perf-log.md).

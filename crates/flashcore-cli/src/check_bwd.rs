@@ -1,0 +1,130 @@
+//! The backward's part of `flashcore check`: gradients against the f64 oracle
+//! (`reference::attention_backward`), NaN-poisoned gradient buffers, bitwise determinism.
+//!
+//! Tolerance: relative L2 error of each of dq, dk and dv, bf16 ≤ 1e-2 and fp16 ≤ 2e-3, as
+//! for the forward (DESIGN §5). The kernels compute in f32 from the rounded inputs, so
+//! what remains is the rounding of the forward's o (which D_i = rowsum(dO ∘ O) reads) and
+//! of the gradients themselves: ~2^-9 (bf16) and ~2^-12 (fp16) relative per element.
+
+use anyhow::Result;
+use flashcore::{reference, AttnParams, BwdInputs, Context, DType, DeviceTensor, GradsMut, KernelFamily, LseView};
+
+use crate::cases::{errors, normal, random_qkv, Case, Inputs, Storage, Stored};
+use crate::check::Outcome;
+
+/// A backward case: the problem, its inputs and the storage of q, k, v and dout.
+pub struct BwdSpec {
+    case: Case,
+    inputs: Inputs,
+    storage: Storage,
+}
+
+/// The backward cases: every head dim, dtype and mask; odd lengths, Sq ≠ Sk both ways
+/// (with rows that see no key), GQA 1/4/8, BHSD strides, large logits.
+pub fn specs(quick: bool, smoke: bool) -> Vec<BwdSpec> {
+    let lengths: &[(usize, usize)] = if smoke {
+        &[(130, 200)]
+    } else if quick {
+        &[(1, 1), (113, 113), (7, 300)]
+    } else {
+        &[(1, 1), (7, 7), (113, 113), (1000, 1000), (113, 1000), (1000, 113), (1, 4097), (7, 4097)]
+    };
+    let mut out = Vec::new();
+    let mut n = 0usize;
+    for dtype in [DType::BF16, DType::F16] {
+        for &d in KernelFamily::Reference.head_dims() {
+            if quick && d != 64 && d != 128 {
+                continue;
+            }
+            for causal in [false, true] {
+                for &(sq, sk) in lengths {
+                    let (hkv, ratio) = [(2, 1), (1, 4), (1, 8)][n % 3];
+                    n += 1;
+                    let storage = if n % 5 == 0 { Storage::Bhsd } else { Storage::Bshd };
+                    out.push(BwdSpec { case: Case::new(2, sq, sk, hkv * ratio, hkv, d, causal, dtype), inputs: Inputs::Normal, storage });
+                }
+                if !smoke {
+                    let case = Case::new(1, 200, 300, 4, 2, d, causal, dtype);
+                    out.push(BwdSpec { case, inputs: Inputs::LargeLogits, storage: Storage::Bshd });
+                }
+            }
+        }
+    }
+    if !quick && !smoke {
+        for causal in [false, true] {
+            out.push(BwdSpec {
+                case: Case::new(1, 4097, 4097, 2, 1, 64, causal, DType::BF16),
+                inputs: Inputs::Normal,
+                storage: Storage::Bshd,
+            });
+        }
+    }
+    out
+}
+
+/// Runs the forward (default kernel), then the backward twice into NaN-poisoned buffers.
+pub fn check_one(ctx: &Context, spec: &BwdSpec) -> Result<Outcome> {
+    let case = &spec.case;
+    let seed = 0xbacc ^ case.seqlen_q as u64 ^ ((case.head_dim as u64) << 20);
+    let host = random_qkv(case, spec.inputs, seed);
+    let dout_host = normal(host.q.len(), 1.0, case.dtype, seed ^ 0xd0);
+    let up = |data: &[f32], shape| Stored::upload(ctx, data, shape, case.dtype, spec.storage);
+    let (q, k, v, dout) =
+        (up(&host.q, case.q_shape())?, up(&host.k, case.kv_shape())?, up(&host.v, case.kv_shape())?, up(&dout_host, case.q_shape())?);
+    let params = AttnParams { causal: case.causal, ..AttnParams::default() };
+    let fwd = ctx.attention(q.view(), k.view(), v.view(), &params)?;
+
+    let run = || -> Result<[Vec<u16>; 3]> {
+        let nan = match case.dtype {
+            DType::F16 => 0x7e00,
+            DType::BF16 => 0x7fc0,
+        };
+        let mut dq = DeviceTensor::filled(ctx, nan, case.q_shape(), case.dtype)?;
+        let mut dk = DeviceTensor::filled(ctx, nan, case.kv_shape(), case.dtype)?;
+        let mut dv = DeviceTensor::filled(ctx, nan, case.kv_shape(), case.dtype)?;
+        let inputs = BwdInputs { q: q.view(), k: k.view(), v: v.view(), o: fwd.o.view(), lse: LseView::of(&fwd.lse), dout: dout.view() };
+        ctx.attention_backward_into(&inputs, GradsMut { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut() }, &params)?;
+        Ok([dq.to_bits(ctx)?, dk.to_bits(ctx)?, dv.to_bits(ctx)?])
+    };
+    let first = run()?;
+    let deterministic = first == run()?;
+
+    let wide = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
+    let scale = 1.0 / (case.head_dim as f64).sqrt();
+    let want =
+        reference::attention_backward(&wide(&host.q), &wide(&host.k), &wide(&host.v), &wide(&dout_host), &case.shape(), scale, case.causal);
+    let (mut rel, mut max_abs, mut failure) = (0f64, 0f64, None);
+    for ((name, bits), want) in ["dq", "dk", "dv"].iter().zip(&first).zip([&want.dq, &want.dk, &want.dv]) {
+        let got: Vec<f32> = bits.iter().map(|&b| case.dtype.decode(b)).collect();
+        let (r, m) = errors(&got, want);
+        if got.iter().any(|x| !x.is_finite()) {
+            failure.get_or_insert(format!("NaN/Inf in {name} (unwritten or overflowed elements)"));
+        } else if r > tolerance(case.dtype) {
+            failure.get_or_insert(format!("{name} rel error {r:.2e} > {:.0e}", tolerance(case.dtype)));
+        }
+        rel = rel.max(r);
+        max_abs = max_abs.max(m);
+    }
+    if !deterministic {
+        failure.get_or_insert("two runs differ bitwise".into());
+    }
+    let bhsd = if spec.storage == Storage::Bhsd { "_bhsd" } else { "" };
+    let large = if spec.inputs == Inputs::LargeLogits { "_large-logits" } else { "" };
+    Ok(Outcome {
+        spec_name: format!("bwd_{}{bhsd}{large}", case.name),
+        kernel: KernelFamily::Reference,
+        oracle: "cpu-f64",
+        rel,
+        max_abs,
+        lse_err: 0.0,
+        deterministic,
+        failure,
+    })
+}
+
+fn tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::BF16 => 1e-2,
+        DType::F16 => 2e-3,
+    }
+}

@@ -1,0 +1,184 @@
+//! The backward pass: `dq`, `dk`, `dv` from `q`, `k`, `v`, the forward's `o` and `lse`, and
+//! `dout`. Its public calls are methods of [`Context`], beside the forward's.
+//!
+//! For now every backward runs on the naive reference kernels (`kernels/reference.cu`): exact
+//! fp32 gradients, deterministic, but far from fast. The FlashAttention-2-style `bwd_sm80`
+//! and the Hopper `bwd_sm90` are to replace them by default (issues 15 and 16).
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
+
+use crate::context::{Context, LoadedKernel};
+use crate::error::{DriverContext, Error, Result};
+use crate::external::{CurrentContextGuard, ExternalStream};
+use crate::kernels::{reference, BwdParams, KernelFamily};
+use crate::params::{AttnParams, ProblemShape};
+use crate::tensor::{DeviceTensor, LseView, TensorView, TensorViewMut};
+use crate::validate;
+
+/// What the backward reads: the forward's inputs and outputs and the output's gradient.
+/// `o` and `dout` are `[B, Sq, Hq, D]` like `q`; `lse [B, Hq, Sq]` f32 as the forward wrote it.
+#[derive(Debug, Clone, Copy)]
+pub struct BwdInputs<'a> {
+    /// Queries, `[B, Sq, Hq, D]`.
+    pub q: TensorView<'a>,
+    /// Keys, `[B, Sk, Hkv, D]`.
+    pub k: TensorView<'a>,
+    /// Values, `[B, Sk, Hkv, D]`.
+    pub v: TensorView<'a>,
+    /// The forward's output.
+    pub o: TensorView<'a>,
+    /// The forward's log-sum-exp.
+    pub lse: LseView<'a>,
+    /// The gradient of the loss with respect to `o`, in `o`'s dtype.
+    pub dout: TensorView<'a>,
+}
+
+/// Where the gradients go: `dq` shaped like `q`, `dk` and `dv` like `k` (the query heads
+/// that share a KV head have their gradients summed). None may overlap an input or another.
+#[derive(Debug)]
+pub struct GradsMut<'a> {
+    /// Gradient with respect to `q`.
+    pub dq: TensorViewMut<'a>,
+    /// Gradient with respect to `k`.
+    pub dk: TensorViewMut<'a>,
+    /// Gradient with respect to `v`.
+    pub dv: TensorViewMut<'a>,
+}
+
+/// Gradients in fresh buffers, contiguous BSHD in the inputs' dtype.
+#[derive(Debug)]
+pub struct AttnGrads {
+    /// Gradient with respect to `q`.
+    pub dq: DeviceTensor,
+    /// Gradient with respect to `k`.
+    pub dk: DeviceTensor,
+    /// Gradient with respect to `v`.
+    pub dv: DeviceTensor,
+}
+
+impl Context {
+    /// The backward pass into fresh buffers. See [`Context::attention_backward_into`].
+    pub fn attention_backward(&self, inputs: &BwdInputs, params: &AttnParams) -> Result<AttnGrads> {
+        let dtype = inputs.q.layout.dtype;
+        let mut dq = DeviceTensor::filled(self, 0, inputs.q.layout.shape, dtype)?;
+        let mut dk = DeviceTensor::filled(self, 0, inputs.k.layout.shape, dtype)?;
+        let mut dv = DeviceTensor::filled(self, 0, inputs.v.layout.shape, dtype)?;
+        self.attention_backward_into(inputs, GradsMut { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut() }, params)?;
+        Ok(AttnGrads { dq, dk, dv })
+    }
+
+    /// The backward pass of [`Context::attention_into`] with the same `params`: the gradients
+    /// of a loss `L` with respect to `q`, `k`, `v`, given `dout = ∂L/∂o`. Rows that saw no key
+    /// (lse = -inf) get zero gradients. Queued on the context's stream.
+    ///
+    /// Scratch: `4·B·Hq·Sq` bytes (D_i = rowsum(dout ∘ o)), from the context's workspace.
+    pub fn attention_backward_into(&self, inputs: &BwdInputs, grads: GradsMut, params: &AttnParams) -> Result<()> {
+        let mut workspace = self.split_workspace().lock().unwrap();
+        let mut scratch = |bytes| self.grow_workspace(&mut workspace, bytes);
+        self.run_backward(self.stream(), inputs, grads, &mut scratch, params)
+    }
+
+    /// [`Context::attention_backward_into`] on a caller's stream with the caller's scratch
+    /// memory, under the contract of [`Context::attention_on_stream`].
+    ///
+    /// # Safety
+    /// As [`Context::attention_on_stream`].
+    pub unsafe fn attention_backward_on_stream(
+        &self,
+        stream: ExternalStream,
+        inputs: &BwdInputs,
+        grads: GradsMut,
+        scratch: &mut dyn FnMut(usize) -> Result<u64>,
+        params: &AttnParams,
+    ) -> Result<()> {
+        let _restore = CurrentContextGuard::bind(self.cuda())?;
+        self.stream_counters().counter_for(stream, self.cuda())?; // checks the stream once
+        let borrowed = self.cuda().wrap_borrowed_stream(stream.raw());
+        self.run_backward(&borrowed, inputs, grads, scratch, params)
+    }
+
+    fn run_backward(
+        &self,
+        stream: &Arc<CudaStream>,
+        inputs: &BwdInputs,
+        grads: GradsMut,
+        scratch: &mut dyn FnMut(usize) -> Result<u64>,
+        params: &AttnParams,
+    ) -> Result<()> {
+        let BwdInputs { q, k, v, o, lse, dout } = *inputs;
+        let shape = validate::problem(&q, &k, &v, &o, self.ordinal())?;
+        let (dq, dk, dv) = (grads.dq.as_view(), grads.dk.as_view(), grads.dv.as_view());
+        validate::backward(
+            &[("q", &q), ("k", &k), ("v", &v), ("o", &o), ("dout", &dout)],
+            &[("dq", &dq), ("dk", &dk), ("dv", &dv)],
+            &shape,
+            self.ordinal(),
+        )?;
+        validate::lse(lse.len, &shape)?;
+        validate::lse_alignment(lse.ptr)?;
+        let scale = params.scale_for(shape.head_dim);
+        validate::softmax_scale(scale)?;
+        if let Some(family) = params.kernel.filter(|&f| f != KernelFamily::Reference) {
+            return Err(Error::Unsupported {
+                kernel: family.name().into(),
+                msg: "has no backward pass yet: the backward runs on the reference kernels".into(),
+            });
+        }
+        let rows = shape.batch * shape.heads_q * shape.seqlen_q;
+        let dsum = scratch(rows * std::mem::size_of::<f32>())?;
+        validate::scratch_alignment(dsum)?;
+        let stride = |t: &TensorView| [0, 1, 2].map(|i| t.layout.strides[i] as i64);
+        let p = BwdParams {
+            q: q.ptr,
+            k: k.ptr,
+            v: v.ptr,
+            o: o.ptr,
+            dout: dout.ptr,
+            lse: lse.ptr,
+            dq: dq.ptr,
+            dk: dk.ptr,
+            dv: dv.ptr,
+            dsum,
+            q_strides: stride(&q),
+            k_strides: stride(&k),
+            v_strides: stride(&v),
+            o_strides: stride(&o),
+            do_strides: stride(&dout),
+            dq_strides: stride(&dq),
+            dk_strides: stride(&dk),
+            dv_strides: stride(&dv),
+            batch: shape.batch as i32,
+            seqlen_q: shape.seqlen_q as i32,
+            seqlen_k: shape.seqlen_k as i32,
+            heads_q: shape.heads_q as i32,
+            heads_kv: shape.heads_kv as i32,
+            head_dim: shape.head_dim as i32,
+            softmax_scale: scale,
+            softmax_scale_log2: scale * std::f32::consts::LOG2_E,
+            causal: i32::from(params.causal),
+            deterministic: i32::from(params.deterministic),
+        };
+        let kernel = self.load(&reference::variant(q.layout.dtype))?;
+        launch_reference(stream, &kernel, &p, &shape)
+    }
+}
+
+/// dQ and D_i (a warp per query row), then dK and dV (a warp per key row): 4 warps a block.
+fn launch_reference(stream: &CudaStream, kernel: &LoadedKernel, p: &BwdParams, shape: &ProblemShape) -> Result<()> {
+    let [dq_fn, dkv_fn] = kernel
+        .reference_backward()
+        .ok_or_else(|| Error::Unsupported { kernel: kernel.variant.name(), msg: "has no backward entry points".into() })?;
+    let rows_per_block = 4;
+    let grids = [
+        (dq_fn, (shape.seqlen_q.div_ceil(rows_per_block) as u32, shape.heads_q as u32, shape.batch as u32), "dq"),
+        (dkv_fn, (shape.seqlen_k.div_ceil(rows_per_block) as u32, shape.heads_kv as u32, shape.batch as u32), "dk, dv"),
+    ];
+    for (function, grid_dim, what) in grids {
+        let cfg = LaunchConfig { grid_dim, block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: `p` matches `BwdParams`; its pointers were validated against their layouts.
+        unsafe { stream.launch_builder(function).arg(p).launch(cfg) }.ctx(format!("launching the reference backward ({what})"))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,42 @@
+// The backward-attention launch ABI shared by every backward kernel.
+// Mirrored field for field by `BwdParams` in crates/flashcore/src/kernels/mod.rs:
+// change both together.
+#pragma once
+
+struct BwdParams {
+    // Inputs, BSHD with the last dim contiguous; strides in elements. o and dout are
+    // [B, Sq, Hq, D] like q; k and v [B, Sk, Hkv, D].
+    const void* q;
+    const void* k;
+    const void* v;
+    const void* o;
+    const void* dout;
+    const float* lse;  // [B, Hq, Sq] contiguous, natural log, from the forward
+
+    // Outputs: dq like q, dk and dv like k (the query heads of a KV head summed).
+    void* dq;
+    void* dk;
+    void* dv;
+    // Workspace: D_i = rowsum(dO ∘ O), [B, Hq, Sq] f32.
+    float* dsum;
+
+    long long q_stride_b, q_stride_s, q_stride_h;
+    long long k_stride_b, k_stride_s, k_stride_h;
+    long long v_stride_b, v_stride_s, v_stride_h;
+    long long o_stride_b, o_stride_s, o_stride_h;
+    long long do_stride_b, do_stride_s, do_stride_h;
+    long long dq_stride_b, dq_stride_s, dq_stride_h;
+    long long dk_stride_b, dk_stride_s, dk_stride_h;
+    long long dv_stride_b, dv_stride_s, dv_stride_h;
+
+    int batch;
+    int seqlen_q;
+    int seqlen_k;
+    int heads_q;
+    int heads_kv;
+    int head_dim;
+    float softmax_scale;       // applied to q·k
+    float softmax_scale_log2;  // softmax_scale * log2(e)
+    int causal;                // bottom-right aligned, as the forward
+    int deterministic;         // 1: no order-dependent float atomics
+};

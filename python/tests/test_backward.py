@@ -1,0 +1,123 @@
+"""Gradients through flash_attn_func / scaled_dot_product_attention against float64 autograd
+of the textbook attention (the math path), bitwise determinism, torch.compile of a training
+step. Bounds: relative L2 of each gradient, bf16 ≤ 1e-2 and fp16 ≤ 2e-3 (DESIGN §5), as for
+the forward's output."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="needs PyTorch")
+import flashcore  # noqa: E402
+from helpers import REL_BOUND, randn, reference_autograd, rel_l2  # noqa: E402
+
+warnings.filterwarnings("ignore", message="flashcore: the backward pass runs")
+
+# (B, Sq, Sk, Hq, Hkv, D): odd lengths, Sq != Sk both ways (rows that see no key under the
+# causal mask), GQA and MQA, several head dims.
+SHAPES = [
+    (2, 1, 1, 4, 4, 64),
+    (1, 7, 7, 8, 2, 128),
+    (2, 113, 113, 4, 4, 64),
+    (1, 113, 300, 8, 1, 128),
+    (1, 300, 113, 4, 2, 256),
+    (1, 64, 257, 2, 2, 32),
+    (1, 100, 100, 4, 4, 96),
+    (1, 65, 129, 2, 1, 192),
+]
+
+
+def grads(fn, *inputs, dout):
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    out = fn(*leaves)
+    out.backward(dout)
+    return out, [t.grad for t in leaves]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_gradients_match_float64_autograd(shape, causal, dtype):
+    b, sq, sk, hq, hkv, d = shape
+    q, k, v = randn(b, sq, hq, d, dtype=dtype, seed=1), randn(b, sk, hkv, d, dtype=dtype, seed=2), randn(b, sk, hkv, d, dtype=dtype, seed=3)
+    dout = randn(b, sq, hq, d, dtype=dtype, seed=4)
+    _, ours = grads(lambda q, k, v: flashcore.flash_attn_func(q, k, v, causal=causal), q, k, v, dout=dout)
+    _, ref = grads(lambda q, k, v: reference_autograd(q, k, v, d**-0.5, causal), q.double(), k.double(), v.double(), dout=dout.double())
+    for name, g, r in zip(("dq", "dk", "dv"), ours, ref):
+        assert g.dtype == dtype and g.shape == r.shape
+        err = rel_l2(g, r)
+        assert err <= REL_BOUND[dtype], f"{name}: rel L2 error {err:.3g} over {REL_BOUND[dtype]:g}"
+
+
+def test_gradients_of_bhsd_views_keep_their_layout():
+    q, k, v = (randn(2, 4, 200, 64, seed=s).transpose(1, 2) for s in range(3))  # BSHD views of BHSD
+    dout = randn(2, 200, 4, 64, seed=9)
+    _, ours = grads(lambda q, k, v: flashcore.flash_attn_func(q, k, v, causal=True), q, k, v, dout=dout)
+    _, ref = grads(lambda q, k, v: reference_autograd(q, k, v, 0.125, True), q.double(), k.double(), v.double(), dout=dout.double())
+    for g, r in zip(ours, ref):
+        assert rel_l2(g, r) <= REL_BOUND[torch.bfloat16]
+
+
+@pytest.mark.parametrize("sq,sk", [(50, 50), (30, 90), (90, 30)])
+def test_sdpa_gradients_top_left(sq, sk):
+    query, key, value = randn(1, 8, sq, 64, seed=1), randn(1, 2, sk, 64, seed=2), randn(1, 2, sk, 64, seed=3)
+    dout = randn(1, 8, sq, 64, seed=4)
+    f = lambda q, k, v: flashcore.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731
+    _, ours = grads(f, query, key, value, dout=dout)
+    math_path = lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # noqa: E731
+    _, ref = grads(math_path, query.double(), key.double(), value.double(), dout=dout.double())
+    for g, r in zip(ours, ref):
+        assert rel_l2(g, r) <= REL_BOUND[torch.bfloat16]
+
+
+def test_deterministic_gradients_are_bitwise_equal():
+    q, k, v = randn(2, 300, 8, 128, seed=1), randn(2, 300, 2, 128, seed=2), randn(2, 300, 2, 128, seed=3)
+    dout = randn(2, 300, 8, 128, seed=4)
+    f = lambda q, k, v: flashcore.flash_attn_func(q, k, v, causal=True, deterministic=True)  # noqa: E731
+    first = grads(f, q, k, v, dout=dout)[1]
+    second = grads(f, q, k, v, dout=dout)[1]
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
+def test_lse_is_not_differentiable_and_out_is():
+    q, k, v = (randn(1, 64, 4, 64, seed=s).requires_grad_() for s in range(3))
+    out, lse, _ = flashcore.flash_attn_func(q, k, v, return_attn_probs=True)
+    assert out.requires_grad and not lse.requires_grad
+
+
+def test_a_compiled_training_step_matches_eager():
+    def step(q, k, v, w):
+        out = flashcore.flash_attn_func(q @ w, k, v, causal=True)
+        return (out.float() ** 2).mean()
+
+    q, k, v = randn(1, 256, 4, 64, seed=1), randn(1, 256, 4, 64, seed=2), randn(1, 256, 4, 64, seed=3)
+    w = randn(64, 64, seed=4, scale=0.1)
+
+    def grad_of(f):
+        ws = w.detach().clone().requires_grad_()
+        f(q, k, v, ws).backward()
+        return ws.grad
+
+    eager = grad_of(step)
+    torch._dynamo.reset()
+    compiled = grad_of(torch.compile(step, fullgraph=True))
+    assert torch.allclose(compiled.float(), eager.float(), rtol=1e-2, atol=1e-3)
+
+
+def test_the_slow_backward_says_so():
+    q, k, v = (randn(1, 16, 2, 64, seed=s).requires_grad_() for s in range(3))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        flashcore.flash_attn_func(q, k, v).sum().backward()
+    assert any("naive reference kernels" in str(w.message) for w in caught)
+
+
+def test_empty_problems_have_empty_or_zero_gradients():
+    q, k, v = (randn(2, 5, 4, 64, seed=s).requires_grad_() for s in range(3))
+    k0 = randn(2, 0, 4, 64).requires_grad_()
+    flashcore.flash_attn_func(q, k0, k0).sum().backward()
+    assert (q.grad == 0).all() and k0.grad.shape == k0.shape
+    assert math.isfinite(q.grad.float().sum().item())
