@@ -127,19 +127,29 @@ extern "C" __global__ void __launch_bounds__(32 * fc::kRefWarps) fc_reference_bw
     if (row >= p.seqlen_q) return;
     const int kv_head = head / (p.heads_q / p.heads_kv);
 
-    float q[kRefMaxDimPerLane], dout[kRefMaxDimPerLane], o[kRefMaxDimPerLane], dq[kRefMaxDimPerLane];
+    float q[kRefMaxDimPerLane], dout[kRefMaxDimPerLane], dq[kRefMaxDimPerLane];
     load_row(q, row_ptr(p.q, p.q_stride_b, p.q_stride_s, p.q_stride_h, batch, row, head), p.head_dim, lane);
     load_row(dout, row_ptr(p.dout, p.do_stride_b, p.do_stride_s, p.do_stride_h, batch, row, head), p.head_dim, lane);
-    load_row(o, row_ptr(p.o, p.o_stride_b, p.o_stride_s, p.o_stride_h, batch, row, head), p.head_dim, lane);
     const long long stat = ((long long)batch * p.heads_q + head) * p.seqlen_q + row;
-    const float dsum = row_dot(dout, o);
-    if (lane == 0) p.dsum[stat] = dsum;
     const float lse = p.lse[stat];
+    const bool sees_keys = lse != -__int_as_float(0x7f800000);
+    const int last = !sees_keys ? -1 : p.causal ? min(p.seqlen_k - 1, row + p.seqlen_k - p.seqlen_q) : p.seqlen_k - 1;
+
+    // D_i = rowsum(dO ∘ O) = Σ_j P_ij dP_ij, taken here from P and dP in f32 rather than from
+    // the stored O: where the softmax is nearly one-hot, dP_ij − D_i cancels, and O's bf16
+    // rounding alone would cost ~1% of dQ (measured: D192 with large logits). The reference
+    // stays as exact as f32 allows; p.o is not read.
+    float dsum = 0.f;
+    for (int j = 0; j <= last; ++j) {
+        float k[kRefMaxDimPerLane], v[kRefMaxDimPerLane];
+        load_row(k, row_ptr(p.k, p.k_stride_b, p.k_stride_s, p.k_stride_h, batch, j, kv_head), p.head_dim, lane);
+        load_row(v, row_ptr(p.v, p.v_stride_b, p.v_stride_s, p.v_stride_h, batch, j, kv_head), p.head_dim, lane);
+        dsum += expf(p.softmax_scale * row_dot(q, k) - lse) * row_dot(dout, v);
+    }
+    if (lane == 0) p.dsum[stat] = dsum;
 
 #pragma unroll
     for (int c = 0; c < kRefMaxDimPerLane; ++c) dq[c] = 0.f;
-    const bool sees_keys = lse != -__int_as_float(0x7f800000);
-    const int last = !sees_keys ? -1 : p.causal ? min(p.seqlen_k - 1, row + p.seqlen_k - p.seqlen_q) : p.seqlen_k - 1;
     for (int j = 0; j <= last; ++j) {
         float k[kRefMaxDimPerLane], v[kRefMaxDimPerLane];
         load_row(k, row_ptr(p.k, p.k_stride_b, p.k_stride_s, p.k_stride_h, batch, j, kv_head), p.head_dim, lane);
