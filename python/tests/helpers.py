@@ -31,12 +31,14 @@ def reference(q, k, v, scale, causal, top_left=False):
     return o.transpose(1, 2), lse
 
 
-def rel_l2(x, ref):
-    """||x - ref|| / ||ref|| in float64; NaN or Inf in x gives inf (never passes)."""
+def rel_l2(x, ref, floor=0.0):
+    """||x - ref|| / max(||ref||, floor) in float64; NaN or Inf in x gives inf (never passes).
+    `floor` keeps an exactly-zero reference (the dq of a row with one visible key) from
+    turning f32 rounding into an infinite relative error."""
     x = x.double()
     if not torch.isfinite(x).all():
         return math.inf
-    den = ref.norm().item()
+    den = max(ref.norm().item(), floor)
     return (x - ref).norm().item() / max(den, 1e-30)
 
 

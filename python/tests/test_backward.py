@@ -46,9 +46,12 @@ def test_gradients_match_float64_autograd(shape, causal, dtype):
     dout = randn(b, sq, hq, d, dtype=dtype, seed=4)
     _, ours = grads(lambda q, k, v: flashcore.flash_attn_func(q, k, v, causal=causal), q, k, v, dout=dout)
     _, ref = grads(lambda q, k, v: reference_autograd(q, k, v, d**-0.5, causal), q.double(), k.double(), v.double(), dout=dout.double())
+    # Gradients scale with dout; a row whose only visible key makes dq exactly 0 is judged
+    # against 1e-3 of that scale instead (see rel_l2).
+    floor = 1e-3 * dout.double().norm().item()
     for name, g, r in zip(("dq", "dk", "dv"), ours, ref):
         assert g.dtype == dtype and g.shape == r.shape
-        err = rel_l2(g, r)
+        err = rel_l2(g, r, floor)
         assert err <= REL_BOUND[dtype], f"{name}: rel L2 error {err:.3g} over {REL_BOUND[dtype]:g}"
 
 
