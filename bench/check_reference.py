@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Cross-check `flashcore attn --cpu` (the Rust f64 reference) against NumPy, independently.
 
-For each case: random f32 q, k, v (BSHD) go to qkv.safetensors; `flashcore attn --cpu
---f64-out` writes o [B, Sq, Hq, D] and lse [B, Hq, Sq] as F64; NumPy recomputes both in
-float64 and the two must agree to 1e-12 (relative L2 for o, per element for lse; fully
-masked rows must be o = 0, lse = -inf in both).
+For each case: random f32 q, k, v (BSHD) and an output gradient `do` go to
+qkv.safetensors; `flashcore attn --cpu --f64-out` writes o [B, Sq, Hq, D], lse [B, Hq, Sq]
+and the gradients dq, dk, dv as F64; NumPy recomputes all of them in float64 (the gradients
+vectorised, themselves checked against finite differences in the self-test) and the two
+must agree to 1e-12 (relative L2 for o and the gradients, per element for lse; fully masked
+rows must be o = 0, lse = -inf in both).
 
 Usage:
     check_reference.py [FLASHCORE_BIN]   # default: $FLASHCORE_BIN, else target/release/flashcore
@@ -59,6 +61,35 @@ def attention(q, k, v, scale, causal):
         lse = (m + np.log(total))[..., 0]
     o = np.einsum("bhqk,bkhd->bqhd", p / np.where(total > 0, total, 1.0), v)
     return o, lse
+
+
+def attention_grads(q, k, v, dout, scale, causal):
+    """float64 gradients (dq, dk, dv) of sum(dout * o): P = softmax(S), dV = P^T dO,
+    dS = P * (dO V^T - rowsum(dO * O)), dQ = scale dS K, dK = scale dS^T Q; the query heads
+    of a kv head add their dK and dV."""
+    q, k, v, dout = (np.asarray(t, dtype=np.float64) for t in (q, k, v, dout))
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    group = hq // hkv
+    kr, vr = np.repeat(k, group, axis=2), np.repeat(v, group, axis=2)
+    o, lse = attention(q, k, v, scale, causal)
+    s = scale * np.einsum("bqhd,bkhd->bhqk", q, kr)
+    with np.errstate(invalid="ignore"):
+        p = np.exp(s - lse[..., None])
+    if causal:
+        i, j = np.arange(sq)[:, None], np.arange(sk)[None, :]
+        p = np.where(j <= i + sk - sq, p, 0.0)
+    p = np.nan_to_num(p, nan=0.0)  # rows that see no key: lse = -inf
+    ds = p * (np.einsum("bqhd,bkhd->bhqk", dout, vr) - np.einsum("bqhd,bqhd->bhq", dout, o)[..., None])
+    dq = scale * np.einsum("bhqk,bkhd->bqhd", ds, kr)
+    dk = scale * np.einsum("bhqk,bqhd->bkhd", ds, q).reshape(b, sk, hkv, group, d).sum(axis=3)
+    dv = np.einsum("bhqk,bqhd->bkhd", p, dout).reshape(b, sk, hkv, group, d).sum(axis=3)
+    return dq, dk, dv
+
+
+def rel_l2(x, ref):
+    norm = np.linalg.norm(ref)
+    return np.linalg.norm(x - ref) / (norm if norm > 0 else 1.0)
 
 
 def brute_force(q, k, v, scale, causal):
@@ -124,7 +155,8 @@ def run_cases(binary):
         qkv_path, out_path = os.path.join(tmp, "qkv.safetensors"), os.path.join(tmp, "out.safetensors")
         for name, b, sq, sk, hq, hkv, d, causal, scale, gain in CASES:
             q, k, v = random_qkv(rng, b, sq, sk, hq, hkv, d, gain)
-            save_file({"q": q, "k": k, "v": v}, qkv_path)
+            dout = rng.standard_normal(q.shape).astype(np.float32)
+            save_file({"q": q, "k": k, "v": v, "do": dout}, qkv_path)
             cmd = [binary, "attn", "--cpu", "--input", qkv_path, "--output", out_path, "--f64-out"]
             cmd += ["--causal"] if causal else []
             if scale is not None:
@@ -141,8 +173,12 @@ def run_cases(binary):
                 print(f"FAIL {label}: o is {out['o'].dtype}, lse {out['lse'].dtype}; --f64-out wants float64")
                 results.append(False)
                 continue
-            o_ref, lse_ref = attention(q, k, v, scale if scale is not None else 1.0 / np.sqrt(d), causal)
+            used_scale = scale if scale is not None else 1.0 / np.sqrt(d)
+            o_ref, lse_ref = attention(q, k, v, used_scale, causal)
             ok, msg = compare(out["o"], out["lse"], o_ref, lse_ref)
+            grad_errs = [rel_l2(out[n], g) for n, g in zip(("dq", "dk", "dv"), attention_grads(q, k, v, dout, used_scale, causal))]
+            ok = ok and max(grad_errs) < TOL
+            msg += ", grads rel " + "/".join(f"{e:.1e}" for e in grad_errs)
             print(f"{'PASS' if ok else 'FAIL'} {label}: {msg}")
             results.append(ok)
     return report(results)
@@ -163,6 +199,23 @@ def self_test():
         ok, msg = compare(*attention(q, k, v, scale, causal), *brute_force(q, k, v, scale, causal))
         print(f"{'PASS' if ok else 'FAIL'} self-test {name:14}: {msg}")
         results.append(ok)
+
+    # The NumPy gradients against central finite differences of the NumPy forward.
+    for causal, (sq, sk) in ((False, (3, 4)), (True, (4, 3))):
+        q, k, v = (t.astype(np.float64) for t in random_qkv(rng, 1, sq, sk, 4, 2, 3, 1.0))
+        dout = rng.standard_normal(q.shape)
+        grads = attention_grads(q, k, v, dout, 0.8, causal)
+        worst, h = 0.0, 1e-6
+        for which, (x, g) in enumerate(zip((q, k, v), grads)):
+            for idx in np.ndindex(x.shape):
+                plus, minus = [t.copy() for t in (q, k, v)], [t.copy() for t in (q, k, v)]
+                plus[which][idx] += h
+                minus[which][idx] -= h
+                numeric = (np.sum(attention(*plus, 0.8, causal)[0] * dout) - np.sum(attention(*minus, 0.8, causal)[0] * dout)) / (2 * h)
+                worst = max(worst, abs(numeric - g[idx]))
+        ok = worst < 1e-7
+        print(f"{'PASS' if ok else 'FAIL'} self-test gradients vs finite differences (causal {causal}): max error {worst:.1e}")
+        results.append(bool(ok))
 
     # The mask is bottom-right aligned: Sq = 3, Sk = 5 gives rows seeing 3, 4, 5 keys.
     q, k, v = random_qkv(rng, 1, 3, 5, 1, 1, 5, 1.0)

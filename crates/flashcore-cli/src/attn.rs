@@ -4,16 +4,18 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
-use flashcore::{reference, AttnParams, Context, DType, DeviceTensor, KernelFamily, ProblemShape};
+use flashcore::{reference, AttnParams, BwdInputs, Context, DType, DeviceTensor, KernelFamily, LseView, ProblemShape};
 
-use crate::io::{read_qkv, write_outputs, FileDType, HostTensor};
+use crate::io::{read_dout, read_qkv, write_tensors, FileDType, HostTensor};
 
 #[derive(clap::Args)]
 pub struct AttnArgs {
-    /// safetensors file with `q`, `k`, `v` (BSHD; f16, bf16 or f32).
+    /// safetensors file with `q`, `k`, `v` (BSHD; f16, bf16 or f32) and optionally `do`, the
+    /// gradient of a loss with respect to `o` (shaped and typed like `q`).
     #[arg(long)]
     input: PathBuf,
-    /// safetensors file to write `o` (input dtype) and `lse` (f32) into.
+    /// safetensors file to write `o` (input dtype) and `lse` (f32) into, and `dq`, `dk`, `dv`
+    /// (input dtype) when the input has `do`.
     #[arg(long)]
     output: PathBuf,
     /// Causal mask (bottom-right aligned).
@@ -28,7 +30,7 @@ pub struct AttnArgs {
     /// Use the f64 CPU reference (no GPU needed).
     #[arg(long)]
     cpu: bool,
-    /// Write `o` and `lse` as f64 (with --cpu: the reference's full precision).
+    /// Write every output as f64 (with --cpu: the reference's full precision).
     #[arg(long)]
     f64_out: bool,
     /// On the GPU, round f32 inputs to this dtype (f16 or bf16).
@@ -56,24 +58,48 @@ pub fn run(args: &AttnArgs) -> Result<bool> {
     }
     let shape = ProblemShape { batch: b, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d };
     let scale = args.scale.unwrap_or(1.0 / (d as f64).sqrt());
-    let (o, lse) = if args.cpu {
+    let dout = read_dout(&args.input, &q)?;
+    let out = if args.cpu {
         let r = reference::attention(&q.data, &k.data, &v.data, &shape, scale, args.causal);
-        (r.o, r.lse)
+        let grads = dout.as_ref().map(|g| reference::attention_backward(&q.data, &k.data, &v.data, &g.data, &shape, scale, args.causal));
+        Outputs { o: r.o, lse: r.lse, grads: grads.map(|g| [g.dq, g.dk, g.dv]) }
     } else {
-        gpu(args, &q, &k, &v, &shape, scale)?
+        gpu(args, &q, &k, &v, dout.as_ref(), &shape, scale)?
     };
-    let out_dtype = if args.f64_out { FileDType::F64 } else { q.dtype };
+    let data_dtype = if args.f64_out { FileDType::F64 } else { q.dtype };
     let lse_dtype = if args.f64_out { FileDType::F64 } else { FileDType::F32 };
-    write_outputs(
-        &args.output,
-        &HostTensor { shape: q.shape.clone(), dtype: out_dtype, data: o },
-        &HostTensor { shape: vec![b, hq, sq], dtype: lse_dtype, data: lse },
-    )?;
-    println!("wrote o {:?} and lse [{b}, {hq}, {sq}] to {}", q.shape, args.output.display());
+    let o = HostTensor { shape: q.shape.clone(), dtype: data_dtype, data: out.o };
+    let lse = HostTensor { shape: vec![b, hq, sq], dtype: lse_dtype, data: out.lse };
+    let mut tensors = vec![("o", &o), ("lse", &lse)];
+    let grads = out.grads.map(|[dq, dk, dv]| {
+        let like = |t: &HostTensor, data| HostTensor { shape: t.shape.clone(), dtype: data_dtype, data };
+        [like(&q, dq), like(&k, dk), like(&v, dv)]
+    });
+    if let Some([dq, dk, dv]) = &grads {
+        tensors.extend([("dq", dq), ("dk", dk), ("dv", dv)]);
+    }
+    write_tensors(&args.output, &tensors)?;
+    let names: Vec<&str> = tensors.iter().map(|(n, _)| *n).collect();
+    println!("wrote {} to {}", names.join(", "), args.output.display());
     Ok(true)
 }
 
-fn gpu(args: &AttnArgs, q: &HostTensor, k: &HostTensor, v: &HostTensor, shape: &ProblemShape, scale: f64) -> Result<(Vec<f64>, Vec<f64>)> {
+/// What `attn` writes: o, lse and, with `do` in the input, the gradients dq, dk, dv.
+struct Outputs {
+    o: Vec<f64>,
+    lse: Vec<f64>,
+    grads: Option<[Vec<f64>; 3]>,
+}
+
+fn gpu(
+    args: &AttnArgs,
+    q: &HostTensor,
+    k: &HostTensor,
+    v: &HostTensor,
+    dout: Option<&HostTensor>,
+    shape: &ProblemShape,
+    scale: f64,
+) -> Result<Outputs> {
     let dtype = match (q.dtype, args.dtype.as_deref()) {
         (_, Some("bf16")) => DType::BF16,
         (_, Some("f16")) => DType::F16,
@@ -94,7 +120,19 @@ fn gpu(args: &AttnArgs, q: &HostTensor, k: &HostTensor, v: &HostTensor, shape: &
     let (qd, kd, vd) = (up(q)?, up(k)?, up(v)?);
     let params = AttnParams { softmax_scale: Some(scale as f32), causal: args.causal, kernel, ..AttnParams::default() };
     let out = ctx.attention(qd.view(), kd.view(), vd.view(), &params)?;
-    let o = out.o.to_f32(&ctx)?.into_iter().map(f64::from).collect();
+    let wide = |t: &DeviceTensor| -> Result<Vec<f64>> { Ok(t.to_f32(&ctx)?.into_iter().map(f64::from).collect()) };
+    let grads = match dout {
+        Some(g) => {
+            let gd = up(g)?;
+            // The backward runs on the reference kernels whatever kernel ran the forward.
+            let bwd_params = AttnParams { kernel: None, ..params };
+            let inputs =
+                BwdInputs { q: qd.view(), k: kd.view(), v: vd.view(), o: out.o.view(), lse: LseView::of(&out.lse), dout: gd.view() };
+            let g = ctx.attention_backward(&inputs, &bwd_params)?;
+            Some([wide(&g.dq)?, wide(&g.dk)?, wide(&g.dv)?])
+        }
+        None => None,
+    };
     let lse = ctx.stream().clone_dtoh(&out.lse)?.into_iter().take(shape.batch * shape.heads_q * shape.seqlen_q).map(f64::from).collect();
-    Ok((o, lse))
+    Ok(Outputs { o: wide(&out.o)?, lse, grads })
 }

@@ -91,6 +91,18 @@ pub enum IoError {
         /// Its shape.
         shape: Vec<usize>,
     },
+    /// A tensor's shape differs from the one it must have (`do` from `q`'s).
+    #[error("tensor `{name}` in `{}` has shape {shape:?}; expected {expected:?}", path.display())]
+    WrongShape {
+        /// The file.
+        path: PathBuf,
+        /// The tensor.
+        name: &'static str,
+        /// Its shape.
+        shape: Vec<usize>,
+        /// The shape it must have.
+        expected: Vec<usize>,
+    },
     /// A tensor to write has a number of values that does not fill its shape.
     #[error("tensor `{name}` has {len} values, its shape {shape:?} needs {}", shape.iter().product::<usize>())]
     Length {
@@ -129,12 +141,27 @@ pub fn read_qkv(path: &Path) -> Result<(HostTensor, HostTensor, HostTensor), IoE
     Ok((q, k, v))
 }
 
-/// Writes `o` (in `o.dtype`) and `lse` (in `lse.dtype`, F32 normally, `[B, Hq, Sq]`) to `path`.
-pub fn write_outputs(path: &Path, o: &HostTensor, lse: &HostTensor) -> Result<(), IoError> {
-    write_tensors(path, &[("o", o), ("lse", lse)])
+/// Reads the optional tensor `do` (the output's gradient) of `path`: `None` when the file has
+/// none; else it must have `q`'s dtype and shape.
+pub fn read_dout(path: &Path, q: &HostTensor) -> Result<Option<HostTensor>, IoError> {
+    let bytes = std::fs::read(path).map_err(|source| IoError::Read { path: path.into(), source })?;
+    let file = SafeTensors::deserialize(&bytes).map_err(|source| IoError::Format { path: path.into(), source })?;
+    if !file.names().contains(&"do") {
+        return Ok(None);
+    }
+    let dout = read_tensor(&file, path, "do")?;
+    if dout.dtype != q.dtype {
+        let (dtype, expected) = (format!("{:?}", dout.dtype), format!("{:?} like `q`", q.dtype));
+        return Err(IoError::WrongDType { path: path.into(), name: "do", dtype, expected });
+    }
+    if dout.shape != q.shape {
+        return Err(IoError::WrongShape { path: path.into(), name: "do", shape: dout.shape, expected: q.shape.clone() });
+    }
+    Ok(Some(dout))
 }
 
-fn write_tensors(path: &Path, tensors: &[(&'static str, &HostTensor)]) -> Result<(), IoError> {
+/// Writes the named tensors to `path`, each in its own dtype.
+pub fn write_tensors(path: &Path, tensors: &[(&'static str, &HostTensor)]) -> Result<(), IoError> {
     let mut encoded = Vec::with_capacity(tensors.len());
     for &(name, t) in tensors {
         if t.data.len() != t.shape.iter().product::<usize>() {
@@ -233,7 +260,7 @@ mod tests {
             let path = dir.path().join("out.safetensors");
             let o = tensor(&[1, 3, 2, 4], dtype, 5);
             let lse = HostTensor { shape: vec![1, 2, 3], dtype: FileDType::F32, data: vec![f64::NEG_INFINITY, 0.5, 1.0, -2.0, 3.25, 0.0] };
-            write_outputs(&path, &o, &lse).unwrap();
+            write_tensors(&path, &[("o", &o), ("lse", &lse)]).unwrap();
             let bytes = std::fs::read(&path).unwrap();
             let file = SafeTensors::deserialize(&bytes).unwrap();
             assert_eq!(read_tensor(&file, &path, "o").unwrap(), o, "{dtype:?}");
@@ -253,7 +280,7 @@ mod tests {
         ] {
             let o = HostTensor { shape: vec![1, 1, 1, 4], dtype, data: data.clone() };
             let lse = HostTensor { shape: vec![1, 1, 1], dtype: FileDType::F32, data: vec![0.0] };
-            write_outputs(&path, &o, &lse).unwrap();
+            write_tensors(&path, &[("o", &o), ("lse", &lse)]).unwrap();
             let bytes = std::fs::read(&path).unwrap();
             let read = read_tensor(&SafeTensors::deserialize(&bytes).unwrap(), &path, "o").unwrap();
             assert_eq!(read.data, data.iter().map(|&x| round(x)).collect::<Vec<_>>());
@@ -318,7 +345,7 @@ mod tests {
         assert!(matches!(err, IoError::Format { .. }) && err.to_string().contains("absent.safetensors"), "{err}");
 
         let o = tensor(&[1, 1, 1, 2], FileDType::F32, 0);
-        let err = write_outputs(&dir.path().join("no/such/dir.safetensors"), &o, &o).unwrap_err();
+        let err = write_tensors(&dir.path().join("no/such/dir.safetensors"), &[("o", &o), ("lse", &o)]).unwrap_err();
         assert!(matches!(err, IoError::Write { .. }), "{err:?}");
     }
 
@@ -327,7 +354,22 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let o = tensor(&[1, 1, 1, 2], FileDType::F32, 0);
         let lse = HostTensor { shape: vec![1, 1, 2], dtype: FileDType::F32, data: vec![0.0] };
-        let err = write_outputs(&dir.path().join("out.safetensors"), &o, &lse).unwrap_err();
+        let err = write_tensors(&dir.path().join("out.safetensors"), &[("o", &o), ("lse", &lse)]).unwrap_err();
         assert!(err.to_string().contains("tensor `lse` has 1 values, its shape [1, 1, 2] needs 2"), "{err}");
+    }
+
+    #[test]
+    fn the_output_gradient_is_optional_and_shaped_like_q() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("qkv.safetensors");
+        let [q, k, v] = qkv(FileDType::F32);
+        write_tensors(&path, &[("q", &q), ("k", &k), ("v", &v)]).unwrap();
+        assert_eq!(read_dout(&path, &q).unwrap(), None);
+        let dout = tensor(&q.shape, FileDType::F32, 7);
+        write_tensors(&path, &[("q", &q), ("k", &k), ("v", &v), ("do", &dout)]).unwrap();
+        assert_eq!(read_dout(&path, &q).unwrap(), Some(dout));
+        write_tensors(&path, &[("q", &q), ("k", &k), ("v", &v), ("do", &k)]).unwrap();
+        let err = read_dout(&path, &q).unwrap_err();
+        assert!(matches!(err, IoError::WrongShape { name: "do", .. }), "{err:?}");
     }
 }
