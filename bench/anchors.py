@@ -12,6 +12,8 @@ file holding that output) and every backend
 
 this times one forward pass the way `flashcore bench` does (DESIGN §6) and writes
 `anchors-<suite>-<system>.json` in the schema of `flashcore bench --json` (schema 1).
+For the suite `bwd` it times the backward alone instead: eager `torch.autograd.grad` of
+one forward (graph retained), TFLOPS at 2.5x the forward's FLOPs.
 
 Conventions, matching flashcore:
 - q [B, Sq, Hq, D], k, v [B, Sk, Hkv, D] (BSHD), handed to SDPA as the BHSD view
@@ -125,12 +127,18 @@ def is_decode(case):
     return case["seqlen_q"] == 1
 
 
-def metrics(case, median_ms):
-    """(tflops, gbps) of a case run in median_ms; gbps only for decode (Sq = 1)."""
+# The backward's FLOPs over the forward's (FlashAttention's convention), for suites that time
+# the backward (`flashcore bench --suite bwd`).
+BACKWARD_SUITES = {"bwd": 2.5}
+
+
+def metrics(case, median_ms, flop_factor=1.0):
+    """(tflops, gbps) of a case run in median_ms; gbps only for decode (Sq = 1). flop_factor:
+    2.5 for a backward pass."""
     if median_ms is None or median_ms <= 0:
         return None, None
     secs = median_ms * 1e-3
-    tflops = flops(case) / secs * 1e-12
+    tflops = flop_factor * flops(case) / secs * 1e-12
     gbps = kv_bytes(case) / secs * 1e-9 if is_decode(case) else None
     return tflops, gbps
 
@@ -205,7 +213,7 @@ def parse_suite(text):
     return d["suite"], cases
 
 
-def make_row(case, kernel, status, message=None, samples_ms=(), rel_error=None, **extra):
+def make_row(case, kernel, status, message=None, samples_ms=(), rel_error=None, flop_factor=1.0, **extra):
     """One result row in flashcore's schema; median/min/max and metrics derived from samples."""
     assert status in ("ok", "unsupported", "error"), status
     samples = [float(s) for s in samples_ms]
@@ -213,7 +221,7 @@ def make_row(case, kernel, status, message=None, samples_ms=(), rel_error=None, 
     if samples:
         srt = sorted(samples)
         med, mn, mx = srt[len(srt) // 2], srt[0], srt[-1]  # the same median index as flashcore
-    tflops, gbps = metrics(case, med)
+    tflops, gbps = metrics(case, med, flop_factor)
     row = {
         "case": case,
         "kernel": kernel,
@@ -555,6 +563,37 @@ def bench_case(torch, key, case, args, l2_bytes):
         torch.cuda.empty_cache()
 
 
+def bench_backward_case(torch, key, case, args):
+    """The backward alone: eager `torch.autograd.grad` of one forward (graph retained), the
+    backend forced for both passes, median of the samples (as DESIGN §7's anchors)."""
+    runner = Runner(torch, key, case)
+    try:
+        q, k, v = (t.detach().requires_grad_() for t in make_inputs(torch, case, 1000))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                with runner.ctx():
+                    o = runner(q, k, v)
+                    dout = torch.randn_like(o)
+                    torch.autograd.grad(o, (q, k, v), dout, retain_graph=True)
+                torch.cuda.synchronize()
+            except Exception as e:  # noqa: BLE001 - recorded, not swallowed
+                status = "unsupported" if refusal(e) else "error"
+                return make_row(case, runner.kernel, status, exception_text(e, caught), flop_factor=BACKWARD_SUITES[args.suite_name])
+
+        def backward():
+            with runner.ctx():
+                torch.autograd.grad(o, (q, k, v), dout, retain_graph=True)
+
+        samples, n = time_calls(torch, lambda *_: backward(), [()], args.warmup, args.samples, args.sample_ms, False)
+        return make_row(case, runner.kernel + " (backward)", "ok", None, samples, None, flop_factor=BACKWARD_SUITES[args.suite_name], timing="eager", calls_per_sample=n)
+    except torch.cuda.OutOfMemoryError as e:
+        return make_row(case, runner.kernel, "error", f"OutOfMemoryError: {str(e).strip()[:500]}")
+    finally:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
 def load_suite(args):
     if args.suite_json:
         with open(args.suite_json) as f:
@@ -598,6 +637,7 @@ def main(argv=None):
     if bad:
         sys.exit(f"anchors.py: unknown backends {bad}; known: {', '.join(SYSTEMS)}")
     suite, cases = load_suite(args)
+    args.suite_name = suite
     try:
         import torch
     except ImportError:
@@ -616,16 +656,18 @@ def main(argv=None):
         rows = []
         for case in cases:
             t0 = time.time()
-            row = bench_case(torch, key, case, args, l2)
+            row = bench_backward_case(torch, key, case, args) if suite in BACKWARD_SUITES else bench_case(torch, key, case, args, l2)
             rows.append(row)
             write_json(path, make_report(system, suite, env, rows))  # after every case: partial results survive
             val = row["gbps"] if row["gbps"] is not None else row["tflops"]
             unit = "GB/s" if row["gbps"] is not None else "TFLOPS"
             if row["status"] == "ok":
                 eager = row.get("eager_median_ms")
+                rel = f"{row['rel_error']:.1e}" if row["rel_error"] is not None else "—"
+                eager = f"{eager * 1e3:.1f} us" if eager is not None else "—"
                 print(
                     f"{system:<15} {case['name']:<44} {row['median_ms'] * 1e3:10.1f} us  {val:8.1f} {unit:<6}"
-                    f" rel {row['rel_error']:.1e}  eager {eager * 1e3:.1f} us  ({time.time() - t0:.1f}s)",
+                    f" rel {rel}  eager {eager}  ({time.time() - t0:.1f}s)",
                     flush=True,
                 )
             else:

@@ -105,8 +105,9 @@ def case_order(suite_data, suite=None):
     return order
 
 
-def value(row):
-    """(metric value, unit) of a row, or (None, unit) when it has no usable time."""
+def value(row, suite=None):
+    """(metric value, unit) of a row, or (None, unit) when it has no usable time. Rows of a
+    backward suite count 2.5x the forward's FLOPs."""
     case = dict(row["case"])
     decode = case.get("seqlen_q") == 1
     unit = "GB/s" if decode else "TFLOPS"
@@ -114,7 +115,7 @@ def value(row):
         return None, unit
     med = row.get("median_ms")
     if med is not None and med > 0:
-        tflops, gbps = anchors.metrics(case, med)
+        tflops, gbps = anchors.metrics(case, med, anchors.BACKWARD_SUITES.get(suite, 1.0))
         return (gbps if decode else tflops), unit
     v = row.get("gbps" if decode else "tflops")
     return (v if isinstance(v, (int, float)) and math.isfinite(v) else None), unit
@@ -164,7 +165,7 @@ def suite_table(suite, suite_data, with_flashcore=False):
         case = next(r["case"] for r in rows.values() if r)
         vals, unit = {}, None
         for s, r in rows.items():
-            vals[s], u = value(r) if r else (None, None)
+            vals[s], u = value(r, suite) if r else (None, None)
             unit = unit or u
         best = max((v for v in vals.values() if v is not None), default=None)
         cells = case_cells(case) + [unit or ""]
@@ -184,7 +185,7 @@ def suite_table(suite, suite_data, with_flashcore=False):
         if FC in systems:
             cells.append(fmt_us(rows[FC]))
         if anchor_systems:
-            ok = [rows[s] for s in anchor_systems if rows[s] and value(rows[s])[0] is not None]
+            ok = [rows[s] for s in anchor_systems if rows[s] and value(rows[s], suite)[0] is not None]
             cells.append(fmt_us(min(ok, key=lambda r: r["median_ms"]) if ok else None))
         lines.append("| " + " | ".join(cells) + " |")
     notes = []

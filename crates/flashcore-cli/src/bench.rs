@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
 use crate::cases::{errors, random_qkv, Case, Inputs, Storage, Stored};
-use crate::suites;
+use crate::{bench_bwd, suites};
 
 /// Query rows checked against the GPU reference after timing (the last rows, which keep
 /// the bottom-right causal alignment when the queries are narrowed).
@@ -18,7 +18,8 @@ const VERIFY_ROWS: usize = 128;
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
-    /// Suite to run: quick, seed, sweep, small, dims.
+    /// Suite to run: quick, seed, sweep, small, dims; bwd (the sweep's cases, backward alone
+    /// and forward + backward).
     #[arg(long, default_value = "quick")]
     suite: String,
     /// Only the cases whose name contains any of these substrings (comma-separated), e.g.
@@ -90,6 +91,10 @@ pub struct Row {
     /// Median of launches issued one by one from the host (what an eager caller sees).
     #[serde(default)]
     pub eager_median_ms: Option<f64>,
+    /// Suite `bwd`: forward + backward per sample, timed as `median_ms` (which is then the
+    /// backward alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fwd_bwd_median_ms: Option<f64>,
 }
 
 pub fn run(args: &BenchArgs) -> Result<bool> {
@@ -121,7 +126,11 @@ pub fn run(args: &BenchArgs) -> Result<bool> {
     let mut rows = Vec::new();
     for case in &cases {
         bar.set_message(case.name.clone());
-        rows.push(bench_case(&ctx, case, family, args)?);
+        let row = match suite_name.as_str() {
+            "bwd" => bench_bwd::bench_case(&ctx, case, args.samples, args.eager, args.inputs)?,
+            _ => bench_case(&ctx, case, family, args)?,
+        };
+        rows.push(row);
         bar.inc(1);
     }
     bar.finish_and_clear();
@@ -176,7 +185,7 @@ fn utc_date(unix_secs: u64) -> String {
     format!("{year:04}-{month:02}-{day:02}")
 }
 
-fn unsupported(case: &Case, status: &str, message: String) -> Row {
+pub fn unsupported(case: &Case, status: &str, message: String) -> Row {
     Row {
         case: case.clone(),
         kernel: None,
@@ -191,6 +200,7 @@ fn unsupported(case: &Case, status: &str, message: String) -> Row {
         rel_error: None,
         timing: None,
         eager_median_ms: None,
+        fwd_bwd_median_ms: None,
     }
 }
 
@@ -242,6 +252,7 @@ fn bench_case(ctx: &Context, case: &Case, family: Option<KernelFamily>, args: &B
         rel_error,
         timing: Some(if args.eager { "eager" } else { "graph" }.into()),
         eager_median_ms: Some(eager.median_ms),
+        fwd_bwd_median_ms: None,
     })
 }
 

@@ -2,6 +2,7 @@
 
 mod attn;
 mod bench;
+mod bench_bwd;
 mod cases;
 mod check;
 mod check_bwd;

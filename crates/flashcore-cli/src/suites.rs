@@ -4,7 +4,7 @@ use flashcore::DType;
 
 use crate::cases::Case;
 
-pub const NAMES: &[&str] = &["quick", "seed", "sweep", "small", "dims"];
+pub const NAMES: &[&str] = &["quick", "seed", "sweep", "small", "dims", "bwd"];
 
 /// 16k tokens per batch, hidden 2048: `B = 16384 / S`, `H = 2048 / D`.
 fn sweep_case(s: usize, d: usize, causal: bool) -> Case {
@@ -23,7 +23,8 @@ pub fn suite(name: &str) -> Option<Vec<Case>> {
             Case::new(16, 512, 512, 16, 16, 64, false, DType::F16),
             decode_case(8, 4096),
         ],
-        "sweep" => {
+        // The backward's sweep: the forward sweep's cases (`flashcore bench --suite bwd`).
+        "sweep" | "bwd" => {
             let mut v = Vec::new();
             for d in [64, 128, 256] {
                 for causal in [false, true] {

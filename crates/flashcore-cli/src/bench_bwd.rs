@@ -1,0 +1,96 @@
+//! `flashcore bench --suite bwd`: the backward alone, and forward + backward, timed as the
+//! forward is (CUDA events, warm-up, median of the samples, input sets rotated while they fit
+//! in L2). FLOPs: the backward counts 2.5x the forward's, forward + backward 3.5x
+//! (FlashAttention's convention); `tflops` is the backward's.
+
+use anyhow::Result;
+use flashcore::bench::{time, TimingOptions};
+use flashcore::{AttnOutput, AttnParams, BwdInputs, Context, DeviceTensor, Error, GradsMut, LseView};
+
+use crate::bench::{unsupported, Row};
+use crate::cases::{normal, random_qkv, Case, Inputs, Storage, Stored};
+
+/// The backward's FLOPs over the forward's.
+pub const BWD_FLOP_FACTOR: f64 = 2.5;
+
+/// One input set: q, k, v, dout, and the forward's o and lse for them.
+struct Set {
+    q: Stored,
+    k: Stored,
+    v: Stored,
+    dout: Stored,
+    fwd: AttnOutput,
+}
+
+pub fn bench_case(ctx: &Context, case: &Case, samples: usize, eager_only: bool, inputs: Inputs) -> Result<Row> {
+    let params = AttnParams { causal: case.causal, ..Default::default() };
+    let shape = case.shape();
+    let set_bytes = 2.0 * shape.min_bytes(case.dtype.size_bytes()); // q, k, v, o and dout
+    let n_sets = ((4.0 * ctx.info().l2_bytes as f64 / set_bytes).ceil() as usize).clamp(1, 8);
+    let mut sets = Vec::new();
+    for s in 0..n_sets {
+        let seed = 2000 + s as u64;
+        let h = random_qkv(case, inputs, seed);
+        let up = |data: &[f32], sh| Stored::upload(ctx, data, sh, case.dtype, Storage::Bshd);
+        let (q, k, v) = (up(&h.q, case.q_shape())?, up(&h.k, case.kv_shape())?, up(&h.v, case.kv_shape())?);
+        let dout = up(&normal(h.q.len(), 1.0, case.dtype, seed ^ 0xd0), case.q_shape())?;
+        let fwd = ctx.attention(q.view(), k.view(), v.view(), &params)?;
+        sets.push(Set { q, k, v, dout, fwd });
+    }
+    let mut dq = DeviceTensor::filled(ctx, 0, case.q_shape(), case.dtype)?;
+    let mut dk = DeviceTensor::filled(ctx, 0, case.kv_shape(), case.dtype)?;
+    let mut dv = DeviceTensor::filled(ctx, 0, case.kv_shape(), case.dtype)?;
+    let mut o = DeviceTensor::filled(ctx, 0, case.q_shape(), case.dtype)?;
+    let mut lse = ctx.stream().alloc_zeros::<f32>(case.batch * case.heads_q * case.seqlen_q)?;
+    let opts = |graph| TimingOptions { samples, graph, ..Default::default() };
+
+    let mut backward = |graph: bool| {
+        time(ctx, opts(graph), |i| {
+            let s = &sets[i % n_sets];
+            let inputs = BwdInputs {
+                q: s.q.view(),
+                k: s.k.view(),
+                v: s.v.view(),
+                o: s.fwd.o.view(),
+                lse: LseView::of(&s.fwd.lse),
+                dout: s.dout.view(),
+            };
+            ctx.attention_backward_into(&inputs, GradsMut { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut() }, &params)
+        })
+    };
+    let timings = backward(!eager_only).and_then(|t| Ok((t, backward(false)?)));
+    let (timing, eager) = match timings {
+        Ok(t) => t,
+        Err(e @ (Error::Unsupported { .. } | Error::HeadDim { .. })) => return Ok(unsupported(case, "unsupported", e.to_string())),
+        Err(e) => return Ok(unsupported(case, "error", e.to_string())),
+    };
+    let fwd_bwd = time(ctx, opts(!eager_only), |i| {
+        let s = &sets[i % n_sets];
+        ctx.attention_into(s.q.view(), s.k.view(), s.v.view(), o.view_mut(), Some(&mut lse), &params)?;
+        let inputs = BwdInputs { q: s.q.view(), k: s.k.view(), v: s.v.view(), o: o.view(), lse: LseView::of(&lse), dout: s.dout.view() };
+        ctx.attention_backward_into(&inputs, GradsMut { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut() }, &params)
+    })?;
+    let flops = shape.flops(case.causal);
+    let tflops = |ms: f64, factor: f64| factor * flops / (ms * 1e-3) * 1e-12;
+    Ok(Row {
+        case: case.clone(),
+        kernel: Some("reference (backward)".into()),
+        status: "ok".into(),
+        message: Some(format!(
+            "forward + backward {:.4} ms, {:.1} TFLOPS at {}x the forward's FLOPs",
+            fwd_bwd.median_ms,
+            tflops(fwd_bwd.median_ms, 1.0 + BWD_FLOP_FACTOR),
+            1.0 + BWD_FLOP_FACTOR
+        )),
+        median_ms: Some(timing.median_ms),
+        min_ms: Some(timing.min_ms),
+        max_ms: Some(timing.max_ms),
+        samples_ms: timing.samples_ms,
+        tflops: Some(tflops(timing.median_ms, BWD_FLOP_FACTOR)),
+        gbps: None,
+        rel_error: None,
+        timing: Some(if eager_only { "eager" } else { "graph" }.into()),
+        eager_median_ms: Some(eager.median_ms),
+        fwd_bwd_median_ms: Some(fwd_bwd.median_ms),
+    })
+}
