@@ -17,8 +17,10 @@ struct BwdParams {
     void* dq;
     void* dk;
     void* dv;
-    // Workspace: D_i = rowsum(dO ∘ O), [B, Hq, Sq] f32.
+    // Workspace: D_i = rowsum(dO ∘ O), [B, Hq, Sq] f32; and dQ's f32 accumulator
+    // [B, Sq, Hq, D] contiguous (bwd_sm80; unused by the reference).
     float* dsum;
+    float* dq_accum;
 
     long long q_stride_b, q_stride_s, q_stride_h;
     long long k_stride_b, k_stride_s, k_stride_h;

@@ -12,6 +12,12 @@ __device__ __forceinline__ u32 add(u32* addr, u32 value) {
     return old;
 }
 
+// *addr += value, no result (a reduction: the memory system adds, the thread goes on). No
+// memory clobber: it orders nothing else; callers that read the sum synchronise otherwise.
+__device__ __forceinline__ void red_add(float* addr, float value) {
+    asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;\n" ::"l"(addr), "f"(value));
+}
+
 // Orders this thread's earlier memory operations before its later ones, for every thread
 // on the GPU.
 __device__ __forceinline__ void fence_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }

@@ -41,9 +41,11 @@ def attention_backward(
     softmax_scale: Optional[float],
     causal: bool,
     deterministic: bool,
-) -> None:
+) -> str:
     """Gradients dq, dk, dv (written) of attention with the forward's o and lse (f32
-    [B, Hq, Sq]) given dout; scratch as for attention_forward."""
+    [B, Hq, Sq]) given dout; scratch as for attention_forward. Returns the kernel variant
+    that ran (bwd_sm80_..., or reference_... for head dims bwd_sm80 lacks and for
+    deterministic gradients)."""
 
 def plan(device: int, q_shape: Sequence[int], k_shape: Sequence[int], dtype_name: str, causal: bool, num_splits: Optional[int] = None) -> str:
     """The kernel variant, tile and grid FlashCore would run for this problem."""

@@ -82,6 +82,13 @@ def _fwd_fake(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: boo
     return q.new_empty((b, sq, hq, d)), q.new_empty((b, hq, sq), dtype=torch.float32)
 
 
+_SLOW_BACKWARD = (
+    "flashcore: this backward ran on FlashCore's naive reference kernels (exact and deterministic, but far "
+    "slower than cuDNN or FlashAttention): the tensor-core backward takes head dims 64 and 128 without "
+    "deterministic=True for now"
+)
+
+
 def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, dout: Tensor, softmax_scale: float, causal: bool, deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients `(dq, dk, dv)`, laid out like `q`, `k`, `v` (dk and dv summed over the query
     heads that share a KV head)."""
@@ -97,7 +104,7 @@ def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, dout: Tens
         keep.append(buf)
         return buf.data_ptr()
 
-    _flashcore.attention_backward(
+    kernel = _flashcore.attention_backward(
         q.device.index,
         _current_stream(q.device),
         _arg(q),
@@ -114,6 +121,8 @@ def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, dout: Tens
         causal,
         deterministic,
     )
+    if kernel.startswith("reference"):
+        warnings.warn(_SLOW_BACKWARD, stacklevel=3)  # once per call site, by Python's default filter
     return dq, dk, dv
 
 
@@ -136,14 +145,7 @@ def _fwd_setup_context(ctx, inputs, output) -> None:
     ctx.mark_non_differentiable(lse)
 
 
-_SLOW_BACKWARD = (
-    "flashcore: the backward pass runs on FlashCore's naive reference kernels for now: exact and "
-    "deterministic, but far slower than cuDNN or FlashAttention; the fast backward kernels are in progress"
-)
-
-
 def _fwd_backward(ctx, grad_o, grad_lse):
-    warnings.warn(_SLOW_BACKWARD, stacklevel=2)  # shown once per call site by Python's default filter
     q, k, v, o, lse = ctx.saved_tensors
     dq, dk, dv = bwd(q, k, v, o, lse, grad_o, ctx.softmax_scale, ctx.causal, ctx.deterministic)
     return dq, dk, dv, None, None, None, None

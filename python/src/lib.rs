@@ -116,7 +116,7 @@ fn attention_forward(
 
 /// The backward pass on `stream` of `device`: `dq`, `dk`, `dv` (written) from `q`, `k`, `v`,
 /// the forward's `o` and `lse` (`(address, elements)`, f32 `[B, Hq, Sq]`) and `dout`. Scratch
-/// as for `attention_forward` (4·B·Hq·Sq bytes).
+/// as for `attention_forward`. Returns the name of the kernel variant that ran.
 #[pyfunction]
 #[pyo3(signature = (device, stream, q, k, v, o, lse, dout, dq, dk, dv, scratch, softmax_scale, causal, deterministic))]
 #[allow(clippy::too_many_arguments)]
@@ -137,7 +137,7 @@ fn attention_backward(
     softmax_scale: Option<f32>,
     causal: bool,
     deterministic: bool,
-) -> PyResult<()> {
+) -> PyResult<String> {
     let names = ["q", "k", "v", "o", "dout", "dq", "dk", "dv"];
     let args = [&q, &k, &v, &o, &dout, &dq, &dk, &dv];
     let mut layouts = Vec::with_capacity(args.len());
@@ -146,6 +146,10 @@ fn attention_backward(
     }
     let ctx = context(device)?;
     let params = AttnParams { deterministic, ..params(softmax_scale, causal, None) };
+    let [batch, seqlen_q, heads_q, head_dim] = layouts[0].shape;
+    let [_, seqlen_k, heads_kv, _] = layouts[1].shape;
+    let shape = ProblemShape { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim };
+    let kernel = ctx.backward_variant(&shape, layouts[0].dtype, &params).map_err(to_py)?.name();
     let mut scratch_error: Option<PyErr> = None;
     let result = py.detach(|| {
         let mut scratch = scratch_fn(&scratch, &mut scratch_error);
@@ -166,7 +170,7 @@ fn attention_backward(
     });
     match (result, scratch_error) {
         (Err(_), Some(e)) => Err(e),
-        (result, _) => result.map_err(to_py),
+        (result, _) => result.map(|()| kernel).map_err(to_py),
     }
 }
 

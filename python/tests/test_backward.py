@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch", reason="needs PyTorch")
 import flashcore  # noqa: E402
 from helpers import REL_BOUND, randn, reference_autograd, rel_l2  # noqa: E402
 
-warnings.filterwarnings("ignore", message="flashcore: the backward pass runs")
+warnings.filterwarnings("ignore", message="flashcore: this backward ran on")
 
 # (B, Sq, Sk, Hq, Hkv, D): odd lengths, Sq != Sk both ways (rows that see no key under the
 # causal mask), GQA and MQA, several head dims.
@@ -110,12 +110,17 @@ def test_a_compiled_training_step_matches_eager():
     assert torch.allclose(compiled.float(), eager.float(), rtol=1e-2, atol=1e-3)
 
 
-def test_the_slow_backward_says_so():
-    q, k, v = (randn(1, 16, 2, 64, seed=s).requires_grad_() for s in range(3))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        flashcore.flash_attn_func(q, k, v).sum().backward()
-    assert any("naive reference kernels" in str(w.message) for w in caught)
+def test_the_slow_backward_says_so_and_the_fast_one_does_not():
+    def warned(d, deterministic):
+        q, k, v = (randn(1, 16, 2, d, seed=s).requires_grad_() for s in range(3))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            flashcore.flash_attn_func(q, k, v, deterministic=deterministic).sum().backward()
+        return any("naive reference kernels" in str(w.message) for w in caught)
+
+    assert not warned(64, False), "D64 runs bwd_sm80"
+    assert warned(64, True), "deterministic gradients run on the reference kernels"
+    assert warned(256, False), "D256 runs on the reference kernels"
 
 
 def test_empty_problems_have_empty_or_zero_gradients():

@@ -24,6 +24,10 @@ struct Set {
 
 pub fn bench_case(ctx: &Context, case: &Case, samples: usize, eager_only: bool, inputs: Inputs) -> Result<Row> {
     let params = AttnParams { causal: case.causal, ..Default::default() };
+    let kernel = match ctx.backward_variant(&case.shape(), case.dtype, &params) {
+        Ok(v) => v.name(),
+        Err(e) => return Ok(unsupported(case, "unsupported", e.to_string())),
+    };
     let shape = case.shape();
     let set_bytes = 2.0 * shape.min_bytes(case.dtype.size_bytes()); // q, k, v, o and dout
     let n_sets = ((4.0 * ctx.info().l2_bytes as f64 / set_bytes).ceil() as usize).clamp(1, 8);
@@ -74,7 +78,7 @@ pub fn bench_case(ctx: &Context, case: &Case, samples: usize, eager_only: bool, 
     let tflops = |ms: f64, factor: f64| factor * flops / (ms * 1e-3) * 1e-12;
     Ok(Row {
         case: case.clone(),
-        kernel: Some("reference (backward)".into()),
+        kernel: Some(kernel),
         status: "ok".into(),
         message: Some(format!(
             "forward + backward {:.4} ms, {:.1} TFLOPS at {}x the forward's FLOPs",

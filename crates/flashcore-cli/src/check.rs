@@ -182,13 +182,14 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
         (_, true) => Depth::Quick,
         _ => Depth::Full,
     };
-    let all: Vec<(KernelFamily, Spec)> = families.iter().flat_map(|&f| specs(f, depth).into_iter().map(move |s| (f, s))).collect();
-    // The backward runs on the reference kernels: checked with them.
-    let backward = if families.contains(&KernelFamily::Reference) {
-        check_bwd::specs(depth == Depth::Quick, depth == Depth::Smoke)
-    } else {
-        Vec::new()
-    };
+    let forward = families.iter().filter(|f| !f.is_backward());
+    let all: Vec<(KernelFamily, Spec)> = forward.flat_map(|&f| specs(f, depth).into_iter().map(move |s| (f, s))).collect();
+    // The backward's kernels: bwd_sm80, and the reference (which has both passes).
+    let backward: Vec<check_bwd::BwdSpec> = families
+        .iter()
+        .filter(|f| f.is_backward() || **f == KernelFamily::Reference)
+        .flat_map(|&f| check_bwd::specs(f, depth == Depth::Quick, depth == Depth::Smoke))
+        .collect();
     let label = ["smoke", "quick", "full"][depth as usize];
     println!("{label} check on {} ({arch}): {} forward and {} backward cases", ctx.info().name, all.len(), backward.len());
     let bar = ProgressBar::new((all.len() + backward.len()) as u64)

@@ -1,9 +1,11 @@
 //! The backward pass: `dq`, `dk`, `dv` from `q`, `k`, `v`, the forward's `o` and `lse`, and
 //! `dout`. Its public calls are methods of [`Context`], beside the forward's.
 //!
-//! For now every backward runs on the naive reference kernels (`kernels/reference.cu`): exact
-//! fp32 gradients, deterministic, but far from fast. The FlashAttention-2-style `bwd_sm80`
-//! and the Hopper `bwd_sm90` are to replace them by default (issues 15 and 16).
+//! Kernels: `bwd_sm80` (FlashAttention-2's algorithm, mma.sync) for D 64 and 128 by default;
+//! the naive reference kernels (`kernels/reference.cu`: exact f32 gradients, deterministic,
+//! slow) for the other head dims, for `deterministic` (bwd_sm80 adds dQ with atomics), and
+//! when `params.kernel` names the reference. A forward family named in `params.kernel`
+//! concerns the forward only.
 
 use std::sync::Arc;
 
@@ -12,7 +14,7 @@ use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
 use crate::context::{Context, LoadedKernel};
 use crate::error::{DriverContext, Error, Result};
 use crate::external::{CurrentContextGuard, ExternalStream};
-use crate::kernels::{reference, BwdParams, KernelFamily};
+use crate::kernels::{bwd_sm80, reference, BwdParams, KernelFamily};
 use crate::params::{AttnParams, ProblemShape};
 use crate::tensor::{DeviceTensor, LseView, TensorView, TensorViewMut};
 use crate::validate;
@@ -99,6 +101,14 @@ impl Context {
         self.run_backward(&borrowed, inputs, grads, scratch, params)
     }
 
+    /// The kernel variant the backward of `shape` runs (see the module's documentation).
+    pub fn backward_variant(&self, shape: &ProblemShape, dtype: crate::DType, params: &AttnParams) -> Result<crate::Variant> {
+        Ok(match backward_family(shape, params)? {
+            KernelFamily::BwdSm80 => bwd_sm80::variant(dtype, shape.head_dim, params.causal),
+            _ => reference::variant(dtype),
+        })
+    }
+
     fn run_backward(
         &self,
         stream: &Arc<CudaStream>,
@@ -120,14 +130,11 @@ impl Context {
         validate::lse_alignment(lse.ptr)?;
         let scale = params.scale_for(shape.head_dim);
         validate::softmax_scale(scale)?;
-        if let Some(family) = params.kernel.filter(|&f| f != KernelFamily::Reference) {
-            return Err(Error::Unsupported {
-                kernel: family.name().into(),
-                msg: "has no backward pass yet: the backward runs on the reference kernels".into(),
-            });
-        }
+        let family = backward_family(&shape, params)?;
         let rows = shape.batch * shape.heads_q * shape.seqlen_q;
-        let dsum = scratch(rows * std::mem::size_of::<f32>())?;
+        let dsum_bytes = (rows * std::mem::size_of::<f32>()).next_multiple_of(256);
+        let dq_accum_bytes = if family == KernelFamily::BwdSm80 { rows * shape.head_dim * std::mem::size_of::<f32>() } else { 0 };
+        let dsum = scratch(dsum_bytes + dq_accum_bytes)?;
         validate::scratch_alignment(dsum)?;
         let stride = |t: &TensorView| [0, 1, 2].map(|i| t.layout.strides[i] as i64);
         let p = BwdParams {
@@ -141,6 +148,7 @@ impl Context {
             dk: dk.ptr,
             dv: dv.ptr,
             dsum,
+            dq_accum: if dq_accum_bytes > 0 { dsum + dsum_bytes as u64 } else { 0 },
             q_strides: stride(&q),
             k_strides: stride(&k),
             v_strides: stride(&v),
@@ -160,16 +168,69 @@ impl Context {
             causal: i32::from(params.causal),
             deterministic: i32::from(params.deterministic),
         };
-        let kernel = self.load(&reference::variant(q.layout.dtype))?;
-        launch_reference(stream, &kernel, &p, &shape)
+        match family {
+            KernelFamily::BwdSm80 => {
+                let kernel = self.load(&bwd_sm80::variant(q.layout.dtype, shape.head_dim, params.causal))?;
+                launch_sm80(stream, &kernel, &p, &shape)
+            }
+            _ => {
+                let kernel = self.load(&reference::variant(q.layout.dtype))?;
+                launch_reference(stream, &kernel, &p, &shape)
+            }
+        }
     }
+}
+
+/// Which kernels run the backward of `shape` (see the module's documentation).
+fn backward_family(shape: &ProblemShape, params: &AttnParams) -> Result<KernelFamily> {
+    let fast = bwd_sm80::HEAD_DIMS.contains(&shape.head_dim) && !params.deterministic;
+    match params.kernel {
+        Some(KernelFamily::Reference) => Ok(KernelFamily::Reference),
+        Some(KernelFamily::BwdSm80) if !fast => Err(Error::Unsupported {
+            kernel: KernelFamily::BwdSm80.name().into(),
+            msg: format!(
+                "takes head dims {:?} and is not deterministic (head dim {}, deterministic {})",
+                bwd_sm80::HEAD_DIMS,
+                shape.head_dim,
+                params.deterministic
+            ),
+        }),
+        _ if fast => Ok(KernelFamily::BwdSm80),
+        _ => Ok(KernelFamily::Reference),
+    }
+}
+
+/// D_i, then the main kernel (a CTA per key block, KV head and batch), then dQ's conversion;
+/// dQ's f32 accumulator zeroed first.
+fn launch_sm80(stream: &CudaStream, kernel: &LoadedKernel, p: &BwdParams, shape: &ProblemShape) -> Result<()> {
+    let [dsum_fn, dq_fn] = kernel.aux() else {
+        return Err(Error::Unsupported { kernel: kernel.variant.name(), msg: "lacks its D_i and dQ entry points".into() });
+    };
+    let accum_len = shape.batch * shape.seqlen_q * shape.heads_q * shape.head_dim;
+    // SAFETY: `p.dq_accum` is scratch memory of `accum_len` f32 values, used in stream order.
+    unsafe { cudarc::driver::sys::cuMemsetD32Async(p.dq_accum, 0, accum_len, stream.cu_stream()) }
+        .result()
+        .ctx("zeroing dQ's accumulator")?;
+    let block = bwd_sm80::BLOCK as usize;
+    let key_blocks = (shape.seqlen_k.div_ceil(block) as u32, shape.heads_kv as u32, shape.batch as u32);
+    let launches = [
+        (dsum_fn, (shape.seqlen_q.div_ceil(4) as u32, shape.heads_q as u32, shape.batch as u32), 128, 0, "D_i"),
+        (kernel.function(), key_blocks, 128, kernel.variant.smem_bytes, "dK, dV"),
+        (dq_fn, (accum_len.div_ceil(256) as u32, 1, 1), 256, 0, "dQ"),
+    ];
+    for (function, grid_dim, threads, smem, what) in launches {
+        let cfg = LaunchConfig { grid_dim, block_dim: (threads, 1, 1), shared_mem_bytes: smem };
+        // SAFETY: `p` matches `BwdParams`; its pointers were validated against their layouts.
+        unsafe { stream.launch_builder(function).arg(p).launch(cfg) }.ctx(format!("launching {} ({what})", kernel.variant.name()))?;
+    }
+    Ok(())
 }
 
 /// dQ and D_i (a warp per query row), then dK and dV (a warp per key row): 4 warps a block.
 fn launch_reference(stream: &CudaStream, kernel: &LoadedKernel, p: &BwdParams, shape: &ProblemShape) -> Result<()> {
-    let [dq_fn, dkv_fn] = kernel
-        .reference_backward()
-        .ok_or_else(|| Error::Unsupported { kernel: kernel.variant.name(), msg: "has no backward entry points".into() })?;
+    let [dq_fn, dkv_fn] = kernel.aux() else {
+        return Err(Error::Unsupported { kernel: kernel.variant.name(), msg: "has no backward entry points".into() });
+    };
     let rows_per_block = 4;
     let grids = [
         (dq_fn, (shape.seqlen_q.div_ceil(rows_per_block) as u32, shape.heads_q as u32, shape.batch as u32), "dq"),

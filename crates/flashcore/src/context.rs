@@ -63,15 +63,29 @@ pub struct LoadedKernel {
     function: CudaFunction,
     /// `fc_split_combine`, for split-KV variants.
     combine: Option<CudaFunction>,
-    /// `fc_reference_bwd_dq` and `fc_reference_bwd_dkv`, in the reference kernel's module.
-    reference_backward: Option<[CudaFunction; 2]>,
+    /// The module's other backward entry points (see `AUX_ENTRIES`).
+    aux: Vec<CudaFunction>,
 }
 
 impl LoadedKernel {
-    /// The reference backward's two entry points (dQ, then dK and dV), if this is the
-    /// reference kernel.
-    pub(crate) fn reference_backward(&self) -> Option<[&CudaFunction; 2]> {
-        self.reference_backward.as_ref().map(|[a, b]| [a, b])
+    /// The main entry point.
+    pub(crate) fn function(&self) -> &CudaFunction {
+        &self.function
+    }
+
+    /// The backward entry points besides the main one, in the order of `aux_entries`.
+    pub(crate) fn aux(&self) -> &[CudaFunction] {
+        &self.aux
+    }
+}
+
+/// Entry points a family's module has besides its main one, for the backward: the
+/// reference's dQ and dK/dV kernels; bwd_sm80's D_i and dQ conversion kernels.
+fn aux_entries(family: KernelFamily) -> &'static [&'static str] {
+    match family {
+        KernelFamily::Reference => &REFERENCE_BWD_ENTRIES,
+        KernelFamily::BwdSm80 => &[crate::kernels::bwd_sm80::DSUM_ENTRY, crate::kernels::bwd_sm80::DQ_ENTRY],
+        KernelFamily::FwdSm80 | KernelFamily::FwdSm90 => &[],
     }
 }
 
@@ -420,20 +434,17 @@ impl Context {
             true => Some(module.load_function(SPLIT_COMBINE_ENTRY).ctx(format!("finding {SPLIT_COMBINE_ENTRY} in {}", source.name))?),
             false => None,
         };
-        let reference_backward = match variant.family {
-            KernelFamily::Reference => {
-                let entry = |name: &str| module.load_function(name).ctx(format!("finding {name} in {}", source.name));
-                Some([entry(REFERENCE_BWD_ENTRIES[0])?, entry(REFERENCE_BWD_ENTRIES[1])?])
-            }
-            _ => None,
-        };
+        let aux = aux_entries(variant.family)
+            .iter()
+            .map(|name| module.load_function(name).ctx(format!("finding {name} in {}", source.name)))
+            .collect::<Result<Vec<_>>>()?;
         let kernel = Arc::new(LoadedKernel {
             variant: variant.clone(),
             resources: compiled.resources,
             from_cache: compiled.from_cache,
             function,
             combine,
-            reference_backward,
+            aux,
         });
         self.loaded.lock().unwrap().insert(variant.clone(), kernel.clone());
         Ok(kernel)

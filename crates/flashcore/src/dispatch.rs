@@ -96,6 +96,9 @@ pub fn default_family(device: &Device, shape: &ProblemShape) -> KernelFamily {
 pub fn plan(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnParams) -> Result<Plan> {
     let arch = device.arch;
     let family = params.kernel.unwrap_or_else(|| default_family(device, shape));
+    if family.is_backward() {
+        return Err(not_a_forward(family));
+    }
     if !family.runs_on(arch) {
         return Err(Error::Unsupported { kernel: family.name().into(), msg: format!("does not run on {arch}") });
     }
@@ -114,9 +117,14 @@ pub fn plan(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnPa
         KernelFamily::Reference => unsplit(reference::variant(dtype), &kshape),
         KernelFamily::FwdSm90 => unsplit(fwd_sm90::variant_for(dtype, &kshape, causal, device.sm_count as usize), &kshape),
         KernelFamily::FwdSm80 => sm80_plan(device, &kshape, dtype, causal, params.num_splits),
+        KernelFamily::BwdSm80 => return Err(not_a_forward(family)),
     };
     plan.packed_gqa = packed_gqa;
     Ok(plan)
+}
+
+fn not_a_forward(family: KernelFamily) -> Error {
+    Error::Unsupported { kernel: family.name().into(), msg: "is a backward kernel: see Context::attention_backward".into() }
 }
 
 fn unsplit(variant: Variant, shape: &ProblemShape) -> Plan {

@@ -1,6 +1,7 @@
 //! Kernel families: their variants, the compile-time configuration of each, and how each
 //! is launched. One file per family; this one holds what they share.
 
+pub(crate) mod bwd_sm80;
 pub(crate) mod fwd_sm80;
 pub(crate) mod fwd_sm90;
 pub(crate) mod reference;
@@ -61,6 +62,7 @@ pub(crate) struct BwdParams {
     pub dk: u64,
     pub dv: u64,
     pub dsum: u64,
+    pub dq_accum: u64,
     pub q_strides: [i64; 3],
     pub k_strides: [i64; 3],
     pub v_strides: [i64; 3],
@@ -81,7 +83,7 @@ pub(crate) struct BwdParams {
     pub deterministic: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<BwdParams>() == 80 + 8 * 24 + 40);
+const _: () = assert!(std::mem::size_of::<BwdParams>() == 88 + 8 * 24 + 40);
 
 // SAFETY: plain old data with the C layout the kernels expect.
 unsafe impl DeviceRepr for BwdParams {}
@@ -115,11 +117,13 @@ pub enum KernelFamily {
     FwdSm80,
     /// FlashAttention-3-style forward with wgmma, TMA and warp specialization (sm_90a).
     FwdSm90,
+    /// FlashAttention-2-style backward with mma.sync, for sm_80 and newer.
+    BwdSm80,
 }
 
 impl KernelFamily {
     /// Every family.
-    pub const ALL: [KernelFamily; 3] = [KernelFamily::Reference, KernelFamily::FwdSm80, KernelFamily::FwdSm90];
+    pub const ALL: [KernelFamily; 4] = [KernelFamily::Reference, KernelFamily::FwdSm80, KernelFamily::FwdSm90, KernelFamily::BwdSm80];
 
     /// The family's name, as the CLI takes it.
     pub fn name(self) -> &'static str {
@@ -127,7 +131,13 @@ impl KernelFamily {
             KernelFamily::Reference => "reference",
             KernelFamily::FwdSm80 => "fwd_sm80",
             KernelFamily::FwdSm90 => "fwd_sm90",
+            KernelFamily::BwdSm80 => "bwd_sm80",
         }
+    }
+
+    /// Whether the family computes gradients (a backward pass) rather than attention.
+    pub fn is_backward(self) -> bool {
+        self == KernelFamily::BwdSm80
     }
 
     /// Parses a family name.
@@ -141,6 +151,7 @@ impl KernelFamily {
             KernelFamily::Reference => arch.major >= 8,
             KernelFamily::FwdSm80 => arch.major >= 8,
             KernelFamily::FwdSm90 => arch.is_hopper(),
+            KernelFamily::BwdSm80 => arch.major >= 8,
         }
     }
 
@@ -150,6 +161,7 @@ impl KernelFamily {
             KernelFamily::Reference => reference::HEAD_DIMS,
             KernelFamily::FwdSm80 => fwd_sm80::HEAD_DIMS,
             KernelFamily::FwdSm90 => fwd_sm90::HEAD_DIMS,
+            KernelFamily::BwdSm80 => bwd_sm80::HEAD_DIMS,
         }
     }
 
@@ -158,6 +170,10 @@ impl KernelFamily {
         let dtypes = [DType::F16, DType::BF16];
         match self {
             KernelFamily::Reference => dtypes.iter().map(|&d| reference::variant(d)).collect(),
+            KernelFamily::BwdSm80 => bwd_sm80::HEAD_DIMS
+                .iter()
+                .flat_map(|&d| dtypes.into_iter().flat_map(move |t| [false, true].map(|c| bwd_sm80::variant(t, d, c))))
+                .collect(),
             KernelFamily::FwdSm80 | KernelFamily::FwdSm90 => {
                 let mut out = Vec::new();
                 for &head_dim in self.head_dims() {
@@ -256,6 +272,10 @@ impl Variant {
         let (file, entry) = match self.family {
             KernelFamily::Reference => ("reference.cu", "fc_reference"),
             KernelFamily::FwdSm80 => ("fwd_sm80.cu", "fc_fwd_sm80"),
+            KernelFamily::BwdSm80 => {
+                defines.push(("FC_SMEM_BYTES".into(), self.smem_bytes.to_string()));
+                ("bwd_sm80.cu", "fc_bwd_sm80")
+            }
             KernelFamily::FwdSm90 => {
                 defines.extend(fwd_sm90::extra_defines(self));
                 ("fwd_sm90.cu", "fc_fwd_sm90")
