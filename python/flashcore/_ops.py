@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -29,17 +29,22 @@ def _current_stream(device: torch.device) -> int:
     return torch._C._cuda_getCurrentRawStream(device.index)
 
 
-def forward_into(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Optional[Tensor], softmax_scale: float, causal: bool, num_splits: int) -> None:
-    """Runs the kernel: `o` (BSHD, q's dtype) and, if given, `lse [B, Hq, Sq]` f32 are written."""
-    keep = []
+def _scratch(device: torch.device, keep: List[Tensor]) -> Callable[[int], int]:
+    """The scratch allocator a call hands to Rust: buffers from the caching allocator, kept
+    in `keep` until the call returns; their reuse is then ordered after the work already
+    queued on this stream."""
 
-    def scratch(nbytes: int) -> int:
-        # Freed when this call returns; the caching allocator orders its reuse after the
-        # work already queued on this stream.
-        buf = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
+    def allocate(nbytes: int) -> int:
+        buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
         keep.append(buf)
         return buf.data_ptr()
 
+    return allocate
+
+
+def forward_into(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Optional[Tensor], softmax_scale: float, causal: bool, num_splits: int) -> None:
+    """Runs the kernel: `o` (BSHD, q's dtype) and, if given, `lse [B, Hq, Sq]` f32 are written."""
+    keep: List[Tensor] = []
     _flashcore.attention_forward(
         q.device.index,
         _current_stream(q.device),
@@ -48,7 +53,7 @@ def forward_into(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Optional[Tenso
         _arg(v),
         _arg(o),
         None if lse is None else (lse.data_ptr(), lse.numel()),
-        scratch,
+        _scratch(q.device, keep),
         softmax_scale,
         causal,
         num_splits if num_splits > 0 else None,
@@ -97,13 +102,7 @@ def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, dout: Tens
         return dq.zero_(), dk.zero_(), dv.zero_()
     if dout.stride(-1) != 1:
         dout = dout.contiguous()  # autograd may hand over any layout; the kernels read rows
-    keep = []
-
-    def scratch(nbytes: int) -> int:
-        buf = torch.empty(nbytes, dtype=torch.uint8, device=q.device)
-        keep.append(buf)
-        return buf.data_ptr()
-
+    keep: List[Tensor] = []
     kernel = _flashcore.attention_backward(
         q.device.index,
         _current_stream(q.device),
@@ -116,7 +115,7 @@ def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, dout: Tens
         _arg(dq),
         _arg(dk),
         _arg(dv),
-        scratch,
+        _scratch(q.device, keep),
         softmax_scale,
         causal,
         deterministic,
