@@ -63,7 +63,7 @@ pub struct LoadedKernel {
     function: CudaFunction,
     /// `fc_split_combine`, for split-KV variants.
     combine: Option<CudaFunction>,
-    /// The module's other backward entry points (see `AUX_ENTRIES`).
+    /// The module's other backward entry points (see `aux_entries`).
     aux: Vec<CudaFunction>,
 }
 
