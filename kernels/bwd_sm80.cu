@@ -15,8 +15,10 @@
 //
 // Tile: kBlockM = kBlockN = 64, 4 warps. Shared memory: Q, dO, K, V rows of D + 8 elements
 // (the 16-byte pad puts the 8 rows of an ldmatrix in distinct bank groups), P and dS rows of
-// 72, lse and D_i: D64 56 KB, D128 88 KB (under sm_86/89's 99 KB). Registers: see
-// `flashcore compile`.
+// 72, lse and D_i: D64 56 KB, D128 88 KB (under sm_86/89's 99 KB). Registers (NVRTC 13.5,
+// fp16 = bf16, 0 spills on sm_80/86/89/90a): D64 168-255, D128 254-255, i.e. two CTAs an SM.
+// NVRTC 13.0 spills 40 bytes in D64 full on sm_90a. dQ is taken 64 columns at a time
+// (kDqCols): all 128 of D128's at once spilled.
 //
 // HOST CONTRACT
 // fc_bwd_sm80_dsum(BwdParams): grid (ceil(Sq / 4), Hq, B), 128 threads: p.dsum[b, h, i].
