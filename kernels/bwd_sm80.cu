@@ -15,10 +15,11 @@
 //
 // Tile: kBlockM = kBlockN = 64, 4 warps. Shared memory: Q, dO, K, V rows of D + 8 elements
 // (the 16-byte pad puts the 8 rows of an ldmatrix in distinct bank groups), P and dS rows of
-// 72, lse and D_i: D64 56 KB, D128 88 KB (under sm_86/89's 99 KB). Registers (NVRTC 13.5,
-// fp16 = bf16, 0 spills on sm_80/86/89/90a): D64 168-255, D128 254-255, i.e. two CTAs an SM.
-// NVRTC 13.0 spills 40 bytes in D64 full on sm_90a. dQ is taken 64 columns at a time
-// (kDqCols): all 128 of D128's at once spilled.
+// 72, lse and D_i: D64 56 KB, D128 88 KB (under sm_86/89's 99 KB). Registers (NVRTC 13.0,
+// fp16 = bf16, 0 spills on sm_80/86/89/90a, and none with 13.5): D64 180-183, D128 244-247;
+// two CTAs an SM. The products' k loops stay rolled (`#pragma unroll 1`): unrolled, ptxas
+// hoisted every fragment load and spilled 8-40 bytes with NVRTC 13.0, PyTorch's, for a gain
+// of 3-6%. dQ is taken 64 columns at a time (kDqCols): all 128 of D128's at once spilled.
 //
 // HOST CONTRACT
 // fc_bwd_sm80_dsum(BwdParams): grid (ceil(Sq / 4), Hq, B), 128 threads: p.dsum[b, h, i].
@@ -107,7 +108,7 @@ __device__ __forceinline__ void zero(float (&acc)[4]) { acc[0] = acc[1] = acc[2]
 __device__ __forceinline__ void gemm_rows_keys(float (&acc)[kNTiles][4], u32 a, u32 b) {
 #pragma unroll
     for (int j = 0; j < kNTiles; ++j) zero(acc[j]);
-#pragma unroll
+#pragma unroll 1
     for (int kk = 0; kk < kD / 16; ++kk) {
         u32 af[4];
         ldmatrix::x4(af, a + at<kRowD>(0, 16 * kk));
@@ -125,7 +126,7 @@ __device__ __forceinline__ void gemm_rows_keys(float (&acc)[kNTiles][4], u32 a, 
 // dS tile at the warp's first key column plus cols_first; `b`: the dO or Q tile plus
 // rows_first.
 __device__ __forceinline__ void gemm_keys_cols(float (&acc)[kDTiles][4], u32 a, u32 b) {
-#pragma unroll
+#pragma unroll 1
     for (int kk = 0; kk < kBlockM / 16; ++kk) {
         u32 af[4];
         ldmatrix::x4_trans(af, a + at<kRowN>(16 * kk, 0));
@@ -149,7 +150,7 @@ constexpr int kDqTiles = kDqCols / 8;
 __device__ __forceinline__ void gemm_rows_cols(float (&acc)[kDqTiles][4], u32 a, u32 b, int col0) {
 #pragma unroll
     for (int j = 0; j < kDqTiles; ++j) zero(acc[j]);
-#pragma unroll
+#pragma unroll 1
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
         u32 af[4];
         ldmatrix::x4(af, a + at<kRowN>(0, 16 * kk));
