@@ -1,5 +1,6 @@
-"""The op layer: `flashcore::fwd`, registered once with torch.library (a fake for
-torch.compile, an autograd rule), and the one call into the extension.
+"""The op layer: `flashcore::fwd` and `flashcore::bwd`, registered once with torch.library
+(fakes for torch.compile; the forward's autograd rule calls the backward), and the calls into
+the extension.
 
 Tensors cross into Rust as (data pointer, shape, strides, dtype name); the kernel runs on
 PyTorch's current stream of the tensors' device; outputs and scratch memory come from

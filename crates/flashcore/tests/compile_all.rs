@@ -60,7 +60,10 @@ fn a_cache_hit_loads_in_milliseconds() {
     let second = jit.compile(&v.source(), arch).unwrap();
     assert!(second.from_cache);
     assert_eq!(first.cubin, second.cubin);
-    assert!(second.seconds < 0.05, "cache hit took {} s", second.seconds);
+    // Milliseconds alone; the bound leaves room for the other test of this binary, which
+    // compiles every variant on every core meanwhile (79 ms was seen on 2 busy cores). A
+    // compile takes seconds.
+    assert!(second.seconds < 0.25, "cache hit took {} s", second.seconds);
 }
 
 #[test]
