@@ -108,10 +108,7 @@ fn attention_forward(
             )
         }
     });
-    match (result, scratch_error) {
-        (Err(_), Some(e)) => Err(e),
-        (result, _) => result.map_err(to_py),
-    }
+    finish(result, scratch_error)
 }
 
 /// The backward pass on `stream` of `device`: `dq`, `dk`, `dv` (written) from `q`, `k`, `v`,
@@ -168,9 +165,15 @@ fn attention_backward(
             )
         }
     });
+    finish(result, scratch_error).map(|()| kernel)
+}
+
+/// A call's result as Python sees it: the Python exception the scratch allocator raised, if
+/// that is what failed the call, else the FlashCore error converted.
+fn finish(result: flashcore::Result<()>, scratch_error: Option<PyErr>) -> PyResult<()> {
     match (result, scratch_error) {
         (Err(_), Some(e)) => Err(e),
-        (result, _) => result.map(|()| kernel).map_err(to_py),
+        (result, _) => result.map_err(to_py),
     }
 }
 
