@@ -1,37 +1,39 @@
-// Ampere-class backward attention (sm_80, sm_86, sm_89, sm_90), FlashAttention-2's algorithm:
-// first version, correct before fast (no cp.async pipeline, no swizzle: padded rows instead).
+// Ampere-class backward attention (sm_80, sm_86, sm_89, sm_90), FlashAttention-2's algorithm.
 //
 // One CTA per (key block of kBlockN keys, KV head, batch): K and V of the block stay in
 // shared memory, and dK, dV in registers, while the CTA walks every query block of every
 // query head that shares the KV head (GQA sums there, no atomics), from the first block
-// whose rows see the keys under the causal mask. Per query block:
-//   S = Q·Kᵀ and dP = dO·Vᵀ (warp w: query rows 16w..16w+15, all kBlockN keys);
-//   P = exp2(S·scale·log2e − lse·log2e), masked to 0; dS = P ∘ (dP − D_i); both to smem;
-//   dV += Pᵀ·dO and dK += dSᵀ·Q (warp w: keys 16w..16w+15, all D columns);
-//   dQ += dS·K (warp w: query rows 16w..), added in f32 to p.dq_accum with red.add.
-// D_i = rowsum(dO ∘ O) comes from fc_bwd_sm80_dsum (before); fc_bwd_sm80_dq (after) scales
-// dq_accum into dq. dQ's atomics make the sum order vary: not deterministic (the host runs
-// the reference kernels when p.deterministic is asked for).
+// whose rows see the keys under the causal mask. Per query block of kBlockM rows:
+//   S = Q·Kᵀ, P = exp2(S·scale·log2e − lse·log2e) masked to 0, dP = dO·Vᵀ,
+//   dS = P ∘ (dP − D_i); P and dS to shared memory;
+//   dV += Pᵀ·dO, dK += dSᵀ·Q, and dQ = dS·K added in f32 to p.dq_accum with red.add.
+// Each product is a warp-tile GEMM (`warp_gemm`) over a grid of warps (`WarpGrid`) chosen
+// per product so every warp tile is a whole number of 16x16 fragments, 32 rows where the
+// tile allows (two m16 tiles share each B fragment).
+// Q, dO and the rows' lse and D_i are loaded with cp.async, kStages query blocks ahead
+// (kStages = 2: the next block's loads fly during this block's products).
 //
-// Tile: kBlockM = kBlockN = 64, 4 warps. Shared memory: Q, dO, K, V rows of D + 8 elements
-// (the 16-byte pad puts the 8 rows of an ldmatrix in distinct bank groups), P and dS rows of
-// 72, lse and D_i: D64 56 KB, D128 88 KB (under sm_86/89's 99 KB). Registers (NVRTC 13.0,
-// fp16 = bf16, 0 spills on sm_80/86/89/90a, and none with 13.5): D64 180-183, D128 244-247;
-// two CTAs an SM. The products' k loops stay rolled (`#pragma unroll 1`): unrolled, ptxas
-// hoisted every fragment load and spilled 8-40 bytes with NVRTC 13.0, PyTorch's, for a gain
-// of 3-6%. dQ is taken 64 columns at a time (kDqCols): all 128 of D128's at once spilled.
+// D_i = rowsum(dO ∘ O) comes from fc_bwd_sm80_dsum (before); fc_bwd_sm80_dq (after) sums
+// dq_accum's slices and scales them into dq. Deterministic mode (p.dq_splits > 1, or one
+// CTA per head): each CTA walks key blocks blockIdx.x, + gridDim.x, ... and adds dQ into its
+// own slice of dq_accum, so every sum has one order; the dQ kernel adds the slices in order.
+//
+// Shared memory: K, V, kStages x (Q, dO) tiles of rows D + 8 elements (the 16-byte pad puts
+// the 8 rows of an ldmatrix in distinct bank groups), P and dS of rows kBlockN + 8, then lse
+// and D_i. Tiles per arch and head dim: crates/flashcore/src/kernels/bwd_sm80.rs.
 //
 // HOST CONTRACT
 // fc_bwd_sm80_dsum(BwdParams): grid (ceil(Sq / 4), Hq, B), 128 threads: p.dsum[b, h, i].
-// fc_bwd_sm80(BwdParams): grid (ceil(Sk / 64), Hkv, B), 128 threads, dynamic smem
-//   sizeof(Smem) = FC_SMEM_BYTES (cudaFuncSetAttribute over 48 KB); p.dq_accum
-//   [B, Sq, Hq, D] f32 zeroed.
-// fc_bwd_sm80_dq(BwdParams): grid (ceil(B * Sq * Hq * D / 256)), 256 threads.
+// fc_bwd_sm80(BwdParams): grid (key blocks or p.dq_splits, Hkv, B), 32 * FC_NUM_WARPS
+//   threads, dynamic smem sizeof(Smem) = FC_SMEM_BYTES; p.dq_accum p.dq_splits x
+//   [B, Sq, Hq, D] f32, zeroed.
+// fc_bwd_sm80_dq(BwdParams): grid (ceil(B * Sq * Hq * D / 1024)), 256 threads.
 // Pointers 16-byte aligned, strides multiples of 8 elements, last dim contiguous; causal is
 // the compile-time FC_CAUSAL (bottom-right aligned).
 #include "common/bwd_params.cuh"
 #include "common/types.cuh"
 #include "ptx/atomic.cuh"
+#include "ptx/cp_async.cuh"
 #include "ptx/ldmatrix.cuh"
 #include "ptx/math.cuh"
 #include "ptx/mma.cuh"
@@ -42,40 +44,71 @@
 #ifndef FC_CAUSAL
 #define FC_CAUSAL 0
 #endif
+#ifndef FC_BLOCK_M
+#define FC_BLOCK_M 64
+#endif
+#ifndef FC_BLOCK_N
+#define FC_BLOCK_N 128
+#endif
+#ifndef FC_NUM_WARPS
+#define FC_NUM_WARPS 8
+#endif
+#ifndef FC_STAGES
+#define FC_STAGES 2
+#endif
 
 namespace fc {
 namespace bwd_sm80 {
 
 constexpr int kD = FC_HEAD_DIM;
 constexpr bool kCausal = FC_CAUSAL != 0;
-constexpr int kBlockM = 64, kBlockN = 64, kWarps = 4, kThreads = 32 * kWarps;
-constexpr int kRowD = kD + 8;        // padded row of Q, dO, K, V (elements)
-constexpr int kRowN = kBlockN + 8;   // padded row of P and dS
-constexpr int kDTiles = kD / 8;      // n-tiles of 8 columns across D
-constexpr int kNTiles = kBlockN / 8; // n-tiles of 8 keys
-static_assert(kBlockM == 16 * kWarps && kBlockN == 16 * kWarps, "a warp owns 16 rows of each product");
-static_assert(kD % 16 == 0 && kD <= 128, "bwd_sm80 takes D 64 and 128 for now");
+constexpr int kBlockM = FC_BLOCK_M, kBlockN = FC_BLOCK_N, kWarps = FC_NUM_WARPS, kStages = FC_STAGES;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kRowD = kD + 8;       // padded row of Q, dO, K, V (elements)
+constexpr int kRowN = kBlockN + 8;  // padded row of P and dS
+static_assert(kD % 16 == 0 && kBlockM % 16 == 0 && kBlockN % 16 == 0, "whole 16x16 fragments");
+static_assert(kStages == 1 || kStages == 2, "one or two query blocks in flight");
+static_assert(2 * kBlockM <= kThreads, "a thread per row statistic");
 
 struct Smem {
-    elem_t q[kBlockM][kRowD];
-    elem_t dout[kBlockM][kRowD];
     elem_t k[kBlockN][kRowD];
     elem_t v[kBlockN][kRowD];
+    elem_t q[kStages][kBlockM][kRowD];
+    elem_t dout[kStages][kBlockM][kRowD];
     elem_t p[kBlockM][kRowN];
     elem_t ds[kBlockM][kRowN];
-    float lse_log2[kBlockM];  // +inf for rows that see nothing: P = exp2(-inf) = 0
-    float dsum[kBlockM];
+    float lse[kStages][kBlockM];
+    float dsum[kStages][kBlockM];
 };
 #ifdef FC_SMEM_BYTES
 static_assert(sizeof(Smem) == FC_SMEM_BYTES, "the host's shared-memory size (bwd_sm80::smem_bytes) is out of step");
 #endif
 
-// ldmatrix lane offsets (bytes) into a padded tile of row length kRow. RowsFirst: the lane
-// gives row lane%8 of matrix lane/8, matrices ordered (rows 0-7, 8-15) then (cols 0-7, 8-15):
-// the A fragment of a row-major tile, or with .trans the two B fragments of a [k][n] tile.
-// ColsFirst: matrices ordered by columns first: the two B fragments of an [n][k] tile, or
-// with .trans the A fragment of a [k][m] tile. A block at (row0, col0) is then one constant
-// further, which ptxas folds into the instruction when row0 and col0 are unrolled constants.
+// The warps of a CTA as a kWarpsM x kWarpsN grid over a kRows x kCols product: the fewest
+// row groups that leave warp tiles of at most 32 rows and whole 16-column fragment pairs.
+template <int kRows, int kCols> struct WarpGrid {
+    static constexpr int choose() {
+        for (int wm = kRows / 32 > 0 ? kRows / 32 : 1; wm <= kWarps; ++wm)
+            if (kWarps % wm == 0 && kRows % (16 * wm) == 0 && (kCols / 16) % (kWarps / wm) == 0) return wm;
+        return 0;
+    }
+    static constexpr int kWarpsM = choose();
+    static_assert(kWarpsM > 0, "no warp grid fits this tile");
+    static constexpr int kWarpsN = kWarps / kWarpsM;
+    static constexpr int kRowsPerWarp = kRows / kWarpsM, kColsPerWarp = kCols / kWarpsN;
+    static constexpr int kMT = kRowsPerWarp / 16, kNT = kColsPerWarp / 8;  // m16 and n8 tiles
+    __device__ static int row0(int warp) { return (warp / kWarpsN) * kRowsPerWarp; }
+    __device__ static int col0(int warp) { return (warp % kWarpsN) * kColsPerWarp; }
+};
+using GridS = WarpGrid<kBlockM, kBlockN>;  // S and dP: query rows x keys
+using GridKV = WarpGrid<kBlockN, kD>;      // dK and dV: keys x D
+using GridQ = WarpGrid<kBlockM, kD>;       // dQ: query rows x D
+
+// ldmatrix.x4 lane offsets (bytes) into a padded tile of row length kRow. RowsFirst: the
+// lane gives row lane%8 of matrix lane/8, matrices ordered (rows 0-7, 8-15) then (cols 0-7,
+// 8-15): an A fragment of a [m][k] tile, or with .trans the two B fragments of a [k][n]
+// tile. ColsFirst: columns first: the two B fragments of an [n][k] tile, or with .trans the
+// A fragment of a [k][m] tile.
 template <int kRow> __device__ __forceinline__ u32 rows_first(int lane) {
     return ((lane % 8 + 8 * ((lane >> 3) & 1)) * kRow + 8 * (lane >> 4)) * 2;
 }
@@ -84,84 +117,202 @@ template <int kRow> __device__ __forceinline__ u32 cols_first(int lane) {
 }
 template <int kRow> constexpr u32 at(int row, int col) { return (row * kRow + col) * 2; }
 
-struct alignas(16) Chunk {
-    u32 x, y, z, w;
+template <bool kTrans> __device__ __forceinline__ void ldsm(u32 (&r)[4], u32 addr) {
+    if (kTrans) ldmatrix::x4_trans(r, addr);
+    else ldmatrix::x4(r, addr);
+}
+
+// An operand of warp_gemm: a tile in shared memory with rows of kRow elements, stored
+// [m][k] (A) or [n][k] (B) when !kTrans, [k][m] or [k][n] when kTrans.
+template <int kRow, bool kTrans> struct Operand {
+    u32 tile;  // address of the warp's first m (or n) at k = 0
+    static constexpr int kRowLen = kRow;
+    static constexpr bool kIsTrans = kTrans;
 };
 
-// Rows [0, valid) of a [rows x kD] tile from global memory, 16 bytes a copy; the rest
-// zero-filled.
-template <int kRows> __device__ __forceinline__ void load_tile(elem_t (*tile)[kRowD], const elem_t* g, i64 row_stride, int valid) {
-    constexpr int kChunks = kD / 8;
-    for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
+// acc[kMT][kNT] (+)= A(kMT·16 rows, kK) · B(kK, kNT·8 cols) over kK = 16·kKSteps.
+template <int kMT, int kNT, int kKSteps, class A, class B>
+__device__ __forceinline__ void warp_gemm(float (&acc)[kMT][kNT][4], A a, B b, int lane) {
+    static_assert(kNT % 2 == 0, "B fragments come in pairs of n8 tiles");
+    // A [m][k]: rows first; A [k][m] (.trans): columns first. B the other way round.
+    const u32 a0 = a.tile + (A::kIsTrans ? cols_first<A::kRowLen>(lane) : rows_first<A::kRowLen>(lane));
+    const u32 b0 = b.tile + (B::kIsTrans ? rows_first<B::kRowLen>(lane) : cols_first<B::kRowLen>(lane));
+    // Rolled: unrolled by 2 or 4 measured the same on H100 (±3%), and by 4 spilled D128 with
+    // PyTorch's NVRTC 13.0.
+#pragma unroll 1
+    for (int kk = 0; kk < kKSteps; ++kk) {
+        u32 af[kMT][4];
+#pragma unroll
+        for (int mi = 0; mi < kMT; ++mi)
+            ldsm<A::kIsTrans>(af[mi], a0 + (A::kIsTrans ? at<A::kRowLen>(16 * kk, 16 * mi) : at<A::kRowLen>(16 * mi, 16 * kk)));
+#pragma unroll
+        for (int pair = 0; pair < kNT / 2; ++pair) {
+            u32 bf[4];
+            ldsm<B::kIsTrans>(bf, b0 + (B::kIsTrans ? at<B::kRowLen>(16 * kk, 16 * pair) : at<B::kRowLen>(16 * pair, 16 * kk)));
+#pragma unroll
+            for (int mi = 0; mi < kMT; ++mi) {
+                mma::m16n8k16<elem_t>(acc[mi][2 * pair], af[mi], bf[0], bf[1]);
+                mma::m16n8k16<elem_t>(acc[mi][2 * pair + 1], af[mi], bf[2], bf[3]);
+            }
+        }
+    }
+}
+
+template <int kMT, int kNT> __device__ __forceinline__ void zero(float (&acc)[kMT][kNT][4]) {
+#pragma unroll
+    for (int mi = 0; mi < kMT; ++mi)
+#pragma unroll
+        for (int nj = 0; nj < kNT; ++nj) acc[mi][nj][0] = acc[mi][nj][1] = acc[mi][nj][2] = acc[mi][nj][3] = 0.f;
+}
+
+// Rows [0, valid) of a [kRows x kD] tile from global memory with cp.async, 16 bytes a copy;
+// the rest zero-filled (from row 0's address: nothing is read).
+template <int kRows> __device__ __forceinline__ void copy_rows(u32 tile, const elem_t* g, i64 row_stride, int valid) {
+    constexpr int kChunks = kD / 8, kTotal = kRows * kChunks;
+#pragma unroll
+    for (int i0 = 0; i0 < kTotal; i0 += kThreads) {
+        const int i = i0 + threadIdx.x;
+        if (kTotal % kThreads != 0 && i >= kTotal) break;
         const int r = i / kChunks, c = i % kChunks;
-        Chunk x{0, 0, 0, 0};
-        if (r < valid) x = *reinterpret_cast<const Chunk*>(g + r * row_stride + c * 8);
-        *reinterpret_cast<Chunk*>(&tile[r][c * 8]) = x;
+        cp_async::copy16(tile + at<kRowD>(r, 8 * c), g + (r < valid ? r * row_stride : 0) + 8 * c, r < valid);
     }
 }
 
-__device__ __forceinline__ void zero(float (&acc)[4]) { acc[0] = acc[1] = acc[2] = acc[3] = 0.f; }
+// The j-th (query head, query block) step of a key block's walk: heads of the KV head's
+// group in turn, each over its query blocks from m_first.
+struct Step {
+    int head, m0;
+};
+__device__ __forceinline__ Step step_at(int j, int kv_head, int group, int m_first, int m_steps) {
+    return Step{kv_head * group + j / m_steps, (m_first + j % m_steps) * kBlockM};
+}
 
-// S (or dP) of the warp's 16 query rows = A(rows, :) · B(keys, :)ᵀ over D. `a`: the A
-// tile's address at the warp's first row plus the lane's rows_first offset; `b`: the B
-// tile's address plus its cols_first offset.
-__device__ __forceinline__ void gemm_rows_keys(float (&acc)[kNTiles][4], u32 a, u32 b) {
+// Issues the cp.async loads of a step's Q, dO, lse and D_i into stage `stage`.
+__device__ __forceinline__ void load_step(Smem& sm, const BwdParams& p, int batch, Step s, int stage) {
+    const int valid = min(kBlockM, p.seqlen_q - s.m0);
+    copy_rows<kBlockM>(smem_u32(&sm.q[stage][0][0]),
+                       static_cast<const elem_t*>(p.q) + batch * p.q_stride_b + s.m0 * p.q_stride_s + s.head * p.q_stride_h, p.q_stride_s,
+                       valid);
+    copy_rows<kBlockM>(smem_u32(&sm.dout[stage][0][0]),
+                       static_cast<const elem_t*>(p.dout) + batch * p.do_stride_b + s.m0 * p.do_stride_s + s.head * p.do_stride_h,
+                       p.do_stride_s, valid);
+    const int r = threadIdx.x % kBlockM;
+    const i64 stat = ((i64)batch * p.heads_q + s.head) * p.seqlen_q + s.m0 + (r < valid ? r : 0);
+    if (threadIdx.x < kBlockM) cp_async::copy4(smem_u32(&sm.lse[stage][r]), p.lse + stat, r < valid);
+    else if (threadIdx.x < 2 * kBlockM) cp_async::copy4(smem_u32(&sm.dsum[stage][r]), p.dsum + stat, r < valid);
+}
+
+// P and dS of the warp's S tile: P = exp2(S·scale·log2e − lse·log2e), 0 where the key is
+// masked or past Sk and in rows past Sq or that see no key (lse = -inf); dS = P ∘ (dP − D_i).
+// Both go to shared memory as elem_t, P first so S's registers are free for dP.
+__device__ __forceinline__ void scores_to_p_ds(Smem& sm, const BwdParams& p, int stage, int m0, int n0, int lane, int warp) {
+    constexpr int kMT = GridS::kMT, kNT = GridS::kNT;
+    const int g = lane / 4, t = lane % 4;
+    const int r0 = GridS::row0(warp), c0 = GridS::col0(warp);
+    const int offset = p.seqlen_k - p.seqlen_q;  // query i sees key j iff j <= i + offset
+    const bool masked = n0 + kBlockN > p.seqlen_k || (kCausal && n0 + c0 + GridS::kColsPerWarp - 1 > m0 + r0 + offset);
+    float lse_log2[kMT][2], dsum[kMT][2];
 #pragma unroll
-    for (int j = 0; j < kNTiles; ++j) zero(acc[j]);
-#pragma unroll 1
-    for (int kk = 0; kk < kD / 16; ++kk) {
-        u32 af[4];
-        ldmatrix::x4(af, a + at<kRowD>(0, 16 * kk));
+    for (int mi = 0; mi < kMT; ++mi)
 #pragma unroll
-        for (int j = 0; j < kNTiles; j += 2) {
-            u32 bf[4];
-            ldmatrix::x4(bf, b + at<kRowD>(8 * j, 16 * kk));
-            mma::m16n8k16<elem_t>(acc[j], af, bf[0], bf[1]);
-            mma::m16n8k16<elem_t>(acc[j + 1], af, bf[2], bf[3]);
+        for (int half = 0; half < 2; ++half) {
+            const int row = r0 + 16 * mi + g + 8 * half;
+            const float lse = sm.lse[stage][row];
+            const bool sees = m0 + row < p.seqlen_q && lse != math::neg_inf();
+            lse_log2[mi][half] = sees ? lse * kLog2e : math::inf();  // exp2(x - inf) = 0
+            dsum[mi][half] = sm.dsum[stage][row];
         }
+
+    float acc[kMT][kNT][4];
+    zero(acc);
+    warp_gemm<kMT, kNT, kD / 16>(acc, Operand<kRowD, false>{smem_u32(&sm.q[stage][r0][0])}, Operand<kRowD, false>{smem_u32(&sm.k[c0][0])},
+                                 lane);
+#pragma unroll
+    for (int mi = 0; mi < kMT; ++mi)
+#pragma unroll
+        for (int nj = 0; nj < kNT; ++nj)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int row = r0 + 16 * mi + g + 8 * half, col = c0 + 8 * nj + 2 * t;
+                float pv[2];
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int key = n0 + col + e;
+                    const bool seen = !masked || (key < p.seqlen_k && (!kCausal || key <= m0 + row + offset));
+                    pv[e] = seen ? math::ex2(acc[mi][nj][2 * half + e] * p.softmax_scale_log2 - lse_log2[mi][half]) : 0.f;
+                }
+                *reinterpret_cast<u32*>(&sm.p[row][col]) = pack2<elem_t>(pv[0], pv[1]);
+            }
+
+    zero(acc);
+    warp_gemm<kMT, kNT, kD / 16>(acc, Operand<kRowD, false>{smem_u32(&sm.dout[stage][r0][0])},
+                                 Operand<kRowD, false>{smem_u32(&sm.v[c0][0])}, lane);
+#pragma unroll
+    for (int mi = 0; mi < kMT; ++mi)
+#pragma unroll
+        for (int nj = 0; nj < kNT; ++nj)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int row = r0 + 16 * mi + g + 8 * half, col = c0 + 8 * nj + 2 * t;
+                // dS from the rounded P that dV uses, read back (this thread wrote it): no
+                // registers held across dP's product.
+                const u32 pp = *reinterpret_cast<const u32*>(&sm.p[row][col]);
+                const float p0 = to_float(elem_t{static_cast<u16>(pp & 0xffffu)});
+                const float p1 = to_float(elem_t{static_cast<u16>(pp >> 16)});
+                const float d = dsum[mi][half];
+                *reinterpret_cast<u32*>(&sm.ds[row][col]) =
+                    pack2<elem_t>(p0 * (acc[mi][nj][2 * half] - d), p1 * (acc[mi][nj][2 * half + 1] - d));
+            }
+}
+
+// dQ's columns a warp takes at once: its accumulators live beside dK's and dV's.
+constexpr int dq_chunk() {
+    int c = GridQ::kColsPerWarp;
+    while (c > 48) c /= 2;
+    return c;
+}
+constexpr int kDqChunk = dq_chunk();
+static_assert(GridQ::kColsPerWarp % kDqChunk == 0 && kDqChunk % 16 == 0, "dQ chunks of whole fragment pairs");
+
+// dQ of the warp's rows for this key block (dS·K, unscaled), added to its f32 accumulator.
+__device__ __forceinline__ void add_dq(Smem& sm, const BwdParams& p, float* dq_accum, int batch, Step s, int lane, int warp) {
+    constexpr int kMT = GridQ::kMT, kNT = kDqChunk / 8;
+    const int g = lane / 4, t = lane % 4;
+    const int r0 = GridQ::row0(warp), c0 = GridQ::col0(warp);
+#pragma unroll
+    for (int chunk = 0; chunk < GridQ::kColsPerWarp; chunk += kDqChunk) {
+        float acc[kMT][kNT][4];
+        zero(acc);
+        warp_gemm<kMT, kNT, kBlockN / 16>(acc, Operand<kRowN, false>{smem_u32(&sm.ds[r0][0])},
+                                          Operand<kRowD, true>{smem_u32(&sm.k[0][c0 + chunk])}, lane);
+#pragma unroll
+        for (int mi = 0; mi < kMT; ++mi)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                const int row = s.m0 + r0 + 16 * mi + g + 8 * half;
+                if (row >= p.seqlen_q) continue;
+                float* out = dq_accum + (((i64)batch * p.seqlen_q + row) * p.heads_q + s.head) * kD + c0 + chunk + 2 * t;
+#pragma unroll
+                for (int nj = 0; nj < kNT; ++nj) atomic::red_add2(out + 8 * nj, acc[mi][nj][2 * half], acc[mi][nj][2 * half + 1]);
+            }
     }
 }
 
-// acc(warp's 16 keys, D) += A(queries, keys)ᵀ · B(queries, D): Pᵀ·dO or dSᵀ·Q. `a`: the P or
-// dS tile at the warp's first key column plus cols_first; `b`: the dO or Q tile plus
-// rows_first.
-__device__ __forceinline__ void gemm_keys_cols(float (&acc)[kDTiles][4], u32 a, u32 b) {
-#pragma unroll 1
-    for (int kk = 0; kk < kBlockM / 16; ++kk) {
-        u32 af[4];
-        ldmatrix::x4_trans(af, a + at<kRowN>(16 * kk, 0));
+// dK (scaled by the softmax scale) or dV of the warp's keys, to global memory.
+__device__ __forceinline__ void store_kv(const float (&acc)[GridKV::kMT][GridKV::kNT][4], elem_t* base, i64 row_stride, int n0, int seqlen_k,
+                                         float scale, int lane, int warp) {
+    const int g = lane / 4, t = lane % 4;
 #pragma unroll
-        for (int j = 0; j < kDTiles; j += 2) {
-            u32 bf[4];
-            ldmatrix::x4_trans(bf, b + at<kRowD>(16 * kk, 8 * j));
-            mma::m16n8k16<elem_t>(acc[j], af, bf[0], bf[1]);
-            mma::m16n8k16<elem_t>(acc[j + 1], af, bf[2], bf[3]);
+    for (int mi = 0; mi < GridKV::kMT; ++mi)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int key = n0 + GridKV::row0(warp) + 16 * mi + g + 8 * half;
+            if (key >= seqlen_k) continue;
+            elem_t* row = base + key * row_stride + GridKV::col0(warp) + 2 * t;
+#pragma unroll
+            for (int nj = 0; nj < GridKV::kNT; ++nj)
+                *reinterpret_cast<u32*>(row + 8 * nj) = pack2<elem_t>(acc[mi][nj][2 * half] * scale, acc[mi][nj][2 * half + 1] * scale);
         }
-    }
-}
-
-// dQ is taken kDqCols columns at a time: its accumulators live beside dK's and dV's, and
-// all of D128's at once spilled.
-constexpr int kDqCols = kD > 64 ? 64 : kD;
-constexpr int kDqTiles = kDqCols / 8;
-
-// acc(warp's 16 query rows, columns col0..col0 + kDqCols) = dS(rows, keys) · K(keys, cols).
-// `a`: the dS tile at the warp's first row plus rows_first; `b`: the K tile plus rows_first.
-__device__ __forceinline__ void gemm_rows_cols(float (&acc)[kDqTiles][4], u32 a, u32 b, int col0) {
-#pragma unroll
-    for (int j = 0; j < kDqTiles; ++j) zero(acc[j]);
-#pragma unroll 1
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
-        u32 af[4];
-        ldmatrix::x4(af, a + at<kRowN>(0, 16 * kk));
-#pragma unroll
-        for (int j = 0; j < kDqTiles; j += 2) {
-            u32 bf[4];
-            ldmatrix::x4_trans(bf, b + at<kRowD>(16 * kk, col0 + 8 * j));
-            mma::m16n8k16<elem_t>(acc[j], af, bf[0], bf[1]);
-            mma::m16n8k16<elem_t>(acc[j + 1], af, bf[2], bf[3]);
-        }
-    }
 }
 
 }  // namespace bwd_sm80
@@ -185,127 +336,95 @@ extern "C" __global__ void __launch_bounds__(fc::bwd_sm80::kThreads, 1) fc_bwd_s
     using namespace fc::bwd_sm80;
     extern __shared__ __align__(128) unsigned char smem_raw[];
     Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
-    const int n0 = blockIdx.x * kBlockN, kv_head = blockIdx.y, batch = blockIdx.z;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int kv_head = blockIdx.y, batch = blockIdx.z;
     const int group = p.heads_q / p.heads_kv;
-    const int offset = p.seqlen_k - p.seqlen_q;  // query i sees key j iff j <= i + offset
-    const float scale_log2 = p.softmax_scale_log2;
+    const int offset = p.seqlen_k - p.seqlen_q;
+    const int n_blocks = (p.seqlen_k + kBlockN - 1) / kBlockN, m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
+    // Deterministic: this CTA's own slice of the accumulator.
+    float* dq_accum = p.dq_accum + (p.dq_splits > 1 ? (i64)blockIdx.x * p.batch * p.seqlen_q * p.heads_q * kD : 0);
+    const elem_t* k = static_cast<const elem_t*>(p.k) + batch * p.k_stride_b + kv_head * p.k_stride_h;
+    const elem_t* v = static_cast<const elem_t*>(p.v) + batch * p.v_stride_b + kv_head * p.v_stride_h;
 
-    load_tile<kBlockN>(sm.k, static_cast<const elem_t*>(p.k) + batch * p.k_stride_b + n0 * p.k_stride_s + kv_head * p.k_stride_h,
-                       p.k_stride_s, min(kBlockN, p.seqlen_k - n0));
-    load_tile<kBlockN>(sm.v, static_cast<const elem_t*>(p.v) + batch * p.v_stride_b + n0 * p.v_stride_s + kv_head * p.v_stride_h,
-                       p.v_stride_s, min(kBlockN, p.seqlen_k - n0));
-    // Each lane's ldmatrix addresses, fixed for the kernel (see rows_first, cols_first).
-    const u32 q_rows = smem_u32(&sm.q[16 * warp][0]) + rows_first<kRowD>(lane);
-    const u32 dout_rows = smem_u32(&sm.dout[16 * warp][0]) + rows_first<kRowD>(lane);
-    const u32 k_keys = smem_u32(&sm.k[0][0]) + cols_first<kRowD>(lane);
-    const u32 v_keys = smem_u32(&sm.v[0][0]) + cols_first<kRowD>(lane);
-    const u32 p_keys = smem_u32(&sm.p[0][16 * warp]) + cols_first<kRowN>(lane);
-    const u32 ds_keys = smem_u32(&sm.ds[0][16 * warp]) + cols_first<kRowN>(lane);
-    const u32 dout_cols = smem_u32(&sm.dout[0][0]) + rows_first<kRowD>(lane);
-    const u32 q_cols = smem_u32(&sm.q[0][0]) + rows_first<kRowD>(lane);
-    const u32 ds_rows = smem_u32(&sm.ds[16 * warp][0]) + rows_first<kRowN>(lane);
-    const u32 k_cols = smem_u32(&sm.k[0][0]) + rows_first<kRowD>(lane);
-    float dk[kDTiles][4], dv[kDTiles][4];
-#pragma unroll
-    for (int j = 0; j < kDTiles; ++j) zero(dk[j]), zero(dv[j]);
+#pragma unroll 1
+    for (int nb = blockIdx.x; nb < n_blocks; nb += gridDim.x) {
+        const int n0 = nb * kBlockN;
+        // The first query row that sees key n0 is n0 - offset.
+        int m_first = kCausal ? min(m_blocks, max(0, n0 - offset) / kBlockM) : 0;
+        // Opaque to the compiler: a constant 0 let it strength-reduce the steps' addresses
+        // into induction variables that spilled (D128-D256, not causal).
+        asm volatile("" : "+r"(m_first));
+        const int m_steps = m_blocks - m_first, steps = group * m_steps;
+        copy_rows<kBlockN>(smem_u32(&sm.k[0][0]), k + n0 * p.k_stride_s, p.k_stride_s, min(kBlockN, p.seqlen_k - n0));
+        copy_rows<kBlockN>(smem_u32(&sm.v[0][0]), v + n0 * p.v_stride_s, p.v_stride_s, min(kBlockN, p.seqlen_k - n0));
+        if (steps > 0) load_step(sm, p, batch, step_at(0, kv_head, group, m_first, m_steps), 0);
+        cp_async::commit();
 
-    // The first query row that sees key n0 is n0 - offset.
-    const int m_first = kCausal ? max(0, n0 - offset) / kBlockM : 0;
-    const int m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-    for (int head = kv_head * group; head < (kv_head + 1) * group; ++head) {
-        for (int mb = m_first; mb < m_blocks; ++mb) {
-            const int m0 = mb * kBlockM, valid = min(kBlockM, p.seqlen_q - m0);
-            __syncthreads();  // the last block's readers of Q, dO, P and dS are done
-            load_tile<kBlockM>(sm.q, static_cast<const elem_t*>(p.q) + batch * p.q_stride_b + m0 * p.q_stride_s + head * p.q_stride_h,
-                               p.q_stride_s, valid);
-            load_tile<kBlockM>(sm.dout,
-                               static_cast<const elem_t*>(p.dout) + batch * p.do_stride_b + m0 * p.do_stride_s + head * p.do_stride_h,
-                               p.do_stride_s, valid);
-            if (threadIdx.x < kBlockM) {
-                const i64 stat = ((i64)batch * p.heads_q + head) * p.seqlen_q + m0 + threadIdx.x;
-                const float lse = threadIdx.x < valid ? p.lse[stat] : math::neg_inf();
-                // A row that sees no key (lse = -inf) or lies past Sq gets P = 0.
-                sm.lse_log2[threadIdx.x] = lse == math::neg_inf() ? math::inf() : lse * kLog2e;
-                sm.dsum[threadIdx.x] = threadIdx.x < valid ? p.dsum[stat] : 0.f;
+        float dk[GridKV::kMT][GridKV::kNT][4], dv[GridKV::kMT][GridKV::kNT][4];
+        zero(dk);
+        zero(dv);
+        const int kv_r0 = GridKV::row0(warp), kv_c0 = GridKV::col0(warp);
+#pragma unroll 1
+        for (int j = 0; j < steps; ++j) {
+            const int stage = kStages > 1 ? j % kStages : 0;
+            const Step s = step_at(j, kv_head, group, m_first, m_steps);
+            if (kStages > 1) {
+                if (j + 1 < steps) load_step(sm, p, batch, step_at(j + 1, kv_head, group, m_first, m_steps), (j + 1) % kStages);
+                cp_async::commit();
+                cp_async::wait<1>();
+            } else {
+                cp_async::wait<0>();
             }
-            __syncthreads();
+            __syncthreads();  // this step's Q, dO, lse, D_i (and K, V) are visible
 
-            // S, dP; then P and dS into shared memory.
-            {
-                float s[kNTiles][4], dp[kNTiles][4];
-                gemm_rows_keys(s, q_rows, k_keys);
-                gemm_rows_keys(dp, dout_rows, v_keys);
-#pragma unroll
-                for (int j = 0; j < kNTiles; ++j) {
-#pragma unroll
-                    for (int half = 0; half < 2; ++half) {
-                        const int row = 16 * warp + g + 8 * half, col = 8 * j + 2 * t;
-                        const int qi = m0 + row;
-                        float pv[2], dsv[2];
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const int kj = n0 + col + e;
-                            const bool seen = kj < p.seqlen_k && (!kCausal || kj <= qi + offset);
-                            pv[e] = seen ? math::ex2(s[j][2 * half + e] * scale_log2 - sm.lse_log2[row]) : 0.f;
-                            dsv[e] = pv[e] * (dp[j][2 * half + e] - sm.dsum[row]);
-                        }
-                        *reinterpret_cast<u32*>(&sm.p[row][col]) = pack2<elem_t>(pv[0], pv[1]);
-                        *reinterpret_cast<u32*>(&sm.ds[row][col]) = pack2<elem_t>(dsv[0], dsv[1]);
-                    }
-                }
-            }
-            __syncthreads();
+            scores_to_p_ds(sm, p, stage, s.m0, n0, lane, warp);
+            __syncthreads();  // P and dS are visible
 
-            gemm_keys_cols(dv, p_keys, dout_cols);
-            gemm_keys_cols(dk, ds_keys, q_cols);
-
-            // dQ of the warp's rows for this key block, added to the f32 accumulator.
-#pragma unroll
-            for (int col0 = 0; col0 < kD; col0 += kDqCols) {
-                float dq[kDqTiles][4];
-                gemm_rows_cols(dq, ds_rows, k_cols, col0);
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-                    const int row = 16 * warp + g + 8 * half;
-                    if (row >= valid) continue;
-                    float* acc = p.dq_accum + (((i64)batch * p.seqlen_q + m0 + row) * p.heads_q + head) * kD + col0;
-#pragma unroll
-                    for (int j = 0; j < kDqTiles; ++j) {
-                        atomic::red_add(acc + 8 * j + 2 * t, dq[j][2 * half]);
-                        atomic::red_add(acc + 8 * j + 2 * t + 1, dq[j][2 * half + 1]);
-                    }
-                }
+            constexpr int kKV = kBlockM / 16;
+            warp_gemm<GridKV::kMT, GridKV::kNT, kKV>(dv, Operand<kRowN, true>{smem_u32(&sm.p[0][kv_r0])},
+                                                     Operand<kRowD, true>{smem_u32(&sm.dout[stage][0][kv_c0])}, lane);
+            warp_gemm<GridKV::kMT, GridKV::kNT, kKV>(dk, Operand<kRowN, true>{smem_u32(&sm.ds[0][kv_r0])},
+                                                     Operand<kRowD, true>{smem_u32(&sm.q[stage][0][kv_c0])}, lane);
+            add_dq(sm, p, dq_accum, batch, s, lane, warp);
+            __syncthreads();  // P, dS and this stage's tiles are free
+            if (kStages == 1 && j + 1 < steps) {
+                load_step(sm, p, batch, step_at(j + 1, kv_head, group, m_first, m_steps), 0);
+                cp_async::commit();
             }
         }
-    }
+        cp_async::wait<0>();
+        __syncthreads();  // K and V are free for the next key block (deterministic walk)
 
-    // dK (scaled) and dV of the warp's 16 keys.
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-        const int key = n0 + 16 * warp + g + 8 * half;
-        if (key >= p.seqlen_k) continue;
-        elem_t* dk_row = static_cast<elem_t*>(p.dk) + batch * p.dk_stride_b + key * p.dk_stride_s + kv_head * p.dk_stride_h;
-        elem_t* dv_row = static_cast<elem_t*>(p.dv) + batch * p.dv_stride_b + key * p.dv_stride_s + kv_head * p.dv_stride_h;
-#pragma unroll
-        for (int j = 0; j < kDTiles; ++j) {
-            const int col = 8 * j + 2 * t;
-            *reinterpret_cast<u32*>(dk_row + col) = pack2<elem_t>(dk[j][2 * half] * p.softmax_scale, dk[j][2 * half + 1] * p.softmax_scale);
-            *reinterpret_cast<u32*>(dv_row + col) = pack2<elem_t>(dv[j][2 * half], dv[j][2 * half + 1]);
-        }
+        elem_t* dk_out = static_cast<elem_t*>(p.dk) + batch * p.dk_stride_b + kv_head * p.dk_stride_h;
+        elem_t* dv_out = static_cast<elem_t*>(p.dv) + batch * p.dv_stride_b + kv_head * p.dv_stride_h;
+        store_kv(dk, dk_out, p.dk_stride_s, n0, p.seqlen_k, p.softmax_scale, lane, warp);
+        store_kv(dv, dv_out, p.dv_stride_s, n0, p.seqlen_k, 1.f, lane, warp);
     }
 }
 
+// dq = softmax_scale * (sum of dq_accum's p.dq_splits slices, in order), 4 elements a thread.
 extern "C" __global__ void __launch_bounds__(256) fc_bwd_sm80_dq(const BwdParams p) {
     using namespace fc;
-    const i64 n = (i64)p.batch * p.seqlen_q * p.heads_q * p.head_dim;
-    const i64 idx = (i64)blockIdx.x * 256 + threadIdx.x;
-    if (idx >= n) return;
+    const i64 total = (i64)p.batch * p.seqlen_q * p.heads_q * p.head_dim;  // a multiple of 8
+    const i64 idx = 4 * ((i64)blockIdx.x * 256 + threadIdx.x);
+    if (idx >= total) return;
+    struct alignas(16) F4 {
+        float x, y, z, w;
+    };
+    F4 sum = *reinterpret_cast<const F4*>(p.dq_accum + idx);
+    for (int split = 1; split < p.dq_splits; ++split) {
+        const F4 x = *reinterpret_cast<const F4*>(p.dq_accum + split * total + idx);
+        sum.x += x.x, sum.y += x.y, sum.z += x.z, sum.w += x.w;
+    }
     const int d = idx % p.head_dim;
     const i64 row = idx / p.head_dim;  // (b * Sq + s) * Hq + h
     const int h = row % p.heads_q;
     const i64 bs = row / p.heads_q;
     const int s = bs % p.seqlen_q, b = bs / p.seqlen_q;
-    elem_t* dq = static_cast<elem_t*>(p.dq) + b * p.dq_stride_b + s * p.dq_stride_s + h * p.dq_stride_h;
-    dq[d] = from_float<elem_t>(p.dq_accum[idx] * p.softmax_scale);
+    elem_t* dq = static_cast<elem_t*>(p.dq) + b * p.dq_stride_b + s * p.dq_stride_s + h * p.dq_stride_h + d;
+    const float c = p.softmax_scale;
+    struct alignas(8) U2 {
+        u32 lo, hi;
+    };
+    *reinterpret_cast<U2*>(dq) = U2{pack2<elem_t>(sum.x * c, sum.y * c), pack2<elem_t>(sum.z * c, sum.w * c)};
 }

@@ -18,7 +18,7 @@ struct BwdParams {
     void* dk;
     void* dv;
     // Workspace: D_i = rowsum(dO ∘ O), [B, Hq, Sq] f32; and dQ's f32 accumulator
-    // [B, Sq, Hq, D] contiguous (bwd_sm80; unused by the reference).
+    // dq_splits x [B, Sq, Hq, D] contiguous (bwd_sm80; unused by the reference).
     float* dsum;
     float* dq_accum;
 
@@ -41,4 +41,6 @@ struct BwdParams {
     float softmax_scale_log2;  // softmax_scale * log2(e)
     int causal;                // bottom-right aligned, as the forward
     int deterministic;         // 1: no order-dependent float atomics
+    int dq_splits;             // slices of dq_accum (bwd_sm80 deterministic: one per CTA of a head)
+    int reserved;
 };

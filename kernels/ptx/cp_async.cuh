@@ -14,6 +14,14 @@ __device__ __forceinline__ void copy16(u32 smem, const void* gmem, bool valid) {
                  : "memory");
 }
 
+// 4 bytes through L1 (.ca: the only form below 16 bytes), zero-filled when !valid: the
+// per-row statistics, whose rows need not be 16-byte aligned.
+__device__ __forceinline__ void copy4(u32 smem, const void* gmem, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem), "l"(gmem),
+                 "r"(valid ? 4 : 0)
+                 : "memory");
+}
+
 // Closes the group of copies issued since the last commit (an empty group is fine).
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 

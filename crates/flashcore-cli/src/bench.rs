@@ -49,6 +49,9 @@ pub struct BenchArgs {
     /// often, which takes fwd_sm90's softmax fallbacks: their speed, not the usual case's.
     #[arg(long, value_enum, default_value_t = Inputs::Normal)]
     inputs: Inputs,
+    /// Suite bwd: the backward in deterministic mode (bitwise reproducible dq).
+    #[arg(long)]
+    deterministic: bool,
     /// Skip the accuracy check against the GPU reference.
     #[arg(long)]
     no_verify: bool,
@@ -127,7 +130,7 @@ pub fn run(args: &BenchArgs) -> Result<bool> {
     for case in &cases {
         bar.set_message(case.name.clone());
         let row = match suite_name.as_str() {
-            "bwd" => bench_bwd::bench_case(&ctx, case, args.samples, args.eager, args.inputs)?,
+            "bwd" => bench_bwd::bench_case(&ctx, case, args.samples, args.eager, args.inputs, args.deterministic)?,
             _ => bench_case(&ctx, case, family, args)?,
         };
         rows.push(row);

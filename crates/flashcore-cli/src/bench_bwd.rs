@@ -22,9 +22,10 @@ struct Set {
     fwd: AttnOutput,
 }
 
-pub fn bench_case(ctx: &Context, case: &Case, samples: usize, eager_only: bool, inputs: Inputs) -> Result<Row> {
-    let params = AttnParams { causal: case.causal, ..Default::default() };
+pub fn bench_case(ctx: &Context, case: &Case, samples: usize, eager_only: bool, inputs: Inputs, deterministic: bool) -> Result<Row> {
+    let params = AttnParams { causal: case.causal, deterministic, ..Default::default() };
     let kernel = match ctx.backward_variant(&case.shape(), case.dtype, &params) {
+        Ok(v) if deterministic => format!("{} deterministic", v.name()),
         Ok(v) => v.name(),
         Err(e) => return Ok(unsupported(case, "unsupported", e.to_string())),
     };

@@ -1,11 +1,15 @@
 //! The backward pass: `dq`, `dk`, `dv` from `q`, `k`, `v`, the forward's `o` and `lse`, and
 //! `dout`. Its public calls are methods of [`Context`], beside the forward's.
 //!
-//! Kernels: `bwd_sm80` (FlashAttention-2's algorithm, mma.sync) for D 64 and 128 by default;
-//! the naive reference kernels (`kernels/reference.cu`: exact f32 gradients, deterministic,
-//! slow) for the other head dims, for `deterministic` (bwd_sm80 adds dQ with atomics), and
-//! when `params.kernel` names the reference. A forward family named in `params.kernel`
-//! concerns the forward only.
+//! Kernels: `bwd_sm80` (FlashAttention-2's algorithm, mma.sync) by default, every head dim
+//! of the forward; the naive reference kernels (`kernels/reference.cu`: exact f32
+//! gradients, slow) when `params.kernel` names the reference. A forward family named in
+//! `params.kernel` concerns the forward only.
+//!
+//! Scratch memory per call: D_i, `4·B·Hq·Sq` bytes, and for bwd_sm80 dQ's f32 accumulator,
+//! `4·B·Sq·Hq·D` bytes, times the deterministic split count in deterministic mode (see
+//! [`bwd_sm80::deterministic_splits`]: about SMs / (B·Hkv) slices, at most one per key
+//! block).
 
 use std::sync::Arc;
 
@@ -75,7 +79,7 @@ impl Context {
     /// of a loss `L` with respect to `q`, `k`, `v`, given `dout = ∂L/∂o`. Rows that saw no key
     /// (lse = -inf) get zero gradients. Queued on the context's stream.
     ///
-    /// Scratch: `4·B·Hq·Sq` bytes (D_i = rowsum(dout ∘ o)), from the context's workspace.
+    /// Scratch (see the module's documentation) comes from the context's workspace.
     pub fn attention_backward_into(&self, inputs: &BwdInputs, grads: GradsMut, params: &AttnParams) -> Result<()> {
         let mut workspace = self.split_workspace().lock().unwrap();
         let mut scratch = |bytes| self.grow_workspace(&mut workspace, bytes);
@@ -104,7 +108,7 @@ impl Context {
     /// The kernel variant the backward of `shape` runs (see the module's documentation).
     pub fn backward_variant(&self, shape: &ProblemShape, dtype: crate::DType, params: &AttnParams) -> Result<crate::Variant> {
         Ok(match backward_family(shape, params)? {
-            KernelFamily::BwdSm80 => bwd_sm80::variant(dtype, shape.head_dim, params.causal),
+            KernelFamily::BwdSm80 => bwd_sm80::variant(self.info().arch, dtype, shape.head_dim, params.causal),
             _ => reference::variant(dtype),
         })
     }
@@ -133,7 +137,14 @@ impl Context {
         let family = backward_family(&shape, params)?;
         let rows = shape.batch * shape.heads_q * shape.seqlen_q;
         let dsum_bytes = (rows * std::mem::size_of::<f32>()).next_multiple_of(256);
-        let dq_accum_bytes = if family == KernelFamily::BwdSm80 { rows * shape.head_dim * std::mem::size_of::<f32>() } else { 0 };
+        let splits = if family == KernelFamily::BwdSm80 && params.deterministic {
+            let key_blocks = shape.seqlen_k.div_ceil(bwd_sm80::tile(self.info().arch, shape.head_dim).block_n as usize);
+            bwd_sm80::deterministic_splits(self.info().sm_count as usize, shape.heads_kv, shape.batch, key_blocks)
+        } else {
+            1
+        };
+        let dq_accum_bytes =
+            if family == KernelFamily::BwdSm80 { splits * rows * shape.head_dim * std::mem::size_of::<f32>() } else { 0 };
         let dsum = scratch(dsum_bytes + dq_accum_bytes)?;
         validate::scratch_alignment(dsum)?;
         let stride = |t: &TensorView| [0, 1, 2].map(|i| t.layout.strides[i] as i64);
@@ -167,10 +178,12 @@ impl Context {
             softmax_scale_log2: scale * std::f32::consts::LOG2_E,
             causal: i32::from(params.causal),
             deterministic: i32::from(params.deterministic),
+            dq_splits: splits as i32,
+            reserved: 0,
         };
         match family {
             KernelFamily::BwdSm80 => {
-                let kernel = self.load(&bwd_sm80::variant(q.layout.dtype, shape.head_dim, params.causal))?;
+                let kernel = self.load(&bwd_sm80::variant(self.info().arch, q.layout.dtype, shape.head_dim, params.causal))?;
                 launch_sm80(stream, &kernel, &p, &shape)
             }
             _ => {
@@ -183,40 +196,38 @@ impl Context {
 
 /// Which kernels run the backward of `shape` (see the module's documentation).
 fn backward_family(shape: &ProblemShape, params: &AttnParams) -> Result<KernelFamily> {
-    let fast = bwd_sm80::HEAD_DIMS.contains(&shape.head_dim) && !params.deterministic;
+    let fast = bwd_sm80::HEAD_DIMS.contains(&shape.head_dim);
     match params.kernel {
         Some(KernelFamily::Reference) => Ok(KernelFamily::Reference),
         Some(KernelFamily::BwdSm80) if !fast => Err(Error::Unsupported {
             kernel: KernelFamily::BwdSm80.name().into(),
-            msg: format!(
-                "takes head dims {:?} and is not deterministic (head dim {}, deterministic {})",
-                bwd_sm80::HEAD_DIMS,
-                shape.head_dim,
-                params.deterministic
-            ),
+            msg: format!("takes head dims {:?} (head dim {})", bwd_sm80::HEAD_DIMS, shape.head_dim),
         }),
         _ if fast => Ok(KernelFamily::BwdSm80),
         _ => Ok(KernelFamily::Reference),
     }
 }
 
-/// D_i, then the main kernel (a CTA per key block, KV head and batch), then dQ's conversion;
-/// dQ's f32 accumulator zeroed first.
+/// D_i, then the main kernel (a CTA per key block, KV head and batch, or `p.dq_splits` CTAs
+/// a head walking the key blocks in deterministic mode), then dQ's conversion; dQ's f32
+/// accumulator zeroed first.
 fn launch_sm80(stream: &CudaStream, kernel: &LoadedKernel, p: &BwdParams, shape: &ProblemShape) -> Result<()> {
     let [dsum_fn, dq_fn] = kernel.aux() else {
         return Err(Error::Unsupported { kernel: kernel.variant.name(), msg: "lacks its D_i and dQ entry points".into() });
     };
     let accum_len = shape.batch * shape.seqlen_q * shape.heads_q * shape.head_dim;
-    // SAFETY: `p.dq_accum` is scratch memory of `accum_len` f32 values, used in stream order.
-    unsafe { cudarc::driver::sys::cuMemsetD32Async(p.dq_accum, 0, accum_len, stream.cu_stream()) }
+    // SAFETY: `p.dq_accum` is scratch memory of `dq_splits * accum_len` f32 values, used in
+    // stream order.
+    unsafe { cudarc::driver::sys::cuMemsetD32Async(p.dq_accum, 0, p.dq_splits as usize * accum_len, stream.cu_stream()) }
         .result()
         .ctx("zeroing dQ's accumulator")?;
-    let block = bwd_sm80::BLOCK as usize;
-    let key_blocks = (shape.seqlen_k.div_ceil(block) as u32, shape.heads_kv as u32, shape.batch as u32);
+    let tile = kernel.variant.tile;
+    let key_blocks = shape.seqlen_k.div_ceil(tile.block_n as usize) as u32;
+    let ctas = if p.deterministic != 0 { p.dq_splits as u32 } else { key_blocks };
     let launches = [
         (dsum_fn, (shape.seqlen_q.div_ceil(4) as u32, shape.heads_q as u32, shape.batch as u32), 128, 0, "D_i"),
-        (kernel.function(), key_blocks, 128, kernel.variant.smem_bytes, "dK, dV"),
-        (dq_fn, (accum_len.div_ceil(256) as u32, 1, 1), 256, 0, "dQ"),
+        (kernel.function(), (ctas, shape.heads_kv as u32, shape.batch as u32), 32 * tile.warps, kernel.variant.smem_bytes, "dK, dV"),
+        (dq_fn, (accum_len.div_ceil(1024) as u32, 1, 1), 256, 0, "dQ"),
     ];
     for (function, grid_dim, threads, smem, what) in launches {
         let cfg = LaunchConfig { grid_dim, block_dim: (threads, 1, 1), shared_mem_bytes: smem };

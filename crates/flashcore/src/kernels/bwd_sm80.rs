@@ -1,15 +1,13 @@
 //! The Ampere-class backward (`kernels/bwd_sm80.cu`): FlashAttention-2's algorithm, a CTA
-//! per (key block, KV head, batch), dQ added in f32 with atomics. First version: D 64 and
-//! 128, one 64 x 64 tile, no pipeline; deterministic gradients run on the reference kernels.
+//! per (key block, KV head, batch), dQ added in f32 with atomics (or, deterministic, into a
+//! slice of the accumulator per CTA). Tiles per head dim and arch's shared memory.
 
 use super::{KernelFamily, Tile, Variant};
+use crate::jit::Arch;
 use crate::tensor::DType;
 
-/// Head dims bwd_sm80 takes (the others run on the reference backward).
-pub const HEAD_DIMS: &[usize] = &[64, 128];
-
-/// Query rows and keys per tile.
-pub const BLOCK: u32 = 64;
+/// Head dims with a compiled variant.
+pub const HEAD_DIMS: &[usize] = &[32, 64, 96, 128, 192, 256];
 
 /// The entry points besides the main one, in launch order around it: D_i before, dQ's
 /// conversion after.
@@ -17,34 +15,84 @@ pub const DSUM_ENTRY: &str = "fc_bwd_sm80_dsum";
 /// See [`DSUM_ENTRY`].
 pub const DQ_ENTRY: &str = "fc_bwd_sm80_dq";
 
-/// Dynamic shared memory of the kernel's `Smem`: Q, dO, K and V tiles of rows padded by 8
-/// elements, P and dS tiles likewise, then lse and D_i (f32). The kernel static_asserts it.
-pub fn smem_bytes(head_dim: usize) -> u32 {
-    let b = BLOCK as usize;
-    (4 * b * (head_dim + 8) * 2 + 2 * b * (b + 8) * 2 + 2 * b * 4) as u32
+/// The tile for `head_dim` on `arch`: `block_m` query rows a step, `block_n` keys a CTA,
+/// `stages` query blocks in flight. FlashAttention-2's shapes where they fit: 64 x 128 with
+/// 8 warps up to D128, 64 x 64 above. sm_86/sm_89 give a block 99 KB: 64 x 64 (4 warps, one
+/// stage) up to D128, 64 x 32 for D192, and 32 x 32 for D256 (K, V, Q and dO of 32 rows:
+/// 72 KB), so every head dim runs there.
+pub fn tile(arch: Arch, head_dim: usize) -> Tile {
+    let t = |block_m, block_n, warps, stages| Tile { block_m, block_n, warps, stages };
+    // 99 KB a block: sm_86, sm_89 and the consumer Blackwells (sm_120).
+    let small = (arch.major == 8 && arch.minor > 0) || arch.major == 12;
+    let big = arch.major >= 9 && !small; // 227 KB (sm_90, sm_100); else sm_80's 163 KB
+    match (head_dim, small) {
+        (0..=64, true) => t(64, 64, 4, 2),
+        (65..=128, true) => t(64, 64, 4, 1),
+        (129..=192, true) => t(64, 32, 4, 1),
+        (_, true) => t(32, 32, 4, 1),
+        (0..=32, false) => t(64, 128, 8, 2),
+        (33..=64, false) => t(128, 128, 8, if big { 2 } else { 1 }),
+        (65..=128, false) => t(64, 128, 8, if big || head_dim <= 96 { 2 } else { 1 }),
+        _ => t(64, 64, 8, if big { 2 } else { 1 }),
+    }
 }
 
-/// The variant for `dtype`, `head_dim` (one of [`HEAD_DIMS`]) and the mask.
-pub fn variant(dtype: DType, head_dim: usize, causal: bool) -> Variant {
+/// Dynamic shared memory of the kernel's `Smem`: K and V tiles and `stages` Q and dO tiles
+/// of rows padded by 8 elements, P and dS tiles likewise, then lse and D_i (f32) per stage.
+/// The kernel static_asserts it.
+pub fn smem_bytes(tile: Tile, head_dim: usize) -> u32 {
+    let (m, n, s) = (tile.block_m as usize, tile.block_n as usize, tile.stages as usize);
+    let row_d = (head_dim + 8) * 2;
+    (2 * n * row_d + 2 * s * m * row_d + 2 * m * (n + 8) * 2 + 2 * s * m * 4) as u32
+}
+
+/// The variant for `dtype`, `head_dim` (one of [`HEAD_DIMS`]) and the mask on `arch`.
+pub fn variant(arch: Arch, dtype: DType, head_dim: usize, causal: bool) -> Variant {
+    let tile = tile(arch, head_dim);
     Variant {
         family: KernelFamily::BwdSm80,
         dtype,
         head_dim: Some(head_dim),
         causal: Some(causal),
-        tile: Tile { block_m: BLOCK, block_n: BLOCK, warps: 4, stages: 1 },
-        smem_bytes: smem_bytes(head_dim),
+        tile,
+        smem_bytes: smem_bytes(tile, head_dim),
         split_kv: false,
     }
+}
+
+/// Slices of dQ's accumulator in deterministic mode: each CTA of a (KV head, batch) walks
+/// key blocks `x, x + splits, ...` and adds into its own slice. As many CTAs as fit in one
+/// wave (one CTA an SM: a second, partial wave would double the time), at most one per key
+/// block.
+pub fn deterministic_splits(sm_count: usize, heads_kv: usize, batch: usize, key_blocks: usize) -> usize {
+    (sm_count / (heads_kv * batch).max(1)).clamp(1, key_blocks.max(1))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn arch(major: u32, minor: u32) -> Arch {
+        Arch { major, minor, specific: false }
+    }
+
     #[test]
-    fn tiles_fit_the_smallest_shared_memory() {
-        // sm_86 and sm_89 let a block opt in to 99 KB.
-        assert_eq!(smem_bytes(128), 88_576);
-        assert!(HEAD_DIMS.iter().all(|&d| smem_bytes(d) <= 99 * 1024));
+    fn tiles_fit_each_arch_class() {
+        // Opt-in shared memory per block: sm_80 163 KB, sm_86/89 99 KB, sm_90 227 KB.
+        for (a, limit) in [(arch(8, 0), 166_912), (arch(8, 6), 101_376), (arch(8, 9), 101_376), (arch(9, 0), 232_448), (arch(12, 0), 101_376)] {
+            for &d in HEAD_DIMS {
+                let bytes = smem_bytes(tile(a, d), d);
+                assert!(bytes <= limit, "sm_{}{} D{d}: {bytes} B over {limit}", a.major, a.minor);
+            }
+        }
+        assert_eq!(smem_bytes(Tile { block_m: 64, block_n: 64, warps: 4, stages: 1 }, 128), 88_576);
+    }
+
+    #[test]
+    fn deterministic_splits_fill_the_gpu_once() {
+        assert_eq!(deterministic_splits(132, 16, 1, 128), 8);
+        assert_eq!(deterministic_splits(132, 32, 2, 128), 2);
+        assert_eq!(deterministic_splits(132, 16, 16, 8), 1);
+        assert_eq!(deterministic_splits(132, 1, 1, 4), 4);
     }
 }

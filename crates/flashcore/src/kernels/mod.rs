@@ -81,9 +81,11 @@ pub(crate) struct BwdParams {
     pub softmax_scale_log2: f32,
     pub causal: i32,
     pub deterministic: i32,
+    pub dq_splits: i32,
+    pub reserved: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<BwdParams>() == 88 + 8 * 24 + 40);
+const _: () = assert!(std::mem::size_of::<BwdParams>() == 88 + 8 * 24 + 48);
 
 // SAFETY: plain old data with the C layout the kernels expect.
 unsafe impl DeviceRepr for BwdParams {}
@@ -172,7 +174,7 @@ impl KernelFamily {
             KernelFamily::Reference => dtypes.iter().map(|&d| reference::variant(d)).collect(),
             KernelFamily::BwdSm80 => bwd_sm80::HEAD_DIMS
                 .iter()
-                .flat_map(|&d| dtypes.into_iter().flat_map(move |t| [false, true].map(|c| bwd_sm80::variant(t, d, c))))
+                .flat_map(|&d| dtypes.into_iter().flat_map(move |t| [false, true].map(|c| bwd_sm80::variant(arch, t, d, c))))
                 .collect(),
             KernelFamily::FwdSm80 | KernelFamily::FwdSm90 => {
                 let mut out = Vec::new();
