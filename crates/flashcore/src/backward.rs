@@ -143,8 +143,7 @@ impl Context {
         } else {
             1
         };
-        let dq_accum_bytes =
-            if family == KernelFamily::BwdSm80 { splits * rows * shape.head_dim * std::mem::size_of::<f32>() } else { 0 };
+        let dq_accum_bytes = if family == KernelFamily::BwdSm80 { splits * rows * shape.head_dim * std::mem::size_of::<f32>() } else { 0 };
         let dsum = scratch(dsum_bytes + dq_accum_bytes)?;
         validate::scratch_alignment(dsum)?;
         let stride = |t: &TensorView| [0, 1, 2].map(|i| t.layout.strides[i] as i64);

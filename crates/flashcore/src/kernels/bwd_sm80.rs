@@ -79,7 +79,9 @@ mod tests {
     #[test]
     fn tiles_fit_each_arch_class() {
         // Opt-in shared memory per block: sm_80 163 KB, sm_86/89 99 KB, sm_90 227 KB.
-        for (a, limit) in [(arch(8, 0), 166_912), (arch(8, 6), 101_376), (arch(8, 9), 101_376), (arch(9, 0), 232_448), (arch(12, 0), 101_376)] {
+        for (a, limit) in
+            [(arch(8, 0), 166_912), (arch(8, 6), 101_376), (arch(8, 9), 101_376), (arch(9, 0), 232_448), (arch(12, 0), 101_376)]
+        {
             for &d in HEAD_DIMS {
                 let bytes = smem_bytes(tile(a, d), d);
                 assert!(bytes <= limit, "sm_{}{} D{d}: {bytes} B over {limit}", a.major, a.minor);
