@@ -260,8 +260,9 @@ def is_sweep_case(c):
     return c["seqlen_q"] == c["seqlen_k"] and c["batch"] * c["seqlen_q"] == SWEEP_TOKENS and c["heads_q"] * c["head_dim"] == SWEEP_HIDDEN
 
 
-def plot_sweep(suite_data, device, out_dir, slug):
-    """One PNG per head dim; returns [(D, file name)]. Empty when matplotlib is missing."""
+def plot_sweep(suite_data, device, out_dir, slug, suite="sweep"):
+    """One PNG per head dim of the sweep (or the backward's `bwd`, the sweep's cases); returns
+    [(D, file name)]. Empty when matplotlib is missing."""
     try:
         import matplotlib
 
@@ -276,7 +277,7 @@ def plot_sweep(suite_data, device, out_dir, slug):
             c = r["case"]
             if not is_sweep_case(c):
                 continue
-            v, _ = value(r)
+            v, _ = value(r, suite)
             by_d.setdefault(c["head_dim"], {}).setdefault((system, c["causal"]), []).append((c["seqlen_q"], v, c["dtype"]))
     made = []
     for d in sorted(by_d):
@@ -304,10 +305,12 @@ def plot_sweep(suite_data, device, out_dir, slug):
         ax.set_xticks(ticks)
         ax.set_xticklabels([f"{t // 1024}k" if t >= 1024 else str(t) for t in ticks])
         ax.set_xlabel("sequence length S = Sq = Sk (tokens; batch B = 16384 / S)")
-        ax.set_ylabel("TFLOPS (4·B·H·S²·D / time, ½ for causal)")
+        factor = anchors.BACKWARD_SUITES.get(suite)
+        ax.set_ylabel(f"TFLOPS ({factor} × 4·B·H·S²·D / time, ½ for causal)" if factor else "TFLOPS (4·B·H·S²·D / time, ½ for causal)")
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
-        ax.set_title(f"{device}: attention forward, {'/'.join(sorted(dtypes))}, D = {d}, H = {SWEEP_HIDDEN // d}")
+        what = "attention backward" if factor else "attention forward"
+        ax.set_title(f"{device}: {what}, {'/'.join(sorted(dtypes))}, D = {d}, H = {SWEEP_HIDDEN // d}")
         ax.legend(fontsize=8, ncol=2, loc="lower right")
         fig.tight_layout()
         name = f"{slug}-d{d}.png"
@@ -324,9 +327,11 @@ def render(data, out_dir, slug=None, command=None, warns=(), notes=()):
     slug = slug or gpu_slug(device)
     os.makedirs(out_dir, exist_ok=True)
     md = [f"# FlashCore results: {device}", ""]
+    backward = bool(data) and all(s in anchors.BACKWARD_SUITES for s in data)
+    flops = "2.5 × 4·B·Hq·Sq·Sk·D" if backward else "4·B·Hq·Sq·Sk·D"
     md += [
-        "Forward attention, device time per call (median of ≥ 20 samples, CUDA events; input sets rotated",
-        "while they fit in L2). TFLOPS = 4·B·Hq·Sq·Sk·D / time (half for causal Sq = Sk); decode rows",
+        f"{'Backward' if backward else 'Forward'} attention, device time per call (median of ≥ 20 samples, CUDA events; input sets rotated",
+        f"while they fit in L2). TFLOPS = {flops} / time (half for causal Sq = Sk); decode rows",
         "(Sq = 1) in GB/s of K and V read. Anchors are PyTorch SDPA with one backend forced",
         "(`sdpa-cudnn` = cuDNN, `sdpa-flash` = FlashAttention-2, `sdpa-efficient` = memory-efficient),",
         "timed as CUDA-graph replays of back-to-back calls (eager medians are in the raw JSON). The",
@@ -339,10 +344,10 @@ def render(data, out_dir, slug=None, command=None, warns=(), notes=()):
     for suite in suites:
         lines, notes = suite_table(suite, data[suite], with_flashcore=any(FC in d for d in data.values()))
         md += [f"## Suite `{suite}`", ""] + lines + [""]
-        if suite == "sweep":
-            plots = plot_sweep(data[suite], device, out_dir, slug)
+        if suite in ("sweep", "bwd"):
+            plots = plot_sweep(data[suite], device, out_dir, slug, suite)
             for d, name in plots:
-                md += [f"![sweep D{d}]({name})", ""]
+                md += [f"![{suite} D{d}]({name})", ""]
         if notes:
             md += ["Notes:", ""] + notes + [""]
     if warns:

@@ -108,9 +108,9 @@ def flash_attn_func(
         `out [B, Sq, Hq, D]` (contiguous, q's dtype), or `(out, softmax_lse, None)` with
         `softmax_lse [B, Hq, Sq]` float32 (natural log) when `return_attn_probs`.
 
-    Runs on the current CUDA stream without synchronising. Differentiable: head dims 64 and
-    128 run FlashCore's tensor-core backward (bwd_sm80); the others, and deterministic=True,
-    its naive reference kernels (exact, slow; a warning says so).
+    Runs on the current CUDA stream without synchronising. Differentiable: every head dim runs
+    FlashCore's tensor-core backward (bwd_sm80); deterministic=True makes its gradients
+    bitwise repeatable.
     """
     _check((("q", q), ("k", k), ("v", v)), "[B, S, H, D]")
     if dropout_p or softcap or alibi_slopes is not None or window_size[0] != -1 or window_size[1] != -1:
