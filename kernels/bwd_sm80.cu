@@ -274,6 +274,18 @@ constexpr int dq_chunk() {
 constexpr int kDqChunk = dq_chunk();
 static_assert(GridQ::kColsPerWarp % kDqChunk == 0 && kDqChunk % 16 == 0, "dQ chunks of whole fragment pairs");
 
+// The accumulators of two adjacent n8 tiles, row half `half`, regrouped across lanes t, t^1:
+// the even lane gets columns 2t..2t+3 of the first tile, the odd lane columns 2(t-1)..2t+1 of
+// the second. Returns the first column (relative to the first tile's), a multiple of 4.
+__device__ __forceinline__ int quad_columns(const float (&a)[4], const float (&b)[4], int half, int t, float (&v)[4]) {
+    const bool odd = t & 1;
+    const float a0 = a[2 * half], a1 = a[2 * half + 1], b0 = b[2 * half], b1 = b[2 * half + 1];
+    const float r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1);
+    const float r1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1);
+    v[0] = odd ? r0 : a0, v[1] = odd ? r1 : a1, v[2] = odd ? b0 : r0, v[3] = odd ? b1 : r1;
+    return odd ? 8 + 2 * (t - 1) : 2 * t;
+}
+
 // dQ of the warp's rows for this key block (dS·K, unscaled), added to its f32 accumulator.
 __device__ __forceinline__ void add_dq(Smem& sm, const BwdParams& p, float* dq_accum, int batch, Step s, int lane, int warp) {
     constexpr int kMT = GridQ::kMT, kNT = kDqChunk / 8;
@@ -290,10 +302,17 @@ __device__ __forceinline__ void add_dq(Smem& sm, const BwdParams& p, float* dq_a
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 const int row = s.m0 + r0 + 16 * mi + g + 8 * half;
-                if (row >= p.seqlen_q) continue;
-                float* out = dq_accum + (((i64)batch * p.seqlen_q + row) * p.heads_q + s.head) * kD + c0 + chunk + 2 * t;
+                float* out = dq_accum + (((i64)batch * p.seqlen_q + row) * p.heads_q + s.head) * kD + c0 + chunk;
 #pragma unroll
-                for (int nj = 0; nj < kNT; ++nj) atomic::red_add2(out + 8 * nj, acc[mi][nj][2 * half], acc[mi][nj][2 * half + 1]);
+                for (int nj = 0; nj < kNT; nj += 2) {
+                    // Lanes t and t^1 trade halves of their two n8 tiles (columns 2t.. of
+                    // tiles nj and nj + 1) so each holds 4 consecutive columns: one 16-byte
+                    // reduction instead of two 8-byte ones. All lanes shuffle; the row test
+                    // comes after.
+                    float v[4];
+                    const int col = quad_columns(acc[mi][nj], acc[mi][nj + 1], half, t, v);
+                    if (row < p.seqlen_q) atomic::red_add4(out + 8 * nj + col, v);
+                }
             }
     }
 }

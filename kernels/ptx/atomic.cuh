@@ -29,6 +29,15 @@ __device__ __forceinline__ void red_add2(float* addr, float a, float b) {
 #endif
 }
 
+// addr[0..3] += v[0..3] (addr 16-byte aligned): one vector reduction on sm_90, else four.
+__device__ __forceinline__ void red_add4(float* addr, const float (&v)[4]) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(addr), "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3]));
+#else
+    for (int i = 0; i < 4; ++i) red_add(addr + i, v[i]);
+#endif
+}
+
 // Orders this thread's earlier memory operations before its later ones, for every thread
 // on the GPU.
 __device__ __forceinline__ void fence_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
