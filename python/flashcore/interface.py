@@ -100,8 +100,8 @@ def flash_attn_func(
             key j iff j <= i + Sk - Sq); rows that see no key give 0.
         window_size, softcap, alibi_slopes: not supported yet; anything but the default
             raises NotImplementedError.
-        deterministic: bitwise-reproducible gradients in the backward (the forward is
-            always deterministic).
+        deterministic: bitwise-reproducible gradients in the backward, run to run on one GPU
+            model (the forward is always deterministic).
         return_attn_probs: also return the log-sum-exp.
 
     Returns:

@@ -34,7 +34,8 @@ pub struct AttnParams {
     /// `fwd_sm80` family splits; capped at the number of key tiles.
     pub num_splits: Option<usize>,
     /// Backward only: bitwise-reproducible gradients (no order-dependent float atomics), at
-    /// a cost. The forward is always deterministic.
+    /// a cost, run to run on one GPU model (bwd_sm80 splits dQ's sums by the SM count). The
+    /// forward is always deterministic.
     pub deterministic: bool,
 }
 
