@@ -124,11 +124,11 @@ fn gpu(
     let grads = match dout {
         Some(g) => {
             let gd = up(g)?;
-            // The backward runs on the reference kernels whatever kernel ran the forward.
-            let bwd_params = AttnParams { kernel: None, ..params };
+            // The backward's default kernels (bwd_sm80), or the reference ones with `--kernel
+            // reference`; a forward family named concerns the forward only.
             let inputs =
                 BwdInputs { q: qd.view(), k: kd.view(), v: vd.view(), o: out.o.view(), lse: LseView::of(&out.lse), dout: gd.view() };
-            let g = ctx.attention_backward(&inputs, &bwd_params)?;
+            let g = ctx.attention_backward(&inputs, &params)?;
             Some([wide(&g.dq)?, wide(&g.dk)?, wide(&g.dv)?])
         }
         None => None,
