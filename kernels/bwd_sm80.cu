@@ -158,6 +158,40 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[kMT][kNT][4], A a, B b, i
     }
 }
 
+// Two products of one shape in one k loop, acc1 += A1·B1 and acc2 += A2·B2: twice the
+// independent mma.sync between a loop's dependent ones (S and dP).
+template <int kMT, int kNT, int kKSteps, class A, class B>
+__device__ __forceinline__ void warp_gemm_pair(float (&acc1)[kMT][kNT][4], A a1, B b1, float (&acc2)[kMT][kNT][4], A a2, B b2, int lane) {
+    static_assert(kNT % 2 == 0, "B fragments come in pairs of n8 tiles");
+    const u32 a_lane = A::kIsTrans ? cols_first<A::kRowLen>(lane) : rows_first<A::kRowLen>(lane);
+    const u32 b_lane = B::kIsTrans ? rows_first<B::kRowLen>(lane) : cols_first<B::kRowLen>(lane);
+    const u32 a1_0 = a1.tile + a_lane, a2_0 = a2.tile + a_lane, b1_0 = b1.tile + b_lane, b2_0 = b2.tile + b_lane;
+#pragma unroll 1
+    for (int kk = 0; kk < kKSteps; ++kk) {
+        u32 af1[kMT][4], af2[kMT][4];
+#pragma unroll
+        for (int mi = 0; mi < kMT; ++mi) {
+            const u32 off = A::kIsTrans ? at<A::kRowLen>(16 * kk, 16 * mi) : at<A::kRowLen>(16 * mi, 16 * kk);
+            ldsm<A::kIsTrans>(af1[mi], a1_0 + off);
+            ldsm<A::kIsTrans>(af2[mi], a2_0 + off);
+        }
+#pragma unroll
+        for (int pair = 0; pair < kNT / 2; ++pair) {
+            const u32 off = B::kIsTrans ? at<B::kRowLen>(16 * kk, 16 * pair) : at<B::kRowLen>(16 * pair, 16 * kk);
+            u32 bf1[4], bf2[4];
+            ldsm<B::kIsTrans>(bf1, b1_0 + off);
+            ldsm<B::kIsTrans>(bf2, b2_0 + off);
+#pragma unroll
+            for (int mi = 0; mi < kMT; ++mi) {
+                mma::m16n8k16<elem_t>(acc1[mi][2 * pair], af1[mi], bf1[0], bf1[1]);
+                mma::m16n8k16<elem_t>(acc2[mi][2 * pair], af2[mi], bf2[0], bf2[1]);
+                mma::m16n8k16<elem_t>(acc1[mi][2 * pair + 1], af1[mi], bf1[2], bf1[3]);
+                mma::m16n8k16<elem_t>(acc2[mi][2 * pair + 1], af2[mi], bf2[2], bf2[3]);
+            }
+        }
+    }
+}
+
 template <int kMT, int kNT> __device__ __forceinline__ void zero(float (&acc)[kMT][kNT][4]) {
 #pragma unroll
     for (int mi = 0; mi < kMT; ++mi)
@@ -204,7 +238,7 @@ __device__ __forceinline__ void load_step(Smem& sm, const BwdParams& p, int batc
 
 // P and dS of the warp's S tile: P = exp2(S·scale·log2e − lse·log2e), 0 where the key is
 // masked or past Sk and in rows past Sq or that see no key (lse = -inf); dS = P ∘ (dP − D_i).
-// Both go to shared memory as elem_t, P first so S's registers are free for dP.
+// S and dP come from one k loop (warp_gemm_pair); P and dS go to shared memory as elem_t.
 __device__ __forceinline__ void scores_to_p_ds(Smem& sm, const BwdParams& p, int stage, int m0, int n0, int lane, int warp) {
     constexpr int kMT = GridS::kMT, kNT = GridS::kNT;
     const int g = lane / 4, t = lane % 4;
@@ -223,10 +257,12 @@ __device__ __forceinline__ void scores_to_p_ds(Smem& sm, const BwdParams& p, int
             dsum[mi][half] = sm.dsum[stage][row];
         }
 
-    float acc[kMT][kNT][4];
-    zero(acc);
-    warp_gemm<kMT, kNT, kD / 16>(acc, Operand<kRowD, false>{smem_u32(&sm.q[stage][r0][0])}, Operand<kRowD, false>{smem_u32(&sm.k[c0][0])},
-                                 lane);
+    float sc[kMT][kNT][4], dp[kMT][kNT][4];
+    zero(sc);
+    zero(dp);
+    warp_gemm_pair<kMT, kNT, kD / 16>(sc, Operand<kRowD, false>{smem_u32(&sm.q[stage][r0][0])}, Operand<kRowD, false>{smem_u32(&sm.k[c0][0])},
+                                      dp, Operand<kRowD, false>{smem_u32(&sm.dout[stage][r0][0])}, Operand<kRowD, false>{smem_u32(&sm.v[c0][0])},
+                                      lane);
 #pragma unroll
     for (int mi = 0; mi < kMT; ++mi)
 #pragma unroll
@@ -234,34 +270,16 @@ __device__ __forceinline__ void scores_to_p_ds(Smem& sm, const BwdParams& p, int
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 const int row = r0 + 16 * mi + g + 8 * half, col = c0 + 8 * nj + 2 * t;
-                float pv[2];
+                float pv[2], dsv[2];
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const int key = n0 + col + e;
                     const bool seen = !masked || (key < p.seqlen_k && (!kCausal || key <= m0 + row + offset));
-                    pv[e] = seen ? math::ex2(acc[mi][nj][2 * half + e] * p.softmax_scale_log2 - lse_log2[mi][half]) : 0.f;
+                    pv[e] = seen ? math::ex2(sc[mi][nj][2 * half + e] * p.softmax_scale_log2 - lse_log2[mi][half]) : 0.f;
+                    dsv[e] = pv[e] * (dp[mi][nj][2 * half + e] - dsum[mi][half]);
                 }
                 *reinterpret_cast<u32*>(&sm.p[row][col]) = pack2<elem_t>(pv[0], pv[1]);
-            }
-
-    zero(acc);
-    warp_gemm<kMT, kNT, kD / 16>(acc, Operand<kRowD, false>{smem_u32(&sm.dout[stage][r0][0])},
-                                 Operand<kRowD, false>{smem_u32(&sm.v[c0][0])}, lane);
-#pragma unroll
-    for (int mi = 0; mi < kMT; ++mi)
-#pragma unroll
-        for (int nj = 0; nj < kNT; ++nj)
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int row = r0 + 16 * mi + g + 8 * half, col = c0 + 8 * nj + 2 * t;
-                // dS from the rounded P that dV uses, read back (this thread wrote it): no
-                // registers held across dP's product.
-                const u32 pp = *reinterpret_cast<const u32*>(&sm.p[row][col]);
-                const float p0 = to_float(elem_t{static_cast<u16>(pp & 0xffffu)});
-                const float p1 = to_float(elem_t{static_cast<u16>(pp >> 16)});
-                const float d = dsum[mi][half];
-                *reinterpret_cast<u32*>(&sm.ds[row][col]) =
-                    pack2<elem_t>(p0 * (acc[mi][nj][2 * half] - d), p1 * (acc[mi][nj][2 * half + 1] - d));
+                *reinterpret_cast<u32*>(&sm.ds[row][col]) = pack2<elem_t>(dsv[0], dsv[1]);
             }
 }
 
