@@ -41,6 +41,19 @@ sass_cache=$(mktemp -d)
 trap 'rm -rf "$sass_cache"' EXIT
 FLASHCORE_CACHE_DIR="$sass_cache" target/debug/flashcore compile --arch sm_90a --kernel fwd_sm90 > /dev/null
 .venv/bin/python scripts/sass-check.py "$sass_cache"
+# PyTorch's CUDA 13 wheels bring NVRTC 13.0, whose ptxas spilled kernels that the newest
+# NVRTC (above, for cargo test) did not: every variant must compile without spills there too.
+echo "== flashcore compile --all-archs with NVRTC 13.0 (PyTorch's)"
+nvrtc_13_0=.venv-nvrtc-13.0/nvidia/cu13/lib/libnvrtc.so.13
+[ -f "$nvrtc_13_0" ] || .venv/bin/python -m pip install --quiet --disable-pip-version-check --target .venv-nvrtc-13.0 "nvidia-cuda-nvrtc==13.0.*"
+compile_cache=$(mktemp -d)
+trap 'rm -rf "$sass_cache" "$compile_cache"' EXIT
+if ! FLASHCORE_NVRTC="$(realpath "$nvrtc_13_0")" FLASHCORE_CACHE_DIR="$compile_cache" target/debug/flashcore compile --all-archs > "$compile_cache/log"; then
+    grep -E "SPILLS|error" "$compile_cache/log" >&2 || cat "$compile_cache/log" >&2
+    echo "error: a kernel variant spills or fails to compile with NVRTC 13.0" >&2
+    exit 1
+fi
+tail -n 1 "$compile_cache/log"
 echo "== bench/check_reference.py (flashcore attn --cpu vs NumPy float64)"
 .venv/bin/python bench/check_reference.py target/debug/flashcore
 echo "== bench self-tests"

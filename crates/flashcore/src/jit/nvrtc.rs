@@ -15,6 +15,8 @@ type Status = c_int;
 /// A loaded `libnvrtc` with the functions FlashCore uses.
 pub struct Nvrtc {
     _lib: libloading::Library,
+    /// NVRTC's builtins, loaded from beside it when found there (see `load_from`).
+    _builtins: Option<libloading::Library>,
     path: PathBuf,
     version: (i32, i32),
     create: unsafe extern "C" fn(*mut Program, *const c_char, *const c_char, c_int, *const *const c_char, *const *const c_char) -> Status,
@@ -113,7 +115,17 @@ impl Nvrtc {
         let version: libloading::Symbol<unsafe extern "C" fn(*mut c_int, *mut c_int) -> Status> = lib.get(b"nvrtcVersion\0")?;
         let (mut major, mut minor) = (0, 0);
         version(&mut major, &mut minor);
+        // NVRTC opens `libnvrtc-builtins.so.<major>.<minor>` by name when it compiles; some
+        // wheels' NVRTC (13.0, the one PyTorch's CUDA 13 wheels bring) does not look in its own
+        // folder, so without a CUDA toolkit on the loader path every compile failed. Loaded
+        // here from beside libnvrtc, the loader finds it by its soname.
+        let builtins = path.parent().map(|dir| dir.join(format!("libnvrtc-builtins.so.{major}.{minor}"))).filter(|p| p.exists());
+        let builtins = match builtins {
+            Some(p) => Some(libloading::Library::new(p)?),
+            None => None,
+        };
         let n = Nvrtc {
+            _builtins: builtins,
             path: path.to_path_buf(),
             version: (major, minor),
             create: *lib.get(b"nvrtcCreateProgram\0")?,
