@@ -6,10 +6,12 @@
 // whose rows see the keys under the causal mask. Per query block of kBlockM rows:
 //   S = Q·Kᵀ, P = exp2(S·scale·log2e − lse·log2e) masked to 0, dP = dO·Vᵀ,
 //   dS = P ∘ (dP − D_i); P and dS to shared memory;
-//   dV += Pᵀ·dO, dK += dSᵀ·Q, and dQ = dS·K added in f32 to p.dq_accum with red.add.
-// Each product is a warp-tile GEMM (`warp_gemm`) over a grid of warps (`WarpGrid`) chosen
-// per product so every warp tile is a whole number of 16x16 fragments, 32 rows where the
-// tile allows (two m16 tiles share each B fragment).
+//   dV += Pᵀ·dO, dK += dSᵀ·Q, and dQ = dS·K added in f32 to p.dq_accum with 16-byte
+//   red.add (lane pairs regroup their columns: quad_columns).
+// Each product is a warp-tile GEMM (`warp_gemm`; S and dP share one k loop,
+// `warp_gemm_pair`) over a grid of warps (`WarpGrid`) chosen per product so every warp tile
+// is a whole number of 16x16 fragments, 32 rows where the tile allows (two m16 tiles share
+// each B fragment).
 // Q, dO and the rows' lse and D_i are loaded with cp.async, kStages query blocks ahead
 // (kStages = 2: the next block's loads fly during this block's products).
 //
