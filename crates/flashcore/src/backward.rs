@@ -134,16 +134,17 @@ impl Context {
         validate::lse_alignment(lse.ptr)?;
         let scale = params.scale_for(shape.head_dim);
         validate::softmax_scale(scale)?;
-        let family = backward_family(&shape, params)?;
+        let variant = self.backward_variant(&shape, q.layout.dtype, params)?;
+        let sm80 = variant.family == KernelFamily::BwdSm80;
         let rows = shape.batch * shape.heads_q * shape.seqlen_q;
         let dsum_bytes = (rows * std::mem::size_of::<f32>()).next_multiple_of(256);
-        let splits = if family == KernelFamily::BwdSm80 && params.deterministic {
-            let key_blocks = shape.seqlen_k.div_ceil(bwd_sm80::tile(self.info().arch, shape.head_dim).block_n as usize);
+        let splits = if sm80 && params.deterministic {
+            let key_blocks = shape.seqlen_k.div_ceil(variant.tile.block_n as usize);
             bwd_sm80::deterministic_splits(self.info().sm_count as usize, shape.heads_kv, shape.batch, key_blocks)
         } else {
             1
         };
-        let dq_accum_bytes = if family == KernelFamily::BwdSm80 { splits * rows * shape.head_dim * std::mem::size_of::<f32>() } else { 0 };
+        let dq_accum_bytes = if sm80 { splits * rows * shape.head_dim * std::mem::size_of::<f32>() } else { 0 };
         let dsum = scratch(dsum_bytes + dq_accum_bytes)?;
         validate::scratch_alignment(dsum)?;
         let stride = |t: &TensorView| [0, 1, 2].map(|i| t.layout.strides[i] as i64);
@@ -180,15 +181,11 @@ impl Context {
             dq_splits: splits as i32,
             reserved: 0,
         };
-        match family {
-            KernelFamily::BwdSm80 => {
-                let kernel = self.load(&bwd_sm80::variant(self.info().arch, q.layout.dtype, shape.head_dim, params.causal))?;
-                launch_sm80(stream, &kernel, &p, &shape)
-            }
-            _ => {
-                let kernel = self.load(&reference::variant(q.layout.dtype))?;
-                launch_reference(stream, &kernel, &p, &shape)
-            }
+        let kernel = self.load(&variant)?;
+        if sm80 {
+            launch_sm80(stream, &kernel, &p, &shape)
+        } else {
+            launch_reference(stream, &kernel, &p, &shape)
         }
     }
 }
