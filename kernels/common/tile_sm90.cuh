@@ -68,10 +68,10 @@ template <int kRows, int kCols> struct SmemTile {
         return wgmma::desc_sw128(a, 16, kSwizzlePeriod);
     }
 
-    // MN-major operand (rows are K, columns are N): the 16-row step `kk`, all kCols columns;
-    // the descriptor steps panel to panel along N by kPanelBytes.
-    __device__ __forceinline__ u64 mnmajor_desc(int kk) const {
-        const u32 a = addr() + kk * 16 * kRowBytes;
+    // MN-major operand (rows are K, columns are M or N): the 16-row step `kk`, the columns
+    // from panel `panel` on; the descriptor steps panel to panel along M or N by kPanelBytes.
+    __device__ __forceinline__ u64 mnmajor_desc(int kk, int panel = 0) const {
+        const u32 a = addr() + panel * kPanelBytes + kk * 16 * kRowBytes;
         return wgmma::desc_sw128(a, kPanelBytes, kSwizzlePeriod);
     }
 };
@@ -173,6 +173,20 @@ __device__ __forceinline__ void write_accumulator(const SmemTile<kRows, kCols>& 
             const u32 a = row_addr + (j / 8) * SmemTile<kRows, kCols>::kPanelBytes + (((j % 8) ^ (lane / 4)) * 16);
             st_shared_u32(a, pack2<elem_t>(acc[4 * j + 2 * r] * f[r], acc[4 * j + 2 * r + 1] * f[r]));
         }
+    }
+}
+
+// Writes a warpgroup's m64 x kCols accumulator already packed into 16-bit pairs (the
+// operand form of to_operand) into rows [row0, row0 + 64) of `t`, swizzled as above.
+template <int kRows, int kCols>
+__device__ __forceinline__ void write_operand(const SmemTile<kRows, kCols>& t, int row0, const u32 (&packed)[kCols / 4]) {
+    const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const u32 row_addr = t.addr() + (row0 + 16 * warp + lane / 4 + 8 * r) * kRowBytes + (lane % 4) * 4;
+#pragma unroll
+        for (int j = 0; j < kCols / 8; ++j)
+            st_shared_u32(row_addr + (j / 8) * SmemTile<kRows, kCols>::kPanelBytes + (((j % 8) ^ (lane / 4)) * 16), packed[2 * j + r]);
     }
 }
 

@@ -41,6 +41,20 @@ __device__ __forceinline__ void load_4d(u32 smem_dst, const TmaDescriptor* map, 
         ::"r"(smem_dst), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(mbar) : "memory");
 }
 
+// A plain (untiled) copy of `bytes` contiguous bytes, both addresses 16-byte aligned and
+// bytes a multiple of 16; completes on `mbar` like the tensor loads.
+__device__ __forceinline__ void load_bulk(u32 smem_dst, const void* src, u32 bytes, u32 mbar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+                 ::"r"(smem_dst), "l"(src), "r"(bytes), "r"(mbar) : "memory");
+}
+
+// dst[i] += src[i] for `bytes` / 4 f32 values (the L2 adds, element by element atomically),
+// both addresses 16-byte aligned, bytes a multiple of 16. Issued into the bulk group.
+__device__ __forceinline__ void reduce_add_bulk(float* dst, u32 smem_src, u32 bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+                 ::"l"(dst), "r"(smem_src), "r"(bytes) : "memory");
+}
+
 __device__ __forceinline__ void store_4d(const TmaDescriptor* map, u32 smem_src, int c0, int c1, int c2, int c3) {
     asm volatile(
         "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
@@ -55,6 +69,9 @@ __device__ __forceinline__ void store_commit_group() { asm volatile("cp.async.bu
 
 // Waits until the stores' shared-memory reads are done (the buffer may be reused).
 __device__ __forceinline__ void store_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+
+// Waits until the stores (and reductions) have completed, their writes made.
+__device__ __forceinline__ void store_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 
 }  // namespace tma
 }  // namespace fc

@@ -2,7 +2,8 @@
 // wgmma.mma_async.sync.aligned.m64nNk16, f32 accumulators, A/B in the kernel's 16-bit
 // element type. Mma<N>::ss: A and B from shared memory (descriptors). Mma<N>::rs: A from
 // registers (four 32-bit registers of packed pairs, the mma.m16n8k16 A layout per warp).
-// scale_d = 0 overwrites the accumulators, 1 adds to them. TransB = 1 reads B as MN-major.
+// scale_d = 0 overwrites the accumulators, 1 adds to them. TransB = 1 reads B as MN-major,
+// TransA = 1 (ss only) A as MN-major.
 #pragma once
 #include "common/types.cuh"
 
@@ -18,18 +19,18 @@ namespace wgmma {
 template <int N> struct Mma;  // only the N below exist: a new tile width fails to compile
 
 template <> struct Mma<64> {
-    template <int TransB>
+    template <int TransB, int TransA = 0>
     static __device__ __forceinline__ void ss(float (&d)[32], u64 desc_a, u64 desc_b, int scale_d) {
         asm volatile(
             "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
             "wgmma.mma_async.sync.aligned.m64n64k16.f32" FC_WGMMA_AB " "
             "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-            "%32, %33, p, 1, 1, 0, %35;\n}\n"
+            "%32, %33, p, 1, 1, %36, %35;\n}\n"
           : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
           "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-          : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB));
+          : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB), "n"(TransA));
     }
     template <int TransB>
     static __device__ __forceinline__ void rs(float (&d)[32], const u32 (&a)[4], u64 desc_b, int scale_d) {
@@ -47,19 +48,19 @@ template <> struct Mma<64> {
 };
 
 template <> struct Mma<80> {
-    template <int TransB>
+    template <int TransB, int TransA = 0>
     static __device__ __forceinline__ void ss(float (&d)[40], u64 desc_a, u64 desc_b, int scale_d) {
         asm volatile(
             "{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"
             "wgmma.mma_async.sync.aligned.m64n80k16.f32" FC_WGMMA_AB " "
             "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, "
-            "%40, %41, p, 1, 1, 0, %43;\n}\n"
+            "%40, %41, p, 1, 1, %44, %43;\n}\n"
           : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
           "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
           "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
-          : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB));
+          : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB), "n"(TransA));
     }
     template <int TransB>
     static __device__ __forceinline__ void rs(float (&d)[40], const u32 (&a)[4], u64 desc_b, int scale_d) {
@@ -78,20 +79,20 @@ template <> struct Mma<80> {
 };
 
 template <> struct Mma<96> {
-    template <int TransB>
+    template <int TransB, int TransA = 0>
     static __device__ __forceinline__ void ss(float (&d)[48], u64 desc_a, u64 desc_b, int scale_d) {
         asm volatile(
             "{\n.reg .pred p;\nsetp.ne.b32 p, %50, 0;\n"
             "wgmma.mma_async.sync.aligned.m64n96k16.f32" FC_WGMMA_AB " "
             "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, "
-            "%48, %49, p, 1, 1, 0, %51;\n}\n"
+            "%48, %49, p, 1, 1, %52, %51;\n}\n"
           : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
           "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
           "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
           "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
-          : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB));
+          : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB), "n"(TransA));
     }
     template <int TransB>
     static __device__ __forceinline__ void rs(float (&d)[48], const u32 (&a)[4], u64 desc_b, int scale_d) {
@@ -111,13 +112,13 @@ template <> struct Mma<96> {
 };
 
 template <> struct Mma<112> {
-    template <int TransB>
+    template <int TransB, int TransA = 0>
     static __device__ __forceinline__ void ss(float (&d)[56], u64 desc_a, u64 desc_b, int scale_d) {
         asm volatile(
             "{\n.reg .pred p;\nsetp.ne.b32 p, %58, 0;\n"
             "wgmma.mma_async.sync.aligned.m64n112k16.f32" FC_WGMMA_AB " "
             "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55}, "
-            "%56, %57, p, 1, 1, 0, %59;\n}\n"
+            "%56, %57, p, 1, 1, %60, %59;\n}\n"
           : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -125,7 +126,7 @@ template <> struct Mma<112> {
           "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]),
           "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
           "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
-          : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB));
+          : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB), "n"(TransA));
     }
     template <int TransB>
     static __device__ __forceinline__ void rs(float (&d)[56], const u32 (&a)[4], u64 desc_b, int scale_d) {
@@ -146,13 +147,13 @@ template <> struct Mma<112> {
 };
 
 template <> struct Mma<128> {
-    template <int TransB>
+    template <int TransB, int TransA = 0>
     static __device__ __forceinline__ void ss(float (&d)[64], u64 desc_a, u64 desc_b, int scale_d) {
         asm volatile(
             "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
             "wgmma.mma_async.sync.aligned.m64n128k16.f32" FC_WGMMA_AB " "
             "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-            "%64, %65, p, 1, 1, 0, %67;\n}\n"
+            "%64, %65, p, 1, 1, %68, %67;\n}\n"
           : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -161,7 +162,7 @@ template <> struct Mma<128> {
           "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
           "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
           "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-          : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB));
+          : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB), "n"(TransA));
     }
     template <int TransB>
     static __device__ __forceinline__ void rs(float (&d)[64], const u32 (&a)[4], u64 desc_b, int scale_d) {
@@ -183,13 +184,13 @@ template <> struct Mma<128> {
 };
 
 template <> struct Mma<144> {
-    template <int TransB>
+    template <int TransB, int TransA = 0>
     static __device__ __forceinline__ void ss(float (&d)[72], u64 desc_a, u64 desc_b, int scale_d) {
         asm volatile(
             "{\n.reg .pred p;\nsetp.ne.b32 p, %74, 0;\n"
             "wgmma.mma_async.sync.aligned.m64n144k16.f32" FC_WGMMA_AB " "
             "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71}, "
-            "%72, %73, p, 1, 1, 0, %75;\n}\n"
+            "%72, %73, p, 1, 1, %76, %75;\n}\n"
           : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -199,7 +200,7 @@ template <> struct Mma<144> {
           "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
           "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
           "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71])
-          : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB));
+          : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB), "n"(TransA));
     }
     template <int TransB>
     static __device__ __forceinline__ void rs(float (&d)[72], const u32 (&a)[4], u64 desc_b, int scale_d) {
@@ -222,13 +223,13 @@ template <> struct Mma<144> {
 };
 
 template <> struct Mma<160> {
-    template <int TransB>
+    template <int TransB, int TransA = 0>
     static __device__ __forceinline__ void ss(float (&d)[80], u64 desc_a, u64 desc_b, int scale_d) {
         asm volatile(
             "{\n.reg .pred p;\nsetp.ne.b32 p, %82, 0;\n"
             "wgmma.mma_async.sync.aligned.m64n160k16.f32" FC_WGMMA_AB " "
             "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79}, "
-            "%80, %81, p, 1, 1, 0, %83;\n}\n"
+            "%80, %81, p, 1, 1, %84, %83;\n}\n"
           : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -239,7 +240,7 @@ template <> struct Mma<160> {
           "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]),
           "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
           "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79])
-          : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB));
+          : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB), "n"(TransA));
     }
     template <int TransB>
     static __device__ __forceinline__ void rs(float (&d)[80], const u32 (&a)[4], u64 desc_b, int scale_d) {
@@ -263,13 +264,13 @@ template <> struct Mma<160> {
 };
 
 template <> struct Mma<176> {
-    template <int TransB>
+    template <int TransB, int TransA = 0>
     static __device__ __forceinline__ void ss(float (&d)[88], u64 desc_a, u64 desc_b, int scale_d) {
         asm volatile(
             "{\n.reg .pred p;\nsetp.ne.b32 p, %90, 0;\n"
             "wgmma.mma_async.sync.aligned.m64n176k16.f32" FC_WGMMA_AB " "
             "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87}, "
-            "%88, %89, p, 1, 1, 0, %91;\n}\n"
+            "%88, %89, p, 1, 1, %92, %91;\n}\n"
           : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -281,7 +282,7 @@ template <> struct Mma<176> {
           "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]),
           "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
           "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87])
-          : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB));
+          : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB), "n"(TransA));
     }
     template <int TransB>
     static __device__ __forceinline__ void rs(float (&d)[88], const u32 (&a)[4], u64 desc_b, int scale_d) {
@@ -306,13 +307,13 @@ template <> struct Mma<176> {
 };
 
 template <> struct Mma<192> {
-    template <int TransB>
+    template <int TransB, int TransA = 0>
     static __device__ __forceinline__ void ss(float (&d)[96], u64 desc_a, u64 desc_b, int scale_d) {
         asm volatile(
             "{\n.reg .pred p;\nsetp.ne.b32 p, %98, 0;\n"
             "wgmma.mma_async.sync.aligned.m64n192k16.f32" FC_WGMMA_AB " "
             "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95}, "
-            "%96, %97, p, 1, 1, 0, %99;\n}\n"
+            "%96, %97, p, 1, 1, %100, %99;\n}\n"
           : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -325,7 +326,7 @@ template <> struct Mma<192> {
           "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),
           "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
           "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
-          : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB));
+          : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB), "n"(TransA));
     }
     template <int TransB>
     static __device__ __forceinline__ void rs(float (&d)[96], const u32 (&a)[4], u64 desc_b, int scale_d) {
@@ -351,13 +352,13 @@ template <> struct Mma<192> {
 };
 
 template <> struct Mma<208> {
-    template <int TransB>
+    template <int TransB, int TransA = 0>
     static __device__ __forceinline__ void ss(float (&d)[104], u64 desc_a, u64 desc_b, int scale_d) {
         asm volatile(
             "{\n.reg .pred p;\nsetp.ne.b32 p, %106, 0;\n"
             "wgmma.mma_async.sync.aligned.m64n208k16.f32" FC_WGMMA_AB " "
             "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103}, "
-            "%104, %105, p, 1, 1, 0, %107;\n}\n"
+            "%104, %105, p, 1, 1, %108, %107;\n}\n"
           : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -371,7 +372,7 @@ template <> struct Mma<208> {
           "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]),
           "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
           "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103])
-          : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB));
+          : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB), "n"(TransA));
     }
     template <int TransB>
     static __device__ __forceinline__ void rs(float (&d)[104], const u32 (&a)[4], u64 desc_b, int scale_d) {
@@ -398,13 +399,13 @@ template <> struct Mma<208> {
 };
 
 template <> struct Mma<224> {
-    template <int TransB>
+    template <int TransB, int TransA = 0>
     static __device__ __forceinline__ void ss(float (&d)[112], u64 desc_a, u64 desc_b, int scale_d) {
         asm volatile(
             "{\n.reg .pred p;\nsetp.ne.b32 p, %114, 0;\n"
             "wgmma.mma_async.sync.aligned.m64n224k16.f32" FC_WGMMA_AB " "
             "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111}, "
-            "%112, %113, p, 1, 1, 0, %115;\n}\n"
+            "%112, %113, p, 1, 1, %116, %115;\n}\n"
           : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -419,7 +420,7 @@ template <> struct Mma<224> {
           "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]),
           "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
           "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111])
-          : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB));
+          : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB), "n"(TransA));
     }
     template <int TransB>
     static __device__ __forceinline__ void rs(float (&d)[112], const u32 (&a)[4], u64 desc_b, int scale_d) {
@@ -447,13 +448,13 @@ template <> struct Mma<224> {
 };
 
 template <> struct Mma<256> {
-    template <int TransB>
+    template <int TransB, int TransA = 0>
     static __device__ __forceinline__ void ss(float (&d)[128], u64 desc_a, u64 desc_b, int scale_d) {
         asm volatile(
             "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
             "wgmma.mma_async.sync.aligned.m64n256k16.f32" FC_WGMMA_AB " "
             "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, "
-            "%128, %129, p, 1, 1, 0, %131;\n}\n"
+            "%128, %129, p, 1, 1, %132, %131;\n}\n"
           : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -470,7 +471,7 @@ template <> struct Mma<256> {
           "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]),
           "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]),
           "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-          : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB));
+          : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TransB), "n"(TransA));
     }
     template <int TransB>
     static __device__ __forceinline__ void rs(float (&d)[128], const u32 (&a)[4], u64 desc_b, int scale_d) {

@@ -130,7 +130,7 @@ pub fn run(args: &BenchArgs) -> Result<bool> {
     for case in &cases {
         bar.set_message(case.name.clone());
         let row = match suite_name.as_str() {
-            "bwd" => bench_bwd::bench_case(&ctx, case, args.samples, args.eager, args.inputs, args.deterministic)?,
+            "bwd" => bench_bwd::bench_case(&ctx, case, args.samples, args.eager, args.inputs, args.deterministic, family)?,
             _ => bench_case(&ctx, case, family, args)?,
         };
         rows.push(row);

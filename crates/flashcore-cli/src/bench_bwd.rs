@@ -5,7 +5,7 @@
 
 use anyhow::Result;
 use flashcore::bench::{time, TimingOptions};
-use flashcore::{AttnOutput, AttnParams, BwdInputs, Context, DeviceTensor, Error, GradsMut, LseView};
+use flashcore::{AttnOutput, AttnParams, BwdInputs, Context, DeviceTensor, Error, GradsMut, KernelFamily, LseView};
 
 use crate::bench::{unsupported, Row};
 use crate::cases::{normal, random_qkv, Case, Inputs, Storage, Stored};
@@ -22,8 +22,19 @@ struct Set {
     fwd: AttnOutput,
 }
 
-pub fn bench_case(ctx: &Context, case: &Case, samples: usize, eager_only: bool, inputs: Inputs, deterministic: bool) -> Result<Row> {
-    let params = AttnParams { causal: case.causal, deterministic, ..Default::default() };
+/// One case; `kernel` names the backward's family (default: the backward's own choice), the
+/// forward that makes o and lse (and that forward + backward times) takes its default.
+pub fn bench_case(
+    ctx: &Context,
+    case: &Case,
+    samples: usize,
+    eager_only: bool,
+    inputs: Inputs,
+    deterministic: bool,
+    kernel: Option<KernelFamily>,
+) -> Result<Row> {
+    let params = AttnParams { causal: case.causal, deterministic, kernel: kernel.filter(|f| f.is_backward()), ..Default::default() };
+    let fwd_params = AttnParams { kernel: None, ..params };
     let kernel = match ctx.backward_variant(&case.shape(), case.dtype, &params) {
         Ok(v) if deterministic => format!("{} deterministic", v.name()),
         Ok(v) => v.name(),
@@ -39,7 +50,7 @@ pub fn bench_case(ctx: &Context, case: &Case, samples: usize, eager_only: bool, 
         let up = |data: &[f32], sh| Stored::upload(ctx, data, sh, case.dtype, Storage::Bshd);
         let (q, k, v) = (up(&h.q, case.q_shape())?, up(&h.k, case.kv_shape())?, up(&h.v, case.kv_shape())?);
         let dout = up(&normal(h.q.len(), 1.0, case.dtype, seed ^ 0xd0), case.q_shape())?;
-        let fwd = ctx.attention(q.view(), k.view(), v.view(), &params)?;
+        let fwd = ctx.attention(q.view(), k.view(), v.view(), &fwd_params)?;
         sets.push(Set { q, k, v, dout, fwd });
     }
     let mut dq = DeviceTensor::filled(ctx, 0, case.q_shape(), case.dtype)?;
@@ -71,7 +82,7 @@ pub fn bench_case(ctx: &Context, case: &Case, samples: usize, eager_only: bool, 
     };
     let fwd_bwd = time(ctx, opts(!eager_only), |i| {
         let s = &sets[i % n_sets];
-        ctx.attention_into(s.q.view(), s.k.view(), s.v.view(), o.view_mut(), Some(&mut lse), &params)?;
+        ctx.attention_into(s.q.view(), s.k.view(), s.v.view(), o.view_mut(), Some(&mut lse), &fwd_params)?;
         let inputs = BwdInputs { q: s.q.view(), k: s.k.view(), v: s.v.view(), o: o.view(), lse: LseView::of(&lse), dout: s.dout.view() };
         ctx.attention_backward_into(&inputs, GradsMut { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut() }, &params)
     })?;

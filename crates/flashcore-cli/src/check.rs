@@ -184,7 +184,7 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     };
     let forward = families.iter().filter(|f| !f.is_backward());
     let all: Vec<(KernelFamily, Spec)> = forward.flat_map(|&f| specs(f, depth).into_iter().map(move |s| (f, s))).collect();
-    // The backward's kernels: bwd_sm80, and the reference (which has both passes).
+    // The backward's kernels: bwd_sm80, bwd_sm90, and the reference (which has both passes).
     let backward: Vec<check_bwd::BwdSpec> = families
         .iter()
         .filter(|f| f.is_backward() || **f == KernelFamily::Reference)

@@ -1,4 +1,4 @@
-//! The backward's part of `flashcore check` (the reference kernels and bwd_sm80): gradients
+//! The backward's part of `flashcore check` (the reference kernels, bwd_sm80, bwd_sm90): gradients
 //! against the f64 oracle (`reference::attention_backward`), NaN-poisoned gradient buffers,
 //! bitwise determinism (of everything in deterministic mode and of the reference kernels; of
 //! dk and dv otherwise, since dq's atomics add in a varying order).
@@ -113,12 +113,13 @@ pub fn check_one(ctx: &Context, spec: &BwdSpec) -> Result<Outcome> {
         ctx.attention_backward_into(&inputs, GradsMut { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut() }, &params)?;
         Ok([dq.to_bits(ctx)?, dk.to_bits(ctx)?, dv.to_bits(ctx)?])
     };
-    // bwd_sm80 adds dQ with atomics, in an order that varies run to run, unless
-    // deterministic; its dK and dV (no atomics) and everything of the reference kernels must
-    // repeat bit for bit.
+    // bwd_sm80 and bwd_sm90 add dQ with atomics (bulk reduce-adds), in an order that varies
+    // run to run, unless deterministic; their dK and dV (no atomics) and everything of the
+    // reference kernels must repeat bit for bit.
     let first = run()?;
     let second = run()?;
-    let repeats = if spec.family == KernelFamily::BwdSm80 && !spec.deterministic { 1 } else { 0 };
+    let atomic_dq = matches!(spec.family, KernelFamily::BwdSm80 | KernelFamily::BwdSm90);
+    let repeats = if atomic_dq && !spec.deterministic { 1 } else { 0 };
     let deterministic = first[repeats..] == second[repeats..];
 
     let wide = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();

@@ -18,7 +18,8 @@ use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
 use crate::context::{Context, LoadedKernel};
 use crate::error::{DriverContext, Error, Result};
 use crate::external::{CurrentContextGuard, ExternalStream};
-use crate::kernels::{bwd_sm80, reference, BwdParams, KernelFamily};
+use crate::jit::Arch;
+use crate::kernels::{bwd_sm80, bwd_sm90, reference, BwdParams, KernelFamily};
 use crate::params::{AttnParams, ProblemShape};
 use crate::tensor::{DeviceTensor, LseView, TensorView, TensorViewMut};
 use crate::validate;
@@ -107,8 +108,9 @@ impl Context {
 
     /// The kernel variant the backward of `shape` runs (see the module's documentation).
     pub fn backward_variant(&self, shape: &ProblemShape, dtype: crate::DType, params: &AttnParams) -> Result<crate::Variant> {
-        Ok(match backward_family(shape, params)? {
+        Ok(match backward_family(shape, params, self.info().arch)? {
             KernelFamily::BwdSm80 => bwd_sm80::variant(self.info().arch, dtype, shape.head_dim, params.causal),
+            KernelFamily::BwdSm90 => bwd_sm90::variant(dtype, shape.head_dim, params.causal),
             _ => reference::variant(dtype),
         })
     }
@@ -137,14 +139,19 @@ impl Context {
         let variant = self.backward_variant(&shape, q.layout.dtype, params)?;
         let sm80 = variant.family == KernelFamily::BwdSm80;
         let rows = shape.batch * shape.heads_q * shape.seqlen_q;
-        let dsum_bytes = (rows * std::mem::size_of::<f32>()).next_multiple_of(256);
         let splits = if sm80 && params.deterministic {
             let key_blocks = shape.seqlen_k.div_ceil(variant.tile.block_n as usize);
             bwd_sm80::deterministic_splits(self.info().sm_count as usize, shape.heads_kv, shape.batch, key_blocks)
         } else {
             1
         };
-        let dq_accum_bytes = if sm80 { splits * rows * shape.head_dim * std::mem::size_of::<f32>() } else { 0 };
+        let (dsum_bytes, dq_accum_bytes) = match variant.family {
+            KernelFamily::BwdSm90 => bwd_sm90::scratch_layout(&variant, &shape),
+            family => {
+                let accum = if family == KernelFamily::BwdSm80 { splits * rows * shape.head_dim * 4 } else { 0 };
+                ((rows * 4).next_multiple_of(256), accum)
+            }
+        };
         let dsum = scratch(dsum_bytes + dq_accum_bytes)?;
         validate::scratch_alignment(dsum)?;
         let stride = |t: &TensorView| [0, 1, 2].map(|i| t.layout.strides[i] as i64);
@@ -182,24 +189,40 @@ impl Context {
             reserved: 0,
         };
         let kernel = self.load(&variant)?;
-        if sm80 {
-            launch_sm80(stream, &kernel, &p, &shape)
-        } else {
-            launch_reference(stream, &kernel, &p, &shape)
+        match variant.family {
+            KernelFamily::BwdSm80 => launch_sm80(stream, &kernel, &p, &shape),
+            KernelFamily::BwdSm90 => {
+                let [prep, dq] = kernel.aux() else {
+                    return Err(Error::Unsupported { kernel: variant.name(), msg: "lacks its prep and dQ entry points".into() });
+                };
+                bwd_sm90::launch(stream, [prep, kernel.function(), dq], &variant, &p, &shape, [&q, &k, &v, &dout])
+            }
+            _ => launch_reference(stream, &kernel, &p, &shape),
         }
     }
 }
 
-/// Which kernels run the backward of `shape` (see the module's documentation).
-fn backward_family(shape: &ProblemShape, params: &AttnParams) -> Result<KernelFamily> {
-    let fast = bwd_sm80::HEAD_DIMS.contains(&shape.head_dim);
+/// Which kernels run the backward of `shape` (see the module's documentation): bwd_sm90 on
+/// Hopper for its head dims, unless deterministic; else bwd_sm80; a family named in
+/// `params.kernel` if it can.
+fn backward_family(shape: &ProblemShape, params: &AttnParams, arch: Arch) -> Result<KernelFamily> {
+    let unsupported = |family: KernelFamily, msg: String| Err(Error::Unsupported { kernel: family.name().into(), msg });
+    let takes = |family: KernelFamily| family.head_dims().contains(&shape.head_dim);
     match params.kernel {
         Some(KernelFamily::Reference) => Ok(KernelFamily::Reference),
-        Some(KernelFamily::BwdSm80) if !fast => Err(Error::Unsupported {
-            kernel: KernelFamily::BwdSm80.name().into(),
-            msg: format!("takes head dims {:?} (head dim {})", bwd_sm80::HEAD_DIMS, shape.head_dim),
-        }),
-        _ if fast => Ok(KernelFamily::BwdSm80),
+        Some(family @ (KernelFamily::BwdSm80 | KernelFamily::BwdSm90)) if !takes(family) => {
+            unsupported(family, format!("takes head dims {:?} (head dim {})", family.head_dims(), shape.head_dim))
+        }
+        Some(KernelFamily::BwdSm90) if !KernelFamily::BwdSm90.runs_on(arch) => {
+            unsupported(KernelFamily::BwdSm90, format!("needs sm_90a (this GPU is {arch})"))
+        }
+        Some(KernelFamily::BwdSm90) if params.deterministic => {
+            unsupported(KernelFamily::BwdSm90, "has no deterministic mode yet (bwd_sm80 has)".into())
+        }
+        Some(KernelFamily::BwdSm80) => Ok(KernelFamily::BwdSm80),
+        Some(KernelFamily::BwdSm90) => Ok(KernelFamily::BwdSm90),
+        _ if takes(KernelFamily::BwdSm90) && KernelFamily::BwdSm90.runs_on(arch) && !params.deterministic => Ok(KernelFamily::BwdSm90),
+        _ if takes(KernelFamily::BwdSm80) => Ok(KernelFamily::BwdSm80),
         _ => Ok(KernelFamily::Reference),
     }
 }

@@ -85,6 +85,7 @@ fn aux_entries(family: KernelFamily) -> &'static [&'static str] {
     match family {
         KernelFamily::Reference => &REFERENCE_BWD_ENTRIES,
         KernelFamily::BwdSm80 => &[crate::kernels::bwd_sm80::DSUM_ENTRY, crate::kernels::bwd_sm80::DQ_ENTRY],
+        KernelFamily::BwdSm90 => &[crate::kernels::bwd_sm90::PREP_ENTRY, crate::kernels::bwd_sm90::DQ_ENTRY],
         KernelFamily::FwdSm80 | KernelFamily::FwdSm90 => &[],
     }
 }

@@ -117,7 +117,7 @@ pub fn plan(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnPa
         KernelFamily::Reference => unsplit(reference::variant(dtype), &kshape),
         KernelFamily::FwdSm90 => unsplit(fwd_sm90::variant_for(dtype, &kshape, causal, device.sm_count as usize), &kshape),
         KernelFamily::FwdSm80 => sm80_plan(device, &kshape, dtype, causal, params.num_splits),
-        KernelFamily::BwdSm80 => return Err(not_a_forward(family)),
+        KernelFamily::BwdSm80 | KernelFamily::BwdSm90 => return Err(not_a_forward(family)),
     };
     plan.packed_gqa = packed_gqa;
     Ok(plan)

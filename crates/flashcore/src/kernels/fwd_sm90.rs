@@ -146,14 +146,14 @@ pub fn extra_defines(variant: &Variant) -> Vec<(String, String)> {
 /// A `CUtensorMap` passed by value as a `__grid_constant__` kernel parameter.
 #[repr(transparent)]
 #[derive(Clone, Copy)]
-struct TensorMap(CUtensorMap);
+pub(crate) struct TensorMap(CUtensorMap);
 
 // SAFETY: an opaque 128-byte POD the driver filled in.
 unsafe impl DeviceRepr for TensorMap {}
 
 /// A 4-D tensor map over a BSHD view, dims innermost first `{D, S, H, B}`, with a box of
 /// `{64, rows, 1, 1}` and 128-byte swizzle; rows past S read as zeros.
-fn tensor_map(t: &TensorView, rows: u32) -> Result<TensorMap> {
+pub(crate) fn tensor_map(t: &TensorView, rows: u32) -> Result<TensorMap> {
     let l = t.layout;
     let elem = l.dtype.size_bytes() as u64;
     let dims = [l.shape[3], l.shape[1], l.shape[2], l.shape[0]].map(|d| d as u64);

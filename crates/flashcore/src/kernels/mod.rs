@@ -2,6 +2,7 @@
 //! is launched. One file per family; this one holds what they share.
 
 pub(crate) mod bwd_sm80;
+pub(crate) mod bwd_sm90;
 pub(crate) mod fwd_sm80;
 pub(crate) mod fwd_sm90;
 pub(crate) mod reference;
@@ -121,11 +122,14 @@ pub enum KernelFamily {
     FwdSm90,
     /// FlashAttention-2-style backward with mma.sync, for sm_80 and newer.
     BwdSm80,
+    /// Backward with wgmma, TMA and warp specialization (sm_90a).
+    BwdSm90,
 }
 
 impl KernelFamily {
     /// Every family.
-    pub const ALL: [KernelFamily; 4] = [KernelFamily::Reference, KernelFamily::FwdSm80, KernelFamily::FwdSm90, KernelFamily::BwdSm80];
+    pub const ALL: [KernelFamily; 5] =
+        [KernelFamily::Reference, KernelFamily::FwdSm80, KernelFamily::FwdSm90, KernelFamily::BwdSm80, KernelFamily::BwdSm90];
 
     /// The family's name, as the CLI takes it.
     pub fn name(self) -> &'static str {
@@ -134,12 +138,13 @@ impl KernelFamily {
             KernelFamily::FwdSm80 => "fwd_sm80",
             KernelFamily::FwdSm90 => "fwd_sm90",
             KernelFamily::BwdSm80 => "bwd_sm80",
+            KernelFamily::BwdSm90 => "bwd_sm90",
         }
     }
 
     /// Whether the family computes gradients (a backward pass) rather than attention.
     pub fn is_backward(self) -> bool {
-        self == KernelFamily::BwdSm80
+        matches!(self, KernelFamily::BwdSm80 | KernelFamily::BwdSm90)
     }
 
     /// Parses a family name.
@@ -152,7 +157,7 @@ impl KernelFamily {
         match self {
             KernelFamily::Reference => arch.major >= 8,
             KernelFamily::FwdSm80 => arch.major >= 8,
-            KernelFamily::FwdSm90 => arch.is_hopper(),
+            KernelFamily::FwdSm90 | KernelFamily::BwdSm90 => arch.is_hopper(),
             KernelFamily::BwdSm80 => arch.major >= 8,
         }
     }
@@ -164,6 +169,7 @@ impl KernelFamily {
             KernelFamily::FwdSm80 => fwd_sm80::HEAD_DIMS,
             KernelFamily::FwdSm90 => fwd_sm90::HEAD_DIMS,
             KernelFamily::BwdSm80 => bwd_sm80::HEAD_DIMS,
+            KernelFamily::BwdSm90 => bwd_sm90::HEAD_DIMS,
         }
     }
 
@@ -175,6 +181,10 @@ impl KernelFamily {
             KernelFamily::BwdSm80 => bwd_sm80::HEAD_DIMS
                 .iter()
                 .flat_map(|&d| dtypes.into_iter().flat_map(move |t| [false, true].map(|c| bwd_sm80::variant(arch, t, d, c))))
+                .collect(),
+            KernelFamily::BwdSm90 => bwd_sm90::HEAD_DIMS
+                .iter()
+                .flat_map(|&d| dtypes.into_iter().flat_map(move |t| [false, true].map(|c| bwd_sm90::variant(t, d, c))))
                 .collect(),
             KernelFamily::FwdSm80 | KernelFamily::FwdSm90 => {
                 let mut out = Vec::new();
@@ -277,6 +287,10 @@ impl Variant {
             KernelFamily::BwdSm80 => {
                 defines.push(("FC_SMEM_BYTES".into(), self.smem_bytes.to_string()));
                 ("bwd_sm80.cu", "fc_bwd_sm80")
+            }
+            KernelFamily::BwdSm90 => {
+                defines.push(("FC_SMEM_BYTES".into(), self.smem_bytes.to_string()));
+                ("bwd_sm90.cu", "fc_bwd_sm90")
             }
             KernelFamily::FwdSm90 => {
                 defines.extend(fwd_sm90::extra_defines(self));

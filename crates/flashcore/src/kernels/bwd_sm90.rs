@@ -1,0 +1,123 @@
+//! The Hopper backward (`kernels/bwd_sm90.cu`, sm_90a): FlashAttention-2's algorithm on
+//! wgmma and TMA, a producer warpgroup and two consumer warpgroups of 64 keys each, a CTA
+//! per (128-key block, KV head, batch); dQ added in f32 with bulk reduce-adds.
+
+use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+
+use super::fwd_sm90::tensor_map;
+use super::{BwdParams, KernelFamily, Tile, Variant};
+use crate::error::{DriverContext, Result};
+use crate::params::ProblemShape;
+use crate::tensor::{DType, TensorView};
+
+/// Head dims with a compiled variant (D96 runs as D128 with its columns past 96 zero).
+pub const HEAD_DIMS: &[usize] = &[64, 96, 128];
+
+/// The entry points besides the main one, in launch order around it: D_i and lse·log2e
+/// before, dQ's conversion after.
+pub const PREP_ENTRY: &str = "fc_bwd_sm90_prep";
+/// See [`PREP_ENTRY`].
+pub const DQ_ENTRY: &str = "fc_bwd_sm90_dq";
+
+/// Keys of a CTA: 64 per consumer warpgroup.
+const BLOCK_N: u32 = 128;
+
+/// The head dim of the kernel's tiles: whole 64-column panels.
+fn padded_head_dim(head_dim: usize) -> usize {
+    head_dim.div_ceil(64) * 64
+}
+
+/// The tile for `head_dim`: 128 query rows a step at D64, 64 above, so that each consumer
+/// warpgroup's share of dQ is one 64 x 64 tile; 3 warpgroups, 2 stages of Q and dO.
+pub fn tile(head_dim: usize) -> Tile {
+    Tile { block_m: if head_dim <= 64 { 128 } else { 64 }, block_n: BLOCK_N, warps: 12, stages: 2 }
+}
+
+/// Dynamic shared memory of the kernel's `SharedStorage` plus 1024 bytes to align it: K and
+/// V, `stages` Q and dO tiles, two dSᵀ tiles (2 bytes an element), dQ's f32 staging, then lse
+/// and D_i per stage and the barriers, padded to 1024 bytes. The kernel checks it.
+pub fn smem_bytes(tile: Tile, head_dim: usize) -> u32 {
+    let (m, n, s, d) = (tile.block_m as usize, tile.block_n as usize, tile.stages as usize, padded_head_dim(head_dim));
+    let tiles = 2 * (2 * n * d + 2 * s * m * d + 2 * n * m) + 4 * m * d;
+    let small = (2 * s * m * 4 + 8 * (1 + 2 * s)).next_multiple_of(1024);
+    (tiles + small + 1024) as u32
+}
+
+/// The variant for `dtype`, `head_dim` (one of [`HEAD_DIMS`]) and the mask.
+pub fn variant(dtype: DType, head_dim: usize, causal: bool) -> Variant {
+    let tile = tile(head_dim);
+    Variant {
+        family: KernelFamily::BwdSm90,
+        dtype,
+        head_dim: Some(head_dim),
+        causal: Some(causal),
+        tile,
+        smem_bytes: smem_bytes(tile, head_dim),
+        split_kv: false,
+    }
+}
+
+/// Rows of the padded per-row arrays (D_i, lse·log2e) and of dQ's accumulator: whole query
+/// blocks per (batch, head).
+pub fn padded_rows(variant: &Variant, shape: &ProblemShape) -> usize {
+    let m = variant.tile.block_m as usize;
+    shape.batch * shape.heads_q * shape.seqlen_q.div_ceil(m) * m
+}
+
+/// Scratch bytes: D_i and lse·log2e (f32 per padded row), then dQ's f32 accumulator.
+pub fn scratch_layout(variant: &Variant, shape: &ProblemShape) -> (usize, usize) {
+    let rows = padded_rows(variant, shape);
+    let head_dim = padded_head_dim(shape.head_dim);
+    ((2 * rows * 4).next_multiple_of(256), rows * head_dim * 4)
+}
+
+/// The prep kernel, the main one and the dQ conversion; dQ's accumulator zeroed first.
+pub fn launch(
+    stream: &CudaStream,
+    functions: [&CudaFunction; 3],
+    variant: &Variant,
+    p: &BwdParams,
+    shape: &ProblemShape,
+    qkv_do: [&TensorView; 4],
+) -> Result<()> {
+    let [prep, main, dq] = functions;
+    let (_, accum_bytes) = scratch_layout(variant, shape);
+    // SAFETY: `p.dq_accum` is scratch memory of `accum_bytes`, used in stream order.
+    unsafe { cudarc::driver::sys::cuMemsetD32Async(p.dq_accum, 0, accum_bytes / 4, stream.cu_stream()) }
+        .result()
+        .ctx("zeroing dQ's accumulator")?;
+    let tile = variant.tile;
+    let rows = padded_rows(variant, shape) / (shape.batch * shape.heads_q);
+    let what = |w: &str| format!("launching {} ({w})", variant.name());
+    let cfg = |grid_dim, threads, shared_mem_bytes| LaunchConfig { grid_dim, block_dim: (threads, 1, 1), shared_mem_bytes };
+    let prep_cfg = cfg(((rows / 4) as u32, shape.heads_q as u32, shape.batch as u32), 128, 0);
+    // SAFETY: `fc_bwd_sm90_prep(BwdParams)`; the pointers were validated against their layouts.
+    unsafe { stream.launch_builder(prep).arg(p).launch(prep_cfg) }.ctx(what("D_i"))?;
+    let tq = tensor_map(qkv_do[0], tile.block_m)?;
+    let tk = tensor_map(qkv_do[1], tile.block_n)?;
+    let tv = tensor_map(qkv_do[2], tile.block_n)?;
+    let tdo = tensor_map(qkv_do[3], tile.block_m)?;
+    let key_blocks = shape.seqlen_k.div_ceil(tile.block_n as usize) as u32;
+    let main_cfg = cfg((key_blocks, shape.heads_kv as u32, shape.batch as u32), 32 * tile.warps, variant.smem_bytes);
+    // SAFETY: the arguments match `fc_bwd_sm90(BwdParams, CUtensorMap x4)`.
+    unsafe { stream.launch_builder(main).arg(p).arg(&tq).arg(&tk).arg(&tv).arg(&tdo).launch(main_cfg) }.ctx(what("dK, dV"))?;
+    let pairs = accum_bytes / 8;
+    // SAFETY: `fc_bwd_sm90_dq(BwdParams)`, after the main kernel in stream order.
+    unsafe { stream.launch_builder(dq).arg(p).launch(cfg((pairs.div_ceil(256) as u32, 1, 1), 256, 0)) }.ctx(what("dQ"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiles_fit_hopper() {
+        for &d in HEAD_DIMS {
+            let bytes = smem_bytes(tile(d), d);
+            assert!(bytes <= 232_448, "D{d}: {bytes} B");
+        }
+        assert_eq!(tile(64).block_m, 128);
+        assert_eq!(tile(96).block_m, 64);
+    }
+}
