@@ -85,10 +85,12 @@ static_assert(FC_NUM_WARPS * 32 == kThreads, "FC_NUM_WARPS must be 4 * (consumer
 constexpr int kEntryRegs = 65536 / kThreads / 8 * 8;
 static_assert(warpgroup::kThreads * (kProducerRegs + kConsumerWG * kConsumerRegs) <= kThreads * kEntryRegs, "register file");
 
-// Named barrier ids (0 is __syncthreads): both consumers' dSᵀ written; then one per
-// consumer warpgroup for its dQ staging.
+// Named barrier ids (0 is __syncthreads): both consumers' dSᵀ written; then, per consumer
+// warpgroup, its dQ staging buffer empty and full (shared with the dQ writer warp).
 constexpr u32 kDsBarrier = 1;
-constexpr u32 kDqBarrier = 2;
+constexpr u32 kDqEmpty = 2;
+constexpr u32 kDqFull = kDqEmpty + kConsumerWG;
+constexpr u32 kDqHandoffThreads = warpgroup::kThreads + 32;
 
 using KVTile = sm90::SmemTile<kBlockN, kHeadDim>;
 using QTile = sm90::SmemTile<kBlockM, kHeadDim>;
@@ -101,6 +103,7 @@ struct SharedStorage {
     alignas(16) float dq[kConsumerWG][kDqTile];
     alignas(16) float lse_log2[kStages][kBlockM];
     alignas(16) float dsum[kStages][kBlockM];
+    float* dq_dst[kConsumerWG];  // where each warpgroup's staged dQ goes (see stage_dq)
     alignas(8) u64 kv_full;
     u64 q_full[kStages], q_empty[kStages];
 };
@@ -152,28 +155,43 @@ __device__ __forceinline__ i64 row_stat(const BwdParams& p, int batch, int head,
     return (static_cast<i64>(batch) * p.heads_q + head) * ceil_div(p.seqlen_q, kBlockM) * kBlockM + row;
 }
 
-// Producer: K and V once, then Q, dO, lse·log2e and D_i of each step into the ring.
+// Producer: K and V once, then Q, dO, lse·log2e and D_i of each step into the ring. Its
+// 24 registers hold the walk only as increments (no division per step) and shared memory
+// as one 32-bit base plus constant offsets.
 __device__ __forceinline__ void produce(SharedStorage& smem, const BwdParams& p, const TmaDescriptor* tma_q,
                                         const TmaDescriptor* tma_k, const TmaDescriptor* tma_v,
                                         const TmaDescriptor* tma_do) {
     const int n0 = blockIdx.x * kBlockN, kv_head = blockIdx.y, batch = blockIdx.z;
-    mbarrier::arrive_expect_tx(bar(smem.kv_full), 2 * KVTile::kBytes);
-    smem.k.load(tma_k, bar(smem.kv_full), n0, kv_head, batch);
-    smem.v.load(tma_v, bar(smem.kv_full), n0, kv_head, batch);
+    // A member's address as base + its offset (the offset folds to a constant).
+    const u32 base = smem_u32(&smem);
+    auto at = [&smem, base](const void* member) {
+        return base + static_cast<u32>(static_cast<const char*>(member) - reinterpret_cast<const char*>(&smem));
+    };
+    const u32 kv_full = at(&smem.kv_full);
+    mbarrier::arrive_expect_tx(kv_full, 2 * KVTile::kBytes);
+    KVTile::load_to(at(&smem.k), tma_k, kv_full, n0, kv_head, batch);
+    KVTile::load_to(at(&smem.v), tma_v, kv_full, n0, kv_head, batch);
     const Walk w = walk(p);
-    const float* lse_log2 = p.dsum + padded_rows(p);
+    int head = kv_head * w.group, m_block = w.m_first;
+    const float* dsum = p.dsum + row_stat(p, batch, head, m_block * kBlockM);
+    const i64 to_lse = padded_rows(p);
     PipelineCounter<kStages> st;
     for (int j = 0; j < w.steps; ++j, st.advance()) {
-        const Step s = step_at(w, j);
-        const int stage = st.stage(), m0 = s.m_block * kBlockM;
-        const u32 full = bar(smem.q_full, stage);
-        mbarrier::wait(bar(smem.q_empty, stage), st.empty_parity());
+        const u32 stage = st.stage(), m0 = m_block * kBlockM;
+        const u32 full = at(&smem.q_full) + 8 * stage;
+        mbarrier::wait(at(&smem.q_empty) + 8 * stage, st.empty_parity());
         mbarrier::arrive_expect_tx(full, 2 * QTile::kBytes + 2 * kBlockM * sizeof(float));
-        QTile::load_to(smem_u32(smem.q) + stage * QTile::kBytes, tma_q, full, m0, s.head, batch);
-        QTile::load_to(smem_u32(smem.dout) + stage * QTile::kBytes, tma_do, full, m0, s.head, batch);
-        const i64 row = row_stat(p, batch, s.head, m0);
-        tma::load_bulk(smem_u32(smem.lse_log2[stage]), lse_log2 + row, kBlockM * sizeof(float), full);
-        tma::load_bulk(smem_u32(smem.dsum[stage]), p.dsum + row, kBlockM * sizeof(float), full);
+        QTile::load_to(at(&smem.q) + stage * QTile::kBytes, tma_q, full, m0, head, batch);
+        QTile::load_to(at(&smem.dout) + stage * QTile::kBytes, tma_do, full, m0, head, batch);
+        constexpr u32 kStatBytes = kBlockM * sizeof(float);
+        tma::load_bulk(at(&smem.lse_log2) + stage * kStatBytes, dsum + to_lse, kStatBytes, full);
+        tma::load_bulk(at(&smem.dsum) + stage * kStatBytes, dsum, kStatBytes, full);
+        dsum += kBlockM;
+        if (++m_block == w.m_blocks) {
+            m_block = w.m_first;
+            ++head;
+            dsum += w.m_first * kBlockM;
+        }
     }
 }
 
@@ -188,30 +206,50 @@ __device__ __forceinline__ Fragment fragment() {
     return Fragment{16 * warp + lane / 4, 2 * (lane % 4)};
 }
 
-// Pᵀ and dSᵀ of the warpgroup's keys [k0, k0 + 64) and the block's queries [m0, m0 +
-// kBlockM), from Sᵀ and dPᵀ, packed into the A operands of dV's and dK's products as each
-// chunk is done (the f32 values die chunk by chunk: D64's 128-query block spilled with all
-// of them live). P = 0 where the key is past Sk or, causal, after the query's diagonal
-// (only where `masked`), and in rows past Sq or that see no key (lse·log2e is +inf there).
-__device__ __forceinline__ void gradients_of_scores(const float (&s)[kBlockM / 2], const float (&dp)[kBlockM / 2],
-                                                    u32 (&pk)[kBlockM / 4], u32 (&dsk)[kBlockM / 4], const float* lse_log2,
-                                                    const float* dsum, int k0, int m0, bool masked, const BwdParams& p) {
+// Pᵀ of the warpgroup's keys [k0, k0 + 64) and the block's queries [m0, m0 + kBlockM), in
+// place of Sᵀ (while dPᵀ is still in the tensor cores): P = 0 where the key is past Sk or,
+// causal, after the query's diagonal (only where `masked`), and in rows past Sq or that see
+// no key (lse·log2e is +inf there).
+__device__ __forceinline__ void probabilities(float (&s)[kBlockM / 2], const float* lse_log2, int k0, int m0, bool masked,
+                                              const BwdParams& p) {
     const Fragment f = fragment();
-    const int offset = p.seqlen_k - p.seqlen_q;
+    // Per key row r, the first column (8c + e, relative to this thread's) that sees it:
+    // the query key - offset under the causal mask; none for a key past Sk. Each score then
+    // costs one compare with a constant.
+    int first_seen[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        constexpr int kAll = -(1 << 30), kNone = 1 << 30;
+        const int key = k0 + f.row + 8 * r;
+        const int causal_first = kCausal ? key - (p.seqlen_k - p.seqlen_q) - m0 - f.col : kAll;
+        first_seen[r] = !masked ? kAll : key >= p.seqlen_k ? kNone : causal_first;
+    }
 #pragma unroll
     for (int c = 0; c < kBlockM / 8; ++c) {
         const float2 l = *reinterpret_cast<const float2*>(lse_log2 + 8 * c + f.col);
-        const float2 d = *reinterpret_cast<const float2*>(dsum + 8 * c + f.col);
-        float pv[4], ds[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const int e = i % 2, key = k0 + f.row + 8 * (i / 2), query = m0 + 8 * c + f.col + e;
-            const bool seen = !masked || (key < p.seqlen_k && (!kCausal || key <= query + offset));
-            pv[i] = seen ? math::ex2(fmaf(s[4 * c + i], p.softmax_scale_log2, -(e ? l.y : l.x))) : 0.f;
-            ds[i] = pv[i] * (dp[4 * c + i] - (e ? d.y : d.x));
+            const int e = i % 2;
+            const bool seen = 8 * c + e >= first_seen[i / 2];
+            s[4 * c + i] = seen ? math::ex2(fmaf(s[4 * c + i], p.softmax_scale_log2, -(e ? l.y : l.x))) : 0.f;
         }
-        pk[2 * c] = pack2<elem_t>(pv[0], pv[1]);
-        pk[2 * c + 1] = pack2<elem_t>(pv[2], pv[3]);
+    }
+}
+
+// dSᵀ = Pᵀ ∘ (dPᵀ − D_i), and Pᵀ and dSᵀ packed into the A operands of dV's and dK's
+// products chunk by chunk, so that the f32 values die as they are packed (D64's 128-query
+// block spilled with all of them live).
+__device__ __forceinline__ void score_gradients(const float (&pf)[kBlockM / 2], const float (&dp)[kBlockM / 2],
+                                                u32 (&pk)[kBlockM / 4], u32 (&dsk)[kBlockM / 4], const float* dsum) {
+    const Fragment f = fragment();
+#pragma unroll
+    for (int c = 0; c < kBlockM / 8; ++c) {
+        const float2 d = *reinterpret_cast<const float2*>(dsum + 8 * c + f.col);
+        float ds[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) ds[i] = pf[4 * c + i] * (dp[4 * c + i] - (i % 2 ? d.y : d.x));
+        pk[2 * c] = pack2<elem_t>(pf[4 * c], pf[4 * c + 1]);
+        pk[2 * c + 1] = pack2<elem_t>(pf[4 * c + 2], pf[4 * c + 3]);
         dsk[2 * c] = pack2<elem_t>(ds[0], ds[1]);
         dsk[2 * c + 1] = pack2<elem_t>(ds[2], ds[3]);
     }
@@ -229,24 +267,45 @@ __device__ __forceinline__ void gemm_dq(float (&dq)[32], const DsTile& ds, const
     wgmma::fence_operands(dq);
 }
 
-// Adds this warpgroup's dQ to the block's f32 accumulator: staged in shared memory in
-// accumulator order (register pair j of thread t at float2 index 128 j + t: consecutive
-// lanes write consecutive 8 bytes, no bank conflict) and added with one bulk reduce-add,
-// issued by the warpgroup's first thread. The staging buffer is reused once that thread's
-// previous reduce has read it.
-__device__ __forceinline__ void add_dq(SharedStorage& smem, const float (&dq)[32], float* dst, int wg) {
+// Hands this warpgroup's dQ to the dQ writer warp, with where it goes (`dst`; nullptr: no
+// more): staged in shared memory in accumulator order (register pair j of thread t at float2
+// index 128 j + t: consecutive lanes write consecutive 8 bytes, no bank conflict) once the
+// writer has read the previous one out.
+__device__ __forceinline__ void stage_dq(SharedStorage& smem, const float (&dq)[32], float* dst, int wg) {
     const u32 t = warpgroup::fresh_thread_index() % warpgroup::kThreads;
-    if (t == 0) tma::store_wait_read();
-    named_barrier::sync(kDqBarrier + wg, warpgroup::kThreads);
-    float2* stage = reinterpret_cast<float2*>(smem.dq[wg]);
+    named_barrier::sync(kDqEmpty + wg, kDqHandoffThreads);
+    if (t == 0) smem.dq_dst[wg] = dst;
+    if (dst != nullptr) {
+        float2* stage = reinterpret_cast<float2*>(smem.dq[wg]);
 #pragma unroll
-    for (int j = 0; j < 16; ++j) stage[128 * j + t] = make_float2(dq[2 * j], dq[2 * j + 1]);
-    tma::fence_proxy_async_shared();
-    named_barrier::sync(kDqBarrier + wg, warpgroup::kThreads);
-    if (t == 0) {
-        tma::reduce_add_bulk(dst, smem_u32(smem.dq[wg]), kDqTile * sizeof(float));
-        tma::store_commit_group();
+        for (int j = 0; j < 16; ++j) stage[128 * j + t] = make_float2(dq[2 * j], dq[2 * j + 1]);
+        tma::fence_proxy_async_shared();
     }
+    named_barrier::arrive(kDqFull + wg, kDqHandoffThreads);
+}
+
+// The dQ writer warp: per step and consumer warpgroup, adds the staged dQ to its query
+// block's f32 accumulator with one bulk reduce-add (the L2 adds), and frees the staging
+// buffer once the reduce has read it; stops at the consumers' nullptr. Off the consumers'
+// path: they only wait for a free buffer.
+__device__ __forceinline__ void write_dq(SharedStorage& smem) {
+    const bool leader = threadIdx.x % 32 == 0;
+    for (bool more = true; more;) {
+#pragma unroll
+        for (int wg = 0; wg < kConsumerWG; ++wg) {
+            named_barrier::arrive(kDqEmpty + wg, kDqHandoffThreads);
+            named_barrier::sync(kDqFull + wg, kDqHandoffThreads);
+            float* dst = smem.dq_dst[wg];
+            more = dst != nullptr;
+            if (leader && more) {
+                tma::reduce_add_bulk(dst, smem_u32(smem.dq[wg]), kDqTile * sizeof(float));
+                tma::store_commit_group();
+                tma::store_wait_read();
+            }
+            __syncwarp();
+        }
+    }
+    if (leader) tma::store_wait_all();
 }
 
 // dK (times the softmax scale) or dV of the warpgroup's keys [k0, k0 + 64), from registers.
@@ -281,36 +340,42 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const BwdParams& p,
         float sc[kBlockM / 2], dp[kBlockM / 2];
         sm90::gemm_qk(sc, smem.k, 64 * wg, smem.q[stage]);
         sm90::gemm_qk(dp, smem.v, 64 * wg, smem.dout[stage]);
-        wgmma::wait<0>();
+        wgmma::wait<1>();  // Sᵀ; the exponentials run under dPᵀ
         wgmma::fence_operands(sc);
-        wgmma::fence_operands(dp);
         const bool masked = k0 + 64 > p.seqlen_k || (kCausal && k0 + 63 > m0 + offset);
+        probabilities(sc, smem.lse_log2[stage], k0, m0, masked, p);
+        wgmma::wait<0>();
+        wgmma::fence_operands(dp);
         u32 pk[kBlockM / 4], dsk[kBlockM / 4];
-        gradients_of_scores(sc, dp, pk, dsk, smem.lse_log2[stage], smem.dsum[stage], k0, m0, masked, p);
-        sm90::gemm_pv(dv, pk, smem.dout[stage]);
-        sm90::gemm_pv(dk, dsk, smem.q[stage]);
+        score_gradients(sc, dp, pk, dsk, smem.dsum[stage]);
         const DsTile& ds = smem.ds[j % 2];
         sm90::write_operand(ds, 64 * wg, dsk);
+        sm90::gemm_pv(dv, pk, smem.dout[stage]);
         tma::fence_proxy_async_shared();
         named_barrier::sync(kDsBarrier, kConsumerWG * warpgroup::kThreads);
         float dq[32];
         gemm_dq(dq, ds, smem.k, wg);
+        sm90::gemm_pv(dk, dsk, smem.q[stage]);
+        wgmma::wait<1>();  // dV and dQ; dK runs under dQ's staging
+        wgmma::fence_operands(dq);
+        const i64 tile = (static_cast<i64>(batch) * p.heads_q + s.head) * w.m_blocks + s.m_block;
+        stage_dq(smem, dq, p.dq_accum + tile * kBlockM * kHeadDim + wg * kDqTile, wg);
         wgmma::wait<0>();
         wgmma::fence_operands(dv);
         wgmma::fence_operands(dk);
         wgmma::fence_operands(pk);
         wgmma::fence_operands(dsk);
-        wgmma::fence_operands(dq);
         mbarrier::arrive(bar(smem.q_empty, stage));
         st.advance();
-        const i64 tile = (static_cast<i64>(batch) * p.heads_q + s.head) * w.m_blocks + s.m_block;
-        add_dq(smem, dq, p.dq_accum + tile * kBlockM * kHeadDim + wg * kDqTile, wg);
+    }
+    {
+        float none[32];
+        stage_dq(smem, none, nullptr, wg);  // the writer's stop mark
     }
     const int kv_head = blockIdx.y;
     store_kv(dv, static_cast<elem_t*>(p.dv) + batch * p.dv_stride_b + kv_head * p.dv_stride_h, p.dv_stride_s, k0, p.seqlen_k, 1.f);
     store_kv(dk, static_cast<elem_t*>(p.dk) + batch * p.dk_stride_b + kv_head * p.dk_stride_h, p.dk_stride_s, k0, p.seqlen_k,
              p.softmax_scale);
-    if (warpgroup::fresh_thread_index() % warpgroup::kThreads == 0) tma::store_wait_all();
 }
 
 __device__ __forceinline__ void init_barriers(SharedStorage& smem) {
@@ -372,6 +437,7 @@ fc_bwd_sm90(const __grid_constant__ BwdParams p, const __grid_constant__ TmaDesc
     if (warpgroup::index() == 0) {
         warpgroup::decrease_registers<kProducerRegs>();
         if (threadIdx.x == 0) produce(shared_storage(), p, &tma_q, &tma_k, &tma_v, &tma_do);
+        if (threadIdx.x / 32 == 1) write_dq(shared_storage());
     } else {
         warpgroup::increase_registers<kConsumerRegs>();
         consume(shared_storage(), p, warpgroup::index_in_role() - 1);

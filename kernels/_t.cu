@@ -1,0 +1,443 @@
+// Hopper backward attention (sm_90a): FlashAttention-2's algorithm on wgmma and TMA, warp
+// specialized in the style of FlashAttention-3.
+//
+// One CTA per (key block of kBlockN = 128 keys, KV head, batch). A producer thread loads K
+// and V once, then walks the query blocks of every query head of the KV head (GQA sums in
+// registers), loading Q, dO and the rows' lse and D_i into a ring of kStages stages. Two
+// consumer warpgroups own 64 keys each and keep their dK, dV in registers. Per query block
+// of kBlockM rows, each consumer warpgroup computes the transposed products, so that P and
+// dS land in registers already in the A-operand form of the next products:
+//   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ                      (wgmma, both operands from shared memory)
+//   Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e),  dSᵀ = Pᵀ ∘ (dPᵀ − D_i)   (the rows' lse, D_i
+//        are columns here: per-column values from shared memory)
+//   dV += Pᵀ·dO, dK += dSᵀ·Q                     (wgmma, A from registers)
+//   dSᵀ to shared memory; both warpgroups meet; dQ = dS·K (A read transposed), each
+//   warpgroup 64 x 64 of it, staged in shared memory in its accumulator order and added to
+//   p.dq_accum with one bulk reduce-add (cp.reduce.async.bulk) per warpgroup.
+// fc_bwd_sm90_prep (before) writes D_i and lse·log2e per row, padded to whole query blocks;
+// fc_bwd_sm90_dq (after) scales and converts dq_accum into dq.
+//
+// Variants: D64 128 x 128 (queries x keys), D96 and D128 64 x 128 (D96 as D128 with the
+// columns past 96 zero, as in the forward); kStages = 2; setmaxnreg 24 / 240.
+//   smem: K, V (kBlockN x D), kStages x (Q, dO) (kBlockM x D), two dSᵀ buffers (kBlockN x
+//   kBlockM), dQ's f32 staging (kBlockM x D), lse and D_i per stage: D64 and D128 197632 B.
+//
+// HOST CONTRACT
+// fc_bwd_sm90_prep(BwdParams): grid (m_blocks * kBlockM / 4, Hq, B), 128 threads; writes
+//   p.dsum[(b * Hq + h) * Sq_pad + i] = D_i and, after B * Hq * Sq_pad of those, lse·log2e
+//   (+inf where lse = -inf and in the padding rows), Sq_pad = m_blocks * kBlockM.
+// fc_bwd_sm90(BwdParams, TmaDescriptor tma_q, tma_k, tma_v, tma_do): grid (ceil(Sk /
+//   kBlockN), Hkv, B), kThreads threads, dynamic smem FC_SMEM_BYTES; tensor maps as
+//   fwd_sm90's (4-D {D, S, H, B}, 128-byte swizzle, box {64, rows}: kBlockM rows for Q and
+//   dO, kBlockN for K and V); p.dq_accum [B, Hq, m_blocks, kBlockM * kHeadDim] f32, zeroed,
+//   each query block's part in the consumers' accumulator order (see dq_index).
+// fc_bwd_sm90_dq(BwdParams): grid (ceil(B * Hq * m_blocks * kBlockM * kHeadDim / 512)), 256
+//   threads.
+// Causal is the compile-time FC_CAUSAL (bottom-right aligned).
+#include "common/bwd_params.cuh"
+#include "common/pipeline.cuh"
+#include "common/tile_sm90.cuh"
+#include "common/types.cuh"
+#include "ptx/barrier.cuh"
+#include "ptx/math.cuh"
+#include "ptx/mbarrier.cuh"
+#include "ptx/tma.cuh"
+#include "ptx/warpgroup.cuh"
+#include "ptx/wgmma.cuh"
+
+#ifndef FC_HEAD_DIM
+#define FC_HEAD_DIM 128
+#endif
+#ifndef FC_CAUSAL
+#define FC_CAUSAL 0
+#endif
+#ifndef FC_BLOCK_M
+#define FC_BLOCK_M (FC_HEAD_DIM <= 64 ? 128 : 64)
+#endif
+#ifndef FC_STAGES
+#define FC_STAGES 2
+#endif
+
+namespace fc {
+namespace bwd_sm90 {
+
+constexpr int kHeadDimReal = FC_HEAD_DIM;
+constexpr int kHeadDim = (kHeadDimReal + 63) / 64 * 64;
+constexpr bool kCausal = FC_CAUSAL != 0;
+constexpr int kConsumerWG = 2;
+constexpr int kBlockM = FC_BLOCK_M;
+constexpr int kBlockN = 64 * kConsumerWG;
+constexpr int kStages = FC_STAGES;
+constexpr int kThreads = warpgroup::kThreads * (kConsumerWG + 1);
+constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+// dQ of a query block (kBlockM x kHeadDim) is shared out as one 64 x 64 wgmma tile per
+// consumer warpgroup: by rows when the block has 128 (D64), by columns when it has 64 (D128).
+constexpr bool kDqByRows = kBlockM == 128;
+constexpr int kDqTile = 64 * 64;  // f32 values of one warpgroup's dQ
+static_assert(kBlockM * kHeadDim == kConsumerWG * kDqTile, "dQ: one 64 x 64 tile per consumer warpgroup");
+static_assert(kStages >= 2, "the next query block loads under this one");
+#ifdef FC_BLOCK_N
+static_assert(FC_BLOCK_N == kBlockN, "FC_BLOCK_N must be 64 per consumer warpgroup");
+#endif
+#ifdef FC_NUM_WARPS
+static_assert(FC_NUM_WARPS * 32 == kThreads, "FC_NUM_WARPS must be 4 * (consumers + 1)");
+#endif
+constexpr int kEntryRegs = 65536 / kThreads / 8 * 8;
+static_assert(warpgroup::kThreads * (kProducerRegs + kConsumerWG * kConsumerRegs) <= kThreads * kEntryRegs, "register file");
+
+// Named barrier ids (0 is __syncthreads): both consumers' dSᵀ written; then, per consumer
+// warpgroup, its dQ staging buffer empty and full (shared with the dQ writer warp).
+constexpr u32 kDsBarrier = 1;
+constexpr u32 kDqEmpty = 2;
+constexpr u32 kDqFull = kDqEmpty + kConsumerWG;
+constexpr u32 kDqHandoffThreads = warpgroup::kThreads + 32;
+
+using KVTile = sm90::SmemTile<kBlockN, kHeadDim>;
+using QTile = sm90::SmemTile<kBlockM, kHeadDim>;
+using DsTile = sm90::SmemTile<kBlockN, kBlockM>;  // dSᵀ: keys x queries
+
+struct SharedStorage {
+    KVTile k, v;
+    QTile q[kStages], dout[kStages];
+    DsTile ds[2];  // alternate blocks: one warpgroup may write the next while the other reads
+    alignas(16) float dq[kConsumerWG][kDqTile];
+    alignas(16) float lse_log2[kStages][kBlockM];
+    alignas(16) float dsum[kStages][kBlockM];
+    float* dq_dst[kConsumerWG];  // where each warpgroup's staged dQ goes (see stage_dq)
+    alignas(8) u64 kv_full;
+    u64 q_full[kStages], q_empty[kStages];
+};
+constexpr unsigned kSmemBytes = sizeof(SharedStorage) + sm90::kSwizzlePeriod;
+static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
+#ifdef FC_SMEM_BYTES
+static_assert(kSmemBytes == FC_SMEM_BYTES, "the host's shared-memory size (bwd_sm90.rs smem_bytes)");
+#endif
+
+__device__ __forceinline__ SharedStorage& shared_storage() {
+    extern __shared__ unsigned char smem_raw[];
+    const u32 a = smem_u32(smem_raw);
+    const u32 pad = (sm90::kSwizzlePeriod - (a % sm90::kSwizzlePeriod)) % sm90::kSwizzlePeriod;
+    return *reinterpret_cast<SharedStorage*>(smem_raw + pad);
+}
+
+__device__ __forceinline__ u32 bar(const u64& b) { return smem_u32(&b); }
+__device__ __forceinline__ u32 bar(const u64 (&ring)[kStages], int i) { return smem_u32(ring) + 8 * i; }
+
+__device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// The query blocks one CTA visits: every query head of its KV head, each from the first
+// block whose rows see the CTA's first key (causal) to the last.
+struct Walk {
+    int group, m_blocks, m_first, steps;
+};
+__device__ __forceinline__ Walk walk(const BwdParams& p) {
+    Walk w;
+    w.group = p.heads_q / p.heads_kv;
+    w.m_blocks = ceil_div(p.seqlen_q, kBlockM);
+    const int n0 = blockIdx.x * kBlockN, offset = p.seqlen_k - p.seqlen_q;
+    w.m_first = kCausal ? min(w.m_blocks, max(0, n0 - offset) / kBlockM) : 0;
+    w.steps = w.group * (w.m_blocks - w.m_first);
+    return w;
+}
+struct Step {
+    int head, m_block;
+};
+__device__ __forceinline__ Step step_at(const Walk& w, int j) {
+    const int per_head = w.m_blocks - w.m_first;
+    return Step{static_cast<int>(blockIdx.y) * w.group + j / per_head, w.m_first + j % per_head};
+}
+
+// Offsets of one (batch, head) row range in the padded per-row arrays of fc_bwd_sm90_prep.
+__device__ __forceinline__ i64 padded_rows(const BwdParams& p) {
+    return static_cast<i64>(p.batch) * p.heads_q * ceil_div(p.seqlen_q, kBlockM) * kBlockM;
+}
+__device__ __forceinline__ i64 row_stat(const BwdParams& p, int batch, int head, int row) {
+    return (static_cast<i64>(batch) * p.heads_q + head) * ceil_div(p.seqlen_q, kBlockM) * kBlockM + row;
+}
+
+// Producer: K and V once, then Q, dO, lse·log2e and D_i of each step into the ring.
+__device__ __forceinline__ void produce(SharedStorage& smem, const BwdParams& p, const TmaDescriptor* tma_q,
+                                        const TmaDescriptor* tma_k, const TmaDescriptor* tma_v,
+                                        const TmaDescriptor* tma_do) {
+    const int n0 = blockIdx.x * kBlockN, kv_head = blockIdx.y, batch = blockIdx.z;
+    mbarrier::arrive_expect_tx(bar(smem.kv_full), 2 * KVTile::kBytes);
+    smem.k.load(tma_k, bar(smem.kv_full), n0, kv_head, batch);
+    smem.v.load(tma_v, bar(smem.kv_full), n0, kv_head, batch);
+    const Walk w = walk(p);
+    const float* lse_log2 = p.dsum + padded_rows(p);
+    PipelineCounter<kStages> st;
+    for (int j = 0; j < w.steps; ++j, st.advance()) {
+        const Step s = step_at(w, j);
+        const int stage = st.stage(), m0 = s.m_block * kBlockM;
+        const u32 full = bar(smem.q_full, stage);
+        mbarrier::wait(bar(smem.q_empty, stage), st.empty_parity());
+        mbarrier::arrive_expect_tx(full, 2 * QTile::kBytes + 2 * kBlockM * sizeof(float));
+        QTile::load_to(smem_u32(smem.q) + stage * QTile::kBytes, tma_q, full, m0, s.head, batch);
+        QTile::load_to(smem_u32(smem.dout) + stage * QTile::kBytes, tma_do, full, m0, s.head, batch);
+        const i64 row = row_stat(p, batch, s.head, m0);
+        tma::load_bulk(smem_u32(smem.lse_log2[stage]), lse_log2 + row, kBlockM * sizeof(float), full);
+        tma::load_bulk(smem_u32(smem.dsum[stage]), p.dsum + row, kBlockM * sizeof(float), full);
+    }
+}
+
+// This thread's place in its warpgroup's m64 x N accumulator (rows row, row + 8; columns
+// col, col + 1 of each 8-column chunk), read afresh so that it is computed where used.
+struct Fragment {
+    int row, col;
+};
+__device__ __forceinline__ Fragment fragment() {
+    const u32 tid = warpgroup::fresh_thread_index();
+    const int warp = (tid / 32) % 4, lane = tid % 32;
+    return Fragment{16 * warp + lane / 4, 2 * (lane % 4)};
+}
+
+// Pᵀ of the warpgroup's keys [k0, k0 + 64) and the block's queries [m0, m0 + kBlockM), in
+// place of Sᵀ (while dPᵀ is still in the tensor cores): P = 0 where the key is past Sk or,
+// causal, after the query's diagonal (only where `masked`), and in rows past Sq or that see
+// no key (lse·log2e is +inf there).
+__device__ __forceinline__ void probabilities(float (&s)[kBlockM / 2], const float* lse_log2, int k0, int m0, bool masked,
+                                              const BwdParams& p) {
+    const Fragment f = fragment();
+    const int offset = p.seqlen_k - p.seqlen_q;
+#pragma unroll
+    for (int c = 0; c < kBlockM / 8; ++c) {
+        const float2 l = *reinterpret_cast<const float2*>(lse_log2 + 8 * c + f.col);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int e = i % 2, key = k0 + f.row + 8 * (i / 2), query = m0 + 8 * c + f.col + e;
+            const bool seen = !masked || (key < p.seqlen_k && (!kCausal || key <= query + offset));
+            s[4 * c + i] = seen ? math::ex2(fmaf(s[4 * c + i], p.softmax_scale_log2, -(e ? l.y : l.x))) : 0.f;
+        }
+    }
+}
+
+// dSᵀ = Pᵀ ∘ (dPᵀ − D_i), and Pᵀ and dSᵀ packed into the A operands of dV's and dK's
+// products chunk by chunk, so that the f32 values die as they are packed (D64's 128-query
+// block spilled with all of them live).
+__device__ __forceinline__ void score_gradients(const float (&pf)[kBlockM / 2], const float (&dp)[kBlockM / 2],
+                                                u32 (&pk)[kBlockM / 4], u32 (&dsk)[kBlockM / 4], const float* dsum) {
+    const Fragment f = fragment();
+#pragma unroll
+    for (int c = 0; c < kBlockM / 8; ++c) {
+        const float2 d = *reinterpret_cast<const float2*>(dsum + 8 * c + f.col);
+        float ds[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) ds[i] = pf[4 * c + i] * (dp[4 * c + i] - (i % 2 ? d.y : d.x));
+        pk[2 * c] = pack2<elem_t>(pf[4 * c], pf[4 * c + 1]);
+        pk[2 * c + 1] = pack2<elem_t>(pf[4 * c + 2], pf[4 * c + 3]);
+        dsk[2 * c] = pack2<elem_t>(ds[0], ds[1]);
+        dsk[2 * c + 1] = pack2<elem_t>(ds[2], ds[3]);
+    }
+}
+
+// dQ of this warpgroup (64 x 64: its query rows or its head-dim columns of the block) =
+// dS·K over the block's keys, with dS read transposed from the dSᵀ tile.
+__device__ __forceinline__ void gemm_dq(float (&dq)[32], const DsTile& ds, const KVTile& k, int wg) {
+    wgmma::fence_operands(dq);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+        wgmma::Mma<64>::ss<1, 1>(dq, ds.mnmajor_desc(kk, kDqByRows ? wg : 0), k.mnmajor_desc(kk, kDqByRows ? 0 : wg), kk > 0 ? 1 : 0);
+    wgmma::commit_group();
+    wgmma::fence_operands(dq);
+}
+
+// Hands this warpgroup's dQ to the dQ writer warp, with where it goes (`dst`; nullptr: no
+// more): staged in shared memory in accumulator order (register pair j of thread t at float2
+// index 128 j + t: consecutive lanes write consecutive 8 bytes, no bank conflict) once the
+// writer has read the previous one out.
+__device__ __forceinline__ void stage_dq(SharedStorage& smem, const float (&dq)[32], float* dst, int wg) {
+    const u32 t = warpgroup::fresh_thread_index() % warpgroup::kThreads;
+    named_barrier::sync(kDqEmpty + wg, kDqHandoffThreads);
+    if (t == 0) smem.dq_dst[wg] = dst;
+    if (dst != nullptr) {
+        float2* stage = reinterpret_cast<float2*>(smem.dq[wg]);
+#pragma unroll
+        for (int j = 0; j < 16; ++j) stage[128 * j + t] = make_float2(dq[2 * j], dq[2 * j + 1]);
+        tma::fence_proxy_async_shared();
+    }
+    named_barrier::arrive(kDqFull + wg, kDqHandoffThreads);
+}
+
+// The dQ writer warp: per step and consumer warpgroup, adds the staged dQ to its query
+// block's f32 accumulator with one bulk reduce-add (the L2 adds), and frees the staging
+// buffer once the reduce has read it; stops at the consumers' nullptr. Off the consumers'
+// path: they only wait for a free buffer.
+__device__ __forceinline__ void write_dq(SharedStorage& smem) {
+    const bool leader = threadIdx.x % 32 == 0;
+    for (bool more = true; more;) {
+#pragma unroll
+        for (int wg = 0; wg < kConsumerWG; ++wg) {
+            named_barrier::arrive(kDqEmpty + wg, kDqHandoffThreads);
+            named_barrier::sync(kDqFull + wg, kDqHandoffThreads);
+            float* dst = smem.dq_dst[wg];
+            more = dst != nullptr;
+            if (leader && more) {
+                tma::reduce_add_bulk(dst, smem_u32(smem.dq[wg]), kDqTile * sizeof(float));
+                tma::store_commit_group();
+                tma::store_wait_read();
+            }
+            __syncwarp();
+        }
+    }
+    if (leader) tma::store_wait_all();
+}
+
+// dK (times the softmax scale) or dV of the warpgroup's keys [k0, k0 + 64), from registers.
+__device__ __forceinline__ void store_kv(const float (&acc)[kHeadDim / 2], elem_t* base, i64 row_stride, int k0, int seqlen_k,
+                                         float scale) {
+    const Fragment f = fragment();
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int key = k0 + f.row + 8 * r;
+        if (key >= seqlen_k) continue;
+        elem_t* row = base + key * row_stride + f.col;
+#pragma unroll
+        for (int c = 0; c < kHeadDimReal / 8; ++c)
+            *reinterpret_cast<u32*>(row + 8 * c) = pack2<elem_t>(acc[4 * c + 2 * r] * scale, acc[4 * c + 2 * r + 1] * scale);
+    }
+}
+
+// One consumer warpgroup: keys [64 wg, 64 wg + 64) of the block.
+__device__ __forceinline__ void consume(SharedStorage& smem, const BwdParams& p, int wg) {
+    const int n0 = blockIdx.x * kBlockN, k0 = n0 + 64 * wg, batch = blockIdx.z;
+    const int offset = p.seqlen_k - p.seqlen_q;
+    const Walk w = walk(p);
+    float dk[kHeadDim / 2], dv[kHeadDim / 2];
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2; ++i) dk[i] = dv[i] = 0.f;
+    mbarrier::wait(bar(smem.kv_full), 0);
+    PipelineState<kStages> st;
+    for (int j = 0; j < w.steps; ++j) {
+        const Step s = step_at(w, j);
+        const int stage = st.stage(), m0 = s.m_block * kBlockM;
+        mbarrier::wait(bar(smem.q_full, stage), st.full_parity());
+        float sc[kBlockM / 2], dp[kBlockM / 2];
+        sm90::gemm_qk(sc, smem.k, 64 * wg, smem.q[stage]);
+        sm90::gemm_qk(dp, smem.v, 64 * wg, smem.dout[stage]);
+        wgmma::wait<1>();  // Sᵀ; the exponentials run under dPᵀ
+        wgmma::fence_operands(sc);
+        const bool masked = k0 + 64 > p.seqlen_k || (kCausal && k0 + 63 > m0 + offset);
+        probabilities(sc, smem.lse_log2[stage], k0, m0, masked, p);
+        wgmma::wait<0>();
+        wgmma::fence_operands(dp);
+        u32 pk[kBlockM / 4], dsk[kBlockM / 4];
+        score_gradients(sc, dp, pk, dsk, smem.dsum[stage]);
+        const DsTile& ds = smem.ds[j % 2];
+        sm90::write_operand(ds, 64 * wg, dsk);
+        sm90::gemm_pv(dv, pk, smem.dout[stage]);
+        tma::fence_proxy_async_shared();
+        named_barrier::sync(kDsBarrier, kConsumerWG * warpgroup::kThreads);
+        float dq[32];
+        gemm_dq(dq, ds, smem.k, wg);
+        sm90::gemm_pv(dk, dsk, smem.q[stage]);
+        wgmma::wait<1>();  // dV and dQ; dK runs under dQ's staging
+        wgmma::fence_operands(dq);
+        const i64 tile = (static_cast<i64>(batch) * p.heads_q + s.head) * w.m_blocks + s.m_block;
+        stage_dq(smem, dq, p.dq_accum + tile * kBlockM * kHeadDim + wg * kDqTile, wg);
+        wgmma::wait<0>();
+        wgmma::fence_operands(dv);
+        wgmma::fence_operands(dk);
+        wgmma::fence_operands(pk);
+        wgmma::fence_operands(dsk);
+        mbarrier::arrive(bar(smem.q_empty, stage));
+        st.advance();
+    }
+    {
+        float none[32];
+        stage_dq(smem, none, nullptr, wg);  // the writer's stop mark
+    }
+    const int kv_head = blockIdx.y;
+    store_kv(dv, static_cast<elem_t*>(p.dv) + batch * p.dv_stride_b + kv_head * p.dv_stride_h, p.dv_stride_s, k0, p.seqlen_k, 1.f);
+    store_kv(dk, static_cast<elem_t*>(p.dk) + batch * p.dk_stride_b + kv_head * p.dk_stride_h, p.dk_stride_s, k0, p.seqlen_k,
+             p.softmax_scale);
+}
+
+__device__ __forceinline__ void init_barriers(SharedStorage& smem) {
+    constexpr u32 kConsumerThreads = kConsumerWG * warpgroup::kThreads;
+    mbarrier::init(bar(smem.kv_full), 1);
+    for (int i = 0; i < kStages; ++i) {
+        mbarrier::init(bar(smem.q_full[i]), 1);
+        mbarrier::init(bar(smem.q_empty[i]), kConsumerThreads);
+    }
+    mbarrier::fence_init();
+}
+
+// Where element pair j of consumer thread t of warpgroup wg lies in the block's dQ (see
+// add_dq): row and column within the kBlockM x kHeadDim block.
+__device__ __forceinline__ void dq_index(int wg, int j, int t, int& row, int& col) {
+    const int warp = t / 32, lane = t % 32;
+    row = 16 * warp + lane / 4 + 8 * (j % 2) + (kDqByRows ? 64 * wg : 0);
+    col = 8 * (j / 2) + 2 * (lane % 4) + (kDqByRows ? 0 : 64 * wg);
+}
+
+}  // namespace bwd_sm90
+}  // namespace fc
+
+using namespace fc;
+using namespace fc::bwd_sm90;
+
+extern "C" __global__ void __launch_bounds__(128) fc_bwd_sm90_prep(const BwdParams p) {
+    const int lane = threadIdx.x % 32, row = blockIdx.x * 4 + threadIdx.x / 32;
+    const int head = blockIdx.y, batch = blockIdx.z;
+    float sum = 0.f, lse_log2 = math::inf();
+    if (row < p.seqlen_q) {
+        const elem_t* o = static_cast<const elem_t*>(p.o) + batch * p.o_stride_b + row * p.o_stride_s + head * p.o_stride_h;
+        const elem_t* dout =
+            static_cast<const elem_t*>(p.dout) + batch * p.do_stride_b + row * p.do_stride_s + head * p.do_stride_h;
+        for (int d = lane; d < kHeadDimReal; d += 32) sum += to_float(o[d]) * to_float(dout[d]);
+        for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+        const float lse = p.lse[(static_cast<i64>(batch) * p.heads_q + head) * p.seqlen_q + row];
+        if (lse != math::neg_inf()) lse_log2 = lse * kLog2e;  // a row with no key: P = exp2(-inf) = 0
+    }
+    if (lane == 0) {
+        const i64 i = row_stat(p, batch, head, row);
+        p.dsum[i] = sum;
+        p.dsum[padded_rows(p) + i] = lse_log2;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(kThreads, 1)
+fc_bwd_sm90(const __grid_constant__ BwdParams p, const __grid_constant__ TmaDescriptor tma_q,
+            const __grid_constant__ TmaDescriptor tma_k, const __grid_constant__ TmaDescriptor tma_v,
+            const __grid_constant__ TmaDescriptor tma_do) {
+    if (threadIdx.x == 0) {
+        tma::prefetch_descriptor(&tma_q);
+        tma::prefetch_descriptor(&tma_k);
+        tma::prefetch_descriptor(&tma_v);
+        tma::prefetch_descriptor(&tma_do);
+        init_barriers(shared_storage());
+    }
+    __syncthreads();
+    if (warpgroup::index() == 0) {
+        warpgroup::decrease_registers<kProducerRegs>();
+        const u32 warp = warpgroup::fresh_thread_index() / 32;
+        if (warp == 1) {
+            write_dq(shared_storage());
+        } else if (threadIdx.x == 0) {
+            produce(shared_storage(), p, &tma_q, &tma_k, &tma_v, &tma_do);
+        }
+    } else {
+        warpgroup::increase_registers<kConsumerRegs>();
+        consume(shared_storage(), p, warpgroup::index_in_role() - 1);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) fc_bwd_sm90_dq(const BwdParams p) {
+    constexpr int kPairs = kBlockM * kHeadDim / 2, kPairsPerWg = kDqTile / 2;
+    const int m_blocks = ceil_div(p.seqlen_q, kBlockM);
+    const i64 e = static_cast<i64>(blockIdx.x) * 256 + threadIdx.x;
+    if (e >= static_cast<i64>(p.batch) * p.heads_q * m_blocks * kPairs) return;
+    const float2 v = reinterpret_cast<const float2*>(p.dq_accum)[e];
+    const i64 tile = e / kPairs;
+    const int within = static_cast<int>(e % kPairs);
+    int row, col;
+    dq_index(within / kPairsPerWg, (within % kPairsPerWg) / 128, within % 128, row, col);
+    const int m_block = static_cast<int>(tile % m_blocks);
+    const i64 bh = tile / m_blocks;
+    const int head = static_cast<int>(bh % p.heads_q), batch = static_cast<int>(bh / p.heads_q);
+    row += m_block * kBlockM;
+    if (row >= p.seqlen_q || col >= kHeadDimReal) return;
+    elem_t* dq = static_cast<elem_t*>(p.dq) + batch * p.dq_stride_b + row * p.dq_stride_s + head * p.dq_stride_h + col;
+    *reinterpret_cast<u32*>(dq) = pack2<elem_t>(v.x * p.softmax_scale, v.y * p.softmax_scale);
+}
