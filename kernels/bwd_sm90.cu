@@ -18,9 +18,11 @@
 // fc_bwd_sm90_dq (after) scales and converts dq_accum into dq.
 //
 // Variants: D64 128 x 128 (queries x keys), D96 and D128 64 x 128 (D96 as D128 with the
-// columns past 96 zero, as in the forward); kStages = 2; setmaxnreg 24 / 240.
+// columns past 96 zero, as in the forward); kStages = 2; setmaxnreg 32 / 232 (the producer
+// warpgroup's two roles spill in 24).
 //   smem: K, V (kBlockN x D), kStages x (Q, dO) (kBlockM x D), two dSᵀ buffers (kBlockN x
-//   kBlockM), dQ's f32 staging (kBlockM x D), lse and D_i per stage: D64 and D128 197632 B.
+//   kBlockM), dQ's f32 staging (kBlockM x D), lse and D_i per stage, the dQ hand-over:
+//   D64 200704 B, D96 and D128 199680 B.
 //
 // HOST CONTRACT
 // fc_bwd_sm90_prep(BwdParams): grid (m_blocks * kBlockM / 4, Hq, B), 128 threads; writes
@@ -38,6 +40,7 @@
 #include "common/pipeline.cuh"
 #include "common/tile_sm90.cuh"
 #include "common/types.cuh"
+#include "ptx/atomic.cuh"
 #include "ptx/barrier.cuh"
 #include "ptx/math.cuh"
 #include "ptx/mbarrier.cuh"
@@ -69,7 +72,7 @@ constexpr int kBlockM = FC_BLOCK_M;
 constexpr int kBlockN = 64 * kConsumerWG;
 constexpr int kStages = FC_STAGES;
 constexpr int kThreads = warpgroup::kThreads * (kConsumerWG + 1);
-constexpr int kProducerRegs = 24, kConsumerRegs = 240;
+constexpr int kProducerRegs = 32, kConsumerRegs = 232;
 // dQ of a query block (kBlockM x kHeadDim) is shared out as one 64 x 64 wgmma tile per
 // consumer warpgroup: by rows when the block has 128 (D64), by columns when it has 64 (D128).
 constexpr bool kDqByRows = kBlockM == 128;
@@ -85,12 +88,8 @@ static_assert(FC_NUM_WARPS * 32 == kThreads, "FC_NUM_WARPS must be 4 * (consumer
 constexpr int kEntryRegs = 65536 / kThreads / 8 * 8;
 static_assert(warpgroup::kThreads * (kProducerRegs + kConsumerWG * kConsumerRegs) <= kThreads * kEntryRegs, "register file");
 
-// Named barrier ids (0 is __syncthreads): both consumers' dSᵀ written; then, per consumer
-// warpgroup, its dQ staging buffer empty and full (shared with the dQ writer warp).
+// Named barrier id (0 is __syncthreads): both consumers' dSᵀ written.
 constexpr u32 kDsBarrier = 1;
-constexpr u32 kDqEmpty = 2;
-constexpr u32 kDqFull = kDqEmpty + kConsumerWG;
-constexpr u32 kDqHandoffThreads = warpgroup::kThreads + 32;
 
 using KVTile = sm90::SmemTile<kBlockN, kHeadDim>;
 using QTile = sm90::SmemTile<kBlockM, kHeadDim>;
@@ -104,8 +103,10 @@ struct SharedStorage {
     alignas(16) float lse_log2[kStages][kBlockM];
     alignas(16) float dsum[kStages][kBlockM];
     float* dq_dst[kConsumerWG];  // where each warpgroup's staged dQ goes (see stage_dq)
+    int dq_order;                // deterministic: key blocks that add to it first
     alignas(8) u64 kv_full;
     u64 q_full[kStages], q_empty[kStages];
+    u64 dq_full[kConsumerWG], dq_empty[kConsumerWG];  // the staging buffers' hand-over
 };
 constexpr unsigned kSmemBytes = sizeof(SharedStorage) + sm90::kSwizzlePeriod;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
@@ -125,17 +126,30 @@ __device__ __forceinline__ u32 bar(const u64 (&ring)[kStages], int i) { return s
 
 __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-// The query blocks one CTA visits: every query head of its KV head, each from the first
-// block whose rows see the CTA's first key (causal) to the last.
+// The query blocks one CTA visits: every query head of its KV head, each over the query
+// blocks whose rows see the CTA's keys, [m_first, m_blocks) (causal: from the first whose
+// rows see the CTA's first key), starting at m_start and wrapping round. Without the mask
+// the CTAs of a head start spread over the query blocks (m_start = n · m_blocks / n_blocks
+// for key block n), so that at any time they add dQ to different query blocks; in
+// deterministic mode this is also the order in which they come to each query block
+// (dq_order). Causal: from m_first up; a key block then comes to a query block before the
+// key blocks left of it.
 struct Walk {
-    int group, m_blocks, m_first, steps;
+    int group, m_blocks, m_first, m_start, steps;
 };
+__device__ __forceinline__ int key_blocks(const BwdParams& p) { return ceil_div(p.seqlen_k, kBlockN); }
+// This CTA's key block. Deterministic: the last first, since a CTA waits only for CTAs of
+// later key blocks (dq_order) and CTAs start in block order: waited-for CTAs start first.
+__device__ __forceinline__ int key_block(const BwdParams& p) {
+    return p.deterministic ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
+}
 __device__ __forceinline__ Walk walk(const BwdParams& p) {
     Walk w;
     w.group = p.heads_q / p.heads_kv;
     w.m_blocks = ceil_div(p.seqlen_q, kBlockM);
-    const int n0 = blockIdx.x * kBlockN, offset = p.seqlen_k - p.seqlen_q;
+    const int n = key_block(p), n0 = n * kBlockN, offset = p.seqlen_k - p.seqlen_q;
     w.m_first = kCausal ? min(w.m_blocks, max(0, n0 - offset) / kBlockM) : 0;
+    w.m_start = kCausal ? w.m_first : static_cast<int>(static_cast<i64>(n) * w.m_blocks / key_blocks(p));
     w.steps = w.group * (w.m_blocks - w.m_first);
     return w;
 }
@@ -144,7 +158,24 @@ struct Step {
 };
 __device__ __forceinline__ Step step_at(const Walk& w, int j) {
     const int per_head = w.m_blocks - w.m_first;
-    return Step{static_cast<int>(blockIdx.y) * w.group + j / per_head, w.m_first + j % per_head};
+    int m_block = w.m_start + j % per_head;
+    if (m_block >= w.m_blocks) m_block -= per_head;
+    return Step{static_cast<int>(blockIdx.y) * w.group + j / per_head, m_block};
+}
+
+// How many key blocks add to query block `m_block`'s dQ before this CTA's in deterministic
+// mode: the order in which they come to it (see Walk). Causal: the key blocks that add are
+// 0 .. n_last, the last one its rows see, in descending order. Otherwise all n_blocks, in
+// descending order from n_first, the last whose walk starts at or before the query block,
+// round to n_first + 1.
+__device__ __forceinline__ int dq_order(const BwdParams& p, const Walk& w, int m_block) {
+    const int n_blocks = key_blocks(p), n = key_block(p);
+    if (kCausal) {
+        const int last_row = min((m_block + 1) * kBlockM, p.seqlen_q) - 1;
+        return min(n_blocks - 1, (last_row + p.seqlen_k - p.seqlen_q) / kBlockN) - n;
+    }
+    const int n_first = min(n_blocks - 1, ceil_div((m_block + 1) * n_blocks, w.m_blocks) - 1);
+    return (n_first - n + n_blocks) % n_blocks;
 }
 
 // Offsets of one (batch, head) row range in the padded per-row arrays of fc_bwd_sm90_prep.
@@ -156,12 +187,12 @@ __device__ __forceinline__ i64 row_stat(const BwdParams& p, int batch, int head,
 }
 
 // Producer: K and V once, then Q, dO, lse·log2e and D_i of each step into the ring. Its
-// 24 registers hold the walk only as increments (no division per step) and shared memory
-// as one 32-bit base plus constant offsets.
+// few registers hold the walk as increments (no division per step) and shared memory as
+// one 32-bit base plus constant offsets.
 __device__ __forceinline__ void produce(SharedStorage& smem, const BwdParams& p, const TmaDescriptor* tma_q,
                                         const TmaDescriptor* tma_k, const TmaDescriptor* tma_v,
                                         const TmaDescriptor* tma_do) {
-    const int n0 = blockIdx.x * kBlockN, kv_head = blockIdx.y, batch = blockIdx.z;
+    const int n0 = key_block(p) * kBlockN, kv_head = blockIdx.y, batch = blockIdx.z;
     // A member's address as base + its offset (the offset folds to a constant).
     const u32 base = smem_u32(&smem);
     auto at = [&smem, base](const void* member) {
@@ -172,25 +203,23 @@ __device__ __forceinline__ void produce(SharedStorage& smem, const BwdParams& p,
     KVTile::load_to(at(&smem.k), tma_k, kv_full, n0, kv_head, batch);
     KVTile::load_to(at(&smem.v), tma_v, kv_full, n0, kv_head, batch);
     const Walk w = walk(p);
-    int head = kv_head * w.group, m_block = w.m_first;
-    const float* dsum = p.dsum + row_stat(p, batch, head, m_block * kBlockM);
+    const int per_head = w.m_blocks - w.m_first;
     const i64 to_lse = padded_rows(p);
     PipelineCounter<kStages> st;
-    for (int j = 0; j < w.steps; ++j, st.advance()) {
-        const u32 stage = st.stage(), m0 = m_block * kBlockM;
-        const u32 full = at(&smem.q_full) + 8 * stage;
-        mbarrier::wait(at(&smem.q_empty) + 8 * stage, st.empty_parity());
-        mbarrier::arrive_expect_tx(full, 2 * QTile::kBytes + 2 * kBlockM * sizeof(float));
-        QTile::load_to(at(&smem.q) + stage * QTile::kBytes, tma_q, full, m0, head, batch);
-        QTile::load_to(at(&smem.dout) + stage * QTile::kBytes, tma_do, full, m0, head, batch);
-        constexpr u32 kStatBytes = kBlockM * sizeof(float);
-        tma::load_bulk(at(&smem.lse_log2) + stage * kStatBytes, dsum + to_lse, kStatBytes, full);
-        tma::load_bulk(at(&smem.dsum) + stage * kStatBytes, dsum, kStatBytes, full);
-        dsum += kBlockM;
-        if (++m_block == w.m_blocks) {
-            m_block = w.m_first;
-            ++head;
-            dsum += w.m_first * kBlockM;
+    for (int h = 0; h < w.group; ++h) {
+        const int head = kv_head * w.group + h;
+        const float* stats = p.dsum + row_stat(p, batch, head, 0);
+        for (int k = 0, m_block = w.m_start; k < per_head; ++k, st.advance()) {
+            const u32 stage = st.stage(), m0 = m_block * kBlockM;
+            const u32 full = at(&smem.q_full) + 8 * stage;
+            mbarrier::wait(at(&smem.q_empty) + 8 * stage, st.empty_parity());
+            mbarrier::arrive_expect_tx(full, 2 * QTile::kBytes + 2 * kBlockM * sizeof(float));
+            QTile::load_to(at(&smem.q) + stage * QTile::kBytes, tma_q, full, m0, head, batch);
+            QTile::load_to(at(&smem.dout) + stage * QTile::kBytes, tma_do, full, m0, head, batch);
+            constexpr u32 kStatBytes = kBlockM * sizeof(float);
+            tma::load_bulk(at(&smem.lse_log2) + stage * kStatBytes, stats + to_lse + m0, kStatBytes, full);
+            tma::load_bulk(at(&smem.dsum) + stage * kStatBytes, stats + m0, kStatBytes, full);
+            if (++m_block == w.m_blocks) m_block = w.m_first;
         }
     }
 }
@@ -268,41 +297,70 @@ __device__ __forceinline__ void gemm_dq(float (&dq)[32], const DsTile& ds, const
 }
 
 // Hands this warpgroup's dQ to the dQ writer warp, with where it goes (`dst`; nullptr: no
-// more): staged in shared memory in accumulator order (register pair j of thread t at float2
+// more) and, deterministic, after how many other key blocks' (dq_order): staged in shared memory in accumulator order (register pair j of thread t at float2
 // index 128 j + t: consecutive lanes write consecutive 8 bytes, no bank conflict) once the
 // writer has read the previous one out.
-__device__ __forceinline__ void stage_dq(SharedStorage& smem, const float (&dq)[32], float* dst, int wg) {
+__device__ __forceinline__ void stage_dq(SharedStorage& smem, PipelineState<1>& handover, const float (&dq)[32], float* dst,
+                                         int order, int wg) {
     const u32 t = warpgroup::fresh_thread_index() % warpgroup::kThreads;
-    named_barrier::sync(kDqEmpty + wg, kDqHandoffThreads);
-    if (t == 0) smem.dq_dst[wg] = dst;
+    mbarrier::wait(bar(smem.dq_empty[wg]), handover.empty_parity());
+    if (t == 0) {
+        smem.dq_dst[wg] = dst;
+        smem.dq_order = order;
+    }
     if (dst != nullptr) {
         float2* stage = reinterpret_cast<float2*>(smem.dq[wg]);
 #pragma unroll
         for (int j = 0; j < 16; ++j) stage[128 * j + t] = make_float2(dq[2 * j], dq[2 * j + 1]);
         tma::fence_proxy_async_shared();
     }
-    named_barrier::arrive(kDqFull + wg, kDqHandoffThreads);
+    mbarrier::arrive(bar(smem.dq_full[wg]));
+    handover.advance();
 }
 
 // The dQ writer warp: per step and consumer warpgroup, adds the staged dQ to its query
 // block's f32 accumulator with one bulk reduce-add (the L2 adds), and frees the staging
 // buffer once the reduce has read it; stops at the consumers' nullptr. Off the consumers'
 // path: they only wait for a free buffer.
-__device__ __forceinline__ void write_dq(SharedStorage& smem) {
+//
+// Deterministic (p.deterministic): the key blocks add to a query block in a fixed order
+// (dq_order: the order in which their walks come to it), so every sum has one order. A
+// counter per query block (after the accumulator, zeroed) says how many key blocks have
+// added; this CTA adds once it reads its order, waits for its reduces to complete, and
+// counts itself. Every CTA a query block waits for comes to it earlier in its own walk and
+// waits only for CTAs that come earlier still; CTAs start in block order, so none waits for
+// a CTA that cannot start.
+__device__ __forceinline__ void write_dq(SharedStorage& smem, const BwdParams& p) {
     const bool leader = threadIdx.x % 32 == 0;
-    for (bool more = true; more;) {
+    constexpr int kTile = kBlockM * kHeadDim;
+    u32* const counters = reinterpret_cast<u32*>(p.dq_accum + padded_rows(p) * kHeadDim);
+    PipelineState<1> handover;
+    for (bool more = true; more; handover.advance()) {
+        u32* counter = nullptr;
 #pragma unroll
         for (int wg = 0; wg < kConsumerWG; ++wg) {
-            named_barrier::arrive(kDqEmpty + wg, kDqHandoffThreads);
-            named_barrier::sync(kDqFull + wg, kDqHandoffThreads);
+            mbarrier::wait(bar(smem.dq_full[wg]), handover.full_parity());
             float* dst = smem.dq_dst[wg];
             more = dst != nullptr;
             if (leader && more) {
+                if (p.deterministic && wg == 0) {
+                    counter = counters + (dst - p.dq_accum) / kTile;
+                    const u32 order = smem.dq_order;
+                    while (atomic::load_acquire(counter) != order) {
+                    }
+                    tma::fence_proxy_async_global();
+                }
                 tma::reduce_add_bulk(dst, smem_u32(smem.dq[wg]), kDqTile * sizeof(float));
                 tma::store_commit_group();
                 tma::store_wait_read();
             }
             __syncwarp();
+            if (leader) mbarrier::arrive(bar(smem.dq_empty[wg]));
+        }
+        if (leader && counter != nullptr) {
+            tma::store_wait_all();
+            tma::fence_proxy_async_global();
+            atomic::red_release_add(counter, 1);
         }
     }
     if (leader) tma::store_wait_all();
@@ -325,7 +383,7 @@ __device__ __forceinline__ void store_kv(const float (&acc)[kHeadDim / 2], elem_
 
 // One consumer warpgroup: keys [64 wg, 64 wg + 64) of the block.
 __device__ __forceinline__ void consume(SharedStorage& smem, const BwdParams& p, int wg) {
-    const int n0 = blockIdx.x * kBlockN, k0 = n0 + 64 * wg, batch = blockIdx.z;
+    const int n0 = key_block(p) * kBlockN, k0 = n0 + 64 * wg, batch = blockIdx.z;
     const int offset = p.seqlen_k - p.seqlen_q;
     const Walk w = walk(p);
     float dk[kHeadDim / 2], dv[kHeadDim / 2];
@@ -333,6 +391,7 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const BwdParams& p,
     for (int i = 0; i < kHeadDim / 2; ++i) dk[i] = dv[i] = 0.f;
     mbarrier::wait(bar(smem.kv_full), 0);
     PipelineState<kStages> st;
+    PipelineState<1> handover;  // of this warpgroup's dQ staging buffer
     for (int j = 0; j < w.steps; ++j) {
         const Step s = step_at(w, j);
         const int stage = st.stage(), m0 = s.m_block * kBlockM;
@@ -359,7 +418,8 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const BwdParams& p,
         wgmma::wait<1>();  // dV and dQ; dK runs under dQ's staging
         wgmma::fence_operands(dq);
         const i64 tile = (static_cast<i64>(batch) * p.heads_q + s.head) * w.m_blocks + s.m_block;
-        stage_dq(smem, dq, p.dq_accum + tile * kBlockM * kHeadDim + wg * kDqTile, wg);
+        const int order = p.deterministic ? dq_order(p, w, s.m_block) : 0;
+        stage_dq(smem, handover, dq, p.dq_accum + tile * kBlockM * kHeadDim + wg * kDqTile, order, wg);
         wgmma::wait<0>();
         wgmma::fence_operands(dv);
         wgmma::fence_operands(dk);
@@ -370,7 +430,7 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const BwdParams& p,
     }
     {
         float none[32];
-        stage_dq(smem, none, nullptr, wg);  // the writer's stop mark
+        stage_dq(smem, handover, none, nullptr, 0, wg);  // the writer's stop mark
     }
     const int kv_head = blockIdx.y;
     store_kv(dv, static_cast<elem_t*>(p.dv) + batch * p.dv_stride_b + kv_head * p.dv_stride_h, p.dv_stride_s, k0, p.seqlen_k, 1.f);
@@ -384,6 +444,10 @@ __device__ __forceinline__ void init_barriers(SharedStorage& smem) {
     for (int i = 0; i < kStages; ++i) {
         mbarrier::init(bar(smem.q_full[i]), 1);
         mbarrier::init(bar(smem.q_empty[i]), kConsumerThreads);
+    }
+    for (int wg = 0; wg < kConsumerWG; ++wg) {
+        mbarrier::init(bar(smem.dq_full[wg]), warpgroup::kThreads);
+        mbarrier::init(bar(smem.dq_empty[wg]), 1);
     }
     mbarrier::fence_init();
 }
@@ -437,7 +501,7 @@ fc_bwd_sm90(const __grid_constant__ BwdParams p, const __grid_constant__ TmaDesc
     if (warpgroup::index() == 0) {
         warpgroup::decrease_registers<kProducerRegs>();
         if (threadIdx.x == 0) produce(shared_storage(), p, &tma_q, &tma_k, &tma_v, &tma_do);
-        if (threadIdx.x / 32 == 1) write_dq(shared_storage());
+        if (threadIdx.x / 32 == 1) write_dq(shared_storage(), p);
     } else {
         warpgroup::increase_registers<kConsumerRegs>();
         consume(shared_storage(), p, warpgroup::index_in_role() - 1);

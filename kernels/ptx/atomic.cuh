@@ -38,6 +38,19 @@ __device__ __forceinline__ void red_add4(float* addr, const float (&v)[4]) {
 #endif
 }
 
+// *addr, with acquire semantics at GPU scope: what the releasing thread wrote before its
+// release (red_release_add) is visible after this load sees the released value.
+__device__ __forceinline__ u32 load_acquire(const u32* addr) {
+    u32 v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(addr) : "memory");
+    return v;
+}
+
+// *addr += value with release semantics at GPU scope (see load_acquire).
+__device__ __forceinline__ void red_release_add(u32* addr, u32 value) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(addr), "r"(value) : "memory");
+}
+
 // Orders this thread's earlier memory operations before its later ones, for every thread
 // on the GPU.
 __device__ __forceinline__ void fence_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }

@@ -65,6 +65,10 @@ __device__ __forceinline__ void store_4d(const TmaDescriptor* map, u32 smem_src,
 // async-proxy reads of it (a TMA store of a tile the threads just wrote).
 __device__ __forceinline__ void fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
+// Orders global-memory accesses between the generic proxy (loads, stores, atomics) and the
+// async proxy (bulk copies and reductions) of this thread.
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
+
 __device__ __forceinline__ void store_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 
 // Waits until the stores' shared-memory reads are done (the buffer may be reused).

@@ -31,7 +31,7 @@ pub struct BwdSpec {
 }
 
 /// The backward cases: every head dim, dtype and mask; odd lengths, Sq ≠ Sk both ways
-/// (with rows that see no key), GQA 1/4/8, BHSD strides, large logits; bwd_sm80's
+/// (with rows that see no key), GQA 1/4/8, BHSD strides, large logits; the fast kernels'
 /// deterministic mode on a quarter of them (half of the smoke cases) and the longest.
 pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<BwdSpec> {
     let lengths: &[(usize, usize)] = if smoke {
@@ -54,7 +54,7 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<BwdSpec> {
                     n += 1;
                     let storage = if n % 5 == 0 { Storage::Bhsd } else { Storage::Bshd };
                     let every = if smoke { 2 } else { 4 };
-                    let deterministic = family == KernelFamily::BwdSm80 && n % every == every - 1;
+                    let deterministic = family != KernelFamily::Reference && n % every == every - 1;
                     out.push(BwdSpec {
                         family,
                         deterministic,
@@ -73,7 +73,7 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<BwdSpec> {
     if !quick && !smoke {
         for causal in [false, true] {
             for deterministic in [false, true] {
-                if deterministic && family != KernelFamily::BwdSm80 {
+                if deterministic && family == KernelFamily::Reference {
                     continue;
                 }
                 out.push(BwdSpec {

@@ -146,7 +146,7 @@ impl Context {
             1
         };
         let (dsum_bytes, dq_accum_bytes) = match variant.family {
-            KernelFamily::BwdSm90 => bwd_sm90::scratch_layout(&variant, &shape),
+            KernelFamily::BwdSm90 => bwd_sm90::scratch_layout(&variant, &shape, params.deterministic),
             family => {
                 let accum = if family == KernelFamily::BwdSm80 { splits * rows * shape.head_dim * 4 } else { 0 };
                 ((rows * 4).next_multiple_of(256), accum)
@@ -203,8 +203,7 @@ impl Context {
 }
 
 /// Which kernels run the backward of `shape` (see the module's documentation): bwd_sm90 on
-/// Hopper for its head dims, unless deterministic; else bwd_sm80; a family named in
-/// `params.kernel` if it can.
+/// Hopper for its head dims, else bwd_sm80; a family named in `params.kernel` if it can.
 fn backward_family(shape: &ProblemShape, params: &AttnParams, arch: Arch) -> Result<KernelFamily> {
     let unsupported = |family: KernelFamily, msg: String| Err(Error::Unsupported { kernel: family.name().into(), msg });
     let takes = |family: KernelFamily| family.head_dims().contains(&shape.head_dim);
@@ -216,12 +215,9 @@ fn backward_family(shape: &ProblemShape, params: &AttnParams, arch: Arch) -> Res
         Some(KernelFamily::BwdSm90) if !KernelFamily::BwdSm90.runs_on(arch) => {
             unsupported(KernelFamily::BwdSm90, format!("needs sm_90a (this GPU is {arch})"))
         }
-        Some(KernelFamily::BwdSm90) if params.deterministic => {
-            unsupported(KernelFamily::BwdSm90, "has no deterministic mode yet (bwd_sm80 has)".into())
-        }
         Some(KernelFamily::BwdSm80) => Ok(KernelFamily::BwdSm80),
         Some(KernelFamily::BwdSm90) => Ok(KernelFamily::BwdSm90),
-        _ if takes(KernelFamily::BwdSm90) && KernelFamily::BwdSm90.runs_on(arch) && !params.deterministic => Ok(KernelFamily::BwdSm90),
+        _ if takes(KernelFamily::BwdSm90) && KernelFamily::BwdSm90.runs_on(arch) => Ok(KernelFamily::BwdSm90),
         _ if takes(KernelFamily::BwdSm80) => Ok(KernelFamily::BwdSm80),
         _ => Ok(KernelFamily::Reference),
     }

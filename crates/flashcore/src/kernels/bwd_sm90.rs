@@ -1,6 +1,7 @@
 //! The Hopper backward (`kernels/bwd_sm90.cu`, sm_90a): FlashAttention-2's algorithm on
 //! wgmma and TMA, a producer warpgroup and two consumer warpgroups of 64 keys each, a CTA
-//! per (128-key block, KV head, batch); dQ added in f32 with bulk reduce-adds.
+//! per (128-key block, KV head, batch); dQ added in f32 with bulk reduce-adds, in key-block
+//! order in deterministic mode.
 
 use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 
@@ -34,12 +35,16 @@ pub fn tile(head_dim: usize) -> Tile {
 }
 
 /// Dynamic shared memory of the kernel's `SharedStorage` plus 1024 bytes to align it: K and
-/// V, `stages` Q and dO tiles, two dSᵀ tiles (2 bytes an element), dQ's f32 staging, then lse
-/// and D_i per stage and the barriers, padded to 1024 bytes. The kernel checks it.
+/// V, `stages` Q and dO tiles, two dSᵀ tiles (2 bytes an element), dQ's f32 staging; then
+/// lse and D_i per stage, the dQ hand-over (a pointer per consumer warpgroup, an order) and
+/// the barriers, padded to 1024 bytes. The kernel checks it.
 pub fn smem_bytes(tile: Tile, head_dim: usize) -> u32 {
     let (m, n, s, d) = (tile.block_m as usize, tile.block_n as usize, tile.stages as usize, padded_head_dim(head_dim));
+    let consumers = 2usize;
     let tiles = 2 * (2 * n * d + 2 * s * m * d + 2 * n * m) + 4 * m * d;
-    let small = (2 * s * m * 4 + 8 * (1 + 2 * s)).next_multiple_of(1024);
+    let handover = (8 * consumers + 4).next_multiple_of(8);
+    let barriers = 8 * (1 + 2 * s + 2 * consumers);
+    let small = (2 * s * m * 4 + handover + barriers).next_multiple_of(1024);
     (tiles + small + 1024) as u32
 }
 
@@ -64,11 +69,13 @@ pub fn padded_rows(variant: &Variant, shape: &ProblemShape) -> usize {
     shape.batch * shape.heads_q * shape.seqlen_q.div_ceil(m) * m
 }
 
-/// Scratch bytes: D_i and lse·log2e (f32 per padded row), then dQ's f32 accumulator.
-pub fn scratch_layout(variant: &Variant, shape: &ProblemShape) -> (usize, usize) {
+/// Scratch bytes: D_i and lse·log2e (f32 per padded row); then dQ's f32 accumulator, and in
+/// deterministic mode a `u32` counter per query block after it (zeroed with it).
+pub fn scratch_layout(variant: &Variant, shape: &ProblemShape, deterministic: bool) -> (usize, usize) {
     let rows = padded_rows(variant, shape);
     let head_dim = padded_head_dim(shape.head_dim);
-    ((2 * rows * 4).next_multiple_of(256), rows * head_dim * 4)
+    let counters = if deterministic { rows / variant.tile.block_m as usize * 4 } else { 0 };
+    ((2 * rows * 4).next_multiple_of(256), rows * head_dim * 4 + counters)
 }
 
 /// The prep kernel, the main one and the dQ conversion; dQ's accumulator zeroed first.
@@ -81,7 +88,7 @@ pub fn launch(
     qkv_do: [&TensorView; 4],
 ) -> Result<()> {
     let [prep, main, dq] = functions;
-    let (_, accum_bytes) = scratch_layout(variant, shape);
+    let (_, accum_bytes) = scratch_layout(variant, shape, p.deterministic != 0);
     // SAFETY: `p.dq_accum` is scratch memory of `accum_bytes`, used in stream order.
     unsafe { cudarc::driver::sys::cuMemsetD32Async(p.dq_accum, 0, accum_bytes / 4, stream.cu_stream()) }
         .result()
@@ -101,7 +108,7 @@ pub fn launch(
     let main_cfg = cfg((key_blocks, shape.heads_kv as u32, shape.batch as u32), 32 * tile.warps, variant.smem_bytes);
     // SAFETY: the arguments match `fc_bwd_sm90(BwdParams, CUtensorMap x4)`.
     unsafe { stream.launch_builder(main).arg(p).arg(&tq).arg(&tk).arg(&tv).arg(&tdo).launch(main_cfg) }.ctx(what("dK, dV"))?;
-    let pairs = accum_bytes / 8;
+    let pairs = padded_rows(variant, shape) * padded_head_dim(shape.head_dim) / 2;
     // SAFETY: `fc_bwd_sm90_dq(BwdParams)`, after the main kernel in stream order.
     unsafe { stream.launch_builder(dq).arg(p).launch(cfg((pairs.div_ceil(256) as u32, 1, 1), 256, 0)) }.ctx(what("dQ"))?;
     Ok(())
