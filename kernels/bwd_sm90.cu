@@ -18,16 +18,15 @@
 // fc_bwd_sm90_dq (after) scales and converts dq_accum into dq.
 //
 // Variants: D64 128 x 128 (queries x keys), D96 and D128 64 x 128 (D96 as D128 with the
-// columns past 96 zero, as in the forward); kStages = 2; setmaxnreg 32 / 232 (the producer
-// warpgroup's two roles spill in 24).
+// columns past 96 zero, as in the forward); kStages = 2; setmaxnreg 24 / 240.
 //   smem: K, V (kBlockN x D), kStages x (Q, dO) (kBlockM x D), two dSᵀ buffers (kBlockN x
 //   kBlockM), dQ's f32 staging (kBlockM x D), lse and D_i per stage, the dQ hand-over:
 //   D64 200704 B, D96 and D128 199680 B.
 //
 // HOST CONTRACT
 // fc_bwd_sm90_prep(BwdParams): grid (m_blocks * kBlockM / 4, Hq, B), 128 threads; writes
-//   p.dsum[(b * Hq + h) * Sq_pad + i] = D_i and, after B * Hq * Sq_pad of those, lse·log2e
-//   (+inf where lse = -inf and in the padding rows), Sq_pad = m_blocks * kBlockM.
+//   per query block t = (b * Hq + h) * m_blocks + m, at p.dsum + 2 * kBlockM * t, D_i of its
+//   kBlockM rows then their lse·log2e (+inf where lse = -inf and in the padding rows).
 // fc_bwd_sm90(BwdParams, TmaDescriptor tma_q, tma_k, tma_v, tma_do): grid (ceil(Sk /
 //   kBlockN), Hkv, B), kThreads threads, dynamic smem FC_SMEM_BYTES; tensor maps as
 //   fwd_sm90's (4-D {D, S, H, B}, 128-byte swizzle, box {64, rows}: kBlockM rows for Q and
@@ -72,7 +71,7 @@ constexpr int kBlockM = FC_BLOCK_M;
 constexpr int kBlockN = 64 * kConsumerWG;
 constexpr int kStages = FC_STAGES;
 constexpr int kThreads = warpgroup::kThreads * (kConsumerWG + 1);
-constexpr int kProducerRegs = 32, kConsumerRegs = 232;
+constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 // dQ of a query block (kBlockM x kHeadDim) is shared out as one 64 x 64 wgmma tile per
 // consumer warpgroup: by rows when the block has 128 (D64), by columns when it has 64 (D128).
 constexpr bool kDqByRows = kBlockM == 128;
@@ -100,8 +99,7 @@ struct SharedStorage {
     QTile q[kStages], dout[kStages];
     DsTile ds[2];  // alternate blocks: one warpgroup may write the next while the other reads
     alignas(16) float dq[kConsumerWG][kDqTile];
-    alignas(16) float lse_log2[kStages][kBlockM];
-    alignas(16) float dsum[kStages][kBlockM];
+    alignas(16) float stats[kStages][2][kBlockM];  // per stage: D_i, then lse·log2e (see prep)
     float* dq_dst[kConsumerWG];  // where each warpgroup's staged dQ goes (see stage_dq)
     int dq_order;                // deterministic: key blocks that add to it first
     alignas(8) u64 kv_full;
@@ -153,14 +151,27 @@ __device__ __forceinline__ Walk walk(const BwdParams& p) {
     w.steps = w.group * (w.m_blocks - w.m_first);
     return w;
 }
-struct Step {
-    int head, m_block;
+// A position in the walk: query head, query block, that block's index over all (batch,
+// head) pairs (dQ's accumulator tile, the statistics' block), and the blocks of this head
+// still to visit; moved by increments (no division per step).
+struct Cursor {
+    int head, m_block, block, left;
+
+    __device__ __forceinline__ static Cursor at_head(const BwdParams& p, const Walk& w, int head) {
+        return Cursor{head, w.m_start, (static_cast<int>(blockIdx.z) * p.heads_q + head) * w.m_blocks + w.m_start,
+                      w.m_blocks - w.m_first};
+    }
+    __device__ __forceinline__ void advance(const BwdParams& p, const Walk& w) {
+        ++block;
+        if (++m_block == w.m_blocks) {
+            m_block = w.m_first;
+            block -= w.m_blocks - w.m_first;
+        }
+        if (--left == 0) *this = at_head(p, w, head + 1);
+    }
 };
-__device__ __forceinline__ Step step_at(const Walk& w, int j) {
-    const int per_head = w.m_blocks - w.m_first;
-    int m_block = w.m_start + j % per_head;
-    if (m_block >= w.m_blocks) m_block -= per_head;
-    return Step{static_cast<int>(blockIdx.y) * w.group + j / per_head, m_block};
+__device__ __forceinline__ Cursor walk_start(const BwdParams& p, const Walk& w) {
+    return Cursor::at_head(p, w, static_cast<int>(blockIdx.y) * w.group);
 }
 
 // How many key blocks add to query block `m_block`'s dQ before this CTA's in deterministic
@@ -178,13 +189,13 @@ __device__ __forceinline__ int dq_order(const BwdParams& p, const Walk& w, int m
     return (n_first - n + n_blocks) % n_blocks;
 }
 
-// Offsets of one (batch, head) row range in the padded per-row arrays of fc_bwd_sm90_prep.
+// Query rows of all (batch, head) pairs, each padded to whole query blocks.
 __device__ __forceinline__ i64 padded_rows(const BwdParams& p) {
     return static_cast<i64>(p.batch) * p.heads_q * ceil_div(p.seqlen_q, kBlockM) * kBlockM;
 }
-__device__ __forceinline__ i64 row_stat(const BwdParams& p, int batch, int head, int row) {
-    return (static_cast<i64>(batch) * p.heads_q + head) * ceil_div(p.seqlen_q, kBlockM) * kBlockM + row;
-}
+// The per-row statistics of fc_bwd_sm90_prep, by query block: block t = (batch · Hq + head) ·
+// m_blocks + m_block holds D_i of its kBlockM rows, then their lse·log2e (one bulk load).
+__device__ __forceinline__ float* block_stats(const BwdParams& p, i64 block) { return p.dsum + block * 2 * kBlockM; }
 
 // Producer: K and V once, then Q, dO, lse·log2e and D_i of each step into the ring. Its
 // few registers hold the walk as increments (no division per step) and shared memory as
@@ -203,24 +214,17 @@ __device__ __forceinline__ void produce(SharedStorage& smem, const BwdParams& p,
     KVTile::load_to(at(&smem.k), tma_k, kv_full, n0, kv_head, batch);
     KVTile::load_to(at(&smem.v), tma_v, kv_full, n0, kv_head, batch);
     const Walk w = walk(p);
-    const int per_head = w.m_blocks - w.m_first;
-    const i64 to_lse = padded_rows(p);
     PipelineCounter<kStages> st;
-    for (int h = 0; h < w.group; ++h) {
-        const int head = kv_head * w.group + h;
-        const float* stats = p.dsum + row_stat(p, batch, head, 0);
-        for (int k = 0, m_block = w.m_start; k < per_head; ++k, st.advance()) {
-            const u32 stage = st.stage(), m0 = m_block * kBlockM;
-            const u32 full = at(&smem.q_full) + 8 * stage;
-            mbarrier::wait(at(&smem.q_empty) + 8 * stage, st.empty_parity());
-            mbarrier::arrive_expect_tx(full, 2 * QTile::kBytes + 2 * kBlockM * sizeof(float));
-            QTile::load_to(at(&smem.q) + stage * QTile::kBytes, tma_q, full, m0, head, batch);
-            QTile::load_to(at(&smem.dout) + stage * QTile::kBytes, tma_do, full, m0, head, batch);
-            constexpr u32 kStatBytes = kBlockM * sizeof(float);
-            tma::load_bulk(at(&smem.lse_log2) + stage * kStatBytes, stats + to_lse + m0, kStatBytes, full);
-            tma::load_bulk(at(&smem.dsum) + stage * kStatBytes, stats + m0, kStatBytes, full);
-            if (++m_block == w.m_blocks) m_block = w.m_first;
-        }
+    Cursor c = walk_start(p, w);
+    for (int j = 0; j < w.steps; ++j, st.advance(), c.advance(p, w)) {
+        const u32 stage = st.stage(), m0 = c.m_block * kBlockM;
+        const u32 full = at(&smem.q_full) + 8 * stage;
+        constexpr u32 kStatBytes = 2 * kBlockM * sizeof(float);
+        mbarrier::wait(at(&smem.q_empty) + 8 * stage, st.empty_parity());
+        mbarrier::arrive_expect_tx(full, 2 * QTile::kBytes + kStatBytes);
+        QTile::load_to(at(&smem.q) + stage * QTile::kBytes, tma_q, full, m0, c.head, batch);
+        QTile::load_to(at(&smem.dout) + stage * QTile::kBytes, tma_do, full, m0, c.head, batch);
+        tma::load_bulk(at(&smem.stats) + stage * kStatBytes, block_stats(p, c.block), kStatBytes, full);
     }
 }
 
@@ -265,11 +269,10 @@ __device__ __forceinline__ void probabilities(float (&s)[kBlockM / 2], const flo
     }
 }
 
-// dSᵀ = Pᵀ ∘ (dPᵀ − D_i), and Pᵀ and dSᵀ packed into the A operands of dV's and dK's
-// products chunk by chunk, so that the f32 values die as they are packed (D64's 128-query
-// block spilled with all of them live).
+// dSᵀ = Pᵀ ∘ (dPᵀ − D_i), packed into the A operand of dK's product chunk by chunk, so that
+// the f32 values die as they are packed.
 __device__ __forceinline__ void score_gradients(const float (&pf)[kBlockM / 2], const float (&dp)[kBlockM / 2],
-                                                u32 (&pk)[kBlockM / 4], u32 (&dsk)[kBlockM / 4], const float* dsum) {
+                                                u32 (&dsk)[kBlockM / 4], const float* dsum) {
     const Fragment f = fragment();
 #pragma unroll
     for (int c = 0; c < kBlockM / 8; ++c) {
@@ -277,8 +280,6 @@ __device__ __forceinline__ void score_gradients(const float (&pf)[kBlockM / 2], 
         float ds[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) ds[i] = pf[4 * c + i] * (dp[4 * c + i] - (i % 2 ? d.y : d.x));
-        pk[2 * c] = pack2<elem_t>(pf[4 * c], pf[4 * c + 1]);
-        pk[2 * c + 1] = pack2<elem_t>(pf[4 * c + 2], pf[4 * c + 3]);
         dsk[2 * c] = pack2<elem_t>(ds[0], ds[1]);
         dsk[2 * c + 1] = pack2<elem_t>(ds[2], ds[3]);
     }
@@ -392,9 +393,9 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const BwdParams& p,
     mbarrier::wait(bar(smem.kv_full), 0);
     PipelineState<kStages> st;
     PipelineState<1> handover;  // of this warpgroup's dQ staging buffer
-    for (int j = 0; j < w.steps; ++j) {
-        const Step s = step_at(w, j);
-        const int stage = st.stage(), m0 = s.m_block * kBlockM;
+    Cursor c = walk_start(p, w);
+    for (int j = 0; j < w.steps; ++j, c.advance(p, w)) {
+        const int stage = st.stage(), m0 = c.m_block * kBlockM;
         mbarrier::wait(bar(smem.q_full, stage), st.full_parity());
         float sc[kBlockM / 2], dp[kBlockM / 2];
         sm90::gemm_qk(sc, smem.k, 64 * wg, smem.q[stage]);
@@ -402,24 +403,24 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const BwdParams& p,
         wgmma::wait<1>();  // Sᵀ; the exponentials run under dPᵀ
         wgmma::fence_operands(sc);
         const bool masked = k0 + 64 > p.seqlen_k || (kCausal && k0 + 63 > m0 + offset);
-        probabilities(sc, smem.lse_log2[stage], k0, m0, masked, p);
+        probabilities(sc, smem.stats[stage][1], k0, m0, masked, p);
         wgmma::wait<0>();
         wgmma::fence_operands(dp);
         u32 pk[kBlockM / 4], dsk[kBlockM / 4];
-        score_gradients(sc, dp, pk, dsk, smem.dsum[stage]);
+        score_gradients(sc, dp, dsk, smem.stats[stage][0]);
+        sm90::to_operand(sc, pk);
+        sm90::gemm_pv(dv, pk, smem.dout[stage]);
         const DsTile& ds = smem.ds[j % 2];
         sm90::write_operand(ds, 64 * wg, dsk);
-        sm90::gemm_pv(dv, pk, smem.dout[stage]);
         tma::fence_proxy_async_shared();
         named_barrier::sync(kDsBarrier, kConsumerWG * warpgroup::kThreads);
         float dq[32];
         gemm_dq(dq, ds, smem.k, wg);
         sm90::gemm_pv(dk, dsk, smem.q[stage]);
-        wgmma::wait<1>();  // dV and dQ; dK runs under dQ's staging
+        wgmma::wait<1>();  // dQ (and dV before it); dK runs under dQ's staging
         wgmma::fence_operands(dq);
-        const i64 tile = (static_cast<i64>(batch) * p.heads_q + s.head) * w.m_blocks + s.m_block;
-        const int order = p.deterministic ? dq_order(p, w, s.m_block) : 0;
-        stage_dq(smem, handover, dq, p.dq_accum + tile * kBlockM * kHeadDim + wg * kDqTile, order, wg);
+        const int order = p.deterministic ? dq_order(p, w, c.m_block) : 0;
+        stage_dq(smem, handover, dq, p.dq_accum + static_cast<i64>(c.block) * kBlockM * kHeadDim + wg * kDqTile, order, wg);
         wgmma::wait<0>();
         wgmma::fence_operands(dv);
         wgmma::fence_operands(dk);
@@ -480,9 +481,9 @@ extern "C" __global__ void __launch_bounds__(128) fc_bwd_sm90_prep(const BwdPara
         if (lse != math::neg_inf()) lse_log2 = lse * kLog2e;  // a row with no key: P = exp2(-inf) = 0
     }
     if (lane == 0) {
-        const i64 i = row_stat(p, batch, head, row);
-        p.dsum[i] = sum;
-        p.dsum[padded_rows(p) + i] = lse_log2;
+        float* stats = block_stats(p, (static_cast<i64>(batch) * p.heads_q + head) * ceil_div(p.seqlen_q, kBlockM) + row / kBlockM);
+        stats[row % kBlockM] = sum;
+        stats[kBlockM + row % kBlockM] = lse_log2;
     }
 }
 
