@@ -1,10 +1,15 @@
 #!/usr/bin/env python3
-"""Structural checks of the Hopper kernel's SASS, on CUBINs from the flashcore JIT cache.
+"""Structural checks of the Hopper kernels' SASS, on CUBINs from the flashcore JIT cache.
 
     sass-check.py CACHE_DIR [--nvdisasm PATH]
 
-For every `fwd_sm90*.fcbin` in CACHE_DIR (fill it with `FLASHCORE_CACHE_DIR=CACHE_DIR
-flashcore compile --arch sm_90a --kernel fwd_sm90`), disassembles the CUBIN and checks:
+For every `fwd_sm90*.fcbin` and `bwd_sm90*.fcbin` in CACHE_DIR (fill it with
+`FLASHCORE_CACHE_DIR=CACHE_DIR flashcore compile --arch sm_90a --kernel fwd_sm90`, and
+`--kernel bwd_sm90`), disassembles the CUBIN and checks. The backward (check_bwd_sass): HGMMA,
+UTMALDG and the dQ bulk reduce-add (UBLKRED) present, no LDL/STL, and in the loop over query
+blocks the first exponentials (MUFU.EX2) come between the wait for Sᵀ alone
+(`WARPGROUP.DEPBAR.LE gsb0, 0x1`) and the wait for dPᵀ (`gsb0, 0x0`): they run under dPᵀ's
+wgmma. The forward:
 - HGMMA (wgmma) present, UTMALDG (TMA loads) present, no LDL/STL (local memory: spills);
 - in the steady key-block loop (the innermost loop holding both HGMMA and MUFU.EX2), every
   wait for all wgmma groups (`WARPGROUP.DEPBAR.LE gsb0, 0x0`) comes after a MUFU.EX2 of the
@@ -114,6 +119,41 @@ def check_sass(name, sass):
     return failures
 
 
+def check_bwd_sass(name, sass):
+    """A list of failure messages for one backward kernel's SASS."""
+    ins, labels = instructions(sass)
+    ops = [re.sub(r"^@!?U?P\w+\s+", "", t) for t in ins]
+    failures = [f"no {op}" for op in ("HGMMA", "UTMALDG", "UBLKRED") if not any(o.startswith(op) for o in ops)]
+    local = [o for o in ops if o.startswith(("LDL", "STL"))]
+    if local:
+        failures.append(f"{len(local)} local-memory instructions (spills), e.g. {local[0]}")
+    loops_with_ex2 = [(lo, hi) for lo, hi in loops(ins, labels) if any(o.startswith("MUFU.EX2") for o in ops[lo:hi + 1])]
+    if not loops_with_ex2:
+        return failures + ["no loop holds MUFU.EX2"]
+    lo, hi = max(loops_with_ex2, key=lambda r: r[1] - r[0])
+    body = ops[lo:hi + 1]
+    s_wait = next((i for i, o in enumerate(body) if re.match(r"WARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x1\b", o)), None)
+    if s_wait is None:
+        return failures + ["query-block loop: no wait for Sᵀ alone (gsb0, 0x1)"]
+    dp_wait = next((i for i, o in enumerate(body[s_wait:]) if re.match(r"WARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x0\b", o)), None)
+    if dp_wait is None or not any(o.startswith("MUFU.EX2") for o in body[s_wait:s_wait + dp_wait]):
+        failures.append("query-block loop: no MUFU.EX2 between the Sᵀ and dPᵀ waits (the exponentials no longer run under dPᵀ)")
+    return failures
+
+
+GOOD_BWD_LOOP = """
+        /*0000*/                   UTMALDG.4D [UR8], [UR4] ;
+.L_x_1:
+        /*0010*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ, gsb0 ;
+        /*0020*/                   HGMMA.64x64x16.F32.BF16 R56, gdesc[UR8], RZ, gsb0 ;
+        /*0030*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;
+        /*0040*/                   MUFU.EX2 R24, R24 ;
+        /*0050*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0060*/                   HGMMA.64x128x16.F32.BF16 R88, R24, gdesc[UR12], R88 ;
+        /*0070*/                   UBLKRED.G.S.ADD.F32.RN [UR4], [UR8], UR10 ;
+        /*0080*/              @P1 BRA `(.L_x_1) ;
+"""
+
 GOOD_LOOP = """
         /*0000*/                   UTMALDG.4D [UR8], [UR4] ;
 .L_x_1:
@@ -141,6 +181,14 @@ def self_test():
     assert any("UTMALDG" in f for f in check_sass("no tma", GOOD_LOOP.replace("UTMALDG", "LDG")))
     no_wait = GOOD_LOOP.replace("gsb0, 0x0", "gsb0, 0x1")
     assert any("no wait" in f for f in check_sass("no wait", no_wait))
+    assert check_bwd_sass("good bwd", GOOD_BWD_LOOP) == [], check_bwd_sass("good bwd", GOOD_BWD_LOOP)
+    late = GOOD_BWD_LOOP.replace("gsb0, 0x1 ;", "gsb0, 0x0 ;")
+    assert any("Sᵀ alone" in f for f in check_bwd_sass("late", late)), check_bwd_sass("late", late)
+    serial = GOOD_BWD_LOOP.replace("MUFU.EX2 R24, R24 ;\n        /*0050*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;",
+                                   "WARPGROUP.DEPBAR.LE gsb0, 0x0 ;\n        /*0050*/                   MUFU.EX2 R24, R24 ;")
+    assert any("under dPᵀ" in f for f in check_bwd_sass("serial", serial)), check_bwd_sass("serial", serial)
+    assert any("UBLKRED" in f for f in check_bwd_sass("no reduce", GOOD_BWD_LOOP.replace("UBLKRED", "REDG")))
+    assert any("spills" in f for f in check_bwd_sass("spill", GOOD_BWD_LOOP.replace("MUFU.EX2 R24, R24 ;", "STL [R1], R24 ;\n MUFU.EX2 R24, R24 ;")))
     print("sass-check self-test: ok")
 
 
@@ -158,9 +206,9 @@ def main():
     nvdisasm = args.nvdisasm or find_nvdisasm()
     if not nvdisasm:
         sys.exit("sass-check.py: nvdisasm not found (pip install nvidia-cuda-nvdisasm into .venv, or pass --nvdisasm)")
-    entries = sorted(glob.glob(os.path.join(args.cache_dir, "fwd_sm90*.fcbin")))
+    entries = sorted(glob.glob(os.path.join(args.cache_dir, "fwd_sm90*.fcbin")) + glob.glob(os.path.join(args.cache_dir, "bwd_sm90*.fcbin")))
     if not entries:
-        sys.exit(f"sass-check.py: no fwd_sm90 entries in {args.cache_dir}")
+        sys.exit(f"sass-check.py: no fwd_sm90 or bwd_sm90 entries in {args.cache_dir}")
     failed = 0
     with tempfile.TemporaryDirectory() as tmp:
         for path in entries:
@@ -168,7 +216,7 @@ def main():
             cubin = os.path.join(tmp, "k.cubin")
             open(cubin, "wb").write(cubin_of(path))
             sass = subprocess.run([nvdisasm, "-c", cubin], check=True, capture_output=True, text=True).stdout
-            failures = check_sass(name, sass)
+            failures = (check_bwd_sass if name.startswith("bwd_") else check_sass)(name, sass)
             failed += bool(failures)
             print(f"{name:48} {'ok' if not failures else 'FAILED: ' + '; '.join(failures)}")
     print(f"{len(entries)} variants, {failed} failed")

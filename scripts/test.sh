@@ -35,11 +35,12 @@ cargo test --workspace --locked
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install --quiet --disable-pip-version-check numpy safetensors matplotlib nvidia-cuda-nvdisasm
 cargo build --locked -p flashcore-cli
-echo "== scripts/sass-check.py (fwd_sm90 SASS: wgmma, TMA, no local memory, softmax under its own P·V)"
+echo "== scripts/sass-check.py (fwd_sm90 and bwd_sm90 SASS: wgmma, TMA, no local memory, exponentials under the tensor cores)"
 .venv/bin/python scripts/sass-check.py --self-test
 sass_cache=$(mktemp -d)
 trap 'rm -rf "$sass_cache"' EXIT
 FLASHCORE_CACHE_DIR="$sass_cache" target/debug/flashcore compile --arch sm_90a --kernel fwd_sm90 > /dev/null
+FLASHCORE_CACHE_DIR="$sass_cache" target/debug/flashcore compile --arch sm_90a --kernel bwd_sm90 > /dev/null
 .venv/bin/python scripts/sass-check.py "$sass_cache"
 # PyTorch's CUDA 13 wheels bring NVRTC 13.0, whose ptxas spilled kernels that the newest
 # NVRTC (above, for cargo test) did not: every variant must compile without spills there too.

@@ -119,13 +119,16 @@ fn gpu(
     };
     let (qd, kd, vd) = (up(q)?, up(k)?, up(v)?);
     let params = AttnParams { softmax_scale: Some(scale as f32), causal: args.causal, kernel, ..AttnParams::default() };
-    let out = ctx.attention(qd.view(), kd.view(), vd.view(), &params)?;
+    // A backward family named concerns the backward only (the forward takes its default).
+    let forward_kernel = kernel.filter(|f| !f.is_backward());
+    let out = ctx.attention(qd.view(), kd.view(), vd.view(), &AttnParams { kernel: forward_kernel, ..params })?;
     let wide = |t: &DeviceTensor| -> Result<Vec<f64>> { Ok(t.to_f32(&ctx)?.into_iter().map(f64::from).collect()) };
     let grads = match dout {
         Some(g) => {
             let gd = up(g)?;
-            // The backward's default kernels (bwd_sm80), or the reference ones with `--kernel
-            // reference`; a forward family named concerns the forward only.
+            // The backward's default kernels (bwd_sm90 on Hopper for its head dims, else
+            // bwd_sm80), or the family named by `--kernel` if it is a backward one; a forward
+            // family named concerns the forward only.
             let inputs =
                 BwdInputs { q: qd.view(), k: kd.view(), v: vd.view(), o: out.o.view(), lse: LseView::of(&out.lse), dout: gd.view() };
             let g = ctx.attention_backward(&inputs, &params)?;

@@ -1,15 +1,21 @@
 //! The backward pass: `dq`, `dk`, `dv` from `q`, `k`, `v`, the forward's `o` and `lse`, and
 //! `dout`. Its public calls are methods of [`Context`], beside the forward's.
 //!
-//! Kernels: `bwd_sm80` (FlashAttention-2's algorithm, mma.sync) by default, every head dim
-//! of the forward; the naive reference kernels (`kernels/reference.cu`: exact f32
-//! gradients, slow) when `params.kernel` names the reference. A forward family named in
-//! `params.kernel` concerns the forward only.
+//! Kernels: on Hopper (sm_90a) `bwd_sm90` (wgmma, TMA, warp specialized) for head dims 64,
+//! 96 and 128; else `bwd_sm80` (FlashAttention-2's algorithm, mma.sync), every head dim of the
+//! forward; the naive reference kernels (`kernels/reference.cu`: exact f32 gradients, slow)
+//! when `params.kernel` names the reference. `params.kernel` may also name bwd_sm80 or
+//! bwd_sm90; a forward family named there concerns the forward only.
 //!
-//! Scratch memory per call: D_i, `4·B·Hq·Sq` bytes, and for bwd_sm80 dQ's f32 accumulator,
-//! `4·B·Sq·Hq·D` bytes, times the deterministic split count in deterministic mode (see
-//! [`bwd_sm80::deterministic_splits`]: about SMs / (B·Hkv) slices, at most one per key
-//! block).
+//! Scratch memory per call:
+//! - bwd_sm80: D_i, `4·B·Hq·Sq` bytes, and dQ's f32 accumulator, `4·B·Sq·Hq·D` bytes, times
+//!   the deterministic split count in deterministic mode (see
+//!   [`bwd_sm80::deterministic_splits`]: about SMs / (B·Hkv) slices, at most one per key
+//!   block).
+//! - bwd_sm90: D_i and lse·log2e, `8·B·Hq·Sq'` bytes, and dQ's f32 accumulator,
+//!   `4·B·Hq·Sq'·D'` bytes, where Sq' is Sq rounded up to whole query blocks (128 rows at D64,
+//!   64 above) and D' the head dim rounded up to 64; in deterministic mode also 4 bytes per
+//!   query block (the order counters).
 
 use std::sync::Arc;
 
@@ -268,4 +274,43 @@ fn launch_reference(stream: &CudaStream, kernel: &LoadedKernel, p: &BwdParams, s
         unsafe { stream.launch_builder(function).arg(p).launch(cfg) }.ctx(format!("launching the reference backward ({what})"))?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(head_dim: usize) -> ProblemShape {
+        ProblemShape { batch: 2, seqlen_q: 300, seqlen_k: 300, heads_q: 8, heads_kv: 2, head_dim }
+    }
+    const HOPPER: Arch = Arch { major: 9, minor: 0, specific: true };
+    const AMPERE: Arch = Arch { major: 8, minor: 0, specific: false };
+
+    #[test]
+    fn hopper_takes_bwd_sm90_where_it_has_the_head_dim() {
+        for deterministic in [false, true] {
+            let params = AttnParams { deterministic, ..AttnParams::default() };
+            for d in [64, 96, 128] {
+                assert_eq!(backward_family(&shape(d), &params, HOPPER).unwrap(), KernelFamily::BwdSm90, "D{d}");
+                assert_eq!(backward_family(&shape(d), &params, AMPERE).unwrap(), KernelFamily::BwdSm80, "D{d} on sm_80");
+            }
+            for d in [32, 192, 256] {
+                assert_eq!(backward_family(&shape(d), &params, HOPPER).unwrap(), KernelFamily::BwdSm80, "D{d}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_named_backward_family_is_honoured_or_refused() {
+        let named = |family| AttnParams { kernel: Some(family), ..AttnParams::default() };
+        assert_eq!(backward_family(&shape(128), &named(KernelFamily::BwdSm80), HOPPER).unwrap(), KernelFamily::BwdSm80);
+        assert_eq!(backward_family(&shape(128), &named(KernelFamily::Reference), HOPPER).unwrap(), KernelFamily::Reference);
+        assert_eq!(backward_family(&shape(128), &named(KernelFamily::FwdSm80), HOPPER).unwrap(), KernelFamily::BwdSm90);
+        let refused = |d, arch| match backward_family(&shape(d), &named(KernelFamily::BwdSm90), arch) {
+            Err(Error::Unsupported { kernel, msg }) => format!("{kernel}: {msg}"),
+            other => panic!("expected Unsupported, got {other:?}"),
+        };
+        assert!(refused(256, HOPPER).contains("head dims"), "{}", refused(256, HOPPER));
+        assert!(refused(128, AMPERE).contains("sm_90a"), "{}", refused(128, AMPERE));
+    }
 }
