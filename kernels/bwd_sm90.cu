@@ -57,7 +57,7 @@
 #define FC_BLOCK_M (FC_HEAD_DIM <= 64 ? 128 : 64)
 #endif
 #ifndef FC_STAGES
-#define FC_STAGES 2
+#define FC_STAGES (FC_HEAD_DIM > 128 ? 1 : 2)
 #endif
 
 namespace fc {
@@ -67,17 +67,26 @@ constexpr int kHeadDimReal = FC_HEAD_DIM;
 constexpr int kHeadDim = (kHeadDimReal + 63) / 64 * 64;
 constexpr bool kCausal = FC_CAUSAL != 0;
 constexpr int kConsumerWG = 2;
+// Wide heads (D256): a warpgroup's dK and dV over all columns would need 256 registers, so
+// both warpgroups hold the CTA's 64 keys and split the columns; each computes Sᵀ and dPᵀ for
+// half of the query block, and Pᵀ and dSᵀ meet in shared memory (see consume_wide).
+// Otherwise each warpgroup owns 64 keys and all columns (consume).
+constexpr bool kWide = kHeadDim > 128;
 constexpr int kBlockM = FC_BLOCK_M;
-constexpr int kBlockN = 64 * kConsumerWG;
+constexpr int kBlockN = kWide ? 64 : 64 * kConsumerWG;
 constexpr int kStages = FC_STAGES;
 constexpr int kThreads = warpgroup::kThreads * (kConsumerWG + 1);
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;
-// dQ of a query block (kBlockM x kHeadDim) is shared out as one 64 x 64 wgmma tile per
-// consumer warpgroup: by rows when the block has 128 (D64), by columns when it has 64 (D128).
+constexpr int kScoreN = kWide ? kBlockM / kConsumerWG : kBlockM;     // queries of a warpgroup's Sᵀ
+constexpr int kDkvCols = kWide ? kHeadDim / kConsumerWG : kHeadDim;  // dK, dV columns a warpgroup
+// dQ of a query block (kBlockM x kHeadDim) is shared out as one 64-row wgmma tile per
+// consumer warpgroup: by rows when the block has 128 (D64), by columns when it has 64.
 constexpr bool kDqByRows = kBlockM == 128;
-constexpr int kDqTile = 64 * 64;  // f32 values of one warpgroup's dQ
-static_assert(kBlockM * kHeadDim == kConsumerWG * kDqTile, "dQ: one 64 x 64 tile per consumer warpgroup");
-static_assert(kStages >= 2, "the next query block loads under this one");
+constexpr int kDqTile = kBlockM * kHeadDim / kConsumerWG;  // f32 values of one warpgroup's dQ
+constexpr int kDqCols = kDqTile / 64;
+static_assert(kDqCols == 64 || kDqCols == 128, "dQ: a 64 x 64 or 64 x 128 tile per consumer warpgroup");
+static_assert(kDkvCols % 64 == 0 && kScoreN % 16 == 0, "whole panels of dK and dV, whole k16 steps of queries");
+static_assert(kStages >= 2 || kWide, "the next query block loads under this one");
 #ifdef FC_BLOCK_N
 static_assert(FC_BLOCK_N == kBlockN, "FC_BLOCK_N must be 64 per consumer warpgroup");
 #endif
@@ -92,12 +101,21 @@ constexpr u32 kDsBarrier = 1;
 
 using KVTile = sm90::SmemTile<kBlockN, kHeadDim>;
 using QTile = sm90::SmemTile<kBlockM, kHeadDim>;
-using DsTile = sm90::SmemTile<kBlockN, kBlockM>;  // dSᵀ: keys x queries
+using DsTile = sm90::SmemTile<kBlockN, kBlockM>;  // dSᵀ (and, wide, Pᵀ): keys x queries
+
+// The score tiles in shared memory, in alternate blocks: one warpgroup may write the next
+// while the other still reads. Wide heads also pass Pᵀ this way.
+template <bool kWithP> struct ScoreTiles {
+    DsTile ds[2];
+};
+template <> struct ScoreTiles<true> {
+    DsTile ds[2], pt[2];
+};
 
 struct SharedStorage {
     KVTile k, v;
     QTile q[kStages], dout[kStages];
-    DsTile ds[2];  // alternate blocks: one warpgroup may write the next while the other reads
+    ScoreTiles<kWide> scores;
     alignas(16) float dq[kConsumerWG][kDqTile];
     alignas(16) float stats[kStages][2][kBlockM];  // per stage: D_i, then lse·log2e (see prep)
     float* dq_dst[kConsumerWG];  // where each warpgroup's staged dQ goes (see stage_dq)
@@ -126,18 +144,21 @@ __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; 
 
 // The query blocks one CTA visits: every query head of its KV head, each over the query
 // blocks whose rows see the CTA's keys, [m_first, m_blocks) (causal: from the first whose
-// rows see the CTA's first key), starting at m_start and wrapping round. Without the mask
-// the CTAs of a head start spread over the query blocks (m_start = n · m_blocks / n_blocks
-// for key block n), so that at any time they add dQ to different query blocks; in
-// deterministic mode this is also the order in which they come to each query block
-// (dq_order). Causal: from m_first up; a key block then comes to a query block before the
-// key blocks left of it.
+// rows see the CTA's first key), starting at m_start and wrapping round. Without the mask,
+// and when all key blocks of a head fit on the GPU at once (p.spread_walks), the CTAs of a
+// head start spread over the query blocks (m_start = n · m_blocks / n_blocks for key block
+// n), so that at any time they add dQ to different query blocks; in deterministic mode this
+// is also the order in which they come to each query block (dq_order), in which a key block
+// may wait for any other of its head. Otherwise (and causal) from m_first up, and a key
+// block waits only for the key blocks right of it, which start first.
 struct Walk {
     int group, m_blocks, m_first, m_start, steps;
 };
 __device__ __forceinline__ int key_blocks(const BwdParams& p) { return ceil_div(p.seqlen_k, kBlockN); }
-// This CTA's key block. Deterministic: the last first, since a CTA waits only for CTAs of
-// later key blocks (dq_order) and CTAs start in block order: waited-for CTAs start first.
+// This CTA's key block. Deterministic: the last first. CTAs start in block order, and a CTA
+// waits (dq_order) only for CTAs of later key blocks, which then start first, or, with
+// spread walks, for any CTA of its head, all of which then fit on the GPU at once (one CTA an
+// SM): so every CTA waited for can start.
 __device__ __forceinline__ int key_block(const BwdParams& p) {
     return p.deterministic ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
 }
@@ -147,7 +168,7 @@ __device__ __forceinline__ Walk walk(const BwdParams& p) {
     w.m_blocks = ceil_div(p.seqlen_q, kBlockM);
     const int n = key_block(p), n0 = n * kBlockN, offset = p.seqlen_k - p.seqlen_q;
     w.m_first = kCausal ? min(w.m_blocks, max(0, n0 - offset) / kBlockM) : 0;
-    w.m_start = kCausal ? w.m_first : static_cast<int>(static_cast<i64>(n) * w.m_blocks / key_blocks(p));
+    w.m_start = kCausal || !p.spread_walks ? w.m_first : static_cast<int>(static_cast<i64>(n) * w.m_blocks / key_blocks(p));
     w.steps = w.group * (w.m_blocks - w.m_first);
     return w;
 }
@@ -176,15 +197,16 @@ __device__ __forceinline__ Cursor walk_start(const BwdParams& p, const Walk& w) 
 
 // How many key blocks add to query block `m_block`'s dQ before this CTA's in deterministic
 // mode: the order in which they come to it (see Walk). Causal: the key blocks that add are
-// 0 .. n_last, the last one its rows see, in descending order. Otherwise all n_blocks, in
-// descending order from n_first, the last whose walk starts at or before the query block,
-// round to n_first + 1.
+// 0 .. n_last, the last one its rows see, in descending order. Otherwise all n_blocks: with
+// spread walks in descending order from n_first, the last whose walk starts at or before
+// the query block, round to n_first + 1; else in descending order from the last.
 __device__ __forceinline__ int dq_order(const BwdParams& p, const Walk& w, int m_block) {
     const int n_blocks = key_blocks(p), n = key_block(p);
     if (kCausal) {
         const int last_row = min((m_block + 1) * kBlockM, p.seqlen_q) - 1;
         return min(n_blocks - 1, (last_row + p.seqlen_k - p.seqlen_q) / kBlockN) - n;
     }
+    if (!p.spread_walks) return n_blocks - 1 - n;
     const int n_first = min(n_blocks - 1, ceil_div((m_block + 1) * n_blocks, w.m_blocks) - 1);
     return (n_first - n + n_blocks) % n_blocks;
 }
@@ -243,7 +265,7 @@ __device__ __forceinline__ Fragment fragment() {
 // place of Sᵀ (while dPᵀ is still in the tensor cores): P = 0 where the key is past Sk or,
 // causal, after the query's diagonal (only where `masked`), and in rows past Sq or that see
 // no key (lse·log2e is +inf there).
-__device__ __forceinline__ void probabilities(float (&s)[kBlockM / 2], const float* lse_log2, int k0, int m0, bool masked,
+__device__ __forceinline__ void probabilities(float (&s)[kScoreN / 2], const float* lse_log2, int k0, int m0, bool masked,
                                               const BwdParams& p) {
     const Fragment f = fragment();
     // Per key row r, the first column (8c + e, relative to this thread's) that sees it:
@@ -258,7 +280,7 @@ __device__ __forceinline__ void probabilities(float (&s)[kBlockM / 2], const flo
         first_seen[r] = !masked ? kAll : key >= p.seqlen_k ? kNone : causal_first;
     }
 #pragma unroll
-    for (int c = 0; c < kBlockM / 8; ++c) {
+    for (int c = 0; c < kScoreN / 8; ++c) {
         const float2 l = *reinterpret_cast<const float2*>(lse_log2 + 8 * c + f.col);
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
@@ -271,11 +293,11 @@ __device__ __forceinline__ void probabilities(float (&s)[kBlockM / 2], const flo
 
 // dSᵀ = Pᵀ ∘ (dPᵀ − D_i), packed into the A operand of dK's product chunk by chunk, so that
 // the f32 values die as they are packed.
-__device__ __forceinline__ void score_gradients(const float (&pf)[kBlockM / 2], const float (&dp)[kBlockM / 2],
-                                                u32 (&dsk)[kBlockM / 4], const float* dsum) {
+__device__ __forceinline__ void score_gradients(const float (&pf)[kScoreN / 2], const float (&dp)[kScoreN / 2],
+                                                u32 (&dsk)[kScoreN / 4], const float* dsum) {
     const Fragment f = fragment();
 #pragma unroll
-    for (int c = 0; c < kBlockM / 8; ++c) {
+    for (int c = 0; c < kScoreN / 8; ++c) {
         const float2 d = *reinterpret_cast<const float2*>(dsum + 8 * c + f.col);
         float ds[4];
 #pragma unroll
@@ -287,21 +309,45 @@ __device__ __forceinline__ void score_gradients(const float (&pf)[kBlockM / 2], 
 
 // dQ of this warpgroup (64 x 64: its query rows or its head-dim columns of the block) =
 // dS·K over the block's keys, with dS read transposed from the dSᵀ tile.
-__device__ __forceinline__ void gemm_dq(float (&dq)[32], const DsTile& ds, const KVTile& k, int wg) {
+__device__ __forceinline__ void gemm_dq(float (&dq)[kDqCols / 2], const DsTile& ds, const KVTile& k, int wg) {
+    constexpr int kPanels = kDqCols / sm90::kPanelCols;
     wgmma::fence_operands(dq);
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk)
-        wgmma::Mma<64>::ss<1, 1>(dq, ds.mnmajor_desc(kk, kDqByRows ? wg : 0), k.mnmajor_desc(kk, kDqByRows ? 0 : wg), kk > 0 ? 1 : 0);
+        wgmma::Mma<kDqCols>::ss<1, 1>(dq, ds.mnmajor_desc(kk, kDqByRows ? wg : 0), k.mnmajor_desc(kk, kDqByRows ? 0 : kPanels * wg),
+                                      kk > 0 ? 1 : 0);
     wgmma::commit_group();
     wgmma::fence_operands(dq);
+}
+
+// Wide heads: acc[64 keys x kDkvCols] += Aᵀ · B over the query block, Aᵀ (Pᵀ or dSᵀ, keys x
+// queries) read K-major from shared memory, B (dO or Q) this warpgroup's columns, MN-major.
+__device__ __forceinline__ void gemm_dkv(float (&acc)[kDkvCols / 2], const DsTile& at, const QTile& b, int wg) {
+    constexpr int kPanels = kDkvCols / sm90::kPanelCols;
+    wgmma::fence_operands(acc);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) wgmma::Mma<kDkvCols>::ss<1>(acc, at.kmajor_desc(0, kk), b.mnmajor_desc(kk, kPanels * wg), 1);
+    wgmma::commit_group();
+    wgmma::fence_operands(acc);
+}
+
+// Wide heads: Sᵀ (or dPᵀ) of the CTA's 64 keys and queries [q0, q0 + kScoreN) of the block.
+__device__ __forceinline__ void gemm_scores(float (&s)[kScoreN / 2], const KVTile& k, const QTile& q, int q0) {
+    wgmma::fence_operands(s);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kHeadDim / 16; ++kk) wgmma::Mma<kScoreN>::ss<0>(s, k.kmajor_desc(0, kk), q.kmajor_desc(q0, kk), kk > 0 ? 1 : 0);
+    wgmma::commit_group();
+    wgmma::fence_operands(s);
 }
 
 // Hands this warpgroup's dQ to the dQ writer warp, with where it goes (`dst`; nullptr: no
 // more) and, deterministic, after how many other key blocks' (dq_order): staged in shared memory in accumulator order (register pair j of thread t at float2
 // index 128 j + t: consecutive lanes write consecutive 8 bytes, no bank conflict) once the
 // writer has read the previous one out.
-__device__ __forceinline__ void stage_dq(SharedStorage& smem, PipelineState<1>& handover, const float (&dq)[32], float* dst,
+__device__ __forceinline__ void stage_dq(SharedStorage& smem, PipelineState<1>& handover, const float (&dq)[kDqCols / 2], float* dst,
                                          int order, int wg) {
     const u32 t = warpgroup::fresh_thread_index() % warpgroup::kThreads;
     mbarrier::wait(bar(smem.dq_empty[wg]), handover.empty_parity());
@@ -312,7 +358,7 @@ __device__ __forceinline__ void stage_dq(SharedStorage& smem, PipelineState<1>& 
     if (dst != nullptr) {
         float2* stage = reinterpret_cast<float2*>(smem.dq[wg]);
 #pragma unroll
-        for (int j = 0; j < 16; ++j) stage[128 * j + t] = make_float2(dq[2 * j], dq[2 * j + 1]);
+        for (int j = 0; j < kDqCols / 4; ++j) stage[128 * j + t] = make_float2(dq[2 * j], dq[2 * j + 1]);
         tma::fence_proxy_async_shared();
     }
     mbarrier::arrive(bar(smem.dq_full[wg]));
@@ -329,8 +375,7 @@ __device__ __forceinline__ void stage_dq(SharedStorage& smem, PipelineState<1>& 
 // counter per query block (after the accumulator, zeroed) says how many key blocks have
 // added; this CTA adds once it reads its order, waits for its reduces to complete, and
 // counts itself. Every CTA a query block waits for comes to it earlier in its own walk and
-// waits only for CTAs that come earlier still; CTAs start in block order, so none waits for
-// a CTA that cannot start.
+// waits only for CTAs that come earlier still, and can start (see key_block).
 __device__ __forceinline__ void write_dq(SharedStorage& smem, const BwdParams& p) {
     const bool leader = threadIdx.x % 32 == 0;
     constexpr int kTile = kBlockM * kHeadDim;
@@ -368,7 +413,7 @@ __device__ __forceinline__ void write_dq(SharedStorage& smem, const BwdParams& p
 }
 
 // dK (times the softmax scale) or dV of the warpgroup's keys [k0, k0 + 64), from registers.
-__device__ __forceinline__ void store_kv(const float (&acc)[kHeadDim / 2], elem_t* base, i64 row_stride, int k0, int seqlen_k,
+__device__ __forceinline__ void store_kv(const float (&acc)[kDkvCols / 2], elem_t* base, i64 row_stride, int k0, int seqlen_k,
                                          float scale) {
     const Fragment f = fragment();
 #pragma unroll
@@ -377,19 +422,19 @@ __device__ __forceinline__ void store_kv(const float (&acc)[kHeadDim / 2], elem_
         if (key >= seqlen_k) continue;
         elem_t* row = base + key * row_stride + f.col;
 #pragma unroll
-        for (int c = 0; c < kHeadDimReal / 8; ++c)
+        for (int c = 0; c < (kDkvCols < kHeadDimReal ? kDkvCols : kHeadDimReal) / 8; ++c)
             *reinterpret_cast<u32*>(row + 8 * c) = pack2<elem_t>(acc[4 * c + 2 * r] * scale, acc[4 * c + 2 * r + 1] * scale);
     }
 }
 
 // One consumer warpgroup: keys [64 wg, 64 wg + 64) of the block.
-__device__ __forceinline__ void consume(SharedStorage& smem, const BwdParams& p, int wg) {
+template <class Smem> __device__ __forceinline__ void consume(Smem& smem, const BwdParams& p, int wg) {
     const int n0 = key_block(p) * kBlockN, k0 = n0 + 64 * wg, batch = blockIdx.z;
     const int offset = p.seqlen_k - p.seqlen_q;
     const Walk w = walk(p);
-    float dk[kHeadDim / 2], dv[kHeadDim / 2];
+    float dk[kDkvCols / 2], dv[kDkvCols / 2];
 #pragma unroll
-    for (int i = 0; i < kHeadDim / 2; ++i) dk[i] = dv[i] = 0.f;
+    for (int i = 0; i < kDkvCols / 2; ++i) dk[i] = dv[i] = 0.f;
     mbarrier::wait(bar(smem.kv_full), 0);
     PipelineState<kStages> st;
     PipelineState<1> handover;  // of this warpgroup's dQ staging buffer
@@ -410,11 +455,11 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const BwdParams& p,
         score_gradients(sc, dp, dsk, smem.stats[stage][0]);
         sm90::to_operand(sc, pk);
         sm90::gemm_pv(dv, pk, smem.dout[stage]);
-        const DsTile& ds = smem.ds[j % 2];
+        const DsTile& ds = smem.scores.ds[j % 2];
         sm90::write_operand(ds, 64 * wg, dsk);
         tma::fence_proxy_async_shared();
         named_barrier::sync(kDsBarrier, kConsumerWG * warpgroup::kThreads);
-        float dq[32];
+        float dq[kDqCols / 2];
         gemm_dq(dq, ds, smem.k, wg);
         sm90::gemm_pv(dk, dsk, smem.q[stage]);
         wgmma::wait<1>();  // dQ (and dV before it); dK runs under dQ's staging
@@ -430,13 +475,84 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const BwdParams& p,
         st.advance();
     }
     {
-        float none[32];
+        float none[kDqCols / 2];
         stage_dq(smem, handover, none, nullptr, 0, wg);  // the writer's stop mark
     }
     const int kv_head = blockIdx.y;
     store_kv(dv, static_cast<elem_t*>(p.dv) + batch * p.dv_stride_b + kv_head * p.dv_stride_h, p.dv_stride_s, k0, p.seqlen_k, 1.f);
     store_kv(dk, static_cast<elem_t*>(p.dk) + batch * p.dk_stride_b + kv_head * p.dk_stride_h, p.dk_stride_s, k0, p.seqlen_k,
              p.softmax_scale);
+}
+
+// Wide heads (D256): both consumer warpgroups hold the CTA's 64 keys, warpgroup wg columns
+// [kDkvCols wg, kDkvCols (wg + 1)) of dK and dV, and computes Sᵀ and dPᵀ for queries [kScoreN
+// wg, kScoreN (wg + 1)) of the block. Pᵀ and dSᵀ meet in shared memory, from which both take
+// them as the A operands of dV's and dK's products; dQ = dS·K as in consume, its columns
+// split. Q and dO have one stage (four 32 KB tiles of K, V, Q and dO, and 64 KB of dQ staging
+// leave no room for a second): their stage is freed as soon as dV's and dK's products are done.
+template <class Smem> __device__ __forceinline__ void consume_wide(Smem& smem, const BwdParams& p, int wg) {
+    const int n0 = key_block(p) * kBlockN, batch = blockIdx.z, q0 = kScoreN * wg;
+    const int offset = p.seqlen_k - p.seqlen_q;
+    const Walk w = walk(p);
+    float dk[kDkvCols / 2], dv[kDkvCols / 2];
+#pragma unroll
+    for (int i = 0; i < kDkvCols / 2; ++i) dk[i] = dv[i] = 0.f;
+    mbarrier::wait(bar(smem.kv_full), 0);
+    PipelineState<kStages> st;
+    PipelineState<1> handover;
+    Cursor c = walk_start(p, w);
+    for (int j = 0; j < w.steps; ++j, c.advance(p, w)) {
+        const int stage = st.stage(), m0 = c.m_block * kBlockM;
+        mbarrier::wait(bar(smem.q_full, stage), st.full_parity());
+        float sc[kScoreN / 2], dp[kScoreN / 2];
+        gemm_scores(sc, smem.k, smem.q[stage], q0);
+        gemm_scores(dp, smem.v, smem.dout[stage], q0);
+        wgmma::wait<1>();
+        wgmma::fence_operands(sc);
+        const bool masked = n0 + 64 > p.seqlen_k || (kCausal && n0 + 63 > m0 + q0 + offset);
+        probabilities(sc, smem.stats[stage][1] + q0, n0, m0 + q0, masked, p);
+        wgmma::wait<0>();
+        wgmma::fence_operands(dp);
+        u32 pk[kScoreN / 4], dsk[kScoreN / 4];
+        score_gradients(sc, dp, dsk, smem.stats[stage][0] + q0);
+        sm90::to_operand(sc, pk);
+        const DsTile &pt = smem.scores.pt[j % 2], &ds = smem.scores.ds[j % 2];
+        sm90::write_operand(pt, 0, pk, q0 / 8);
+        sm90::write_operand(ds, 0, dsk, q0 / 8);
+        tma::fence_proxy_async_shared();
+        named_barrier::sync(kDsBarrier, kConsumerWG * warpgroup::kThreads);
+        gemm_dkv(dv, pt, smem.dout[stage], wg);
+        gemm_dkv(dk, ds, smem.q[stage], wg);
+        float dq[kDqCols / 2];
+        gemm_dq(dq, ds, smem.k, wg);
+        wgmma::wait<1>();  // dV and dK: Q and dO may go
+        mbarrier::arrive(bar(smem.q_empty, stage));
+        st.advance();
+        wgmma::wait<0>();
+        wgmma::fence_operands(dv);
+        wgmma::fence_operands(dk);
+        wgmma::fence_operands(dq);
+        const int order = p.deterministic ? dq_order(p, w, c.m_block) : 0;
+        stage_dq(smem, handover, dq, p.dq_accum + static_cast<i64>(c.block) * kBlockM * kHeadDim + wg * kDqTile, order, wg);
+    }
+    {
+        float none[kDqCols / 2];
+        stage_dq(smem, handover, none, nullptr, 0, wg);  // the writer's stop mark
+    }
+    const int kv_head = blockIdx.y, col0 = kDkvCols * wg;
+    store_kv(dv, static_cast<elem_t*>(p.dv) + batch * p.dv_stride_b + kv_head * p.dv_stride_h + col0, p.dv_stride_s, n0, p.seqlen_k,
+             1.f);
+    store_kv(dk, static_cast<elem_t*>(p.dk) + batch * p.dk_stride_b + kv_head * p.dk_stride_h + col0, p.dk_stride_s, n0, p.seqlen_k,
+             p.softmax_scale);
+}
+
+// The consumer of this head dim's layout (a template, so that only it is instantiated).
+template <bool kIsWide, class Smem> __device__ __forceinline__ void run_consumer(Smem& smem, const BwdParams& p, int wg) {
+    if constexpr (kIsWide) {
+        consume_wide(smem, p, wg);
+    } else {
+        consume(smem, p, wg);
+    }
 }
 
 __device__ __forceinline__ void init_barriers(SharedStorage& smem) {
@@ -458,7 +574,7 @@ __device__ __forceinline__ void init_barriers(SharedStorage& smem) {
 __device__ __forceinline__ void dq_index(int wg, int j, int t, int& row, int& col) {
     const int warp = t / 32, lane = t % 32;
     row = 16 * warp + lane / 4 + 8 * (j % 2) + (kDqByRows ? 64 * wg : 0);
-    col = 8 * (j / 2) + 2 * (lane % 4) + (kDqByRows ? 0 : 64 * wg);
+    col = 8 * (j / 2) + 2 * (lane % 4) + (kDqByRows ? 0 : kDqCols * wg);
 }
 
 }  // namespace bwd_sm90
@@ -505,7 +621,7 @@ fc_bwd_sm90(const __grid_constant__ BwdParams p, const __grid_constant__ TmaDesc
         if (threadIdx.x / 32 == 1) write_dq(shared_storage(), p);
     } else {
         warpgroup::increase_registers<kConsumerRegs>();
-        consume(shared_storage(), p, warpgroup::index_in_role() - 1);
+        run_consumer<kWide>(shared_storage(), p, warpgroup::index_in_role() - 1);
     }
 }
 

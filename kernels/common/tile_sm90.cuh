@@ -176,17 +176,21 @@ __device__ __forceinline__ void write_accumulator(const SmemTile<kRows, kCols>& 
     }
 }
 
-// Writes a warpgroup's m64 x kCols accumulator already packed into 16-bit pairs (the
-// operand form of to_operand) into rows [row0, row0 + 64) of `t`, swizzled as above.
-template <int kRows, int kCols>
-__device__ __forceinline__ void write_operand(const SmemTile<kRows, kCols>& t, int row0, const u32 (&packed)[kCols / 4]) {
+// Writes a warpgroup's m64 x N accumulator already packed into 16-bit pairs (the operand
+// form of to_operand) into rows [row0, row0 + 64) of `t`, from its 8-column chunk `chunk0`
+// on (N = 8 x the chunks, within the tile's width), swizzled as above.
+template <int kPacked, int kRows, int kCols>
+__device__ __forceinline__ void write_operand(const SmemTile<kRows, kCols>& t, int row0, const u32 (&packed)[kPacked], int chunk0 = 0) {
+    static_assert(4 * kPacked <= kCols, "the accumulator fits the tile's width");
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const u32 row_addr = t.addr() + (row0 + 16 * warp + lane / 4 + 8 * r) * kRowBytes + (lane % 4) * 4;
 #pragma unroll
-        for (int j = 0; j < kCols / 8; ++j)
-            st_shared_u32(row_addr + (j / 8) * SmemTile<kRows, kCols>::kPanelBytes + (((j % 8) ^ (lane / 4)) * 16), packed[2 * j + r]);
+        for (int j = 0; j < kPacked / 2; ++j) {
+            const int c = chunk0 + j;
+            st_shared_u32(row_addr + (c / 8) * SmemTile<kRows, kCols>::kPanelBytes + (((c % 8) ^ (lane / 4)) * 16), packed[2 * j + r]);
+        }
     }
 }
 

@@ -6,7 +6,7 @@ wrappers are generated rather than typed. Rerun after changing N_VALUES:
     python3 kernels/ptx/gen_wgmma_ops.py > kernels/ptx/wgmma_ops.cuh
 """
 
-N_VALUES = [64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 256]
+N_VALUES = [32, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 256]
 
 
 def operand_list(first, count):

@@ -11,8 +11,10 @@ use crate::error::{DriverContext, Result};
 use crate::params::ProblemShape;
 use crate::tensor::{DType, TensorView};
 
-/// Head dims with a compiled variant (D96 runs as D128 with its columns past 96 zero).
-pub const HEAD_DIMS: &[usize] = &[64, 96, 128];
+/// Head dims with a compiled variant (D96 runs as D128 with its columns past 96 zero). D192
+/// is not among them: its dK and dV columns do not split into whole 64-column panels between
+/// the two consumer warpgroups, as D256's do.
+pub const HEAD_DIMS: &[usize] = &[64, 96, 128, 256];
 
 /// The entry points besides the main one, in launch order around it: D_i and lse·log2e
 /// before, dQ's conversion after.
@@ -20,28 +22,37 @@ pub const PREP_ENTRY: &str = "fc_bwd_sm90_prep";
 /// See [`PREP_ENTRY`].
 pub const DQ_ENTRY: &str = "fc_bwd_sm90_dq";
 
-/// Keys of a CTA: 64 per consumer warpgroup.
-const BLOCK_N: u32 = 128;
-
 /// The head dim of the kernel's tiles: whole 64-column panels.
 fn padded_head_dim(head_dim: usize) -> usize {
     head_dim.div_ceil(64) * 64
 }
 
-/// The tile for `head_dim`: 128 query rows a step at D64, 64 above, so that each consumer
-/// warpgroup's share of dQ is one 64 x 64 tile; 3 warpgroups, 2 stages of Q and dO.
+/// The tile for `head_dim`, 3 warpgroups: up to D128, 128 keys (64 per consumer warpgroup)
+/// and 128 query rows a step at D64, 64 at D96/D128 (each consumer's share of dQ is one 64 x
+/// 64 tile), 2 stages of Q and dO; D256 ("wide": both consumers on the same keys, dK and dV
+/// split by columns), 64 keys, 64 query rows, one stage (the shared memory holds no second).
 pub fn tile(head_dim: usize) -> Tile {
-    Tile { block_m: if head_dim <= 64 { 128 } else { 64 }, block_n: BLOCK_N, warps: 12, stages: 2 }
+    match head_dim {
+        0..=64 => Tile { block_m: 128, block_n: 128, warps: 12, stages: 2 },
+        65..=128 => Tile { block_m: 64, block_n: 128, warps: 12, stages: 2 },
+        _ => Tile { block_m: 64, block_n: 64, warps: 12, stages: 1 },
+    }
+}
+
+/// Whether `head_dim` takes the wide layout (see [`tile`]): P passes through shared memory too.
+fn wide(head_dim: usize) -> bool {
+    padded_head_dim(head_dim) > 128
 }
 
 /// Dynamic shared memory of the kernel's `SharedStorage` plus 1024 bytes to align it: K and
-/// V, `stages` Q and dO tiles, two dSᵀ tiles (2 bytes an element), dQ's f32 staging; then
-/// lse and D_i per stage, the dQ hand-over (a pointer per consumer warpgroup, an order) and
-/// the barriers, padded to 1024 bytes. The kernel checks it.
+/// V, `stages` Q and dO tiles, two dSᵀ tiles (and, wide, two Pᵀ tiles; 2 bytes an element),
+/// dQ's f32 staging; then lse and D_i per stage, the dQ hand-over (a pointer per consumer
+/// warpgroup, an order) and the barriers, padded to 1024 bytes. The kernel checks it.
 pub fn smem_bytes(tile: Tile, head_dim: usize) -> u32 {
     let (m, n, s, d) = (tile.block_m as usize, tile.block_n as usize, tile.stages as usize, padded_head_dim(head_dim));
     let consumers = 2usize;
-    let tiles = 2 * (2 * n * d + 2 * s * m * d + 2 * n * m) + 4 * m * d;
+    let score_tiles = if wide(head_dim) { 4 } else { 2 };
+    let tiles = 2 * (2 * n * d + 2 * s * m * d + score_tiles * n * m) + 4 * m * d;
     let handover = (8 * consumers + 4).next_multiple_of(8);
     let barriers = 8 * (1 + 2 * s + 2 * consumers);
     let small = (2 * s * m * 4 + handover + barriers).next_multiple_of(1024);
@@ -126,5 +137,7 @@ mod tests {
         }
         assert_eq!(tile(64).block_m, 128);
         assert_eq!(tile(96).block_m, 64);
+        assert_eq!((tile(256).block_n, tile(256).stages), (64, 1));
+        assert!(!HEAD_DIMS.contains(&192), "D192 runs bwd_sm80");
     }
 }

@@ -83,7 +83,7 @@ pub(crate) struct BwdParams {
     pub causal: i32,
     pub deterministic: i32,
     pub dq_splits: i32,
-    pub reserved: i32,
+    pub spread_walks: i32,
 }
 
 const _: () = assert!(std::mem::size_of::<BwdParams>() == 88 + 8 * 24 + 48);
