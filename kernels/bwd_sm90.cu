@@ -1,34 +1,38 @@
 // Hopper backward attention (sm_90a): FlashAttention-2's algorithm on wgmma and TMA, warp
 // specialized in the style of FlashAttention-3.
 //
-// One CTA per (key block of kBlockN = 128 keys, KV head, batch). A producer thread loads K
-// and V once, then walks the query blocks of every query head of the KV head (GQA sums in
-// registers), loading Q, dO and the rows' lse and D_i into a ring of kStages stages. Two
-// consumer warpgroups own 64 keys each and keep their dK, dV in registers. Per query block
-// of kBlockM rows, each consumer warpgroup computes the transposed products, so that P and
-// dS land in registers already in the A-operand form of the next products:
+// One CTA per (key block, KV head, batch). A producer thread loads K and V once, then walks
+// the query blocks of every query head of the KV head (GQA sums in registers), loading Q, dO
+// and the rows' lse and D_i into a ring of kStages stages; a second producer warp adds dQ
+// (write_dq). Two consumer warpgroups keep dK and dV in registers. Up to D128 (consume) each
+// owns 64 keys of a 128-key block and computes the transposed products, so that P and dS
+// land in registers already in the A-operand form of the next products:
 //   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ                      (wgmma, both operands from shared memory)
 //   Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e),  dSᵀ = Pᵀ ∘ (dPᵀ − D_i)   (the rows' lse, D_i
 //        are columns here: per-column values from shared memory)
 //   dV += Pᵀ·dO, dK += dSᵀ·Q                     (wgmma, A from registers)
 //   dSᵀ to shared memory; both warpgroups meet; dQ = dS·K (A read transposed), each
 //   warpgroup 64 x 64 of it, staged in shared memory in its accumulator order and added to
-//   p.dq_accum with one bulk reduce-add (cp.reduce.async.bulk) per warpgroup.
+//   p.dq_accum by the writer warp with one bulk reduce-add (cp.reduce.async.bulk) each.
+// D256 (consume_wide): both warpgroups on one 64-key block, each half of dK's and dV's
+// columns and half of the query block's Sᵀ and dPᵀ; Pᵀ and dSᵀ meet in shared memory.
 // fc_bwd_sm90_prep (before) writes D_i and lse·log2e per row, padded to whole query blocks;
 // fc_bwd_sm90_dq (after) scales and converts dq_accum into dq.
 //
-// Variants: D64 128 x 128 (queries x keys), D96 and D128 64 x 128 (D96 as D128 with the
-// columns past 96 zero, as in the forward); kStages = 2; setmaxnreg 24 / 240.
+// Variants (queries x keys a step): D64 128 x 128, D96 and D128 64 x 128 (D96 as D128 with
+// the columns past 96 zero, as in the forward), kStages = 2; D256 64 x 64, kStages = 1;
+// setmaxnreg 24 / 240.
 //   smem: K, V (kBlockN x D), kStages x (Q, dO) (kBlockM x D), two dSᵀ buffers (kBlockN x
-//   kBlockM), dQ's f32 staging (kBlockM x D), lse and D_i per stage, the dQ hand-over:
-//   D64 200704 B, D96 and D128 199680 B.
+//   kBlockM; D256 two Pᵀ too), dQ's f32 staging (kBlockM x D), lse and D_i per stage, the
+//   dQ hand-over: D64 200704 B, D96 and D128 199680 B, D256 231424 B.
 //
 // HOST CONTRACT
 // fc_bwd_sm90_prep(BwdParams): grid (m_blocks * kBlockM / 4, Hq, B), 128 threads; writes
 //   per query block t = (b * Hq + h) * m_blocks + m, at p.dsum + 2 * kBlockM * t, D_i of its
 //   kBlockM rows then their lse·log2e (+inf where lse = -inf and in the padding rows).
 // fc_bwd_sm90(BwdParams, TmaDescriptor tma_q, tma_k, tma_v, tma_do): grid (ceil(Sk /
-//   kBlockN), Hkv, B), kThreads threads, dynamic smem FC_SMEM_BYTES; tensor maps as
+//   kBlockN), Hkv, B), kThreads threads, dynamic smem FC_SMEM_BYTES (one CTA an SM; with
+//   p.spread_walks only if ceil(Sk / kBlockN) <= the SM count); tensor maps as
 //   fwd_sm90's (4-D {D, S, H, B}, 128-byte swizzle, box {64, rows}: kBlockM rows for Q and
 //   dO, kBlockN for K and V); p.dq_accum [B, Hq, m_blocks, kBlockM * kHeadDim] f32, zeroed,
 //   each query block's part in the consumers' accumulator order (see dq_index).

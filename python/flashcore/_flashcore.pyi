@@ -44,7 +44,7 @@ def attention_backward(
 ) -> str:
     """Gradients dq, dk, dv (written) of attention with the forward's o and lse (f32
     [B, Hq, Sq]) given dout; scratch as for attention_forward. Returns the kernel variant
-    that ran (bwd_sm90_... on Hopper for head dims 64, 96 and 128, else bwd_sm80_...)."""
+    that ran (bwd_sm90_... on Hopper for head dims 64, 96, 128 and 256, else bwd_sm80_...)."""
 
 def plan(device: int, q_shape: Sequence[int], k_shape: Sequence[int], dtype_name: str, causal: bool, num_splits: Optional[int] = None) -> str:
     """The kernel variant, tile and grid FlashCore would run for this problem."""

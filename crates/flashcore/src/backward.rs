@@ -2,7 +2,7 @@
 //! `dout`. Its public calls are methods of [`Context`], beside the forward's.
 //!
 //! Kernels: on Hopper (sm_90a) `bwd_sm90` (wgmma, TMA, warp specialized) for head dims 64,
-//! 96 and 128; else `bwd_sm80` (FlashAttention-2's algorithm, mma.sync), every head dim of the
+//! 96, 128 and 256; else `bwd_sm80` (FlashAttention-2's algorithm, mma.sync), every head dim of the
 //! forward; the naive reference kernels (`kernels/reference.cu`: exact f32 gradients, slow)
 //! when `params.kernel` names the reference. `params.kernel` may also name bwd_sm80 or
 //! bwd_sm90; a forward family named there concerns the forward only.
