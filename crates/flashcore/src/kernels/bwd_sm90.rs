@@ -1,7 +1,8 @@
 //! The Hopper backward (`kernels/bwd_sm90.cu`, sm_90a): FlashAttention-2's algorithm on
-//! wgmma and TMA, a producer warpgroup and two consumer warpgroups of 64 keys each, a CTA
-//! per (128-key block, KV head, batch); dQ added in f32 with bulk reduce-adds, in key-block
-//! order in deterministic mode.
+//! wgmma and TMA, a producer warpgroup (with a dQ writer warp) and two consumer warpgroups, a
+//! CTA per (key block, KV head, batch): 128 keys, 64 a consumer, up to D128; 64 keys shared by
+//! both consumers, dK and dV split by columns, at D256. dQ is added in f32 with bulk
+//! reduce-adds, in a fixed key-block order in deterministic mode.
 
 use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 
