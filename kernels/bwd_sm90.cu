@@ -40,6 +40,7 @@
 //   threads.
 // Causal is the compile-time FC_CAUSAL (bottom-right aligned).
 #include "common/bwd_params.cuh"
+#include "common/bwd_schedule.cuh"
 #include "common/pipeline.cuh"
 #include "common/tile_sm90.cuh"
 #include "common/types.cuh"
@@ -146,90 +147,16 @@ __device__ __forceinline__ u32 bar(const u64 (&ring)[kStages], int i) { return s
 
 __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-// The query blocks one CTA visits: every query head of its KV head, each over the query
-// blocks whose rows see the CTA's keys, [m_first, m_blocks) (causal: from the first whose
-// rows see the CTA's first key), starting at m_start and wrapping round. Without the mask,
-// and when all key blocks of a head fit on the GPU at once (p.spread_walks), the CTAs of a
-// head start spread over the query blocks (m_start = n · m_blocks / n_blocks for key block
-// n), so that at any time they add dQ to different query blocks; in deterministic mode this
-// is also the order in which they come to each query block (dq_order), in which a key block
-// may wait for any other of its head. Otherwise (and causal) from m_first up, and a key
-// block waits only for the key blocks right of it, which start first.
-struct Walk {
-    int group, m_blocks, m_first, m_start, steps;
-};
-__device__ __forceinline__ int key_blocks(const BwdParams& p) { return ceil_div(p.seqlen_k, kBlockN); }
-// This CTA's key block. Deterministic: the last first. CTAs start in block order, and a CTA
-// waits (dq_order) only for CTAs of later key blocks, which then start first, or, with
-// spread walks, for any CTA of its head, all of which then fit on the GPU at once (one CTA an
-// SM): so every CTA waited for can start.
-__device__ __forceinline__ int key_block(const BwdParams& p) {
-    return p.deterministic ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
-}
-__device__ __forceinline__ Walk walk(const BwdParams& p) {
-    Walk w;
-    w.group = p.heads_q / p.heads_kv;
-    w.m_blocks = ceil_div(p.seqlen_q, kBlockM);
-    const int n = key_block(p), n0 = n * kBlockN, offset = p.seqlen_k - p.seqlen_q;
-    w.m_first = kCausal ? min(w.m_blocks, max(0, n0 - offset) / kBlockM) : 0;
-    w.m_start = kCausal || !p.spread_walks ? w.m_first : static_cast<int>(static_cast<i64>(n) * w.m_blocks / key_blocks(p));
-    w.steps = w.group * (w.m_blocks - w.m_first);
-    return w;
-}
-// A position in the walk: query head, query block, that block's index over all (batch,
-// head) pairs (dQ's accumulator tile, the statistics' block), and the blocks of this head
-// still to visit; moved by increments (no division per step).
-struct Cursor {
-    int head, m_block, block, left;
-
-    __device__ __forceinline__ static Cursor at_head(const BwdParams& p, const Walk& w, int head) {
-        return Cursor{head, w.m_start, (static_cast<int>(blockIdx.z) * p.heads_q + head) * w.m_blocks + w.m_start,
-                      w.m_blocks - w.m_first};
-    }
-    __device__ __forceinline__ void advance(const BwdParams& p, const Walk& w) {
-        ++block;
-        if (++m_block == w.m_blocks) {
-            m_block = w.m_first;
-            block -= w.m_blocks - w.m_first;
-        }
-        if (--left == 0) *this = at_head(p, w, head + 1);
-    }
-};
-__device__ __forceinline__ Cursor walk_start(const BwdParams& p, const Walk& w) {
-    return Cursor::at_head(p, w, static_cast<int>(blockIdx.y) * w.group);
-}
-
-// How many key blocks add to query block `m_block`'s dQ before this CTA's in deterministic
-// mode: the order in which they come to it (see Walk). Causal: the key blocks that add are
-// 0 .. n_last, the last one its rows see, in descending order. Otherwise all n_blocks: with
-// spread walks in descending order from n_first, the last whose walk starts at or before
-// the query block, round to n_first + 1; else in descending order from the last.
-__device__ __forceinline__ int dq_order(const BwdParams& p, const Walk& w, int m_block) {
-    const int n_blocks = key_blocks(p), n = key_block(p);
-    if (kCausal) {
-        const int last_row = min((m_block + 1) * kBlockM, p.seqlen_q) - 1;
-        return min(n_blocks - 1, (last_row + p.seqlen_k - p.seqlen_q) / kBlockN) - n;
-    }
-    if (!p.spread_walks) return n_blocks - 1 - n;
-    const int n_first = min(n_blocks - 1, ceil_div((m_block + 1) * n_blocks, w.m_blocks) - 1);
-    return (n_first - n + n_blocks) % n_blocks;
-}
-
-// Query rows of all (batch, head) pairs, each padded to whole query blocks.
-__device__ __forceinline__ i64 padded_rows(const BwdParams& p) {
-    return static_cast<i64>(p.batch) * p.heads_q * ceil_div(p.seqlen_q, kBlockM) * kBlockM;
-}
-// The per-row statistics of fc_bwd_sm90_prep, by query block: block t = (batch · Hq + head) ·
-// m_blocks + m_block holds D_i of its kBlockM rows, then their lse·log2e (one bulk load).
-__device__ __forceinline__ float* block_stats(const BwdParams& p, i64 block) { return p.dsum + block * 2 * kBlockM; }
-
+using Schedule = sm90::BwdSchedule<kBlockM, kBlockN, kCausal>;  // common/bwd_schedule.cuh
+using Walk = Schedule::Walk;
+using Cursor = Schedule::Cursor;
 // Producer: K and V once, then Q, dO, lse·log2e and D_i of each step into the ring. Its
 // few registers hold the walk as increments (no division per step) and shared memory as
 // one 32-bit base plus constant offsets.
 __device__ __forceinline__ void produce(SharedStorage& smem, const BwdParams& p, const TmaDescriptor* tma_q,
                                         const TmaDescriptor* tma_k, const TmaDescriptor* tma_v,
                                         const TmaDescriptor* tma_do) {
-    const int n0 = key_block(p) * kBlockN, kv_head = blockIdx.y, batch = blockIdx.z;
+    const int n0 = Schedule::key_block(p) * kBlockN, kv_head = blockIdx.y, batch = blockIdx.z;
     // A member's address as base + its offset (the offset folds to a constant).
     const u32 base = smem_u32(&smem);
     auto at = [&smem, base](const void* member) {
@@ -239,9 +166,9 @@ __device__ __forceinline__ void produce(SharedStorage& smem, const BwdParams& p,
     mbarrier::arrive_expect_tx(kv_full, 2 * KVTile::kBytes);
     KVTile::load_to(at(&smem.k), tma_k, kv_full, n0, kv_head, batch);
     KVTile::load_to(at(&smem.v), tma_v, kv_full, n0, kv_head, batch);
-    const Walk w = walk(p);
+    const Walk w = Schedule::walk(p);
     PipelineCounter<kStages> st;
-    Cursor c = walk_start(p, w);
+    Cursor c = Schedule::walk_start(p, w);
     for (int j = 0; j < w.steps; ++j, st.advance(), c.advance(p, w)) {
         const u32 stage = st.stage(), m0 = c.m_block * kBlockM;
         const u32 full = at(&smem.q_full) + 8 * stage;
@@ -250,7 +177,7 @@ __device__ __forceinline__ void produce(SharedStorage& smem, const BwdParams& p,
         mbarrier::arrive_expect_tx(full, 2 * QTile::kBytes + kStatBytes);
         QTile::load_to(at(&smem.q) + stage * QTile::kBytes, tma_q, full, m0, c.head, batch);
         QTile::load_to(at(&smem.dout) + stage * QTile::kBytes, tma_do, full, m0, c.head, batch);
-        tma::load_bulk(at(&smem.stats) + stage * kStatBytes, block_stats(p, c.block), kStatBytes, full);
+        tma::load_bulk(at(&smem.stats) + stage * kStatBytes, Schedule::block_stats(p, c.block), kStatBytes, full);
     }
 }
 
@@ -348,9 +275,10 @@ __device__ __forceinline__ void gemm_scores(float (&s)[kScoreN / 2], const KVTil
 }
 
 // Hands this warpgroup's dQ to the dQ writer warp, with where it goes (`dst`; nullptr: no
-// more) and, deterministic, after how many other key blocks' (dq_order): staged in shared memory in accumulator order (register pair j of thread t at float2
-// index 128 j + t: consecutive lanes write consecutive 8 bytes, no bank conflict) once the
-// writer has read the previous one out.
+// more) and, deterministic, after how many other key blocks' (`order`, see dq_order in
+// common/bwd_schedule.cuh): staged in shared memory in accumulator order (register pair j of
+// thread t at float2 index 128 j + t: consecutive lanes write consecutive 8 bytes, no bank
+// conflict) once the writer has read the previous one out.
 __device__ __forceinline__ void stage_dq(SharedStorage& smem, PipelineState<1>& handover, const float (&dq)[kDqCols / 2], float* dst,
                                          int order, int wg) {
     const u32 t = warpgroup::fresh_thread_index() % warpgroup::kThreads;
@@ -379,11 +307,12 @@ __device__ __forceinline__ void stage_dq(SharedStorage& smem, PipelineState<1>& 
 // counter per query block (after the accumulator, zeroed) says how many key blocks have
 // added; this CTA adds once it reads its order, waits for its reduces to complete, and
 // counts itself. Every CTA a query block waits for comes to it earlier in its own walk and
-// waits only for CTAs that come earlier still, and can start (see key_block).
+// waits only for CTAs that come earlier still, and can start (see key_block in
+// common/bwd_schedule.cuh).
 __device__ __forceinline__ void write_dq(SharedStorage& smem, const BwdParams& p) {
     const bool leader = threadIdx.x % 32 == 0;
     constexpr int kTile = kBlockM * kHeadDim;
-    u32* const counters = reinterpret_cast<u32*>(p.dq_accum + padded_rows(p) * kHeadDim);
+    u32* const counters = reinterpret_cast<u32*>(p.dq_accum + Schedule::padded_rows(p) * kHeadDim);
     PipelineState<1> handover;
     for (bool more = true; more; handover.advance()) {
         u32* counter = nullptr;
@@ -433,16 +362,16 @@ __device__ __forceinline__ void store_kv(const float (&acc)[kDkvCols / 2], elem_
 
 // One consumer warpgroup: keys [64 wg, 64 wg + 64) of the block.
 template <class Smem> __device__ __forceinline__ void consume(Smem& smem, const BwdParams& p, int wg) {
-    const int n0 = key_block(p) * kBlockN, k0 = n0 + 64 * wg, batch = blockIdx.z;
+    const int n0 = Schedule::key_block(p) * kBlockN, k0 = n0 + 64 * wg, batch = blockIdx.z;
     const int offset = p.seqlen_k - p.seqlen_q;
-    const Walk w = walk(p);
+    const Walk w = Schedule::walk(p);
     float dk[kDkvCols / 2], dv[kDkvCols / 2];
 #pragma unroll
     for (int i = 0; i < kDkvCols / 2; ++i) dk[i] = dv[i] = 0.f;
     mbarrier::wait(bar(smem.kv_full), 0);
     PipelineState<kStages> st;
     PipelineState<1> handover;  // of this warpgroup's dQ staging buffer
-    Cursor c = walk_start(p, w);
+    Cursor c = Schedule::walk_start(p, w);
     for (int j = 0; j < w.steps; ++j, c.advance(p, w)) {
         const int stage = st.stage(), m0 = c.m_block * kBlockM;
         mbarrier::wait(bar(smem.q_full, stage), st.full_parity());
@@ -468,7 +397,7 @@ template <class Smem> __device__ __forceinline__ void consume(Smem& smem, const 
         sm90::gemm_pv(dk, dsk, smem.q[stage]);
         wgmma::wait<1>();  // dQ (and dV before it); dK runs under dQ's staging
         wgmma::fence_operands(dq);
-        const int order = p.deterministic ? dq_order(p, w, c.m_block) : 0;
+        const int order = p.deterministic ? Schedule::dq_order(p, w, c.m_block) : 0;
         stage_dq(smem, handover, dq, p.dq_accum + static_cast<i64>(c.block) * kBlockM * kHeadDim + wg * kDqTile, order, wg);
         wgmma::wait<0>();
         wgmma::fence_operands(dv);
@@ -495,16 +424,16 @@ template <class Smem> __device__ __forceinline__ void consume(Smem& smem, const 
 // split. Q and dO have one stage (four 32 KB tiles of K, V, Q and dO, and 64 KB of dQ staging
 // leave no room for a second): their stage is freed as soon as dV's and dK's products are done.
 template <class Smem> __device__ __forceinline__ void consume_wide(Smem& smem, const BwdParams& p, int wg) {
-    const int n0 = key_block(p) * kBlockN, batch = blockIdx.z, q0 = kScoreN * wg;
+    const int n0 = Schedule::key_block(p) * kBlockN, batch = blockIdx.z, q0 = kScoreN * wg;
     const int offset = p.seqlen_k - p.seqlen_q;
-    const Walk w = walk(p);
+    const Walk w = Schedule::walk(p);
     float dk[kDkvCols / 2], dv[kDkvCols / 2];
 #pragma unroll
     for (int i = 0; i < kDkvCols / 2; ++i) dk[i] = dv[i] = 0.f;
     mbarrier::wait(bar(smem.kv_full), 0);
     PipelineState<kStages> st;
     PipelineState<1> handover;
-    Cursor c = walk_start(p, w);
+    Cursor c = Schedule::walk_start(p, w);
     for (int j = 0; j < w.steps; ++j, c.advance(p, w)) {
         const int stage = st.stage(), m0 = c.m_block * kBlockM;
         mbarrier::wait(bar(smem.q_full, stage), st.full_parity());
@@ -536,7 +465,7 @@ template <class Smem> __device__ __forceinline__ void consume_wide(Smem& smem, c
         wgmma::fence_operands(dv);
         wgmma::fence_operands(dk);
         wgmma::fence_operands(dq);
-        const int order = p.deterministic ? dq_order(p, w, c.m_block) : 0;
+        const int order = p.deterministic ? Schedule::dq_order(p, w, c.m_block) : 0;
         stage_dq(smem, handover, dq, p.dq_accum + static_cast<i64>(c.block) * kBlockM * kHeadDim + wg * kDqTile, order, wg);
     }
     {
@@ -601,7 +530,8 @@ extern "C" __global__ void __launch_bounds__(128) fc_bwd_sm90_prep(const BwdPara
         if (lse != math::neg_inf()) lse_log2 = lse * kLog2e;  // a row with no key: P = exp2(-inf) = 0
     }
     if (lane == 0) {
-        float* stats = block_stats(p, (static_cast<i64>(batch) * p.heads_q + head) * ceil_div(p.seqlen_q, kBlockM) + row / kBlockM);
+        const i64 block = (static_cast<i64>(batch) * p.heads_q + head) * ceil_div(p.seqlen_q, kBlockM) + row / kBlockM;
+        float* stats = Schedule::block_stats(p, block);
         stats[row % kBlockM] = sum;
         stats[kBlockM + row % kBlockM] = lse_log2;
     }

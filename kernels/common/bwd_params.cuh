@@ -42,5 +42,5 @@ struct BwdParams {
     int causal;                // bottom-right aligned, as the forward
     int deterministic;         // 1: no order-dependent float atomics
     int dq_splits;             // slices of dq_accum (bwd_sm80 deterministic: one per CTA of a head)
-    int spread_walks;          // bwd_sm90: 1 when all key blocks of a head fit on the GPU at once (see Walk)
+    int spread_walks;          // bwd_sm90: 1 when all key blocks of a head fit on the GPU at once (common/bwd_schedule.cuh)
 };

@@ -209,7 +209,7 @@ impl Context {
 }
 
 /// Whether bwd_sm90's key blocks start their walks spread over the query blocks (see
-/// `Walk` in `kernels/bwd_sm90.cu`): only when all key blocks of a head fit on the GPU at
+/// `Walk` in `kernels/common/bwd_schedule.cuh`): only when all key blocks of a head fit on the GPU at
 /// once (one CTA an SM), since in deterministic mode a key block may then wait for any other
 /// key block of its head, the last launched included.
 fn spread_walks(variant: &crate::Variant, shape: &ProblemShape, sm_count: u32) -> bool {

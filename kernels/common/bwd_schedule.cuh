@@ -1,0 +1,94 @@
+// The schedule of the Hopper backward (kernels/bwd_sm90.cu): which query blocks a CTA (one
+// key block of one KV head) visits, in which order, and, in deterministic mode, the order in
+// which the key blocks add to each query block's dQ. kBlockM query rows a step, kBlockN keys
+// a CTA, bottom-right causal mask when kCausal.
+#pragma once
+#include "common/bwd_params.cuh"
+#include "common/types.cuh"
+
+namespace fc {
+namespace sm90 {
+
+template <int kBlockM, int kBlockN, bool kCausal> struct BwdSchedule {
+    static __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+    // The query blocks one CTA visits: every query head of its KV head, each over the query
+    // blocks whose rows see the CTA's keys, [m_first, m_blocks) (causal: from the first whose
+    // rows see the CTA's first key), starting at m_start and wrapping round. Without the mask,
+    // and when all key blocks of a head fit on the GPU at once (p.spread_walks), the CTAs of a
+    // head start spread over the query blocks (m_start = n · m_blocks / n_blocks for key block
+    // n), so that at any time they add dQ to different query blocks; in deterministic mode this
+    // is also the order in which they come to each query block (dq_order), in which a key block
+    // may wait for any other of its head. Otherwise (and causal) from m_first up, and a key
+    // block waits only for the key blocks right of it, which start first.
+    struct Walk {
+        int group, m_blocks, m_first, m_start, steps;
+    };
+    static __device__ __forceinline__ int key_blocks(const BwdParams& p) { return ceil_div(p.seqlen_k, kBlockN); }
+    // This CTA's key block. Deterministic: the last first. CTAs start in block order, and a CTA
+    // waits (dq_order) only for CTAs of later key blocks, which then start first, or, with
+    // spread walks, for any CTA of its head, all of which then fit on the GPU at once (one CTA an
+    // SM): so every CTA waited for can start.
+    static __device__ __forceinline__ int key_block(const BwdParams& p) {
+        return p.deterministic ? static_cast<int>(gridDim.x - 1 - blockIdx.x) : static_cast<int>(blockIdx.x);
+    }
+    static __device__ __forceinline__ Walk walk(const BwdParams& p) {
+        Walk w;
+        w.group = p.heads_q / p.heads_kv;
+        w.m_blocks = ceil_div(p.seqlen_q, kBlockM);
+        const int n = key_block(p), n0 = n * kBlockN, offset = p.seqlen_k - p.seqlen_q;
+        w.m_first = kCausal ? min(w.m_blocks, max(0, n0 - offset) / kBlockM) : 0;
+        w.m_start = kCausal || !p.spread_walks ? w.m_first : static_cast<int>(static_cast<i64>(n) * w.m_blocks / key_blocks(p));
+        w.steps = w.group * (w.m_blocks - w.m_first);
+        return w;
+    }
+    // A position in the walk: query head, query block, that block's index over all (batch,
+    // head) pairs (dQ's accumulator tile, the statistics' block), and the blocks of this head
+    // still to visit; moved by increments (no division per step).
+    struct Cursor {
+        int head, m_block, block, left;
+
+        __device__ __forceinline__ static Cursor at_head(const BwdParams& p, const Walk& w, int head) {
+            return Cursor{head, w.m_start, (static_cast<int>(blockIdx.z) * p.heads_q + head) * w.m_blocks + w.m_start,
+                          w.m_blocks - w.m_first};
+        }
+        __device__ __forceinline__ void advance(const BwdParams& p, const Walk& w) {
+            ++block;
+            if (++m_block == w.m_blocks) {
+                m_block = w.m_first;
+                block -= w.m_blocks - w.m_first;
+            }
+            if (--left == 0) *this = at_head(p, w, head + 1);
+        }
+    };
+    static __device__ __forceinline__ Cursor walk_start(const BwdParams& p, const Walk& w) {
+        return Cursor::at_head(p, w, static_cast<int>(blockIdx.y) * w.group);
+    }
+
+    // How many key blocks add to query block `m_block`'s dQ before this CTA's in deterministic
+    // mode: the order in which they come to it (see Walk). Causal: the key blocks that add are
+    // 0 .. n_last, the last one its rows see, in descending order. Otherwise all n_blocks: with
+    // spread walks in descending order from n_first, the last whose walk starts at or before
+    // the query block, round to n_first + 1; else in descending order from the last.
+    static __device__ __forceinline__ int dq_order(const BwdParams& p, const Walk& w, int m_block) {
+        const int n_blocks = key_blocks(p), n = key_block(p);
+        if (kCausal) {
+            const int last_row = min((m_block + 1) * kBlockM, p.seqlen_q) - 1;
+            return min(n_blocks - 1, (last_row + p.seqlen_k - p.seqlen_q) / kBlockN) - n;
+        }
+        if (!p.spread_walks) return n_blocks - 1 - n;
+        const int n_first = min(n_blocks - 1, ceil_div((m_block + 1) * n_blocks, w.m_blocks) - 1);
+        return (n_first - n + n_blocks) % n_blocks;
+    }
+
+    // Query rows of all (batch, head) pairs, each padded to whole query blocks.
+    static __device__ __forceinline__ i64 padded_rows(const BwdParams& p) {
+        return static_cast<i64>(p.batch) * p.heads_q * ceil_div(p.seqlen_q, kBlockM) * kBlockM;
+    }
+    // The per-row statistics of fc_bwd_sm90_prep, by query block: block t = (batch · Hq + head) ·
+    // m_blocks + m_block holds D_i of its kBlockM rows, then their lse·log2e (one bulk load).
+    static __device__ __forceinline__ float* block_stats(const BwdParams& p, i64 block) { return p.dsum + block * 2 * kBlockM; }
+};
+
+}  // namespace sm90
+}  // namespace fc
