@@ -150,6 +150,7 @@ __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; 
 using Schedule = sm90::BwdSchedule<kBlockM, kBlockN, kCausal>;  // common/bwd_schedule.cuh
 using Walk = Schedule::Walk;
 using Cursor = Schedule::Cursor;
+
 // Producer: K and V once, then Q, dO, lse·log2e and D_i of each step into the ring. Its
 // few registers hold the walk as increments (no division per step) and shared memory as
 // one 32-bit base plus constant offsets.
@@ -192,7 +193,7 @@ __device__ __forceinline__ Fragment fragment() {
     return Fragment{16 * warp + lane / 4, 2 * (lane % 4)};
 }
 
-// Pᵀ of the warpgroup's keys [k0, k0 + 64) and the block's queries [m0, m0 + kBlockM), in
+// Pᵀ of the warpgroup's keys [k0, k0 + 64) and its queries [m0, m0 + kScoreN), in
 // place of Sᵀ (while dPᵀ is still in the tensor cores): P = 0 where the key is past Sk or,
 // causal, after the query's diagonal (only where `masked`), and in rows past Sq or that see
 // no key (lse·log2e is +inf there).
