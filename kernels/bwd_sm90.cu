@@ -135,15 +135,8 @@ static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
 static_assert(kSmemBytes == FC_SMEM_BYTES, "the host's shared-memory size (bwd_sm90.rs smem_bytes)");
 #endif
 
-__device__ __forceinline__ SharedStorage& shared_storage() {
-    extern __shared__ unsigned char smem_raw[];
-    const u32 a = smem_u32(smem_raw);
-    const u32 pad = (sm90::kSwizzlePeriod - (a % sm90::kSwizzlePeriod)) % sm90::kSwizzlePeriod;
-    return *reinterpret_cast<SharedStorage*>(smem_raw + pad);
-}
-
-__device__ __forceinline__ u32 bar(const u64& b) { return smem_u32(&b); }
-__device__ __forceinline__ u32 bar(const u64 (&ring)[kStages], int i) { return smem_u32(ring) + 8 * i; }
+__device__ __forceinline__ SharedStorage& shared_storage() { return sm90::aligned_shared_storage<SharedStorage>(); }
+using sm90::bar;
 
 __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 

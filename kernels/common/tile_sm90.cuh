@@ -23,6 +23,21 @@ constexpr int kPanelCols = 64;     // 16-bit elements in one 128-byte swizzle ro
 constexpr u32 kRowBytes = 128;
 constexpr u32 kSwizzlePeriod = 1024;  // 8 rows of 128 bytes
 
+// The kernel's dynamic shared memory as a T at its first kSwizzlePeriod-aligned address (the
+// swizzled tiles start on the swizzle's period; the launch gives kSwizzlePeriod bytes of
+// slack for this).
+template <class T> __device__ __forceinline__ T& aligned_shared_storage() {
+    extern __shared__ unsigned char smem_raw[];
+    const u32 a = smem_u32(smem_raw);
+    const u32 pad = (kSwizzlePeriod - (a % kSwizzlePeriod)) % kSwizzlePeriod;
+    return *reinterpret_cast<T*>(smem_raw + pad);
+}
+
+// Shared addresses of a barrier and of stage `i` of a barrier ring, in 32-bit arithmetic
+// (through &ring[i] a producer would keep 64-bit generic addresses live).
+__device__ __forceinline__ u32 bar(const u64& b) { return smem_u32(&b); }
+template <int N> __device__ __forceinline__ u32 bar(const u64 (&ring)[N], int i) { return smem_u32(ring) + 8 * i; }
+
 template <int kRows, int kCols> struct SmemTile {
     static_assert(kCols % kPanelCols == 0, "tile width must be whole 64-element panels");
     static_assert(kRows % 8 == 0 && kRows <= 256, "tile rows: multiple of 8, one TMA box");
