@@ -129,7 +129,7 @@ def is_decode(case):
 
 # The backward's FLOPs over the forward's (FlashAttention's convention), for suites that time
 # the backward (`flashcore bench --suite bwd`).
-BACKWARD_SUITES = {"bwd": 2.5}
+BACKWARD_SUITES = {"bwd": 2.5, "bwd-dims": 2.5}
 
 
 def metrics(case, median_ms, flop_factor=1.0):

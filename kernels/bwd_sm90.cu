@@ -14,17 +14,18 @@
 //   dSᵀ to shared memory; both warpgroups meet; dQ = dS·K (A read transposed), each
 //   warpgroup 64 x 64 of it, staged in shared memory in its accumulator order and added to
 //   p.dq_accum by the writer warp with one bulk reduce-add (cp.reduce.async.bulk) each.
-// D256 (consume_wide): both warpgroups on one 64-key block, each half of dK's and dV's
+// D192 and D256 (consume_wide): both warpgroups on one 64-key block, each half of dK's and dV's
 // columns and half of the query block's Sᵀ and dPᵀ; Pᵀ and dSᵀ meet in shared memory.
 // fc_bwd_sm90_prep (before) writes D_i and lse·log2e per row, padded to whole query blocks;
 // fc_bwd_sm90_dq (after) scales and converts dq_accum into dq.
 //
 // Variants (queries x keys a step): D64 128 x 128, D96 and D128 64 x 128 (D96 as D128 with
-// the columns past 96 zero, as in the forward), kStages = 2; D256 64 x 64, kStages = 1;
+// the columns past 96 zero, as in the forward), kStages = 2; D192 and D256 64 x 64 (D192 as
+// D256), kStages = 1;
 // setmaxnreg 24 / 240.
 //   smem: K, V (kBlockN x D), kStages x (Q, dO) (kBlockM x D), two dSᵀ buffers (kBlockN x
 //   kBlockM; D256 two Pᵀ too), dQ's f32 staging (kBlockM x D), lse and D_i per stage, the
-//   dQ hand-over: D64 200704 B, D96 and D128 199680 B, D256 231424 B.
+//   dQ hand-over: D64 200704 B, D96 and D128 199680 B, D192 and D256 231424 B.
 //
 // HOST CONTRACT
 // fc_bwd_sm90_prep(BwdParams): grid (m_blocks * kBlockM / 4, Hq, B), 128 threads; writes
@@ -69,7 +70,10 @@ namespace fc {
 namespace bwd_sm90 {
 
 constexpr int kHeadDimReal = FC_HEAD_DIM;
-constexpr int kHeadDim = (kHeadDimReal + 63) / 64 * 64;
+// Whole 64-column panels; past D128 the wide layout, whose two warpgroups split dK's and dV's
+// columns into whole panels: D192 runs as D256 (TMA zero-fills the missing columns; they are
+// never stored), as D96 runs as D128.
+constexpr int kHeadDim = kHeadDimReal <= 128 ? (kHeadDimReal + 63) / 64 * 64 : 256;
 constexpr bool kCausal = FC_CAUSAL != 0;
 constexpr int kConsumerWG = 2;
 // Wide heads (D256): a warpgroup's dK and dV over all columns would need 256 registers, so
@@ -124,7 +128,7 @@ struct SharedStorage {
     alignas(16) float dq[kConsumerWG][kDqTile];
     alignas(16) float stats[kStages][2][kBlockM];  // per stage: D_i, then lse·log2e (see prep)
     float* dq_dst[kConsumerWG];  // where each warpgroup's staged dQ goes (see stage_dq)
-    int dq_order;                // deterministic: key blocks that add to it first
+    int dq_order[kConsumerWG];   // deterministic: key blocks that add to it first
     alignas(8) u64 kv_full;
     u64 q_full[kStages], q_empty[kStages];
     u64 dq_full[kConsumerWG], dq_empty[kConsumerWG];  // the staging buffers' hand-over
@@ -279,7 +283,7 @@ __device__ __forceinline__ void stage_dq(SharedStorage& smem, PipelineState<1>& 
     mbarrier::wait(bar(smem.dq_empty[wg]), handover.empty_parity());
     if (t == 0) {
         smem.dq_dst[wg] = dst;
-        smem.dq_order = order;
+        smem.dq_order[wg] = order;  // one per warpgroup: each written only under its own hand-over
     }
     if (dst != nullptr) {
         float2* stage = reinterpret_cast<float2*>(smem.dq[wg]);
@@ -318,7 +322,7 @@ __device__ __forceinline__ void write_dq(SharedStorage& smem, const BwdParams& p
             if (leader && more) {
                 if (p.deterministic && wg == 0) {
                     counter = counters + (dst - p.dq_accum) / kTile;
-                    const u32 order = smem.dq_order;
+                    const u32 order = smem.dq_order[wg];
                     while (atomic::load_acquire(counter) != order) {
                     }
                     tma::fence_proxy_async_global();
@@ -339,18 +343,20 @@ __device__ __forceinline__ void write_dq(SharedStorage& smem, const BwdParams& p
     if (leader) tma::store_wait_all();
 }
 
-// dK (times the softmax scale) or dV of the warpgroup's keys [k0, k0 + 64), from registers.
+// dK (times the softmax scale) or dV of the warpgroup's keys [k0, k0 + 64) and columns
+// [col0, col0 + kDkvCols), from registers; the padding columns past kHeadDimReal are not stored.
 __device__ __forceinline__ void store_kv(const float (&acc)[kDkvCols / 2], elem_t* base, i64 row_stride, int k0, int seqlen_k,
-                                         float scale) {
+                                         int col0, float scale) {
     const Fragment f = fragment();
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int key = k0 + f.row + 8 * r;
         if (key >= seqlen_k) continue;
-        elem_t* row = base + key * row_stride + f.col;
+        elem_t* row = base + key * row_stride + col0 + f.col;
 #pragma unroll
-        for (int c = 0; c < (kDkvCols < kHeadDimReal ? kDkvCols : kHeadDimReal) / 8; ++c)
-            *reinterpret_cast<u32*>(row + 8 * c) = pack2<elem_t>(acc[4 * c + 2 * r] * scale, acc[4 * c + 2 * r + 1] * scale);
+        for (int c = 0; c < kDkvCols / 8; ++c)
+            if (col0 + 8 * c < kHeadDimReal)
+                *reinterpret_cast<u32*>(row + 8 * c) = pack2<elem_t>(acc[4 * c + 2 * r] * scale, acc[4 * c + 2 * r + 1] * scale);
     }
 }
 
@@ -406,8 +412,8 @@ template <class Smem> __device__ __forceinline__ void consume(Smem& smem, const 
         stage_dq(smem, handover, none, nullptr, 0, wg);  // the writer's stop mark
     }
     const int kv_head = blockIdx.y;
-    store_kv(dv, static_cast<elem_t*>(p.dv) + batch * p.dv_stride_b + kv_head * p.dv_stride_h, p.dv_stride_s, k0, p.seqlen_k, 1.f);
-    store_kv(dk, static_cast<elem_t*>(p.dk) + batch * p.dk_stride_b + kv_head * p.dk_stride_h, p.dk_stride_s, k0, p.seqlen_k,
+    store_kv(dv, static_cast<elem_t*>(p.dv) + batch * p.dv_stride_b + kv_head * p.dv_stride_h, p.dv_stride_s, k0, p.seqlen_k, 0, 1.f);
+    store_kv(dk, static_cast<elem_t*>(p.dk) + batch * p.dk_stride_b + kv_head * p.dk_stride_h, p.dk_stride_s, k0, p.seqlen_k, 0,
              p.softmax_scale);
 }
 
@@ -467,9 +473,9 @@ template <class Smem> __device__ __forceinline__ void consume_wide(Smem& smem, c
         stage_dq(smem, handover, none, nullptr, 0, wg);  // the writer's stop mark
     }
     const int kv_head = blockIdx.y, col0 = kDkvCols * wg;
-    store_kv(dv, static_cast<elem_t*>(p.dv) + batch * p.dv_stride_b + kv_head * p.dv_stride_h + col0, p.dv_stride_s, n0, p.seqlen_k,
+    store_kv(dv, static_cast<elem_t*>(p.dv) + batch * p.dv_stride_b + kv_head * p.dv_stride_h, p.dv_stride_s, n0, p.seqlen_k, col0,
              1.f);
-    store_kv(dk, static_cast<elem_t*>(p.dk) + batch * p.dk_stride_b + kv_head * p.dk_stride_h + col0, p.dk_stride_s, n0, p.seqlen_k,
+    store_kv(dk, static_cast<elem_t*>(p.dk) + batch * p.dk_stride_b + kv_head * p.dk_stride_h, p.dk_stride_s, n0, p.seqlen_k, col0,
              p.softmax_scale);
 }
 

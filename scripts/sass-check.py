@@ -9,7 +9,7 @@ For every `fwd_sm90*.fcbin` and `bwd_sm90*.fcbin` in CACHE_DIR (fill it with
 UTMALDG and the dQ bulk reduce-add (UBLKRED) present, no LDL/STL, and, up to D128, in the
 loop over query blocks the first exponentials (MUFU.EX2) come between the wait for Sᵀ alone
 (`WARPGROUP.DEPBAR.LE gsb0, 0x1`) and the wait for dPᵀ (`gsb0, 0x0`): they run under dPᵀ's
-wgmma. (D256's warpgroups take 16 exponentials a step, not 32 or 64; ptxas moves its dPᵀ
+wgmma. (D192's and D256's warpgroups take 16 exponentials a step, not 32 or 64; ptxas moves the dPᵀ
 wait above them in the non-causal variant, which is not checked.) The forward:
 - HGMMA (wgmma) present, UTMALDG (TMA loads) present, no LDL/STL (local memory: spills);
 - in the steady key-block loop (the innermost loop holding both HGMMA and MUFU.EX2), every

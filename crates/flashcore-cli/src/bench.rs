@@ -19,7 +19,7 @@ const VERIFY_ROWS: usize = 128;
 #[derive(clap::Args)]
 pub struct BenchArgs {
     /// Suite to run: quick, seed, sweep, small, dims; bwd (the sweep's cases, backward alone
-    /// and forward + backward).
+    /// and forward + backward), bwd-dims (the same for the dims suite's cases).
     #[arg(long, default_value = "quick")]
     suite: String,
     /// Only the cases whose name contains any of these substrings (comma-separated), e.g.
@@ -129,9 +129,10 @@ pub fn run(args: &BenchArgs) -> Result<bool> {
     let mut rows = Vec::new();
     for case in &cases {
         bar.set_message(case.name.clone());
-        let row = match suite_name.as_str() {
-            "bwd" => bench_bwd::bench_case(&ctx, case, args.samples, args.eager, args.inputs, args.deterministic, family)?,
-            _ => bench_case(&ctx, case, family, args)?,
+        let row = if suites::is_backward(&suite_name) {
+            bench_bwd::bench_case(&ctx, case, args.samples, args.eager, args.inputs, args.deterministic, family)?
+        } else {
+            bench_case(&ctx, case, family, args)?
         };
         rows.push(row);
         bar.inc(1);

@@ -4,7 +4,12 @@ use flashcore::DType;
 
 use crate::cases::Case;
 
-pub const NAMES: &[&str] = &["quick", "seed", "sweep", "small", "dims", "bwd"];
+pub const NAMES: &[&str] = &["quick", "seed", "sweep", "small", "dims", "bwd", "bwd-dims"];
+
+/// Whether suite `name` times the backward (`bench_bwd`) rather than the forward.
+pub fn is_backward(name: &str) -> bool {
+    matches!(name, "bwd" | "bwd-dims")
+}
 
 /// 16k tokens per batch, hidden 2048: `B = 16384 / S`, `H = 2048 / D`.
 fn sweep_case(s: usize, d: usize, causal: bool) -> Case {
@@ -60,8 +65,9 @@ pub fn suite(name: &str) -> Option<Vec<Case>> {
                 bf16(1, 2048, 8, 8, 64, true),
             ]
         }
-        // The head dims outside the sweep (32, 96, 192), 16 heads, at 2k and 8k keys.
-        "dims" => {
+        // The head dims outside the sweep (32, 96, 192), 16 heads, at 2k and 8k keys; `bwd-dims`
+        // times their backward.
+        "dims" | "bwd-dims" => {
             let mut v = Vec::new();
             for d in [32, 96, 192] {
                 for causal in [false, true] {

@@ -1,8 +1,8 @@
 //! The Hopper backward (`kernels/bwd_sm90.cu`, sm_90a): FlashAttention-2's algorithm on
 //! wgmma and TMA, a producer warpgroup (with a dQ writer warp) and two consumer warpgroups, a
 //! CTA per (key block, KV head, batch): 128 keys, 64 a consumer, up to D128; 64 keys shared by
-//! both consumers, dK and dV split by columns, at D256. dQ is added in f32 with bulk
-//! reduce-adds, in a fixed key-block order in deterministic mode.
+//! both consumers, dK and dV split by columns, at D192 (run as D256) and D256. dQ is added in
+//! f32 with bulk reduce-adds, in a fixed key-block order in deterministic mode.
 
 use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 
@@ -12,10 +12,9 @@ use crate::error::{DriverContext, Result};
 use crate::params::ProblemShape;
 use crate::tensor::{DType, TensorView};
 
-/// Head dims with a compiled variant (D96 runs as D128 with its columns past 96 zero). D192
-/// is not among them: its dK and dV columns do not split into whole 64-column panels between
-/// the two consumer warpgroups, as D256's do.
-pub const HEAD_DIMS: &[usize] = &[64, 96, 128, 256];
+/// Head dims with a compiled variant. D96 runs as D128 and D192 as D256, with the columns
+/// past them zero (see [`padded_head_dim`]).
+pub const HEAD_DIMS: &[usize] = &[64, 96, 128, 192, 256];
 
 /// The entry points besides the main one, in launch order around it: D_i and lse·log2e
 /// before, dQ's conversion after.
@@ -23,9 +22,16 @@ pub const PREP_ENTRY: &str = "fc_bwd_sm90_prep";
 /// See [`PREP_ENTRY`].
 pub const DQ_ENTRY: &str = "fc_bwd_sm90_dq";
 
-/// The head dim of the kernel's tiles: whole 64-column panels.
+/// The head dim of the kernel's tiles: whole 64-column panels, and past D128 (the wide
+/// layout, whose two consumer warpgroups split dK's and dV's columns into whole panels) 256:
+/// D192's 3 panels do not split in two. TMA zero-fills the padding columns; they cost
+/// D192 a quarter of its tensor-core time (see docs/perf-log.md).
 fn padded_head_dim(head_dim: usize) -> usize {
-    head_dim.div_ceil(64) * 64
+    if head_dim <= 128 {
+        head_dim.div_ceil(64) * 64
+    } else {
+        256
+    }
 }
 
 /// The tile for `head_dim`, 3 warpgroups: up to D128, 128 keys (64 per consumer warpgroup)
@@ -47,14 +53,14 @@ fn wide(head_dim: usize) -> bool {
 
 /// Dynamic shared memory of the kernel's `SharedStorage` plus 1024 bytes to align it: K and
 /// V, `stages` Q and dO tiles, two dSᵀ tiles (and, wide, two Pᵀ tiles; 2 bytes an element),
-/// dQ's f32 staging; then lse and D_i per stage, the dQ hand-over (a pointer per consumer
-/// warpgroup, an order) and the barriers, padded to 1024 bytes. The kernel checks it.
+/// dQ's f32 staging; then lse and D_i per stage, the dQ hand-over (a pointer and an order per
+/// consumer warpgroup) and the barriers, padded to 1024 bytes. The kernel checks it.
 pub fn smem_bytes(tile: Tile, head_dim: usize) -> u32 {
     let (m, n, s, d) = (tile.block_m as usize, tile.block_n as usize, tile.stages as usize, padded_head_dim(head_dim));
     let consumers = 2usize;
     let score_tiles = if wide(head_dim) { 4 } else { 2 };
     let tiles = 2 * (2 * n * d + 2 * s * m * d + score_tiles * n * m) + 4 * m * d;
-    let handover = (8 * consumers + 4).next_multiple_of(8);
+    let handover = (12 * consumers).next_multiple_of(8);
     let barriers = 8 * (1 + 2 * s + 2 * consumers);
     let small = (2 * s * m * 4 + handover + barriers).next_multiple_of(1024);
     (tiles + small + 1024) as u32
@@ -139,6 +145,7 @@ mod tests {
         assert_eq!(tile(64).block_m, 128);
         assert_eq!(tile(96).block_m, 64);
         assert_eq!((tile(256).block_n, tile(256).stages), (64, 1));
-        assert!(!HEAD_DIMS.contains(&192), "D192 runs bwd_sm80");
+        assert_eq!(smem_bytes(tile(192), 192), smem_bytes(tile(256), 256), "D192 runs as D256");
+        assert_eq!(padded_head_dim(96), 128);
     }
 }
