@@ -585,8 +585,26 @@ def bench_backward_case(torch, key, case, args):
             with runner.ctx():
                 torch.autograd.grad(o, (q, k, v), dout, retain_graph=True)
 
+        # A training step's attention: the forward and its backward, as `flashcore bench`'s
+        # fwd_bwd_median_ms (there timed as graph replays; here eager, as the backward alone).
+        def forward_backward():
+            with runner.ctx():
+                torch.autograd.grad(runner(q, k, v), (q, k, v), dout)
+
         samples, n = time_calls(torch, lambda *_: backward(), [()], args.warmup, args.samples, args.sample_ms, False)
-        return make_row(case, runner.kernel + " (backward)", "ok", None, samples, None, flop_factor=BACKWARD_SUITES[args.suite_name], timing="eager", calls_per_sample=n)
+        both, _ = time_calls(torch, lambda *_: forward_backward(), [()], args.warmup, args.samples, args.sample_ms, False)
+        return make_row(
+            case,
+            runner.kernel + " (backward)",
+            "ok",
+            None,
+            samples,
+            None,
+            flop_factor=BACKWARD_SUITES[args.suite_name],
+            timing="eager",
+            calls_per_sample=n,
+            fwd_bwd_median_ms=sorted(both)[len(both) // 2],
+        )
     except torch.cuda.OutOfMemoryError as e:
         return make_row(case, runner.kernel, "error", f"OutOfMemoryError: {str(e).strip()[:500]}")
     finally:

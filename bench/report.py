@@ -209,6 +209,26 @@ def suite_table(suite, suite_data, with_flashcore=False):
     return lines, notes
 
 
+def training_step_table(suite, suite_data):
+    """Markdown lines comparing forward + backward times (`fwd_bwd_median_ms`, backward suites),
+    or [] when no system has them: ms per system, and flashcore's speed-up over the fastest anchor."""
+    systems = [s for s in systems_in(suite_data) if any(r.get("fwd_bwd_median_ms") for r in suite_data[s]["rows"].values())]
+    anchor_systems = [s for s in systems if s not in (FC, FC_PY)]
+    if FC not in systems or not anchor_systems:
+        return []
+    head = ["B", "Sq", "Sk", "Hq(/Hkv)", "D", "mask", "dtype"] + [f"`{s}` ms" for s in systems] + ["fastest anchor / flashcore"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 7 + ["--:"] * (len(head) - 7)) + "|"]
+    for name in case_order(suite_data, suite):
+        rows = {s: suite_data[s]["rows"].get(name) for s in systems}
+        ms = {s: r.get("fwd_bwd_median_ms") if r and r.get("status") == "ok" else None for s, r in rows.items()}
+        case = next(r["case"] for r in rows.values() if r)
+        cells = case_cells(case) + [f"{ms[s]:.3f}" if ms[s] else "—" for s in systems]
+        anchor_best = min((ms[s] for s in anchor_systems if ms[s]), default=None)
+        cells.append(f"{anchor_best / ms[FC]:.2f}×" if anchor_best and ms[FC] else "—")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def env_header(data, command):
     envs = {}
     for suite_data in data.values():
@@ -350,6 +370,9 @@ def render(data, out_dir, slug=None, command=None, warns=(), notes=()):
                 md += [f"![{suite} D{d}]({name})", ""]
         if notes:
             md += ["Notes:", ""] + notes + [""]
+        step = training_step_table(suite, data[suite])
+        if step:
+            md += [f"### Suite `{suite}`: forward + backward (a training step's attention)", ""] + step + [""]
     if warns:
         md += ["## Warnings while merging", ""] + [f"- {w}" for w in warns] + [""]
     path = os.path.join(out_dir, f"{slug}.md")
@@ -510,6 +533,14 @@ def self_test():
         row0 = [l for l in text3.splitlines() if l.startswith("| " + " | ".join(case_cells(sweep[0])) + " |")][0]
         cells0 = [x.strip() for x in row0.strip().strip("|").split("|")]
         assert cells0[8] == "—" and cells0[10] == "—" and cells0[11] == "—" and cells0[12] == "1000", cells0
+        # Forward + backward times (backward suites): flashcore 2 ms, cuDNN 3 ms -> 1.50x; none: no table.
+        c0 = sweep[0]
+        step = {"bwd": {
+            FC: {"env": {}, "files": [], "order": [c0["name"]], "rows": {c0["name"]: anchors.make_row(c0, "bwd_sm90", "ok", None, [1.0], fwd_bwd_median_ms=2.0)}},
+            "sdpa-cudnn": {"env": {}, "files": [], "order": [c0["name"]], "rows": {c0["name"]: anchors.make_row(c0, "cudnn", "ok", None, [1.5], fwd_bwd_median_ms=3.0)}}}}
+        lines = training_step_table("bwd", step["bwd"])
+        assert len(lines) == 3 and lines[2].endswith("| 2.000 | 3.000 | 1.50× |"), lines
+        assert training_step_table("sweep", data["sweep"]) == []
     print(f"report.py self-test: ok ({plot_note})")
     return 0
 
