@@ -109,7 +109,7 @@ def flash_attn_func(
         `softmax_lse [B, Hq, Sq]` float32 (natural log) when `return_attn_probs`.
 
     Runs on the current CUDA stream without synchronising. Differentiable: every head dim runs
-    a FlashCore tensor-core backward (bwd_sm90 on Hopper for D 64/96/128/256, else bwd_sm80);
+    a FlashCore tensor-core backward (bwd_sm90 on Hopper for D 64/96/128/192/256, else bwd_sm80);
     deterministic=True makes its gradients bitwise repeatable.
     """
     _check((("q", q), ("k", k), ("v", v)), "[B, S, H, D]")
