@@ -60,12 +60,16 @@
 // section (common/tile_scheduler.cuh);
 // block 32 * NUM_WARPS threads, dynamic smem as above (cudaFuncSetAttribute over 48 KB).
 // Pointers 16-byte aligned, strides multiples of 8 elements, last dim contiguous. Causal is
-// the compile-time FC_CAUSAL (bottom-right aligned); p.causal is ignored. lse [B, Hq, Sq]
-// f32, natural log, written when p.lse != nullptr.
+// the compile-time FC_CAUSAL (bottom-right aligned); p.causal is ignored. FC_LOCAL: a
+// sliding window (p.window_left/right, causal folded in; key tiles outside it are skipped,
+// and the splits of FC_SPLIT_KV share out the window's tiles); FC_SOFTCAP: logit softcapping
+// (p.softcap, p.softcap_scale; softmax_scale_log2 = log2 e). See common/mask.cuh. lse [B,
+// Hq, Sq] f32, natural log, written when p.lse != nullptr.
 // Entry fc_split_combine(FwdParams p) (FC_SPLIT_KV=1 only; after fc_fwd_sm80 when
 // p.num_splits > 1): grid (ceil(B * Hq * Sq / 4)), block 128 threads, no shared memory; on
 // sm_90+ it may be launched with programmatic stream serialization (it waits for
 // fc_fwd_sm80's completion itself, griddepcontrol.wait).
+#include "common/mask.cuh"
 #include "common/params.cuh"
 #include "common/softmax.cuh"
 #include "common/split_combine.cuh"
@@ -82,6 +86,12 @@
 #endif
 #ifndef FC_CAUSAL
 #define FC_CAUSAL 0
+#endif
+#ifndef FC_LOCAL
+#define FC_LOCAL 0
+#endif
+#ifndef FC_SOFTCAP
+#define FC_SOFTCAP 0
 #endif
 // Defaults: the sm_90 column above (the host always passes all four).
 #ifndef FC_BLOCK_M
@@ -109,6 +119,8 @@ constexpr int kBlockN = FC_BLOCK_N;
 constexpr int kWarps = FC_NUM_WARPS;
 constexpr int kStages = FC_STAGES;
 constexpr bool kCausal = FC_CAUSAL != 0;
+constexpr bool kLocal = FC_LOCAL != 0;      // sliding window (common/mask.cuh)
+constexpr bool kSoftcap = FC_SOFTCAP != 0;  // logit softcapping (common/mask.cuh)
 constexpr bool kSplitKv = FC_SPLIT_KV != 0;
 // Causal tiles differ in length: taken longest first (in L2-sized sections of heads) the
 // last wave is not left with a few long tiles. Measured on H100 (docs/perf-log.md): +4-10%
@@ -312,39 +324,42 @@ __device__ __forceinline__ QueryTile query_tile(const FwdParams& p) {
     return t;
 }
 
-// Key tiles this query tile visits, and from which one on the mask is needed.
-struct KeyRange {
-    int tiles;        // tiles 0 .. tiles-1 hold visible keys; later ones are skipped
-    int first_masked; // tiles >= this one need the causal or sequence-end mask
-};
+using Mask = KeyMask<kCausal, kLocal>;  // common/mask.cuh
 
-__device__ __forceinline__ KeyRange key_range(int m0, int seqlen_q, int seqlen_k) {
-    int end = seqlen_k;                   // one past the last visible key of the tile
-    int full = seqlen_k;                  // keys below this are visible to every row
+// Key tiles the query tile at m0 visits ([begin, end)), and which need the mask. Without a
+// window, from tile 0 with this kernel's own bounds (rows past Sq included, exact full
+// tiles: its register allocation is tuned to them; Mask's equivalent bounds spill D64
+// causal).
+__device__ __forceinline__ KeyBlocks key_range(int m0, const FwdParams& p) {
+    if (kLocal) return Mask(p).blocks(m0, min(m0 + kBlockM, p.seqlen_q), kBlockN);
+    int end = p.seqlen_k;   // one past the last visible key of the tile
+    int full = p.seqlen_k;  // keys below this are visible to every row
     if (kCausal) {
-        const int shift = seqlen_k - seqlen_q;  // bottom-right alignment
+        const int shift = p.seqlen_k - p.seqlen_q;  // bottom-right alignment
         end = min(end, max(0, m0 + kBlockM + shift));
         full = min(full, max(0, m0 + 1 + shift));
     }
-    return {(end + kBlockN - 1) / kBlockN, full / kBlockN};
+    return {0, (end + kBlockN - 1) / kBlockN, 0, full / kBlockN};
 }
 
-// Sets to -inf the scores of keys past the row's last visible key (causal) or past Sk.
-__device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTiles][4], int key0, int row0, int seqlen_q,
-                                           int seqlen_k, int lane) {
+// Sets to -inf the scores of keys the row does not see (past Sk, after its causal diagonal,
+// outside its window: Mask).
+__device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTiles][4], int key0, int row0, const FwdParams& p,
+                                           int lane) {
+    const Mask mask(p);
 #pragma unroll
     for (int m = 0; m < kMTiles; ++m)
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
             const int row = row0 + 16 * m + 8 * r + lane / 4;
-            int last = seqlen_k - 1;
-            if (kCausal) last = min(last, row + seqlen_k - seqlen_q);
-            const int limit = last - key0 - 2 * (lane % 4);  // in-tile column of the lane's pair
+            // In-tile columns of the lane's pair that the row sees: [first, last].
+            const int lane_key0 = key0 + 2 * (lane % 4);
+            const int last = mask.last(row) - lane_key0, first = mask.first(row) - lane_key0;
 #pragma unroll
             for (int j = 0; j < kNTiles; ++j)
 #pragma unroll
                 for (int c = 0; c < 2; ++c)
-                    if (8 * j + c > limit) s[m][j][2 * r + c] = math::neg_inf();
+                    if (8 * j + c > last || (kLocal && 8 * j + c < first)) s[m][j][2 * r + c] = math::neg_inf();
         }
 }
 
@@ -442,14 +457,14 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
     const u32 k_smem = q_smem + QTile::kBytes;
     const u32 v_smem = k_smem + kStages * KVTile::kBytes;
 
-    const KeyRange keys = key_range(m0, p.seqlen_q, p.seqlen_k);
+    const KeyBlocks keys = key_range(m0, p);
     // This CTA's key tiles: [tile_begin, tile_end), all of the query tile's unless split.
-    int tile_begin = 0, tile_end = keys.tiles;
+    int tile_begin = keys.begin, tile_end = keys.end;
     if (kSplitKv) {
-        tile_begin = min(keys.tiles, split * p.split_tiles);
-        tile_end = min(keys.tiles, tile_begin + p.split_tiles);
+        tile_begin = min(keys.end, keys.begin + split * p.split_tiles);
+        tile_end = min(keys.end, tile_begin + p.split_tiles);
     }
-    const int n_tiles = tile_end - tile_begin;
+    const int n_tiles = tile_end - tile_begin;  // >= 0: begin <= end (KeyBlocks)
     // Iteration i visits key tile tile_end - 1 - i, in ring slot i % kStages.
     const TileLoader<KVTile> load_kv_tile(tid);
     auto load_kv = [&](int i) {
@@ -521,7 +536,8 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
 
         float s[kMTiles][kNTiles][4];
         gemm_qk(s, q_i, q_row0, k_i);
-        if (tile >= keys.first_masked) apply_mask(s, tile * kBlockN, where().m0 + q_row0, p.seqlen_q, p.seqlen_k, lane);
+        if constexpr (kSoftcap) softcap_scores(s, p);
+        if (Mask::masked(keys, tile)) apply_mask(s, tile * kBlockN, where().m0 + q_row0, p, lane);
         if (kSingleBuffer) {
             cp_async::wait<0>();  // V of tile i landed for this thread ...
             __syncthreads();      // ... and for all; every warp is past Q·Kᵀ, K's slot is free

@@ -78,8 +78,12 @@
 //   -DFC_SMEM_BYTES=<the launch's size> makes a mismatch a compile error (the host passes it).
 // Output o: BSHD through tma_o (p.o and p.o_stride_* only for tiles with no visible key);
 //   lse [B, Hq, Sq] f32 natural log when p.lse != nullptr. Causal is the compile-time
-//   FC_CAUSAL, bottom-right aligned; p.causal is ignored.
+//   FC_CAUSAL, bottom-right aligned; p.causal is ignored. FC_LOCAL: a sliding window
+//   (p.window_left/right, causal folded in; key blocks outside it are neither loaded nor
+//   computed); FC_SOFTCAP: logit softcapping (p.softcap, p.softcap_scale; softmax_scale_log2
+//   = log2 e). See common/mask.cuh.
 // ---------------------------------------------------------------------------------------
+#include "common/mask.cuh"
 #include "common/params.cuh"
 #include "common/pipeline.cuh"
 #include "common/softmax_sm90.cuh"
@@ -97,6 +101,12 @@
 #endif
 #ifndef FC_CAUSAL
 #define FC_CAUSAL 0
+#endif
+#ifndef FC_LOCAL
+#define FC_LOCAL 0
+#endif
+#ifndef FC_SOFTCAP
+#define FC_SOFTCAP 0
 #endif
 // Defaults per head dim, from the H100 sweep in docs/perf-log.md (bf16, 16k tokens).
 #ifndef FC_BLOCK_N
@@ -137,6 +147,8 @@ constexpr int kBlockM = 64 * kConsumerWG;
 constexpr int kBlockN = FC_BLOCK_N;
 constexpr int kStages = FC_STAGES;
 constexpr bool kCausal = FC_CAUSAL != 0;
+constexpr bool kLocal = FC_LOCAL != 0;      // sliding window (common/mask.cuh)
+constexpr bool kSoftcap = FC_SOFTCAP != 0;  // logit softcapping (common/mask.cuh)
 constexpr bool kSkipMax = FC_SKIP_MAX != 0;
 constexpr int kThreads = warpgroup::kThreads * (kConsumerWG + 1);
 // setmaxnreg budgets: 64K registers per SM shared by one CTA.
@@ -196,28 +208,22 @@ using sm90::bar;
 
 __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-// The key blocks one query tile visits, and from which block on masking is needed.
-struct BlockRange {
-    int n_end;        // blocks [0, n_end)
-    int n_mask_from;  // blocks >= this need the seqlen or causal mask
-};
-__device__ __forceinline__ BlockRange key_blocks(const FwdParams& p, int m0, int block_m) {
-    const int off = p.seqlen_k - p.seqlen_q;  // bottom-right alignment
-    BlockRange r{ceil_div(p.seqlen_k, kBlockN), p.seqlen_k / kBlockN};
-    if (kCausal) {
-        const int last_row = min(m0 + block_m, p.seqlen_q) - 1;
-        r.n_end = min(r.n_end, max(0, ceil_div(last_row + off + 1, kBlockN)));
-        r.n_mask_from = min(r.n_mask_from, max(0, m0 + off) / kBlockN);
-    }
-    return r;
+using Mask = KeyMask<kCausal, kLocal>;  // common/mask.cuh
+
+// The key blocks the query rows [m0, m0 + block_m) visit ([begin, end), last to first), and
+// which of them need the mask (see KeyBlocks).
+__device__ __forceinline__ KeyBlocks key_blocks(const FwdParams& p, int m0, int block_m) {
+    return Mask(p).blocks(m0, min(m0 + block_m, p.seqlen_q), kBlockN);
 }
 
-// The key blocks one consumer warpgroup's 64 rows need, at most the tile's: fewer on the
-// causal diagonal when the tile is taller than a key block (D64 192 x 128: the top rows do
-// not see the last block), none for rows all past seqlen_q (the last, partial tile).
-__device__ __forceinline__ int own_key_blocks(const FwdParams& p, const BlockRange& tile_blocks, int m0) {
-    if (m0 >= p.seqlen_q) return 0;
-    return min(tile_blocks.n_end, key_blocks(p, m0, 64).n_end);
+// One past the last key block one consumer warpgroup's 64 rows need, at most the tile's:
+// fewer on the causal diagonal when the tile is taller than a key block (D64 192 x 128: the
+// top rows do not see the last block), none (the tile's begin) for rows all past seqlen_q
+// (the last, partial tile).
+__device__ __forceinline__ int own_key_blocks(const FwdParams& p, const KeyBlocks& tile_blocks, int m0) {
+    if (m0 >= p.seqlen_q) return tile_blocks.begin;
+    const int end = min(tile_blocks.end, key_blocks(p, m0, 64).end);
+    return kLocal ? max(tile_blocks.begin, end) : end;
 }
 
 // This thread's place in its warpgroup's m64 x N accumulator (softmax_sm90.cuh): rows
@@ -233,25 +239,33 @@ __device__ __forceinline__ Fragment fragment() {
     return Fragment{16 * warp, 16 * warp + lane / 4, 2 * (lane % 4)};
 }
 
-// Masks scores of keys past seqlen_k and, when causal, keys after the query's diagonal;
-// the scores are rows [m0, m0 + 64) x keys [n0, n0 + N) of the tile's product.
+// Masks the scores of keys the row does not see (past seqlen_k, after its causal diagonal,
+// outside its window: Mask); the scores are rows [m0, m0 + 64) x keys [n0, n0 + N) of the
+// tile's product.
 template <int R>
 __device__ __forceinline__ void apply_mask(float (&s)[R], int m0, int n0, const FwdParams& p) {
     const Fragment f = fragment();
     const int row0 = m0 + f.row, col0 = n0 + f.col;
-    const int off = p.seqlen_k - p.seqlen_q;
+    const Mask mask(p);
 #pragma unroll
     for (int i = 0; i < R; ++i) {
         const int col = col0 + 8 * (i / 4) + (i % 2);
         const int row = row0 + 8 * ((i / 2) % 2);
-        if (col >= p.seqlen_k || (kCausal && col > row + off)) s[i] = math::neg_inf();
+        if (!mask.visible(row, col)) s[i] = math::neg_inf();
     }
+}
+
+// The scores' transform and mask for key block n (softcapping first: it needs the raw scores).
+template <int R>
+__device__ __forceinline__ void finish_scores(float (&s)[R], int m0, int n, bool masked, const FwdParams& p) {
+    if constexpr (kSoftcap) softcap_scores(s, p);
+    if (masked) apply_mask(s, m0, n * kBlockN, p);
 }
 
 // One query tile: where it is, and the key blocks it visits.
 struct Tile {
     int m0, head, kv_head, batch;
-    BlockRange blocks;
+    KeyBlocks blocks;
 };
 __device__ __forceinline__ Order make_order(const FwdParams& p, const TileSchedule& schedule) {
     return Order{ceil_div(p.seqlen_q, kBlockM), p.heads_q, p.batch, schedule.section};
@@ -348,8 +362,8 @@ __device__ __forceinline__ void produce(SharedStorage& smem, const FwdParams& p,
             mbarrier::arrive(bar(smem.q_full));
             break;
         }
-        const int n_end = t.blocks.n_end;
-        if (n_end == 0) {
+        const int n_begin = kLocal ? t.blocks.begin : 0, n_end = t.blocks.end;
+        if (kLocal ? n_end <= n_begin : n_end == 0) {
             mbarrier::arrive(bar(smem.q_full));
             next = counter.claim();
             continue;
@@ -369,11 +383,11 @@ __device__ __forceinline__ void produce(SharedStorage& smem, const FwdParams& p,
         int n = n_end - 1;
         load_k(n);
         next = counter.claim();  // claimed early: the atomic's latency hides under this tile
-        if (n > 0) load_k(n - 1);
+        if (n > n_begin) load_k(n - 1);
         mbarrier::wait(bar(smem.o_free), tiles.empty_parity());
         load_v(n);
-        for (--n; n >= 0; --n) {
-            if (n > 0) load_k(n - 1);
+        for (--n; n >= n_begin; --n) {
+            if (n > n_begin) load_k(n - 1);
             load_v(n);
         }
     }
@@ -450,7 +464,7 @@ __device__ __forceinline__ bool softmax_under_pv(float (&s)[kBlockN / 2], sm90::
     wgmma::fence_operands(pk);
     if (rescore) {
         sm90::warp_qk(s, smem.q, q_row + fragment().warp_row, smem.k[ks.stage()]);
-        if (masked) apply_mask(s, m0, n * kBlockN, p);
+        finish_scores(s, m0, n, masked, p);
         rescale_o = __any_sync(0xffffffffu, softmax.update(s, scale_log2, rescale));
     }
     return rescale_o;
@@ -476,8 +490,8 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
         if (!warpgroup::warp_uniform(w.valid)) break;
         const Tile t = make_tile(p, w);
         const int m0 = t.m0 + q_row;  // this warpgroup's first query row
-        const int n_end = t.blocks.n_end;
-        if (n_end == 0) {
+        const int n_begin = kLocal ? t.blocks.begin : 0, n_end = t.blocks.end;
+        if (kLocal ? n_end <= n_begin : n_end == 0) {
             mbarrier::arrive(bar(smem.q_empty));
             if (threadIdx.x % warpgroup::kThreads == 0) mbarrier::arrive(bar(smem.o_free));  // O left V's stages alone
             store_empty(p, t, m0);
@@ -497,7 +511,7 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
             last_v = vs;
             vs.advance();
         }
-        if (n < 0) {  // no block of its own: O = 0 (rows past seqlen_q are not stored)
+        if (n < n_begin) {  // no block of its own: O = 0 (rows past seqlen_q are not stored)
             mbarrier::arrive(bar(smem.q_empty));
         } else {
             float s[kBlockN / 2];
@@ -512,11 +526,11 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
             wgmma::fence_operands(s);
             mbarrier::arrive(bar(smem.k_empty, ks.stage()));
             ks.advance();
-            if (n >= t.blocks.n_mask_from) apply_mask(s, m0, n * kBlockN, p);
+            finish_scores(s, m0, n, Mask::masked(t.blocks, n), p);
             softmax.update(s, scale_log2, rescale);
             sm90::to_operand(s, pk);
 
-            for (--n; n >= 0; --n) {
+            for (--n; n >= n_begin; --n) {
                 mbarrier::wait(bar(smem.k_full, ks.stage()), ks.full_parity());
                 take_turn(wg);
                 sm90::gemm_qk(s, smem.q, q_row, smem.k[ks.stage()]);
@@ -530,8 +544,8 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
                     ks.advance();
                 };
                 if (!kSkipMax) release_k();  // else after the softmax: its slow path rereads K
-                const bool masked = n >= t.blocks.n_mask_from;
-                if (masked) apply_mask(s, m0, n * kBlockN, p);
+                const bool masked = Mask::masked(t.blocks, n);
+                finish_scores(s, m0, n, masked, p);
                 const bool rescale_o = softmax_under_pv(s, softmax, rescale, o, pk, smem, ks, q_row, m0, masked, p, n);
                 if (kSkipMax) release_k();
                 mbarrier::arrive(bar(smem.v_empty, vs.stage()));

@@ -24,6 +24,24 @@ __device__ __forceinline__ const elem_t* row_ptr(const void* base, long long sb,
     return static_cast<const elem_t*>(base) + b * sb + s * ss + h * sh;
 }
 
+// The keys query row `row` sees: [visible_first, visible_last] (bottom-right aligned; see
+// common/mask.cuh for the same rule in the fast kernels).
+__device__ __forceinline__ int visible_first(const FwdParams& p, int row) {
+    return p.window_left >= 0 ? max(0, row + p.seqlen_k - p.seqlen_q - p.window_left) : 0;
+}
+__device__ __forceinline__ int visible_last(const FwdParams& p, int row) {
+    const int diagonal = row + p.seqlen_k - p.seqlen_q;
+    int last = p.seqlen_k - 1;
+    if (p.causal) last = min(last, diagonal);
+    if (p.window_right >= 0) last = min(last, diagonal + p.window_right);
+    return last;
+}
+
+// A score (q·k times the softmax scale) after logit softcapping, when p.softcap > 0.
+__device__ __forceinline__ float softcapped(const FwdParams& p, float s) {
+    return p.softcap > 0.f ? p.softcap * tanhf(s / p.softcap) : s;
+}
+
 }  // namespace fc
 
 extern "C" __global__ void __launch_bounds__(32 * fc::kRefWarps) fc_reference(const FwdParams p) {
@@ -43,10 +61,11 @@ extern "C" __global__ void __launch_bounds__(32 * fc::kRefWarps) fc_reference(co
         acc[c] = 0.f;
     }
 
-    // Keys 0..last are visible; last < 0 means a fully masked row.
-    const int last = p.causal ? min(p.seqlen_k - 1, row + p.seqlen_k - p.seqlen_q) : p.seqlen_k - 1;
+    // Keys first..last are visible (first > last: a fully masked row); the mask and the
+    // softcap are run-time here (p.causal, p.window_left/right, p.softcap), exact tanhf.
+    const int first = visible_first(p, row), last = visible_last(p, row);
     float row_max = -__int_as_float(0x7f800000), row_sum = 0.f;
-    for (int j = 0; j <= last; ++j) {
+    for (int j = first; j <= last; ++j) {
         const elem_t* k_row = row_ptr(p.k, p.k_stride_b, p.k_stride_s, p.k_stride_h, batch, j, kv_head);
         const elem_t* v_row = row_ptr(p.v, p.v_stride_b, p.v_stride_s, p.v_stride_h, batch, j, kv_head);
         float partial = 0.f;
@@ -55,7 +74,7 @@ extern "C" __global__ void __launch_bounds__(32 * fc::kRefWarps) fc_reference(co
             const int d = lane + 32 * c;
             if (d < p.head_dim) partial += q[c] * to_float(k_row[d]);
         }
-        const float s = warp_sum(partial);
+        const float s = softcapped(p, warp_sum(partial));
         const float new_max = fmaxf(row_max, s);
         const float correction = expf(row_max - new_max);  // expf(-inf) = 0 on the first key
         const float weight = expf(s - new_max);
@@ -68,7 +87,7 @@ extern "C" __global__ void __launch_bounds__(32 * fc::kRefWarps) fc_reference(co
         row_max = new_max;
     }
 
-    const float inv_sum = last >= 0 ? 1.f / row_sum : 0.f;
+    const float inv_sum = last >= first ? 1.f / row_sum : 0.f;
     elem_t* o_row = static_cast<elem_t*>(p.o) + batch * p.o_stride_b + row * p.o_stride_s + head * p.o_stride_h;
 #pragma unroll
     for (int c = 0; c < kRefMaxDimPerLane; ++c) {
@@ -77,7 +96,7 @@ extern "C" __global__ void __launch_bounds__(32 * fc::kRefWarps) fc_reference(co
     }
     if (p.lse != nullptr && lane == 0) {
         p.lse[((long long)batch * p.heads_q + head) * p.seqlen_q + row] =
-            last >= 0 ? row_max + logf(row_sum) : row_max;  // row_max is -inf when masked
+            last >= first ? row_max + logf(row_sum) : row_max;  // row_max is -inf when masked
     }
 }
 

@@ -55,6 +55,19 @@ if ! FLASHCORE_NVRTC="$(realpath "$nvrtc_13_0")" FLASHCORE_CACHE_DIR="$compile_c
     exit 1
 fi
 tail -n 1 "$compile_cache/log"
+# The sliding-window and softcap forms of the forward kernels, at the tiles the dispatcher
+# runs them with: they must compile; spills are allowed only where docs/perf-log.md lists
+# them (fwd_sm90 D64 causal with a window, 16 bytes; D192 causal with both, 56 bytes).
+echo "== flashcore compile --mods (sliding window, softcap) with NVRTC 13.0"
+for target in "sm_80 fwd_sm80" "sm_90a fwd_sm90"; do
+    set -- $target
+    FLASHCORE_NVRTC="$(realpath "$nvrtc_13_0")" FLASHCORE_CACHE_DIR="$compile_cache" target/debug/flashcore compile --arch "$1" --kernel "$2" --mods > "$compile_cache/mods.log" || true
+    if grep -E "FAILED" "$compile_cache/mods.log" >&2 || grep SPILLS "$compile_cache/mods.log" | grep -Ev "_d64_causal_128x128w12s3_local|_d192_causal_128x64w12s2_local_softcap" >&2; then
+        echo "error: a $2 score-policy variant fails to compile or spills where none is known" >&2
+        exit 1
+    fi
+    grep -c "$2" "$compile_cache/mods.log" | sed "s/^/   $2 variants compiled: /"
+done
 echo "== bench/check_reference.py (flashcore attn --cpu vs NumPy float64)"
 .venv/bin/python bench/check_reference.py target/debug/flashcore
 echo "== bench self-tests"

@@ -36,4 +36,15 @@ struct FwdParams {
     float* lse_accum;
     int num_splits;
     int split_tiles;
+
+    // Sliding window (kernels built with FC_LOCAL=1; see common/mask.cuh): query i sees keys
+    // i + Sk - Sq - window_left ... i + Sk - Sq + window_right; -1 = unbounded on that side.
+    // The host folds causal in (window_right <= 0).
+    int window_left;
+    int window_right;
+    // Logit softcapping (kernels built with FC_SOFTCAP=1): the scores become
+    // softcap * tanh(q·k * softcap_scale), softcap_scale = softmax_scale / softcap, before the
+    // softmax, whose softmax_scale_log2 is then log2(e). softcap = 0: off.
+    float softcap;
+    float softcap_scale;
 };

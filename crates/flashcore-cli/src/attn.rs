@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
-use flashcore::{reference, AttnParams, BwdInputs, Context, DType, DeviceTensor, KernelFamily, LseView, ProblemShape};
+use flashcore::{reference, AttnParams, BwdInputs, Context, DType, DeviceTensor, KernelFamily, LseView, ProblemShape, Window};
 
 use crate::io::{read_dout, read_qkv, write_tensors, FileDType, HostTensor};
 
@@ -24,6 +24,13 @@ pub struct AttnArgs {
     /// Softmax scale (default 1/sqrt(D)).
     #[arg(long)]
     scale: Option<f64>,
+    /// Sliding window `LEFT,RIGHT` in keys around each query's (bottom-right aligned)
+    /// diagonal, -1 for an unbounded side (flash_attn's window_size). Forward only.
+    #[arg(long, allow_hyphen_values = true)]
+    window: Option<String>,
+    /// Logit softcap: scores become softcap * tanh(score / softcap). Forward only.
+    #[arg(long, allow_hyphen_values = true)]
+    softcap: Option<f32>,
     /// Force a kernel family on the GPU.
     #[arg(long, conflicts_with = "cpu")]
     kernel: Option<String>,
@@ -36,6 +43,15 @@ pub struct AttnArgs {
     /// On the GPU, round f32 inputs to this dtype (f16 or bf16).
     #[arg(long)]
     dtype: Option<String>,
+}
+
+/// `--window LEFT,RIGHT` (none: unbounded).
+fn window(args: &AttnArgs) -> Result<Window> {
+    let Some(text) = args.window.as_deref() else { return Ok(Window::UNBOUNDED) };
+    match text.split(',').map(|x| x.trim().parse::<i32>()).collect::<Vec<_>>()[..] {
+        [Ok(left), Ok(right)] => Ok(Window::new(left, right)),
+        _ => bail!("--window takes LEFT,RIGHT (integers, -1 unbounded), got {text:?}"),
+    }
 }
 
 fn shape4(t: &HostTensor, name: &str) -> Result<[usize; 4]> {
@@ -59,8 +75,13 @@ pub fn run(args: &AttnArgs) -> Result<bool> {
     let shape = ProblemShape { batch: b, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d };
     let scale = args.scale.unwrap_or(1.0 / (d as f64).sqrt());
     let dout = read_dout(&args.input, &q)?;
+    let mods = AttnParams { causal: args.causal, window: window(args)?, softcap: args.softcap.unwrap_or(0.0), ..AttnParams::default() };
+    mods.check_window_and_softcap()?;
+    if dout.is_some() && (mods.mask().1.is_some() || mods.has_softcap()) {
+        bail!("--window and --softcap have no backward yet: give an input without `do`");
+    }
     let out = if args.cpu {
-        let r = reference::attention(&q.data, &k.data, &v.data, &shape, scale, args.causal);
+        let r = reference::attention_masked(&q.data, &k.data, &v.data, &shape, scale, &reference::RefMask::of(&mods));
         let grads = dout.as_ref().map(|g| reference::attention_backward(&q.data, &k.data, &v.data, &g.data, &shape, scale, args.causal));
         Outputs { o: r.o, lse: r.lse, grads: grads.map(|g| [g.dq, g.dk, g.dv]) }
     } else {
@@ -118,7 +139,14 @@ fn gpu(
         DeviceTensor::from_f32(&ctx, &data, shape4(t, "tensor")?, dtype).map_err(anyhow::Error::from)
     };
     let (qd, kd, vd) = (up(q)?, up(k)?, up(v)?);
-    let params = AttnParams { softmax_scale: Some(scale as f32), causal: args.causal, kernel, ..AttnParams::default() };
+    let params = AttnParams {
+        softmax_scale: Some(scale as f32),
+        causal: args.causal,
+        kernel,
+        window: window(args)?,
+        softcap: args.softcap.unwrap_or(0.0),
+        ..AttnParams::default()
+    };
     // A backward family named concerns the backward only (the forward takes its default).
     let forward_kernel = kernel.filter(|f| !f.is_backward());
     let out = ctx.attention(qd.view(), kd.view(), vd.view(), &AttnParams { kernel: forward_kernel, ..params })?;

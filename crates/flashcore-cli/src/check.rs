@@ -1,7 +1,8 @@
 //! `flashcore check`: the correctness suite (DESIGN §5) for every kernel on this GPU.
 
 use anyhow::{bail, Result};
-use flashcore::{reference, AttnParams, Context, DType, DeviceTensor, KernelFamily};
+use flashcore::reference::RefMask;
+use flashcore::{reference, AttnParams, Context, DType, DeviceTensor, KernelFamily, Window};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::cases::{errors, random_qkv, Case, HostQkv, Inputs, Storage, Stored};
@@ -36,11 +37,19 @@ struct Spec {
     splits: Option<usize>,
     /// Softmax scale (`None`: 1/sqrt(D)).
     scale: Option<f32>,
+    /// Sliding window (`Window::UNBOUNDED`: none).
+    window: Window,
+    /// Logit softcap (0: off).
+    softcap: f32,
 }
 
 impl Spec {
     fn new(case: Case, inputs: Inputs, storage: Storage) -> Self {
-        Self { case, inputs, storage, splits: None, scale: None }
+        Self { case, inputs, storage, splits: None, scale: None, window: Window::UNBOUNDED, softcap: 0.0 }
+    }
+
+    fn with_mods(case: Case, inputs: Inputs, window: Window, softcap: f32) -> Self {
+        Self { window, softcap, ..Self::new(case, inputs, Storage::Bshd) }
     }
 
     fn scale(&self) -> f32 {
@@ -87,6 +96,11 @@ fn specs(family: KernelFamily, depth: Depth) -> Vec<Spec> {
                     out.push(Spec { scale: Some(1.0), ..Spec::new(case, Inputs::LargeLogits, Storage::Bshd) });
                     // Decode: GQA packing and, in fwd_sm80, split-KV with its combine pass.
                     out.push(Spec::new(Case::new(2, 1, 1000, 8, 2, d, causal, dtype), Inputs::Normal, Storage::Bshd));
+                    // The score policies' variants: a window, a softcap, both.
+                    let case = || Case::new(1, 130, 600, 4, 2, d, causal, dtype);
+                    out.push(Spec::with_mods(case(), Inputs::Normal, Window::new(100, 20), 0.0));
+                    out.push(Spec::with_mods(case(), Inputs::LargeLogits, Window::UNBOUNDED, 30.0));
+                    out.push(Spec::with_mods(case(), Inputs::LargeLogits, Window::new(50, -1), 50.0));
                 }
             }
         }
@@ -138,9 +152,30 @@ fn specs(family: KernelFamily, depth: Depth) -> Vec<Spec> {
                     out.push(Spec { scale: Some(scale), ..Spec::new(case, Inputs::Normal, Storage::Bshd) });
                 }
                 out.extend(decode_specs(family, d, causal, dtype, quick));
+                out.extend(mods_specs(d, causal, dtype, quick));
             }
         }
     }
+    out
+}
+
+/// Sliding windows (the list: a window of one key, of two, 128 keys back, ±256, 64
+/// ahead and the rest back) on square, wider and taller shapes; decode under a window (no
+/// GQA packing; fwd_sm80 splits the window's keys); softcaps 30 and 50 on logits that reach
+/// about ±30, alone and with a window.
+fn mods_specs(d: usize, causal: bool, dtype: DType, quick: bool) -> Vec<Spec> {
+    let windows: &[(i32, i32)] = if quick { &[(127, 0), (-1, 64)] } else { &[(0, 0), (1, 0), (127, 0), (256, 256), (-1, 64)] };
+    let shapes = [(1000, 1000), (257, 1000), (1000, 257)];
+    let mut out = Vec::new();
+    for (i, &(left, right)) in windows.iter().enumerate() {
+        let (sq, sk) = shapes[i % shapes.len()];
+        out.push(Spec::with_mods(Case::new(1, sq, sk, 8, 2, d, causal, dtype), Inputs::Normal, Window::new(left, right), 0.0));
+    }
+    out.push(Spec::with_mods(Case::new(2, 1, 4097, 8, 2, d, causal, dtype), Inputs::Normal, Window::new(127, 0), 0.0));
+    for softcap in if quick { &[30.0][..] } else { &[30.0, 50.0][..] } {
+        out.push(Spec::with_mods(Case::new(1, 200, 1000, 4, 2, d, causal, dtype), Inputs::LargeLogits, Window::UNBOUNDED, *softcap));
+    }
+    out.push(Spec::with_mods(Case::new(1, 1000, 300, 4, 2, d, causal, dtype), Inputs::LargeLogits, Window::new(64, 64), 30.0));
     out
 }
 
@@ -232,6 +267,8 @@ fn run_poisoned(ctx: &Context, family: KernelFamily, spec: &Spec, q: &Stored, k:
         kernel: Some(family),
         num_splits: spec.splits,
         softmax_scale: Some(spec.scale()),
+        window: spec.window,
+        softcap: spec.softcap,
         ..AttnParams::default()
     };
     ctx.attention_into(q.view(), k.view(), v.view(), o.view_mut(), Some(&mut lse), &params)?;
@@ -267,7 +304,9 @@ fn check_one(ctx: &Context, family: KernelFamily, spec: &Spec) -> Result<Outcome
     let splits = spec.splits.map(|n| format!("_split{n}")).unwrap_or_default();
     let scale = spec.scale.map(|s| format!("_scale{s}")).unwrap_or_default();
     let bhsd = if spec.storage == Storage::Bhsd { "_bhsd" } else { "" };
-    let name = format!("{}{}{bhsd}{splits}{scale}", case.name, inputs_suffix(spec.inputs));
+    let window = if spec.window == Window::UNBOUNDED { String::new() } else { format!("_w{},{}", spec.window.left, spec.window.right) };
+    let softcap = if spec.softcap > 0.0 { format!("_cap{}", spec.softcap) } else { String::new() };
+    let name = format!("{}{}{bhsd}{splits}{scale}{window}{softcap}", case.name, inputs_suffix(spec.inputs));
     let failure = if o.iter().any(|x| !x.is_finite()) {
         Some("NaN/Inf in the output (unwritten or overflowed elements)".into())
     } else if rel > tolerance(case.dtype) {
@@ -307,7 +346,12 @@ fn oracle(
     let work = case.batch * case.heads_q * case.seqlen_q * case.seqlen_k * case.head_dim;
     if work <= CPU_REFERENCE_MAX_WORK {
         let wide = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
-        let r = reference::attention(&wide(&host.q), &wide(&host.k), &wide(&host.v), &case.shape(), spec.scale() as f64, case.causal);
+        let mask = RefMask {
+            causal: case.causal,
+            window: (spec.window != Window::UNBOUNDED).then_some(spec.window),
+            softcap: spec.softcap as f64,
+        };
+        let r = reference::attention_masked(&wide(&host.q), &wide(&host.k), &wide(&host.v), &case.shape(), spec.scale() as f64, &mask);
         return Ok(("cpu-f64", r.o, r.lse));
     }
     if family == KernelFamily::Reference {

@@ -142,6 +142,7 @@ impl Context {
         validate::lse_alignment(lse.ptr)?;
         let scale = params.scale_for(shape.head_dim);
         validate::softmax_scale(scale)?;
+        validate::no_backward_mods(params)?;
         let variant = self.backward_variant(&shape, q.layout.dtype, params)?;
         let sm80 = variant.family == KernelFamily::BwdSm80;
         let rows = shape.batch * shape.heads_q * shape.seqlen_q;

@@ -310,6 +310,7 @@ impl Context {
         let shape = validate::problem(&q, &k, &v, &o.as_view(), self.ordinal())?;
         let scale = params.scale_for(shape.head_dim);
         validate::softmax_scale(scale)?;
+        validate::window_and_softcap(params.window, params.softcap)?;
         let lse_ptr = match lse {
             Some((ptr, len)) => {
                 validate::lse(len, &shape)?;
@@ -324,6 +325,9 @@ impl Context {
         let pack = |t: &TensorView<'_>| if plan.packed_gqa { t.layout.gqa_packed(shape.heads_kv) } else { t.layout };
         let (q, o): (TensorView, TensorView) = (q.with_layout(pack(&q)), o.with_layout(pack(&o)));
         let shape = plan.shape;
+        // The window the kernels see: causal folded in (see AttnParams::mask); the reference
+        // kernel reads p.causal besides.
+        let window = params.mask().1.unwrap_or(crate::Window::UNBOUNDED);
         let stride = |t: &TensorView| [0, 1, 2].map(|i| t.layout.strides[i] as i64);
         let mut p = FwdParams {
             q: q.ptr,
@@ -344,14 +348,23 @@ impl Context {
             softmax_scale: scale,
             // Not 0 for a zero scale: the kernels multiply masked (−inf) scores by it, and
             // −inf·0 is NaN. The smallest normal float gives the same softmax (2^(s·c) = 1
-            // for every visible key) and keeps −inf·c = −inf.
-            softmax_scale_log2: (scale * std::f32::consts::LOG2_E).max(f32::MIN_POSITIVE),
-            causal: i32::from(params.causal),
+            // for every visible key) and keeps −inf·c = −inf. Softcapped scores come out
+            // of the tanh already scaled.
+            softmax_scale_log2: if params.has_softcap() {
+                std::f32::consts::LOG2_E
+            } else {
+                (scale * std::f32::consts::LOG2_E).max(f32::MIN_POSITIVE)
+            },
+            causal: i32::from(params.mask().0),
             tile_section: 0,
             o_accum: 0,
             lse_accum: 0,
             num_splits: plan.splits as i32,
             split_tiles: plan.split_tiles as i32,
+            window_left: window.left,
+            window_right: window.right,
+            softcap: params.softcap,
+            softcap_scale: if params.has_softcap() { scale / params.softcap } else { 0.0 },
         };
         p.tile_section = crate::kernels::section_heads(&p);
         if plan.splits > 1 {

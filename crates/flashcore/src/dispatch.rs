@@ -3,7 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::jit::Arch;
-use crate::kernels::{fwd_sm80, fwd_sm90, reference, KernelFamily, Variant};
+use crate::kernels::{fwd_sm80, fwd_sm90, reference, KernelFamily, ScoreMods, Variant};
 use crate::params::{AttnParams, ProblemShape};
 use crate::tensor::DType;
 
@@ -85,7 +85,7 @@ pub fn default_family(device: &Device, shape: &ProblemShape) -> KernelFamily {
     let decode_like = kernel_rows(shape) <= fwd_sm80::SPLIT_KV_MAX_ROWS;
     let hopper = fwd_sm90::variant(DType::BF16, shape.head_dim, false, shape.seqlen_k);
     let small_grid = hopper.query_tiles(shape) < device.sm_count as usize / 2 && shape.head_dim <= 128;
-    if decode_like || (small_grid && sm80_plan(device, shape, DType::BF16, false, None).splits > 1) {
+    if decode_like || (small_grid && sm80_plan(device, shape, DType::BF16, false, None, |_| shape.seqlen_k).splits > 1) {
         KernelFamily::FwdSm80
     } else {
         KernelFamily::FwdSm90
@@ -110,15 +110,29 @@ pub fn plan(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnPa
     if params.num_splits == Some(0) {
         return Err(Error::Param { arg: "num_splits", msg: "must be at least 1 (None picks it)".into() });
     }
-    let packed_gqa = packs_gqa(shape, family);
+    let (causal, window) = params.mask();
+    // Packed rows of one query position would each take their own row's window: not packed.
+    let packed_gqa = packs_gqa(shape, family) && window.is_none();
     let kshape = if packed_gqa { packed(shape) } else { *shape };
-    let causal = params.causal && !packed_gqa;
+    let causal = causal && !packed_gqa;
+    let mods = ScoreMods { local: window.is_some(), softcap: params.has_softcap() };
+    // Keys one query tile visits at most: the window's span and the tile's height, or all.
+    let keys = |block_m: u32| match window {
+        Some(w) if w.left >= 0 && w.right >= 0 => kshape.seqlen_k.min(w.left as usize + w.right as usize + block_m as usize),
+        _ => kshape.seqlen_k,
+    };
     let mut plan = match family {
         KernelFamily::Reference => unsplit(reference::variant(dtype), &kshape),
+        KernelFamily::FwdSm90 if mods != ScoreMods::default() => {
+            unsplit(fwd_sm90::mods_variant(dtype, kshape.head_dim, causal, mods), &kshape)
+        }
         KernelFamily::FwdSm90 => unsplit(fwd_sm90::variant_for(dtype, &kshape, causal, device.sm_count as usize), &kshape),
-        KernelFamily::FwdSm80 => sm80_plan(device, &kshape, dtype, causal, params.num_splits),
+        KernelFamily::FwdSm80 => sm80_plan(device, &kshape, dtype, causal, params.num_splits, keys),
         KernelFamily::BwdSm80 | KernelFamily::BwdSm90 => return Err(not_a_forward(family)),
     };
+    if family != KernelFamily::Reference {
+        plan.variant.mods = mods;
+    }
     plan.packed_gqa = packed_gqa;
     Ok(plan)
 }
@@ -133,8 +147,17 @@ fn unsplit(variant: Variant, shape: &ProblemShape) -> Plan {
 }
 
 /// The fwd_sm80 plan for `shape` (already packed): the split-KV variant for a few query
-/// rows or a grid under half the SMs, split as `num_splits` says or to fill a wave.
-fn sm80_plan(device: &Device, shape: &ProblemShape, dtype: DType, causal: bool, num_splits: Option<usize>) -> Plan {
+/// rows or a grid under half the SMs, split as `num_splits` says or to fill a wave. A query
+/// tile of `block_m` rows visits at most `keys(block_m)` keys (fewer than Sk under a sliding
+/// window): the splits share out those.
+fn sm80_plan(
+    device: &Device,
+    shape: &ProblemShape,
+    dtype: DType,
+    causal: bool,
+    num_splits: Option<usize>,
+    keys: impl Fn(u32) -> usize,
+) -> Plan {
     let d = shape.head_dim;
     let whole = fwd_sm80::variant(device.arch, dtype, d, causal, shape.seqlen_k);
     let use_split = match num_splits {
@@ -145,7 +168,9 @@ fn sm80_plan(device: &Device, shape: &ProblemShape, dtype: DType, causal: bool, 
         return unsplit(whole, shape);
     }
     let variant = fwd_sm80::split_variant(device.arch, dtype, d, causal);
-    let key_tiles = shape.seqlen_k.div_ceil(variant.tile.block_n as usize);
+    // + 1: a window's keys may start mid-tile.
+    let key_tiles = (keys(variant.tile.block_m).div_ceil(variant.tile.block_n as usize) + 1)
+        .min(shape.seqlen_k.div_ceil(variant.tile.block_n as usize));
     let wanted = num_splits.unwrap_or_else(|| {
         let wave = device.sm_count as usize * ctas_per_sm(&variant, device);
         fwd_sm80::num_splits(variant.query_tiles(shape), key_tiles, wave)

@@ -39,6 +39,6 @@ pub use backward::{AttnGrads, BwdInputs, GradsMut};
 pub use context::{AttnOutput, Context, DeviceInfo, LoadedKernel};
 pub use error::{Error, Result};
 pub use external::ExternalStream;
-pub use kernels::{KernelFamily, Tile, Variant};
-pub use params::{AttnParams, ProblemShape};
+pub use kernels::{KernelFamily, ScoreMods, Tile, Variant};
+pub use params::{AttnParams, ProblemShape, Window};
 pub use tensor::{DType, DeviceTensor, Layout, LseView, TensorView, TensorViewMut};

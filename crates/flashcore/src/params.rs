@@ -37,6 +37,47 @@ pub struct AttnParams {
     /// a cost, run to run on one GPU model (bwd_sm80 splits dQ's sums by the SM count). The
     /// forward is always deterministic.
     pub deterministic: bool,
+    /// Sliding-window attention (flash_attn's `window_size`): query `i` sees key `j` iff
+    /// `i + Sk - Sq - left <= j <= i + Sk - Sq + right` (bottom-right aligned, as the causal
+    /// mask); `-1` leaves a side unbounded. With `causal` the right side is 0. The default,
+    /// [`Window::UNBOUNDED`], is no window. Forward only for now: the backward refuses it.
+    pub window: Window,
+    /// Logit softcapping (Gemma 2): each score `s = q·k · softmax_scale` becomes
+    /// `softcap · tanh(s / softcap)` before the softmax (the scale applies inside the tanh,
+    /// as in flash_attn). `0` is off; otherwise finite and > 0. Forward only for now.
+    pub softcap: f32,
+}
+
+/// A sliding window's sides, in keys: `-1` is unbounded (see [`AttnParams::window`]).
+///
+/// ```
+/// use flashcore::{AttnParams, Window};
+/// let p = AttnParams { window: Window::new(127, 0), ..AttnParams::default() };
+/// assert_eq!(p.mask(), (false, Some(Window::new(127, 0))));
+/// assert_eq!(AttnParams { window: Window::new(-1, 0), ..p }.mask(), (true, None), "(-1, 0) is causal");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// Keys before the query's diagonal it sees (`-1`: all).
+    pub left: i32,
+    /// Keys after the query's diagonal it sees (`-1`: all).
+    pub right: i32,
+}
+
+impl Window {
+    /// No window: every key (or, causal, every key up to the diagonal).
+    pub const UNBOUNDED: Window = Window { left: -1, right: -1 };
+
+    /// The window `(left, right)`, flash_attn's `window_size`.
+    pub const fn new(left: i32, right: i32) -> Self {
+        Window { left, right }
+    }
+}
+
+impl Default for Window {
+    fn default() -> Self {
+        Window::UNBOUNDED
+    }
 }
 
 impl AttnParams {
@@ -48,6 +89,29 @@ impl AttnParams {
     /// The scale actually used for head dim `head_dim`.
     pub fn scale_for(&self, head_dim: usize) -> f32 {
         self.softmax_scale.unwrap_or(1.0 / (head_dim as f32).sqrt())
+    }
+
+    /// The mask the kernels run: (causal, a window), with causal folded into the window's
+    /// right side (0) when there is a window, and a window that is only causal (`(-1, 0)`)
+    /// or unbounded returned as none.
+    pub fn mask(&self) -> (bool, Option<Window>) {
+        let right = if self.causal { 0 } else { self.window.right };
+        match (self.window.left, right) {
+            (-1, -1) => (false, None),
+            (-1, 0) => (true, None),
+            (left, right) => (false, Some(Window { left, right })),
+        }
+    }
+
+    /// Checks the window's sides (-1 or >= 0) and the softcap (0, or finite and > 0): the
+    /// error names the argument. The GPU calls check them themselves.
+    pub fn check_window_and_softcap(&self) -> crate::Result<()> {
+        crate::validate::window_and_softcap(self.window, self.softcap)
+    }
+
+    /// Whether scores are softcapped.
+    pub fn has_softcap(&self) -> bool {
+        self.softcap != 0.0
     }
 }
 

@@ -7,10 +7,13 @@
 //! - `s_ij = softmax_scale · q_i · k_j`;
 //! - causal is bottom-right aligned: query `i` sees key `j` iff `j <= i + Sk - Sq`;
 //! - GQA/MQA: query head `h` reads key/value head `h / (Hq / Hkv)`;
+//! - a sliding window (`RefMask::window`) keeps keys `i + Sk - Sq - left <= j <= i + Sk - Sq
+//!   + right` (`-1`: that side unbounded);
+//! - softcap `c > 0` replaces `s_ij` by `c · tanh(s_ij / c)` before the softmax;
 //! - `lse_i = ln Σ_j exp(s_ij)` over the visible keys; a row that sees no key (causal with
-//!   `Sq > Sk`) gives `o = 0` and `lse = -inf`, never NaN.
+//!   `Sq > Sk`, or outside its window) gives `o = 0` and `lse = -inf`, never NaN.
 
-use crate::params::ProblemShape;
+use crate::params::{AttnParams, ProblemShape, Window};
 use rayon::prelude::*;
 
 /// Output of the reference: `o` is `[B, Sq, Hq, D]` contiguous, `lse` is `[B, Hq, Sq]`
@@ -24,12 +27,67 @@ pub struct ReferenceOutput {
     pub lse: Vec<f64>,
 }
 
+/// Which keys each row sees and how its scores are transformed (see the module's rules).
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct RefMask {
+    /// Causal, bottom-right aligned.
+    pub causal: bool,
+    /// A sliding window, or none.
+    pub window: Option<Window>,
+    /// Logit softcap; 0 is off.
+    pub softcap: f64,
+}
+
+impl RefMask {
+    /// The mask and softcap of `params` (its window as given, causal besides).
+    pub fn of(params: &AttnParams) -> Self {
+        let window = (params.window != Window::UNBOUNDED).then_some(params.window);
+        RefMask { causal: params.causal, window, softcap: params.softcap as f64 }
+    }
+
+    /// Keys `[first, last)` query row `i` of `sq` sees among `sk` (empty: none).
+    fn visible(&self, i: usize, sq: usize, sk: usize) -> (usize, usize) {
+        let diagonal = i as i64 + sk as i64 - sq as i64;
+        let mut last = sk as i64; // one past
+        let mut first = 0i64;
+        if self.causal {
+            last = last.min(diagonal + 1);
+        }
+        if let Some(w) = self.window {
+            if w.right >= 0 {
+                last = last.min(diagonal + w.right as i64 + 1);
+            }
+            if w.left >= 0 {
+                first = first.max(diagonal - w.left as i64);
+            }
+        }
+        let last = last.max(0) as usize;
+        (first.clamp(0, last as i64) as usize, last)
+    }
+
+    fn score(&self, s: f64) -> f64 {
+        if self.softcap > 0.0 {
+            self.softcap * (s / self.softcap).tanh()
+        } else {
+            s
+        }
+    }
+}
+
 /// Attention of `q: [B, Sq, Hq, D]` over `k, v: [B, Sk, Hkv, D]`, all contiguous BSHD.
 ///
 /// # Panics
 /// If a slice's length does not match `shape`, or `Hkv` is 0 or does not divide `Hq`.
 /// (The public GPU API validates its arguments before it calls this.)
 pub fn attention(q: &[f64], k: &[f64], v: &[f64], shape: &ProblemShape, softmax_scale: f64, causal: bool) -> ReferenceOutput {
+    attention_masked(q, k, v, shape, softmax_scale, &RefMask { causal, ..RefMask::default() })
+}
+
+/// [`attention`] under any [`RefMask`]: a sliding window, softcapping.
+///
+/// # Panics
+/// As [`attention`].
+pub fn attention_masked(q: &[f64], k: &[f64], v: &[f64], shape: &ProblemShape, softmax_scale: f64, mask: &RefMask) -> ReferenceOutput {
     let ProblemShape { batch, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d } = *shape;
     assert!(hkv > 0 && hq % hkv == 0, "heads_q = {hq} must be a multiple of heads_kv = {hkv}");
     let (q_len, kv_len) = (batch * sq * hq * d, batch * sk * hkv * d);
@@ -48,17 +106,16 @@ pub fn attention(q: &[f64], k: &[f64], v: &[f64], shape: &ProblemShape, softmax_
             let mut o = vec![0.0; sq * d];
             let mut lse = vec![f64::NEG_INFINITY; sq];
             for i in 0..sq {
-                // Keys 0..visible are the ones with j <= i + Sk - Sq.
-                let visible = if causal { (i + 1 + sk).saturating_sub(sq).min(sk) } else { sk };
-                if visible == 0 {
+                let (first, last) = mask.visible(i, sq, sk);
+                if first == last {
                     continue;
                 }
-                let s: Vec<f64> = (0..visible).map(|j| softmax_scale * dot(q_row(i), &k[kv_at(j)..][..d])).collect();
+                let s: Vec<f64> = (first..last).map(|j| mask.score(softmax_scale * dot(q_row(i), &k[kv_at(j)..][..d]))).collect();
                 let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let p: Vec<f64> = s.iter().map(|&s| (s - max).exp()).collect();
                 let sum: f64 = p.iter().sum();
                 let o_i = &mut o[i * d..][..d];
-                for (j, &p) in p.iter().enumerate() {
+                for (j, &p) in (first..last).zip(&p) {
                     let weight = p / sum;
                     for (o, &v) in o_i.iter_mut().zip(&v[kv_at(j)..][..d]) {
                         *o += weight * v;
@@ -234,6 +291,57 @@ mod tests {
             }
         }
         ReferenceOutput { o, lse }
+    }
+
+    #[test]
+    fn window_and_softcap_match_the_brute_force() {
+        // The brute force masks with the window's inequalities on signed indices and applies
+        // the softcap to each logit; Sq < Sk and Sq > Sk both, windows that leave rows empty.
+        for (sq, sk) in [(5, 9), (9, 4), (7, 7)] {
+            let s = shape(2, sq, sk, 4, 2, 3);
+            let (q, k, v) = qkv(&s, 11);
+            for (left, right, causal) in [(0, 0, false), (1, 0, false), (2, 3, false), (-1, 1, false), (2, -1, true), (3, 5, true)] {
+                for softcap in [0.0, 1.5] {
+                    let mask = RefMask { causal, window: Some(Window::new(left, right)), softcap };
+                    let got = attention_masked(&q, &k, &v, &s, 0.9, &mask);
+                    let (mut o, mut lse) = (vec![0.0; got.o.len()], vec![f64::NEG_INFINITY; got.lse.len()]);
+                    for b in 0..2 {
+                        for h in 0..4 {
+                            for i in 0..sq {
+                                let diag = i as i64 + sk as i64 - sq as i64;
+                                let seen = |j: i64| {
+                                    (left < 0 || j >= diag - left as i64)
+                                        && (right < 0 || j <= diag + right as i64)
+                                        && (!causal || j <= diag)
+                                };
+                                let w: Vec<f64> = (0..sk)
+                                    .map(|j| {
+                                        if !seen(j as i64) {
+                                            return 0.0;
+                                        }
+                                        let logit =
+                                            0.9 * dot(&q[((b * sq + i) * 4 + h) * 3..][..3], &k[((b * sk + j) * 2 + h / 2) * 3..][..3]);
+                                        (if softcap > 0.0 { softcap * (logit / softcap).tanh() } else { logit }).exp()
+                                    })
+                                    .collect();
+                                let sum: f64 = w.iter().sum();
+                                if sum > 0.0 {
+                                    lse[(b * 4 + h) * sq + i] = sum.ln();
+                                    for (j, w) in w.iter().enumerate() {
+                                        for c in 0..3 {
+                                            o[((b * sq + i) * 4 + h) * 3 + c] += w / sum * v[((b * sk + j) * 2 + h / 2) * 3 + c];
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    assert_close(&got.o, &o, 1e-12);
+                    assert_close(&got.lse, &lse, 1e-12);
+                    assert!(got.lse.iter().any(|l| l.is_finite()));
+                }
+            }
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Checks of the attention arguments, each failure an [`Error`] naming the argument.
 
 use crate::error::{Error, Result};
-use crate::params::ProblemShape;
+use crate::params::{AttnParams, ProblemShape, Window};
 use crate::tensor::{DType, TensorView};
 
 /// Kernel grids put heads in `gridDim.y` and batch in `gridDim.z`, which stop at 65535.
@@ -121,6 +121,31 @@ pub(crate) fn scratch_alignment(ptr: u64) -> Result<()> {
 pub(crate) fn softmax_scale(scale: f32) -> Result<()> {
     if !scale.is_finite() || scale < 0.0 {
         return Err(Error::Param { arg: "softmax_scale", msg: format!("{scale} must be finite and >= 0") });
+    }
+    Ok(())
+}
+
+/// Validates the window (each side -1 or a key count) and the softcap (0, or finite and > 0).
+pub(crate) fn window_and_softcap(window: Window, softcap: f32) -> Result<()> {
+    if window.left < -1 || window.right < -1 {
+        let msg = format!("({}, {}): each side must be -1 (unbounded) or >= 0", window.left, window.right);
+        return Err(Error::Param { arg: "window", msg });
+    }
+    if !softcap.is_finite() || softcap < 0.0 {
+        return Err(Error::Param { arg: "softcap", msg: format!("{softcap} must be 0 (off), or finite and > 0") });
+    }
+    Ok(())
+}
+
+/// The backward kernels have no sliding window or softcap yet: refused by name rather
+/// than differentiated as if absent.
+pub(crate) fn no_backward_mods(params: &AttnParams) -> Result<()> {
+    let not_yet = |arg| Err(Error::Param { arg, msg: "is not supported by the backward yet (forward only)".into() });
+    if params.mask().1.is_some() {
+        return not_yet("window");
+    }
+    if params.has_softcap() {
+        return not_yet("softcap");
     }
     Ok(())
 }
@@ -298,6 +323,18 @@ mod tests {
         assert!(softmax_scale(0.0).is_ok());
         for bad in [-0.125, f32::NAN, f32::INFINITY] {
             assert!(matches!(softmax_scale(bad), Err(Error::Param { arg: "softmax_scale", .. })), "{bad}");
+        }
+    }
+
+    #[test]
+    fn window_sides_and_softcap_are_checked() {
+        assert!(window_and_softcap(Window::UNBOUNDED, 0.0).is_ok());
+        assert!(window_and_softcap(Window::new(0, 0), 50.0).is_ok());
+        for bad in [Window::new(-2, 0), Window::new(4, -7)] {
+            assert!(matches!(window_and_softcap(bad, 0.0), Err(Error::Param { arg: "window", .. })), "{bad:?}");
+        }
+        for bad in [-1.0, f32::NAN, f32::INFINITY] {
+            assert!(matches!(window_and_softcap(Window::UNBOUNDED, bad), Err(Error::Param { arg: "softcap", .. })), "{bad}");
         }
     }
 

@@ -2,7 +2,7 @@
 //! per (key block, KV head, batch), dQ added in f32 with atomics (or, deterministic, into a
 //! slice of the accumulator per CTA). Tiles per head dim and arch's shared memory.
 
-use super::{KernelFamily, Tile, Variant};
+use super::{KernelFamily, ScoreMods, Tile, Variant};
 use crate::jit::Arch;
 use crate::tensor::DType;
 
@@ -58,6 +58,7 @@ pub fn variant(arch: Arch, dtype: DType, head_dim: usize, causal: bool) -> Varia
         tile,
         smem_bytes: smem_bytes(tile, head_dim),
         split_kv: false,
+        mods: ScoreMods::default(),
     }
 }
 

@@ -7,7 +7,7 @@
 use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 
 use super::fwd_sm90::tensor_map;
-use super::{BwdParams, KernelFamily, Tile, Variant};
+use super::{BwdParams, KernelFamily, ScoreMods, Tile, Variant};
 use crate::error::{DriverContext, Result};
 use crate::params::ProblemShape;
 use crate::tensor::{DType, TensorView};
@@ -77,6 +77,7 @@ pub fn variant(dtype: DType, head_dim: usize, causal: bool) -> Variant {
         tile,
         smem_bytes: smem_bytes(tile, head_dim),
         split_kv: false,
+        mods: ScoreMods::default(),
     }
 }
 

@@ -2,7 +2,7 @@
 //! dim and arch family. sm_86/sm_89 (A10, L4, RTX 30/40) give a block at most 99 KB of
 //! shared memory; sm_80 163 KB; sm_90 227 KB.
 
-use super::{KernelFamily, Tile, Variant};
+use super::{KernelFamily, ScoreMods, Tile, Variant};
 use crate::jit::Arch;
 use crate::tensor::DType;
 
@@ -101,6 +101,7 @@ fn make_variant(dtype: DType, head_dim: usize, causal: bool, tile: Tile, split_k
         tile,
         smem_bytes: smem_bytes(tile, head_dim),
         split_kv,
+        mods: ScoreMods::default(),
     }
 }
 

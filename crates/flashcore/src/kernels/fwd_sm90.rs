@@ -7,7 +7,7 @@ use cudarc::driver::sys::{
 };
 use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
 
-use super::{FwdParams, KernelFamily, Tile, Variant};
+use super::{FwdParams, KernelFamily, ScoreMods, Tile, Variant};
 use crate::error::{DriverContext, Result};
 use crate::params::ProblemShape;
 use crate::tensor::{DType, TensorView};
@@ -95,6 +95,14 @@ pub fn variant_for(dtype: DType, shape: &ProblemShape, causal: bool, sm_count: u
     }
 }
 
+/// The variant for a sliding window or softcap ([`ScoreMods`]): the short tile at every
+/// length. Their mask and transform need registers that the default tiles, at the limit,
+/// do not have (D128 128 x 192 with a softcap spills 240 bytes; the short tiles none but
+/// D192 causal with both, 56 bytes).
+pub fn mods_variant(dtype: DType, head_dim: usize, causal: bool, mods: ScoreMods) -> Variant {
+    Variant { mods, ..make_variant(dtype, head_dim, causal, true) }
+}
+
 /// Every variant for one (dtype, head dim, mask): the default tile, and the short one where
 /// it is used.
 pub fn variants(dtype: DType, head_dim: usize, causal: bool) -> Vec<Variant> {
@@ -115,6 +123,7 @@ fn make_variant(dtype: DType, head_dim: usize, causal: bool, short: bool) -> Var
         tile,
         smem_bytes: smem_bytes(tile, head_dim),
         split_kv: false,
+        mods: ScoreMods::default(),
     }
 }
 

@@ -41,9 +41,13 @@ pub(crate) struct FwdParams {
     pub lse_accum: u64,
     pub num_splits: i32,
     pub split_tiles: i32,
+    pub window_left: i32,
+    pub window_right: i32,
+    pub softcap: f32,
+    pub softcap_scale: f32,
 }
 
-const _: () = assert!(std::mem::size_of::<FwdParams>() == 200);
+const _: () = assert!(std::mem::size_of::<FwdParams>() == 216);
 
 // SAFETY: plain old data with the C layout the kernels expect.
 unsafe impl DeviceRepr for FwdParams {}
@@ -244,11 +248,44 @@ pub struct Variant {
     /// Split-KV: the key range of a query tile can be shared out among several CTAs, whose
     /// partial results a second kernel of the same module (`fc_split_combine`) merges.
     pub split_kv: bool,
+    /// The compile-time score policies beyond the causal mask (forward kernels only).
+    pub mods: ScoreMods,
+}
+
+/// `v`'s forms with a sliding window, a softcap and both, where the dispatcher runs them:
+/// fwd_sm80 at every tile, fwd_sm90 at its short tile only (`fwd_sm90::mods_variant`); none
+/// for the other families (the reference takes both at run time; no backward has them yet).
+pub fn mods_forms(v: &Variant) -> Vec<Variant> {
+    let runs_mods = match v.family {
+        KernelFamily::FwdSm80 => true,
+        KernelFamily::FwdSm90 => {
+            let causal = v.causal == Some(true);
+            v.tile == fwd_sm90::mods_variant(v.dtype, v.head_dim.unwrap_or(0), causal, ScoreMods::default()).tile
+        }
+        _ => false,
+    };
+    if !runs_mods || v.mods != ScoreMods::default() {
+        return Vec::new();
+    }
+    [(true, false), (false, true), (true, true)]
+        .map(|(local, softcap)| Variant { mods: ScoreMods { local, softcap }, ..v.clone() })
+        .to_vec()
+}
+
+/// Compile-time score policies of a forward variant (`kernels/common/mask.cuh`): a sliding
+/// window (its sides are run-time values) and logit softcapping. The reference kernel
+/// takes both at run time and never sets them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct ScoreMods {
+    /// `FC_LOCAL`: the sliding-window mask (causal folded in).
+    pub local: bool,
+    /// `FC_SOFTCAP`: `softcap · tanh(s / softcap)` on every score.
+    pub softcap: bool,
 }
 
 impl Variant {
     /// A name unique per compiled binary, e.g. `fwd_sm80_bf16_d128_causal_128x64w4s2`
-    /// (`..._splitkv` for a split-KV variant).
+    /// (`..._splitkv` for a split-KV variant, `_local`, `_softcap` for [`ScoreMods`]).
     pub fn name(&self) -> String {
         let mut name = format!("{}_{}", self.family.name(), self.dtype.name());
         if let Some(d) = self.head_dim {
@@ -261,6 +298,12 @@ impl Variant {
         name += &format!("_{}x{}w{}s{}", t.block_m, t.block_n, t.warps, t.stages);
         if self.split_kv {
             name += "_splitkv";
+        }
+        if self.mods.local {
+            name += "_local";
+        }
+        if self.mods.softcap {
+            name += "_softcap";
         }
         name
     }
@@ -280,6 +323,11 @@ impl Variant {
         }
         if self.split_kv {
             defines.push(("FC_SPLIT_KV".into(), "1".into()));
+        }
+        for (define, on) in [("FC_LOCAL", self.mods.local), ("FC_SOFTCAP", self.mods.softcap)] {
+            if on {
+                defines.push((define.into(), "1".into()));
+            }
         }
         let (file, entry) = match self.family {
             KernelFamily::Reference => ("reference.cu", "fc_reference"),

@@ -1,7 +1,7 @@
 //! The naive GPU reference kernel (`kernels/reference.cu`): head dim and mask are run-time
 //! arguments, so one binary per dtype serves every problem.
 
-use super::{KernelFamily, Tile, Variant};
+use super::{KernelFamily, ScoreMods, Tile, Variant};
 use crate::tensor::DType;
 
 /// Head dims the reference kernel takes (any multiple of 8 up to 256 works; these are the
@@ -18,5 +18,6 @@ pub fn variant(dtype: DType) -> Variant {
         tile: Tile { block_m: 4, block_n: 1, warps: 4, stages: 1 },
         smem_bytes: 0,
         split_kv: false,
+        mods: ScoreMods::default(),
     }
 }

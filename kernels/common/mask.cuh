@@ -1,0 +1,87 @@
+// Which keys each query row sees, and the transform of its scores: the policy pieces the
+// forward kernels share. A kernel holds one KeyMask<kCausal, kLocal> (its compile-time
+// FC_CAUSAL and FC_LOCAL) and calls softcap_scores when FC_SOFTCAP is set; none of its loops
+// changes with the policy, only their bounds and which blocks are masked.
+#pragma once
+
+#include "ptx/math.cuh"
+#include "common/params.cuh"
+
+namespace fc {
+
+// Key blocks (of `block` keys) a group of query rows visits: [begin, end) hold a key some
+// row sees (empty when end <= begin); every row sees every key of [full_begin, full_end),
+// so only the blocks outside that range need the mask.
+struct KeyBlocks {
+    int begin, end, full_begin, full_end;  // begin = full_begin = 0 without a window
+};
+
+// Query row `row` sees keys [first(row), last(row)] within [0, Sk), bottom-right aligned
+// (offset = Sk - Sq, as flash_attn): causal, last = row + offset; local (a sliding window, with
+// causal folded in by the host as window_right = 0), first = row + offset - window_left and
+// last = row + offset + window_right, -1 meaning unbounded. Rows whose range is empty see no
+// key: their output is 0 and their LSE -inf.
+template <bool kCausal, bool kLocal> struct KeyMask {
+    static constexpr int kUnbounded = 1 << 30;  // a window side of -1; row + offset stays far from overflow
+    int offset, seqlen_k, left, right;
+
+    __device__ __forceinline__ explicit KeyMask(const FwdParams& p)
+        : offset(p.seqlen_k - p.seqlen_q),
+          seqlen_k(p.seqlen_k),
+          left(kLocal && p.window_left >= 0 ? p.window_left : kUnbounded),
+          right(kLocal && p.window_right >= 0 ? p.window_right : kUnbounded) {}
+
+    // First visible key (may be < 0: from key 0) and last (at most Sk - 1; < first: none).
+    __device__ __forceinline__ int first(int row) const { return kLocal ? row + offset - left : 0; }
+    __device__ __forceinline__ int last(int row) const {
+        const int diagonal = row + offset;
+        return kLocal ? min(seqlen_k - 1, diagonal + right) : kCausal ? min(seqlen_k - 1, diagonal) : seqlen_k - 1;
+    }
+    // Keys are >= 0: without a window only the upper bound is tested.
+    // Whether key block n of `b` needs the mask (without a window only the upper end can).
+    __device__ __forceinline__ static bool masked(const KeyBlocks& b, int n) {
+        return n >= b.full_end || (kLocal && n < b.full_begin);
+    }
+    __device__ __forceinline__ bool visible(int row, int key) const {
+        if (kLocal) return key <= last(row) && key >= first(row);
+        return !(key >= seqlen_k || (kCausal && key > row + offset));
+    }
+
+    // Rows [row0, row_end) (row_end > row0; rows past Sq may be included: they only widen the
+    // masked range).
+    __device__ __forceinline__ KeyBlocks blocks(int row0, int row_end, int block) const {
+        if (!kLocal) {  // from key 0: only the ends, as the kernels computed them before windows
+            KeyBlocks b{0, (seqlen_k + block - 1) / block, 0, seqlen_k / block};
+            if (kCausal) {
+                b.end = min(b.end, max(0, (row_end + offset + block - 1) / block));
+                b.full_end = min(b.full_end, max(0, row0 + offset) / block);
+            }
+            return b;
+        }
+        const int first_key = max(0, first(row0)), end_key = last(row_end - 1) + 1;
+        KeyBlocks b;
+        b.begin = first_key / block;
+        b.end = end_key > first_key ? (end_key + block - 1) / block : b.begin;
+        b.full_begin = (max(0, first(row_end - 1)) + block - 1) / block;
+        b.full_end = max(0, last(row0) + 1) / block;
+        return b;
+    }
+};
+
+// Logit softcapping: s = softcap * tanh(s * softcap_scale) for every score of a tile held as
+// any array of floats. tanh through exp2 and a reciprocal (relative error ~2^-21), not
+// tanh.approx (2^-11: up to 0.02 absolute on a capped logit of 50, too coarse for fp16's
+// bounds); the argument is clamped to |x| <= 9, where tanh is 1 to within 2^-24.
+template <class Scores> __device__ __forceinline__ void softcap_scores(Scores& s, const FwdParams& p) {
+    constexpr int kCount = sizeof(Scores) / sizeof(float);
+    float* x = reinterpret_cast<float*>(&s);
+    const float to_exp2 = 2.f * 1.4426950408889634f * p.softcap_scale, cap = p.softcap;
+#pragma unroll
+    for (int i = 0; i < kCount; ++i) {
+        // tanh(y) = 1 - 2 / (e^(2y) + 1), with 2y·log2(e) clamped to ±26 (|y| <= 9).
+        const float e = math::ex2(fminf(fmaxf(x[i] * to_exp2, -26.f), 26.f));
+        x[i] = fmaf(-2.f * cap, math::rcp(e + 1.f), cap);
+    }
+}
+
+}  // namespace fc
