@@ -87,12 +87,6 @@
 #ifndef FC_CAUSAL
 #define FC_CAUSAL 0
 #endif
-#ifndef FC_LOCAL
-#define FC_LOCAL 0
-#endif
-#ifndef FC_SOFTCAP
-#define FC_SOFTCAP 0
-#endif
 // Defaults: the sm_90 column above (the host always passes all four).
 #ifndef FC_BLOCK_M
 #define FC_BLOCK_M 128

@@ -102,12 +102,6 @@
 #ifndef FC_CAUSAL
 #define FC_CAUSAL 0
 #endif
-#ifndef FC_LOCAL
-#define FC_LOCAL 0
-#endif
-#ifndef FC_SOFTCAP
-#define FC_SOFTCAP 0
-#endif
 // Defaults per head dim, from the H100 sweep in docs/perf-log.md (bf16, 16k tokens).
 #ifndef FC_BLOCK_N
 #if FC_HEAD_DIM == 64

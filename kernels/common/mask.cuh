@@ -7,6 +7,14 @@
 #include "ptx/math.cuh"
 #include "common/params.cuh"
 
+// The policy switches of a kernel variant (the host's ScoreMods): off unless set with -D.
+#ifndef FC_LOCAL
+#define FC_LOCAL 0
+#endif
+#ifndef FC_SOFTCAP
+#define FC_SOFTCAP 0
+#endif
+
 namespace fc {
 
 // Key blocks (of `block` keys) a group of query rows visits: [begin, end) hold a key some
@@ -25,11 +33,14 @@ template <bool kCausal, bool kLocal> struct KeyMask {
     static constexpr int kUnbounded = 1 << 30;  // a window side of -1; row + offset stays far from overflow
     int offset, seqlen_k, left, right;
 
+    // One sequence of seqlen_q queries and seqlen_k keys (a varlen batch's own lengths).
+    __device__ __forceinline__ KeyMask(int seqlen_q, int seqlen_k, int window_left, int window_right)
+        : offset(seqlen_k - seqlen_q),
+          seqlen_k(seqlen_k),
+          left(kLocal && window_left >= 0 ? window_left : kUnbounded),
+          right(kLocal && window_right >= 0 ? window_right : kUnbounded) {}
     __device__ __forceinline__ explicit KeyMask(const FwdParams& p)
-        : offset(p.seqlen_k - p.seqlen_q),
-          seqlen_k(p.seqlen_k),
-          left(kLocal && p.window_left >= 0 ? p.window_left : kUnbounded),
-          right(kLocal && p.window_right >= 0 ? p.window_right : kUnbounded) {}
+        : KeyMask(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right) {}
 
     // First visible key (may be < 0: from key 0) and last (at most Sk - 1; < first: none).
     __device__ __forceinline__ int first(int row) const { return kLocal ? row + offset - left : 0; }
@@ -72,16 +83,20 @@ template <bool kCausal, bool kLocal> struct KeyMask {
 // any array of floats. tanh through exp2 and a reciprocal (relative error ~2^-21), not
 // tanh.approx (2^-11: up to 0.02 absolute on a capped logit of 50, too coarse for fp16's
 // bounds); the argument is clamped to |x| <= 9, where tanh is 1 to within 2^-24.
-template <class Scores> __device__ __forceinline__ void softcap_scores(Scores& s, const FwdParams& p) {
+// (softcap_scale = softmax_scale / softcap: see FwdParams.)
+template <class Scores> __device__ __forceinline__ void softcap_scores(Scores& s, float softcap, float softcap_scale) {
     constexpr int kCount = sizeof(Scores) / sizeof(float);
     float* x = reinterpret_cast<float*>(&s);
-    const float to_exp2 = 2.f * 1.4426950408889634f * p.softcap_scale, cap = p.softcap;
+    const float to_exp2 = 2.f * 1.4426950408889634f * softcap_scale, cap = softcap;
 #pragma unroll
     for (int i = 0; i < kCount; ++i) {
         // tanh(y) = 1 - 2 / (e^(2y) + 1), with 2y·log2(e) clamped to ±26 (|y| <= 9).
         const float e = math::ex2(fminf(fmaxf(x[i] * to_exp2, -26.f), 26.f));
         x[i] = fmaf(-2.f * cap, math::rcp(e + 1.f), cap);
     }
+}
+template <class Scores> __device__ __forceinline__ void softcap_scores(Scores& s, const FwdParams& p) {
+    softcap_scores(s, p.softcap, p.softcap_scale);
 }
 
 }  // namespace fc
