@@ -47,4 +47,18 @@ struct FwdParams {
     // softmax, whose softmax_scale_log2 is then log2(e). softcap = 0: off.
     float softcap;
     float softcap_scale;
+
+    // Varlen (kernels built with FC_VARLEN=1; see common/sequence.cuh): one packed batch of
+    // sequences, q and o [total_q, Hq, D], k and v [total_k, Hkv, D], every *_stride_b 0.
+    // Sequence b is query rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]) and keys
+    // [cu_seqlens_k[b], cu_seqlens_k[b] + seqlen_k_b), seqlen_k_b = seqused_k[b] when
+    // seqused_k is set, else cu_seqlens_k[b + 1] - cu_seqlens_k[b]; all int32, on the device.
+    // seqlen_q and seqlen_k are then the longest (max_seqlen_q / max_seqlen_k: the grid's
+    // extent), and lse is [Hq, total_q]. Offsets are clamped to [0, total): a bad cu_seqlens
+    // gives wrong output, never an access outside the tensors.
+    const int* cu_seqlens_q;
+    const int* cu_seqlens_k;
+    const int* seqused_k;  // may be null
+    int total_q;
+    int total_k;
 };

@@ -365,6 +365,11 @@ impl Context {
             window_right: window.right,
             softcap: params.softcap,
             softcap_scale: if params.has_softcap() { scale / params.softcap } else { 0.0 },
+            cu_seqlens_q: 0,
+            cu_seqlens_k: 0,
+            seqused_k: 0,
+            total_q: 0,
+            total_k: 0,
         };
         p.tile_section = crate::kernels::section_heads(&p);
         if plan.splits > 1 {

@@ -45,9 +45,14 @@ pub(crate) struct FwdParams {
     pub window_right: i32,
     pub softcap: f32,
     pub softcap_scale: f32,
+    pub cu_seqlens_q: u64,
+    pub cu_seqlens_k: u64,
+    pub seqused_k: u64,
+    pub total_q: i32,
+    pub total_k: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<FwdParams>() == 216);
+const _: () = assert!(std::mem::size_of::<FwdParams>() == 248);
 
 // SAFETY: plain old data with the C layout the kernels expect.
 unsafe impl DeviceRepr for FwdParams {}

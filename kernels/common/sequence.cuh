@@ -1,0 +1,43 @@
+// Where a tile's sequence lies in the tensors: the batch entry's own offsets and lengths, from
+// cu_seqlens for a packed (varlen) batch (FC_VARLEN; see FwdParams), else batch-strided ones
+// of the common lengths.
+#pragma once
+
+#include "common/params.cuh"
+
+#ifndef FC_VARLEN
+#define FC_VARLEN 0
+#endif
+
+namespace fc {
+
+// Sequence `batch`: its rows start at q_start of q and o and at k_start of k and v (offsets
+// added to the batch stride, which is 0 when packed), and it has seqlen_q queries and
+// seqlen_k keys.
+struct Sequence {
+    int q_start, k_start, seqlen_q, seqlen_k;
+};
+
+__device__ __forceinline__ int clamp_to(int x, int lo, int hi) { return min(max(x, lo), hi); }
+
+template <bool kVarlen> __device__ __forceinline__ Sequence sequence(const FwdParams& p, int batch) {
+    if (!kVarlen) return Sequence{0, 0, p.seqlen_q, p.seqlen_k};
+    // Clamped to the tensors (and to the grid's extent), so that a malformed cu_seqlens
+    // cannot send a load or a store outside them.
+    Sequence s;
+    s.q_start = clamp_to(p.cu_seqlens_q[batch], 0, p.total_q);
+    s.seqlen_q = min(clamp_to(p.cu_seqlens_q[batch + 1], s.q_start, p.total_q) - s.q_start, p.seqlen_q);
+    s.k_start = clamp_to(p.cu_seqlens_k[batch], 0, p.total_k);
+    const int used = p.seqused_k != nullptr ? s.k_start + p.seqused_k[batch] : p.cu_seqlens_k[batch + 1];
+    s.seqlen_k = min(clamp_to(used, s.k_start, p.total_k) - s.k_start, p.seqlen_k);
+    return s;
+}
+
+// The offset of row `row` of (batch, head)'s LSE: [B, Hq, Sq], or [Hq, total_q] when packed.
+template <bool kVarlen>
+__device__ __forceinline__ long long lse_offset(const FwdParams& p, const Sequence& s, int batch, int head) {
+    return kVarlen ? static_cast<long long>(head) * p.total_q + s.q_start
+                   : (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q;
+}
+
+}  // namespace fc
