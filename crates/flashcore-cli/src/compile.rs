@@ -23,13 +23,18 @@ pub struct CompileArgs {
     /// Also every forward variant with each score policy: a sliding window, a softcap, both.
     #[arg(long)]
     mods: bool,
+    /// Also every forward variant's varlen form (and, with --mods, its policies' varlen forms).
+    #[arg(long)]
+    varlen: bool,
 }
 
 /// `v`, and with `mods` its sliding-window, softcap and combined forms where the dispatcher
-/// runs them (see `kernels::mods_forms`).
-fn with_mods(v: Variant, mods: bool) -> Vec<Variant> {
+/// runs them (see `kernels::mods_forms`), and with `varlen` the varlen form of each.
+fn with_mods(v: Variant, mods: bool, varlen: bool) -> Vec<Variant> {
     let forms = if mods { flashcore::kernels::mods_forms(&v) } else { Vec::new() };
-    std::iter::once(v).chain(forms).collect()
+    let dense: Vec<Variant> = std::iter::once(v).chain(forms).collect();
+    let packed = dense.iter().filter(|_| varlen).filter_map(flashcore::kernels::varlen_form);
+    packed.chain(dense.iter().cloned()).collect()
 }
 
 pub fn run(args: &CompileArgs) -> Result<bool> {
@@ -52,7 +57,7 @@ pub fn run(args: &CompileArgs) -> Result<bool> {
     let jobs: Vec<(Arch, Variant)> = archs
         .iter()
         .flat_map(|&a| families.iter().filter(move |f| f.runs_on(a)).flat_map(move |f| f.variants(a).into_iter().map(move |v| (a, v))))
-        .flat_map(|(a, v)| with_mods(v, args.mods).into_iter().map(move |v| (a, v)))
+        .flat_map(|(a, v)| with_mods(v, args.mods, args.varlen).into_iter().map(move |v| (a, v)))
         .collect();
     let results: Vec<_> = jobs.par_iter().map(|(arch, v)| (arch, v, jit.compile(&v.source(), *arch))).collect();
     println!("{:<52} {:<7} {:>5} {:>10} {:>10} {:>7} {:>8}", "variant", "arch", "regs", "smem_dyn", "smem_stat", "spill", "seconds");

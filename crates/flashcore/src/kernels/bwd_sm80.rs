@@ -59,6 +59,7 @@ pub fn variant(arch: Arch, dtype: DType, head_dim: usize, causal: bool) -> Varia
         smem_bytes: smem_bytes(tile, head_dim),
         split_kv: false,
         mods: ScoreMods::default(),
+        varlen: false,
     }
 }
 

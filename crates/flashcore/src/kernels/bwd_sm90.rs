@@ -78,6 +78,7 @@ pub fn variant(dtype: DType, head_dim: usize, causal: bool) -> Variant {
         smem_bytes: smem_bytes(tile, head_dim),
         split_kv: false,
         mods: ScoreMods::default(),
+        varlen: false,
     }
 }
 

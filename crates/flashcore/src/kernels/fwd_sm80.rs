@@ -102,6 +102,7 @@ fn make_variant(dtype: DType, head_dim: usize, causal: bool, tile: Tile, split_k
         smem_bytes: smem_bytes(tile, head_dim),
         split_kv,
         mods: ScoreMods::default(),
+        varlen: false,
     }
 }
 

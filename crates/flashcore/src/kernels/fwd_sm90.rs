@@ -124,6 +124,7 @@ fn make_variant(dtype: DType, head_dim: usize, causal: bool, short: bool) -> Var
         smem_bytes: smem_bytes(tile, head_dim),
         split_kv: false,
         mods: ScoreMods::default(),
+        varlen: false,
     }
 }
 

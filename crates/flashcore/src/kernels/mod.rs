@@ -255,6 +255,9 @@ pub struct Variant {
     pub split_kv: bool,
     /// The compile-time score policies beyond the causal mask (forward kernels only).
     pub mods: ScoreMods,
+    /// `FC_VARLEN`: a packed batch of sequences of their own lengths (`cu_seqlens`; forward
+    /// kernels only).
+    pub varlen: bool,
 }
 
 /// `v`'s forms with a sliding window, a softcap and both, where the dispatcher runs them:
@@ -277,6 +280,13 @@ pub fn mods_forms(v: &Variant) -> Vec<Variant> {
         .to_vec()
 }
 
+/// `v`'s varlen form (a packed batch: `cu_seqlens`), where the dispatcher runs one: every
+/// forward variant of fwd_sm80 and fwd_sm90.
+pub fn varlen_form(v: &Variant) -> Option<Variant> {
+    let forward = matches!(v.family, KernelFamily::FwdSm80 | KernelFamily::FwdSm90);
+    (forward && !v.varlen).then(|| Variant { varlen: true, ..v.clone() })
+}
+
 /// Compile-time score policies of a forward variant (`kernels/common/mask.cuh`): a sliding
 /// window (its sides are run-time values) and logit softcapping. The reference kernel
 /// takes both at run time and never sets them.
@@ -290,7 +300,7 @@ pub struct ScoreMods {
 
 impl Variant {
     /// A name unique per compiled binary, e.g. `fwd_sm80_bf16_d128_causal_128x64w4s2`
-    /// (`..._splitkv` for a split-KV variant, `_local`, `_softcap` for [`ScoreMods`]).
+    /// (`..._splitkv` for a split-KV variant, `_local`, `_softcap` for [`ScoreMods`], `_varlen`).
     pub fn name(&self) -> String {
         let mut name = format!("{}_{}", self.family.name(), self.dtype.name());
         if let Some(d) = self.head_dim {
@@ -309,6 +319,9 @@ impl Variant {
         }
         if self.mods.softcap {
             name += "_softcap";
+        }
+        if self.varlen {
+            name += "_varlen";
         }
         name
     }
@@ -329,7 +342,7 @@ impl Variant {
         if self.split_kv {
             defines.push(("FC_SPLIT_KV".into(), "1".into()));
         }
-        for (define, on) in [("FC_LOCAL", self.mods.local), ("FC_SOFTCAP", self.mods.softcap)] {
+        for (define, on) in [("FC_LOCAL", self.mods.local), ("FC_SOFTCAP", self.mods.softcap), ("FC_VARLEN", self.varlen)] {
             if on {
                 defines.push((define.into(), "1".into()));
             }

@@ -19,5 +19,6 @@ pub fn variant(dtype: DType) -> Variant {
         smem_bytes: 0,
         split_kv: false,
         mods: ScoreMods::default(),
+        varlen: false,
     }
 }
