@@ -93,7 +93,7 @@ def calls(case):
 
     return {
         "flashcore.flash_attn_func": lambda: flashcore.flash_attn_func(q, k, v, causal=causal),
-        "torch.ops.flashcore.fwd": lambda: torch.ops.flashcore.fwd(q, k, v, scale, causal, 0, False),
+        "torch.ops.flashcore.fwd": lambda: torch.ops.flashcore.fwd(q, k, v, scale, causal, -1, -1, 0.0, 0, False),
         "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
         "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
     }

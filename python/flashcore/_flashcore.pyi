@@ -18,12 +18,16 @@ def attention_forward(
     scratch: Callable[[int], int],
     softmax_scale: Optional[float],
     causal: bool,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
     num_splits: Optional[int] = None,
 ) -> None:
     """Attention forward on `stream` of `device` into `o` and `lse` ((address, elements), f32
     [B, Hq, Sq]). `scratch(nbytes)` returns a device address of at least nbytes that stays
-    allocated until the call returns. Raises ValueError / TypeError / NotImplementedError /
-    RuntimeError with the Rust error's text."""
+    allocated until the call returns. `window_left`, `window_right`: flash_attn's window_size
+    (-1 unbounded); `softcap`: 0 for none. Raises ValueError / TypeError /
+    NotImplementedError / RuntimeError with the Rust error's text."""
 
 def attention_backward(
     device: int,
@@ -41,12 +45,26 @@ def attention_backward(
     softmax_scale: Optional[float],
     causal: bool,
     deterministic: bool,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
 ) -> str:
     """Gradients dq, dk, dv (written) of attention with the forward's o and lse (f32
     [B, Hq, Sq]) given dout; scratch as for attention_forward. Returns the kernel variant
-    that ran (bwd_sm90_... on Hopper for head dims 64, 96, 128 and 256, else bwd_sm80_...)."""
+    that ran (bwd_sm90_... on Hopper for head dims 64, 96, 128 and 256, else bwd_sm80_...).
+    A window or softcap raises NotImplementedError (the backward does not have them yet)."""
 
-def plan(device: int, q_shape: Sequence[int], k_shape: Sequence[int], dtype_name: str, causal: bool, num_splits: Optional[int] = None) -> str:
+def plan(
+    device: int,
+    q_shape: Sequence[int],
+    k_shape: Sequence[int],
+    dtype_name: str,
+    causal: bool,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    num_splits: Optional[int] = None,
+) -> str:
     """The kernel variant, tile and grid FlashCore would run for this problem."""
 
 def device_info(device: int) -> str:

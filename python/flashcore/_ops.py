@@ -43,8 +43,11 @@ def _scratch(device: torch.device, keep: List[Tensor]) -> Callable[[int], int]:
     return allocate
 
 
-def forward_into(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Optional[Tensor], softmax_scale: float, causal: bool, num_splits: int) -> None:
-    """Runs the kernel: `o` (BSHD, q's dtype) and, if given, `lse [B, Hq, Sq]` f32 are written."""
+def forward_into(
+    q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Optional[Tensor], softmax_scale: float, causal: bool, window: Tuple[int, int], softcap: float, num_splits: int
+) -> None:
+    """Runs the kernel: `o` (BSHD, q's dtype) and, if given, `lse [B, Hq, Sq]` f32 are written.
+    `window` is flash_attn's `window_size` (-1 unbounded), `softcap` 0 for none."""
     keep: List[Tensor] = []
     _flashcore.attention_forward(
         q.device.index,
@@ -57,14 +60,19 @@ def forward_into(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Optional[Tenso
         _scratch(q.device, keep),
         softmax_scale,
         causal,
+        window[0],
+        window[1],
+        softcap,
         num_splits if num_splits > 0 else None,
     )
 
 
-def forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, num_splits: int, want_lse: bool = True) -> Tuple[Tensor, Optional[Tensor]]:
+def forward(
+    q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window: Tuple[int, int], softcap: float, num_splits: int, want_lse: bool = True
+) -> Tuple[Tensor, Optional[Tensor]]:
     """Attention on BSHD tensors: `(o [B, Sq, Hq, D], lse [B, Hq, Sq] f32)`, lse None unless
-    `want_lse`. Rows that see no key (no keys at all, or causal with Sq > Sk) give o = 0 and
-    lse = -inf."""
+    `want_lse`. Rows that see no key (no keys at all, or a causal mask or window that leaves
+    them none) give o = 0 and lse = -inf."""
     b, sq, hq, d = q.shape
     o = q.new_empty((b, sq, hq, d))  # new_empty: a few microseconds less than torch.empty(...)
     lse = q.new_empty((b, hq, sq), dtype=torch.float32) if want_lse else None
@@ -72,18 +80,23 @@ def forward(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool,
         return o, lse  # an empty batch, as SDPA: nothing to compute
     if k.shape[1] == 0:
         return o.zero_(), (lse.fill_(-math.inf) if lse is not None else None)
-    forward_into(q, k, v, o, lse, softmax_scale, causal, num_splits)
+    forward_into(q, k, v, o, lse, softmax_scale, causal, window, softcap, num_splits)
     return o, lse
 
 
+# The op's schema holds only tensors and scalars: the window travels as its two sides.
 @torch.library.custom_op("flashcore::fwd", mutates_args=(), device_types="cuda")
-def fwd(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, num_splits: int, deterministic: bool) -> Tuple[Tensor, Tensor]:
+def fwd(
+    q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float, num_splits: int, deterministic: bool
+) -> Tuple[Tensor, Tensor]:
     """The registered op: see `forward`. `deterministic` is for its backward."""
-    return forward(q, k, v, softmax_scale, causal, num_splits)
+    return forward(q, k, v, softmax_scale, causal, (window_left, window_right), softcap, num_splits)
 
 
 @fwd.register_fake
-def _fwd_fake(q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, num_splits: int, deterministic: bool) -> Tuple[Tensor, Tensor]:
+def _fwd_fake(
+    q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float, num_splits: int, deterministic: bool
+) -> Tuple[Tensor, Tensor]:
     b, sq, hq, d = q.shape
     return q.new_empty((b, sq, hq, d)), q.new_empty((b, hq, sq), dtype=torch.float32)
 
@@ -94,9 +107,12 @@ _SLOW_BACKWARD = (
 )
 
 
-def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, dout: Tensor, softmax_scale: float, causal: bool, deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+def backward(
+    q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, dout: Tensor, softmax_scale: float, causal: bool, deterministic: bool, window: Tuple[int, int], softcap: float
+) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients `(dq, dk, dv)`, laid out like `q`, `k`, `v` (dk and dv summed over the query
-    heads that share a KV head)."""
+    heads that share a KV head). A window or softcap raises NotImplementedError (the Rust
+    library refuses them in the backward, by name)."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if o.numel() == 0 or k.shape[1] == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
@@ -119,6 +135,9 @@ def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, dout: Tens
         softmax_scale,
         causal,
         deterministic,
+        window[0],
+        window[1],
+        softcap,
     )
     if kernel.startswith("reference"):
         warnings.warn(_SLOW_BACKWARD, stacklevel=3)  # once per call site, by Python's default filter
@@ -126,28 +145,57 @@ def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, dout: Tens
 
 
 @torch.library.custom_op("flashcore::bwd", mutates_args=(), device_types="cuda")
-def bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, dout: Tensor, softmax_scale: float, causal: bool, deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+def bwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    lse: Tensor,
+    dout: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    deterministic: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+) -> Tuple[Tensor, Tensor, Tensor]:
     """The registered backward op: see `backward`."""
-    return backward(q, k, v, o, lse, dout, softmax_scale, causal, deterministic)
+    return backward(q, k, v, o, lse, dout, softmax_scale, causal, deterministic, (window_left, window_right), softcap)
 
 
+# Permissive like the forward's: torch.compile traces the backward of every forward whose inputs
+# require grad, so a refusal here would fail inference too; the real op refuses when it runs.
 @bwd.register_fake
-def _bwd_fake(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, dout: Tensor, softmax_scale: float, causal: bool, deterministic: bool) -> Tuple[Tensor, Tensor, Tensor]:
+def _bwd_fake(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    lse: Tensor,
+    dout: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    deterministic: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+) -> Tuple[Tensor, Tensor, Tensor]:
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
 def _fwd_setup_context(ctx, inputs, output) -> None:
-    q, k, v, softmax_scale, causal, _, deterministic = inputs
+    q, k, v, softmax_scale, causal, window_left, window_right, softcap, _, deterministic = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.softmax_scale, ctx.causal, ctx.deterministic = softmax_scale, causal, deterministic
+    ctx.window_left, ctx.window_right, ctx.softcap = window_left, window_right, softcap
     ctx.mark_non_differentiable(lse)
 
 
 def _fwd_backward(ctx, grad_o, grad_lse):
     q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = bwd(q, k, v, o, lse, grad_o, ctx.softmax_scale, ctx.causal, ctx.deterministic)
-    return dq, dk, dv, None, None, None, None
+    dq, dk, dv = bwd(q, k, v, o, lse, grad_o, ctx.softmax_scale, ctx.causal, ctx.deterministic, ctx.window_left, ctx.window_right, ctx.softcap)
+    return dq, dk, dv, None, None, None, None, None, None, None
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)

@@ -8,6 +8,8 @@ alignment and head dims are checked by the Rust library, whose errors arrive as
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 from typing import Optional, Tuple, Union
 
 import torch
@@ -63,14 +65,43 @@ def _fast_path(*tensors: Tensor) -> bool:
     return all(type(t) is Tensor for t in tensors)
 
 
+NO_WINDOW = (-1, -1)
+
+
 def _attention(
-    q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, num_splits: int, want_lse: bool = True, deterministic: bool = False
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    scale: float,
+    causal: bool,
+    num_splits: int,
+    want_lse: bool = True,
+    deterministic: bool = False,
+    window: Tuple[int, int] = NO_WINDOW,
+    softcap: float = 0.0,
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """(o, lse) through the op, or directly where nothing needs the op; lse may then be None
     when not wanted (it is neither allocated nor written)."""
     if _fast_path(q, k, v):
-        return _ops.forward(q, k, v, scale, causal, num_splits, want_lse)
-    return _ops.fwd(q, k, v, scale, causal, num_splits, deterministic)
+        return _ops.forward(q, k, v, scale, causal, window, softcap, num_splits, want_lse)
+    return _ops.fwd(q, k, v, scale, causal, window[0], window[1], softcap, num_splits, deterministic)
+
+
+def _window(window_size: object) -> Tuple[int, int]:
+    """`window_size` as two ints, or the TypeError naming it; their values (-1 or >= 0) are
+    checked by the Rust library, whose error names `window`."""
+    try:
+        left, right = window_size  # type: ignore[misc]
+        return operator.index(left), operator.index(right)
+    except (TypeError, ValueError):
+        raise TypeError(f"`window_size` must be a pair of ints (left, right), got {window_size!r}") from None
+
+
+def _softcap(softcap: object) -> float:
+    """`softcap` as a float, or the TypeError naming it (its value is checked by the Rust library)."""
+    if not isinstance(softcap, numbers.Real):
+        raise TypeError(f"`softcap` must be a float, got {type(softcap).__name__}")
+    return float(softcap)
 
 
 def flash_attn_func(
@@ -97,9 +128,15 @@ def flash_attn_func(
         dropout_p: must be 0.0 (dropout is not supported).
         softmax_scale: multiplies `q·kᵀ`; default `1/sqrt(D)`.
         causal: causal mask aligned to the bottom-right corner when Sq != Sk (query i sees
-            key j iff j <= i + Sk - Sq); rows that see no key give 0.
-        window_size, softcap, alibi_slopes: not supported yet; anything but the default
-            raises NotImplementedError.
+            key j iff j <= i + Sk - Sq); rows that see no key give 0 (lse -inf).
+        window_size: `(left, right)` sliding window, aligned bottom-right as the causal mask:
+            query i sees key j iff `i + Sk - Sq - left <= j <= i + Sk - Sq + right`; -1 leaves
+            a side unbounded; with causal=True the right side is 0. Ints; each -1 or >= 0
+            (else ValueError naming `window`).
+        softcap: logit softcapping (Gemma 2): each score `s = q·k * softmax_scale` becomes
+            `softcap * tanh(s / softcap)` before the softmax; 0.0 is off, else finite and > 0
+            (else ValueError naming `softcap`).
+        alibi_slopes: not supported yet; anything but None raises NotImplementedError.
         deterministic: bitwise-reproducible gradients in the backward, run to run on one GPU
             model (the forward is always deterministic).
         return_attn_probs: also return the log-sum-exp.
@@ -110,24 +147,20 @@ def flash_attn_func(
 
     Runs on the current CUDA stream without synchronising. Differentiable: every head dim runs
     a FlashCore tensor-core backward (bwd_sm90 on Hopper for D 64/96/128/192/256, else bwd_sm80);
-    deterministic=True makes its gradients bitwise repeatable.
+    deterministic=True makes its gradients bitwise repeatable. A window or softcap is forward
+    only for now: the forward runs (inputs may require grad), `.backward()` through it raises
+    NotImplementedError.
     """
     _check((("q", q), ("k", k), ("v", v)), "[B, S, H, D]")
-    if dropout_p or softcap or alibi_slopes is not None or window_size[0] != -1 or window_size[1] != -1:
-        _refuse_unsupported(dropout_p, window_size, softcap, alibi_slopes)
-    out, lse = _attention(q, k, v, _scale(softmax_scale, q.shape[-1]), bool(causal), 0, return_attn_probs, bool(deterministic))
-    return (out, lse, None) if return_attn_probs else out
-
-
-def _refuse_unsupported(dropout_p: float, window_size: Tuple[int, int], softcap: float, alibi_slopes: Optional[Tensor]) -> None:
     if dropout_p != 0.0:
         raise _unsupported("dropout_p", dropout_p)
-    if tuple(window_size) != (-1, -1):
-        raise _unsupported("window_size", tuple(window_size), "(sliding-window attention) is not supported yet")
-    if softcap != 0.0:
-        raise _unsupported("softcap", softcap)
     if alibi_slopes is not None:
         raise _unsupported("alibi_slopes", "<tensor>")
+    window = NO_WINDOW if window_size == NO_WINDOW else _window(window_size)
+    softcap = 0.0 if softcap == 0.0 else _softcap(softcap)
+    scale = _scale(softmax_scale, q.shape[-1])
+    out, lse = _attention(q, k, v, scale, bool(causal), 0, return_attn_probs, bool(deterministic), window, softcap)
+    return (out, lse, None) if return_attn_probs else out
 
 
 def scaled_dot_product_attention(
@@ -180,10 +213,11 @@ def scaled_dot_product_attention(
     return out.transpose(1, 2)
 
 
-def kernel_plan(q: Tensor, k: Tensor, causal: bool = False) -> str:
+def kernel_plan(q: Tensor, k: Tensor, causal: bool = False, window_size: Tuple[int, int] = NO_WINDOW, softcap: float = 0.0) -> str:
     """What FlashCore would run for BSHD `q`, `k` on their device: kernel, tile, grid."""
     _check((("q", q), ("k", k)), "[B, S, H, D]")
-    return _flashcore.plan(q.device.index, tuple(q.shape), tuple(k.shape), _ops.DTYPE_NAMES[q.dtype], causal)
+    left, right = _window(window_size)
+    return _flashcore.plan(q.device.index, tuple(q.shape), tuple(k.shape), _ops.DTYPE_NAMES[q.dtype], causal, left, right, _softcap(softcap))
 
 
 def device_info(device: Union[int, torch.device, None] = None) -> str:

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use flashcore::{
     AttnParams, BwdInputs, Context, DType, Error, ExternalStream, GradsMut, Layout, LseView, ProblemShape, TensorView, TensorViewMut,
+    Window,
 };
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -57,8 +58,21 @@ fn context(device: usize) -> PyResult<Arc<Context>> {
     Ok(ctx)
 }
 
-fn params(softmax_scale: Option<f32>, causal: bool, num_splits: Option<usize>) -> AttnParams {
-    AttnParams { softmax_scale, causal, num_splits, ..AttnParams::default() }
+/// The backward's refusal of what only the forward has (a sliding window, a softcap) is
+/// "not yet", not a bad argument: `NotImplementedError`, raised when `.backward()` runs.
+fn backward_error(e: Error) -> PyErr {
+    match e {
+        Error::Param { arg: "window" | "softcap", .. } => {
+            PyNotImplementedError::new_err(format!("{e}: window_size and softcap are forward-only for now (inference, or torch.no_grad())"))
+        }
+        e => to_py(e),
+    }
+}
+
+/// The call's parameters: `window_left`, `window_right` are flash_attn's `window_size` (-1
+/// unbounded), `softcap` 0 for none; the Rust API validates them.
+fn params(softmax_scale: Option<f32>, causal: bool, window: (i32, i32), softcap: f32, num_splits: Option<usize>) -> AttnParams {
+    AttnParams { softmax_scale, causal, window: Window::new(window.0, window.1), softcap, num_splits, ..AttnParams::default() }
 }
 
 /// Attention forward on `stream` of `device`: `o = softmax(scale · q kᵀ [+ mask]) v` into `o`
@@ -67,7 +81,7 @@ fn params(softmax_scale: Option<f32>, causal: bool, num_splits: Option<usize>) -
 /// partials); it is called at most once, and what it returns must stay allocated until this
 /// call returns (work queued on `stream` after that is ordered by the caller's allocator).
 #[pyfunction]
-#[pyo3(signature = (device, stream, q, k, v, o, lse, scratch, softmax_scale, causal, num_splits=None))]
+#[pyo3(signature = (device, stream, q, k, v, o, lse, scratch, softmax_scale, causal, window_left=-1, window_right=-1, softcap=0.0, num_splits=None))]
 #[allow(clippy::too_many_arguments)]
 fn attention_forward(
     py: Python<'_>,
@@ -81,11 +95,14 @@ fn attention_forward(
     scratch: Py<PyAny>,
     softmax_scale: Option<f32>,
     causal: bool,
+    window_left: i32,
+    window_right: i32,
+    softcap: f32,
     num_splits: Option<usize>,
 ) -> PyResult<()> {
     let layouts = [layout(&q, "q")?, layout(&k, "k")?, layout(&v, "v")?, layout(&o, "o")?];
     let ctx = context(device)?;
-    let params = params(softmax_scale, causal, num_splits);
+    let params = params(softmax_scale, causal, (window_left, window_right), softcap, num_splits);
     let mut scratch_error: Option<PyErr> = None;
     // Detached from the interpreter: the first call of a variant compiles it (seconds).
     let result = py.detach(|| {
@@ -108,14 +125,15 @@ fn attention_forward(
             )
         }
     });
-    finish(result, scratch_error)
+    finish(result, scratch_error, to_py)
 }
 
 /// The backward pass on `stream` of `device`: `dq`, `dk`, `dv` (written) from `q`, `k`, `v`,
 /// the forward's `o` and `lse` (`(address, elements)`, f32 `[B, Hq, Sq]`) and `dout`. Scratch
-/// as for `attention_forward`. Returns the name of the kernel variant that ran.
+/// as for `attention_forward`. Returns the name of the kernel variant that ran. A window or a
+/// softcap (the forward's) is refused with `NotImplementedError` until the kernels have them.
 #[pyfunction]
-#[pyo3(signature = (device, stream, q, k, v, o, lse, dout, dq, dk, dv, scratch, softmax_scale, causal, deterministic))]
+#[pyo3(signature = (device, stream, q, k, v, o, lse, dout, dq, dk, dv, scratch, softmax_scale, causal, deterministic, window_left=-1, window_right=-1, softcap=0.0))]
 #[allow(clippy::too_many_arguments)]
 fn attention_backward(
     py: Python<'_>,
@@ -134,6 +152,9 @@ fn attention_backward(
     softmax_scale: Option<f32>,
     causal: bool,
     deterministic: bool,
+    window_left: i32,
+    window_right: i32,
+    softcap: f32,
 ) -> PyResult<String> {
     let names = ["q", "k", "v", "o", "dout", "dq", "dk", "dv"];
     let args = [&q, &k, &v, &o, &dout, &dq, &dk, &dv];
@@ -142,11 +163,11 @@ fn attention_backward(
         layouts.push(layout(t, name)?);
     }
     let ctx = context(device)?;
-    let params = AttnParams { deterministic, ..params(softmax_scale, causal, None) };
+    let params = AttnParams { deterministic, ..params(softmax_scale, causal, (window_left, window_right), softcap, None) };
     let [batch, seqlen_q, heads_q, head_dim] = layouts[0].shape;
     let [_, seqlen_k, heads_kv, _] = layouts[1].shape;
     let shape = ProblemShape { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim };
-    let kernel = ctx.backward_variant(&shape, layouts[0].dtype, &params).map_err(to_py)?.name();
+    let kernel = ctx.backward_variant(&shape, layouts[0].dtype, &params).map_err(backward_error)?.name();
     let mut scratch_error: Option<PyErr> = None;
     let result = py.detach(|| {
         let mut scratch = scratch_fn(&scratch, &mut scratch_error);
@@ -165,15 +186,15 @@ fn attention_backward(
             )
         }
     });
-    finish(result, scratch_error).map(|()| kernel)
+    finish(result, scratch_error, backward_error).map(|()| kernel)
 }
 
 /// A call's result as Python sees it: the Python exception the scratch allocator raised, if
-/// that is what failed the call, else the FlashCore error converted.
-fn finish(result: flashcore::Result<()>, scratch_error: Option<PyErr>) -> PyResult<()> {
+/// that is what failed the call, else the FlashCore error converted by `convert`.
+fn finish(result: flashcore::Result<()>, scratch_error: Option<PyErr>, convert: fn(Error) -> PyErr) -> PyResult<()> {
     match (result, scratch_error) {
         (Err(_), Some(e)) => Err(e),
-        (result, _) => result.map_err(to_py),
+        (result, _) => result.map_err(convert),
     }
 }
 
@@ -189,22 +210,28 @@ fn scratch_fn<'a>(scratch: &'a Py<PyAny>, error: &'a mut Option<PyErr>) -> impl 
 }
 
 /// What would run for this problem on `device`: the kernel variant, its tile and grid (the
-/// dispatcher's own description).
+/// dispatcher's own description). A window or softcap selects other variants.
 #[pyfunction]
-#[pyo3(signature = (device, q_shape, k_shape, dtype_name, causal, num_splits=None))]
+#[pyo3(signature = (device, q_shape, k_shape, dtype_name, causal, window_left=-1, window_right=-1, softcap=0.0, num_splits=None))]
+#[allow(clippy::too_many_arguments)]
 fn plan(
     device: usize,
     q_shape: [usize; 4],
     k_shape: [usize; 4],
     dtype_name: &str,
     causal: bool,
+    window_left: i32,
+    window_right: i32,
+    softcap: f32,
     num_splits: Option<usize>,
 ) -> PyResult<String> {
     let [batch, seqlen_q, heads_q, head_dim] = q_shape;
     let [_, seqlen_k, heads_kv, _] = k_shape;
     let shape = ProblemShape { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim };
+    let params = params(None, causal, (window_left, window_right), softcap, num_splits);
+    params.check_window_and_softcap().map_err(to_py)?;
     let ctx = context(device)?;
-    let plan = ctx.plan(&shape, dtype(dtype_name, "q")?, &params(None, causal, num_splits)).map_err(to_py)?;
+    let plan = ctx.plan(&shape, dtype(dtype_name, "q")?, &params).map_err(to_py)?;
     Ok(plan.describe())
 }
 

@@ -11,20 +11,36 @@ import torch
 REL_BOUND = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
 
 
-def reference(q, k, v, scale, causal, top_left=False):
-    """float64 attention on BSHD tensors: (o [B, Sq, Hq, D], lse [B, Hq, Sq]).
-    causal: bottom-right aligned (query i sees key j iff j <= i + Sk - Sq), or top-left
-    (j <= i) with `top_left`. Rows that see no key give o = 0, lse = -inf."""
+def visible(sq, sk, causal, top_left=False, window=(-1, -1), device="cuda"):
+    """[Sq, Sk] bool: which keys each query sees. Bottom-right aligned (query i sits on key
+    i + Sk - Sq), or top-left (on key i) with `top_left`. causal: keys up to the diagonal.
+    window (left, right), flash_attn's window_size: keys from diagonal - left to diagonal +
+    right, -1 unbounded; with causal the right side is 0."""
+    i = torch.arange(sq, device=device)[:, None]
+    j = torch.arange(sk, device=device)[None, :]
+    diag = i if top_left else i + (sk - sq)
+    left, right = window
+    if causal:
+        right = 0
+    seen = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    if left >= 0:
+        seen &= j >= diag - left
+    if right >= 0:
+        seen &= j <= diag + right
+    return seen
+
+
+def reference(q, k, v, scale, causal, top_left=False, window=(-1, -1), softcap=0.0):
+    """float64 attention on BSHD tensors: (o [B, Sq, Hq, D], lse [B, Hq, Sq]); the mask as in
+    `visible`; softcap: scores s = q·k·scale become softcap·tanh(s / softcap) first. Rows
+    that see no key give o = 0, lse = -inf."""
     q, k, v = (t.double().transpose(1, 2) for t in (q, k, v))  # BHSD
     group = q.shape[1] // k.shape[1]
     k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
     s = torch.matmul(q, k.transpose(-1, -2)) * scale
-    sq, sk = q.shape[2], k.shape[2]
-    if causal:
-        i = torch.arange(sq, device=q.device)[:, None]
-        j = torch.arange(sk, device=q.device)[None, :]
-        visible = j <= i if top_left else j <= i + (sk - sq)
-        s = s.masked_fill(~visible, -math.inf)
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    s = s.masked_fill(~visible(q.shape[2], k.shape[2], causal, top_left, window, q.device), -math.inf)
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse[..., None]).nan_to_num(0.0)  # rows with no key: exp(-inf - -inf)
     o = torch.matmul(p, v)
@@ -54,13 +70,32 @@ def reference_autograd(q, k, v, scale, causal, top_left=False):
     group = q.shape[1] // k.shape[1]
     k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
     s = torch.matmul(q, k.transpose(-1, -2)) * scale
-    sq, sk = q.shape[2], k.shape[2]
-    visible = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
-    if causal:
-        i = torch.arange(sq, device=q.device)[:, None]
-        j = torch.arange(sk, device=q.device)[None, :]
-        visible = j <= i if top_left else j <= i + (sk - sq)
-    seen = visible.any(-1, keepdim=True)
-    s = s.masked_fill(~visible, -math.inf).masked_fill(~seen, 0.0)
+    mask = visible(q.shape[2], k.shape[2], causal, top_left, device=q.device)
+    seen = mask.any(-1, keepdim=True)
+    s = s.masked_fill(~mask, -math.inf).masked_fill(~seen, 0.0)
     p = torch.softmax(s, dim=-1) * seen
     return torch.matmul(p, v).transpose(1, 2)
+
+
+def qkv(b, sq, sk, hq, hkv, d, dtype, scale=1.0, seed=0):
+    return (
+        randn(b, sq, hq, d, dtype=dtype, scale=scale, seed=seed),
+        randn(b, sk, hkv, d, dtype=dtype, scale=scale, seed=seed + 1),
+        randn(b, sk, hkv, d, dtype=dtype, seed=seed + 2),
+    )
+
+
+def check_against_reference(q, k, v, out, lse, scale, causal, window=(-1, -1), softcap=0.0):
+    """out and lse of FlashCore against `reference` (DESIGN §5 bounds); rows that see no key
+    must give 0 and lse = -inf exactly."""
+    ref_o, ref_lse = reference(q, k, v, scale, causal, window=window, softcap=softcap)
+    assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
+    err = rel_l2(out, ref_o)
+    assert err <= REL_BOUND[q.dtype], f"rel L2 error of o {err:.3g} over {REL_BOUND[q.dtype]:g}"
+    seen = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isfinite(lse), seen), "lse is -inf exactly on the rows that see no key"
+    if seen.any():
+        assert (lse[seen].double() - ref_lse[seen]).abs().max().item() <= 2e-3 * max(1.0, ref_lse[seen].abs().max().item())
+    if (~seen).any():
+        blind = (~seen).transpose(1, 2)[..., None].expand_as(out)  # [B, Sq, Hq, D]
+        assert (out[blind] == 0).all(), "rows that see no key give 0"

@@ -8,7 +8,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="needs PyTorch")
 import flashcore  # noqa: E402
-from helpers import REL_BOUND, randn, reference, rel_l2  # noqa: E402
+from helpers import REL_BOUND, check_against_reference, qkv, randn, reference, rel_l2  # noqa: E402
 
 DTYPES = [torch.bfloat16, torch.float16]
 
@@ -25,28 +25,6 @@ SHAPES = [
     (3, 1, 4097, 32, 8, 128),
     (1, 4097, 4097, 2, 2, 64),
 ]
-
-
-def qkv(b, sq, sk, hq, hkv, d, dtype, scale=1.0, seed=0):
-    return (
-        randn(b, sq, hq, d, dtype=dtype, scale=scale, seed=seed),
-        randn(b, sk, hkv, d, dtype=dtype, scale=scale, seed=seed + 1),
-        randn(b, sk, hkv, d, dtype=dtype, seed=seed + 2),
-    )
-
-
-def check_against_reference(q, k, v, out, lse, scale, causal):
-    ref_o, ref_lse = reference(q, k, v, scale, causal)
-    assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
-    err = rel_l2(out, ref_o)
-    assert err <= REL_BOUND[q.dtype], f"rel L2 error of o {err:.3g} over {REL_BOUND[q.dtype]:g}"
-    seen = torch.isfinite(ref_lse)
-    assert torch.equal(torch.isfinite(lse), seen), "lse is -inf exactly on the rows that see no key"
-    if seen.any():
-        assert (lse[seen].double() - ref_lse[seen]).abs().max().item() <= 2e-3 * max(1.0, ref_lse[seen].abs().max().item())
-    if (~seen).any():
-        blind = (~seen).transpose(1, 2)[..., None].expand_as(out)  # [B, Sq, Hq, D]
-        assert (out[blind] == 0).all(), "rows that see no key give 0"
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "f16"])

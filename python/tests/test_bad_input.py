@@ -84,13 +84,49 @@ def test_unsupported_head_dims():
     "kw,name",
     [
         (dict(dropout_p=0.1), "dropout_p"),
-        (dict(window_size=(128, 0)), "window_size"),
-        (dict(softcap=30.0), "softcap"),
         (dict(alibi_slopes=torch.ones(4)), "alibi_slopes"),
     ],
 )
 def test_unsupported_arguments_are_named(kw, name):
     raises(NotImplementedError, f"`{name}=", **kw)
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(window_size=(-2, 0)), r"parameter `window`: \(-2, 0\): each side must be -1 \(unbounded\) or >= 0"),
+        (dict(window_size=(16, -5), causal=True), r"parameter `window`"),
+        (dict(softcap=-1.0), r"parameter `softcap`: -1 must be 0 \(off\), or finite and > 0"),
+        (dict(softcap=float("nan")), r"parameter `softcap`: NaN"),
+        (dict(softcap=float("inf")), r"parameter `softcap`: inf"),
+    ],
+    ids=["window-2", "window-right-5", "softcap-1", "softcap-nan", "softcap-inf"],
+)
+def test_bad_window_and_softcap_values_are_value_errors(kw, match):
+    raises(ValueError, match, **kw)
+
+
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        (dict(window_size=(1.5, 0)), r"`window_size` must be a pair of ints"),
+        (dict(window_size=64), r"`window_size` must be a pair of ints"),
+        (dict(window_size=(1, 2, 3)), r"`window_size` must be a pair of ints"),
+        (dict(softcap="30"), r"`softcap` must be a float, got str"),
+        (dict(softcap=None), r"`softcap` must be a float, got NoneType"),
+    ],
+    ids=["window-float", "window-int", "window-triple", "softcap-str", "softcap-none"],
+)
+def test_window_and_softcap_of_the_wrong_type_are_type_errors(kw, match):
+    raises(TypeError, match, **kw)
+
+
+def test_bad_window_with_grad_inputs_is_a_value_error_too():
+    # Through the registered op (inputs that require grad), the same error.
+    q, k, v = (t.requires_grad_() for t in good())
+    with pytest.raises(ValueError, match=r"parameter `softcap`"):
+        flashcore.flash_attn_func(q, k, v, softcap=-3.0)
+    torch_still_works()
 
 
 def test_negative_scale():

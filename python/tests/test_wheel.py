@@ -73,6 +73,14 @@ def test_bad_dtype_is_a_type_error_before_any_gpu_work(ext):
         ext.attention_forward(0, 0, t, bad, t, t, None, lambda n: 0, None, False)
 
 
+def test_bad_window_and_softcap_are_value_errors_before_any_gpu_work(ext):
+    shape = (1, 16, 4, 64)
+    with pytest.raises(ValueError, match=r"parameter `window`: \(-2, 0\): each side must be -1"):
+        ext.plan(0, shape, shape, "bf16", False, -2, 0)
+    with pytest.raises(ValueError, match=r"parameter `softcap`: NaN must be 0 \(off\), or finite and > 0"):
+        ext.plan(0, shape, shape, "bf16", True, window_left=127, window_right=0, softcap=float("nan"))
+
+
 @pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="this machine has a GPU: the no-GPU error cannot be seen")
 def test_no_gpu_is_a_runtime_error_not_a_crash(ext):
     t = (0x1000, (1, 16, 4, 64), (4096, 256, 64, 1), "bf16")

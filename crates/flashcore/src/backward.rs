@@ -114,9 +114,10 @@ impl Context {
 
     /// The kernel variant the backward of `shape` runs (see the module's documentation).
     pub fn backward_variant(&self, shape: &ProblemShape, dtype: crate::DType, params: &AttnParams) -> Result<crate::Variant> {
+        let causal = params.mask().0;
         Ok(match backward_family(shape, params, self.info().arch)? {
-            KernelFamily::BwdSm80 => bwd_sm80::variant(self.info().arch, dtype, shape.head_dim, params.causal),
-            KernelFamily::BwdSm90 => bwd_sm90::variant(dtype, shape.head_dim, params.causal),
+            KernelFamily::BwdSm80 => bwd_sm80::variant(self.info().arch, dtype, shape.head_dim, causal),
+            KernelFamily::BwdSm90 => bwd_sm90::variant(dtype, shape.head_dim, causal),
             _ => reference::variant(dtype),
         })
     }
@@ -190,7 +191,8 @@ impl Context {
             head_dim: shape.head_dim as i32,
             softmax_scale: scale,
             softmax_scale_log2: scale * std::f32::consts::LOG2_E,
-            causal: i32::from(params.causal),
+            // The mask, not the flag: window (-1, 0) is the causal mask the forward ran.
+            causal: i32::from(params.mask().0),
             deterministic: i32::from(params.deterministic),
             dq_splits: splits as i32,
             spread_walks: i32::from(variant.family == KernelFamily::BwdSm90 && spread_walks(&variant, &shape, self.info().sm_count)),
