@@ -86,6 +86,7 @@
 #include "common/mask.cuh"
 #include "common/params.cuh"
 #include "common/pipeline.cuh"
+#include "common/sequence.cuh"
 #include "common/softmax_sm90.cuh"
 #include "common/tile_scheduler.cuh"
 #include "common/tile_sm90.cuh"
@@ -143,9 +144,13 @@ constexpr int kStages = FC_STAGES;
 constexpr bool kCausal = FC_CAUSAL != 0;
 constexpr bool kLocal = FC_LOCAL != 0;      // sliding window (common/mask.cuh)
 constexpr bool kSoftcap = FC_SOFTCAP != 0;  // logit softcapping (common/mask.cuh)
+constexpr bool kVarlen = FC_VARLEN != 0;    // a packed batch (common/sequence.cuh)
 constexpr bool kSkipMax = FC_SKIP_MAX != 0;
 constexpr int kThreads = warpgroup::kThreads * (kConsumerWG + 1);
 // setmaxnreg budgets: 64K registers per SM shared by one CTA.
+// Packed, the producer's tile search (find_tile) does not fit 24 registers and spills (up to
+// 112 bytes; local memory of one thread that mostly waits); a larger budget would take the
+// consumers', which then spill in the key loop (D128 232 registers: 96 bytes).
 constexpr int kProducerRegs = kConsumerWG == 2 ? 24 : 32;
 constexpr int kConsumerRegs = kConsumerWG == 2 ? 240 : 160;
 static_assert(kHeadDimReal == 64 || kHeadDimReal == 96 || kHeadDimReal == 128 || kHeadDimReal == 192 ||
@@ -171,7 +176,9 @@ static_assert(warpgroup::kThreads * (kProducerRegs + kConsumerWG * kConsumerRegs
 constexpr u32 kSchedulerBarrier = 1;
 constexpr u32 kEpilogueBarrier = kSchedulerBarrier + kConsumerWG;
 
-using Order = TileOrder<kCausal>;
+// Longest first for causal tiles, and for packed batches, where the last m blocks exist only
+// for the longest sequences, whose tiles (of the most keys) then go out first.
+using Order = TileOrder<kCausal || kVarlen>;
 
 using QTile = sm90::SmemTile<kBlockM, kHeadDim>;
 using KVTile = sm90::SmemTile<kBlockN, kHeadDim>;
@@ -189,6 +196,7 @@ struct SharedStorage {
     u64 v_full[kStages], v_empty[kStages];
     u64 o_free;      // the TMA store has read O out of V's stages
     WorkTile tile;  // the tile q_full announces (not valid: stop)
+    Sequence seq;   // its sequence (varlen: read from cu_seqlens by the producer)
 };
 static_assert(sizeof(OTile) <= kStages * sizeof(KVTile), "O must fit in V's stages");
 constexpr unsigned kSmemBytes = sizeof(SharedStorage) + sm90::kSwizzlePeriod;
@@ -204,20 +212,15 @@ __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; 
 
 using Mask = KeyMask<kCausal, kLocal>;  // common/mask.cuh
 
-// The key blocks the query rows [m0, m0 + block_m) visit ([begin, end), last to first), and
-// which of them need the mask (see KeyBlocks).
-__device__ __forceinline__ KeyBlocks key_blocks(const FwdParams& p, int m0, int block_m) {
-    return Mask(p).blocks(m0, min(m0 + block_m, p.seqlen_q), kBlockN);
+// The mask of one sequence's queries and keys.
+__device__ __forceinline__ Mask mask_of(const FwdParams& p, const Sequence& seq) {
+    return Mask(seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
 }
 
-// One past the last key block one consumer warpgroup's 64 rows need, at most the tile's:
-// fewer on the causal diagonal when the tile is taller than a key block (D64 192 x 128: the
-// top rows do not see the last block), none (the tile's begin) for rows all past seqlen_q
-// (the last, partial tile).
-__device__ __forceinline__ int own_key_blocks(const FwdParams& p, const KeyBlocks& tile_blocks, int m0) {
-    if (m0 >= p.seqlen_q) return tile_blocks.begin;
-    const int end = min(tile_blocks.end, key_blocks(p, m0, 64).end);
-    return kLocal ? max(tile_blocks.begin, end) : end;
+// The key blocks the query rows [m0, m0 + block_m) visit ([begin, end), last to first), and
+// which of them need the mask (see KeyBlocks).
+__device__ __forceinline__ KeyBlocks key_blocks(const FwdParams& p, const Sequence& seq, int m0, int block_m) {
+    return mask_of(p, seq).blocks(m0, min(m0 + block_m, seq.seqlen_q), kBlockN);
 }
 
 // This thread's place in its warpgroup's m64 x N accumulator (softmax_sm90.cuh): rows
@@ -237,10 +240,9 @@ __device__ __forceinline__ Fragment fragment() {
 // outside its window: Mask); the scores are rows [m0, m0 + 64) x keys [n0, n0 + N) of the
 // tile's product.
 template <int R>
-__device__ __forceinline__ void apply_mask(float (&s)[R], int m0, int n0, const FwdParams& p) {
+__device__ __forceinline__ void apply_mask(float (&s)[R], int m0, int n0, const Mask& mask) {
     const Fragment f = fragment();
     const int row0 = m0 + f.row, col0 = n0 + f.col;
-    const Mask mask(p);
 #pragma unroll
     for (int i = 0; i < R; ++i) {
         const int col = col0 + 8 * (i / 4) + (i % 2);
@@ -249,29 +251,57 @@ __device__ __forceinline__ void apply_mask(float (&s)[R], int m0, int n0, const 
     }
 }
 
-// The scores' transform and mask for key block n (softcapping first: it needs the raw scores).
-template <int R>
-__device__ __forceinline__ void finish_scores(float (&s)[R], int m0, int n, bool masked, const FwdParams& p) {
-    if constexpr (kSoftcap) softcap_scores(s, p);
-    if (masked) apply_mask(s, m0, n * kBlockN, p);
+// Packed, the rows of a sequence's last tile past its end hold the next sequence's queries;
+// their scores become 0, those of the zero-filled rows a sequence run alone has, so that the
+// warp-wide choices of the softmax (softmax_under_pv) and hence every bit of the sequence's
+// own rows are the same as alone.
+template <int R> __device__ __forceinline__ void zero_rows_past(float (&s)[R], int m0, int seqlen_q) {
+    const int row0 = m0 + fragment().row;
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+        if (row0 + 8 * ((i / 2) % 2) >= seqlen_q) s[i] = 0.f;
+    }
 }
 
-// One query tile: where it is, and the key blocks it visits.
+// One query tile: where it is, its sequence, and the key blocks it visits.
 struct Tile {
     int m0, head, kv_head, batch;
+    Sequence seq;
     KeyBlocks blocks;
 };
+
+// The scores' transform and mask for key block n (softcapping first: it needs the raw scores).
+template <int R>
+__device__ __forceinline__ void finish_scores(float (&s)[R], int m0, int n, bool masked, const FwdParams& p, const Tile& t) {
+    if (kVarlen && m0 + 64 > t.seq.seqlen_q) zero_rows_past(s, m0, t.seq.seqlen_q);
+    if constexpr (kSoftcap) softcap_scores(s, p);
+    if (masked) apply_mask(s, m0, n * kBlockN, mask_of(p, t.seq));
+}
+
 __device__ __forceinline__ Order make_order(const FwdParams& p, const TileSchedule& schedule) {
     return Order{ceil_div(p.seqlen_q, kBlockM), p.heads_q, p.batch, schedule.section};
 }
-__device__ __forceinline__ Tile make_tile(const FwdParams& p, const WorkTile& w) {
+__device__ __forceinline__ Tile make_tile(const FwdParams& p, const WorkTile& w, const Sequence& seq) {
     Tile t;
     t.m0 = w.m_block * kBlockM;
     t.head = w.head;
     t.batch = w.batch;
     t.kv_head = t.head / (p.heads_q / p.heads_kv);
-    t.blocks = key_blocks(p, t.m0, kBlockM);
+    t.seq = seq;
+    t.blocks = key_blocks(p, seq, t.m0, kBlockM);
     return t;
+}
+// The tensors' batch coordinate of a tile (packed: one batch entry, the sequences' rows).
+__device__ __forceinline__ int batch_coord(const Tile& t) { return kVarlen ? 0 : t.batch; }
+
+// One past the last key block one consumer warpgroup's 64 rows need, at most the tile's:
+// fewer on the causal diagonal when the tile is taller than a key block (D64 192 x 128: the
+// top rows do not see the last block), none (the tile's begin) for rows all past seqlen_q
+// (the last, partial tile).
+__device__ __forceinline__ int own_key_blocks(const FwdParams& p, const Tile& t, int m0) {
+    if (m0 >= t.seq.seqlen_q) return t.blocks.begin;
+    const int end = min(t.blocks.end, key_blocks(p, t.seq, m0, 64).end);
+    return kLocal ? max(t.blocks.begin, end) : end;
 }
 
 // This thread's LSE of its two rows (natural log), rows past seqlen_q skipped; the warpgroup's
@@ -280,13 +310,40 @@ __device__ __forceinline__ Tile make_tile(const FwdParams& p, const WorkTile& w)
 // keeps it live across the key loop; unsigned, so that no sign word is kept live either.
 __device__ __forceinline__ void store_lse(const float (&lse)[2], const FwdParams& p, int m0, const Tile& t) {
     if (p.lse == nullptr || threadIdx.x % 4 != 0) return;
+    const int row0 = m0 + fragment().row;
+    if constexpr (kVarlen) {
+        float* out = p.lse + lse_offset<true>(p, t.seq, t.batch, t.head);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            if (row0 + 8 * r < t.seq.seqlen_q) out[row0 + 8 * r] = lse[r];
+        }
+        return;
+    }
     int bh = t.batch * p.heads_q + t.head;
     asm volatile("" : "+r"(bh));
-    const int row0 = m0 + fragment().row;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         const int row = row0 + 8 * r;
         if (row < p.seqlen_q) p.lse[static_cast<u64>(static_cast<u32>(bh)) * static_cast<u32>(p.seqlen_q) + row] = lse[r];
+    }
+}
+
+// Rows [m0, m0 + 64) of O straight from this thread's registers (`value(i)`: the value of
+// accumulator register i), rows past the sequence skipped: 4-byte stores, for the tiles
+// whose O does not take the TMA store (see store_output and store_empty).
+template <class Value>
+__device__ __forceinline__ void store_rows(const FwdParams& p, const Tile& t, int m0, Value value) {
+    const Fragment f = fragment();
+    elem_t* out = static_cast<elem_t*>(p.o) + t.batch * p.o_stride_b + t.head * p.o_stride_h;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+        const int row = m0 + f.row + 8 * r;
+        if (row >= t.seq.seqlen_q) continue;
+        elem_t* dst = out + (t.seq.q_start + row) * p.o_stride_s + f.col;
+#pragma unroll
+        for (int j = 0; j < kHeadDimReal / 8; ++j) {
+            *reinterpret_cast<u32*>(dst + 8 * j) = pack2<elem_t>(value(4 * j + 2 * r), value(4 * j + 2 * r + 1));
+        }
     }
 }
 
@@ -300,34 +357,33 @@ __device__ __forceinline__ void store_output(SharedStorage& smem, float (&o)[kHe
                                              const PipelineState<kStages>& last_v, const TmaDescriptor* tma_o) {
     float inv[2], lse[2];
     softmax.finish(inv, lse);
+    const int m0 = t.m0 + 64 * wg;
+    if (kVarlen && m0 + 64 > t.seq.seqlen_q) {
+        // A sequence's last rows: the TMA store's box would write over the next sequence's
+        // first rows. O never goes to V's stages, which are free for the producer at once.
+        store_rows(p, t, m0, [&](int i) { return o[i] * inv[(i / 2) % 2]; });
+        if (threadIdx.x % warpgroup::kThreads == 0) mbarrier::arrive(bar(smem.o_free));
+        store_lse(lse, p, m0, t);
+        return;
+    }
     mbarrier::wait(bar(smem.v_empty, last_v.stage()), last_v.full_parity());
     sm90::write_accumulator(smem.o, 64 * wg, o, inv);
     tma::fence_proxy_async_shared();
     named_barrier::sync(kEpilogueBarrier + wg, warpgroup::kThreads);
     if (threadIdx.x % warpgroup::kThreads == 0) {
-        smem.o.store(tma_o, 64 * wg, t.m0 + 64 * wg, t.head, t.batch);
+        smem.o.store(tma_o, 64 * wg, t.seq.q_start + m0, t.head, batch_coord(t));
         tma::store_commit_group();
         tma::store_wait_read();
         mbarrier::arrive(bar(smem.o_free));
     }
-    store_lse(lse, p, t.m0 + 64 * wg, t);
+    store_lse(lse, p, m0, t);
 }
 
 // A tile with no visible key (causal with seqlen_q > seqlen_k): O = 0 and LSE = -inf,
 // stored straight from registers so that the O/V hand-over above only counts tiles that
 // loaded V. The warpgroup's rows start at m0.
 __device__ __forceinline__ void store_empty(const FwdParams& p, const Tile& t, int m0) {
-    const Fragment f = fragment();
-    const int row0 = m0 + f.row;
-    elem_t* out = static_cast<elem_t*>(p.o) + t.batch * p.o_stride_b + t.head * p.o_stride_h;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-        const int row = row0 + 8 * r;
-        if (row >= p.seqlen_q) continue;
-        elem_t* dst = out + row * p.o_stride_s + f.col;
-#pragma unroll
-        for (int j = 0; j < kHeadDimReal / 8; ++j) *reinterpret_cast<u32*>(dst + 8 * j) = 0u;
-    }
+    store_rows(p, t, m0, [](int) { return 0.f; });
     const float lse[2] = {math::neg_inf(), math::neg_inf()};
     store_lse(lse, p, m0, t);
 }
@@ -340,6 +396,23 @@ __device__ __forceinline__ void store_empty(const FwdParams& p, const Tile& t, i
 // consumers have issued their last Q·K^T (q_empty), and its first V until the previous
 // tile's O has left V's stages (o_free), so its Q and first K blocks load under the
 // previous tile's epilogue.
+// The tile of claim `index`, or packed, of the first claim from it on whose tile has rows: the
+// last m blocks of all but the longest sequences are past their ends, and are passed over
+// here, unannounced, rather than sent through the consumers. `seq` is the tile's sequence.
+__device__ __forceinline__ WorkTile find_tile(const FwdParams& p, const Order& order, const TileCounter& counter,
+                                              int index, Sequence& seq) {
+    if constexpr (!kVarlen) {  // no loop: the producer's 24 registers do not hold one (ptxas spills)
+        seq = sequence<false>(p, 0);
+        return order.at(index);
+    }
+    for (;; index = counter.claim()) {
+        const WorkTile w = order.at(index);
+        if (!w.valid) return w;
+        seq = sequence<kVarlen>(p, w.batch);
+        if (!kVarlen || w.m_block * kBlockM < seq.seqlen_q) return w;
+    }
+}
+
 __device__ __forceinline__ void produce(SharedStorage& smem, const FwdParams& p, const TileSchedule& schedule,
                                         const TmaDescriptor* tma_q, const TmaDescriptor* tma_k, const TmaDescriptor* tma_v) {
     const Order order = make_order(p, schedule);
@@ -348,10 +421,12 @@ __device__ __forceinline__ void produce(SharedStorage& smem, const FwdParams& p,
     PipelineCounter<1> tiles;  // one phase of q_full, q_empty and o_free per announced tile
     for (int index = counter.first(), next;; index = next, tiles.advance()) {
         // Decoded before the wait, off the path from q_empty to the Q load.
-        const WorkTile w = order.at(index);
-        const Tile t = make_tile(p, w);
+        Sequence seq;
+        const WorkTile w = find_tile(p, order, counter, index, seq);
+        const Tile t = make_tile(p, w, seq);
         mbarrier::wait(bar(smem.q_empty), tiles.empty_parity());
         smem.tile = w;
+        if constexpr (kVarlen) smem.seq = seq;
         if (!w.valid) {
             mbarrier::arrive(bar(smem.q_full));
             break;
@@ -363,13 +438,13 @@ __device__ __forceinline__ void produce(SharedStorage& smem, const FwdParams& p,
             continue;
         }
         mbarrier::arrive_expect_tx(bar(smem.q_full), QTile::kBytes);
-        smem.q.load(tma_q, bar(smem.q_full), t.m0, t.head, t.batch);
+        smem.q.load(tma_q, bar(smem.q_full), t.seq.q_start + t.m0, t.head, batch_coord(t));
         auto load = [&](const KVTile (&ring)[kStages], const u64 (&full)[kStages], const u64 (&empty)[kStages],
                         PipelineCounter<kStages>& st, const TmaDescriptor* map, int n) {
             mbarrier::wait(bar(empty, st.stage()), st.empty_parity());
             mbarrier::arrive_expect_tx(bar(full, st.stage()), KVTile::kBytes);
-            KVTile::load_to(smem_u32(ring) + st.stage() * KVTile::kBytes, map, bar(full, st.stage()), n * kBlockN,
-                            t.kv_head, t.batch);
+            KVTile::load_to(smem_u32(ring) + st.stage() * KVTile::kBytes, map, bar(full, st.stage()),
+                            t.seq.k_start + n * kBlockN, t.kv_head, batch_coord(t));
             st.advance();
         };
         auto load_k = [&](int n) { load(smem.k, smem.k_full, smem.k_empty, ks, tma_k, n); };
@@ -438,7 +513,7 @@ __device__ __forceinline__ void wait_pv_below_softmax(int n) {
 __device__ __forceinline__ bool softmax_under_pv(float (&s)[kBlockN / 2], sm90::OnlineSoftmax& softmax,
                                                 float (&rescale)[2], float (&o)[kHeadDim / 2], u32 (&pk)[kBlockN / 4],
                                                 const SharedStorage& smem, const PipelineState<kStages>& ks,
-                                                int q_row, int m0, bool masked, const FwdParams& p, int n) {
+                                                int q_row, int m0, bool masked, const FwdParams& p, const Tile& t, int n) {
     const float scale_log2 = p.softmax_scale_log2;
     bool rescale_o = false, rescore = false;
     if (kSkipMax && __all_sync(0xffffffffu, softmax.has_max())) {
@@ -458,7 +533,7 @@ __device__ __forceinline__ bool softmax_under_pv(float (&s)[kBlockN / 2], sm90::
     wgmma::fence_operands(pk);
     if (rescore) {
         sm90::warp_qk(s, smem.q, q_row + fragment().warp_row, smem.k[ks.stage()]);
-        finish_scores(s, m0, n, masked, p);
+        finish_scores(s, m0, n, masked, p, t);
         rescale_o = __any_sync(0xffffffffu, softmax.update(s, scale_log2, rescale));
     }
     return rescale_o;
@@ -482,7 +557,7 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
         // and keeps the pipeline stages, hence the wgmma descriptors, in uniform registers
         // (with the test on the loaded value, 5% slower: descriptors built per thread + R2UR).
         if (!warpgroup::warp_uniform(w.valid)) break;
-        const Tile t = make_tile(p, w);
+        const Tile t = make_tile(p, w, kVarlen ? smem.seq : sequence<false>(p, 0));
         const int m0 = t.m0 + q_row;  // this warpgroup's first query row
         const int n_begin = kLocal ? t.blocks.begin : 0, n_end = t.blocks.end;
         if (kLocal ? n_end <= n_begin : n_end == 0) {
@@ -498,7 +573,7 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
 
         // Blocks this warpgroup's rows do not see come first (last to first): passed over.
         int n = n_end - 1;
-        const int n_own = own_key_blocks(p, t.blocks, m0);
+        const int n_own = own_key_blocks(p, t, m0);
         PipelineState<kStages> last_v = vs;
         for (; n >= n_own; --n) {
             pass_over_block(smem, ks, vs, wg);
@@ -520,7 +595,7 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
             wgmma::fence_operands(s);
             mbarrier::arrive(bar(smem.k_empty, ks.stage()));
             ks.advance();
-            finish_scores(s, m0, n, Mask::masked(t.blocks, n), p);
+            finish_scores(s, m0, n, Mask::masked(t.blocks, n), p, t);
             softmax.update(s, scale_log2, rescale);
             sm90::to_operand(s, pk);
 
@@ -539,8 +614,8 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
                 };
                 if (!kSkipMax) release_k();  // else after the softmax: its slow path rereads K
                 const bool masked = Mask::masked(t.blocks, n);
-                finish_scores(s, m0, n, masked, p);
-                const bool rescale_o = softmax_under_pv(s, softmax, rescale, o, pk, smem, ks, q_row, m0, masked, p, n);
+                finish_scores(s, m0, n, masked, p, t);
+                const bool rescale_o = softmax_under_pv(s, softmax, rescale, o, pk, smem, ks, q_row, m0, masked, p, t, n);
                 if (kSkipMax) release_k();
                 mbarrier::arrive(bar(smem.v_empty, vs.stage()));
                 vs.advance();

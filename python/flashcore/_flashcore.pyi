@@ -29,6 +29,32 @@ def attention_forward(
     (-1 unbounded); `softcap`: 0 for none. Raises ValueError / TypeError /
     NotImplementedError / RuntimeError with the Rust error's text."""
 
+def attention_varlen_forward(
+    device: int,
+    stream: int,
+    q: TensorArg,
+    k: TensorArg,
+    v: TensorArg,
+    o: TensorArg,
+    lse: Optional[Tuple[int, int]],
+    scratch: Callable[[int], int],
+    cu_seqlens_q: Tuple[int, int],
+    cu_seqlens_k: Tuple[int, int],
+    seqused_k: Optional[Tuple[int, int]],
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: Optional[float],
+    causal: bool,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    num_splits: Optional[int] = None,
+    check: bool = False,
+) -> None:
+    """Attention forward over a packed batch: q, o [1, total_q, Hq, D], k, v [1, total_k, Hkv, D],
+    the int32 vectors as (address, elements), lse [Hq, total_q]. `check` first checks the
+    vectors' device values (synchronises). Otherwise as attention_forward."""
+
 def attention_backward(
     device: int,
     stream: int,

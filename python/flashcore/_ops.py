@@ -10,6 +10,7 @@ PyTorch's caching allocator. Nothing here synchronises.
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from typing import Callable, List, Optional, Tuple
 
@@ -82,6 +83,107 @@ def forward(
         return o.zero_(), (lse.fill_(-math.inf) if lse is not None else None)
     forward_into(q, k, v, o, lse, softmax_scale, causal, window, softcap, num_splits)
     return o, lse
+
+
+def varlen_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    seqused_k: Optional[Tensor],
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    window: Tuple[int, int],
+    softcap: float,
+) -> Tuple[Tensor, Tensor]:
+    """Attention over a packed batch (q [total_q, Hq, D], k, v [total_k, Hkv, D], int32
+    cu_seqlens on q's device): `(o [total_q, Hq, D], lse [Hq, total_q] f32)`. With the
+    environment variable FLASHCORE_CHECK_VARLEN=1 the cu_seqlens values are checked first
+    (this synchronises)."""
+    total_q, hq, d = q.shape
+    o = q.new_empty((total_q, hq, d))
+    lse = q.new_empty((hq, total_q), dtype=torch.float32)
+    if total_q == 0:
+        return o, lse
+    keep: List[Tensor] = []
+    vector = lambda t: (t.data_ptr(), t.numel())  # noqa: E731
+    _flashcore.attention_varlen_forward(
+        q.device.index,
+        _current_stream(q.device),
+        _arg(q.unsqueeze(0)),
+        _arg(k.unsqueeze(0)),
+        _arg(v.unsqueeze(0)),
+        _arg(o.unsqueeze(0)),
+        (lse.data_ptr(), lse.numel()),
+        _scratch(q.device, keep),
+        vector(cu_seqlens_q),
+        vector(cu_seqlens_k),
+        None if seqused_k is None else vector(seqused_k),
+        max_seqlen_q,
+        max_seqlen_k,
+        softmax_scale,
+        causal,
+        window[0],
+        window[1],
+        softcap,
+        None,
+        os.environ.get("FLASHCORE_CHECK_VARLEN", "") not in ("", "0"),
+    )
+    return o, lse
+
+
+@torch.library.custom_op("flashcore::varlen_fwd", mutates_args=(), device_types="cuda")
+def varlen_fwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    seqused_k: Optional[Tensor],
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+) -> Tuple[Tensor, Tensor]:
+    """The registered packed-batch op: see `varlen_forward`."""
+    return varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, (window_left, window_right), softcap)
+
+
+@varlen_fwd.register_fake
+def _varlen_fwd_fake(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    seqused_k: Optional[Tensor],
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+) -> Tuple[Tensor, Tensor]:
+    total_q, hq, d = q.shape
+    return q.new_empty((total_q, hq, d)), q.new_empty((hq, total_q), dtype=torch.float32)
+
+
+def _varlen_setup_context(ctx, inputs, output) -> None:
+    ctx.mark_non_differentiable(output[1])
+
+
+def _varlen_backward(ctx, grad_o, grad_lse):
+    raise NotImplementedError("flash_attn_varlen_func: the backward of a packed (varlen) batch is not supported yet (forward only)")
+
+
+varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
 
 
 # The op's schema holds only tensors and scalars: the window travels as its two sides.

@@ -163,6 +163,85 @@ def flash_attn_func(
     return (out, lse, None) if return_attn_probs else out
 
 
+def _check_seqlens(name: str, t: object, q: Tensor) -> None:
+    """A cu_seqlens / seqused_k vector: a 1-D int32 tensor on q's device, or the named error."""
+    if not isinstance(t, Tensor):
+        raise TypeError(f"`{name}` must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype is not torch.int32:
+        raise TypeError(f"`{name}` has dtype {t.dtype}: it must be torch.int32")
+    if t.dim() != 1:
+        raise ValueError(f"`{name}` must be 1-D, got shape {tuple(t.shape)}")
+    if t.device != q.device:
+        raise ValueError(f"`{name}` is on {t.device} and `q` on {q.device}: cu_seqlens live on q's device")
+    if not t.is_contiguous():
+        raise ValueError(f"`{name}` must be contiguous")
+
+
+def flash_attn_varlen_func(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = 0.0,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None,
+    deterministic: bool = False,
+    return_attn_probs: bool = False,
+    seqused_k: Optional[Tensor] = None,
+) -> Union[Tensor, Tuple[Tensor, Tensor, None]]:
+    """Attention over a packed batch of sequences of their own lengths, flash_attn 2.x's
+    `flash_attn_varlen_func` (no padding: each sequence is its own attention problem).
+
+    Args:
+        q: `[total_q, Hq, D]`, the sequences' query rows one after another.
+        k, v: `[total_k, Hkv, D]`; dtype, device, GQA and D as in `flash_attn_func`.
+        cu_seqlens_q, cu_seqlens_k: int32 `[B + 1]` on q's device: sequence b is rows
+            `cu_seqlens_q[b]:cu_seqlens_q[b + 1]` of q and keys `cu_seqlens_k[b]:cu_seqlens_k[b + 1]`
+            of k and v (they start at 0, never decrease, and end at total_q / total_k).
+        max_seqlen_q, max_seqlen_k: the longest sequence's lengths (ints, as flash_attn takes
+            them, so that no call reads the device).
+        causal, window_size, softcap, softmax_scale: as in `flash_attn_func`, per sequence
+            (bottom-right aligned on each sequence's own lengths).
+        seqused_k: optional int32 `[B]`: the keys each sequence uses, from its start (a KV cache
+            with room after each sequence's keys).
+        dropout_p, alibi_slopes: as in `flash_attn_func` (0.0 and None only).
+        deterministic: accepted for flash_attn's signature (the forward is deterministic).
+        return_attn_probs: also return the log-sum-exp `[Hq, total_q]`.
+
+    The cu_seqlens values are the caller's contract: they are read only by the kernels, which
+    clamp every offset to the tensors (a bad vector gives wrong output, never a bad memory
+    access). FLASHCORE_CHECK_VARLEN=1 in the environment checks them on every call, by name
+    (ValueError; it synchronises: for debugging). The backward of a packed batch is not
+    supported yet: the forward runs, `.backward()` raises NotImplementedError.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if isinstance(t, Tensor) and t.dim() != 3:
+            raise ValueError(f"`{name}` must have 3 dims [total, H, D], got shape {tuple(t.shape)}")
+    _check((("q", q.unsqueeze(0)), ("k", k.unsqueeze(0)), ("v", v.unsqueeze(0))), "[total, H, D]")
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)) + ((("seqused_k", seqused_k),) if seqused_k is not None else ()):
+        _check_seqlens(name, t, q)
+    if dropout_p != 0.0:
+        raise _unsupported("dropout_p", dropout_p)
+    if alibi_slopes is not None:
+        raise _unsupported("alibi_slopes", "<tensor>")
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if not isinstance(value, numbers.Integral) or value < 0:
+            raise ValueError(f"`{name}` must be an int >= 0, got {value!r}")
+    window = NO_WINDOW if window_size == NO_WINDOW else _window(window_size)
+    softcap = 0.0 if softcap == 0.0 else _softcap(softcap)
+    scale = _scale(softmax_scale, q.shape[-1])
+    out, lse = _ops.varlen_fwd(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), int(max_seqlen_k), scale, bool(causal), window[0], window[1], softcap
+    )
+    return (out, lse, None) if return_attn_probs else out
+
+
 def scaled_dot_product_attention(
     query: Tensor,
     key: Tensor,

@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use flashcore::{
-    AttnParams, BwdInputs, Context, DType, Error, ExternalStream, GradsMut, Layout, LseView, ProblemShape, TensorView, TensorViewMut,
-    Window,
+    AttnParams, BwdInputs, Context, DType, Error, ExternalStream, GradsMut, Layout, LseView, ProblemShape, SeqLensView, TensorView,
+    TensorViewMut, VarlenBatch, Window,
 };
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -121,6 +121,75 @@ fn attention_forward(
                 TensorViewMut::from_raw(o.0, layouts[3], device),
                 lse,
                 &mut scratch,
+                &params,
+            )
+        }
+    });
+    finish(result, scratch_error, to_py)
+}
+
+/// Attention forward over a packed batch (flash_attn's varlen form; `flashcore::VarlenBatch`):
+/// `q`, `o` `[1, total_q, Hq, D]` and `k`, `v` `[1, total_k, Hkv, D]` (the Python side's 3-D
+/// tensors with a leading 1), `cu_seqlens_q`, `cu_seqlens_k` and `seqused_k` as `(address,
+/// elements)` of int32 device vectors, `lse` of `[Hq, total_q]`. With `check`, the device
+/// values are first checked against the contract (this synchronises: a debugging aid).
+#[pyfunction]
+#[pyo3(signature = (device, stream, q, k, v, o, lse, scratch, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left=-1, window_right=-1, softcap=0.0, num_splits=None, check=false))]
+#[allow(clippy::too_many_arguments)]
+fn attention_varlen_forward(
+    py: Python<'_>,
+    device: usize,
+    stream: usize,
+    q: TensorArg,
+    k: TensorArg,
+    v: TensorArg,
+    o: TensorArg,
+    lse: Option<(u64, usize)>,
+    scratch: Py<PyAny>,
+    cu_seqlens_q: (u64, usize),
+    cu_seqlens_k: (u64, usize),
+    seqused_k: Option<(u64, usize)>,
+    max_seqlen_q: usize,
+    max_seqlen_k: usize,
+    softmax_scale: Option<f32>,
+    causal: bool,
+    window_left: i32,
+    window_right: i32,
+    softcap: f32,
+    num_splits: Option<usize>,
+    check: bool,
+) -> PyResult<()> {
+    let layouts = [layout(&q, "q")?, layout(&k, "k")?, layout(&v, "v")?, layout(&o, "o")?];
+    let ctx = context(device)?;
+    let params = params(softmax_scale, causal, (window_left, window_right), softcap, num_splits);
+    // SAFETY: the Python side passes int32 CUDA tensors of `device` of these lengths, alive
+    // across this call.
+    let seqlens = |(ptr, len): (u64, usize)| unsafe { SeqLensView::from_raw(ptr, len) };
+    let batch = VarlenBatch {
+        cu_seqlens_q: seqlens(cu_seqlens_q),
+        cu_seqlens_k: seqlens(cu_seqlens_k),
+        seqused_k: seqused_k.map(seqlens),
+        max_seqlen_q,
+        max_seqlen_k,
+    };
+    let mut scratch_error: Option<PyErr> = None;
+    let result = py.detach(|| {
+        if check {
+            ctx.check_varlen(&batch, q.1[1], k.1[1])?;
+        }
+        let mut scratch = scratch_fn(&scratch, &mut scratch_error);
+        // SAFETY: as attention_forward's.
+        unsafe {
+            let view = |t: &TensorArg, l: Layout| TensorView::from_raw(t.0, l, device);
+            ctx.attention_varlen_on_stream(
+                ExternalStream::from_raw(stream),
+                view(&q, layouts[0]),
+                view(&k, layouts[1]),
+                view(&v, layouts[2]),
+                TensorViewMut::from_raw(o.0, layouts[3], device),
+                lse,
+                &mut scratch,
+                &batch,
                 &params,
             )
         }
@@ -249,6 +318,7 @@ fn device_info(device: usize) -> PyResult<String> {
 #[pyo3(name = "_flashcore")]
 fn extension_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(attention_forward, m)?)?;
+    m.add_function(wrap_pyfunction!(attention_varlen_forward, m)?)?;
     m.add_function(wrap_pyfunction!(attention_backward, m)?)?;
     m.add_function(wrap_pyfunction!(plan, m)?)?;
     m.add_function(wrap_pyfunction!(device_info, m)?)?;

@@ -6,7 +6,7 @@ use flashcore::{reference, AttnParams, Context, DType, DeviceTensor, KernelFamil
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::cases::{errors, random_qkv, Case, HostQkv, Inputs, Storage, Stored};
-use crate::check_bwd;
+use crate::{check_bwd, check_varlen};
 
 /// Above this many multiply-adds the f64 CPU oracle is too slow; the GPU reference kernel
 /// (itself checked against the CPU oracle on the small cases) takes over.
@@ -225,14 +225,27 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
         .filter(|f| f.is_backward() || **f == KernelFamily::Reference)
         .flat_map(|&f| check_bwd::specs(f, depth == Depth::Quick, depth == Depth::Smoke))
         .collect();
+    let packed: Vec<check_varlen::VarlenSpec> =
+        families.iter().flat_map(|&f| check_varlen::specs(f, depth == Depth::Quick, depth == Depth::Smoke)).collect();
     let label = ["smoke", "quick", "full"][depth as usize];
-    println!("{label} check on {} ({arch}): {} forward and {} backward cases", ctx.info().name, all.len(), backward.len());
-    let bar = ProgressBar::new((all.len() + backward.len()) as u64)
+    println!(
+        "{label} check on {} ({arch}): {} forward, {} packed (varlen) and {} backward cases",
+        ctx.info().name,
+        all.len(),
+        packed.len(),
+        backward.len()
+    );
+    let bar = ProgressBar::new((all.len() + packed.len() + backward.len()) as u64)
         .with_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").unwrap());
     let mut outcomes = Vec::new();
     for (family, spec) in &all {
         bar.set_message(format!("{family} {}", spec.case.name));
         outcomes.push(check_one(&ctx, *family, spec)?);
+        bar.inc(1);
+    }
+    for spec in &packed {
+        bar.set_message(format!("{} varlen", spec.family));
+        outcomes.push(check_varlen::check_one(&ctx, spec)?);
         bar.inc(1);
     }
     for spec in &backward {

@@ -6,6 +6,7 @@ mod bench_bwd;
 mod cases;
 mod check;
 mod check_bwd;
+mod check_varlen;
 mod compile;
 mod info;
 mod io;

@@ -15,6 +15,7 @@ use crate::kernels::{fwd_sm90, FwdParams, KernelFamily, Variant};
 use crate::params::{AttnParams, ProblemShape};
 use crate::tensor::{DeviceTensor, TensorView, TensorViewMut};
 use crate::validate;
+use crate::varlen::{self, SeqLensView, VarlenBatch};
 
 /// What the driver says about the device.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -257,7 +258,93 @@ impl Context {
         let mut workspace = self.split_workspace.lock().unwrap();
         let mut scratch = |bytes| self.grow_workspace(&mut workspace, bytes);
         let mut lane = Lane { stream: &self.stream, tile_counter, scratch: &mut scratch };
-        self.run(&mut lane, q, k, v, o, lse, params)
+        self.run(&mut lane, q, k, v, o, lse, None, params)
+    }
+
+    /// Attention over a packed batch of sequences of their own lengths (flash_attn's
+    /// `flash_attn_varlen_func`; see [`VarlenBatch`] for the layout and the caller's
+    /// contract): `q [1, total_q, Hq, D]`, `k, v [1, total_k, Hkv, D]`; returns `o` like `q`
+    /// and `lse [Hq, total_q]`.
+    pub fn attention_varlen(
+        &self,
+        q: TensorView,
+        k: TensorView,
+        v: TensorView,
+        batch: &VarlenBatch,
+        params: &AttnParams,
+    ) -> Result<AttnOutput> {
+        let mut o = DeviceTensor::filled(self, 0, q.layout.shape, q.layout.dtype)?;
+        let [_, total_q, hq, _] = q.layout.shape;
+        let mut lse = self.stream.alloc_zeros::<f32>((hq * total_q).max(1)).ctx("allocating lse")?;
+        self.attention_varlen_into(q, k, v, o.view_mut(), Some(&mut lse), batch, params)?;
+        Ok(AttnOutput { o, lse })
+    }
+
+    /// [`Context::attention_varlen`] into `o` and, if given, `lse [Hq, total_q]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_varlen_into(
+        &self,
+        q: TensorView,
+        k: TensorView,
+        v: TensorView,
+        o: TensorViewMut,
+        lse: Option<&mut CudaSlice<f32>>,
+        batch: &VarlenBatch,
+        params: &AttnParams,
+    ) -> Result<()> {
+        let lse = lse.map(|buf| {
+            let len = buf.len();
+            (buf.device_ptr_mut(&self.stream).0, len)
+        });
+        let (tile_counter, _sync) = self.tile_counter.device_ptr(&self.stream);
+        let mut workspace = self.split_workspace.lock().unwrap();
+        let mut scratch = |bytes| self.grow_workspace(&mut workspace, bytes);
+        let mut lane = Lane { stream: &self.stream, tile_counter, scratch: &mut scratch };
+        self.run(&mut lane, q, k, v, o, lse, Some(batch), params)
+    }
+
+    /// [`Context::attention_varlen`] on the caller's stream with the caller's memory, as
+    /// [`Context::attention_on_stream`] (`lse`: `(address, elements)` of `[Hq, total_q]`).
+    ///
+    /// # Safety
+    /// As [`Context::attention_on_stream`], and the views of `batch` are device memory of
+    /// this device that outlives the queued work.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn attention_varlen_on_stream(
+        &self,
+        stream: ExternalStream,
+        q: TensorView,
+        k: TensorView,
+        v: TensorView,
+        o: TensorViewMut,
+        lse: Option<(u64, usize)>,
+        scratch: &mut dyn FnMut(usize) -> Result<u64>,
+        batch: &VarlenBatch,
+        params: &AttnParams,
+    ) -> Result<()> {
+        let _restore = CurrentContextGuard::bind(&self.cuda)?;
+        let tile_counter = self.stream_counters.counter_for(stream, &self.cuda)?;
+        let borrowed = self.cuda.wrap_borrowed_stream(stream.raw());
+        let mut lane = Lane { stream: &borrowed, tile_counter, scratch };
+        self.run(&mut lane, q, k, v, o, lse, Some(batch), params)
+    }
+
+    /// Checks a packed batch's device values against [`VarlenBatch`]'s contract for
+    /// `total_q` query rows and `total_k` keys: copies them to the host, so it waits for
+    /// this context's stream (a debugging aid, and what the CLI runs on every call).
+    pub fn check_varlen(&self, batch: &VarlenBatch, total_q: usize, total_k: usize) -> Result<()> {
+        let read = |v: &SeqLensView| -> Result<Vec<i32>> {
+            let mut host = vec![0i32; v.len];
+            // SAFETY: `v` is `len` int32 values of device memory (its constructor's contract).
+            unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut host, v.ptr) }.ctx("reading a cu_seqlens vector")?;
+            Ok(host)
+        };
+        self.synchronize()?;
+        let _bind = CurrentContextGuard::bind(&self.cuda)?;
+        let (cu_q, cu_k) = (read(&batch.cu_seqlens_q)?, read(&batch.cu_seqlens_k)?);
+        let used = batch.seqused_k.as_ref().map(read).transpose()?;
+        let maxima = (batch.max_seqlen_q, batch.max_seqlen_k);
+        varlen::check_values(&cu_q, &cu_k, used.as_deref(), (total_q, total_k), maxima)
     }
 
     /// Attention on `stream`, a stream of the caller's (PyTorch's current stream, say), with
@@ -293,7 +380,7 @@ impl Context {
         let tile_counter = self.stream_counters.counter_for(stream, &self.cuda)?;
         let borrowed = self.cuda.wrap_borrowed_stream(stream.raw());
         let mut lane = Lane { stream: &borrowed, tile_counter, scratch };
-        self.run(&mut lane, q, k, v, o, lse, params)
+        self.run(&mut lane, q, k, v, o, lse, None, params)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -305,21 +392,33 @@ impl Context {
         v: TensorView,
         o: TensorViewMut,
         lse: Option<(u64, usize)>,
+        varlen: Option<&VarlenBatch>,
         params: &AttnParams,
     ) -> Result<()> {
-        let shape = validate::problem(&q, &k, &v, &o.as_view(), self.ordinal())?;
+        let tensors = validate::problem(&q, &k, &v, &o.as_view(), self.ordinal())?;
+        let shape = match varlen {
+            Some(batch) => {
+                batch.validate(&tensors)?;
+                batch.kernel_shape(&tensors)
+            }
+            None => tensors,
+        };
         let scale = params.scale_for(shape.head_dim);
         validate::softmax_scale(scale)?;
         validate::window_and_softcap(params.window, params.softcap)?;
         let lse_ptr = match lse {
             Some((ptr, len)) => {
-                validate::lse(len, &shape)?;
+                // Packed, [Hq, total_q]: the shape of one sequence of all the rows.
+                validate::lse(len, if varlen.is_some() { &tensors } else { &shape })?;
                 validate::lse_alignment(ptr)?;
                 ptr
             }
             None => 0,
         };
-        let plan = self.plan(&shape, q.layout.dtype, params)?;
+        if shape.seqlen_q == 0 {
+            return Ok(()); // packed, every sequence empty: nothing to write
+        }
+        let plan = dispatch::plan_with(&self.info.device(), &shape, q.layout.dtype, params, varlen.is_some())?;
         let kernel = self.load(&plan.variant)?;
         let o = o.as_view();
         let pack = |t: &TensorView<'_>| if plan.packed_gqa { t.layout.gqa_packed(shape.heads_kv) } else { t.layout };
@@ -328,7 +427,9 @@ impl Context {
         // The window the kernels see: causal folded in (see AttnParams::mask); the reference
         // kernel reads p.causal besides.
         let window = params.mask().1.unwrap_or(crate::Window::UNBOUNDED);
-        let stride = |t: &TensorView| [0, 1, 2].map(|i| t.layout.strides[i] as i64);
+        // Packed, the sequences' rows are found from cu_seqlens, not from a batch stride.
+        let batch_stride = if varlen.is_some() { 0 } else { 1 };
+        let stride = |t: &TensorView| [0, 1, 2].map(|i| t.layout.strides[i] as i64 * if i == 0 { batch_stride } else { 1 });
         let mut p = FwdParams {
             q: q.ptr,
             k: k.ptr,
@@ -365,11 +466,11 @@ impl Context {
             window_right: window.right,
             softcap: params.softcap,
             softcap_scale: if params.has_softcap() { scale / params.softcap } else { 0.0 },
-            cu_seqlens_q: 0,
-            cu_seqlens_k: 0,
-            seqused_k: 0,
-            total_q: 0,
-            total_k: 0,
+            cu_seqlens_q: varlen.map_or(0, |b| b.cu_seqlens_q.ptr),
+            cu_seqlens_k: varlen.map_or(0, |b| b.cu_seqlens_k.ptr),
+            seqused_k: varlen.and_then(|b| b.seqused_k.as_ref()).map_or(0, |u| u.ptr),
+            total_q: tensors.seqlen_q as i32,
+            total_k: tensors.seqlen_k as i32,
         };
         p.tile_section = crate::kernels::section_heads(&p);
         if plan.splits > 1 {

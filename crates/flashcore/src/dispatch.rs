@@ -94,6 +94,13 @@ pub fn default_family(device: &Device, shape: &ProblemShape) -> KernelFamily {
 
 /// Picks the variant and launch plan for a validated problem.
 pub fn plan(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnParams) -> Result<Plan> {
+    plan_with(device, shape, dtype, params, false)
+}
+
+/// [`plan`], or with `varlen` for a packed batch of `shape.batch` sequences of at most
+/// `shape.seqlen_q` / `seqlen_k` (the varlen form of the same variant, never GQA-packed:
+/// a packed row's sequence would be ambiguous).
+pub fn plan_with(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnParams, varlen: bool) -> Result<Plan> {
     let arch = device.arch;
     let family = params.kernel.unwrap_or_else(|| default_family(device, shape));
     if family.is_backward() {
@@ -112,7 +119,13 @@ pub fn plan(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnPa
     }
     let (causal, window) = params.mask();
     // Packed rows of one query position would each take their own row's window: not packed.
-    let packed_gqa = packs_gqa(shape, family) && window.is_none();
+    let packed_gqa = packs_gqa(shape, family) && window.is_none() && !varlen;
+    if varlen && family == KernelFamily::Reference {
+        return Err(Error::Unsupported {
+            kernel: family.name().into(),
+            msg: "takes no packed batch (it is the oracle: run each sequence alone)".into(),
+        });
+    }
     let kshape = if packed_gqa { packed(shape) } else { *shape };
     let causal = causal && !packed_gqa;
     let mods = ScoreMods { local: window.is_some(), softcap: params.has_softcap() };
@@ -132,6 +145,7 @@ pub fn plan(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnPa
     };
     if family != KernelFamily::Reference {
         plan.variant.mods = mods;
+        plan.variant.varlen = varlen;
     }
     plan.packed_gqa = packed_gqa;
     Ok(plan)

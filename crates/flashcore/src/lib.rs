@@ -34,6 +34,7 @@ mod params;
 pub mod reference;
 mod tensor;
 mod validate;
+mod varlen;
 
 pub use backward::{AttnGrads, BwdInputs, GradsMut};
 pub use context::{AttnOutput, Context, DeviceInfo, LoadedKernel};
@@ -42,3 +43,4 @@ pub use external::ExternalStream;
 pub use kernels::{KernelFamily, ScoreMods, Tile, Variant};
 pub use params::{AttnParams, ProblemShape, Window};
 pub use tensor::{DType, DeviceTensor, Layout, LseView, TensorView, TensorViewMut};
+pub use varlen::{SeqLensView, VarlenBatch};

@@ -1,0 +1,290 @@
+//! `flashcore check`'s packed (varlen) batches: each against the f64 oracle run per
+//! sequence, and bitwise against each sequence run alone through the same kernel.
+
+use anyhow::Result;
+use cudarc::driver::CudaSlice;
+use flashcore::reference::{self, RefMask};
+use flashcore::{AttnParams, Context, DType, DeviceTensor, KernelFamily, SeqLensView, VarlenBatch, Window};
+
+use crate::cases::{errors, random_qkv, Case, Inputs};
+use crate::check::Outcome;
+
+/// One sequence of a packed batch: its queries, the keys it uses, and the keys after those
+/// it holds but does not use (`seqused_k`'s slack; 0 without seqused_k).
+#[derive(Debug, Clone, Copy)]
+pub struct Seq {
+    pub queries: usize,
+    pub keys: usize,
+    pub slack: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct VarlenSpec {
+    pub family: KernelFamily,
+    pub seqs: Vec<Seq>,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub head_dim: usize,
+    pub causal: bool,
+    pub dtype: DType,
+    pub window: Window,
+    pub softcap: f32,
+    /// Whether seqused_k is given (else every slack is 0).
+    pub seqused: bool,
+    pub splits: Option<usize>,
+    pub inputs: Inputs,
+}
+
+impl VarlenSpec {
+    fn name(&self) -> String {
+        let lens: Vec<String> = self.seqs.iter().map(|s| format!("{}/{}", s.queries, s.keys)).collect();
+        let mut name = format!(
+            "varlen[{}]_h{}kv{}_d{}_{}_{}",
+            lens.join(","),
+            self.heads_q,
+            self.heads_kv,
+            self.head_dim,
+            if self.causal { "causal" } else { "full" },
+            self.dtype.name()
+        );
+        if self.seqused {
+            name += "_seqused";
+        }
+        if self.window != Window::UNBOUNDED {
+            name += &format!("_w{},{}", self.window.left, self.window.right);
+        }
+        if self.softcap > 0.0 {
+            name += &format!("_cap{}", self.softcap);
+        }
+        if let Some(n) = self.splits {
+            name += &format!("_split{n}");
+        }
+        name
+    }
+
+    fn max(&self, f: impl Fn(&Seq) -> usize) -> usize {
+        self.seqs.iter().map(f).max().unwrap_or(0)
+    }
+}
+
+fn seqs(lens: &[(usize, usize)]) -> Vec<Seq> {
+    lens.iter().map(|&(queries, keys)| Seq { queries, keys, slack: 0 }).collect()
+}
+
+/// The batch (lengths 0, 1, 7, 113, 1000 and 4097 together, Sq ≠ Sk, a sequence with
+/// no keys), GQA; serving decode (one query per sequence over keys with slack: seqused_k)
+/// at the dispatcher's split count and forced splits; a window and a softcap on a packed batch.
+pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<VarlenSpec> {
+    if !matches!(family, KernelFamily::FwdSm80 | KernelFamily::FwdSm90) {
+        return Vec::new();
+    }
+    let mixed = seqs(&[(0, 5), (1, 1), (7, 300), (113, 113), (1000, 1200), (3, 0), (250, 90)]);
+    let long = seqs(&[(4097, 4097), (1, 17), (113, 1000), (7, 7)]);
+    let decode: Vec<Seq> =
+        [1, 17, 1000, 4097, 0, 300].iter().enumerate().map(|(i, &keys)| Seq { queries: 1, keys, slack: [0, 3, 40, 1, 9, 0][i] }).collect();
+    let policies = seqs(&[(600, 600), (1, 200), (300, 700), (129, 64)]);
+    let dims: Vec<usize> = family.head_dims().iter().copied().filter(|&d| !(quick || smoke) || d == 64 || d == 128).collect();
+    let mut out = Vec::new();
+    for dtype in if smoke { &[DType::BF16][..] } else { &[DType::BF16, DType::F16][..] } {
+        for &d in &dims {
+            for causal in [false, true] {
+                let spec = |seqs: &Vec<Seq>, heads: (usize, usize)| VarlenSpec {
+                    family,
+                    seqs: seqs.clone(),
+                    heads_q: heads.0,
+                    heads_kv: heads.1,
+                    head_dim: d,
+                    causal,
+                    dtype: *dtype,
+                    window: Window::UNBOUNDED,
+                    softcap: 0.0,
+                    seqused: false,
+                    splits: None,
+                    inputs: Inputs::Normal,
+                };
+                out.push(spec(&mixed, (8, 2)));
+                out.push(VarlenSpec { seqused: true, ..spec(&decode, (8, 2)) });
+                if smoke {
+                    continue;
+                }
+                if d == 64 || d == 128 {
+                    out.push(spec(&long, (4, 2)));
+                }
+                out.push(VarlenSpec { window: Window::new(127, 0), ..spec(&policies, (4, 2)) });
+                out.push(VarlenSpec { softcap: 30.0, inputs: Inputs::LargeLogits, ..spec(&policies, (4, 1)) });
+                if !quick {
+                    out.push(VarlenSpec {
+                        window: Window::new(-1, 64),
+                        softcap: 50.0,
+                        inputs: Inputs::LargeLogits,
+                        ..spec(&mixed, (4, 4))
+                    });
+                    out.push(VarlenSpec { window: Window::new(256, 256), ..spec(&long, (2, 1)) });
+                }
+                if family == KernelFamily::FwdSm80 {
+                    out.push(VarlenSpec { seqused: true, splits: Some(5), ..spec(&decode, (8, 1)) });
+                    out.push(VarlenSpec { splits: Some(3), ..spec(&mixed, (4, 2)) });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A packed problem on the device, its cu_seqlens (and seqused_k) beside it.
+struct Packed {
+    q: DeviceTensor,
+    k: DeviceTensor,
+    v: DeviceTensor,
+    cu_q: CudaSlice<i32>,
+    cu_k: CudaSlice<i32>,
+    used: Option<CudaSlice<i32>>,
+    total_q: usize,
+}
+
+impl Packed {
+    /// `seqs`' host tensors (each `[1, S, H, D]`, keys with their slack) packed.
+    fn upload(ctx: &Context, spec: &VarlenSpec, parts: &[(&[f32], &[f32], &[f32])], seqs: &[Seq]) -> Result<Self> {
+        let cat = |i: usize| parts.iter().flat_map(|p| [p.0, p.1, p.2][i].iter().copied()).collect::<Vec<f32>>();
+        let (q, k, v) = (cat(0), cat(1), cat(2));
+        let total_q: usize = seqs.iter().map(|s| s.queries).sum();
+        let total_k: usize = seqs.iter().map(|s| s.keys + s.slack).sum();
+        let (d, hq, hkv) = (spec.head_dim, spec.heads_q, spec.heads_kv);
+        let up = |x: &[f32], rows, heads| DeviceTensor::from_f32(ctx, x, [1, rows, heads, d], spec.dtype);
+        let prefix = |f: fn(&Seq) -> usize| -> Vec<i32> {
+            let mut cu = vec![0i32];
+            seqs.iter().for_each(|s| cu.push(cu.last().unwrap() + f(s) as i32));
+            cu
+        };
+        let (cu_q, cu_k) = (prefix(|s| s.queries), prefix(|s| s.keys + s.slack));
+        let used: Vec<i32> = seqs.iter().map(|s| s.keys as i32).collect();
+        Ok(Self {
+            q: up(&q, total_q, hq)?,
+            k: up(&k, total_k, hkv)?,
+            v: up(&v, total_k, hkv)?,
+            cu_q: ctx.stream().clone_htod(&cu_q)?,
+            cu_k: ctx.stream().clone_htod(&cu_k)?,
+            used: if spec.seqused { Some(ctx.stream().clone_htod(&used)?) } else { None },
+            total_q,
+        })
+    }
+
+    /// Runs into NaN-poisoned o and lse; returns (o bits, lse `[Hq, total_q]`).
+    fn run(&self, ctx: &Context, spec: &VarlenSpec, max: (usize, usize)) -> Result<(Vec<u16>, Vec<f32>)> {
+        let batch = VarlenBatch {
+            cu_seqlens_q: SeqLensView::of(&self.cu_q),
+            cu_seqlens_k: SeqLensView::of(&self.cu_k),
+            seqused_k: self.used.as_ref().map(SeqLensView::of),
+            max_seqlen_q: max.0,
+            max_seqlen_k: max.1,
+        };
+        ctx.check_varlen(&batch, self.total_q, self.k.layout().shape[1])?;
+        let nan = match spec.dtype {
+            DType::F16 => 0x7e00,
+            DType::BF16 => 0x7fc0,
+        };
+        let mut o = DeviceTensor::filled(ctx, nan, self.q.layout().shape, spec.dtype)?;
+        let mut lse = ctx.stream().clone_htod(&vec![f32::NAN; (spec.heads_q * self.total_q).max(1)])?;
+        let params = AttnParams {
+            causal: spec.causal,
+            kernel: Some(spec.family),
+            num_splits: spec.splits,
+            window: spec.window,
+            softcap: spec.softcap,
+            ..AttnParams::default()
+        };
+        ctx.attention_varlen_into(self.q.view(), self.k.view(), self.v.view(), o.view_mut(), Some(&mut lse), &batch, &params)?;
+        let mut lse = ctx.stream().clone_dtoh(&lse)?;
+        lse.truncate(spec.heads_q * self.total_q);
+        Ok((o.to_bits(ctx)?, lse))
+    }
+}
+
+pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
+    let (hq, hkv, d) = (spec.heads_q, spec.heads_kv, spec.head_dim);
+    let scale = 1.0 / (d as f64).sqrt();
+    let host: Vec<_> = spec
+        .seqs
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let case = Case::new(1, s.queries, s.keys + s.slack, hq, hkv, d, spec.causal, spec.dtype);
+            random_qkv(&case, spec.inputs, 0x7a21 ^ (i as u64) << 8 ^ d as u64)
+        })
+        .collect();
+    let parts: Vec<_> = host.iter().map(|h| (&h.q[..], &h.k[..], &h.v[..])).collect();
+    let max = (spec.max(|s| s.queries), spec.max(|s| s.keys + if spec.seqused { 0 } else { s.slack }));
+    let packed = Packed::upload(ctx, spec, &parts, &spec.seqs)?;
+    let (o_bits, lse) = packed.run(ctx, spec, max)?;
+    let (o_bits2, lse2) = packed.run(ctx, spec, max)?;
+    let deterministic = o_bits == o_bits2 && lse.iter().zip(&lse2).all(|(a, b)| a.to_bits() == b.to_bits());
+
+    // The oracle per sequence, and each sequence alone (a batch of one, the same maxima:
+    // the same kernel variant) against its rows of the packed result.
+    let (mut ref_o, mut ref_lse) = (Vec::new(), vec![f64::NAN; hq * packed.total_q]);
+    let mut failure = None;
+    let mut row0 = 0;
+    for (b, (s, h)) in spec.seqs.iter().zip(&host).enumerate() {
+        let shape = flashcore::ProblemShape { batch: 1, seqlen_q: s.queries, seqlen_k: s.keys, heads_q: hq, heads_kv: hkv, head_dim: d };
+        let wide = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
+        let used = s.keys * hkv * d;
+        let (o, l) = if s.keys == 0 {
+            (vec![0.0; s.queries * hq * d], vec![f64::NEG_INFINITY; hq * s.queries])
+        } else {
+            let mask = RefMask {
+                causal: spec.causal,
+                window: (spec.window != Window::UNBOUNDED).then_some(spec.window),
+                softcap: spec.softcap as f64,
+            };
+            let r = reference::attention_masked(&wide(&h.q), &wide(&h.k[..used]), &wide(&h.v[..used]), &shape, scale, &mask);
+            (r.o, r.lse)
+        };
+        ref_o.extend(o);
+        for head in 0..hq {
+            for i in 0..s.queries {
+                ref_lse[head * packed.total_q + row0 + i] = l[head * s.queries + i];
+            }
+        }
+        if s.queries > 0 && failure.is_none() {
+            let alone = Packed::upload(ctx, spec, &parts[b..b + 1], &spec.seqs[b..b + 1])?;
+            let (o_alone, lse_alone) = alone.run(ctx, spec, max)?;
+            let rows = row0 * hq * d..(row0 + s.queries) * hq * d;
+            let lse_same = (0..hq).all(|head| {
+                (0..s.queries).all(|i| lse_alone[head * s.queries + i].to_bits() == lse[head * packed.total_q + row0 + i].to_bits())
+            });
+            if o_alone != o_bits[rows] || !lse_same {
+                failure = Some(format!("sequence {b} differs bitwise from the same sequence run alone"));
+            }
+        }
+        row0 += s.queries;
+    }
+    let o: Vec<f32> = o_bits.iter().map(|&b| spec.dtype.decode(b)).collect();
+    let (rel, max_abs) = errors(&o, &ref_o);
+    let mut lse_err = 0f64;
+    for (i, (&got, &want)) in lse.iter().zip(&ref_lse).enumerate() {
+        if want == f64::NEG_INFINITY {
+            if got != f32::NEG_INFINITY && failure.is_none() {
+                failure = Some(format!("lse[{i}] = {got} for a row without keys, want -inf"));
+            }
+        } else if !got.is_finite() {
+            failure.get_or_insert(format!("lse[{i}] = {got}, want {want:.4}"));
+        } else {
+            lse_err = lse_err.max((got as f64 - want).abs());
+        }
+    }
+    let tolerance = if spec.dtype == DType::BF16 { 1e-2 } else { 2e-3 };
+    let failure = if o.iter().any(|x| !x.is_finite()) {
+        Some("NaN/Inf in the output (unwritten or overflowed elements)".into())
+    } else if rel > tolerance {
+        Some(format!("rel error {rel:.2e} > {tolerance:.0e}"))
+    } else if failure.is_some() {
+        failure
+    } else if lse_err > 2e-3 {
+        Some(format!("lse error {lse_err:.2e} > 2e-3"))
+    } else if !deterministic {
+        Some("two runs differ bitwise".into())
+    } else {
+        None
+    };
+    Ok(Outcome { spec_name: spec.name(), kernel: spec.family, oracle: "cpu-f64", rel, max_abs, lse_err, deterministic, failure })
+}
