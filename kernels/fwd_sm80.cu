@@ -68,9 +68,23 @@
 // Entry fc_split_combine(FwdParams p) (FC_SPLIT_KV=1 only; after fc_fwd_sm80 when
 // p.num_splits > 1): grid (ceil(B * Hq * Sq / 4)), block 128 threads, no shared memory; on
 // sm_90+ it may be launched with programmatic stream serialization (it waits for
-// fc_fwd_sm80's completion itself, griddepcontrol.wait).
+// fc_fwd_sm80's completion itself, griddepcontrol.wait). o_accum / lse_accum hold
+// num_splits * B * Hq * Sq rows (common/split_combine.cuh).
+// FC_VARLEN=1 (a packed batch, common/sequence.cuh): p.cu_seqlens_q/k (int32 [B + 1], device),
+// optional p.seqused_k, p.total_q/k; q, o [total_q, Hq, D], k, v [total_k, Hkv, D], every
+// *_stride_b 0; p.seqlen_q / p.seqlen_k the longest sequence's (max_seqlen_q / k). Grids and
+// split buffers exactly as above with those maxima as Sq and Sk (so B * Hq * max Sq partial
+// rows); tiles past their sequence's queries exit at once. Each sequence is its own problem
+// (its own lengths for the causal diagonal, the window and the key tiles), and its output is
+// bitwise the dense kernel's for it alone. lse [Hq, total_q]. Split-KV shares out each
+// sequence's own key tiles (split_tiles: p.split_tiles is not read) among p.num_splits. GQA
+// heads are not packed as rows (the kv head is head / (Hq / Hkv), as dense). Registers of the
+// varlen forms (CUDA 13 NVRTC, sm_80/sm_86 every tile above, split or not): 0 spills, within
+// -8 / +12 of the dense form's (most within 4); dense SASS unchanged. sm_90a: 0 spills but for
+// D128 128x64 full (255 registers, 4 B spilled; its causal form none).
 #include "common/mask.cuh"
 #include "common/params.cuh"
+#include "common/sequence.cuh"
 #include "common/softmax.cuh"
 #include "common/split_combine.cuh"
 #include "common/swizzle.cuh"
@@ -116,6 +130,7 @@ constexpr bool kCausal = FC_CAUSAL != 0;
 constexpr bool kLocal = FC_LOCAL != 0;      // sliding window (common/mask.cuh)
 constexpr bool kSoftcap = FC_SOFTCAP != 0;  // logit softcapping (common/mask.cuh)
 constexpr bool kSplitKv = FC_SPLIT_KV != 0;
+constexpr bool kVarlen = FC_VARLEN != 0;  // a packed batch of sequences (common/sequence.cuh)
 // Causal tiles differ in length: taken longest first (in L2-sized sections of heads) the
 // last wave is not left with a few long tiles. Measured on H100 (docs/perf-log.md): +4-10%
 // at D128/D256 from S = 1k, but -5% at D64 S <= 1k and -5% with the single-buffer D256
@@ -320,27 +335,51 @@ __device__ __forceinline__ QueryTile query_tile(const FwdParams& p) {
 
 using Mask = KeyMask<kCausal, kLocal>;  // common/mask.cuh
 
-// Key tiles the query tile at m0 visits ([begin, end)), and which need the mask. Without a
-// window, from tile 0 with this kernel's own bounds (rows past Sq included, exact full
-// tiles: its register allocation is tuned to them; Mask's equivalent bounds spill D64
+// The mask of one sequence: its own lengths (a varlen batch entry's), the common ones when
+// dense, where this is Mask(p).
+__device__ __forceinline__ Mask sequence_mask(const Sequence& seq, const FwdParams& p) {
+    return Mask(seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
+}
+
+// Key tiles the query tile at m0 of `seq` visits ([begin, end)), and which need the mask.
+// Without a window, from tile 0 with this kernel's own bounds (rows past Sq included, exact
+// full tiles: its register allocation is tuned to them; Mask's equivalent bounds spill D64
 // causal).
-__device__ __forceinline__ KeyBlocks key_range(int m0, const FwdParams& p) {
-    if (kLocal) return Mask(p).blocks(m0, min(m0 + kBlockM, p.seqlen_q), kBlockN);
-    int end = p.seqlen_k;   // one past the last visible key of the tile
-    int full = p.seqlen_k;  // keys below this are visible to every row
+__device__ __forceinline__ KeyBlocks key_range(int m0, const Sequence& seq, const FwdParams& p) {
+    if (kLocal) return sequence_mask(seq, p).blocks(m0, min(m0 + kBlockM, seq.seqlen_q), kBlockN);
+    int end = seq.seqlen_k;   // one past the last visible key of the tile
+    int full = seq.seqlen_k;  // keys below this are visible to every row
     if (kCausal) {
-        const int shift = p.seqlen_k - p.seqlen_q;  // bottom-right alignment
+        const int shift = seq.seqlen_k - seq.seqlen_q;  // bottom-right alignment
         end = min(end, max(0, m0 + kBlockM + shift));
         full = min(full, max(0, m0 + 1 + shift));
     }
     return {0, (end + kBlockN - 1) / kBlockN, 0, full / kBlockN};
 }
 
-// Sets to -inf the scores of keys the row does not see (past Sk, after its causal diagonal,
-// outside its window: Mask).
-__device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTiles][4], int key0, int row0, const FwdParams& p,
-                                           int lane) {
-    const Mask mask(p);
+// Split-KV: key tiles per split. Dense, the host's p.split_tiles. Varlen, each sequence's
+// own: the key tiles one of its query tiles visits at most, shared out among p.num_splits
+// exactly as the host shares out a dense problem's (dispatch.rs, sm80_plan: tiles_per_split
+// of min(ceil(keys / BLOCK_N) + 1, ceil(Sk / BLOCK_N)), keys = min(Sk, window span +
+// BLOCK_M)). So a short sequence's keys are spread over every split rather than crowded into
+// the first ones by the longest sequence's count, and each sequence is split as it would be
+// alone with the same split count. Splits past a sequence's tiles visit none (LSE -inf).
+__device__ __forceinline__ int split_tiles(const Sequence& seq, const FwdParams& p) {
+    if (!kVarlen) return p.split_tiles;
+    int tiles = (seq.seqlen_k + kBlockN - 1) / kBlockN;
+    if (kLocal && p.window_left >= 0 && p.window_right >= 0) {
+        // The window's span clamped term by term: left + right may not fit an int.
+        const int span = min(seq.seqlen_k, min(p.window_left, seq.seqlen_k) + min(p.window_right, seq.seqlen_k) + kBlockM);
+        tiles = min(tiles, (span + kBlockN - 1) / kBlockN + 1);
+    }
+    return (tiles + p.num_splits - 1) / p.num_splits;
+}
+
+// Sets to -inf the scores of keys the row does not see (past its sequence's Sk, after its
+// causal diagonal, outside its window: Mask).
+__device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTiles][4], int key0, int row0, const Sequence& seq,
+                                           const FwdParams& p, int lane) {
+    const Mask mask = sequence_mask(seq, p);
 #pragma unroll
     for (int m = 0; m < kMTiles; ++m)
 #pragma unroll
@@ -443,20 +482,28 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
     // there when longest first, since kept live across the loop they spill the widest tiles.
     auto where = [&]() { return kLongestFirst ? query_tile(p) : tile0; };
     const int m0 = tile0.m0, head = tile0.head, batch = tile0.batch, split = tile0.split;
-    const int rows_valid = p.seqlen_q - m0;
+    // Tile t's sequence (common/sequence.cuh). Varlen: read once, and again (like the tile)
+    // where needed when longest first. Dense: the lengths read from p where they are used, as
+    // before varlen, so that the code stays the same instruction for instruction.
+    const Sequence seq0 = sequence<kVarlen>(p, batch);
+    auto sequence_of = [&](const QueryTile& t) { return kVarlen && !kLongestFirst ? seq0 : sequence<kVarlen>(p, t.batch); };
+    if (kVarlen && m0 >= seq0.seqlen_q) return;  // past its sequence's queries (the grid is the longest one's)
+    const int rows_valid = sequence_of(tile0).seqlen_q - m0;
 
-    const elem_t* q = static_cast<const elem_t*>(p.q) + batch * p.q_stride_b + head * p.q_stride_h + m0 * p.q_stride_s;
+    const elem_t* q = static_cast<const elem_t*>(p.q) + batch * p.q_stride_b + head * p.q_stride_h +
+                      (sequence_of(tile0).q_start + m0) * p.q_stride_s;
 
     const u32 q_smem = smem_u32(smem);
     const u32 k_smem = q_smem + QTile::kBytes;
     const u32 v_smem = k_smem + kStages * KVTile::kBytes;
 
-    const KeyBlocks keys = key_range(m0, p);
+    const KeyBlocks keys = key_range(m0, sequence_of(tile0), p);
     // This CTA's key tiles: [tile_begin, tile_end), all of the query tile's unless split.
     int tile_begin = keys.begin, tile_end = keys.end;
     if (kSplitKv) {
-        tile_begin = min(keys.end, keys.begin + split * p.split_tiles);
-        tile_end = min(keys.end, tile_begin + p.split_tiles);
+        const int per_split = split_tiles(sequence_of(tile0), p);
+        tile_begin = min(keys.end, keys.begin + split * per_split);
+        tile_end = min(keys.end, tile_begin + per_split);
     }
     const int n_tiles = tile_end - tile_begin;  // >= 0: begin <= end (KeyBlocks)
     // Iteration i visits key tile tile_end - 1 - i, in ring slot i % kStages.
@@ -468,8 +515,9 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
         const int b = recomputed(t.batch), h = recomputed(t.kv_head);
         const elem_t* k = static_cast<const elem_t*>(p.k) + b * p.k_stride_b + h * p.k_stride_h;
         const elem_t* v = static_cast<const elem_t*>(p.v) + b * p.v_stride_b + h * p.v_stride_h;
-        load_kv_tile(k_smem + slot, k + key0 * p.k_stride_s, p.k_stride_s, p.seqlen_k - key0);
-        load_kv_tile(v_smem + slot, v + key0 * p.v_stride_s, p.v_stride_s, p.seqlen_k - key0);
+        const int row = kVarlen ? sequence_of(t).k_start + key0 : key0;  // of the sequence's keys in K and V
+        load_kv_tile(k_smem + slot, k + row * p.k_stride_s, p.k_stride_s, sequence_of(t).seqlen_k - key0);
+        load_kv_tile(v_smem + slot, v + row * p.v_stride_s, p.v_stride_s, sequence_of(t).seqlen_k - key0);
     };
     // The single-buffer pipeline loads K and V of a tile separately (into slot 0).
     auto load_k_or_v = [&](int i, bool is_v) {
@@ -479,7 +527,8 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
         const elem_t* base = static_cast<const elem_t*>(is_v ? p.v : p.k);
         const i64 stride_s = is_v ? p.v_stride_s : p.k_stride_s;
         const elem_t* src = base + b * (is_v ? p.v_stride_b : p.k_stride_b) + h * (is_v ? p.v_stride_h : p.k_stride_h);
-        load_kv_tile(is_v ? v_smem : k_smem, src + key0 * stride_s, stride_s, p.seqlen_k - key0);
+        const int row = kVarlen ? sequence_of(t).k_start + key0 : key0;
+        load_kv_tile(is_v ? v_smem : k_smem, src + row * stride_s, stride_s, sequence_of(t).seqlen_k - key0);
     };
 
     TileLoader<QTile>{tid}(q_smem, q, p.q_stride_s, rows_valid);
@@ -531,7 +580,10 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
         float s[kMTiles][kNTiles][4];
         gemm_qk(s, q_i, q_row0, k_i);
         if constexpr (kSoftcap) softcap_scores(s, p);
-        if (Mask::masked(keys, tile)) apply_mask(s, tile * kBlockN, where().m0 + q_row0, p, lane);
+        if (Mask::masked(keys, tile)) {
+            const QueryTile t = where();
+            apply_mask(s, tile * kBlockN, t.m0 + q_row0, sequence_of(t), p, lane);
+        }
         if (kSingleBuffer) {
             cp_async::wait<0>();  // V of tile i landed for this thread ...
             __syncthreads();      // ... and for all; every warp is past Q·Kᵀ, K's slot is free
@@ -548,7 +600,8 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
     float inv_sum[kMTiles][2], lse[kMTiles][2];
     softmax.finish(p.softmax_scale_log2, inv_sum, lse);
     const QueryTile t = where();
-    const int rows_left = kLongestFirst ? p.seqlen_q - t.m0 : rows_valid;
+    const Sequence seq = sequence_of(t);
+    const int rows_left = kLongestFirst ? seq.seqlen_q - t.m0 : rows_valid;
     if (kSplitKv && splits > 1) {
         griddep::launch_dependents();  // the combine may launch now; it waits for the partials
         cp_async::wait<0>();           // with no key tile, the Q copies may still be in flight
@@ -557,7 +610,7 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
         return;
     }
     if (p.lse != nullptr && lane % 4 == 0) {
-        float* lse_row = p.lse + (static_cast<i64>(t.batch) * p.heads_q + t.head) * p.seqlen_q + t.m0;
+        float* lse_row = p.lse + lse_offset<kVarlen>(p, seq, t.batch, t.head) + t.m0;
 #pragma unroll
         for (int m = 0; m < kMTiles; ++m)
 #pragma unroll
@@ -569,13 +622,15 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
 
     cp_async::wait<0>();  // with no key tile, the Q copies may still be in flight
     __syncthreads();
-    elem_t* out = static_cast<elem_t*>(p.o) + t.batch * p.o_stride_b + t.head * p.o_stride_h + t.m0 * p.o_stride_s;
+    elem_t* out = static_cast<elem_t*>(p.o) + t.batch * p.o_stride_b + t.head * p.o_stride_h +
+                  (seq.q_start + t.m0) * p.o_stride_s;
     store_output(p, o, inv_sum, q_smem, out, rows_left, warp, lane);
 }
 
 #if FC_SPLIT_KV
 extern "C" __global__ void __launch_bounds__(128) fc_split_combine(const FwdParams p) {
     using namespace fc;
+    using fc::fwd_sm80::kVarlen;
     const int lane = threadIdx.x % 32;
     const i64 rows = static_cast<i64>(p.batch) * p.heads_q * p.seqlen_q;
     const i64 row = static_cast<i64>(blockIdx.x) * 4 + threadIdx.x / 32;  // (batch * Hq + head) * Sq + query
@@ -583,8 +638,16 @@ extern "C" __global__ void __launch_bounds__(128) fc_split_combine(const FwdPara
     const int query = static_cast<int>(row % p.seqlen_q);
     const int head = static_cast<int>(row / p.seqlen_q % p.heads_q);
     const int batch = static_cast<int>(row / p.seqlen_q / p.heads_q);
-    elem_t* out = static_cast<elem_t*>(p.o) + batch * p.o_stride_b + query * p.o_stride_s + head * p.o_stride_h;
-    float* lse_out = p.lse == nullptr ? nullptr : p.lse + row;
+    // Varlen: partial rows are laid out by the longest sequence (p.seqlen_q); this one's end
+    // past its own rows, where fc_fwd_sm80 wrote nothing. cu_seqlens are read before the wait:
+    // the split kernel does not write them.
+    const Sequence seq = sequence<kVarlen>(p, batch);
+    if (kVarlen && query >= seq.seqlen_q) return;
+    elem_t* out = static_cast<elem_t*>(p.o) + batch * p.o_stride_b + (seq.q_start + query) * p.o_stride_s +
+                  head * p.o_stride_h;
+    // Dense, the LSE index is the partial row (lse_offset's (batch * Hq + head) * Sq + query).
+    const i64 lse_index = kVarlen ? lse_offset<kVarlen>(p, seq, batch, head) + query : row;
+    float* lse_out = p.lse == nullptr ? nullptr : p.lse + lse_index;
     griddep::wait();  // launched early (programmatic dependent launch): the partials are ready now
     split_kv::combine_row<FC_HEAD_DIM>(p.o_accum, p.lse_accum, rows, row, p.num_splits, out, lse_out, lane);
 }

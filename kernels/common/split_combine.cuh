@@ -6,7 +6,10 @@
 // masked) ends with O = 0 and L = −inf, never NaN.
 //
 // Partial layout (row = (batch · Hq + head) · Sq + query, the LSE index of the output):
-// lse_accum[s · rows + row], o_accum[(s · rows + row) · D + column], f32.
+// lse_accum[s · rows + row], o_accum[(s · rows + row) · D + column], f32. Varlen (a packed
+// batch, common/sequence.cuh): the same layout with Sq the longest sequence's length
+// (p.seqlen_q), so rows past a sequence's own queries hold nothing and are skipped; the
+// output row is then the packed one, q_start + query, and the LSE index lse_offset's.
 #pragma once
 #include "common/quad.cuh"
 #include "common/types.cuh"
