@@ -79,8 +79,9 @@
 // bitwise the dense kernel's for it alone. lse [Hq, total_q]. Split-KV shares out each
 // sequence's own key tiles (split_tiles: p.split_tiles is not read) among p.num_splits. GQA
 // heads are not packed as rows (the kv head is head / (Hq / Hkv), as dense). Registers of the
-// varlen forms (CUDA 13 NVRTC, sm_80/sm_86 every tile above, split or not, and sm_90a's
-// widest): 0 spills, within -8 / +12 of the dense form's (most within 4); dense SASS unchanged.
+// varlen forms (CUDA 13 NVRTC, sm_80/sm_86 every tile above, split or not): 0 spills, within
+// -8 / +12 of the dense form's (most within 4); dense SASS unchanged. sm_90a: 0 spills but for
+// D128 128x64 full (255 registers, 4 B spilled; its causal form none).
 #include "common/mask.cuh"
 #include "common/params.cuh"
 #include "common/sequence.cuh"
