@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""Packed (varlen) batches, sliding windows and softcapping through the Python package,
+against FlashAttention-2's varlen kernel and against FlashCore's own dense rate, in one
+process on one GPU (issue 17's speed goals).
+
+Rows (bf16, 16 heads):
+  varlen-*   64k tokens in sequences of lengths drawn uniformly from 128..8192 (seed 17; the
+             last sequence takes the remainder), D128 full and causal, D64 full:
+               flashcore   flashcore.flash_attn_varlen_func
+               fa2-varlen  torch.ops.aten._flash_attention_forward with cumulative lengths
+               dense       flashcore.flash_attn_func on B16 S4096 (the same 64k tokens,
+                           one length: the dense rate the packed batch is held to)
+  window-*   B1 S16k D128, window (4096, 0) against the causal mask (the same kernel
+             family): TFLOPS counted on the visible pairs of each.
+  softcap-*  B1 S16k D128 full and causal, softcap 30 against none.
+
+Timing: anchors.time_calls (10 warm-up calls, samples of N back-to-back calls between CUDA
+events, N chosen for ~20 ms, eager), 3 input sets rotated, median of 20 samples.
+FLOPs = 4·H·D·(visible query-key pairs). The packed output is checked against FA2's
+(relative L2 error, printed). Writes varlen.json (rows) into --out.
+
+    varlen.py --out DIR
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import anchors  # noqa: E402
+
+
+def lengths(total, lo, hi, seed):
+    """Sequence lengths drawn uniformly from lo..hi summing to exactly total."""
+    rng = random.Random(seed)
+    out = []
+    while sum(out) < total:
+        out.append(min(rng.randint(lo, hi), total - sum(out)))
+    return out
+
+
+def pairs(lens_q, lens_k, causal, window=(-1, -1)):
+    """Visible pairs, bottom-right aligned per sequence (window sides -1 = unbounded)."""
+    n = 0
+    for sq, sk in zip(lens_q, lens_k):
+        left, right = window
+        if causal:
+            right = 0
+        for i in range(sq):
+            diag = i + sk - sq
+            hi = sk - 1 if right < 0 else min(sk - 1, diag + right)
+            lo = 0 if left < 0 else max(0, diag - left)
+            n += max(0, hi - lo + 1)
+    return n
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--samples", type=int, default=20)
+    args = ap.parse_args(argv)
+    import torch
+    import flashcore
+
+    dev = torch.device("cuda")
+    rows = []
+
+    def timed(name, kernel, fn, sets, flop_pairs, heads, d, **extra):
+        try:
+            samples, n = anchors.time_calls(torch, fn, sets, 10, args.samples, 20.0, False)
+        except Exception as e:  # a refusal is a row, never dropped
+            rows.append(dict(name=name, kernel=kernel, status="error", message=str(e)[:300]))
+            return None
+        samples.sort()
+        med = samples[len(samples) // 2]
+        tflops = 4 * heads * d * flop_pairs / (med * 1e-3) / 1e12
+        rows.append(dict(name=name, kernel=kernel, status="ok", median_ms=med, min_ms=samples[0], max_ms=samples[-1],
+                         calls_per_sample=n, tflops=tflops, **extra))
+        return med
+
+    def rand(*shape):
+        return torch.randn(*shape, device=dev, dtype=torch.bfloat16)
+
+    heads = 16
+    lens = lengths(65536, 128, 8192, 17)
+    cu = torch.tensor([0] + [sum(lens[: i + 1]) for i in range(len(lens))], dtype=torch.int32, device=dev)
+    total, max_len = sum(lens), max(lens)
+    for d, causal in [(128, False), (128, True), (64, False)]:
+        tag = f"varlen-d{d}-{'causal' if causal else 'full'}"
+        sets = [tuple(rand(total, heads, d) for _ in range(3)) for _ in range(3)]
+        p = pairs(lens, lens, causal)
+        fc = lambda q, k, v: flashcore.flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, causal=causal)  # noqa: E731
+        fa = lambda q, k, v: torch.ops.aten._flash_attention_forward(q, k, v, cu, cu, max_len, max_len, 0.0, causal, False)  # noqa: E731
+        timed(tag, "flashcore", fc, sets, p, heads, d, sequences=len(lens), tokens=total)
+        timed(tag, "fa2-varlen", fa, sets, p, heads, d, sequences=len(lens), tokens=total)
+        q, k, v = sets[0]
+        try:
+            a, b = fc(q, k, v).float(), fa(q, k, v)[0].float()
+            rows[-2]["rel_error_vs_fa2"] = ((a - b).norm() / b.norm()).item()
+        except Exception as e:
+            rows[-2]["rel_error_vs_fa2"] = f"error: {e}"[:200]
+        dense = [tuple(rand(16, 4096, heads, d) for _ in range(3)) for _ in range(3)]
+        timed(tag, "dense-b16-s4096", lambda q, k, v: flashcore.flash_attn_func(q, k, v, causal=causal), dense,
+              16 * pairs([4096], [4096], causal), heads, d)
+
+    s, d = 16384, 128
+    sets = [tuple(rand(1, s, heads, d) for _ in range(3)) for _ in range(3)]
+    timed("window-s16k-d128", "flashcore-window-4096", lambda q, k, v: flashcore.flash_attn_func(q, k, v, window_size=(4096, 0)),
+          sets, pairs([s], [s], False, (4096, 0)), heads, d)
+    timed("window-s16k-d128", "flashcore-causal", lambda q, k, v: flashcore.flash_attn_func(q, k, v, causal=True),
+          sets, pairs([s], [s], True), heads, d)
+    for causal in [False, True]:
+        tag = f"softcap-s16k-d128-{'causal' if causal else 'full'}"
+        p = pairs([s], [s], causal)
+        timed(tag, "flashcore-softcap-30", lambda q, k, v: flashcore.flash_attn_func(q, k, v, causal=causal, softcap=30.0), sets, p, heads, d)
+        timed(tag, "flashcore", lambda q, k, v: flashcore.flash_attn_func(q, k, v, causal=causal), sets, p, heads, d)
+
+    env = anchors.torch_env(torch, " ".join(sys.argv))
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "varlen.json"), "w") as f:
+        json.dump(dict(env=env, lengths=lens, rows=rows), f, indent=1)
+    print(f"{'case':<28} {'kernel':<24} {'ms':>8} {'TFLOPS':>7}  note")
+    for r in rows:
+        if r["status"] != "ok":
+            print(f"{r['name']:<28} {r['kernel']:<24} {'-':>8} {'-':>7}  {r['status']}: {r.get('message', '')[:80]}")
+            continue
+        note = f"rel vs fa2 {r['rel_error_vs_fa2']:.1e}" if isinstance(r.get("rel_error_vs_fa2"), float) else str(r.get("rel_error_vs_fa2", ""))
+        print(f"{r['name']:<28} {r['kernel']:<24} {r['median_ms']:>8.3f} {r['tflops']:>7.1f}  {note}")
+
+
+if __name__ == "__main__":
+    main()
