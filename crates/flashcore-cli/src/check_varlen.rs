@@ -4,7 +4,7 @@
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
 use flashcore::reference::{self, RefMask};
-use flashcore::{AttnParams, Context, DType, DeviceTensor, KernelFamily, SeqLensView, VarlenBatch, Window};
+use flashcore::{AttnParams, Context, DType, DeviceTensor, KernelFamily, ProblemShape, SeqLensView, VarlenBatch, Window};
 
 use crate::cases::{errors, random_qkv, Case, Inputs};
 use crate::check::Outcome;
@@ -60,6 +60,17 @@ impl VarlenSpec {
             name += &format!("_split{n}");
         }
         name
+    }
+
+    fn params(&self) -> AttnParams {
+        AttnParams {
+            causal: self.causal,
+            kernel: Some(self.family),
+            num_splits: self.splits,
+            window: self.window,
+            softcap: self.softcap,
+            ..AttnParams::default()
+        }
     }
 
     fn max(&self, f: impl Fn(&Seq) -> usize) -> usize {
@@ -169,8 +180,9 @@ impl Packed {
         })
     }
 
-    /// Runs into NaN-poisoned o and lse; returns (o bits, lse `[Hq, total_q]`).
-    fn run(&self, ctx: &Context, spec: &VarlenSpec, max: (usize, usize)) -> Result<(Vec<u16>, Vec<f32>)> {
+    /// Runs into NaN-poisoned o and lse, split `splits` ways when given (else as the spec
+    /// says); returns (o bits, lse `[Hq, total_q]`).
+    fn run(&self, ctx: &Context, spec: &VarlenSpec, max: (usize, usize), splits: Option<usize>) -> Result<(Vec<u16>, Vec<f32>)> {
         let batch = VarlenBatch {
             cu_seqlens_q: SeqLensView::of(&self.cu_q),
             cu_seqlens_k: SeqLensView::of(&self.cu_k),
@@ -185,14 +197,7 @@ impl Packed {
         };
         let mut o = DeviceTensor::filled(ctx, nan, self.q.layout().shape, spec.dtype)?;
         let mut lse = ctx.stream().clone_htod(&vec![f32::NAN; (spec.heads_q * self.total_q).max(1)])?;
-        let params = AttnParams {
-            causal: spec.causal,
-            kernel: Some(spec.family),
-            num_splits: spec.splits,
-            window: spec.window,
-            softcap: spec.softcap,
-            ..AttnParams::default()
-        };
+        let params = AttnParams { num_splits: splits.or(spec.splits), ..spec.params() };
         ctx.attention_varlen_into(self.q.view(), self.k.view(), self.v.view(), o.view_mut(), Some(&mut lse), &batch, &params)?;
         let mut lse = ctx.stream().clone_dtoh(&lse)?;
         lse.truncate(spec.heads_q * self.total_q);
@@ -215,17 +220,21 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
     let parts: Vec<_> = host.iter().map(|h| (&h.q[..], &h.k[..], &h.v[..])).collect();
     let max = (spec.max(|s| s.queries), spec.max(|s| s.keys + if spec.seqused { 0 } else { s.slack }));
     let packed = Packed::upload(ctx, spec, &parts, &spec.seqs)?;
-    let (o_bits, lse) = packed.run(ctx, spec, max)?;
-    let (o_bits2, lse2) = packed.run(ctx, spec, max)?;
+    let (o_bits, lse) = packed.run(ctx, spec, max, None)?;
+    let (o_bits2, lse2) = packed.run(ctx, spec, max, None)?;
+    // Alone, the same variant (the same maxima) and the same split count: the dispatcher
+    // picks splits from the whole grid, and another count sums a row's keys in other parts.
+    let kernel_shape = ProblemShape { batch: spec.seqs.len(), seqlen_q: max.0, seqlen_k: max.1, heads_q: hq, heads_kv: hkv, head_dim: d };
+    let splits = flashcore::dispatch::plan_with(&ctx.info().device(), &kernel_shape, spec.dtype, &spec.params(), true)?.splits;
     let deterministic = o_bits == o_bits2 && lse.iter().zip(&lse2).all(|(a, b)| a.to_bits() == b.to_bits());
 
-    // The oracle per sequence, and each sequence alone (a batch of one, the same maxima:
-    // the same kernel variant) against its rows of the packed result.
+    // The oracle per sequence, and each sequence alone (a batch of one) against its rows of
+    // the packed result.
     let (mut ref_o, mut ref_lse) = (Vec::new(), vec![f64::NAN; hq * packed.total_q]);
     let mut failure = None;
     let mut row0 = 0;
     for (b, (s, h)) in spec.seqs.iter().zip(&host).enumerate() {
-        let shape = flashcore::ProblemShape { batch: 1, seqlen_q: s.queries, seqlen_k: s.keys, heads_q: hq, heads_kv: hkv, head_dim: d };
+        let shape = ProblemShape { batch: 1, seqlen_q: s.queries, seqlen_k: s.keys, heads_q: hq, heads_kv: hkv, head_dim: d };
         let wide = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
         let used = s.keys * hkv * d;
         let (o, l) = if s.keys == 0 {
@@ -248,7 +257,7 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
         // Alone, a sequence without keys would be an empty k (refused): the oracle checks it.
         if s.queries > 0 && s.keys + s.slack > 0 && failure.is_none() {
             let alone = Packed::upload(ctx, spec, &parts[b..b + 1], &spec.seqs[b..b + 1])?;
-            let (o_alone, lse_alone) = alone.run(ctx, spec, max)?;
+            let (o_alone, lse_alone) = alone.run(ctx, spec, max, Some(splits))?;
             let rows = row0 * hq * d..(row0 + s.queries) * hq * d;
             let lse_same = (0..hq).all(|head| {
                 (0..s.queries).all(|i| lse_alone[head * s.queries + i].to_bits() == lse[head * packed.total_q + row0 + i].to_bits())
