@@ -176,9 +176,11 @@ static_assert(warpgroup::kThreads * (kProducerRegs + kConsumerWG * kConsumerRegs
 constexpr u32 kSchedulerBarrier = 1;
 constexpr u32 kEpilogueBarrier = kSchedulerBarrier + kConsumerWG;
 
-// Longest first for causal tiles, and for packed batches, where the last m blocks exist only
-// for the longest sequences, whose tiles (of the most keys) then go out first.
-using Order = TileOrder<kCausal || kVarlen>;
+// Longest first for causal tiles, for windows (the first rows see fewer keys), and for packed
+// batches, where the last m blocks exist only for the longest sequences, whose tiles (of the
+// most keys) then go out first. (Window: also the order that compiles without spills at the
+// default tiles.)
+using Order = TileOrder<kCausal || kLocal || kVarlen>;
 
 using QTile = sm90::SmemTile<kBlockM, kHeadDim>;
 using KVTile = sm90::SmemTile<kBlockN, kHeadDim>;

@@ -68,6 +68,18 @@ for target in "sm_80 fwd_sm80" "sm_90a fwd_sm90"; do
     fi
     grep -c "$2" "$compile_cache/mods.log" | sed "s/^/   $2 variants compiled: /"
 done
+# The packed-batch (varlen) forms of every forward variant: they must compile; fwd_sm80's must
+# not spill; fwd_sm90's producer spills in its tile search (docs/perf-log.md, varlen).
+echo "== flashcore compile --varlen (packed batches) with NVRTC 13.0"
+for target in "sm_80 fwd_sm80" "sm_90a fwd_sm90"; do
+    set -- $target
+    FLASHCORE_NVRTC="$(realpath "$nvrtc_13_0")" FLASHCORE_CACHE_DIR="$compile_cache" target/debug/flashcore compile --arch "$1" --kernel "$2" --varlen > "$compile_cache/varlen.log" || true
+    if grep -E "FAILED" "$compile_cache/varlen.log" >&2 || grep SPILLS "$compile_cache/varlen.log" | grep -Ev "^fwd_sm90_.*_varlen " >&2; then
+        echo "error: a $2 varlen variant fails to compile or spills where none is known" >&2
+        exit 1
+    fi
+    grep -c "_varlen " "$compile_cache/varlen.log" | sed "s/^/   $2 varlen variants compiled: /"
+done
 echo "== bench/check_reference.py (flashcore attn --cpu vs NumPy float64)"
 .venv/bin/python bench/check_reference.py target/debug/flashcore
 echo "== bench self-tests"

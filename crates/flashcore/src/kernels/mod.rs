@@ -261,23 +261,18 @@ pub struct Variant {
 }
 
 /// `v`'s forms with a sliding window, a softcap and both, where the dispatcher runs them:
-/// fwd_sm80 at every tile, fwd_sm90 at its short tile only (`fwd_sm90::mods_variant`); none
-/// for the other families (the reference takes both at run time; no backward has them yet).
+/// fwd_sm80 at every tile; fwd_sm90 a window at every tile and a softcap at its short tile
+/// (`fwd_sm90::mods_variant`); none for the other families (the reference takes both at run
+/// time; no backward has them yet).
 pub fn mods_forms(v: &Variant) -> Vec<Variant> {
-    let runs_mods = match v.family {
-        KernelFamily::FwdSm80 => true,
-        KernelFamily::FwdSm90 => {
-            let causal = v.causal == Some(true);
-            v.tile == fwd_sm90::mods_variant(v.dtype, v.head_dim.unwrap_or(0), causal, ScoreMods::default()).tile
-        }
-        _ => false,
+    let forms: &[(bool, bool)] = match v.family {
+        _ if v.mods != ScoreMods::default() => &[],
+        KernelFamily::FwdSm80 => &[(true, false), (false, true), (true, true)],
+        KernelFamily::FwdSm90 if fwd_sm90::is_softcap_tile(v) => &[(true, false), (false, true), (true, true)],
+        KernelFamily::FwdSm90 => &[(true, false)],
+        _ => &[],
     };
-    if !runs_mods || v.mods != ScoreMods::default() {
-        return Vec::new();
-    }
-    [(true, false), (false, true), (true, true)]
-        .map(|(local, softcap)| Variant { mods: ScoreMods { local, softcap }, ..v.clone() })
-        .to_vec()
+    forms.iter().map(|&(local, softcap)| Variant { mods: ScoreMods { local, softcap }, ..v.clone() }).collect()
 }
 
 /// `v`'s varlen form (a packed batch: `cu_seqlens`), where the dispatcher runs one: every
