@@ -181,7 +181,56 @@ def run_cases(binary):
             msg += ", grads rel " + "/".join(f"{e:.1e}" for e in grad_errs)
             print(f"{'PASS' if ok else 'FAIL'} {label}: {msg}")
             results.append(ok)
+        results.extend(run_packed(binary, rng, qkv_path, out_path))
     return report(results)
+
+
+def run_packed(binary, rng, qkv_path, out_path):
+    """A packed (varlen) batch through `attn --cpu`: q [total_q, H, D] with int32 cu_seqlens
+    (one sequence without queries, one without keys, Sq > Sk, seqused_k with slack) against
+    NumPy's attention of each sequence alone; then a decreasing cu_seqlens_q, which must be
+    refused naming it."""
+    lens = [(5, 9), (0, 4), (3, 0), (17, 6), (1, 30)]
+    slack = [0, 2, 1, 0, 3]
+    hq, hkv, d, results = 4, 2, 16, []
+    for causal in (False, True):
+        seqs = [random_qkv(rng, 1, sq, sk + extra, hq, hkv, d, 1.0) for (sq, sk), extra in zip(lens, slack)]
+        cu = lambda n: np.concatenate([[0], np.cumsum(n)]).astype(np.int32)  # noqa: E731
+        tensors = {
+            "q": np.concatenate([s[0][0] for s in seqs]),
+            "k": np.concatenate([s[1][0] for s in seqs]),
+            "v": np.concatenate([s[2][0] for s in seqs]),
+            "cu_seqlens_q": cu([sq for sq, _ in lens]),
+            "cu_seqlens_k": cu([sk + e for (_, sk), e in zip(lens, slack)]),
+            "seqused_k": np.array([sk for _, sk in lens], dtype=np.int32),
+        }
+        save_file(tensors, qkv_path)
+        cmd = [binary, "attn", "--cpu", "--input", qkv_path, "--output", out_path, "--f64-out"] + (["--causal"] if causal else [])
+        label = f"{'packed causal' if causal else 'packed':28} lengths {lens} seqused_k"
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(f"FAIL {label}: exit {proc.returncode}: {proc.stderr.strip()[-500:]}")
+            results.append(False)
+            continue
+        out = load_file(out_path)
+        o_ref, lse_ref = [], []
+        for (q, k, v), (sq, sk) in zip(seqs, lens):
+            if sk == 0:
+                o, lse = np.zeros((1, sq, hq, d)), np.full((1, hq, sq), -np.inf)
+            else:
+                o, lse = attention(q, k[:, :sk], v[:, :sk], 1.0 / np.sqrt(d), causal)
+            o_ref.append(o[0])
+            lse_ref.append(lse[0])
+        ok, msg = compare(out["o"], out["lse"], np.concatenate(o_ref), np.concatenate(lse_ref, axis=1))
+        print(f"{'PASS' if ok else 'FAIL'} {label}: {msg}")
+        results.append(ok)
+    tensors["cu_seqlens_q"] = np.array([0, 5, 4, 8, 25, 26], dtype=np.int32)
+    save_file(tensors, qkv_path)
+    proc = subprocess.run([binary, "attn", "--cpu", "--input", qkv_path, "--output", out_path], capture_output=True, text=True)
+    ok = proc.returncode != 0 and "cu_seqlens_q" in proc.stderr and "decreases" in proc.stderr
+    print(f"{'PASS' if ok else 'FAIL'} {'packed, bad cu_seqlens_q':28} refused by name: {proc.stderr.strip()[-200:]}")
+    results.append(ok)
+    return results
 
 
 def self_test():

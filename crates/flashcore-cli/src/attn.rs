@@ -4,14 +4,19 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
-use flashcore::{reference, AttnParams, BwdInputs, Context, DType, DeviceTensor, KernelFamily, LseView, ProblemShape, Window};
+use flashcore::{
+    reference, AttnParams, BwdInputs, Context, DType, DeviceTensor, KernelFamily, LseView, ProblemShape, SeqLensView, VarlenBatch, Window,
+};
 
-use crate::io::{read_dout, read_qkv, write_tensors, FileDType, HostTensor};
+use crate::io::{read_dout, read_qkv, read_seqlens, write_tensors, FileDType, HostSeqlens, HostTensor};
 
 #[derive(clap::Args)]
 pub struct AttnArgs {
     /// safetensors file with `q`, `k`, `v` (BSHD; f16, bf16 or f32) and optionally `do`, the
-    /// gradient of a loss with respect to `o` (shaped and typed like `q`).
+    /// gradient of a loss with respect to `o` (shaped and typed like `q`). A packed (varlen)
+    /// batch: `q [total_q, Hq, D]`, `k, v [total_k, Hkv, D]` with int32 `cu_seqlens_q`,
+    /// `cu_seqlens_k` (`[B + 1]`) and optionally `seqused_k` (`[B]`); it writes `o` like `q`
+    /// and `lse [Hq, total_q]` (forward only).
     #[arg(long)]
     input: PathBuf,
     /// safetensors file to write `o` (input dtype) and `lse` (f32) into, and `dq`, `dk`, `dv`
@@ -63,6 +68,9 @@ fn shape4(t: &HostTensor, name: &str) -> Result<[usize; 4]> {
 
 pub fn run(args: &AttnArgs) -> Result<bool> {
     let (q, k, v) = read_qkv(&args.input)?;
+    if let Some(seqlens) = read_seqlens(&args.input)? {
+        return run_packed(args, &q, &k, &v, &seqlens);
+    }
     let ([b, sq, hq, d], [kb, sk, hkv, kd]) = (shape4(&q, "q")?, shape4(&k, "k")?);
     if k.shape != v.shape || kb != b || kd != d || hkv == 0 || hq % hkv != 0 {
         bail!(
@@ -121,18 +129,8 @@ fn gpu(
     shape: &ProblemShape,
     scale: f64,
 ) -> Result<Outputs> {
-    let dtype = match (q.dtype, args.dtype.as_deref()) {
-        (_, Some("bf16")) => DType::BF16,
-        (_, Some("f16")) => DType::F16,
-        (_, Some(other)) => bail!("--dtype must be f16 or bf16, got {other:?}"),
-        (FileDType::F16, None) => DType::F16,
-        (FileDType::BF16, None) => DType::BF16,
-        (other, None) => bail!("the GPU kernels take f16 or bf16; the inputs are {other:?} (pass --dtype bf16, or --cpu)"),
-    };
-    let kernel = match &args.kernel {
-        Some(n) => Some(KernelFamily::parse(n).ok_or_else(|| anyhow::anyhow!("unknown kernel {n:?}"))?),
-        None => None,
-    };
+    let dtype = gpu_dtype(args, q)?;
+    let kernel = kernel(args)?;
     let ctx = Context::new(0)?;
     let up = |t: &HostTensor| {
         let data: Vec<f32> = t.data.iter().map(|&x| x as f32).collect();
@@ -166,4 +164,123 @@ fn gpu(
     };
     let lse = ctx.stream().clone_dtoh(&out.lse)?.into_iter().take(shape.batch * shape.heads_q * shape.seqlen_q).map(f64::from).collect();
     Ok(Outputs { o: wide(&out.o)?, lse, grads })
+}
+
+/// A packed batch (`cu_seqlens_q`, `cu_seqlens_k` and optionally `seqused_k` in the file,
+/// int32; `q [total_q, Hq, D]`, `k, v [total_k, Hkv, D]`): `o` like `q` and `lse [Hq,
+/// total_q]`. The vectors are checked first (`Context::check_varlen`'s checks; on the host
+/// with `--cpu`), by name. Forward only.
+fn run_packed(args: &AttnArgs, q: &HostTensor, k: &HostTensor, v: &HostTensor, seqlens: &HostSeqlens) -> Result<bool> {
+    let ([qb, total_q, hq, d], [kb, total_k, hkv, kd]) = (shape4(q, "q")?, shape4(k, "k")?);
+    if k.shape != v.shape || qb != 1 || kb != 1 || kd != d || hkv == 0 || hq % hkv != 0 {
+        bail!(
+            "shapes do not form a packed problem: q {:?}, k {:?}, v {:?} (need [total, H, D], k = v, same D, Hq % Hkv == 0)",
+            q.shape,
+            k.shape,
+            v.shape
+        );
+    }
+    if read_dout(&args.input, q)?.is_some() {
+        bail!("a packed batch has no backward yet: give an input without `do`");
+    }
+    let (cu_q, cu_k) = (&seqlens.cu_seqlens_q, &seqlens.cu_seqlens_k);
+    let keys: Vec<usize> = match &seqlens.seqused_k {
+        Some(used) => used.iter().map(|&u| u.max(0) as usize).collect(),
+        None => cu_k.windows(2).map(|w| (w[1] - w[0]).max(0) as usize).collect(),
+    };
+    let queries: Vec<usize> = cu_q.windows(2).map(|w| (w[1] - w[0]).max(0) as usize).collect();
+    let max = (queries.iter().copied().max().unwrap_or(0), keys.iter().copied().max().unwrap_or(0));
+    let scale = args.scale.unwrap_or(1.0 / (d as f64).sqrt());
+    let mods = AttnParams { causal: args.causal, window: window(args)?, softcap: args.softcap.unwrap_or(0.0), ..AttnParams::default() };
+    mods.check_window_and_softcap()?;
+    let (o, lse) = if args.cpu {
+        flashcore::check_varlen_values(cu_q, cu_k, seqlens.seqused_k.as_deref(), (total_q, total_k), max)?;
+        let mut o = Vec::with_capacity(total_q * hq * d);
+        let mut lse = vec![f64::NEG_INFINITY; hq * total_q];
+        for (b, (&sq, &sk)) in queries.iter().zip(&keys).enumerate() {
+            let (q0, k0) = (cu_q[b] as usize, cu_k[b] as usize);
+            let shape = ProblemShape { batch: 1, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d };
+            let rows = |t: &HostTensor, start: usize, n: usize, h: usize| t.data[start * h * d..(start + n) * h * d].to_vec();
+            let r = reference::attention_masked(
+                &rows(q, q0, sq, hq),
+                &rows(k, k0, sk, hkv),
+                &rows(v, k0, sk, hkv),
+                &shape,
+                scale,
+                &reference::RefMask::of(&mods),
+            );
+            o.extend(r.o);
+            for h in 0..hq {
+                lse[h * total_q + q0..h * total_q + q0 + sq].copy_from_slice(&r.lse[h * sq..(h + 1) * sq]);
+            }
+        }
+        (o, lse)
+    } else {
+        gpu_packed(args, [q, k, v], seqlens, max, scale)?
+    };
+    let data_dtype = if args.f64_out { FileDType::F64 } else { q.dtype };
+    let lse_dtype = if args.f64_out { FileDType::F64 } else { FileDType::F32 };
+    let o = HostTensor { shape: vec![total_q, hq, d], dtype: data_dtype, data: o };
+    let lse = HostTensor { shape: vec![hq, total_q], dtype: lse_dtype, data: lse };
+    write_tensors(&args.output, &[("o", &o), ("lse", &lse)])?;
+    println!("wrote o, lse (a packed batch of {} sequences) to {}", queries.len(), args.output.display());
+    Ok(true)
+}
+
+fn gpu_packed(
+    args: &AttnArgs,
+    [q, k, v]: [&HostTensor; 3],
+    seqlens: &HostSeqlens,
+    max: (usize, usize),
+    scale: f64,
+) -> Result<(Vec<f64>, Vec<f64>)> {
+    let dtype = gpu_dtype(args, q)?;
+    let ctx = Context::new(0)?;
+    let up = |t: &HostTensor| {
+        let data: Vec<f32> = t.data.iter().map(|&x| x as f32).collect();
+        DeviceTensor::from_f32(&ctx, &data, shape4(t, "tensor")?, dtype).map_err(anyhow::Error::from)
+    };
+    let (qd, kd, vd) = (up(q)?, up(k)?, up(v)?);
+    let cu_q = ctx.stream().clone_htod(&seqlens.cu_seqlens_q)?;
+    let cu_k = ctx.stream().clone_htod(&seqlens.cu_seqlens_k)?;
+    let used = seqlens.seqused_k.as_ref().map(|u| ctx.stream().clone_htod(u)).transpose()?;
+    let batch = VarlenBatch {
+        cu_seqlens_q: SeqLensView::of(&cu_q),
+        cu_seqlens_k: SeqLensView::of(&cu_k),
+        seqused_k: used.as_ref().map(SeqLensView::of),
+        max_seqlen_q: max.0,
+        max_seqlen_k: max.1,
+    };
+    ctx.check_varlen(&batch, q.shape[1], k.shape[1])?;
+    let params = AttnParams {
+        softmax_scale: Some(scale as f32),
+        causal: args.causal,
+        kernel: kernel(args)?,
+        window: window(args)?,
+        softcap: args.softcap.unwrap_or(0.0),
+        ..AttnParams::default()
+    };
+    let out = ctx.attention_varlen(qd.view(), kd.view(), vd.view(), &batch, &params)?;
+    let o = out.o.to_f32(&ctx)?.into_iter().map(f64::from).collect();
+    let lse = ctx.stream().clone_dtoh(&out.lse)?.into_iter().take(q.shape[2] * q.shape[1]).map(f64::from).collect();
+    Ok((o, lse))
+}
+
+/// The dtype the GPU runs: `--dtype`, else the file's (f16 or bf16).
+fn gpu_dtype(args: &AttnArgs, q: &HostTensor) -> Result<DType> {
+    Ok(match (q.dtype, args.dtype.as_deref()) {
+        (_, Some("bf16")) => DType::BF16,
+        (_, Some("f16")) => DType::F16,
+        (_, Some(other)) => bail!("--dtype must be f16 or bf16, got {other:?}"),
+        (FileDType::F16, None) => DType::F16,
+        (FileDType::BF16, None) => DType::BF16,
+        (other, None) => bail!("the GPU kernels take f16 or bf16; the inputs are {other:?} (pass --dtype bf16, or --cpu)"),
+    })
+}
+
+fn kernel(args: &AttnArgs) -> Result<Option<KernelFamily>> {
+    match &args.kernel {
+        Some(n) => Ok(Some(KernelFamily::parse(n).ok_or_else(|| anyhow::anyhow!("unknown kernel {n:?}"))?)),
+        None => Ok(None),
+    }
 }

@@ -116,15 +116,21 @@ pub enum IoError {
 }
 
 /// Reads the tensors `q`, `k`, `v` of `path`: F16, BF16 or F32, all of `q`'s dtype, rank 4
-/// (BSHD). Shapes are not checked against each other here; the attention API does that.
+/// (BSHD), or rank 3 `[total, H, D]` beside `cu_seqlens_q` (a packed batch, read as
+/// `[1, total, H, D]`). Shapes are not checked against each other here; the attention API does that.
 pub fn read_qkv(path: &Path) -> Result<(HostTensor, HostTensor, HostTensor), IoError> {
     let bytes = std::fs::read(path).map_err(|source| IoError::Read { path: path.into(), source })?;
     let file = SafeTensors::deserialize(&bytes).map_err(|source| IoError::Format { path: path.into(), source })?;
+    let packed = file.names().contains(&"cu_seqlens_q");
     let read = |name| {
         let t = read_tensor(&file, path, name)?;
         if t.dtype == FileDType::F64 {
             let (dtype, expected) = ("F64".into(), "F16, BF16 or F32".into());
             return Err(IoError::WrongDType { path: path.into(), name, dtype, expected });
+        }
+        let mut t = t;
+        if t.shape.len() == 3 && packed {
+            t.shape.insert(0, 1); // a packed batch [total, H, D] is one batch entry
         }
         if t.shape.len() != 4 {
             return Err(IoError::WrongRank { path: path.into(), name, shape: t.shape });
@@ -158,6 +164,40 @@ pub fn read_dout(path: &Path, q: &HostTensor) -> Result<Option<HostTensor>, IoEr
         return Err(IoError::WrongShape { path: path.into(), name: "do", shape: dout.shape, expected: q.shape.clone() });
     }
     Ok(Some(dout))
+}
+
+/// A packed batch's vectors from an input file (`attn`'s varlen format): int32, rank 1.
+pub struct HostSeqlens {
+    pub cu_seqlens_q: Vec<i32>,
+    pub cu_seqlens_k: Vec<i32>,
+    pub seqused_k: Option<Vec<i32>>,
+}
+
+/// Reads `cu_seqlens_q` and `cu_seqlens_k` (and `seqused_k` if present) of `path`, I32 and
+/// rank 1: `None` when the file has no `cu_seqlens_q` (a dense problem).
+pub fn read_seqlens(path: &Path) -> Result<Option<HostSeqlens>, IoError> {
+    let bytes = std::fs::read(path).map_err(|source| IoError::Read { path: path.into(), source })?;
+    let file = SafeTensors::deserialize(&bytes).map_err(|source| IoError::Format { path: path.into(), source })?;
+    if !file.names().contains(&"cu_seqlens_q") {
+        return Ok(None);
+    }
+    let read = |name: &'static str| -> Result<Vec<i32>, IoError> {
+        let view = file.tensor(name).map_err(|_| IoError::MissingTensor { path: path.into(), name, found: file.names().join(", ") })?;
+        if view.dtype() != Dtype::I32 {
+            return Err(IoError::WrongDType { path: path.into(), name, dtype: view.dtype().to_string(), expected: "I32".into() });
+        }
+        if view.shape().len() != 1 {
+            return Err(IoError::WrongShape {
+                path: path.into(),
+                name,
+                shape: view.shape().to_vec(),
+                expected: vec![view.shape().iter().product()],
+            });
+        }
+        Ok(view.data().chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+    };
+    let seqused_k = if file.names().contains(&"seqused_k") { Some(read("seqused_k")?) } else { None };
+    Ok(Some(HostSeqlens { cu_seqlens_q: read("cu_seqlens_q")?, cu_seqlens_k: read("cu_seqlens_k")?, seqused_k }))
 }
 
 /// Writes the named tensors to `path`, each in its own dtype.

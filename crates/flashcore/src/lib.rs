@@ -43,4 +43,4 @@ pub use external::ExternalStream;
 pub use kernels::{KernelFamily, ScoreMods, Tile, Variant};
 pub use params::{AttnParams, ProblemShape, Window};
 pub use tensor::{DType, DeviceTensor, Layout, LseView, TensorView, TensorViewMut};
-pub use varlen::{SeqLensView, VarlenBatch};
+pub use varlen::{check_values as check_varlen_values, SeqLensView, VarlenBatch};

@@ -120,9 +120,10 @@ impl VarlenBatch<'_> {
     }
 }
 
-/// Checks the device values of a packed batch, copied to the host (see [`VarlenBatch`]'s
-/// contract): each error names the argument.
-pub(crate) fn check_values(cu_q: &[i32], cu_k: &[i32], used: Option<&[i32]>, totals: (usize, usize), maxima: (usize, usize)) -> Result<()> {
+/// Checks a packed batch's vectors held on the host (see [`VarlenBatch`]'s contract) for
+/// `totals` (query rows, keys) and `maxima` (max_seqlen_q, max_seqlen_k): each error names
+/// the argument. [`crate::Context::check_varlen`] runs it on the device's values.
+pub fn check_values(cu_q: &[i32], cu_k: &[i32], used: Option<&[i32]>, totals: (usize, usize), maxima: (usize, usize)) -> Result<()> {
     for (arg, cu, total, max) in [("cu_seqlens_q", cu_q, totals.0, maxima.0), ("cu_seqlens_k", cu_k, totals.1, maxima.1)] {
         if cu[0] != 0 {
             return Err(Error::Param { arg, msg: format!("starts at {}, not 0", cu[0]) });
