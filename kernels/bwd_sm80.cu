@@ -3,9 +3,11 @@
 // One CTA per (key block of kBlockN keys, KV head, batch): K and V of the block stay in
 // shared memory, and dK, dV in registers, while the CTA walks every query block of every
 // query head that shares the KV head (GQA sums there, no atomics), from the first block
-// whose rows see the keys under the causal mask. Per query block of kBlockM rows:
+// whose rows see the keys under the causal mask (with a sliding window, the query blocks
+// whose rows see them: KeyMask::query_blocks). Per query block of kBlockM rows:
 //   S = Q·Kᵀ, P = exp2(S·scale·log2e − lse·log2e) masked to 0, dP = dO·Vᵀ,
 //   dS = P ∘ (dP − D_i); P and dS to shared memory;
+//   (softcapped: S capped first as in the forward, and dS times softcap_grad;)
 //   dV += Pᵀ·dO, dK += dSᵀ·Q, and dQ = dS·K added in f32 to p.dq_accum with 16-byte
 //   red.add (lane pairs regroup their columns: quad_columns).
 // Each product is a warp-tile GEMM (`warp_gemm`; S and dP share one k loop,
@@ -31,8 +33,11 @@
 //   [B, Sq, Hq, D] f32, zeroed.
 // fc_bwd_sm80_dq(BwdParams): grid (ceil(B * Sq * Hq * D / 1024)), 256 threads.
 // Pointers 16-byte aligned, strides multiples of 8 elements, last dim contiguous; causal is
-// the compile-time FC_CAUSAL (bottom-right aligned).
+// the compile-time FC_CAUSAL (bottom-right aligned). FC_LOCAL: a sliding window
+// (p.window_left/right, causal folded in); FC_SOFTCAP: logit softcapping (p.softcap,
+// p.softcap_scale; p.softmax_scale_log2 = log2 e). See common/mask.cuh.
 #include "common/bwd_params.cuh"
+#include "common/mask.cuh"
 #include "common/types.cuh"
 #include "ptx/atomic.cuh"
 #include "ptx/cp_async.cuh"
@@ -64,6 +69,9 @@ namespace bwd_sm80 {
 
 constexpr int kD = FC_HEAD_DIM;
 constexpr bool kCausal = FC_CAUSAL != 0;
+constexpr bool kLocal = FC_LOCAL != 0;      // sliding window (common/mask.cuh)
+constexpr bool kSoftcap = FC_SOFTCAP != 0;  // logit softcapping (common/mask.cuh)
+using Mask = KeyMask<kCausal, kLocal>;
 constexpr int kBlockM = FC_BLOCK_M, kBlockN = FC_BLOCK_N, kWarps = FC_NUM_WARPS, kStages = FC_STAGES;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kRowD = kD + 8;       // padded row of Q, dO, K, V (elements)
@@ -240,13 +248,17 @@ __device__ __forceinline__ void load_step(Smem& sm, const BwdParams& p, int batc
 
 // P and dS of the warp's S tile: P = exp2(S·scale·log2e − lse·log2e), 0 where the key is
 // masked or past Sk and in rows past Sq or that see no key (lse = -inf); dS = P ∘ (dP − D_i).
-// S and dP come from one k loop (warp_gemm_pair); P and dS go to shared memory as elem_t.
-__device__ __forceinline__ void scores_to_p_ds(Smem& sm, const BwdParams& p, int stage, int m0, int n0, int lane, int warp) {
+// Softcapped, S is capped first and dS is times softcap_grad. S and dP come from one k loop
+// (warp_gemm_pair); P and dS go to shared memory as elem_t. With a window, `block_masked`
+// says whether the query block needs the mask (KeyMask::query_block_masked).
+__device__ __forceinline__ void scores_to_p_ds(Smem& sm, const BwdParams& p, int stage, int m0, int n0, bool block_masked, int lane,
+                                               int warp) {
     constexpr int kMT = GridS::kMT, kNT = GridS::kNT;
     const int g = lane / 4, t = lane % 4;
     const int r0 = GridS::row0(warp), c0 = GridS::col0(warp);
     const int offset = p.seqlen_k - p.seqlen_q;  // query i sees key j iff j <= i + offset
-    const bool masked = n0 + kBlockN > p.seqlen_k || (kCausal && n0 + c0 + GridS::kColsPerWarp - 1 > m0 + r0 + offset);
+    const bool masked =
+        kLocal ? block_masked : n0 + kBlockN > p.seqlen_k || (kCausal && n0 + c0 + GridS::kColsPerWarp - 1 > m0 + r0 + offset);
     float lse_log2[kMT][2], dsum[kMT][2];
 #pragma unroll
     for (int mi = 0; mi < kMT; ++mi)
@@ -265,6 +277,8 @@ __device__ __forceinline__ void scores_to_p_ds(Smem& sm, const BwdParams& p, int
     warp_gemm_pair<kMT, kNT, kD / 16>(sc, Operand<kRowD, false>{smem_u32(&sm.q[stage][r0][0])}, Operand<kRowD, false>{smem_u32(&sm.k[c0][0])},
                                       dp, Operand<kRowD, false>{smem_u32(&sm.dout[stage][r0][0])}, Operand<kRowD, false>{smem_u32(&sm.v[c0][0])},
                                       lane);
+    if constexpr (kSoftcap) softcap_scores(sc, p.softcap, p.softcap_scale);
+    const float inv_softcap = kSoftcap ? math::rcp(p.softcap) : 0.f;
 #pragma unroll
     for (int mi = 0; mi < kMT; ++mi)
 #pragma unroll
@@ -276,9 +290,12 @@ __device__ __forceinline__ void scores_to_p_ds(Smem& sm, const BwdParams& p, int
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const int key = n0 + col + e;
-                    const bool seen = !masked || (key < p.seqlen_k && (!kCausal || key <= m0 + row + offset));
-                    pv[e] = seen ? math::ex2(sc[mi][nj][2 * half + e] * p.softmax_scale_log2 - lse_log2[mi][half]) : 0.f;
+                    const bool seen =
+                        !masked || (kLocal ? Mask(p).visible(m0 + row, key) : key < p.seqlen_k && (!kCausal || key <= m0 + row + offset));
+                    const float s = sc[mi][nj][2 * half + e];
+                    pv[e] = seen ? math::ex2(s * p.softmax_scale_log2 - lse_log2[mi][half]) : 0.f;
                     dsv[e] = pv[e] * (dp[mi][nj][2 * half + e] - dsum[mi][half]);
+                    if constexpr (kSoftcap) dsv[e] *= softcap_grad(s, inv_softcap);
                 }
                 *reinterpret_cast<u32*>(&sm.p[row][col]) = pack2<elem_t>(pv[0], pv[1]);
                 *reinterpret_cast<u32*>(&sm.ds[row][col]) = pack2<elem_t>(dsv[0], dsv[1]);
@@ -388,12 +405,19 @@ extern "C" __global__ void __launch_bounds__(fc::bwd_sm80::kThreads, 1) fc_bwd_s
 #pragma unroll 1
     for (int nb = blockIdx.x; nb < n_blocks; nb += gridDim.x) {
         const int n0 = nb * kBlockN;
-        // The first query row that sees key n0 is n0 - offset.
-        int m_first = kCausal ? min(m_blocks, max(0, n0 - offset) / kBlockM) : 0;
+        // The query blocks whose rows see the keys: causal, from the first row that sees key
+        // n0 (n0 - offset); with a window, KeyMask's.
+        int m_first = kCausal ? min(m_blocks, max(0, n0 - offset) / kBlockM) : 0, m_end = m_blocks;
+        QueryBlocks blocks;  // with a window: which of them need the mask
+        if (kLocal) {
+            blocks = Mask(p).query_blocks(n0, n0 + kBlockN, kBlockM);
+            m_first = blocks.begin;
+            m_end = blocks.end;
+        }
         // Opaque to the compiler: a constant 0 let it strength-reduce the steps' addresses
         // into induction variables that spilled (D128-D256, not causal).
         asm volatile("" : "+r"(m_first));
-        const int m_steps = m_blocks - m_first, steps = group * m_steps;
+        const int m_steps = m_end - m_first, steps = group * m_steps;
         copy_rows<kBlockN>(smem_u32(&sm.k[0][0]), k + n0 * p.k_stride_s, p.k_stride_s, min(kBlockN, p.seqlen_k - n0));
         copy_rows<kBlockN>(smem_u32(&sm.v[0][0]), v + n0 * p.v_stride_s, p.v_stride_s, min(kBlockN, p.seqlen_k - n0));
         if (steps > 0) load_step(sm, p, batch, step_at(0, kv_head, group, m_first, m_steps), 0);
@@ -416,7 +440,8 @@ extern "C" __global__ void __launch_bounds__(fc::bwd_sm80::kThreads, 1) fc_bwd_s
             }
             __syncthreads();  // this step's Q, dO, lse, D_i (and K, V) are visible
 
-            scores_to_p_ds(sm, p, stage, s.m0, n0, lane, warp);
+            const bool block_masked = kLocal && Mask::query_block_masked(blocks, s.m0 / kBlockM);
+            scores_to_p_ds(sm, p, stage, s.m0, n0, block_masked, lane, warp);
             __syncthreads();  // P and dS are visible
 
             constexpr int kKV = kBlockM / 16;

@@ -9,7 +9,8 @@
 // land in registers already in the A-operand form of the next products:
 //   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ                      (wgmma, both operands from shared memory)
 //   Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e),  dSᵀ = Pᵀ ∘ (dPᵀ − D_i)   (the rows' lse, D_i
-//        are columns here: per-column values from shared memory)
+//        are columns here: per-column values from shared memory; softcapped, Sᵀ is capped
+//        first and dSᵀ is times softcap_grad: see probabilities)
 //   dV += Pᵀ·dO, dK += dSᵀ·Q                     (wgmma, A from registers)
 //   dSᵀ to shared memory; both warpgroups meet; dQ = dS·K (A read transposed), each
 //   warpgroup 64 x 64 of it, staged in shared memory in its accumulator order and added to
@@ -39,9 +40,13 @@
 //   each query block's part in the consumers' accumulator order (see dq_index).
 // fc_bwd_sm90_dq(BwdParams): grid (ceil(B * Hq * m_blocks * kBlockM * kHeadDim / 512)), 256
 //   threads.
-// Causal is the compile-time FC_CAUSAL (bottom-right aligned).
+// Causal is the compile-time FC_CAUSAL (bottom-right aligned). FC_LOCAL: a sliding window
+// (p.window_left/right, causal folded in: the walks visit only the query blocks that see the
+// CTA's keys, and start unspread); FC_SOFTCAP: logit softcapping (p.softcap,
+// p.softcap_scale; p.softmax_scale_log2 = log2 e). See common/mask.cuh.
 #include "common/bwd_params.cuh"
 #include "common/bwd_schedule.cuh"
+#include "common/mask.cuh"
 #include "common/pipeline.cuh"
 #include "common/tile_sm90.cuh"
 #include "common/types.cuh"
@@ -75,6 +80,8 @@ constexpr int kHeadDimReal = FC_HEAD_DIM;
 // never stored), as D96 runs as D128.
 constexpr int kHeadDim = kHeadDimReal <= 128 ? (kHeadDimReal + 63) / 64 * 64 : 256;
 constexpr bool kCausal = FC_CAUSAL != 0;
+constexpr bool kLocal = FC_LOCAL != 0;      // sliding window (common/mask.cuh)
+constexpr bool kSoftcap = FC_SOFTCAP != 0;  // logit softcapping (common/mask.cuh)
 constexpr int kConsumerWG = 2;
 // Wide heads (D256): a warpgroup's dK and dV over all columns would need 256 registers, so
 // both warpgroups hold the CTA's 64 keys and split the columns; each computes Sᵀ and dPᵀ for
@@ -144,7 +151,8 @@ using sm90::bar;
 
 __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-using Schedule = sm90::BwdSchedule<kBlockM, kBlockN, kCausal>;  // common/bwd_schedule.cuh
+using Schedule = sm90::BwdSchedule<kBlockM, kBlockN, kCausal, kLocal>;  // common/bwd_schedule.cuh
+using Mask = Schedule::Mask;
 using Walk = Schedule::Walk;
 using Cursor = Schedule::Cursor;
 
@@ -192,45 +200,72 @@ __device__ __forceinline__ Fragment fragment() {
 
 // Pᵀ of the warpgroup's keys [k0, k0 + 64) and its queries [m0, m0 + kScoreN), in
 // place of Sᵀ (while dPᵀ is still in the tensor cores): P = 0 where the key is past Sk or,
-// causal, after the query's diagonal (only where `masked`), and in rows past Sq or that see
-// no key (lse·log2e is +inf there).
-__device__ __forceinline__ void probabilities(float (&s)[kScoreN / 2], const float* lse_log2, int k0, int m0, bool masked,
-                                              const BwdParams& p) {
+// causal, after the query's diagonal, or outside its window (only where `masked`), and in
+// rows past Sq or that see no key (lse·log2e is +inf there).
+// Softcapped (Sᵀ capped first, as in the forward), P goes straight to `pk`, gemm_pv's
+// operand, and `pg` gets P ∘ softcap_grad, what dSᵀ needs (score_gradients), from the capped
+// value that P replaces: both 16-bit, so that they take the registers of the f32 Pᵀ they
+// replace (D64's 128 queries have none to spare); pg's rounding adds ~2^-9 (bf16) to dSᵀ's.
+__device__ __forceinline__ void probabilities(float (&s)[kScoreN / 2], u32 (&pk)[kScoreN / 4], u32 (&pg)[kSoftcap ? kScoreN / 4 : 1],
+                                              const float* lse_log2, int k0, int m0, bool masked, const BwdParams& p) {
     const Fragment f = fragment();
     // Per key row r, the first column (8c + e, relative to this thread's) that sees it:
     // the query key - offset under the causal mask; none for a key past Sk. Each score then
-    // costs one compare with a constant.
-    int first_seen[2];
+    // costs one compare with a constant (two with a window: also the last column).
+    int first_seen[2], last_seen[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
         constexpr int kAll = -(1 << 30), kNone = 1 << 30;
         const int key = k0 + f.row + 8 * r;
         const int causal_first = kCausal ? key - (p.seqlen_k - p.seqlen_q) - m0 - f.col : kAll;
-        first_seen[r] = !masked ? kAll : key >= p.seqlen_k ? kNone : causal_first;
+        const int window_first = kLocal ? Mask(p).first_row(key) - m0 - f.col : kAll;
+        first_seen[r] = !masked ? kAll : key >= p.seqlen_k ? kNone : kLocal ? window_first : causal_first;
+        last_seen[r] = kLocal && masked ? Mask(p).last_row(key) - m0 - f.col : kNone;
     }
+    const float inv_softcap = kSoftcap ? math::rcp(p.softcap) : 0.f;
 #pragma unroll
     for (int c = 0; c < kScoreN / 8; ++c) {
         const float2 l = *reinterpret_cast<const float2*>(lse_log2 + 8 * c + f.col);
+        float g[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
             const int e = i % 2;
-            const bool seen = 8 * c + e >= first_seen[i / 2];
+            const bool seen = 8 * c + e >= first_seen[i / 2] && (!kLocal || 8 * c + e <= last_seen[i / 2]);
+            if constexpr (kSoftcap) {
+                softcap_scores(s[4 * c + i], p.softcap, p.softcap_scale);  // a score at a time (the whole tile first: more spills)
+                g[i] = softcap_grad(s[4 * c + i], inv_softcap);
+            }
             s[4 * c + i] = seen ? math::ex2(fmaf(s[4 * c + i], p.softmax_scale_log2, -(e ? l.y : l.x))) : 0.f;
+        }
+        if constexpr (kSoftcap) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                pk[2 * c + h] = pack2<elem_t>(s[4 * c + 2 * h], s[4 * c + 2 * h + 1]);
+                pg[2 * c + h] = pack2<elem_t>(s[4 * c + 2 * h] * g[2 * h], s[4 * c + 2 * h + 1] * g[2 * h + 1]);
+            }
         }
     }
 }
 
+// Score i of chunk c (8 queries) of Pᵀ in f32, or of pg packed in pairs (probabilities).
+__device__ __forceinline__ float score_at(const float (&s)[kScoreN / 2], int c, int i) { return s[4 * c + i]; }
+__device__ __forceinline__ float score_at(const u32 (&packed)[kScoreN / 4], int c, int i) {
+    const u32 x = packed[2 * c + i / 2];
+    return to_float(elem_t{static_cast<u16>(i % 2 ? x >> 16 : x & 0xffff)});
+}
+
 // dSᵀ = Pᵀ ∘ (dPᵀ − D_i), packed into the A operand of dK's product chunk by chunk, so that
-// the f32 values die as they are packed.
-__device__ __forceinline__ void score_gradients(const float (&pf)[kScoreN / 2], const float (&dp)[kScoreN / 2],
-                                                u32 (&dsk)[kScoreN / 4], const float* dsum) {
+// the f32 values die as they are packed. Softcapped, from pg = Pᵀ ∘ softcap_grad (16-bit:
+// see probabilities) instead of the f32 Pᵀ.
+template <class Probs>
+__device__ __forceinline__ void score_gradients(const Probs& pf, const float (&dp)[kScoreN / 2], u32 (&dsk)[kScoreN / 4], const float* dsum) {
     const Fragment f = fragment();
 #pragma unroll
     for (int c = 0; c < kScoreN / 8; ++c) {
         const float2 d = *reinterpret_cast<const float2*>(dsum + 8 * c + f.col);
         float ds[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) ds[i] = pf[4 * c + i] * (dp[4 * c + i] - (i % 2 ? d.y : d.x));
+        for (int i = 0; i < 4; ++i) ds[i] = score_at(pf, c, i) * (dp[4 * c + i] - (i % 2 ? d.y : d.x));
         dsk[2 * c] = pack2<elem_t>(ds[0], ds[1]);
         dsk[2 * c + 1] = pack2<elem_t>(ds[2], ds[3]);
     }
@@ -380,13 +415,18 @@ template <class Smem> __device__ __forceinline__ void consume(Smem& smem, const 
         sm90::gemm_qk(dp, smem.v, 64 * wg, smem.dout[stage]);
         wgmma::wait<1>();  // Sᵀ; the exponentials run under dPᵀ
         wgmma::fence_operands(sc);
-        const bool masked = k0 + 64 > p.seqlen_k || (kCausal && k0 + 63 > m0 + offset);
-        probabilities(sc, smem.stats[stage][1], k0, m0, masked, p);
+        const bool masked =
+            kLocal ? Mask::query_block_masked(w.blocks, c.m_block) : k0 + 64 > p.seqlen_k || (kCausal && k0 + 63 > m0 + offset);
+        u32 pk[kBlockM / 4], dsk[kBlockM / 4], pg[kSoftcap ? kBlockM / 4 : 1];
+        probabilities(sc, pk, pg, smem.stats[stage][1], k0, m0, masked, p);
         wgmma::wait<0>();
         wgmma::fence_operands(dp);
-        u32 pk[kBlockM / 4], dsk[kBlockM / 4];
-        score_gradients(sc, dp, dsk, smem.stats[stage][0]);
-        sm90::to_operand(sc, pk);
+        if constexpr (kSoftcap) {
+            score_gradients(pg, dp, dsk, smem.stats[stage][0]);
+        } else {
+            score_gradients(sc, dp, dsk, smem.stats[stage][0]);
+            sm90::to_operand(sc, pk);
+        }
         sm90::gemm_pv(dv, pk, smem.dout[stage]);
         const DsTile& ds = smem.scores.ds[j % 2];
         sm90::write_operand(ds, 64 * wg, dsk);
@@ -442,13 +482,18 @@ template <class Smem> __device__ __forceinline__ void consume_wide(Smem& smem, c
         gemm_scores(dp, smem.v, smem.dout[stage], q0);
         wgmma::wait<1>();
         wgmma::fence_operands(sc);
-        const bool masked = n0 + 64 > p.seqlen_k || (kCausal && n0 + 63 > m0 + q0 + offset);
-        probabilities(sc, smem.stats[stage][1] + q0, n0, m0 + q0, masked, p);
+        const bool masked =
+            kLocal ? Mask::query_block_masked(w.blocks, c.m_block) : n0 + 64 > p.seqlen_k || (kCausal && n0 + 63 > m0 + q0 + offset);
+        u32 pk[kScoreN / 4], dsk[kScoreN / 4], pg[kSoftcap ? kScoreN / 4 : 1];
+        probabilities(sc, pk, pg, smem.stats[stage][1] + q0, n0, m0 + q0, masked, p);
         wgmma::wait<0>();
         wgmma::fence_operands(dp);
-        u32 pk[kScoreN / 4], dsk[kScoreN / 4];
-        score_gradients(sc, dp, dsk, smem.stats[stage][0] + q0);
-        sm90::to_operand(sc, pk);
+        if constexpr (kSoftcap) {
+            score_gradients(pg, dp, dsk, smem.stats[stage][0] + q0);
+        } else {
+            score_gradients(sc, dp, dsk, smem.stats[stage][0] + q0);
+            sm90::to_operand(sc, pk);
+        }
         const DsTile &pt = smem.scores.pt[j % 2], &ds = smem.scores.ds[j % 2];
         sm90::write_operand(pt, 0, pk, q0 / 8);
         sm90::write_operand(ds, 0, dsk, q0 / 8);

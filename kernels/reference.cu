@@ -25,11 +25,11 @@ __device__ __forceinline__ const elem_t* row_ptr(const void* base, long long sb,
 }
 
 // The keys query row `row` sees: [visible_first, visible_last] (bottom-right aligned; see
-// common/mask.cuh for the same rule in the fast kernels).
-__device__ __forceinline__ int visible_first(const FwdParams& p, int row) {
+// common/mask.cuh for the same rule in the fast kernels). Params: FwdParams or BwdParams.
+template <class Params> __device__ __forceinline__ int visible_first(const Params& p, int row) {
     return p.window_left >= 0 ? max(0, row + p.seqlen_k - p.seqlen_q - p.window_left) : 0;
 }
-__device__ __forceinline__ int visible_last(const FwdParams& p, int row) {
+template <class Params> __device__ __forceinline__ int visible_last(const Params& p, int row) {
     const int diagonal = row + p.seqlen_k - p.seqlen_q;
     int last = p.seqlen_k - 1;
     if (p.causal) last = min(last, diagonal);
@@ -38,7 +38,7 @@ __device__ __forceinline__ int visible_last(const FwdParams& p, int row) {
 }
 
 // A score (q·k times the softmax scale) after logit softcapping, when p.softcap > 0.
-__device__ __forceinline__ float softcapped(const FwdParams& p, float s) {
+template <class Params> __device__ __forceinline__ float softcapped(const Params& p, float s) {
     return p.softcap > 0.f ? p.softcap * tanhf(s / p.softcap) : s;
 }
 
@@ -105,8 +105,28 @@ extern "C" __global__ void __launch_bounds__(32 * fc::kRefWarps) fc_reference(co
 // grid (ceil(Sk / 4), Hkv, B)). The first writes dQ and D_i = rowsum(dO ∘ O) to p.dsum; the
 // second reads D_i and writes dK and dV, looping over every query of the query heads that
 // share the KV head (no atomics: deterministic). P is recomputed from q, k and the saved
-// lse; a row with lse = -inf saw no key and contributes nothing.
+// lse; a row with lse = -inf saw no key and contributes nothing. The window (p.causal and
+// p.window_left/right) and the softcap are run-time, as in the forward: dS of a softcapped
+// score is P ∘ (dP − D_i) times 1 − tanh² (see softcap_grad in common/mask.cuh).
 namespace fc {
+
+// The gradient factor of a softcapped score c = capped(s) with respect to s (1 without).
+__device__ __forceinline__ float capped_grad(const BwdParams& p, float c) {
+    if (p.softcap <= 0.f) return 1.f;
+    const float t = c / p.softcap;
+    return 1.f - t * t;
+}
+
+// The queries that see key `key`: [first, last] within [0, Sq) (the transpose of
+// visible_first/last).
+__device__ __forceinline__ int seeing_first(const BwdParams& p, int key) {
+    const int offset = p.seqlen_k - p.seqlen_q;
+    const int right = p.causal ? 0 : p.window_right;
+    return right >= 0 ? max(0, key - offset - right) : 0;
+}
+__device__ __forceinline__ int seeing_last(const BwdParams& p, int key) {
+    return p.window_left >= 0 ? min(p.seqlen_q - 1, key - (p.seqlen_k - p.seqlen_q) + p.window_left) : p.seqlen_q - 1;
+}
 
 __device__ __forceinline__ elem_t* mut_row_ptr(void* base, long long sb, long long ss, long long sh, int b, int s, int h) {
     return static_cast<elem_t*>(base) + b * sb + s * ss + h * sh;
@@ -152,29 +172,30 @@ extern "C" __global__ void __launch_bounds__(32 * fc::kRefWarps) fc_reference_bw
     const long long stat = ((long long)batch * p.heads_q + head) * p.seqlen_q + row;
     const float lse = p.lse[stat];
     const bool sees_keys = lse != -__int_as_float(0x7f800000);
-    const int last = !sees_keys ? -1 : p.causal ? min(p.seqlen_k - 1, row + p.seqlen_k - p.seqlen_q) : p.seqlen_k - 1;
+    const int first = visible_first(p, row), last = !sees_keys ? -1 : visible_last(p, row);
 
     // D_i = rowsum(dO ∘ O) = Σ_j P_ij dP_ij, taken here from P and dP in f32 rather than from
     // the stored O: where the softmax is nearly one-hot, dP_ij − D_i cancels, and O's bf16
     // rounding alone would cost ~1% of dQ (measured: D192 with large logits). The reference
     // stays as exact as f32 allows; p.o is not read.
     float dsum = 0.f;
-    for (int j = 0; j <= last; ++j) {
+    for (int j = first; j <= last; ++j) {
         float k[kRefMaxDimPerLane], v[kRefMaxDimPerLane];
         load_row(k, row_ptr(p.k, p.k_stride_b, p.k_stride_s, p.k_stride_h, batch, j, kv_head), p.head_dim, lane);
         load_row(v, row_ptr(p.v, p.v_stride_b, p.v_stride_s, p.v_stride_h, batch, j, kv_head), p.head_dim, lane);
-        dsum += expf(p.softmax_scale * row_dot(q, k) - lse) * row_dot(dout, v);
+        dsum += expf(softcapped(p, p.softmax_scale * row_dot(q, k)) - lse) * row_dot(dout, v);
     }
     if (lane == 0) p.dsum[stat] = dsum;
 
 #pragma unroll
     for (int c = 0; c < kRefMaxDimPerLane; ++c) dq[c] = 0.f;
-    for (int j = 0; j <= last; ++j) {
+    for (int j = first; j <= last; ++j) {
         float k[kRefMaxDimPerLane], v[kRefMaxDimPerLane];
         load_row(k, row_ptr(p.k, p.k_stride_b, p.k_stride_s, p.k_stride_h, batch, j, kv_head), p.head_dim, lane);
         load_row(v, row_ptr(p.v, p.v_stride_b, p.v_stride_s, p.v_stride_h, batch, j, kv_head), p.head_dim, lane);
-        const float prob = expf(p.softmax_scale * row_dot(q, k) - lse);
-        const float ds = prob * (row_dot(dout, v) - dsum);
+        const float c = softcapped(p, p.softmax_scale * row_dot(q, k));
+        const float prob = expf(c - lse);
+        const float ds = prob * (row_dot(dout, v) - dsum) * capped_grad(p, c);
 #pragma unroll
         for (int c = 0; c < kRefMaxDimPerLane; ++c) dq[c] += ds * k[c];
     }
@@ -194,18 +215,18 @@ extern "C" __global__ void __launch_bounds__(32 * fc::kRefWarps) fc_reference_bw
     load_row(v, row_ptr(p.v, p.v_stride_b, p.v_stride_s, p.v_stride_h, batch, key, kv_head), p.head_dim, lane);
 #pragma unroll
     for (int c = 0; c < kRefMaxDimPerLane; ++c) dk[c] = dv[c] = 0.f;
-    // Query i sees this key iff key <= i + Sk - Sq.
-    const int first = p.causal ? max(0, key - p.seqlen_k + p.seqlen_q) : 0;
+    const int first = seeing_first(p, key), last = seeing_last(p, key);
     for (int head = kv_head * group; head < (kv_head + 1) * group; ++head) {
-        for (int i = first; i < p.seqlen_q; ++i) {
+        for (int i = first; i <= last; ++i) {
             const long long stat = ((long long)batch * p.heads_q + head) * p.seqlen_q + i;
             const float lse = p.lse[stat];
             if (lse == -__int_as_float(0x7f800000)) continue;
             float q[kRefMaxDimPerLane], dout[kRefMaxDimPerLane];
             load_row(q, row_ptr(p.q, p.q_stride_b, p.q_stride_s, p.q_stride_h, batch, i, head), p.head_dim, lane);
             load_row(dout, row_ptr(p.dout, p.do_stride_b, p.do_stride_s, p.do_stride_h, batch, i, head), p.head_dim, lane);
-            const float prob = expf(p.softmax_scale * row_dot(q, k) - lse);
-            const float ds = prob * (row_dot(dout, v) - p.dsum[stat]);
+            const float c = softcapped(p, p.softmax_scale * row_dot(q, k));
+            const float prob = expf(c - lse);
+            const float ds = prob * (row_dot(dout, v) - p.dsum[stat]) * capped_grad(p, c);
 #pragma unroll
             for (int c = 0; c < kRefMaxDimPerLane; ++c) {
                 dv[c] += prob * dout[c];

@@ -43,4 +43,13 @@ struct BwdParams {
     int deterministic;         // 1: no order-dependent float atomics
     int dq_splits;             // slices of dq_accum (bwd_sm80 deterministic: one per CTA of a head)
     int spread_walks;          // bwd_sm90: 1 when all key blocks of a head fit on the GPU at once (common/bwd_schedule.cuh)
+
+    // Sliding window and logit softcapping, as FwdParams (kernels built with FC_LOCAL=1 and
+    // FC_SOFTCAP=1; see common/mask.cuh): causal folded in by the host (window_right <= 0),
+    // softcap_scale = softmax_scale / softcap, and then softmax_scale_log2 = log2(e). The
+    // reference kernels take them at run time (softcap = 0: off).
+    int window_left;
+    int window_right;
+    float softcap;
+    float softcap_scale;
 };

@@ -1,28 +1,33 @@
 // The schedule of the Hopper backward (kernels/bwd_sm90.cu): which query blocks a CTA (one
 // key block of one KV head) visits, in which order, and, in deterministic mode, the order in
 // which the key blocks add to each query block's dQ. kBlockM query rows a step, kBlockN keys
-// a CTA, bottom-right causal mask when kCausal.
+// a CTA, bottom-right causal mask when kCausal, a sliding window when kLocal (common/mask.cuh).
 #pragma once
 #include "common/bwd_params.cuh"
+#include "common/mask.cuh"
 #include "common/types.cuh"
 
 namespace fc {
 namespace sm90 {
 
-template <int kBlockM, int kBlockN, bool kCausal> struct BwdSchedule {
+template <int kBlockM, int kBlockN, bool kCausal, bool kLocal> struct BwdSchedule {
+    using Mask = KeyMask<kCausal, kLocal>;
     static __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
     // The query blocks one CTA visits: every query head of its KV head, each over the query
-    // blocks whose rows see the CTA's keys, [m_first, m_blocks) (causal: from the first whose
-    // rows see the CTA's first key), starting at m_start and wrapping round. Without the mask,
+    // blocks whose rows see the CTA's keys, blocks = [begin, end) (causal: from the first whose
+    // rows see the CTA's first key, to m_blocks; with a window, KeyMask::query_blocks, whose
+    // full range says which need the mask), starting at m_start and wrapping round. Without the mask,
     // and when all key blocks of a head fit on the GPU at once (p.spread_walks), the CTAs of a
     // head start spread over the query blocks (m_start = n · m_blocks / n_blocks for key block
     // n), so that at any time they add dQ to different query blocks; in deterministic mode this
     // is also the order in which they come to each query block (dq_order), in which a key block
-    // may wait for any other of its head. Otherwise (and causal) from m_first up, and a key
-    // block waits only for the key blocks right of it, which start first.
+    // may wait for any other of its head. Otherwise (and causal, and with a window) from
+    // blocks.begin up, and a key block waits only for the key blocks right of it, which start
+    // first.
     struct Walk {
-        int group, m_blocks, m_first, m_start, steps;
+        int group, m_blocks, m_start, steps;
+        QueryBlocks blocks;  // without a window only begin and end are set
     };
     static __device__ __forceinline__ int key_blocks(const BwdParams& p) { return ceil_div(p.seqlen_k, kBlockN); }
     // This CTA's key block. Deterministic: the last first. CTAs start in block order, and a CTA
@@ -37,9 +42,16 @@ template <int kBlockM, int kBlockN, bool kCausal> struct BwdSchedule {
         w.group = p.heads_q / p.heads_kv;
         w.m_blocks = ceil_div(p.seqlen_q, kBlockM);
         const int n = key_block(p), n0 = n * kBlockN, offset = p.seqlen_k - p.seqlen_q;
-        w.m_first = kCausal ? min(w.m_blocks, max(0, n0 - offset) / kBlockM) : 0;
-        w.m_start = kCausal || !p.spread_walks ? w.m_first : static_cast<int>(static_cast<i64>(n) * w.m_blocks / key_blocks(p));
-        w.steps = w.group * (w.m_blocks - w.m_first);
+        if (kLocal) {
+            w.blocks = Mask(p).query_blocks(n0, n0 + kBlockN, kBlockM);
+        } else {
+            w.blocks.begin = kCausal ? min(w.m_blocks, max(0, n0 - offset) / kBlockM) : 0;
+            w.blocks.end = w.m_blocks;
+            w.blocks.full_begin = w.blocks.full_end = 0;  // unused: the consumers test the causal mask themselves
+        }
+        const bool from_begin = kCausal || kLocal || !p.spread_walks;
+        w.m_start = from_begin ? w.blocks.begin : static_cast<int>(static_cast<i64>(n) * w.m_blocks / key_blocks(p));
+        w.steps = w.group * (w.blocks.end - w.blocks.begin);
         return w;
     }
     // A position in the walk: query head, query block, that block's index over all (batch,
@@ -50,13 +62,13 @@ template <int kBlockM, int kBlockN, bool kCausal> struct BwdSchedule {
 
         __device__ __forceinline__ static Cursor at_head(const BwdParams& p, const Walk& w, int head) {
             return Cursor{head, w.m_start, (static_cast<int>(blockIdx.z) * p.heads_q + head) * w.m_blocks + w.m_start,
-                          w.m_blocks - w.m_first};
+                          w.blocks.end - w.blocks.begin};
         }
         __device__ __forceinline__ void advance(const BwdParams& p, const Walk& w) {
             ++block;
-            if (++m_block == w.m_blocks) {
-                m_block = w.m_first;
-                block -= w.m_blocks - w.m_first;
+            if (++m_block == w.blocks.end) {
+                m_block = w.blocks.begin;
+                block -= w.blocks.end - w.blocks.begin;
             }
             if (--left == 0) *this = at_head(p, w, head + 1);
         }
@@ -67,11 +79,17 @@ template <int kBlockM, int kBlockN, bool kCausal> struct BwdSchedule {
 
     // How many key blocks add to query block `m_block`'s dQ before this CTA's in deterministic
     // mode: the order in which they come to it (see Walk). Causal: the key blocks that add are
-    // 0 .. n_last, the last one its rows see, in descending order. Otherwise all n_blocks: with
+    // 0 .. n_last, the last one its rows see, in descending order; with a window, n_first ..
+    // n_last likewise (query_blocks is exact: every key block from the first to the last one
+    // the rows see visits the query block, and no other). Otherwise all n_blocks: with
     // spread walks in descending order from n_first, the last whose walk starts at or before
     // the query block, round to n_first + 1; else in descending order from the last.
     static __device__ __forceinline__ int dq_order(const BwdParams& p, const Walk& w, int m_block) {
         const int n_blocks = key_blocks(p), n = key_block(p);
+        if (kLocal) {
+            const int last_row = min((m_block + 1) * kBlockM, p.seqlen_q) - 1;
+            return Mask(p).last(last_row) / kBlockN - n;  // last() is at most Sk - 1
+        }
         if (kCausal) {
             const int last_row = min((m_block + 1) * kBlockM, p.seqlen_q) - 1;
             return min(n_blocks - 1, (last_row + p.seqlen_k - p.seqlen_q) / kBlockN) - n;

@@ -1,11 +1,14 @@
 // Which keys each query row sees, and the transform of its scores: the policy pieces the
-// forward kernels share. A kernel holds one KeyMask<kCausal, kLocal> (its compile-time
-// FC_CAUSAL and FC_LOCAL) and calls softcap_scores when FC_SOFTCAP is set; none of its loops
-// changes with the policy, only their bounds and which blocks are masked.
+// forward and backward kernels share. A kernel holds one KeyMask<kCausal, kLocal> (its
+// compile-time FC_CAUSAL and FC_LOCAL) and calls softcap_scores (the backward also
+// softcap_grad) when FC_SOFTCAP is set; none of its loops changes with the policy, only their
+// bounds and which blocks are masked. The forward walks the key blocks of a query block
+// (blocks); the backward the query blocks of a key block (query_blocks).
 #pragma once
 
 #include "ptx/math.cuh"
 #include "common/params.cuh"
+#include "common/bwd_params.cuh"
 
 // The policy switches of a kernel variant (the host's ScoreMods): off unless set with -D.
 #ifndef FC_LOCAL
@@ -23,6 +26,9 @@ namespace fc {
 struct KeyBlocks {
     int begin, end, full_begin, full_end;  // begin = full_begin = 0 without a window
 };
+// The same split the other way round (the backward): query blocks [begin, end) hold a row
+// that sees a key of the group of keys; every row of [full_begin, full_end) sees all of them.
+using QueryBlocks = KeyBlocks;
 
 // Query row `row` sees keys [first(row), last(row)] within [0, Sk), bottom-right aligned
 // (offset = Sk - Sq, as flash_attn): causal, last = row + offset; local (a sliding window, with
@@ -41,6 +47,8 @@ template <bool kCausal, bool kLocal> struct KeyMask {
           right(kLocal && window_right >= 0 ? window_right : kUnbounded) {}
     __device__ __forceinline__ explicit KeyMask(const FwdParams& p)
         : KeyMask(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right) {}
+    __device__ __forceinline__ explicit KeyMask(const BwdParams& p)
+        : KeyMask(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right) {}
 
     // First visible key (may be < 0: from key 0) and last (at most Sk - 1; < first: none).
     __device__ __forceinline__ int first(int row) const { return kLocal ? row + offset - left : 0; }
@@ -52,6 +60,11 @@ template <bool kCausal, bool kLocal> struct KeyMask {
     // Whether key block n of `b` needs the mask (without a window only the upper end can).
     __device__ __forceinline__ static bool masked(const KeyBlocks& b, int n) {
         return n >= b.full_end || (kLocal && n < b.full_begin);
+    }
+    // Whether query block m of `b` (query_blocks) needs the mask: on either side, since the
+    // causal diagonal bounds a key block's rows from below.
+    __device__ __forceinline__ static bool query_block_masked(const QueryBlocks& b, int m) {
+        return m < b.full_begin || m >= b.full_end;
     }
     __device__ __forceinline__ bool visible(int row, int key) const {
         if (kLocal) return key <= last(row) && key >= first(row);
@@ -77,6 +90,33 @@ template <bool kCausal, bool kLocal> struct KeyMask {
         b.full_end = max(0, last(row0) + 1) / block;
         return b;
     }
+
+    // The transposed view (the backward, which walks queries per key): the rows that see key
+    // `key` (< Sk) are [first_row(key), last_row(key)], not clamped to [0, Sq). From
+    // first(i) <= key <= i + offset + right: i >= key - offset - right and i <= key - offset +
+    // left.
+    __device__ __forceinline__ int first_row(int key) const {
+        return kLocal || !kCausal ? key - offset - right : key - offset;
+    }
+    __device__ __forceinline__ int last_row(int key) const { return key - offset + left; }
+
+    // Query blocks (of `block` rows) that see keys [key0, key_end) (a key block: key_end may
+    // pass Sk, whose keys no row sees, and then no block is full). Exact: a block outside
+    // [begin, end) has no row that sees a key of the group, and every block inside one (the
+    // backward's deterministic order relies on it; see common/bwd_schedule.cuh). Rows see
+    // contiguous key ranges that move right with the row, so the rows that see a key of the
+    // group are [first_row(key0), last_row(last key)] within [0, Sq), and a row sees all of
+    // them when first(row) <= key0 and last(row) >= key_end - 1.
+    __device__ __forceinline__ QueryBlocks query_blocks(int key0, int key_end, int block) const {
+        const int seqlen_q = seqlen_k - offset;
+        const int row_begin = max(0, first_row(key0)), row_end = min(seqlen_q, last_row(min(key_end, seqlen_k) - 1) + 1);
+        QueryBlocks b;
+        b.begin = row_begin / block;
+        b.end = row_end > row_begin ? (row_end + block - 1) / block : b.begin;
+        b.full_begin = key_end <= seqlen_k ? (max(0, first_row(key_end - 1)) + block - 1) / block : b.end;
+        b.full_end = max(0, last_row(key0) + 1) / block;
+        return b;
+    }
 };
 
 // Logit softcapping: s = softcap * tanh(s * softcap_scale) for every score of a tile held as
@@ -97,6 +137,20 @@ template <class Scores> __device__ __forceinline__ void softcap_scores(Scores& s
 }
 template <class Scores> __device__ __forceinline__ void softcap_scores(Scores& s, const FwdParams& p) {
     softcap_scores(s, p.softcap, p.softcap_scale);
+}
+
+// The backward's factor for a softcapped score, from its capped value c = softcap_scores'
+// output. The forward computes c = cap·tanh(u), u = s·softcap_scale, s = q·k and
+// softcap_scale = softmax_scale / cap, so
+//   dc/ds = cap · (1 − tanh²(u)) · softcap_scale = softmax_scale · (1 − (c / cap)²).
+// The backward's dS = P ∘ (dP − D_i) is the gradient with respect to c (P = exp(c − lse));
+// times this factor it is the gradient with respect to s·softmax_scale, and the kernels'
+// final softmax_scale (dQ = scale·dS·K, dK = scale·dSᵀ·Q, as without a softcap) supplies the
+// rest. tanh from c: no second tanh. Near |tanh| = 1 the factor is a small difference of
+// numbers near 1 (absolute error ~2^-24), where it multiplies a gradient it makes negligible.
+__device__ __forceinline__ float softcap_grad(float capped, float inv_softcap) {
+    const float t = capped * inv_softcap;
+    return fmaf(-t, t, 1.f);
 }
 
 }  // namespace fc

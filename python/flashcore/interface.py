@@ -147,9 +147,7 @@ def flash_attn_func(
 
     Runs on the current CUDA stream without synchronising. Differentiable: every head dim runs
     a FlashCore tensor-core backward (bwd_sm90 on Hopper for D 64/96/128/192/256, else bwd_sm80);
-    deterministic=True makes its gradients bitwise repeatable. A window or softcap is forward
-    only for now: the forward runs (inputs may require grad), `.backward()` through it raises
-    NotImplementedError.
+    deterministic=True makes its gradients bitwise repeatable; windows and softcaps included.
     """
     _check((("q", q), ("k", k), ("v", v)), "[B, S, H, D]")
     if dropout_p != 0.0:

@@ -58,17 +58,6 @@ fn context(device: usize) -> PyResult<Arc<Context>> {
     Ok(ctx)
 }
 
-/// The backward's refusal of what only the forward has (a sliding window, a softcap) is
-/// "not yet", not a bad argument: `NotImplementedError`, raised when `.backward()` runs.
-fn backward_error(e: Error) -> PyErr {
-    match e {
-        Error::Param { arg: "window" | "softcap", .. } => {
-            PyNotImplementedError::new_err(format!("{e}: window_size and softcap are forward-only for now (inference, or torch.no_grad())"))
-        }
-        e => to_py(e),
-    }
-}
-
 /// The call's parameters: `window_left`, `window_right` are flash_attn's `window_size` (-1
 /// unbounded), `softcap` 0 for none; the Rust API validates them.
 fn params(softmax_scale: Option<f32>, causal: bool, window: (i32, i32), softcap: f32, num_splits: Option<usize>) -> AttnParams {
@@ -236,7 +225,7 @@ fn attention_backward(
     let [batch, seqlen_q, heads_q, head_dim] = layouts[0].shape;
     let [_, seqlen_k, heads_kv, _] = layouts[1].shape;
     let shape = ProblemShape { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim };
-    let kernel = ctx.backward_variant(&shape, layouts[0].dtype, &params).map_err(backward_error)?.name();
+    let kernel = ctx.backward_variant(&shape, layouts[0].dtype, &params).map_err(to_py)?.name();
     let mut scratch_error: Option<PyErr> = None;
     let result = py.detach(|| {
         let mut scratch = scratch_fn(&scratch, &mut scratch_error);
@@ -255,7 +244,7 @@ fn attention_backward(
             )
         }
     });
-    finish(result, scratch_error, backward_error).map(|()| kernel)
+    finish(result, scratch_error, to_py).map(|()| kernel)
 }
 
 /// A call's result as Python sees it: the Python exception the scratch allocator raised, if

@@ -63,14 +63,17 @@ def randn(*shape, dtype=torch.bfloat16, scale=1.0, seed=0):
     return torch.randn(*shape, device="cuda", dtype=torch.float32, generator=g).mul_(scale).to(dtype)
 
 
-def reference_autograd(q, k, v, scale, causal, top_left=False):
+def reference_autograd(q, k, v, scale, causal, top_left=False, window=(-1, -1), softcap=0.0):
     """float64 attention on BSHD tensors that autograd can differentiate, rows that see no
-    key included (their output is 0 and their gradient 0, with no NaN on the way)."""
+    key included (their output is 0 and their gradient 0, with no NaN on the way); window and
+    softcap as in `reference`."""
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # BHSD
     group = q.shape[1] // k.shape[1]
     k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
     s = torch.matmul(q, k.transpose(-1, -2)) * scale
-    mask = visible(q.shape[2], k.shape[2], causal, top_left, device=q.device)
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    mask = visible(q.shape[2], k.shape[2], causal, top_left, window, q.device)
     seen = mask.any(-1, keepdim=True)
     s = s.masked_fill(~mask, -math.inf).masked_fill(~seen, 0.0)
     p = torch.softmax(s, dim=-1) * seen

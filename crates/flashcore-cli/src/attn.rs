@@ -30,10 +30,10 @@ pub struct AttnArgs {
     #[arg(long)]
     scale: Option<f64>,
     /// Sliding window `LEFT,RIGHT` in keys around each query's (bottom-right aligned)
-    /// diagonal, -1 for an unbounded side (flash_attn's window_size). Forward only.
+    /// diagonal, -1 for an unbounded side (flash_attn's window_size).
     #[arg(long, allow_hyphen_values = true)]
     window: Option<String>,
-    /// Logit softcap: scores become softcap * tanh(score / softcap). Forward only.
+    /// Logit softcap: scores become softcap * tanh(score / softcap).
     #[arg(long, allow_hyphen_values = true)]
     softcap: Option<f32>,
     /// Force a kernel family on the GPU.
@@ -85,12 +85,10 @@ pub fn run(args: &AttnArgs) -> Result<bool> {
     let dout = read_dout(&args.input, &q)?;
     let mods = AttnParams { causal: args.causal, window: window(args)?, softcap: args.softcap.unwrap_or(0.0), ..AttnParams::default() };
     mods.check_window_and_softcap()?;
-    if dout.is_some() && (mods.mask().1.is_some() || mods.has_softcap()) {
-        bail!("--window and --softcap have no backward yet: give an input without `do`");
-    }
     let out = if args.cpu {
-        let r = reference::attention_masked(&q.data, &k.data, &v.data, &shape, scale, &reference::RefMask::of(&mods));
-        let grads = dout.as_ref().map(|g| reference::attention_backward(&q.data, &k.data, &v.data, &g.data, &shape, scale, args.causal));
+        let mask = reference::RefMask::of(&mods);
+        let r = reference::attention_masked(&q.data, &k.data, &v.data, &shape, scale, &mask);
+        let grads = dout.as_ref().map(|g| reference::attention_backward_masked(&q.data, &k.data, &v.data, &g.data, &shape, scale, &mask));
         Outputs { o: r.o, lse: r.lse, grads: grads.map(|g| [g.dq, g.dk, g.dv]) }
     } else {
         gpu(args, &q, &k, &v, dout.as_ref(), &shape, scale)?

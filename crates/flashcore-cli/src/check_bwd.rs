@@ -16,23 +16,38 @@
 //! `python/tests/test_backward.py` holds bwd_sm80 to 2x FlashAttention-2's error there.
 
 use anyhow::Result;
-use flashcore::{reference, AttnParams, BwdInputs, Context, DType, DeviceTensor, GradsMut, KernelFamily, LseView};
+use flashcore::reference::RefMask;
+use flashcore::{reference, AttnParams, BwdInputs, Context, DType, DeviceTensor, GradsMut, KernelFamily, LseView, Window};
 
 use crate::cases::{errors, normal, random_qkv, Case, Inputs, Storage, Stored};
 use crate::check::Outcome;
 
-/// A backward case: the kernels, the problem, its inputs and the storage of q, k, v and dout.
+/// A backward case: the kernels, the problem, its inputs and the storage of q, k, v and dout,
+/// and the score policies (a sliding window, `Window::UNBOUNDED` for none; a softcap, 0 off).
 pub struct BwdSpec {
     family: KernelFamily,
     deterministic: bool,
     case: Case,
     inputs: Inputs,
     storage: Storage,
+    window: Window,
+    softcap: f32,
+}
+
+impl BwdSpec {
+    fn new(family: KernelFamily, deterministic: bool, case: Case, inputs: Inputs, storage: Storage) -> Self {
+        Self { family, deterministic, case, inputs, storage, window: Window::UNBOUNDED, softcap: 0.0 }
+    }
+
+    fn params(&self) -> AttnParams {
+        AttnParams { causal: self.case.causal, window: self.window, softcap: self.softcap, ..AttnParams::default() }
+    }
 }
 
 /// The backward cases: every head dim, dtype and mask; odd lengths, Sq ≠ Sk both ways
 /// (with rows that see no key), GQA 1/4/8, BHSD strides, large logits; the fast kernels'
-/// deterministic mode on a quarter of them (half of the smoke cases) and the longest.
+/// deterministic mode on a quarter of them (half of the smoke cases) and the longest; the
+/// score policies (`mods_specs`).
 pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<BwdSpec> {
     let lengths: &[(usize, usize)] = if smoke {
         &[(130, 200)]
@@ -55,18 +70,14 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<BwdSpec> {
                     let storage = if n % 5 == 0 { Storage::Bhsd } else { Storage::Bshd };
                     let every = if smoke { 2 } else { 4 };
                     let deterministic = family != KernelFamily::Reference && n % every == every - 1;
-                    out.push(BwdSpec {
-                        family,
-                        deterministic,
-                        case: Case::new(2, sq, sk, hkv * ratio, hkv, d, causal, dtype),
-                        inputs: Inputs::Normal,
-                        storage,
-                    });
+                    let case = Case::new(2, sq, sk, hkv * ratio, hkv, d, causal, dtype);
+                    out.push(BwdSpec::new(family, deterministic, case, Inputs::Normal, storage));
                 }
                 if !smoke {
                     let case = Case::new(1, 200, 300, 4, 2, d, causal, dtype);
-                    out.push(BwdSpec { family, deterministic: false, case, inputs: Inputs::LargeLogits, storage: Storage::Bshd });
+                    out.push(BwdSpec::new(family, false, case, Inputs::LargeLogits, Storage::Bshd));
                 }
+                out.extend(mods_specs(family, d, causal, dtype, quick, smoke));
             }
         }
     }
@@ -76,16 +87,51 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<BwdSpec> {
                 if deterministic && family == KernelFamily::Reference {
                     continue;
                 }
-                out.push(BwdSpec {
-                    family,
-                    deterministic,
-                    case: Case::new(1, 4097, 4097, 2, 1, 64, causal, DType::BF16),
-                    inputs: Inputs::Normal,
-                    storage: Storage::Bshd,
-                });
+                let case = || Case::new(1, 4097, 4097, 2, 1, 64, causal, DType::BF16);
+                out.push(BwdSpec::new(family, deterministic, case(), Inputs::Normal, Storage::Bshd));
+                // Many key blocks under a window: bwd_sm90's deterministic order over the key
+                // blocks that see a query block (from the first, not from key block 0).
+                let window = Window::new(1000, 100);
+                out.push(BwdSpec { window, ..BwdSpec::new(family, deterministic, case(), Inputs::Normal, Storage::Bshd) });
             }
         }
     }
+    out
+}
+
+/// Sliding windows (one key, two, 128 back, ±256, 64 ahead and all back) on square, taller
+/// and wider shapes of odd lengths (rows that see no key among them) and GQA 1/4/4, every
+/// other one deterministic (the fast kernels); softcaps 30 and 50 on logits that reach about
+/// ±30, alone and with a window. Smoke: one window, one softcap, both.
+fn mods_specs(family: KernelFamily, d: usize, causal: bool, dtype: DType, quick: bool, smoke: bool) -> Vec<BwdSpec> {
+    let with = |case, inputs, window, softcap, deterministic| BwdSpec {
+        window,
+        softcap,
+        ..BwdSpec::new(family, deterministic && family != KernelFamily::Reference, case, inputs, Storage::Bshd)
+    };
+    if smoke {
+        let case = || Case::new(1, 130, 200, 4, 2, d, causal, dtype);
+        return vec![
+            with(case(), Inputs::Normal, Window::new(100, 20), 0.0, true),
+            with(case(), Inputs::LargeLogits, Window::UNBOUNDED, 30.0, false),
+            with(case(), Inputs::LargeLogits, Window::new(50, -1), 50.0, false),
+        ];
+    }
+    let windows: &[(i32, i32)] = if quick { &[(127, 0), (-1, 64)] } else { &[(0, 0), (1, 0), (127, 0), (256, 256), (-1, 64)] };
+    let shapes = [(1000, 1000), (113, 1000), (1000, 113)];
+    let mut out = Vec::new();
+    for (i, &(left, right)) in windows.iter().enumerate() {
+        let (sq, sk) = shapes[i % shapes.len()];
+        let (hq, hkv) = [(8, 2), (2, 2), (4, 1)][i % 3];
+        let case = Case::new(1, sq, sk, hq, hkv, d, causal, dtype);
+        out.push(with(case, Inputs::Normal, Window::new(left, right), 0.0, i % 2 == 1));
+    }
+    for &softcap in if quick { &[30.0][..] } else { &[30.0, 50.0][..] } {
+        let case = Case::new(1, 200, 1000, 4, 2, d, causal, dtype);
+        out.push(with(case, Inputs::LargeLogits, Window::UNBOUNDED, softcap, softcap == 50.0));
+    }
+    let case = Case::new(2, 1000, 300, 4, 2, d, causal, dtype);
+    out.push(with(case, Inputs::LargeLogits, Window::new(64, 64), 30.0, false));
     out
 }
 
@@ -98,8 +144,8 @@ pub fn check_one(ctx: &Context, spec: &BwdSpec) -> Result<Outcome> {
     let up = |data: &[f32], shape| Stored::upload(ctx, data, shape, case.dtype, spec.storage);
     let (q, k, v, dout) =
         (up(&host.q, case.q_shape())?, up(&host.k, case.kv_shape())?, up(&host.v, case.kv_shape())?, up(&dout_host, case.q_shape())?);
-    let fwd = ctx.attention(q.view(), k.view(), v.view(), &AttnParams { causal: case.causal, ..AttnParams::default() })?;
-    let params = AttnParams { causal: case.causal, kernel: Some(spec.family), deterministic: spec.deterministic, ..AttnParams::default() };
+    let fwd = ctx.attention(q.view(), k.view(), v.view(), &spec.params())?;
+    let params = AttnParams { kernel: Some(spec.family), deterministic: spec.deterministic, ..spec.params() };
 
     let run = || -> Result<[Vec<u16>; 3]> {
         let nan = match case.dtype {
@@ -124,8 +170,16 @@ pub fn check_one(ctx: &Context, spec: &BwdSpec) -> Result<Outcome> {
 
     let wide = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
     let scale = 1.0 / (case.head_dim as f64).sqrt();
-    let want =
-        reference::attention_backward(&wide(&host.q), &wide(&host.k), &wide(&host.v), &wide(&dout_host), &case.shape(), scale, case.causal);
+    let mask = RefMask::of(&spec.params());
+    let want = reference::attention_backward_masked(
+        &wide(&host.q),
+        &wide(&host.k),
+        &wide(&host.v),
+        &wide(&dout_host),
+        &case.shape(),
+        scale,
+        &mask,
+    );
     let (mut rel, mut max_abs, mut failure) = (0f64, 0f64, None);
     for ((name, bits), want) in ["dq", "dk", "dv"].iter().zip(&first).zip([&want.dq, &want.dk, &want.dv]) {
         let got: Vec<f32> = bits.iter().map(|&b| case.dtype.decode(b)).collect();
@@ -145,8 +199,10 @@ pub fn check_one(ctx: &Context, spec: &BwdSpec) -> Result<Outcome> {
     let bhsd = if spec.storage == Storage::Bhsd { "_bhsd" } else { "" };
     let large = if spec.inputs == Inputs::LargeLogits { "_large-logits" } else { "" };
     let det = if spec.deterministic { "_deterministic" } else { "" };
+    let window = if spec.window == Window::UNBOUNDED { String::new() } else { format!("_w{},{}", spec.window.left, spec.window.right) };
+    let softcap = if spec.softcap > 0.0 { format!("_cap{}", spec.softcap) } else { String::new() };
     Ok(Outcome {
-        spec_name: format!("bwd_{}{bhsd}{large}{det}", case.name),
+        spec_name: format!("bwd_{}{bhsd}{large}{window}{softcap}{det}", case.name),
         kernel: spec.family,
         oracle: "cpu-f64",
         rel,

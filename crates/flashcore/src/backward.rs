@@ -5,7 +5,10 @@
 //! 96, 128, 192 and 256; else `bwd_sm80` (FlashAttention-2's algorithm, mma.sync), every head dim of the
 //! forward; the naive reference kernels (`kernels/reference.cu`: exact f32 gradients, slow)
 //! when `params.kernel` names the reference. `params.kernel` may also name bwd_sm80 or
-//! bwd_sm90; a forward family named there concerns the forward only.
+//! bwd_sm90; a forward family named there concerns the forward only. A sliding window and a
+//! softcap (`params.window`, `params.softcap`: the forward's) select the kernels' `_local`
+//! and `_softcap` variants (the reference kernels take both at run time); deterministic mode
+//! works with both.
 //!
 //! Scratch memory per call:
 //! - bwd_sm80: D_i, `4·B·Hq·Sq` bytes, and dQ's f32 accumulator, `4·B·Sq·Hq·D` bytes, times
@@ -25,7 +28,7 @@ use crate::context::{Context, LoadedKernel};
 use crate::error::{DriverContext, Error, Result};
 use crate::external::{CurrentContextGuard, ExternalStream};
 use crate::jit::Arch;
-use crate::kernels::{bwd_sm80, bwd_sm90, reference, BwdParams, KernelFamily};
+use crate::kernels::{bwd_sm80, bwd_sm90, reference, BwdParams, KernelFamily, ScoreMods};
 use crate::params::{AttnParams, ProblemShape};
 use crate::tensor::{DeviceTensor, LseView, TensorView, TensorViewMut};
 use crate::validate;
@@ -114,12 +117,7 @@ impl Context {
 
     /// The kernel variant the backward of `shape` runs (see the module's documentation).
     pub fn backward_variant(&self, shape: &ProblemShape, dtype: crate::DType, params: &AttnParams) -> Result<crate::Variant> {
-        let causal = params.mask().0;
-        Ok(match backward_family(shape, params, self.info().arch)? {
-            KernelFamily::BwdSm80 => bwd_sm80::variant(self.info().arch, dtype, shape.head_dim, causal),
-            KernelFamily::BwdSm90 => bwd_sm90::variant(dtype, shape.head_dim, causal),
-            _ => reference::variant(dtype),
-        })
+        backward_variant(shape, dtype, params, self.info().arch)
     }
 
     fn run_backward(
@@ -143,8 +141,11 @@ impl Context {
         validate::lse_alignment(lse.ptr)?;
         let scale = params.scale_for(shape.head_dim);
         validate::softmax_scale(scale)?;
-        validate::no_backward_mods(params)?;
+        validate::window_and_softcap(params.window, params.softcap)?;
         let variant = self.backward_variant(&shape, q.layout.dtype, params)?;
+        // The mask the kernels see: causal folded into the window (see AttnParams::mask).
+        let (causal, window) = params.mask();
+        let window = window.unwrap_or(crate::Window::UNBOUNDED);
         let sm80 = variant.family == KernelFamily::BwdSm80;
         let rows = shape.batch * shape.heads_q * shape.seqlen_q;
         let splits = if sm80 && params.deterministic {
@@ -190,12 +191,16 @@ impl Context {
             heads_kv: shape.heads_kv as i32,
             head_dim: shape.head_dim as i32,
             softmax_scale: scale,
-            softmax_scale_log2: scale * std::f32::consts::LOG2_E,
-            // The mask, not the flag: window (-1, 0) is the causal mask the forward ran.
-            causal: i32::from(params.mask().0),
+            // Softcapped scores come out of the tanh already scaled (as in the forward).
+            softmax_scale_log2: if params.has_softcap() { std::f32::consts::LOG2_E } else { scale * std::f32::consts::LOG2_E },
+            causal: i32::from(causal),
             deterministic: i32::from(params.deterministic),
             dq_splits: splits as i32,
             spread_walks: i32::from(variant.family == KernelFamily::BwdSm90 && spread_walks(&variant, &shape, self.info().sm_count)),
+            window_left: window.left,
+            window_right: window.right,
+            softcap: params.softcap,
+            softcap_scale: if params.has_softcap() { scale / params.softcap } else { 0.0 },
         };
         let kernel = self.load(&variant)?;
         match variant.family {
@@ -217,6 +222,19 @@ impl Context {
 /// key block of its head, the last launched included.
 fn spread_walks(variant: &crate::Variant, shape: &ProblemShape, sm_count: u32) -> bool {
     shape.seqlen_k.div_ceil(variant.tile.block_n as usize) <= sm_count as usize
+}
+
+/// The variant of the family [`backward_family`] picks, with the score policies of `params`
+/// (the forward's choices: a window, causal folded in, is `_local`; a softcap `_softcap`).
+fn backward_variant(shape: &ProblemShape, dtype: crate::DType, params: &AttnParams, arch: Arch) -> Result<crate::Variant> {
+    let (causal, window) = params.mask();
+    let mut variant = match backward_family(shape, params, arch)? {
+        KernelFamily::BwdSm80 => bwd_sm80::variant(arch, dtype, shape.head_dim, causal),
+        KernelFamily::BwdSm90 => bwd_sm90::variant(dtype, shape.head_dim, causal),
+        _ => return Ok(reference::variant(dtype)),
+    };
+    variant.mods = ScoreMods { local: window.is_some(), softcap: params.has_softcap() };
+    Ok(variant)
 }
 
 /// Which kernels run the backward of `shape` (see the module's documentation): bwd_sm90 on
@@ -321,5 +339,21 @@ mod tests {
         };
         assert!(refused(32, HOPPER).contains("head dims"), "{}", refused(32, HOPPER));
         assert!(refused(128, AMPERE).contains("sm_90a"), "{}", refused(128, AMPERE));
+    }
+
+    #[test]
+    fn windows_and_softcaps_pick_the_mods_variants() {
+        let pick = |params: AttnParams, arch| backward_variant(&shape(128), crate::DType::BF16, &params, arch).unwrap();
+        for arch in [HOPPER, AMPERE] {
+            let local = pick(AttnParams { causal: true, window: crate::Window::new(127, 0), ..AttnParams::default() }, arch);
+            assert_eq!((local.causal, local.mods), (Some(false), ScoreMods { local: true, softcap: false }), "causal folded in");
+            assert!(local.name().ends_with("_local"), "{}", local.name());
+            let capped = pick(AttnParams { causal: true, softcap: 30.0, deterministic: true, ..AttnParams::default() }, arch);
+            assert_eq!((capped.causal, capped.mods), (Some(true), ScoreMods { local: false, softcap: true }));
+            let only_causal = pick(AttnParams { window: crate::Window::new(-1, 0), ..AttnParams::default() }, arch);
+            assert_eq!((only_causal.causal, only_causal.mods), (Some(true), ScoreMods::default()), "(-1, 0) is causal");
+        }
+        let named = AttnParams { kernel: Some(KernelFamily::Reference), softcap: 30.0, ..AttnParams::default() };
+        assert_eq!(pick(named, HOPPER).mods, ScoreMods::default(), "the reference takes both at run time");
     }
 }

@@ -40,11 +40,11 @@ pub struct AttnParams {
     /// Sliding-window attention (flash_attn's `window_size`): query `i` sees key `j` iff
     /// `i + Sk - Sq - left <= j <= i + Sk - Sq + right` (bottom-right aligned, as the causal
     /// mask); `-1` leaves a side unbounded. With `causal` the right side is 0. The default,
-    /// [`Window::UNBOUNDED`], is no window. Forward only for now: the backward refuses it.
+    /// [`Window::UNBOUNDED`], is no window. The backward takes it too (the same window).
     pub window: Window,
     /// Logit softcapping (Gemma 2): each score `s = q·k · softmax_scale` becomes
     /// `softcap · tanh(s / softcap)` before the softmax (the scale applies inside the tanh,
-    /// as in flash_attn). `0` is off; otherwise finite and > 0. Forward only for now.
+    /// as in flash_attn). `0` is off; otherwise finite and > 0. The backward takes it too.
     pub softcap: f32,
 }
 

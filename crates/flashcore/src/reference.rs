@@ -72,6 +72,16 @@ impl RefMask {
             s
         }
     }
+
+    /// `d score(s) / ds` from the transformed score `c = score(s)`: `1 − tanh²(s / softcap)`
+    /// `= 1 − (c / softcap)²` with a softcap, else 1.
+    fn score_grad(&self, c: f64) -> f64 {
+        if self.softcap > 0.0 {
+            1.0 - (c / self.softcap).powi(2)
+        } else {
+            1.0
+        }
+    }
 }
 
 /// Attention of `q: [B, Sq, Hq, D]` over `k, v: [B, Sk, Hkv, D]`, all contiguous BSHD.
@@ -168,9 +178,28 @@ pub fn attention_backward(
     softmax_scale: f64,
     causal: bool,
 ) -> ReferenceGrads {
+    attention_backward_masked(q, k, v, dout, shape, softmax_scale, &RefMask { causal, ..RefMask::default() })
+}
+
+/// [`attention_backward`] under any [`RefMask`]: the visible keys are the window's, and a
+/// softcapped score `c = cap · tanh(s / cap)` (`s = scale · q·k`) passes its gradient on times
+/// `dc/ds = 1 − (c / cap)²`: `dS = P ∘ (dP − rowsum(dO ∘ O)) ∘ (1 − (C / cap)²)`, then
+/// `dQ = scale · dS K` and `dK = scale · dSᵀ Q` as without one.
+///
+/// # Panics
+/// As [`attention_backward`].
+pub fn attention_backward_masked(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    dout: &[f64],
+    shape: &ProblemShape,
+    softmax_scale: f64,
+    mask: &RefMask,
+) -> ReferenceGrads {
     let ProblemShape { batch, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d } = *shape;
     assert_eq!(dout.len(), q.len(), "dout has {} elements, q has {}", dout.len(), q.len());
-    let fwd = attention(q, k, v, shape, softmax_scale, causal);
+    let fwd = attention_masked(q, k, v, shape, softmax_scale, mask);
     let group = hq / hkv;
     let q_at = |b: usize, i: usize, h: usize| ((b * sq + i) * hq + h) * d;
     let kv_at = |b: usize, j: usize, h: usize| ((b * sk + j) * hkv + h / group) * d;
@@ -182,14 +211,15 @@ pub fn attention_backward(
             let (b, h) = (bh / hq, bh % hq);
             let (mut dq, mut dk, mut dv) = (vec![0.0; sq * d], vec![0.0; sk * d], vec![0.0; sk * d]);
             for i in 0..sq {
-                let visible = if causal { (i + 1 + sk).saturating_sub(sq).min(sk) } else { sk };
+                let (first, last) = mask.visible(i, sq, sk);
                 let lse = fwd.lse[(b * hq + h) * sq + i];
                 let (q_i, do_i, o_i) = (&q[q_at(b, i, h)..][..d], &dout[q_at(b, i, h)..][..d], &fwd.o[q_at(b, i, h)..][..d]);
                 let d_i = dot(do_i, o_i);
-                for j in 0..visible {
+                for j in first..last {
                     let (k_j, v_j) = (&k[kv_at(b, j, h)..][..d], &v[kv_at(b, j, h)..][..d]);
-                    let p = (softmax_scale * dot(q_i, k_j) - lse).exp();
-                    let ds = p * (dot(do_i, v_j) - d_i);
+                    let c = mask.score(softmax_scale * dot(q_i, k_j));
+                    let p = (c - lse).exp();
+                    let ds = p * (dot(do_i, v_j) - d_i) * mask.score_grad(c);
                     for c in 0..d {
                         dv[j * d + c] += p * do_i[c];
                         dq[i * d + c] += softmax_scale * ds * k_j[c];
@@ -510,6 +540,44 @@ mod tests {
                     assert!((numeric - g[n]).abs() < 1e-8, "d{name}[{n}] (Sq {sq}, Sk {sk}, causal {causal}): {} vs {numeric}", g[n]);
                 }
             }
+        }
+    }
+
+    #[test]
+    fn masked_and_softcapped_gradients_match_finite_differences() {
+        // Brute force: central differences of the masked, softcapped forward's loss. Inputs
+        // times 2 and scale 1.5 put logits up to about ±15 against softcaps of 1.5 and 4, so
+        // tanh is far from linear; windows that leave rows empty, Sq ≠ Sk both ways, GQA.
+        let cases = [
+            (3, 6, RefMask { softcap: 1.5, ..RefMask::default() }),
+            (5, 3, RefMask { causal: true, softcap: 4.0, ..RefMask::default() }),
+            (4, 7, RefMask { causal: false, window: Some(Window::new(1, 0)), softcap: 0.0 }),
+            (6, 4, RefMask { causal: false, window: Some(Window::new(0, 2)), softcap: 1.5 }),
+            (5, 5, RefMask { causal: true, window: Some(Window::new(2, -1)), softcap: 4.0 }),
+        ];
+        for (sq, sk, mask) in cases {
+            let s = shape(2, sq, sk, 4, 2, 3);
+            let (q, k, v) = qkv(&s, 101);
+            let (q, k): (Vec<f64>, Vec<f64>) = (q.iter().map(|x| 2.0 * x).collect(), k.iter().map(|x| 2.0 * x).collect());
+            let dout = random(q.len(), 103);
+            let grads = attention_backward_masked(&q, &k, &v, &dout, &s, 1.5, &mask);
+            let loss = |q: &[f64], k: &[f64], v: &[f64]| dot(&attention_masked(q, k, v, &s, 1.5, &mask).o, &dout);
+            let h = 1e-5;
+            for (name, x, g) in [("q", &q, &grads.dq), ("k", &k, &grads.dk), ("v", &v, &grads.dv)] {
+                for n in 0..x.len() {
+                    let (mut plus, mut minus) = (x.clone(), x.clone());
+                    plus[n] += h;
+                    minus[n] -= h;
+                    let at = |t: &[f64]| match name {
+                        "q" => loss(t, &k, &v),
+                        "k" => loss(&q, t, &v),
+                        _ => loss(&q, &k, t),
+                    };
+                    let numeric = (at(&plus) - at(&minus)) / (2.0 * h);
+                    assert!((numeric - g[n]).abs() < 1e-7, "d{name}[{n}] ({sq}x{sk}, {mask:?}): {} vs {numeric}", g[n]);
+                }
+            }
+            assert!(grads.dq.iter().any(|&x| x.abs() > 1e-3), "{mask:?}: a gradient worth testing");
         }
     }
 

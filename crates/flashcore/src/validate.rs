@@ -1,7 +1,7 @@
 //! Checks of the attention arguments, each failure an [`Error`] naming the argument.
 
 use crate::error::{Error, Result};
-use crate::params::{AttnParams, ProblemShape, Window};
+use crate::params::{ProblemShape, Window};
 use crate::tensor::{DType, TensorView};
 
 /// Kernel grids put heads in `gridDim.y` and batch in `gridDim.z`, which stop at 65535.
@@ -133,19 +133,6 @@ pub(crate) fn window_and_softcap(window: Window, softcap: f32) -> Result<()> {
     }
     if !softcap.is_finite() || softcap < 0.0 {
         return Err(Error::Param { arg: "softcap", msg: format!("{softcap} must be 0 (off), or finite and > 0") });
-    }
-    Ok(())
-}
-
-/// The backward kernels have no sliding window or softcap yet: refused by name rather
-/// than differentiated as if absent.
-pub(crate) fn no_backward_mods(params: &AttnParams) -> Result<()> {
-    let not_yet = |arg| Err(Error::Param { arg, msg: "is not supported by the backward yet (forward only)".into() });
-    if params.mask().1.is_some() {
-        return not_yet("window");
-    }
-    if params.has_softcap() {
-        return not_yet("softcap");
     }
     Ok(())
 }

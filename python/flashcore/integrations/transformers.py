@@ -24,8 +24,8 @@ what transformers' own flash_attention_2 path passes (`(sliding_window - 1, slid
 with causal=True, whose right side causal makes 0). The mask builder is SDPA's told nothing of
 the window (`local_size`), so where the window is the only thing beyond causal it returns no
 mask and the window is applied here; where there is padding it still builds the 4-D mask, which
-is refused as above. Forward only for now: a training step through a window or a softcap raises
-NotImplementedError in the backward.
+is refused as above. Differentiable: a training step runs the window and the softcap in the
+backward kernels too.
 """
 
 from __future__ import annotations

@@ -93,9 +93,13 @@ pub(crate) struct BwdParams {
     pub deterministic: i32,
     pub dq_splits: i32,
     pub spread_walks: i32,
+    pub window_left: i32,
+    pub window_right: i32,
+    pub softcap: f32,
+    pub softcap_scale: f32,
 }
 
-const _: () = assert!(std::mem::size_of::<BwdParams>() == 88 + 8 * 24 + 48);
+const _: () = assert!(std::mem::size_of::<BwdParams>() == 88 + 8 * 24 + 64);
 
 // SAFETY: plain old data with the C layout the kernels expect.
 unsafe impl DeviceRepr for BwdParams {}
@@ -253,7 +257,7 @@ pub struct Variant {
     /// Split-KV: the key range of a query tile can be shared out among several CTAs, whose
     /// partial results a second kernel of the same module (`fc_split_combine`) merges.
     pub split_kv: bool,
-    /// The compile-time score policies beyond the causal mask (forward kernels only).
+    /// The compile-time score policies beyond the causal mask (none for the reference).
     pub mods: ScoreMods,
     /// `FC_VARLEN`: a packed batch of sequences of their own lengths (`cu_seqlens`; forward
     /// kernels only).
@@ -261,13 +265,13 @@ pub struct Variant {
 }
 
 /// `v`'s forms with a sliding window, a softcap and both, where the dispatcher runs them:
-/// fwd_sm80 at every tile; fwd_sm90 a window at every tile and a softcap at its short tile
-/// (`fwd_sm90::mods_variant`); none for the other families (the reference takes both at run
-/// time; no backward has them yet).
+/// fwd_sm80, bwd_sm80 and bwd_sm90 at every tile; fwd_sm90 a window at every tile and a
+/// softcap at its short tile (`fwd_sm90::mods_variant`); none for the reference (it takes
+/// both at run time).
 pub fn mods_forms(v: &Variant) -> Vec<Variant> {
     let forms: &[(bool, bool)] = match v.family {
         _ if v.mods != ScoreMods::default() => &[],
-        KernelFamily::FwdSm80 => &[(true, false), (false, true), (true, true)],
+        KernelFamily::FwdSm80 | KernelFamily::BwdSm80 | KernelFamily::BwdSm90 => &[(true, false), (false, true), (true, true)],
         KernelFamily::FwdSm90 if fwd_sm90::is_softcap_tile(v) => &[(true, false), (false, true), (true, true)],
         KernelFamily::FwdSm90 => &[(true, false)],
         _ => &[],
@@ -282,9 +286,9 @@ pub fn varlen_form(v: &Variant) -> Option<Variant> {
     (forward && !v.varlen).then(|| Variant { varlen: true, ..v.clone() })
 }
 
-/// Compile-time score policies of a forward variant (`kernels/common/mask.cuh`): a sliding
-/// window (its sides are run-time values) and logit softcapping. The reference kernel
-/// takes both at run time and never sets them.
+/// Compile-time score policies of a variant (`kernels/common/mask.cuh`): a sliding window
+/// (its sides are run-time values) and logit softcapping. The reference kernels take both
+/// at run time and never set them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct ScoreMods {
     /// `FC_LOCAL`: the sliding-window mask (causal folded in).
