@@ -61,7 +61,8 @@ tail -n 1 "$compile_cache/log"
 # bwd_sm90 D64 with a softcap, up to 248 bytes; bwd_sm80 D64 causal with a softcap on sm_90a,
 # 24 bytes).
 echo "== flashcore compile --mods (sliding window, softcap) with NVRTC 13.0"
-for target in "sm_80 fwd_sm80" "sm_90a fwd_sm90" "sm_80 bwd_sm80" "sm_90a bwd_sm80" "sm_90a bwd_sm90"; do
+# (bwd_sm80's forms on sm_80 only: on Hopper it runs D32 alone; CI's time.)
+for target in "sm_80 fwd_sm80" "sm_90a fwd_sm90" "sm_80 bwd_sm80" "sm_90a bwd_sm90"; do
     set -- $target
     FLASHCORE_NVRTC="$(realpath "$nvrtc_13_0")" FLASHCORE_CACHE_DIR="$compile_cache" target/debug/flashcore compile --arch "$1" --kernel "$2" --mods > "$compile_cache/mods.log" || true
     if grep -E "FAILED" "$compile_cache/mods.log" >&2 || grep SPILLS "$compile_cache/mods.log" | grep -Ev "_d64_causal_128x128w12s3_local|_d192_causal_128x64w12s2_local_softcap|bwd_sm90_.*_d64_.*_softcap|bwd_sm80_.*_d64_causal_128x128w8s2_softcap" >&2; then
