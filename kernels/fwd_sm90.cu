@@ -82,6 +82,10 @@
 //   (p.window_left/right, causal folded in; key blocks outside it are neither loaded nor
 //   computed); FC_SOFTCAP: logit softcapping (p.softcap, p.softcap_scale; softmax_scale_log2
 //   = log2 e). See common/mask.cuh.
+//   FC_VARLEN: a packed batch (common/sequence.cuh): the tensor maps are over the packed
+//   tensors ({D, total, H, 1}; batch coordinate 0), p.cu_seqlens_q/k (+ seqused_k), total_q/k
+//   set, p.seqlen_q/k the longest sequence's (the grid's extent, as above with B sequences),
+//   lse [Hq, total_q]; tiles past their sequence are skipped by the producer.
 // ---------------------------------------------------------------------------------------
 #include "common/mask.cuh"
 #include "common/params.cuh"
