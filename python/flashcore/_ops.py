@@ -108,6 +108,8 @@ def varlen_forward(
     lse = q.new_empty((hq, total_q), dtype=torch.float32)
     if total_q == 0:
         return o, lse
+    if k.shape[0] == 0:  # no sequence has a key: every row sees none (as the dense path)
+        return o.zero_(), lse.fill_(-math.inf)
     keep: List[Tensor] = []
     vector = lambda t: (t.data_ptr(), t.numel())  # noqa: E731
     _flashcore.attention_varlen_forward(
