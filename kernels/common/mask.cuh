@@ -120,19 +120,23 @@ template <bool kCausal, bool kLocal> struct KeyMask {
 };
 
 // Logit softcapping: s = softcap * tanh(s * softcap_scale) for every score of a tile held as
-// any array of floats. tanh through exp2 and a reciprocal (relative error ~2^-21), not
-// tanh.approx (2^-11: up to 0.02 absolute on a capped logit of 50, too coarse for fp16's
-// bounds); the argument is clamped to |x| <= 9, where tanh is 1 to within 2^-24.
-// (softcap_scale = softmax_scale / softcap: see FwdParams.)
+// any array of floats (softcap_scale = softmax_scale / softcap: see FwdParams), as
+// tanh(y) = 1 - 2 / (e^(2y) + 1). One MUFU operation a score (the exponential; the kernels'
+// softmax adds its own), since at D128 the MUFU unit is as busy as the tensor cores already:
+// the reciprocal runs on the FMA pipe (rcp_newton, 2 steps: relative error < 2^-17, so the
+// capped score is within 2·softcap·6.6e-6 of exact: 6.6e-4 at softcap 50). tanh.approx (one
+// MUFU op too, FlashAttention's choice) errs by 2^-11 relative: up to 0.024 on a capped
+// logit of 50, past the LSE and fp16 bounds. 2y·log2(e) is clamped to 26 (|y| <= 9, where
+// tanh is 1 to within 2^-24) so that the reciprocal's operand stays finite; below, e^(2y)
+// goes to +0 and the capped score to -softcap.
 template <class Scores> __device__ __forceinline__ void softcap_scores(Scores& s, float softcap, float softcap_scale) {
     constexpr int kCount = sizeof(Scores) / sizeof(float);
     float* x = reinterpret_cast<float*>(&s);
     const float to_exp2 = 2.f * 1.4426950408889634f * softcap_scale, cap = softcap;
 #pragma unroll
     for (int i = 0; i < kCount; ++i) {
-        // tanh(y) = 1 - 2 / (e^(2y) + 1), with 2y·log2(e) clamped to ±26 (|y| <= 9).
-        const float e = math::ex2(fminf(fmaxf(x[i] * to_exp2, -26.f), 26.f));
-        x[i] = fmaf(-2.f * cap, math::rcp(e + 1.f), cap);
+        const float e = math::ex2(fminf(x[i] * to_exp2, 26.f));
+        x[i] = fmaf(-2.f * cap, math::rcp_newton<2>(e + 1.f), cap);
     }
 }
 template <class Scores> __device__ __forceinline__ void softcap_scores(Scores& s, const FwdParams& p) {

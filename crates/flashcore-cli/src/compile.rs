@@ -23,6 +23,9 @@ pub struct CompileArgs {
     /// Also every forward variant with each score policy: a sliding window, a softcap, both.
     #[arg(long)]
     mods: bool,
+    /// Only variants of this dtype (f16 or bf16).
+    #[arg(long, value_parser = ["f16", "bf16"])]
+    dtype: Option<String>,
     /// Also every forward variant's varlen form (and, with --mods, its policies' varlen forms).
     #[arg(long)]
     varlen: bool,
@@ -57,6 +60,7 @@ pub fn run(args: &CompileArgs) -> Result<bool> {
     let jobs: Vec<(Arch, Variant)> = archs
         .iter()
         .flat_map(|&a| families.iter().filter(move |f| f.runs_on(a)).flat_map(move |f| f.variants(a).into_iter().map(move |v| (a, v))))
+        .filter(|(_, v)| args.dtype.as_deref().map_or(true, |d| d == v.dtype.name()))
         .flat_map(|(a, v)| with_mods(v, args.mods, args.varlen).into_iter().map(move |v| (a, v)))
         .collect();
     let results: Vec<_> = jobs.par_iter().map(|(arch, v)| (arch, v, jit.compile(&v.source(), *arch))).collect();

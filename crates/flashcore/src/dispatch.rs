@@ -136,9 +136,8 @@ pub fn plan_with(device: &Device, shape: &ProblemShape, dtype: DType, params: &A
     };
     let mut plan = match family {
         KernelFamily::Reference => unsplit(reference::variant(dtype), &kshape),
-        KernelFamily::FwdSm90 if mods != ScoreMods::default() => {
-            unsplit(fwd_sm90::mods_variant(dtype, kshape.head_dim, causal, mods, keys(128)), &kshape)
-        }
+        // A window's tiles by the keys a query tile visits (its cost scales with them).
+        KernelFamily::FwdSm90 if window.is_some() => unsplit(fwd_sm90::variant(dtype, kshape.head_dim, causal, keys(128)), &kshape),
         KernelFamily::FwdSm90 => unsplit(fwd_sm90::variant_for(dtype, &kshape, causal, device.sm_count as usize), &kshape),
         KernelFamily::FwdSm80 => sm80_plan(device, &kshape, dtype, causal, params.num_splits, keys),
         KernelFamily::BwdSm80 | KernelFamily::BwdSm90 => return Err(not_a_forward(family)),

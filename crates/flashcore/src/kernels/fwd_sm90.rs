@@ -95,21 +95,6 @@ pub fn variant_for(dtype: DType, shape: &ProblemShape, causal: bool, sm_count: u
     }
 }
 
-/// The variant for a sliding window or softcap ([`ScoreMods`]) whose query tiles visit at
-/// most `keys` keys: a window alone, the tile [`variant`] picks for that many keys; with a
-/// softcap, the short tile at every length: the transform needs registers that the default
-/// tiles, at the limit, do not have (D128 128 x 192 spills 240 bytes; the short tiles none
-/// but D192 causal with both, 56 bytes).
-pub fn mods_variant(dtype: DType, head_dim: usize, causal: bool, mods: ScoreMods, keys: usize) -> Variant {
-    let short = mods.softcap || keys <= short_max_keys(head_dim, causal);
-    Variant { mods, ..make_variant(dtype, head_dim, causal, short) }
-}
-
-/// Whether `v` (a variant without policies) has the tile of the softcapped variants.
-pub fn is_softcap_tile(v: &Variant) -> bool {
-    v.tile == tile(v.head_dim.unwrap_or(0), true)
-}
-
 /// Every variant for one (dtype, head dim, mask): the default tile, and the short one where
 /// it is used.
 pub fn variants(dtype: DType, head_dim: usize, causal: bool) -> Vec<Variant> {

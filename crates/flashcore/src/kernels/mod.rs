@@ -265,15 +265,14 @@ pub struct Variant {
 }
 
 /// `v`'s forms with a sliding window, a softcap and both, where the dispatcher runs them:
-/// fwd_sm80, bwd_sm80 and bwd_sm90 at every tile; fwd_sm90 a window at every tile and a
-/// softcap at its short tile (`fwd_sm90::mods_variant`); none for the reference (it takes
-/// both at run time).
+/// every tile of the forward and backward kernels; none for the reference (it takes both at
+/// run time).
 pub fn mods_forms(v: &Variant) -> Vec<Variant> {
     let forms: &[(bool, bool)] = match v.family {
         _ if v.mods != ScoreMods::default() => &[],
-        KernelFamily::FwdSm80 | KernelFamily::BwdSm80 | KernelFamily::BwdSm90 => &[(true, false), (false, true), (true, true)],
-        KernelFamily::FwdSm90 if fwd_sm90::is_softcap_tile(v) => &[(true, false), (false, true), (true, true)],
-        KernelFamily::FwdSm90 => &[(true, false)],
+        KernelFamily::FwdSm80 | KernelFamily::FwdSm90 | KernelFamily::BwdSm80 | KernelFamily::BwdSm90 => {
+            &[(true, false), (false, true), (true, true)]
+        }
         _ => &[],
     };
     forms.iter().map(|&(local, softcap)| Variant { mods: ScoreMods { local, softcap }, ..v.clone() }).collect()
