@@ -287,6 +287,12 @@ def normalize_case(c):
             raise ValueError(f"case {c['name']}: seqused_k above the keys a sequence holds")
     if (c.get("window") is not None or p is not None) and c.get("counts") is None:
         raise ValueError(f"case {c['name']}: a window or a packed batch needs flashcore's 'counts' (from `flashcore bench --list-json`)")
+    if c.get("counts") is not None and c.get("window") is None and p is None:
+        # A plain case is counted on both sides: they must agree (the formulas drifting apart
+        # would make the anchors' TFLOPS and flashcore's incomparable).
+        mine = flops(dict(out, counts=None))
+        if abs(mine - c["counts"]["flops"]) > 1e-9 * mine:
+            raise ValueError(f"case {c['name']}: flashcore counts {c['counts']['flops']:.6g} FLOPs, this script {mine:.6g}")
     return out
 
 
@@ -962,6 +968,12 @@ def self_test():
         pass
     assert case_window(dict(c, causal=True)) == (-1, 0) and case_window(c) is None
     assert case_window(dict(c, window=[4, 2])) == (4, 2) and case_window(dict(c, window=[4, 2], causal=True)) == (4, 0)
+    assert normalize_case(dict(c, counts={"flops": flops(c), "kv_bytes": 1.0}))
+    try:
+        normalize_case(dict(c, counts={"flops": flops(c) * 1.01, "kv_bytes": 1.0}))
+        raise AssertionError("accepted flashcore's count of a plain case that differs from ours")
+    except ValueError:
+        pass
     counted = dict(c, window=[2, 0], counts={"flops": 123.0, "kv_bytes": 7.0})
     assert flops(counted) == 123.0 and kv_bytes(counted) == 7.0
     for uncounted in (dict(c, window=[2, 0]), dict(c, packed={"seqlens_q": [1, 2], "seqlens_k": [1, 2]}, batch=2)):
