@@ -389,6 +389,9 @@ mod tests {
         assert!(compare(&old, &report(&[Some(1.04), Some(1.5)]), 5.0).unwrap());
         assert!(!compare(&old, &report(&[Some(1.06), Some(2.0)]), 5.0).unwrap());
         assert!(!compare(&old, &report(&[Some(1.0), None]), 5.0).unwrap(), "a row that stopped working fails");
+        let mut renamed = report(&[Some(1.0), Some(2.0)]);
+        renamed.results.iter_mut().for_each(|r| r.case.name += "_win128_0");
+        assert!(compare(&old, &renamed, 5.0).is_err(), "no common row (other --window) is an error, not a pass");
     }
 
     #[test]
