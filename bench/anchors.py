@@ -41,13 +41,27 @@ Conventions, matching flashcore:
   calls only.
 - FLOPs = 4·B·Hq·D·(visible pairs): Sq·Sk dense; Sq·Sk/2 for causal with Sq = Sk; the exact
   bottom-right count for causal with Sq != Sk. For Sq = 1, gbps = bytes of K and V / time.
+  A case's `counts` (flops, kv_bytes), which `flashcore bench --list-json` writes, are used
+  as they are; a window's or a packed batch's come only from there (the library counts
+  their visible pairs, per sequence for a packed batch).
+- Windows, softcap, packed batches (`flashcore bench --window L,R / --softcap X` through this
+  script's --window / --softcap; the suite `varlen`): sdpa-flash runs FA2 through
+  `aten._flash_attention_forward`, with window_size for a window and with cumulative sequence
+  lengths (and seqused_k) for a packed batch, on exactly the lengths flashcore lists;
+  cuDNN and the efficient kernel get a window as a boolean mask and refuse packed batches
+  (nested tensors only, not an anchor); no SDPA backend has a softcap (refused);
+  flashcore-py passes all of it to flash_attn_func / flash_attn_varlen_func. The output
+  file is then anchors-<suite>[-win<L>_<R>][-cap<X>]-<system>.json.
 - rel_error = ||out - ref||_2 / ||ref||_2 on the first input set, the reference computed in
   float64 on the GPU from the same (rounded) inputs, on a slice (<= 2 batches, <= 4 query
-  heads, <= 512 query rows: the first and last 256) so huge shapes stay cheap. Rows that see
+  heads, <= 512 query rows: the first and last 256) so huge shapes stay cheap; a packed
+  batch: the sequence with the most keys and the last one, each alone. Rows that see
   no key (causal, Sq > Sk) are left out: their output is a convention, not a result.
 
 Usage:
     anchors.py --suite sweep [--flashcore target/release/flashcore] [--out-dir DIR]
+    anchors.py --suite varlen --backends flash,flashcore-py     # FA2 varlen on the same batch
+    anchors.py --suite bwd --window 4096,0 --filter sk16384 --backends flash
     anchors.py --suite-json suite.json [--backends cudnn,flash,efficient] [--out-dir DIR]
     anchors.py --self-test        # pure functions; needs neither a GPU nor torch
 """
@@ -106,21 +120,61 @@ def _pairs_closed(sq, sk):
     return total
 
 
+def _counted(case, key):
+    """flashcore's count `key` of a case (its `counts`, written by `flashcore bench`), or None
+    for a plain dense case without them. A window's or a packed batch's pairs are counted by
+    the library alone (flashcore's `AttnParams::visible_pairs`), never here."""
+    counts = case.get("counts")
+    if counts is not None:
+        return float(counts[key])
+    if case.get("window") is not None or case.get("packed") is not None:
+        raise ValueError(f"case {case.get('name')}: a window's or a packed batch's {key} come from `flashcore bench --list-json` (its 'counts')")
+    return None
+
+
 def flops(case):
     """Matrix FLOPs of the forward pass: two products of 2·D FLOPs per visible pair."""
+    counted = _counted(case, "flops")
+    if counted is not None:
+        return counted
     return 4.0 * case["batch"] * case["heads_q"] * case["head_dim"] * visible_pairs(case["seqlen_q"], case["seqlen_k"], case["causal"])
 
 
 def kv_bytes(case):
-    """Bytes of K and V: what a decode step must read."""
+    """Bytes of K and V attended to: what a decode step must read."""
+    counted = _counted(case, "kv_bytes")
+    if counted is not None:
+        return counted
     return 2.0 * case["batch"] * case["seqlen_k"] * case["heads_kv"] * case["head_dim"] * ELEM_BYTES
+
+
+def storage_lengths(case):
+    """(query rows, keys) per head the tensors hold: B·Sq and B·Sk, or a packed batch's totals."""
+    p = case.get("packed")
+    if p is not None:
+        return sum(p["seqlens_q"]), sum(p["seqlens_k"])
+    return case["batch"] * case["seqlen_q"], case["batch"] * case["seqlen_k"]
 
 
 def min_bytes(case):
     """Fewest bytes a forward pass moves: q, k, v read, o written, f32 lse (as flashcore)."""
-    q = case["batch"] * case["seqlen_q"] * case["heads_q"] * case["head_dim"]
-    kv = 2 * case["batch"] * case["seqlen_k"] * case["heads_kv"] * case["head_dim"]
-    return (2 * q + kv) * ELEM_BYTES + 4 * case["batch"] * case["heads_q"] * case["seqlen_q"]
+    rows, keys = storage_lengths(case)
+    q = rows * case["heads_q"] * case["head_dim"]
+    kv = 2 * keys * case["heads_kv"] * case["head_dim"]
+    return (2 * q + kv) * ELEM_BYTES + 4 * case["heads_q"] * rows
+
+
+def packed_used_k(packed):
+    """Keys each sequence of a packed batch attends over (seqused_k, else its span)."""
+    return packed.get("seqused_k") or packed["seqlens_k"]
+
+
+def cumulative(lens):
+    """[B + 1] prefix sums (cu_seqlens)."""
+    out = [0]
+    for n in lens:
+        out.append(out[-1] + n)
+    return out
 
 
 def is_decode(case):
@@ -160,6 +214,28 @@ def bottom_right_mask(sq, sk, xp, rows=None):
     return xp.arange(sk)[None, :] <= (r[:, None] + (sk - sq))
 
 
+def case_window(case):
+    """The (left, right) window a case's mask is, -1 unbounded (causal: right 0), or None
+    when it attends to every key."""
+    left, right = case.get("window") or (-1, -1)
+    if case["causal"]:
+        right = 0
+    return None if (left, right) == (-1, -1) else (left, right)
+
+
+def window_mask(sq, sk, window, xp, rows=None):
+    """Boolean [len(rows), sk] mask (True = attend) of the bottom-right aligned window
+    (left, right): row i sees keys i + sk - sq - left ..= i + sk - sq + right."""
+    r = xp.arange(sq) if rows is None else rows
+    diag = r[:, None] + (sk - sq)
+    j = xp.arange(sk)[None, :]
+    left, right = window
+    ok = j <= (diag + right) if right >= 0 else j >= 0
+    if left >= 0:
+        ok = ok & (j >= (diag - left))
+    return ok
+
+
 def check_rows(sq, limit=512, sk=None, causal=False):
     """Query rows the reference check covers: all, or the first and last limit/2. Under a
     causal mask with Sq > Sk the first Sq - Sk rows see no key at all; their output is a
@@ -184,7 +260,10 @@ def check_heads(hq, hkv, limit=4):
 
 
 def normalize_case(c):
-    """Validates a list-json case and returns a copy with canonical dtype; raises ValueError."""
+    """Validates a list-json case and returns a copy with canonical dtype; raises ValueError.
+    Optional fields, as flashcore writes them: `window` [left, right], `softcap`, `packed`
+    {seqlens_q, seqlens_k, seqused_k?} (then batch = sequences, seqlen_q/k = the longest),
+    `counts` {flops, kv_bytes}."""
     missing = [f for f in CASE_FIELDS if f not in c]
     if missing:
         raise ValueError(f"case {c.get('name', c)!r} lacks {missing}")
@@ -198,6 +277,22 @@ def normalize_case(c):
             raise ValueError(f"case {c['name']}: {f} must be a positive integer, got {c[f]!r}")
     if c["heads_q"] % c["heads_kv"]:
         raise ValueError(f"case {c['name']}: heads_q % heads_kv != 0")
+    p = c.get("packed")
+    if p is not None:
+        n = len(p.get("seqlens_q", ()))
+        used = p.get("seqused_k")
+        if n != c["batch"] or len(p.get("seqlens_k", ())) != n or (used is not None and len(used) != n):
+            raise ValueError(f"case {c['name']}: packed needs batch = {c['batch']} lengths in seqlens_q, seqlens_k (and seqused_k)")
+        if used is not None and any(u > h for u, h in zip(used, p["seqlens_k"])):
+            raise ValueError(f"case {c['name']}: seqused_k above the keys a sequence holds")
+    if (c.get("window") is not None or p is not None) and c.get("counts") is None:
+        raise ValueError(f"case {c['name']}: a window or a packed batch needs flashcore's 'counts' (from `flashcore bench --list-json`)")
+    if c.get("counts") is not None and c.get("window") is None and p is None:
+        # A plain case is counted on both sides: they must agree (the formulas drifting apart
+        # would make the anchors' TFLOPS and flashcore's incomparable).
+        mine = flops(dict(out, counts=None))
+        if abs(mine - c["counts"]["flops"]) > 1e-9 * mine:
+            raise ValueError(f"case {c['name']}: flashcore counts {c['counts']['flops']:.6g} FLOPs, this script {mine:.6g}")
     return out
 
 
@@ -316,7 +411,14 @@ def torch_env(torch, command):
 
 
 class Runner:
-    """Builds the call for one (backend, case) and runs it with the backend forced."""
+    """Builds the call for one (backend, case) and runs it with the backend forced.
+
+    Beyond the dense causal/full cases: a window goes to FA2 as its own window_size (through
+    `aten._flash_attention_forward`) and to cuDNN and the efficient kernel as a boolean mask;
+    a packed batch goes to FA2's varlen path (`aten._flash_attention_forward` with cumulative
+    sequence lengths and seqused_k) and to `flashcore.flash_attn_varlen_func`; a softcap only
+    to flashcore (no SDPA backend has one). What a backend does not take raises a refusal,
+    recorded "unsupported"."""
 
     def __init__(self, torch, key, case):
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -330,11 +432,24 @@ class Runner:
         c = case
         self.gqa = c["heads_q"] != c["heads_kv"]
         self.scale = 1.0 / math.sqrt(c["head_dim"])
+        self.window = tuple(c["window"]) if c.get("window") is not None else None
+        self.softcap = c.get("softcap") or 0.0
+        self.packed = c.get("packed")
         self.bottom_right = c["causal"] and c["seqlen_q"] != c["seqlen_k"]
         self.mask = None
+        self.refuse = None
         self.kernel = self.system
         if key == "flashcore-py":
-            self.kernel = "flashcore.flash_attn_func"
+            self.kernel = "flashcore.flash_attn_varlen_func" if self.packed else "flashcore.flash_attn_func"
+        elif self.softcap:
+            self.refuse = "logit softcap not supported by PyTorch's SDPA backends"
+        elif self.packed and key != "flash":
+            self.refuse = f"packed batches not supported here: {self.system} takes them only as nested tensors through SDPA"
+        elif key == "flash" and (self.packed or self.window):
+            self.kernel = "aten._flash_attention_forward" + (" (varlen)" if self.packed else " (window_size)")
+        elif self.window:
+            self.kernel = f"{self.system}+window-mask"
+            self.mask = window_mask(c["seqlen_q"], c["seqlen_k"], case_window(c), torch_arange(torch))
         elif self.bottom_right and key == "flash":
             self.kernel = "aten._scaled_dot_product_flash_attention(is_causal=bottom-right)"
         elif self.bottom_right and key == "efficient":
@@ -342,19 +457,43 @@ class Runner:
         elif self.bottom_right:
             self.kernel = f"{self.system}+bool-mask"
             self.mask = bottom_right_mask(c["seqlen_q"], c["seqlen_k"], torch_arange(torch))
+        if self.packed:
+            cuda = lambda x: torch.tensor(x, dtype=torch.int32, device="cuda")  # noqa: E731
+            p = self.packed
+            self.cu_q, self.cu_k = cuda(cumulative(p["seqlens_q"])), cuda(cumulative(p["seqlens_k"]))
+            self.used = cuda(p["seqused_k"]) if p.get("seqused_k") else None
+
+    def _window_args(self):
+        left, right = self.window or (-1, -1)
+        return {"window_size_left": left, "window_size_right": 0 if self.case["causal"] else right}
 
     def __call__(self, q, k, v):
-        """q, k, v: BHSD views. Returns o as BHSD."""
+        """q, k, v: BHSD views (packed: [total, H, D]). Returns o in the same layout."""
+        if self.refuse:
+            raise RuntimeError(self.refuse)
         F = self.torch.nn.functional
         ops = self.torch.ops.aten
+        c = self.case
         if self.key == "flashcore-py":
             import flashcore
 
+            kw = dict(softmax_scale=self.scale, causal=c["causal"], window_size=self.window or (-1, -1), softcap=self.softcap)
+            if self.packed:
+                return flashcore.flash_attn_varlen_func(q, k, v, self.cu_q, self.cu_k, c["seqlen_q"], c["seqlen_k"], seqused_k=self.used, **kw)
             bshd = (t.transpose(1, 2) for t in (q, k, v))
-            return flashcore.flash_attn_func(*bshd, softmax_scale=self.scale, causal=self.case["causal"]).transpose(1, 2)
-        if self.bottom_right and self.key == "flash":
+            return flashcore.flash_attn_func(*bshd, **kw).transpose(1, 2)
+        if self.key == "flash" and self.packed:
+            extra = self._window_args() if self.window else {}
+            return ops._flash_attention_forward(
+                q, k, v, self.cu_q, self.cu_k, c["seqlen_q"], c["seqlen_k"], 0.0, c["causal"], False, scale=self.scale, seqused_k=self.used, **extra
+            )[0]
+        if self.key == "flash" and self.window:
+            bshd = [t.transpose(1, 2) for t in (q, k, v)]
+            o = ops._flash_attention_forward(*bshd, None, None, c["seqlen_q"], c["seqlen_k"], 0.0, c["causal"], False, scale=self.scale, **self._window_args())[0]
+            return o.transpose(1, 2)
+        if self.bottom_right and self.key == "flash" and self.mask is None:
             return ops._scaled_dot_product_flash_attention(q, k, v, 0.0, is_causal=True, return_debug_mask=False, scale=self.scale)[0]
-        if self.bottom_right and self.key == "efficient":
+        if self.bottom_right and self.key == "efficient" and self.mask is None:
             if self.gqa:
                 raise RuntimeError("bottom-right causal through aten._efficient_attention_forward needs Hq == Hkv here")
             o = ops._efficient_attention_forward(
@@ -366,7 +505,7 @@ class Runner:
             kw["enable_gqa"] = True
         if self.mask is not None:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, **kw)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=self.case["causal"], **kw)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=c["causal"], **kw)
 
     def forced(self, q, k, v):
         with self.ctx():
@@ -386,31 +525,55 @@ def make_inputs(torch, case, seed):
     dt = {"bf16": torch.bfloat16, "f16": torch.float16}[case["dtype"]]
     g = torch.Generator(device="cuda").manual_seed(seed)
     b, sq, sk, hq, hkv, d = (case[f] for f in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim"))
+    if case.get("packed") is not None:
+        rows, keys = storage_lengths(case)
+        return tuple(torch.randn(n, h, d, device="cuda", dtype=dt, generator=g) for n, h in ((rows, hq), (keys, hkv), (keys, hkv)))
     q = torch.randn(b, sq, hq, d, device="cuda", dtype=dt, generator=g)
     k = torch.randn(b, sk, hkv, d, device="cuda", dtype=dt, generator=g)
     v = torch.randn(b, sk, hkv, d, device="cuda", dtype=dt, generator=g)
     return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # BHSD views of BSHD storage
 
 
+def reference_head(torch, case, q, k, v, rows):
+    """float64 output of query rows `rows` (a tensor) of one head, q [Sq, D], k, v [Sk, D]:
+    the case's scale, softcap (scores become softcap·tanh(s / softcap)) and mask."""
+    sq, sk = q.shape[0], k.shape[0]
+    s = (q.index_select(0, rows).double() @ k.double().T) / math.sqrt(case["head_dim"])
+    cap = case.get("softcap") or 0.0
+    if cap:
+        s = cap * torch.tanh(s / cap)
+    window = case_window(case)
+    if window is not None:
+        s = s.masked_fill(~window_mask(sq, sk, window, torch_arange(torch), rows), float("-inf"))
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # fully masked rows: 0, as flashcore
+    return p @ v.double()
+
+
 def reference_rel_error(torch, case, q, k, v, o):
-    """||o - ref|| / ||ref|| on a slice; ref in float64 on the GPU, bottom-right causal."""
-    sq, sk = case["seqlen_q"], case["seqlen_k"]
+    """||o - ref|| / ||ref|| on a slice; ref in float64 on the GPU, bottom-right aligned masks.
+    A packed batch: the sequence with the most keys and the last one (what a wrong offset
+    breaks first), each against the reference on that sequence alone."""
     group = case["heads_q"] // case["heads_kv"]
-    rows = check_rows(sq, sk=sk, causal=case["causal"])
-    if not rows:
-        return 0.0
-    rows = torch.tensor(rows, device="cuda")
+    pieces = []  # (q [Sq, Hq, D], k, v [Sk, Hkv, D], o) of one batch entry or sequence
+    p = case.get("packed")
+    if p is not None:
+        used, cu_q, cu_k = packed_used_k(p), cumulative(p["seqlens_q"]), cumulative(p["seqlens_k"])
+        longest = max(range(len(used)), key=lambda b: used[b])
+        for b in sorted({longest, len(used) - 1}):
+            qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b] + used[b])
+            pieces.append((q[qs], k[ks], v[ks], o[qs]))
+    else:
+        pieces = [(q[b].transpose(0, 1), k[b].transpose(0, 1), v[b].transpose(0, 1), o[b].transpose(0, 1)) for b in range(min(case["batch"], 2))]
     num = den = 0.0
-    for b in range(min(case["batch"], 2)):
+    for qb, kb, vb, ob in pieces:
+        sq, sk = qb.shape[0], kb.shape[0]
+        rows = check_rows(sq, sk=sk, causal=case["causal"])
+        if not rows or sk == 0:
+            continue
+        rows = torch.tensor(rows, device="cuda")
         for h in check_heads(case["heads_q"], case["heads_kv"]):
-            qh = q[b, h].index_select(0, rows).double()
-            kh, vh = k[b, h // group].double(), v[b, h // group].double()
-            s = (qh @ kh.T) / math.sqrt(case["head_dim"])
-            if case["causal"]:
-                s = s.masked_fill(~bottom_right_mask(sq, sk, torch_arange(torch), rows), float("-inf"))
-            p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # fully masked rows: 0, as flashcore
-            ref = p @ vh
-            got = o[b, h].index_select(0, rows).double()
+            ref = reference_head(torch, case, qb[:, h], kb[:, h // group], vb[:, h // group], rows)
+            got = ob[:, h].index_select(0, rows).double()
             num += (got - ref).pow(2).sum().item()
             den += ref.pow(2).sum().item()
     if not math.isfinite(num):
@@ -612,6 +775,26 @@ def bench_backward_case(torch, key, case, args):
         torch.cuda.empty_cache()
 
 
+def mods_args(args):
+    """`flashcore bench`'s --window / --softcap, as given to this script."""
+    out = []
+    if args.window:
+        out += ["--window", args.window]
+    if args.softcap:
+        out += ["--softcap", str(args.softcap)]
+    return out
+
+
+def mods_tag(args):
+    """What --window / --softcap add to the output file's name ('' without them)."""
+    tag = ""
+    if args.window:
+        tag += "-win" + args.window.replace(",", "_")
+    if args.softcap:
+        tag += f"-cap{args.softcap:g}"
+    return tag
+
+
 def load_suite(args):
     if args.suite_json:
         with open(args.suite_json) as f:
@@ -621,9 +804,10 @@ def load_suite(args):
             sys.exit("anchors.py: give --suite NAME (runs `flashcore bench --suite NAME --list-json`) or --suite-json FILE")
         if not os.path.exists(args.flashcore):
             sys.exit(f"anchors.py: flashcore binary {args.flashcore} not found (build it: cargo build --release; or pass --flashcore / --suite-json)")
-        p = subprocess.run([args.flashcore, "bench", "--suite", args.suite, "--list-json"], capture_output=True, text=True)
+        cmd = [args.flashcore, "bench", "--suite", args.suite, "--list-json"] + mods_args(args)
+        p = subprocess.run(cmd, capture_output=True, text=True)
         if p.returncode != 0:
-            sys.exit(f"anchors.py: `{args.flashcore} bench --suite {args.suite} --list-json` failed:\n{p.stderr}")
+            sys.exit(f"anchors.py: `{' '.join(cmd)}` failed:\n{p.stderr}")
         text = p.stdout
     suite, cases = parse_suite(text)
     if args.suite and args.suite != suite:
@@ -646,6 +830,8 @@ def main(argv=None):
     ap.add_argument("--timing", choices=("graph", "eager"), default="graph")
     ap.add_argument("--max-rel-error", type=float, default=2e-2, help="rel_error above this marks the row 'error'")
     ap.add_argument("--filter", help="only cases whose name contains this")
+    ap.add_argument("--window", help="LEFT,RIGHT: `flashcore bench --window` on every case (with --suite)")
+    ap.add_argument("--softcap", type=float, help="`flashcore bench --softcap` on every case (with --suite)")
     ap.add_argument("--self-test", action="store_true", help="test the pure functions (no GPU, no torch needed)")
     args = ap.parse_args(argv)
     if args.self_test:
@@ -670,7 +856,7 @@ def main(argv=None):
     print(f"# {env['device']}  torch {env['torch']}  CUDA {env['cuda_runtime']}  cuDNN {env['cudnn']}  suite {suite}: {len(cases)} cases", flush=True)
     for key in keys:
         system = SYSTEMS[key][0]
-        path = os.path.join(args.out_dir, f"anchors-{suite}-{system}.json")
+        path = os.path.join(args.out_dir, f"anchors-{suite}{mods_tag(args)}-{system}.json")
         rows = []
         for case in cases:
             t0 = time.time()
@@ -768,6 +954,49 @@ def self_test():
             m = bottom_right_mask(sq, sk, _ListXP)
             assert m == [[bottom_right_allowed(i, j, sq, sk) for j in range(sk)] for i in range(sq)]
         mask_note = "pure python"
+    # Windows: the mask against the documented rule; counts come from flashcore only.
+    try:
+        import numpy as np
+
+        for sq, sk in [(4, 4), (3, 7), (7, 3), (1, 9)]:
+            for win in [(0, 0), (1, 0), (2, 1), (-1, 1), (3, -1)]:
+                diag = lambda i: i + sk - sq  # noqa: E731
+                brute = np.array([[(win[0] < 0 or j >= diag(i) - win[0]) and (win[1] < 0 or j <= diag(i) + win[1]) for j in range(sk)] for i in range(sq)])
+                assert (window_mask(sq, sk, win, np) == brute).all(), (sq, sk, win)
+            assert (window_mask(sq, sk, (-1, 0), np) == bottom_right_mask(sq, sk, np)).all()
+    except ImportError:
+        pass
+    assert case_window(dict(c, causal=True)) == (-1, 0) and case_window(c) is None
+    assert case_window(dict(c, window=[4, 2])) == (4, 2) and case_window(dict(c, window=[4, 2], causal=True)) == (4, 0)
+    assert normalize_case(dict(c, counts={"flops": flops(c), "kv_bytes": 1.0}))
+    try:
+        normalize_case(dict(c, counts={"flops": flops(c) * 1.01, "kv_bytes": 1.0}))
+        raise AssertionError("accepted flashcore's count of a plain case that differs from ours")
+    except ValueError:
+        pass
+    counted = dict(c, window=[2, 0], counts={"flops": 123.0, "kv_bytes": 7.0})
+    assert flops(counted) == 123.0 and kv_bytes(counted) == 7.0
+    for uncounted in (dict(c, window=[2, 0]), dict(c, packed={"seqlens_q": [1, 2], "seqlens_k": [1, 2]}, batch=2)):
+        try:
+            flops(uncounted)
+            raise AssertionError("a window or a packed batch counted here")
+        except ValueError:
+            pass
+        try:
+            normalize_case(uncounted)
+            raise AssertionError("accepted a window or a packed batch without counts")
+        except ValueError:
+            pass
+    packed = dict(c, batch=3, packed={"seqlens_q": [1, 1, 1], "seqlens_k": [8, 16, 8], "seqused_k": [5, 16, 2]}, counts={"flops": 1.0, "kv_bytes": 2.0})
+    assert normalize_case(packed)["packed"]["seqused_k"] == [5, 16, 2]
+    assert storage_lengths(packed) == (3, 32) and packed_used_k(packed["packed"]) == [5, 16, 2] and cumulative([3, 0, 2]) == [0, 3, 3, 5]
+    assert min_bytes(packed) == (2 * 3 * 4 * 64 + 2 * 32 * 2 * 64) * 2 + 4 * 4 * 3
+    for bad in (dict(packed, batch=2), dict(packed, packed=dict(packed["packed"], seqused_k=[9, 1, 1]))):
+        try:
+            normalize_case(bad)
+            raise AssertionError(f"accepted {bad['packed']}")
+        except ValueError:
+            pass
     # Check slices.
     assert check_rows(100) == list(range(100))
     assert check_rows(1000, sk=113, causal=True) == list(range(887, 1000))

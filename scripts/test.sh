@@ -89,6 +89,14 @@ echo "== bench/check_reference.py (flashcore attn --cpu vs NumPy float64)"
 echo "== bench self-tests"
 .venv/bin/python bench/anchors.py --self-test
 .venv/bin/python bench/report.py --self-test
+# Every suite as the anchors read it (a plain case's FLOPs must agree on both sides; a window
+# or a packed batch carries flashcore's counts and lengths).
+for s in quick seed sweep small dims bwd bwd-dims varlen; do
+    target/debug/flashcore bench --suite "$s" --list-json > target/suite.json
+    .venv/bin/python -c 'import sys; sys.path.insert(0, "bench"); import anchors; anchors.parse_suite(open("target/suite.json").read())'
+done
+target/debug/flashcore bench --suite sweep --window 128,0 --softcap 30 --list-json > target/suite.json
+.venv/bin/python -c 'import sys; sys.path.insert(0, "bench"); import anchors; anchors.parse_suite(open("target/suite.json").read())'
 
 # The Python package: the abi3 wheel is built as a user would build it, then checked
 # (tag, contents, no libtorch/libpython link, errors from the extension, NVRTC discovery).

@@ -52,7 +52,12 @@ pub struct AttnArgs {
 
 /// `--window LEFT,RIGHT` (none: unbounded).
 fn window(args: &AttnArgs) -> Result<Window> {
-    let Some(text) = args.window.as_deref() else { return Ok(Window::UNBOUNDED) };
+    parse_window(args.window.as_deref())
+}
+
+/// A `--window LEFT,RIGHT` argument (`attn`, `bench`); none is unbounded.
+pub fn parse_window(text: Option<&str>) -> Result<Window> {
+    let Some(text) = text else { return Ok(Window::UNBOUNDED) };
     match text.split(',').map(|x| x.trim().parse::<i32>()).collect::<Vec<_>>()[..] {
         [Ok(left), Ok(right)] => Ok(Window::new(left, right)),
         _ => bail!("--window takes LEFT,RIGHT (integers, -1 unbounded), got {text:?}"),

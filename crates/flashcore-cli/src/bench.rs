@@ -10,25 +10,37 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
 use crate::cases::{errors, random_qkv, Case, Inputs, Storage, Stored};
-use crate::{bench_bwd, suites};
+use crate::{attn, bench_bwd, bench_varlen, suites};
 
 /// Query rows checked against the GPU reference after timing (the last rows, which keep
-/// the bottom-right causal alignment when the queries are narrowed).
-const VERIFY_ROWS: usize = 128;
+/// the bottom-right alignment of the causal mask and the window when the queries are
+/// narrowed).
+pub const VERIFY_ROWS: usize = 128;
 
 #[derive(clap::Args)]
 pub struct BenchArgs {
     /// Suite to run: quick, seed, sweep, small, dims; bwd (the sweep's cases, backward alone
-    /// and forward + backward), bwd-dims (the same for the dims suite's cases).
+    /// and forward + backward), bwd-dims (the same for the dims suite's cases); varlen
+    /// (packed batches of mixed lengths through attention_varlen, each beside the dense batch
+    /// of the same tokens, and a decode batch with seqused_k).
     #[arg(long, default_value = "quick")]
     suite: String,
+    /// Sliding window `LEFT,RIGHT` on every case (keys around each query's bottom-right
+    /// diagonal, -1 unbounded; flash_attn's window_size). TFLOPS count the visible pairs, so
+    /// a windowed row compares with a causal one per pair. Names gain `_win{L}_{R}`.
+    #[arg(long, allow_hyphen_values = true)]
+    window: Option<String>,
+    /// Logit softcap on every case: scores become softcap·tanh(score/softcap). Names gain
+    /// `_cap{X}`.
+    #[arg(long)]
+    softcap: Option<f32>,
     /// Only the cases whose name contains any of these substrings (comma-separated), e.g.
     /// `sk16384,d256_causal`.
     #[arg(long, value_delimiter = ',')]
     filter: Vec<String>,
     /// Print the suite's cases as JSON and exit (no GPU needed).
     #[arg(long)]
-    list_json: bool,
+    pub(crate) list_json: bool,
     /// Write results to this JSON file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -37,24 +49,24 @@ pub struct BenchArgs {
     kernel: Option<String>,
     /// Split-KV: CTAs per query tile's keys (fwd_sm80; default: picked per case, 1 = never).
     #[arg(long)]
-    splits: Option<usize>,
+    pub(crate) splits: Option<usize>,
     /// Timed samples per case.
     #[arg(long, default_value_t = 30)]
-    samples: usize,
+    pub(crate) samples: usize,
     /// Time launches issued one by one instead of CUDA-graph replays (the eager median is
     /// recorded either way).
     #[arg(long)]
-    eager: bool,
+    pub(crate) eager: bool,
     /// How q, k and v are drawn. The others than `normal` move a row's running max far and
     /// often, which takes fwd_sm90's softmax fallbacks: their speed, not the usual case's.
     #[arg(long, value_enum, default_value_t = Inputs::Normal)]
-    inputs: Inputs,
+    pub(crate) inputs: Inputs,
     /// Suite bwd: the backward in deterministic mode (bitwise reproducible dq).
     #[arg(long)]
     deterministic: bool,
     /// Skip the accuracy check against the GPU reference.
     #[arg(long)]
-    no_verify: bool,
+    pub(crate) no_verify: bool,
     /// Compare with an earlier JSON; non-zero exit when a row is slower than the threshold.
     #[arg(long)]
     compare: Option<PathBuf>,
@@ -110,6 +122,10 @@ pub fn run(args: &BenchArgs) -> Result<bool> {
     };
     let mut cases =
         suites::suite(&suite_name).ok_or_else(|| anyhow!("unknown suite {suite_name:?}; known: {}", suites::NAMES.join(", ")))?;
+    let mods =
+        AttnParams { window: attn::parse_window(args.window.as_deref())?, softcap: args.softcap.unwrap_or(0.0), ..Default::default() };
+    mods.check_window_and_softcap()?;
+    cases = cases.into_iter().map(|c| c.with_mods(mods.window, mods.softcap).with_counts()).collect();
     if !args.filter.is_empty() {
         cases.retain(|c| args.filter.iter().any(|f| c.name.contains(f.as_str())));
         if cases.is_empty() {
@@ -131,6 +147,8 @@ pub fn run(args: &BenchArgs) -> Result<bool> {
         bar.set_message(case.name.clone());
         let row = if suites::is_backward(&suite_name) {
             bench_bwd::bench_case(&ctx, case, args.samples, args.eager, args.inputs, args.deterministic, family)?
+        } else if case.packed.is_some() {
+            bench_varlen::bench_case(&ctx, case, family, args)?
         } else {
             bench_case(&ctx, case, family, args)?
         };
@@ -209,7 +227,7 @@ pub fn unsupported(case: &Case, status: &str, message: String) -> Row {
 }
 
 fn bench_case(ctx: &Context, case: &Case, family: Option<KernelFamily>, args: &BenchArgs) -> Result<Row> {
-    let params = AttnParams { causal: case.causal, kernel: family, num_splits: args.splits, ..Default::default() };
+    let params = AttnParams { kernel: family, num_splits: args.splits, ..case.params() };
     let plan = match ctx.plan(&case.shape(), case.dtype, &params) {
         Ok(p) => p,
         Err(e @ (Error::HeadDim { .. } | Error::Unsupported { .. })) => return Ok(unsupported(case, "unsupported", e.to_string())),
@@ -251,8 +269,8 @@ fn bench_case(ctx: &Context, case: &Case, family: Option<KernelFamily>, args: &B
         min_ms: Some(timing.min_ms),
         max_ms: Some(timing.max_ms),
         samples_ms: timing.samples_ms,
-        tflops: Some(shape.flops(case.causal) / secs * 1e-12),
-        gbps: decode.then(|| shape.kv_bytes(case.dtype.size_bytes()) / secs * 1e-9),
+        tflops: Some(case.flops() / secs * 1e-12),
+        gbps: decode.then(|| case.kv_bytes() / secs * 1e-9),
         rel_error,
         timing: Some(if args.eager { "eager" } else { "graph" }.into()),
         eager_median_ms: Some(eager.median_ms),
@@ -320,9 +338,11 @@ pub fn compare(old: &Report, new: &Report, threshold: f64) -> Result<bool> {
         bail!("suites differ: {} vs {}", old.suite, new.suite);
     }
     let mut ok = true;
+    let mut compared = 0;
     println!("{:<44} {:>10} {:>10} {:>8}", "case", "old_ms", "new_ms", "change");
     for o in old.results.iter().filter(|r| r.status == "ok") {
         let Some(n) = new.results.iter().find(|r| r.case.name == o.case.name) else { continue };
+        compared += 1;
         let (Some(a), Some(b)) = (o.median_ms, n.median_ms) else {
             println!("{:<44} {:>10.4} {:>10} {:>8}  REGRESSION ({})", o.case.name, o.median_ms.unwrap_or(0.0), "—", "", n.status);
             ok = false;
@@ -332,6 +352,10 @@ pub fn compare(old: &Report, new: &Report, threshold: f64) -> Result<bool> {
         let slow = change > threshold;
         ok &= !slow;
         println!("{:<44} {a:>10.4} {b:>10.4} {change:>+7.1}%{}", o.case.name, if slow { "  REGRESSION" } else { "" });
+    }
+    if compared == 0 {
+        // Different --window or --softcap rename every row: nothing would be compared.
+        bail!("no case of the old report is in the new one (the same suite with other --window/--softcap?)");
     }
     println!("{}", if ok { format!("no row slower by more than {threshold}%") } else { format!("rows slower by more than {threshold}%") });
     Ok(ok)
@@ -365,6 +389,9 @@ mod tests {
         assert!(compare(&old, &report(&[Some(1.04), Some(1.5)]), 5.0).unwrap());
         assert!(!compare(&old, &report(&[Some(1.06), Some(2.0)]), 5.0).unwrap());
         assert!(!compare(&old, &report(&[Some(1.0), None]), 5.0).unwrap(), "a row that stopped working fails");
+        let mut renamed = report(&[Some(1.0), Some(2.0)]);
+        renamed.results.iter_mut().for_each(|r| r.case.name += "_win128_0");
+        assert!(compare(&old, &renamed, 5.0).is_err(), "no common row (other --window) is an error, not a pass");
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! `flashcore bench --suite bwd`: the backward alone, and forward + backward, timed as the
 //! forward is (CUDA events, warm-up, median of the samples, input sets rotated while they fit
 //! in L2). FLOPs: the backward counts 2.5x the forward's, forward + backward 3.5x
-//! (FlashAttention's convention); `tflops` is the backward's.
+//! (FlashAttention's convention), the forward's on the visible pairs (a window, `--window`,
+//! counts its own); `tflops` is the backward's. `--window` and `--softcap` reach both passes.
 
 use anyhow::Result;
 use flashcore::bench::{time, TimingOptions};
@@ -33,7 +34,7 @@ pub fn bench_case(
     deterministic: bool,
     kernel: Option<KernelFamily>,
 ) -> Result<Row> {
-    let params = AttnParams { causal: case.causal, deterministic, kernel: kernel.filter(|f| f.is_backward()), ..Default::default() };
+    let params = AttnParams { deterministic, kernel: kernel.filter(|f| f.is_backward()), ..case.params() };
     let fwd_params = AttnParams { kernel: None, ..params };
     let kernel = match ctx.backward_variant(&case.shape(), case.dtype, &params) {
         Ok(v) if deterministic => format!("{} deterministic", v.name()),
@@ -86,7 +87,7 @@ pub fn bench_case(
         let inputs = BwdInputs { q: s.q.view(), k: s.k.view(), v: s.v.view(), o: o.view(), lse: LseView::of(&lse), dout: s.dout.view() };
         ctx.attention_backward_into(&inputs, GradsMut { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut() }, &params)
     })?;
-    let flops = shape.flops(case.causal);
+    let flops = case.flops();
     let tflops = |ms: f64, factor: f64| factor * flops / (ms * 1e-3) * 1e-12;
     Ok(Row {
         case: case.clone(),

@@ -2,7 +2,7 @@
 //! error metrics.
 
 use anyhow::Result;
-use flashcore::{Context, DType, DeviceTensor, Layout, ProblemShape, TensorView};
+use flashcore::{AttnParams, Context, DType, DeviceTensor, Layout, ProblemShape, TensorView, Window};
 use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
 use rayon::prelude::*;
@@ -19,6 +19,59 @@ pub struct Case {
     pub head_dim: usize,
     pub causal: bool,
     pub dtype: DType,
+    /// Sliding window `[left, right]` (`bench --window`); none when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<[i32; 2]>,
+    /// Logit softcap (`bench --softcap`); none when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub softcap: Option<f32>,
+    /// A packed (varlen) batch: `batch` sequences of these lengths, `seqlen_q` and
+    /// `seqlen_k` then the longest (max_seqlen_q, max_seqlen_k).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packed: Option<Packed>,
+    /// `bench`'s FLOP and K+V byte counts of the case ([`Case::with_counts`]), written into
+    /// its JSON so `bench/anchors.py` and `bench/report.py` take the same counts (a window's
+    /// or a packed batch's visible pairs are counted here, by the library, only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counts: Option<Counts>,
+}
+
+/// See [`Case::counts`].
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Counts {
+    /// Forward matrix FLOPs ([`Case::flops`]).
+    pub flops: f64,
+    /// Bytes of the keys and values attended to ([`Case::kv_bytes`]).
+    pub kv_bytes: f64,
+}
+
+/// The sequences of a packed batch, as `bench --list-json` hands them to `bench/anchors.py`
+/// (so both time the same batch).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Packed {
+    /// Query rows of each sequence.
+    pub seqlens_q: Vec<usize>,
+    /// Keys each sequence holds (its `cu_seqlens_k` span).
+    pub seqlens_k: Vec<usize>,
+    /// Keys each sequence uses (`seqused_k`), when fewer than it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seqused_k: Option<Vec<usize>>,
+}
+
+impl Packed {
+    /// Keys sequence `b` attends over.
+    pub fn used_k(&self, b: usize) -> usize {
+        self.seqused_k.as_ref().map_or(self.seqlens_k[b], |u| u[b])
+    }
+
+    /// `[B + 1]` prefix sums of `lens` (cu_seqlens).
+    pub fn cumulative(lens: &[usize]) -> Vec<i32> {
+        let mut cu = vec![0i32];
+        for &len in lens {
+            cu.push(cu[cu.len() - 1] + len as i32);
+        }
+        cu
+    }
 }
 
 impl Case {
@@ -38,7 +91,87 @@ impl Case {
             name += &format!("kv{heads_kv}");
         }
         name += &format!("_d{head_dim}_{}_{}", if causal { "causal" } else { "full" }, dtype.name());
-        Self { name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal, dtype }
+        Self {
+            name,
+            batch,
+            seqlen_q,
+            seqlen_k,
+            heads_q,
+            heads_kv,
+            head_dim,
+            causal,
+            dtype,
+            window: None,
+            softcap: None,
+            packed: None,
+            counts: None,
+        }
+    }
+
+    /// A packed batch of the sequences `packed` describes, named `{prefix}_h.._d.._mask_dtype`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn packed(prefix: &str, packed: Packed, heads_q: usize, heads_kv: usize, head_dim: usize, causal: bool, dtype: DType) -> Self {
+        let max = |v: &[usize]| v.iter().copied().max().unwrap_or(0);
+        let used: Vec<usize> = (0..packed.seqlens_k.len()).map(|b| packed.used_k(b)).collect();
+        let mut case = Case::new(packed.seqlens_q.len(), max(&packed.seqlens_q), max(&used), heads_q, heads_kv, head_dim, causal, dtype);
+        case.name = prefix.to_string() + &case.name[case.name.find("_h").expect("Case::new names heads")..];
+        case.packed = Some(packed);
+        case
+    }
+
+    /// The case with a window and a softcap (`bench --window`, `--softcap`), which its name
+    /// then says (`_win{left}_{right}`, `_cap{softcap}`).
+    pub fn with_mods(mut self, window: Window, softcap: f32) -> Self {
+        if window != Window::UNBOUNDED {
+            self.name += &format!("_win{}_{}", window.left, window.right);
+            self.window = Some([window.left, window.right]);
+        }
+        if softcap != 0.0 {
+            self.name += &format!("_cap{softcap}");
+            self.softcap = Some(softcap);
+        }
+        self
+    }
+
+    /// The case with its [`Counts`] filled in (what `bench` writes).
+    pub fn with_counts(mut self) -> Self {
+        self.counts = Some(Counts { flops: self.flops(), kv_bytes: self.kv_bytes() });
+        self
+    }
+
+    /// The mask and score transform of the case (its causal flag, window and softcap).
+    pub fn params(&self) -> AttnParams {
+        AttnParams {
+            causal: self.causal,
+            window: self.window.map_or(Window::UNBOUNDED, |[l, r]| Window::new(l, r)),
+            softcap: self.softcap.unwrap_or(0.0),
+            ..AttnParams::default()
+        }
+    }
+
+    /// Forward matrix FLOPs, counted on the pairs the mask lets through
+    /// ([`ProblemShape::flops`]); a packed batch's are the sum of its sequences', each
+    /// counted as a dense batch of one (so a packed row's rate compares with a dense one's).
+    pub fn flops(&self) -> f64 {
+        let params = self.params();
+        match &self.packed {
+            None => self.shape().flops(&params),
+            Some(p) => (0..p.seqlens_q.len())
+                .map(|b| ProblemShape { batch: 1, seqlen_q: p.seqlens_q[b], seqlen_k: p.used_k(b), ..self.shape() }.flops(&params))
+                .sum(),
+        }
+    }
+
+    /// Bytes of the keys and values attended to: what a decode step must read.
+    pub fn kv_bytes(&self) -> f64 {
+        let elem = self.dtype.size_bytes();
+        match &self.packed {
+            None => self.shape().kv_bytes(elem),
+            Some(p) => {
+                let keys: usize = (0..p.seqlens_k.len()).map(|b| p.used_k(b)).sum();
+                (2 * keys * self.heads_kv * self.head_dim * elem) as f64
+            }
+        }
     }
 
     pub fn shape(&self) -> ProblemShape {
@@ -52,12 +185,27 @@ impl Case {
         }
     }
 
-    pub fn q_shape(&self) -> [usize; 4] {
-        [self.batch, self.seqlen_q, self.heads_q, self.head_dim]
+    /// The tensors' shape as the kernels' arguments hold them: `shape()`, or packed
+    /// `B = 1` with the total query rows and keys (what the input sets' bytes count).
+    pub fn storage_shape(&self) -> ProblemShape {
+        let ([batch, seqlen_q, ..], [_, seqlen_k, ..]) = (self.q_shape(), self.kv_shape());
+        ProblemShape { batch, seqlen_q, seqlen_k, ..self.shape() }
     }
 
+    /// `q`'s shape: `[B, Sq, Hq, D]`, or `[1, total_q, Hq, D]` packed.
+    pub fn q_shape(&self) -> [usize; 4] {
+        match &self.packed {
+            None => [self.batch, self.seqlen_q, self.heads_q, self.head_dim],
+            Some(p) => [1, p.seqlens_q.iter().sum(), self.heads_q, self.head_dim],
+        }
+    }
+
+    /// `k`'s and `v`'s shape: `[B, Sk, Hkv, D]`, or `[1, total_k, Hkv, D]` packed.
     pub fn kv_shape(&self) -> [usize; 4] {
-        [self.batch, self.seqlen_k, self.heads_kv, self.head_dim]
+        match &self.packed {
+            None => [self.batch, self.seqlen_k, self.heads_kv, self.head_dim],
+            Some(p) => [1, p.seqlens_k.iter().sum(), self.heads_kv, self.head_dim],
+        }
     }
 }
 
@@ -191,6 +339,27 @@ mod tests {
         let (rel, max) = errors(&[1.0, 2.0], &[1.0, 2.5]);
         assert!((rel - 0.5 / (1.0f64 + 6.25).sqrt()).abs() < 1e-12);
         assert_eq!(max, 0.5);
+    }
+
+    #[test]
+    fn mods_name_the_case_and_packed_counts_are_per_sequence() {
+        let case = Case::new(1, 16, 16, 2, 1, 8, true, DType::BF16).with_mods(Window::new(4, 0), 30.0);
+        assert_eq!(case.name, "b1_sq16_sk16_h2kv1_d8_causal_bf16_win4_0_cap30");
+        assert_eq!(case.params(), AttnParams { causal: true, window: Window::new(4, 0), softcap: 30.0, ..AttnParams::default() });
+        assert_eq!(case.flops(), 4.0 * 2.0 * 8.0 * case.params().visible_pairs(16, 16) as f64);
+        let plain = Case::new(1, 16, 16, 2, 1, 8, false, DType::BF16).with_mods(Window::UNBOUNDED, 0.0);
+        assert_eq!((plain.window, plain.softcap, plain.name.as_str()), (None, None, "b1_sq16_sk16_h2kv1_d8_full_bf16"));
+
+        let packed = Packed { seqlens_q: vec![3, 1, 4], seqlens_k: vec![3, 8, 4], seqused_k: Some(vec![3, 5, 0]) };
+        assert_eq!(Packed::cumulative(&packed.seqlens_k), vec![0, 3, 11, 15]);
+        let case = Case::packed("p", packed, 4, 2, 8, true, DType::BF16);
+        assert_eq!((case.name.as_str(), case.batch, case.seqlen_q, case.seqlen_k), ("p_h4kv2_d8_causal_bf16", 3, 4, 5));
+        assert_eq!((case.q_shape(), case.kv_shape()), ([1, 8, 4, 8], [1, 15, 2, 8]));
+        let dense = |sq, sk| Case::new(1, sq, sk, 4, 2, 8, true, DType::BF16).flops();
+        assert_eq!(case.flops(), dense(3, 3) + dense(1, 5), "each sequence as a dense batch of one; no keys, no FLOPs");
+        assert_eq!(case.kv_bytes(), (2 * 8 * 2 * 8 * 2) as f64, "the used keys only");
+        let back: Case = serde_json::from_str(&serde_json::to_string(&case.clone().with_counts()).unwrap()).unwrap();
+        assert_eq!(back.counts.unwrap().flops, case.flops());
     }
 
     #[test]

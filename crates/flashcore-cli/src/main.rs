@@ -3,6 +3,7 @@
 mod attn;
 mod bench;
 mod bench_bwd;
+mod bench_varlen;
 mod cases;
 mod check;
 mod check_bwd;

@@ -1,10 +1,65 @@
 //! Benchmark suites: named lists of cases (DESIGN §7).
 
 use flashcore::DType;
+use rand::{Rng, SeedableRng};
 
-use crate::cases::Case;
+use crate::cases::{Case, Packed};
 
-pub const NAMES: &[&str] = &["quick", "seed", "sweep", "small", "dims", "bwd", "bwd-dims"];
+pub const NAMES: &[&str] = &["quick", "seed", "sweep", "small", "dims", "bwd", "bwd-dims", "varlen"];
+
+/// The varlen suite's packed batches: 64k tokens in sequences of lengths drawn from
+/// 128..=8192 (issue 17's speed goal), the same batch at every head dim and mask.
+const VARLEN_TOKENS: usize = 65536;
+const VARLEN_LENGTHS: (usize, usize) = (128, 8192);
+const VARLEN_SEED: u64 = 17;
+/// Its decode batch: one query per sequence over a cache of 1k..32k used keys (seed 18),
+/// each sequence's keys held in whole 1024-key blocks (the slack seqused_k skips).
+const DECODE_SEQUENCES: usize = 16;
+const DECODE_KEYS: (usize, usize) = (1024, 32768);
+const DECODE_SEED: u64 = 18;
+const DECODE_BLOCK: usize = 1024;
+
+/// Sequence lengths drawn uniformly from `lo..=hi` by a generator seeded with `seed`, until
+/// they sum to exactly `total` (the last takes the remainder, so it may be shorter than
+/// `lo`). The one definition of the varlen batches: `bench --list-json` writes the lengths
+/// out, and `bench/anchors.py` times FA2 on those.
+pub fn mixed_lengths(total: usize, lo: usize, hi: usize, seed: u64) -> Vec<usize> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut lens = Vec::new();
+    let mut left = total;
+    while left > 0 {
+        let len = rng.random_range(lo..=hi).min(left);
+        lens.push(len);
+        left -= len;
+    }
+    lens
+}
+
+/// The varlen suite: for D64 and D128, full and causal, the packed batch and the dense batch
+/// of the same 64k tokens (B16 S4096, whose rate the packed one is held to); then the decode
+/// batch (seqused_k) and a dense decode batch of about the same keys.
+fn varlen_suite() -> Vec<Case> {
+    let (lo, hi) = VARLEN_LENGTHS;
+    let lens = mixed_lengths(VARLEN_TOKENS, lo, hi, VARLEN_SEED);
+    let prefix = format!("varlen{}k_{lo}-{hi}_seed{VARLEN_SEED}", VARLEN_TOKENS / 1024);
+    let mut v = Vec::new();
+    for d in [64, 128] {
+        for causal in [false, true] {
+            let packed = Packed { seqlens_q: lens.clone(), seqlens_k: lens.clone(), seqused_k: None };
+            v.push(Case::packed(&prefix, packed, 16, 16, d, causal, DType::BF16));
+            v.push(Case::new(VARLEN_TOKENS / 4096, 4096, 4096, 16, 16, d, causal, DType::BF16));
+        }
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(DECODE_SEED);
+    let used: Vec<usize> = (0..DECODE_SEQUENCES).map(|_| rng.random_range(DECODE_KEYS.0..=DECODE_KEYS.1)).collect();
+    let held = used.iter().map(|&u| u.div_ceil(DECODE_BLOCK) * DECODE_BLOCK).collect();
+    let mean = used.iter().sum::<usize>() / DECODE_SEQUENCES;
+    let packed = Packed { seqlens_q: vec![1; DECODE_SEQUENCES], seqlens_k: held, seqused_k: Some(used) };
+    let prefix = format!("decode_varlen_b{DECODE_SEQUENCES}_sk{}-{}_seed{DECODE_SEED}_seqused", DECODE_KEYS.0, DECODE_KEYS.1);
+    v.push(Case::packed(&prefix, packed, 32, 8, 128, false, DType::BF16));
+    v.push(decode_case(DECODE_SEQUENCES, mean.div_ceil(128) * 128));
+    v
+}
 
 /// Whether suite `name` times the backward (`bench_bwd`) rather than the forward.
 pub fn is_backward(name: &str) -> bool {
@@ -78,6 +133,7 @@ pub fn suite(name: &str) -> Option<Vec<Case>> {
             }
             v
         }
+        "varlen" => varlen_suite(),
         _ => return None,
     };
     Some(cases)
@@ -92,6 +148,30 @@ mod tests {
         let sweep = suite("sweep").unwrap();
         assert_eq!(sweep.len(), 36);
         assert!(sweep.iter().all(|c| c.batch * c.seqlen_q == 16384 && c.heads_q * c.head_dim == 2048));
+    }
+
+    #[test]
+    fn varlen_batches_are_seeded_mixed_and_whole() {
+        let lens = mixed_lengths(65536, 128, 8192, 17);
+        assert_eq!(lens, mixed_lengths(65536, 128, 8192, 17), "the same seed gives the same batch");
+        assert_eq!(lens.iter().sum::<usize>(), 65536);
+        assert!(lens[..lens.len() - 1].iter().all(|&l| (128..=8192).contains(&l)) && lens.len() > 4);
+        let suite = suite("varlen").unwrap();
+        let packed: Vec<_> = suite.iter().filter(|c| c.packed.is_some()).collect();
+        assert_eq!(packed.len(), 5);
+        for c in &packed[..4] {
+            let p = c.packed.as_ref().unwrap();
+            assert_eq!((c.q_shape()[1], c.seqlen_q, c.batch), (65536, *lens.iter().max().unwrap(), lens.len()));
+            assert_eq!(p.seqlens_q, lens);
+        }
+        let decode = packed[4];
+        let p = decode.packed.as_ref().unwrap();
+        let used = p.seqused_k.as_ref().unwrap();
+        assert!(p.seqlens_q.iter().all(|&l| l == 1) && used.iter().zip(&p.seqlens_k).all(|(u, h)| u <= h && h % 1024 == 0));
+        assert_eq!(decode.kv_bytes(), (2 * used.iter().sum::<usize>() * 8 * 128 * 2) as f64, "bytes of the used keys");
+        // Each packed row's dense partner: the same tokens at one length.
+        let dense = suite.iter().find(|c| c.name == "b16_sq4096_sk4096_h16_d128_causal_bf16").unwrap();
+        assert_eq!(dense.q_shape()[0] * dense.q_shape()[1], 65536);
     }
 
     #[test]

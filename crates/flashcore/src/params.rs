@@ -113,6 +113,36 @@ impl AttnParams {
     pub fn has_softcap(&self) -> bool {
         self.softcap != 0.0
     }
+
+    /// The (query, key) pairs a sequence of `seqlen_q` queries over `seqlen_k` keys attends
+    /// to under this mask (causal and window, bottom-right aligned: query `i` sees keys
+    /// `i + Sk - Sq - left ..= i + Sk - Sq + right`, clamped to the keys), counted exactly.
+    /// The one count behind every FLOP figure: dense problems, windows, and each sequence
+    /// of a packed batch (`bench` sums it over the sequences).
+    ///
+    /// ```
+    /// use flashcore::{AttnParams, Window};
+    /// assert_eq!(AttnParams::default().visible_pairs(3, 5), 15);
+    /// assert_eq!(AttnParams::causal().visible_pairs(3, 5), 3 + 4 + 5);
+    /// let w = AttnParams { window: Window::new(1, 0), ..AttnParams::default() };
+    /// assert_eq!(w.visible_pairs(4, 4), 1 + 2 + 2 + 2);
+    /// ```
+    pub fn visible_pairs(&self, seqlen_q: usize, seqlen_k: usize) -> u64 {
+        let (causal, window) = self.mask();
+        let (sq, sk) = (seqlen_q as i64, seqlen_k as i64);
+        let (left, right) = match window {
+            Some(w) => (w.left as i64, w.right as i64),
+            None => (-1, if causal { 0 } else { -1 }),
+        };
+        (0..sq)
+            .map(|i| {
+                let diag = i + sk - sq;
+                let first = if left < 0 { 0 } else { (diag - left).max(0) };
+                let last = if right < 0 { sk - 1 } else { (diag + right).min(sk - 1) };
+                (last - first + 1).max(0) as u64
+            })
+            .sum()
+    }
 }
 
 /// The shape of one attention problem: `q [B, Sq, Hq, D]`, `k, v [B, Sk, Hkv, D]`.
@@ -133,26 +163,23 @@ pub struct ProblemShape {
 }
 
 impl ProblemShape {
-    /// Number of (query, key) pairs one head attends to, under the mask.
-    pub fn visible_pairs(&self, causal: bool) -> u64 {
-        let (sq, sk) = (self.seqlen_q as u64, self.seqlen_k as u64);
-        if !causal {
-            return sq * sk;
-        }
-        // Row i sees keys 0..=i+sk-sq, clamped to [0, sk].
-        (0..sq).map(|i| (i + sk + 1).saturating_sub(sq).min(sk)).sum()
+    /// Number of (query, key) pairs one head of one batch entry attends to under `params`'s
+    /// mask (its causal flag and window); see [`AttnParams::visible_pairs`].
+    pub fn visible_pairs(&self, params: &AttnParams) -> u64 {
+        params.visible_pairs(self.seqlen_q, self.seqlen_k)
     }
 
-    /// Matrix FLOPs of the forward pass, `4·B·Hq·Sq·Sk·D`: two products of `2·D` FLOPs
-    /// per (query, key) pair. Causal with `Sq = Sk` counts exactly half, the convention of
-    /// FlashAttention's and cuDNN's benchmarks; causal with `Sq != Sk` counts the visible
-    /// pairs.
-    pub fn flops(&self, causal: bool) -> f64 {
+    /// Matrix FLOPs of the forward pass, `4·B·Hq·D·(visible pairs)`: two products of `2·D`
+    /// FLOPs per (query, key) pair the mask of `params` lets through. Causal with `Sq = Sk`
+    /// (and no window) counts exactly half, `Sq·Sk/2`, the convention of FlashAttention's
+    /// and cuDNN's benchmarks; every other mask counts its pairs exactly, so a windowed
+    /// case's rate compares with a causal one's per visible pair. The backward's are 2.5x.
+    pub fn flops(&self, params: &AttnParams) -> f64 {
         let per_pair = 4.0 * (self.batch * self.heads_q * self.head_dim) as f64;
-        if causal && self.seqlen_q == self.seqlen_k {
+        if params.mask() == (true, None) && self.seqlen_q == self.seqlen_k {
             per_pair * (self.seqlen_q * self.seqlen_k) as f64 / 2.0
         } else {
-            per_pair * self.visible_pairs(causal) as f64
+            per_pair * self.visible_pairs(params) as f64
         }
     }
 
@@ -178,19 +205,54 @@ mod tests {
         ProblemShape { batch: 1, seqlen_q: sq, seqlen_k: sk, heads_q: 1, heads_kv: 1, head_dim: 1 }
     }
 
+    fn windowed(left: i32, right: i32, causal: bool) -> AttnParams {
+        AttnParams { causal, window: Window::new(left, right), ..AttnParams::default() }
+    }
+
+    /// The pairs by brute force over every (query, key) under the documented rule.
+    fn brute(sq: usize, sk: usize, p: &AttnParams) -> u64 {
+        let right = if p.causal { 0 } else { p.window.right };
+        let sees = |i: i64, j: i64| {
+            let diag = i + sk as i64 - sq as i64;
+            (p.window.left < 0 || j >= diag - p.window.left as i64) && (right < 0 || j <= diag + right as i64)
+        };
+        (0..sq as i64).map(|i| (0..sk as i64).filter(|&j| sees(i, j)).count() as u64).sum()
+    }
+
     #[test]
     fn visible_pairs_count_the_bottom_right_mask() {
-        assert_eq!(shape(3, 5).visible_pairs(true), 3 + 4 + 5);
-        assert_eq!(shape(4, 4).visible_pairs(true), 10);
-        assert_eq!(shape(5, 2).visible_pairs(true), 1 + 2);
-        assert_eq!(shape(5, 2).visible_pairs(false), 10);
+        let causal = AttnParams::causal();
+        assert_eq!(shape(3, 5).visible_pairs(&causal), 3 + 4 + 5);
+        assert_eq!(shape(4, 4).visible_pairs(&causal), 10);
+        assert_eq!(shape(5, 2).visible_pairs(&causal), 1 + 2);
+        assert_eq!(shape(5, 2).visible_pairs(&AttnParams::default()), 10);
+    }
+
+    #[test]
+    fn visible_pairs_count_windows_exactly() {
+        for (sq, sk) in [(1, 1), (4, 4), (3, 5), (5, 2), (1, 7), (7, 1), (37, 100), (100, 37), (0, 5), (5, 0)] {
+            for (left, right) in [(-1, -1), (-1, 0), (0, 0), (1, 0), (3, 2), (-1, 4), (6, -1), (200, 0)] {
+                for causal in [false, true] {
+                    let p = windowed(left, right, causal);
+                    assert_eq!(p.visible_pairs(sq, sk), brute(sq, sk, &p), "sq {sq} sk {sk} window ({left}, {right}) causal {causal}");
+                }
+            }
+        }
+        // S 16k, window (4096, 0): row i sees min(i, 4096) + 1 keys.
+        let w = windowed(4096, 0, false).visible_pairs(16384, 16384);
+        assert_eq!(w, (0..16384u64).map(|i| i.min(4096) + 1).sum::<u64>());
     }
 
     #[test]
     fn flops_match_the_dense_formula() {
         let s = ProblemShape { batch: 2, seqlen_q: 8, seqlen_k: 16, heads_q: 4, heads_kv: 2, head_dim: 64 };
-        assert_eq!(s.flops(false), 4.0 * 2.0 * 4.0 * 8.0 * 16.0 * 64.0);
+        let (dense, causal) = (AttnParams::default(), AttnParams::causal());
+        assert_eq!(s.flops(&dense), 4.0 * 2.0 * 4.0 * 8.0 * 16.0 * 64.0);
         let square = ProblemShape { seqlen_k: 8, ..s };
-        assert_eq!(square.flops(true), square.flops(false) / 2.0, "causal Sq = Sk is half by convention");
+        assert_eq!(square.flops(&causal), square.flops(&dense) / 2.0, "causal Sq = Sk is half by convention");
+        assert_eq!(square.flops(&windowed(-1, 0, false)), square.flops(&causal), "(-1, 0) is the causal mask");
+        let w = windowed(2, 0, false);
+        assert_eq!(square.flops(&w), 4.0 * 2.0 * 4.0 * 64.0 * w.visible_pairs(8, 8) as f64, "a window counts its pairs");
+        assert_eq!(square.flops(&AttnParams { softcap: 30.0, ..dense }), square.flops(&dense), "softcap adds no matrix FLOPs");
     }
 }
