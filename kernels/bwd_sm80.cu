@@ -344,9 +344,8 @@ __device__ __forceinline__ int quad_columns(const float (&a)[4], const float (&b
 }
 
 // dQ of the warp's rows for this key block (dS·K, unscaled), added to its f32 accumulator.
-// Its rows are the sequence's (from row0 of the accumulator's [B x Sq] or packed rows).
-__device__ __forceinline__ void add_dq(Smem& sm, const BwdParams& p, float* dq_accum, const Sequence& seq, i64 row0, Step s, int lane,
-                                       int warp) {
+// `dq_accum` points at the sequence's first row (rows of Hq x D).
+__device__ __forceinline__ void add_dq(Smem& sm, const BwdParams& p, float* dq_accum, const Sequence& seq, Step s, int lane, int warp) {
     constexpr int kMT = GridQ::kMT, kNT = kDqChunk / 8;
     const int g = lane / 4, t = lane % 4;
     const int r0 = GridQ::row0(warp), c0 = GridQ::col0(warp);
@@ -361,7 +360,7 @@ __device__ __forceinline__ void add_dq(Smem& sm, const BwdParams& p, float* dq_a
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 const int row = s.m0 + r0 + 16 * mi + g + 8 * half;
-                float* out = dq_accum + ((row0 + row) * p.heads_q + s.head) * kD + c0 + chunk;
+                float* out = dq_accum + ((i64)row * p.heads_q + s.head) * kD + c0 + chunk;
 #pragma unroll
                 for (int nj = 0; nj < kNT; nj += 2) {
                     // Lanes t and t^1 trade halves of their two n8 tiles (columns 2t.. of
@@ -442,11 +441,10 @@ extern "C" __global__ void __launch_bounds__(fc::bwd_sm80::kThreads, 1) fc_bwd_s
     const Sequence seq = sequence<kVarlen>(p, batch);
     const int offset = seq.seqlen_k - seq.seqlen_q;
     const int n_blocks = (seq.seqlen_k + kBlockN - 1) / kBlockN, m_blocks = (seq.seqlen_q + kBlockM - 1) / kBlockM;
-    // Deterministic: this CTA's own slice of the accumulator; dQ's rows of the sequence from
-    // accum_row0 in it.
+    // Deterministic: this CTA's own slice of the accumulator; from the sequence's first row.
     const i64 accum_rows = (i64)row_batches<kVarlen>(p) * rows_q<kVarlen>(p);
-    float* dq_accum = p.dq_accum + (p.dq_splits > 1 ? (i64)blockIdx.x * accum_rows * p.heads_q * kD : 0);
     const i64 accum_row0 = kVarlen ? seq.q_start : (i64)batch * p.seqlen_q;
+    float* dq_accum = p.dq_accum + ((p.dq_splits > 1 ? blockIdx.x * accum_rows : 0) + accum_row0) * p.heads_q * kD;
     const elem_t* k = static_cast<const elem_t*>(p.k) + batch * p.k_stride_b + seq.k_start * p.k_stride_s + kv_head * p.k_stride_h;
     const elem_t* v = static_cast<const elem_t*>(p.v) + batch * p.v_stride_b + seq.k_start * p.v_stride_s + kv_head * p.v_stride_h;
 
@@ -497,7 +495,7 @@ extern "C" __global__ void __launch_bounds__(fc::bwd_sm80::kThreads, 1) fc_bwd_s
                                                      Operand<kRowD, true>{smem_u32(&sm.dout[stage][0][kv_c0])}, lane);
             warp_gemm<GridKV::kMT, GridKV::kNT, kKV>(dk, Operand<kRowN, true>{smem_u32(&sm.ds[0][kv_r0])},
                                                      Operand<kRowD, true>{smem_u32(&sm.q[stage][0][kv_c0])}, lane);
-            add_dq(sm, p, dq_accum, seq, accum_row0, s, lane, warp);
+            add_dq(sm, p, dq_accum, seq, s, lane, warp);
             __syncthreads();  // P, dS and this stage's tiles are free
             if (kStages == 1 && j + 1 < steps) {
                 load_step(sm, p, seq, batch, step_at(j + 1, kv_head, group, m_first, m_steps), 0);
