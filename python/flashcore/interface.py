@@ -211,8 +211,8 @@ def flash_attn_varlen_func(
         dropout_p, alibi_slopes: as in `flash_attn_func` (0.0 and None only).
         deterministic: bitwise-reproducible gradients in the backward, run to run on one GPU
             model (the forward is always deterministic). A sequence's dk and dv are bitwise
-            what it gives alone, in any mode; its dq too in deterministic mode only when the
-            dQ split count matches (it depends on the number of sequences).
+            what it gives alone, in any mode; its dq is not in general (its dQ sums are split
+            by a count that depends on the number of sequences).
         return_attn_probs: also return the log-sum-exp `[Hq, total_q]`.
 
     The cu_seqlens values are the caller's contract: they are read only by the kernels, which
