@@ -379,7 +379,7 @@ fn launch_sm80(stream: &CudaStream, kernel: &LoadedKernel, p: &BwdParams, shape:
         (dq_fn, (accum_len.div_ceil(1024) as u32, 1, 1), 256, 0, "dQ"),
     ];
     for (function, grid_dim, threads, smem, what) in launches {
-        if grid_dim.0 * grid_dim.1 * grid_dim.2 == 0 {
+        if grid_dim.0 == 0 || grid_dim.1 == 0 || grid_dim.2 == 0 {
             continue;
         }
         let cfg = LaunchConfig { grid_dim, block_dim: (threads, 1, 1), shared_mem_bytes: smem };
