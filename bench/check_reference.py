@@ -187,8 +187,9 @@ def run_cases(binary):
 
 def run_packed(binary, rng, qkv_path, out_path):
     """A packed (varlen) batch through `attn --cpu`: q [total_q, H, D] with int32 cu_seqlens
-    (one sequence without queries, one without keys, Sq > Sk, seqused_k with slack) against
-    NumPy's attention of each sequence alone; then a decreasing cu_seqlens_q, which must be
+    (one sequence without queries, one without keys, Sq > Sk, seqused_k with slack) and `do`
+    against NumPy's attention and gradients of each sequence alone (zero gradients for keys no
+    query sees, past seqused_k included); then a decreasing cu_seqlens_q, which must be
     refused naming it."""
     lens = [(5, 9), (0, 4), (3, 0), (17, 6), (1, 30)]
     slack = [0, 2, 1, 0, 3]
@@ -203,6 +204,7 @@ def run_packed(binary, rng, qkv_path, out_path):
             "cu_seqlens_q": cu([sq for sq, _ in lens]),
             "cu_seqlens_k": cu([sk + e for (_, sk), e in zip(lens, slack)]),
             "seqused_k": np.array([sk for _, sk in lens], dtype=np.int32),
+            "do": rng.standard_normal((sum(sq for sq, _ in lens), hq, d)).astype(np.float32),
         }
         save_file(tensors, qkv_path)
         cmd = [binary, "attn", "--cpu", "--input", qkv_path, "--output", out_path, "--f64-out"] + (["--causal"] if causal else [])
@@ -213,15 +215,26 @@ def run_packed(binary, rng, qkv_path, out_path):
             results.append(False)
             continue
         out = load_file(out_path)
-        o_ref, lse_ref = [], []
-        for (q, k, v), (sq, sk) in zip(seqs, lens):
+        o_ref, lse_ref, grads = [], [], [[], [], []]
+        q0 = 0
+        for (q, k, v), (sq, sk), extra in zip(seqs, lens, slack):
+            dout = tensors["do"][None, q0 : q0 + sq]
+            q0 += sq
             if sk == 0:
                 o, lse = np.zeros((1, sq, hq, d)), np.full((1, hq, sq), -np.inf)
+                g = (np.zeros((1, sq, hq, d)), np.zeros((1, 0, hkv, d)), np.zeros((1, 0, hkv, d)))
             else:
                 o, lse = attention(q, k[:, :sk], v[:, :sk], 1.0 / np.sqrt(d), causal)
+                g = attention_grads(q, k[:, :sk], v[:, :sk], dout, 1.0 / np.sqrt(d), causal)
             o_ref.append(o[0])
             lse_ref.append(lse[0])
+            unused = np.zeros((extra, hkv, d))
+            for i, (part, pad) in enumerate(zip(g, (None, unused, unused))):
+                grads[i].append(part[0] if pad is None else np.concatenate([part[0], pad]))
         ok, msg = compare(out["o"], out["lse"], np.concatenate(o_ref), np.concatenate(lse_ref, axis=1))
+        errs = [rel_l2(out[name], np.concatenate(parts)) for name, parts in zip(("dq", "dk", "dv"), grads)]
+        ok = ok and max(errs) < 1e-12
+        msg += ", grads rel " + " ".join(f"{e:.1e}" for e in errs)
         print(f"{'PASS' if ok else 'FAIL'} {label}: {msg}")
         results.append(ok)
     tensors["cu_seqlens_q"] = np.array([0, 5, 4, 8, 25, 26], dtype=np.int32)

@@ -36,8 +36,20 @@
 // the compile-time FC_CAUSAL (bottom-right aligned). FC_LOCAL: a sliding window
 // (p.window_left/right, causal folded in); FC_SOFTCAP: logit softcapping (p.softcap,
 // p.softcap_scale; p.softmax_scale_log2 = log2 e). See common/mask.cuh.
+// FC_VARLEN=1 (a packed batch, common/sequence.cuh): p.cu_seqlens_q/k (int32 [B + 1], device),
+// optional p.seqused_k, p.total_q/k; q, o, dout, dq [total_q, Hq, D], k, v, dk, dv [total_k,
+// Hkv, D], every *_stride_b 0; p.seqlen_q / p.seqlen_k the longest sequence's. The main
+// kernel's grid as above with those maxima (key blocks of max_seqlen_k, at least 1, by Hkv by
+// B sequences): each CTA walks its own sequence's key blocks and query blocks with its own
+// lengths (causal diagonal, window), and a CTA past its sequence's key blocks writes nothing
+// (with seqused_k, CTA x = 0 writes the zero dK, dV of the keys past the used ones).
+// fc_bwd_sm80_dsum: grid (ceil(total_q / 4), Hq, 1), dsum [Hq, total_q] like lse; dq_accum
+// p.dq_splits x [total_q, Hq, D]; fc_bwd_sm80_dq: grid (ceil(total_q * Hq * D / 1024)). A
+// sequence's dK and dV are bitwise what it gives alone (same tile: they sum in one fixed
+// order); its dQ too in deterministic mode at the same p.dq_splits.
 #include "common/bwd_params.cuh"
 #include "common/mask.cuh"
+#include "common/sequence.cuh"
 #include "common/types.cuh"
 #include "ptx/atomic.cuh"
 #include "ptx/cp_async.cuh"
@@ -71,6 +83,7 @@ constexpr int kD = FC_HEAD_DIM;
 constexpr bool kCausal = FC_CAUSAL != 0;
 constexpr bool kLocal = FC_LOCAL != 0;      // sliding window (common/mask.cuh)
 constexpr bool kSoftcap = FC_SOFTCAP != 0;  // logit softcapping (common/mask.cuh)
+constexpr bool kVarlen = FC_VARLEN != 0;    // a packed batch of sequences (common/sequence.cuh)
 using Mask = KeyMask<kCausal, kLocal>;
 constexpr int kBlockM = FC_BLOCK_M, kBlockN = FC_BLOCK_N, kWarps = FC_NUM_WARPS, kStages = FC_STAGES;
 constexpr int kThreads = 32 * kWarps;
@@ -231,17 +244,24 @@ __device__ __forceinline__ Step step_at(int j, int kv_head, int group, int m_fir
     return Step{kv_head * group + j / m_steps, (m_first + j % m_steps) * kBlockM};
 }
 
+// The mask of one sequence: its own lengths (a varlen batch entry's), the common ones when
+// dense, where this is Mask(p).
+__device__ __forceinline__ Mask sequence_mask(const Sequence& seq, const BwdParams& p) {
+    return Mask(seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
+}
+
 // Issues the cp.async loads of a step's Q, dO, lse and D_i into stage `stage`.
-__device__ __forceinline__ void load_step(Smem& sm, const BwdParams& p, int batch, Step s, int stage) {
-    const int valid = min(kBlockM, p.seqlen_q - s.m0);
+__device__ __forceinline__ void load_step(Smem& sm, const BwdParams& p, const Sequence& seq, int batch, Step s, int stage) {
+    const int valid = min(kBlockM, seq.seqlen_q - s.m0);
+    const int row0 = seq.q_start + s.m0;
     copy_rows<kBlockM>(smem_u32(&sm.q[stage][0][0]),
-                       static_cast<const elem_t*>(p.q) + batch * p.q_stride_b + s.m0 * p.q_stride_s + s.head * p.q_stride_h, p.q_stride_s,
+                       static_cast<const elem_t*>(p.q) + batch * p.q_stride_b + row0 * p.q_stride_s + s.head * p.q_stride_h, p.q_stride_s,
                        valid);
     copy_rows<kBlockM>(smem_u32(&sm.dout[stage][0][0]),
-                       static_cast<const elem_t*>(p.dout) + batch * p.do_stride_b + s.m0 * p.do_stride_s + s.head * p.do_stride_h,
+                       static_cast<const elem_t*>(p.dout) + batch * p.do_stride_b + row0 * p.do_stride_s + s.head * p.do_stride_h,
                        p.do_stride_s, valid);
     const int r = threadIdx.x % kBlockM;
-    const i64 stat = ((i64)batch * p.heads_q + s.head) * p.seqlen_q + s.m0 + (r < valid ? r : 0);
+    const i64 stat = lse_offset<kVarlen>(p, seq, batch, s.head) + s.m0 + (r < valid ? r : 0);
     if (threadIdx.x < kBlockM) cp_async::copy4(smem_u32(&sm.lse[stage][r]), p.lse + stat, r < valid);
     else if (threadIdx.x < 2 * kBlockM) cp_async::copy4(smem_u32(&sm.dsum[stage][r]), p.dsum + stat, r < valid);
 }
@@ -251,14 +271,14 @@ __device__ __forceinline__ void load_step(Smem& sm, const BwdParams& p, int batc
 // Softcapped, S is capped first and dS is times softcap_grad. S and dP come from one k loop
 // (warp_gemm_pair); P and dS go to shared memory as elem_t. With a window, `block_masked`
 // says whether the query block needs the mask (KeyMask::query_block_masked).
-__device__ __forceinline__ void scores_to_p_ds(Smem& sm, const BwdParams& p, int stage, int m0, int n0, bool block_masked, int lane,
-                                               int warp) {
+__device__ __forceinline__ void scores_to_p_ds(Smem& sm, const BwdParams& p, const Sequence& seq, int stage, int m0, int n0,
+                                               bool block_masked, int lane, int warp) {
     constexpr int kMT = GridS::kMT, kNT = GridS::kNT;
     const int g = lane / 4, t = lane % 4;
     const int r0 = GridS::row0(warp), c0 = GridS::col0(warp);
-    const int offset = p.seqlen_k - p.seqlen_q;  // query i sees key j iff j <= i + offset
+    const int offset = seq.seqlen_k - seq.seqlen_q;  // query i sees key j iff j <= i + offset
     const bool masked =
-        kLocal ? block_masked : n0 + kBlockN > p.seqlen_k || (kCausal && n0 + c0 + GridS::kColsPerWarp - 1 > m0 + r0 + offset);
+        kLocal ? block_masked : n0 + kBlockN > seq.seqlen_k || (kCausal && n0 + c0 + GridS::kColsPerWarp - 1 > m0 + r0 + offset);
     float lse_log2[kMT][2], dsum[kMT][2];
 #pragma unroll
     for (int mi = 0; mi < kMT; ++mi)
@@ -266,7 +286,7 @@ __device__ __forceinline__ void scores_to_p_ds(Smem& sm, const BwdParams& p, int
         for (int half = 0; half < 2; ++half) {
             const int row = r0 + 16 * mi + g + 8 * half;
             const float lse = sm.lse[stage][row];
-            const bool sees = m0 + row < p.seqlen_q && lse != math::neg_inf();
+            const bool sees = m0 + row < seq.seqlen_q && lse != math::neg_inf();
             lse_log2[mi][half] = sees ? lse * kLog2e : math::inf();  // exp2(x - inf) = 0
             dsum[mi][half] = sm.dsum[stage][row];
         }
@@ -290,8 +310,8 @@ __device__ __forceinline__ void scores_to_p_ds(Smem& sm, const BwdParams& p, int
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     const int key = n0 + col + e;
-                    const bool seen =
-                        !masked || (kLocal ? Mask(p).visible(m0 + row, key) : key < p.seqlen_k && (!kCausal || key <= m0 + row + offset));
+                    const bool seen = !masked || (kLocal ? sequence_mask(seq, p).visible(m0 + row, key)
+                                                         : key < seq.seqlen_k && (!kCausal || key <= m0 + row + offset));
                     const float s = sc[mi][nj][2 * half + e];
                     pv[e] = seen ? math::ex2(s * p.softmax_scale_log2 - lse_log2[mi][half]) : 0.f;
                     dsv[e] = pv[e] * (dp[mi][nj][2 * half + e] - dsum[mi][half]);
@@ -324,7 +344,8 @@ __device__ __forceinline__ int quad_columns(const float (&a)[4], const float (&b
 }
 
 // dQ of the warp's rows for this key block (dS·K, unscaled), added to its f32 accumulator.
-__device__ __forceinline__ void add_dq(Smem& sm, const BwdParams& p, float* dq_accum, int batch, Step s, int lane, int warp) {
+// `dq_accum` points at the sequence's first row (rows of Hq x D).
+__device__ __forceinline__ void add_dq(Smem& sm, const BwdParams& p, float* dq_accum, const Sequence& seq, Step s, int lane, int warp) {
     constexpr int kMT = GridQ::kMT, kNT = kDqChunk / 8;
     const int g = lane / 4, t = lane % 4;
     const int r0 = GridQ::row0(warp), c0 = GridQ::col0(warp);
@@ -339,7 +360,7 @@ __device__ __forceinline__ void add_dq(Smem& sm, const BwdParams& p, float* dq_a
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 const int row = s.m0 + r0 + 16 * mi + g + 8 * half;
-                float* out = dq_accum + (((i64)batch * p.seqlen_q + row) * p.heads_q + s.head) * kD + c0 + chunk;
+                float* out = dq_accum + ((i64)row * p.heads_q + s.head) * kD + c0 + chunk;
 #pragma unroll
                 for (int nj = 0; nj < kNT; nj += 2) {
                     // Lanes t and t^1 trade halves of their two n8 tiles (columns 2t.. of
@@ -348,7 +369,7 @@ __device__ __forceinline__ void add_dq(Smem& sm, const BwdParams& p, float* dq_a
                     // comes after.
                     float v[4];
                     const int col = quad_columns(acc[mi][nj], acc[mi][nj + 1], half, t, v);
-                    if (row < p.seqlen_q) atomic::red_add4(out + 8 * nj + col, v);
+                    if (row < seq.seqlen_q) atomic::red_add4(out + 8 * nj + col, v);
                 }
             }
     }
@@ -371,20 +392,41 @@ __device__ __forceinline__ void store_kv(const float (&acc)[GridKV::kMT][GridKV:
         }
 }
 
+// Packed, with seqused_k: zeros for dK and dV of the keys sequence `batch` holds past the
+// ones it uses, [k_start + seqlen_k, cu_seqlens_k[batch + 1]) (no query sees them), 16 bytes
+// a thread.
+__device__ __forceinline__ void zero_unused_keys(const BwdParams& p, const Sequence& seq, int batch, int kv_head) {
+    const int first = seq.k_start + seq.seqlen_k, end = clamp_to(p.cu_seqlens_k[batch + 1], first, p.total_k);
+    constexpr int kChunks = kD / 8;
+    struct alignas(16) Zero {
+        u32 x[4];
+    };
+#pragma unroll 1
+    for (i64 i = threadIdx.x; i < (i64)(end - first) * kChunks; i += kThreads) {
+        const i64 key = first + i / kChunks;
+        const int col = 8 * static_cast<int>(i % kChunks);
+        *reinterpret_cast<Zero*>(static_cast<elem_t*>(p.dk) + key * p.dk_stride_s + kv_head * p.dk_stride_h + col) = Zero{};
+        *reinterpret_cast<Zero*>(static_cast<elem_t*>(p.dv) + key * p.dv_stride_s + kv_head * p.dv_stride_h + col) = Zero{};
+    }
+}
+
 }  // namespace bwd_sm80
 }  // namespace fc
 
+// Packed, the rows are those of one batch of total_q (rows_q): D_i is laid out as lse.
 extern "C" __global__ void __launch_bounds__(128) fc_bwd_sm80_dsum(const BwdParams p) {
     using namespace fc;
+    using bwd_sm80::kVarlen;
     const int lane = threadIdx.x % 32, row = blockIdx.x * 4 + threadIdx.x / 32;
     const int head = blockIdx.y, batch = blockIdx.z;
-    if (row >= p.seqlen_q) return;
+    const int rows = rows_q<kVarlen>(p);
+    if (row >= rows) return;
     const elem_t* o = static_cast<const elem_t*>(p.o) + batch * p.o_stride_b + row * p.o_stride_s + head * p.o_stride_h;
     const elem_t* dout = static_cast<const elem_t*>(p.dout) + batch * p.do_stride_b + row * p.do_stride_s + head * p.do_stride_h;
     float sum = 0.f;
     for (int d = lane; d < p.head_dim; d += 32) sum += to_float(o[d]) * to_float(dout[d]);
     for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    if (lane == 0) p.dsum[((i64)batch * p.heads_q + head) * p.seqlen_q + row] = sum;
+    if (lane == 0) p.dsum[((i64)batch * p.heads_q + head) * rows + row] = sum;
 }
 
 extern "C" __global__ void __launch_bounds__(fc::bwd_sm80::kThreads, 1) fc_bwd_sm80(const BwdParams p) {
@@ -395,12 +437,16 @@ extern "C" __global__ void __launch_bounds__(fc::bwd_sm80::kThreads, 1) fc_bwd_s
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int kv_head = blockIdx.y, batch = blockIdx.z;
     const int group = p.heads_q / p.heads_kv;
-    const int offset = p.seqlen_k - p.seqlen_q;
-    const int n_blocks = (p.seqlen_k + kBlockN - 1) / kBlockN, m_blocks = (p.seqlen_q + kBlockM - 1) / kBlockM;
-    // Deterministic: this CTA's own slice of the accumulator.
-    float* dq_accum = p.dq_accum + (p.dq_splits > 1 ? (i64)blockIdx.x * p.batch * p.seqlen_q * p.heads_q * kD : 0);
-    const elem_t* k = static_cast<const elem_t*>(p.k) + batch * p.k_stride_b + kv_head * p.k_stride_h;
-    const elem_t* v = static_cast<const elem_t*>(p.v) + batch * p.v_stride_b + kv_head * p.v_stride_h;
+    // Packed, this sequence's own lengths (a CTA past its key blocks does nothing).
+    const Sequence seq = sequence<kVarlen>(p, batch);
+    const int offset = seq.seqlen_k - seq.seqlen_q;
+    const int n_blocks = (seq.seqlen_k + kBlockN - 1) / kBlockN, m_blocks = (seq.seqlen_q + kBlockM - 1) / kBlockM;
+    // Deterministic: this CTA's own slice of the accumulator; from the sequence's first row.
+    const i64 accum_rows = (i64)row_batches<kVarlen>(p) * rows_q<kVarlen>(p);
+    const i64 accum_row0 = kVarlen ? seq.q_start : (i64)batch * p.seqlen_q;
+    float* dq_accum = p.dq_accum + ((p.dq_splits > 1 ? blockIdx.x * accum_rows : 0) + accum_row0) * p.heads_q * kD;
+    const elem_t* k = static_cast<const elem_t*>(p.k) + batch * p.k_stride_b + seq.k_start * p.k_stride_s + kv_head * p.k_stride_h;
+    const elem_t* v = static_cast<const elem_t*>(p.v) + batch * p.v_stride_b + seq.k_start * p.v_stride_s + kv_head * p.v_stride_h;
 
 #pragma unroll 1
     for (int nb = blockIdx.x; nb < n_blocks; nb += gridDim.x) {
@@ -410,7 +456,7 @@ extern "C" __global__ void __launch_bounds__(fc::bwd_sm80::kThreads, 1) fc_bwd_s
         int m_first = kCausal ? min(m_blocks, max(0, n0 - offset) / kBlockM) : 0, m_end = m_blocks;
         QueryBlocks blocks;  // with a window: which of them need the mask
         if (kLocal) {
-            blocks = Mask(p).query_blocks(n0, n0 + kBlockN, kBlockM);
+            blocks = sequence_mask(seq, p).query_blocks(n0, n0 + kBlockN, kBlockM);
             m_first = blocks.begin;
             m_end = blocks.end;
         }
@@ -418,9 +464,9 @@ extern "C" __global__ void __launch_bounds__(fc::bwd_sm80::kThreads, 1) fc_bwd_s
         // into induction variables that spilled (D128-D256, not causal).
         asm volatile("" : "+r"(m_first));
         const int m_steps = m_end - m_first, steps = group * m_steps;
-        copy_rows<kBlockN>(smem_u32(&sm.k[0][0]), k + n0 * p.k_stride_s, p.k_stride_s, min(kBlockN, p.seqlen_k - n0));
-        copy_rows<kBlockN>(smem_u32(&sm.v[0][0]), v + n0 * p.v_stride_s, p.v_stride_s, min(kBlockN, p.seqlen_k - n0));
-        if (steps > 0) load_step(sm, p, batch, step_at(0, kv_head, group, m_first, m_steps), 0);
+        copy_rows<kBlockN>(smem_u32(&sm.k[0][0]), k + n0 * p.k_stride_s, p.k_stride_s, min(kBlockN, seq.seqlen_k - n0));
+        copy_rows<kBlockN>(smem_u32(&sm.v[0][0]), v + n0 * p.v_stride_s, p.v_stride_s, min(kBlockN, seq.seqlen_k - n0));
+        if (steps > 0) load_step(sm, p, seq, batch, step_at(0, kv_head, group, m_first, m_steps), 0);
         cp_async::commit();
 
         float dk[GridKV::kMT][GridKV::kNT][4], dv[GridKV::kMT][GridKV::kNT][4];
@@ -432,7 +478,7 @@ extern "C" __global__ void __launch_bounds__(fc::bwd_sm80::kThreads, 1) fc_bwd_s
             const int stage = kStages > 1 ? j % kStages : 0;
             const Step s = step_at(j, kv_head, group, m_first, m_steps);
             if (kStages > 1) {
-                if (j + 1 < steps) load_step(sm, p, batch, step_at(j + 1, kv_head, group, m_first, m_steps), (j + 1) % kStages);
+                if (j + 1 < steps) load_step(sm, p, seq, batch, step_at(j + 1, kv_head, group, m_first, m_steps), (j + 1) % kStages);
                 cp_async::commit();
                 cp_async::wait<1>();
             } else {
@@ -441,7 +487,7 @@ extern "C" __global__ void __launch_bounds__(fc::bwd_sm80::kThreads, 1) fc_bwd_s
             __syncthreads();  // this step's Q, dO, lse, D_i (and K, V) are visible
 
             const bool block_masked = kLocal && Mask::query_block_masked(blocks, s.m0 / kBlockM);
-            scores_to_p_ds(sm, p, stage, s.m0, n0, block_masked, lane, warp);
+            scores_to_p_ds(sm, p, seq, stage, s.m0, n0, block_masked, lane, warp);
             __syncthreads();  // P and dS are visible
 
             constexpr int kKV = kBlockM / 16;
@@ -449,27 +495,31 @@ extern "C" __global__ void __launch_bounds__(fc::bwd_sm80::kThreads, 1) fc_bwd_s
                                                      Operand<kRowD, true>{smem_u32(&sm.dout[stage][0][kv_c0])}, lane);
             warp_gemm<GridKV::kMT, GridKV::kNT, kKV>(dk, Operand<kRowN, true>{smem_u32(&sm.ds[0][kv_r0])},
                                                      Operand<kRowD, true>{smem_u32(&sm.q[stage][0][kv_c0])}, lane);
-            add_dq(sm, p, dq_accum, batch, s, lane, warp);
+            add_dq(sm, p, dq_accum, seq, s, lane, warp);
             __syncthreads();  // P, dS and this stage's tiles are free
             if (kStages == 1 && j + 1 < steps) {
-                load_step(sm, p, batch, step_at(j + 1, kv_head, group, m_first, m_steps), 0);
+                load_step(sm, p, seq, batch, step_at(j + 1, kv_head, group, m_first, m_steps), 0);
                 cp_async::commit();
             }
         }
         cp_async::wait<0>();
         __syncthreads();  // K and V are free for the next key block (deterministic walk)
 
-        elem_t* dk_out = static_cast<elem_t*>(p.dk) + batch * p.dk_stride_b + kv_head * p.dk_stride_h;
-        elem_t* dv_out = static_cast<elem_t*>(p.dv) + batch * p.dv_stride_b + kv_head * p.dv_stride_h;
-        store_kv(dk, dk_out, p.dk_stride_s, n0, p.seqlen_k, p.softmax_scale, lane, warp);
-        store_kv(dv, dv_out, p.dv_stride_s, n0, p.seqlen_k, 1.f, lane, warp);
+        elem_t* dk_out = static_cast<elem_t*>(p.dk) + batch * p.dk_stride_b + seq.k_start * p.dk_stride_s + kv_head * p.dk_stride_h;
+        elem_t* dv_out = static_cast<elem_t*>(p.dv) + batch * p.dv_stride_b + seq.k_start * p.dv_stride_s + kv_head * p.dv_stride_h;
+        store_kv(dk, dk_out, p.dk_stride_s, n0, seq.seqlen_k, p.softmax_scale, lane, warp);
+        store_kv(dv, dv_out, p.dv_stride_s, n0, seq.seqlen_k, 1.f, lane, warp);
     }
+    if (kVarlen && p.seqused_k != nullptr && blockIdx.x == 0) zero_unused_keys(p, seq, batch, kv_head);
 }
 
 // dq = softmax_scale * (sum of dq_accum's p.dq_splits slices, in order), 4 elements a thread.
+// Packed, over one batch of total_q rows (rows_q).
 extern "C" __global__ void __launch_bounds__(256) fc_bwd_sm80_dq(const BwdParams p) {
     using namespace fc;
-    const i64 total = (i64)p.batch * p.seqlen_q * p.heads_q * p.head_dim;  // a multiple of 8
+    using bwd_sm80::kVarlen;
+    const int rows = rows_q<kVarlen>(p);
+    const i64 total = (i64)row_batches<kVarlen>(p) * rows * p.heads_q * p.head_dim;  // a multiple of 8
     const i64 idx = 4 * ((i64)blockIdx.x * 256 + threadIdx.x);
     if (idx >= total) return;
     struct alignas(16) F4 {
@@ -484,7 +534,7 @@ extern "C" __global__ void __launch_bounds__(256) fc_bwd_sm80_dq(const BwdParams
     const i64 row = idx / p.head_dim;  // (b * Sq + s) * Hq + h
     const int h = row % p.heads_q;
     const i64 bs = row / p.heads_q;
-    const int s = bs % p.seqlen_q, b = bs / p.seqlen_q;
+    const int s = bs % rows, b = bs / rows;
     elem_t* dq = static_cast<elem_t*>(p.dq) + b * p.dq_stride_b + s * p.dq_stride_s + h * p.dq_stride_h + d;
     const float c = p.softmax_scale;
     struct alignas(8) U2 {

@@ -11,14 +11,15 @@ struct BwdParams {
     const void* v;
     const void* o;
     const void* dout;
-    const float* lse;  // [B, Hq, Sq] contiguous, natural log, from the forward
+    const float* lse;  // [B, Hq, Sq] contiguous ([Hq, total_q] packed), natural log, from the forward
 
     // Outputs: dq like q, dk and dv like k (the query heads of a KV head summed).
     void* dq;
     void* dk;
     void* dv;
-    // Workspace: D_i = rowsum(dO ∘ O), [B, Hq, Sq] f32; and dQ's f32 accumulator
-    // dq_splits x [B, Sq, Hq, D] contiguous (bwd_sm80; unused by the reference).
+    // Workspace: D_i = rowsum(dO ∘ O), [B, Hq, Sq] f32 ([Hq, total_q] packed, as lse); and
+    // dQ's f32 accumulator dq_splits x [B, Sq, Hq, D] contiguous ([total_q, Hq, D] packed)
+    // (bwd_sm80; unused by the reference).
     float* dsum;
     float* dq_accum;
 
@@ -52,4 +53,17 @@ struct BwdParams {
     int window_right;
     float softcap;
     float softcap_scale;
+
+    // Varlen (bwd_sm80 built with FC_VARLEN=1; see common/sequence.cuh), as FwdParams: one
+    // packed batch, q, o, dout, dq [total_q, Hq, D], k, v, dk, dv [total_k, Hkv, D], every
+    // *_stride_b 0; sequence b is query rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]) and keys
+    // [cu_seqlens_k[b], cu_seqlens_k[b] + seqlen_k_b) (seqused_k[b] when set, else the
+    // cu_seqlens_k span), int32 on the device; seqlen_q and seqlen_k are the longest
+    // (max_seqlen_q / max_seqlen_k: the grid's extent), lse and dsum [Hq, total_q]. Keys a
+    // sequence holds past seqused_k get dK = dV = 0.
+    const int* cu_seqlens_q;
+    const int* cu_seqlens_k;
+    const int* seqused_k;  // may be null
+    int total_q;
+    int total_k;
 };

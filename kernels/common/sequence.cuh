@@ -1,8 +1,9 @@
 // Where a tile's sequence lies in the tensors: the batch entry's own offsets and lengths, from
-// cu_seqlens for a packed (varlen) batch (FC_VARLEN; see FwdParams), else batch-strided ones
-// of the common lengths.
+// cu_seqlens for a packed (varlen) batch (FC_VARLEN; see FwdParams and BwdParams, which share
+// the fields read here), else batch-strided ones of the common lengths.
 #pragma once
 
+#include "common/bwd_params.cuh"
 #include "common/params.cuh"
 
 #ifndef FC_VARLEN
@@ -20,7 +21,8 @@ struct Sequence {
 
 __device__ __forceinline__ int clamp_to(int x, int lo, int hi) { return min(max(x, lo), hi); }
 
-template <bool kVarlen> __device__ __forceinline__ Sequence sequence(const FwdParams& p, int batch) {
+// Params: FwdParams or BwdParams (seqlen_q/k, cu_seqlens_q/k, seqused_k, total_q/k).
+template <bool kVarlen, class Params> __device__ __forceinline__ Sequence sequence(const Params& p, int batch) {
     if (!kVarlen) return Sequence{0, 0, p.seqlen_q, p.seqlen_k};
     // Clamped to the tensors (and to the grid's extent), so that a malformed cu_seqlens
     // cannot send a load or a store outside them.
@@ -33,11 +35,19 @@ template <bool kVarlen> __device__ __forceinline__ Sequence sequence(const FwdPa
     return s;
 }
 
-// The offset of row `row` of (batch, head)'s LSE: [B, Hq, Sq], or [Hq, total_q] when packed.
-template <bool kVarlen>
-__device__ __forceinline__ long long lse_offset(const FwdParams& p, const Sequence& s, int batch, int head) {
+// The offset of row `row` of (batch, head)'s LSE (and of the backward's per-row D_i, laid out
+// alike): [B, Hq, Sq], or [Hq, total_q] when packed.
+template <bool kVarlen, class Params>
+__device__ __forceinline__ long long lse_offset(const Params& p, const Sequence& s, int batch, int head) {
     return kVarlen ? static_cast<long long>(head) * p.total_q + s.q_start
                    : (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q;
+}
+
+// The query rows of the tensors as one batch sees them (q, o, dout, dq and per-row statistics):
+// B batches of seqlen_q rows, or one of total_q rows when packed.
+template <bool kVarlen, class Params> __device__ __forceinline__ int row_batches(const Params& p) { return kVarlen ? 1 : p.batch; }
+template <bool kVarlen, class Params> __device__ __forceinline__ int rows_q(const Params& p) {
+    return kVarlen ? p.total_q : p.seqlen_q;
 }
 
 }  // namespace fc

@@ -80,6 +80,36 @@ def attention_backward(
     that ran (bwd_sm90_... on Hopper for head dims 64, 96, 128 and 256, else bwd_sm80_...).
     A window or softcap raises NotImplementedError (the backward does not have them yet)."""
 
+def attention_varlen_backward(
+    device: int,
+    stream: int,
+    q: TensorArg,
+    k: TensorArg,
+    v: TensorArg,
+    o: TensorArg,
+    lse: Tuple[int, int],
+    dout: TensorArg,
+    dq: TensorArg,
+    dk: TensorArg,
+    dv: TensorArg,
+    scratch: Callable[[int], int],
+    cu_seqlens_q: Tuple[int, int],
+    cu_seqlens_k: Tuple[int, int],
+    seqused_k: Optional[Tuple[int, int]],
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: Optional[float],
+    causal: bool,
+    deterministic: bool,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    check: bool = False,
+) -> None:
+    """Gradients dq, dk, dv (written) of attention over a packed batch, with the forward's o
+    and lse (f32 [Hq, total_q]) given dout: tensors with a leading 1 and the batch's vectors
+    and maxima as in attention_varlen_forward; scratch and check likewise."""
+
 def plan(
     device: int,
     q_shape: Sequence[int],

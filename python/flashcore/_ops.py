@@ -1,6 +1,7 @@
-"""The op layer: `flashcore::fwd` and `flashcore::bwd`, registered once with torch.library
-(fakes for torch.compile; the forward's autograd rule calls the backward), and the calls into
-the extension.
+"""The op layer: `flashcore::fwd` and `flashcore::bwd`, and for packed batches
+`flashcore::varlen_fwd` and `flashcore::varlen_bwd`, registered once with torch.library (fakes
+for torch.compile; each forward's autograd rule calls its backward), and the calls into the
+extension.
 
 Tensors cross into Rust as (data pointer, shape, strides, dtype name); the kernel runs on
 PyTorch's current stream of the tensors' device; outputs and scratch memory come from
@@ -111,7 +112,6 @@ def varlen_forward(
     if k.shape[0] == 0:  # no sequence has a key: every row sees none (as the dense path)
         return o.zero_(), lse.fill_(-math.inf)
     keep: List[Tensor] = []
-    vector = lambda t: (t.data_ptr(), t.numel())  # noqa: E731
     _flashcore.attention_varlen_forward(
         q.device.index,
         _current_stream(q.device),
@@ -121,9 +121,9 @@ def varlen_forward(
         _arg(o.unsqueeze(0)),
         (lse.data_ptr(), lse.numel()),
         _scratch(q.device, keep),
-        vector(cu_seqlens_q),
-        vector(cu_seqlens_k),
-        None if seqused_k is None else vector(seqused_k),
+        _vector(cu_seqlens_q),
+        _vector(cu_seqlens_k),
+        None if seqused_k is None else _vector(seqused_k),
         max_seqlen_q,
         max_seqlen_k,
         softmax_scale,
@@ -132,9 +132,67 @@ def varlen_forward(
         window[1],
         softcap,
         None,
-        os.environ.get("FLASHCORE_CHECK_VARLEN", "") not in ("", "0"),
+        _check_varlen(),
     )
     return o, lse
+
+
+def _vector(t: Tensor) -> Tuple[int, int]:
+    return (t.data_ptr(), t.numel())
+
+
+def _check_varlen() -> bool:
+    return os.environ.get("FLASHCORE_CHECK_VARLEN", "") not in ("", "0")
+
+
+def varlen_backward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    lse: Tensor,
+    dout: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    seqused_k: Optional[Tensor],
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    deterministic: bool,
+    window: Tuple[int, int],
+    softcap: float,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Gradients `(dq, dk, dv)` of a packed batch, laid out like `q`, `k`, `v` (`[total, H,
+    D]`), from the forward's `o` and `lse [Hq, total_q]`: every element written (zero for rows
+    that saw no key and keys no row saw, those past seqused_k included)."""
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if q.shape[0] == 0 or k.shape[0] == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    if dout.stride(-1) != 1:
+        dout = dout.contiguous()  # autograd may hand over any layout; the kernels read rows
+    keep: List[Tensor] = []
+    _flashcore.attention_varlen_backward(
+        q.device.index,
+        _current_stream(q.device),
+        *(_arg(t.unsqueeze(0)) for t in (q, k, v, o)),
+        (lse.data_ptr(), lse.numel()),
+        *(_arg(t.unsqueeze(0)) for t in (dout, dq, dk, dv)),
+        _scratch(q.device, keep),
+        _vector(cu_seqlens_q),
+        _vector(cu_seqlens_k),
+        None if seqused_k is None else _vector(seqused_k),
+        max_seqlen_q,
+        max_seqlen_k,
+        softmax_scale,
+        causal,
+        deterministic,
+        window[0],
+        window[1],
+        softcap,
+        _check_varlen(),
+    )
+    return dq, dk, dv
 
 
 @torch.library.custom_op("flashcore::varlen_fwd", mutates_args=(), device_types="cuda")
@@ -152,8 +210,9 @@ def varlen_fwd(
     window_left: int,
     window_right: int,
     softcap: float,
+    deterministic: bool,
 ) -> Tuple[Tensor, Tensor]:
-    """The registered packed-batch op: see `varlen_forward`."""
+    """The registered packed-batch op: see `varlen_forward`. `deterministic` is for its backward."""
     return varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, (window_left, window_right), softcap)
 
 
@@ -172,17 +231,92 @@ def _varlen_fwd_fake(
     window_left: int,
     window_right: int,
     softcap: float,
+    deterministic: bool,
 ) -> Tuple[Tensor, Tensor]:
     total_q, hq, d = q.shape
     return q.new_empty((total_q, hq, d)), q.new_empty((hq, total_q), dtype=torch.float32)
 
 
+@torch.library.custom_op("flashcore::varlen_bwd", mutates_args=(), device_types="cuda")
+def varlen_bwd(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    lse: Tensor,
+    dout: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    seqused_k: Optional[Tensor],
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    deterministic: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """The registered packed-batch backward op: see `varlen_backward`."""
+    return varlen_backward(
+        q, k, v, o, lse, dout, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic, (window_left, window_right), softcap
+    )
+
+
+@varlen_bwd.register_fake
+def _varlen_bwd_fake(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    lse: Tensor,
+    dout: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    seqused_k: Optional[Tensor],
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    deterministic: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+) -> Tuple[Tensor, Tensor, Tensor]:
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
 def _varlen_setup_context(ctx, inputs, output) -> None:
-    ctx.mark_non_differentiable(output[1])
+    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, deterministic = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    ctx.max_seqlen_q, ctx.max_seqlen_k, ctx.softmax_scale, ctx.causal, ctx.deterministic = max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic
+    ctx.window_left, ctx.window_right, ctx.softcap = window_left, window_right, softcap
+    ctx.mark_non_differentiable(lse)
 
 
 def _varlen_backward(ctx, grad_o, grad_lse):
-    raise NotImplementedError("flash_attn_varlen_func: the backward of a packed (varlen) batch is not supported yet (forward only)")
+    q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seqused_k = ctx.saved_tensors
+    dq, dk, dv = varlen_bwd(
+        q,
+        k,
+        v,
+        o,
+        lse,
+        grad_o,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        seqused_k,
+        ctx.max_seqlen_q,
+        ctx.max_seqlen_k,
+        ctx.softmax_scale,
+        ctx.causal,
+        ctx.deterministic,
+        ctx.window_left,
+        ctx.window_right,
+        ctx.softcap,
+    )
+    return (dq, dk, dv) + (None,) * 11
 
 
 varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)

@@ -209,14 +209,20 @@ def flash_attn_varlen_func(
         seqused_k: optional int32 `[B]`: the keys each sequence uses, from its start (a KV cache
             with room after each sequence's keys).
         dropout_p, alibi_slopes: as in `flash_attn_func` (0.0 and None only).
-        deterministic: accepted for flash_attn's signature (the forward is deterministic).
+        deterministic: bitwise-reproducible gradients in the backward, run to run on one GPU
+            model (the forward is always deterministic). A sequence's dk and dv are bitwise
+            what it gives alone, in any mode; its dq is not in general (its dQ sums are split
+            by a count that depends on the number of sequences).
         return_attn_probs: also return the log-sum-exp `[Hq, total_q]`.
 
     The cu_seqlens values are the caller's contract: they are read only by the kernels, which
     clamp every offset to the tensors (a bad vector gives wrong output, never a bad memory
     access). FLASHCORE_CHECK_VARLEN=1 in the environment checks them on every call, by name
-    (ValueError; it synchronises: for debugging). The backward of a packed batch is not
-    supported yet: the forward runs, `.backward()` raises NotImplementedError.
+    (ValueError; it synchronises: for debugging), in the backward too.
+
+    Differentiable: the backward runs FlashCore's bwd_sm80 tensor-core kernel on every GPU
+    (each sequence its own problem; windows, softcaps and seqused_k included: keys past
+    seqused_k get zero gradients). torch.compile traces both passes.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if isinstance(t, Tensor) and t.dim() != 3:
@@ -235,7 +241,7 @@ def flash_attn_varlen_func(
     softcap = 0.0 if softcap == 0.0 else _softcap(softcap)
     scale = _scale(softmax_scale, q.shape[-1])
     out, lse = _ops.varlen_fwd(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), int(max_seqlen_k), scale, bool(causal), window[0], window[1], softcap
+        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), int(max_seqlen_k), scale, bool(causal), window[0], window[1], softcap, bool(deterministic)
     )
     return (out, lse, None) if return_attn_probs else out
 

@@ -247,6 +247,82 @@ fn attention_backward(
     finish(result, scratch_error, to_py).map(|()| kernel)
 }
 
+/// The backward pass of a packed batch (`attention_varlen_forward`'s) on `stream` of `device`:
+/// `dq`, `dk`, `dv` (written) like `q`, `k`, `v`, from `q`, `k`, `v`, the forward's `o` and
+/// `lse` (`(address, elements)`, f32 `[Hq, total_q]`) and `dout`, all with a leading 1 as in
+/// `attention_varlen_forward`, and the same batch vectors and maxima. With `check`, the device
+/// values are first checked against the contract (this synchronises).
+#[pyfunction]
+#[pyo3(signature = (device, stream, q, k, v, o, lse, dout, dq, dk, dv, scratch, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic, window_left=-1, window_right=-1, softcap=0.0, check=false))]
+#[allow(clippy::too_many_arguments)]
+fn attention_varlen_backward(
+    py: Python<'_>,
+    device: usize,
+    stream: usize,
+    q: TensorArg,
+    k: TensorArg,
+    v: TensorArg,
+    o: TensorArg,
+    lse: (u64, usize),
+    dout: TensorArg,
+    dq: TensorArg,
+    dk: TensorArg,
+    dv: TensorArg,
+    scratch: Py<PyAny>,
+    cu_seqlens_q: (u64, usize),
+    cu_seqlens_k: (u64, usize),
+    seqused_k: Option<(u64, usize)>,
+    max_seqlen_q: usize,
+    max_seqlen_k: usize,
+    softmax_scale: Option<f32>,
+    causal: bool,
+    deterministic: bool,
+    window_left: i32,
+    window_right: i32,
+    softcap: f32,
+    check: bool,
+) -> PyResult<()> {
+    let names = ["q", "k", "v", "o", "dout", "dq", "dk", "dv"];
+    let args = [&q, &k, &v, &o, &dout, &dq, &dk, &dv];
+    let mut layouts = Vec::with_capacity(args.len());
+    for (t, name) in args.iter().zip(names) {
+        layouts.push(layout(t, name)?);
+    }
+    let ctx = context(device)?;
+    let params = AttnParams { deterministic, ..params(softmax_scale, causal, (window_left, window_right), softcap, None) };
+    // SAFETY: as in `attention_varlen_forward`.
+    let seqlens = |(ptr, len): (u64, usize)| unsafe { SeqLensView::from_raw(ptr, len) };
+    let batch = VarlenBatch {
+        cu_seqlens_q: seqlens(cu_seqlens_q),
+        cu_seqlens_k: seqlens(cu_seqlens_k),
+        seqused_k: seqused_k.map(seqlens),
+        max_seqlen_q,
+        max_seqlen_k,
+    };
+    let mut scratch_error: Option<PyErr> = None;
+    let result = py.detach(|| {
+        if check {
+            ctx.check_varlen(&batch, q.1[1], k.1[1])?;
+        }
+        let mut scratch = scratch_fn(&scratch, &mut scratch_error);
+        // SAFETY: as in `attention_backward`.
+        unsafe {
+            let view = |i: usize| TensorView::from_raw(args[i].0, layouts[i], device);
+            let grad = |i: usize| TensorViewMut::from_raw(args[i].0, layouts[i], device);
+            let inputs = BwdInputs { q: view(0), k: view(1), v: view(2), o: view(3), lse: LseView::from_raw(lse.0, lse.1), dout: view(4) };
+            ctx.attention_varlen_backward_on_stream(
+                ExternalStream::from_raw(stream),
+                &inputs,
+                GradsMut { dq: grad(5), dk: grad(6), dv: grad(7) },
+                &mut scratch,
+                &batch,
+                &params,
+            )
+        }
+    });
+    finish(result, scratch_error, to_py)
+}
+
 /// A call's result as Python sees it: the Python exception the scratch allocator raised, if
 /// that is what failed the call, else the FlashCore error converted by `convert`.
 fn finish(result: flashcore::Result<()>, scratch_error: Option<PyErr>, convert: fn(Error) -> PyErr) -> PyResult<()> {
@@ -309,6 +385,7 @@ fn extension_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(attention_forward, m)?)?;
     m.add_function(wrap_pyfunction!(attention_varlen_forward, m)?)?;
     m.add_function(wrap_pyfunction!(attention_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(attention_varlen_backward, m)?)?;
     m.add_function(wrap_pyfunction!(plan, m)?)?;
     m.add_function(wrap_pyfunction!(device_info, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

@@ -1,6 +1,8 @@
 """flash_attn_varlen_func: packed batches against the float64 reference run per sequence,
-seqused_k, windows and softcap per sequence, torch.compile, the backward's refusal, and bad
-input (named errors)."""
+seqused_k, windows and softcap per sequence, torch.compile, and bad input (named errors); its
+gradients against float64 autograd of each sequence's attention, every element written (zero
+for sequences without queries or keys and for keys past seqused_k), deterministic mode bitwise
+(and dk, dv bitwise those of each sequence alone), a compiled training step."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import pytest
 import torch
 
 import flashcore
-from helpers import check_against_reference, randn
+from helpers import REL_BOUND, check_against_reference, randn, reference_autograd, rel_l2
 
 # Lengths 0, 1, 7, 113, 1000 and 4097 in one batch, Sq != Sk, a sequence without keys.
 LENGTHS = [(0, 5), (1, 1), (7, 300), (113, 113), (1000, 1200), (3, 0), (250, 90), (4097, 4097)]
@@ -75,14 +77,125 @@ def test_decode_with_seqused_k():
     check_sequences(seqs, lens, out, lse, cu_q, False)
 
 
-def test_compiles_and_refuses_the_backward():
+def test_compiles():
     seqs, q, k, v, cu_q, cu_k = packed([(100, 100), (37, 80)], 4, 4, 64, torch.bfloat16)
     f = torch.compile(lambda q, k, v: flashcore.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 100, 100, causal=True), fullgraph=True)
     torch.testing.assert_close(f(q, k, v), flashcore.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 100, 100, causal=True), rtol=0, atol=0)
-    q.requires_grad_(True)
-    out = flashcore.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 100, 100)
-    with pytest.raises(NotImplementedError, match="varlen"):
-        out.sum().backward()
+
+
+def packed_grads(q, k, v, cu_q, cu_k, max_q, max_k, dout, **kw):
+    """(dq, dk, dv) of flash_attn_varlen_func's output against `dout`."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    flashcore.flash_attn_varlen_func(*leaves, cu_q, cu_k, max_q, max_k, **kw).backward(dout)
+    return [t.grad for t in leaves]
+
+
+def reference_grads(seqs, lens, cu_q, cu_k, dout, causal=False, window=(-1, -1), softcap=0.0):
+    """float64 autograd of each sequence alone, packed like q, k, v (zero for a sequence
+    without queries or keys, and for keys past a sequence's first `sk`)."""
+    total_k = cu_k[-1].item()
+    hq, d = seqs[0][0].shape[2], seqs[0][0].shape[3]
+    hkv = seqs[0][1].shape[2]
+    ref = [torch.zeros(dout.shape, dtype=torch.float64, device="cuda")] + [torch.zeros(total_k, hkv, d, dtype=torch.float64, device="cuda") for _ in range(2)]
+    for (q, k, v), (sq, sk), q0, k0 in zip(seqs, lens, cu_q.tolist(), cu_k.tolist()):
+        if sq == 0 or sk == 0:
+            continue
+        leaves = [t[:, :n].double().requires_grad_() for t, n in ((q, sq), (k, sk), (v, sk))]
+        reference_autograd(*leaves, d**-0.5, causal, window=window, softcap=softcap).backward(dout[q0 : q0 + sq][None].double())
+        ref[0][q0 : q0 + sq] = leaves[0].grad[0]
+        ref[1][k0 : k0 + sk] = leaves[1].grad[0]
+        ref[2][k0 : k0 + sk] = leaves[2].grad[0]
+    return ref
+
+
+def check_grads(ours, ref, dtype, bound=1.0):
+    floor = 1e-3 * ref[0].numel() ** 0.5  # a row with one visible key has dq exactly 0
+    for name, g, r in zip(("dq", "dk", "dv"), ours, ref):
+        assert g.dtype == dtype and g.shape == r.shape
+        err = rel_l2(g, r, floor)
+        assert err <= bound * REL_BOUND[dtype], f"{name}: rel L2 error {err:.3g} over {bound * REL_BOUND[dtype]:g}"
+    # Keys no query sees (a sequence without queries, outside every window, past seqused_k)
+    # have dv = Pᵀ·dO exactly 0 in the reference: their dk and dv must be written, as 0.
+    unseen = (ref[2] == 0).all(-1)  # [total_k, Hkv]
+    assert unseen.any(), "the batch holds keys no query sees"
+    for name, g in (("dk", ours[1]), ("dv", ours[2])):
+        assert (g[unseen] == 0).all(), f"{name}: unwritten or nonzero for a key no query sees"
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_gradients_match_float64_per_sequence(d, causal, dtype):
+    lens = LENGTHS
+    seqs, q, k, v, cu_q, cu_k = packed(lens, 4, 2, d, dtype, seed=11)
+    max_q, max_k = max(sq for sq, _ in lens), max(sk for _, sk in lens)
+    dout = randn(*q.shape, dtype=dtype, seed=99)
+    ours = packed_grads(q, k, v, cu_q, cu_k, max_q, max_k, dout, causal=causal)
+    check_grads(ours, reference_grads(seqs, lens, cu_q, cu_k, dout, causal), dtype)
+
+
+@pytest.mark.parametrize("window,softcap", [((127, 0), 0.0), ((-1, 64), 0.0), ((64, 64), 30.0), ((-1, -1), 50.0)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_gradients_with_window_and_softcap(window, softcap, causal):
+    lens = [(600, 600), (1, 200), (300, 700), (129, 64), (0, 33)]
+    seqs, q, k, v, cu_q, cu_k = packed(lens, 4, 2, 128, torch.bfloat16, seed=5)
+    if softcap:  # logits past the cap
+        q = q * 3
+        seqs = [(s[0] * 3, s[1], s[2]) for s in seqs]
+    dout = randn(*q.shape, seed=17)
+    kw = dict(causal=causal, window_size=window, softcap=softcap)
+    ours = packed_grads(q, k, v, cu_q, cu_k, 600, 700, dout, **kw)
+    check_grads(ours, reference_grads(seqs, lens, cu_q, cu_k, dout, causal, window, softcap), torch.bfloat16, bound=2.0 if softcap else 1.0)
+
+
+def test_gradients_with_seqused_k_zero_the_unused_keys():
+    lens = [(7, 300), (113, 113), (0, 20), (50, 0), (200, 150)]
+    slack = [5, 0, 4, 9, 1]
+    seqs, q, k, v, cu_q, cu_k = packed(lens, 8, 2, 64, torch.bfloat16, slack=slack, seed=21)
+    used = torch.tensor([sk for _, sk in lens], dtype=torch.int32, device="cuda")
+    dout = randn(*q.shape, seed=23)
+    ours = packed_grads(q, k, v, cu_q, cu_k, 200, 300, dout, causal=True, seqused_k=used)
+    ref = reference_grads(seqs, lens, cu_q, cu_k, dout, True)
+    check_grads(ours, ref, torch.bfloat16)
+    for (_, sk), extra, k0 in zip(lens, slack, cu_k.tolist()):
+        for g in ours[1:]:
+            assert (g[k0 + sk : k0 + sk + extra] == 0).all(), "keys past seqused_k get zero gradients"
+
+
+def test_deterministic_gradients_are_bitwise_and_dk_dv_match_each_sequence_alone():
+    lens = [(113, 300), (1000, 1000), (1, 1), (250, 90), (0, 5)]
+    seqs, q, k, v, cu_q, cu_k = packed(lens, 8, 2, 128, torch.bfloat16, seed=31)
+    dout = randn(*q.shape, seed=37)
+    kw = dict(causal=True, deterministic=True)
+    first = packed_grads(q, k, v, cu_q, cu_k, 1000, 1000, dout, **kw)
+    second = packed_grads(q, k, v, cu_q, cu_k, 1000, 1000, dout, **kw)
+    assert all(torch.equal(a, b) for a, b in zip(first, second)), "deterministic gradients are bitwise repeatable"
+    # dk and dv of a sequence sum in one fixed order whatever else the batch holds (dq's
+    # deterministic slices depend on the number of sequences: not compared).
+    for (sq, sk), q0, k0 in zip(lens, cu_q.tolist(), cu_k.tolist()):
+        if sq == 0:
+            continue
+        one = lambda n: torch.tensor([0, n], dtype=torch.int32, device="cuda")  # noqa: E731
+        alone = packed_grads(q[q0 : q0 + sq], k[k0 : k0 + sk], v[k0 : k0 + sk], one(sq), one(sk), 1000, 1000, dout[q0 : q0 + sq], **kw)
+        assert torch.equal(alone[1], first[1][k0 : k0 + sk]) and torch.equal(alone[2], first[2][k0 : k0 + sk]), f"sequence at {q0}"
+
+
+def test_compiled_training_step_matches_eager():
+    lens = [(100, 100), (37, 80), (0, 9), (255, 255)]
+    seqs, q, k, v, cu_q, cu_k = packed(lens, 4, 2, 64, torch.bfloat16, seed=41)
+    dout = randn(*q.shape, seed=43)
+
+    def step(q, k, v):
+        out = flashcore.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 255, 255, causal=True, deterministic=True)
+        return (out.float() * dout.float()).sum()
+
+    torch._dynamo.reset()
+    compiled = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    torch.compile(step, fullgraph=True)(*compiled).backward()
+    eager = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    step(*eager).backward()
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(compiled, eager)), "compiled and eager gradients are bitwise equal"
+    check_grads([t.grad for t in eager], reference_grads(seqs, lens, cu_q, cu_k, dout, True), torch.bfloat16)
 
 
 def test_bad_input_names_the_argument(monkeypatch):

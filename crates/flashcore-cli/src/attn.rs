@@ -16,7 +16,7 @@ pub struct AttnArgs {
     /// gradient of a loss with respect to `o` (shaped and typed like `q`). A packed (varlen)
     /// batch: `q [total_q, Hq, D]`, `k, v [total_k, Hkv, D]` with int32 `cu_seqlens_q`,
     /// `cu_seqlens_k` (`[B + 1]`) and optionally `seqused_k` (`[B]`); it writes `o` like `q`
-    /// and `lse [Hq, total_q]` (forward only).
+    /// and `lse [Hq, total_q]` (and, with `do`, `dq` like `q`, `dk`, `dv` like `k`).
     #[arg(long)]
     input: PathBuf,
     /// safetensors file to write `o` (input dtype) and `lse` (f32) into, and `dq`, `dk`, `dv`
@@ -171,8 +171,9 @@ fn gpu(
 
 /// A packed batch (`cu_seqlens_q`, `cu_seqlens_k` and optionally `seqused_k` in the file,
 /// int32; `q [total_q, Hq, D]`, `k, v [total_k, Hkv, D]`): `o` like `q` and `lse [Hq,
-/// total_q]`. The vectors are checked first (`Context::check_varlen`'s checks; on the host
-/// with `--cpu`), by name. Forward only.
+/// total_q]`, and with `do` the gradients (zero for keys no query sees, past seqused_k
+/// included). The vectors are checked first (`Context::check_varlen`'s checks; on the host
+/// with `--cpu`), by name.
 fn run_packed(args: &AttnArgs, q: &HostTensor, k: &HostTensor, v: &HostTensor, seqlens: &HostSeqlens) -> Result<bool> {
     let ([qb, total_q, hq, d], [kb, total_k, hkv, kd]) = (shape4(q, "q")?, shape4(k, "k")?);
     if k.shape != v.shape || qb != 1 || kb != 1 || kd != d || hkv == 0 || hq % hkv != 0 {
@@ -183,9 +184,7 @@ fn run_packed(args: &AttnArgs, q: &HostTensor, k: &HostTensor, v: &HostTensor, s
             v.shape
         );
     }
-    if read_dout(&args.input, q)?.is_some() {
-        bail!("a packed batch has no backward yet: give an input without `do`");
-    }
+    let dout = read_dout(&args.input, q)?;
     let (cu_q, cu_k) = (&seqlens.cu_seqlens_q, &seqlens.cu_seqlens_k);
     let keys: Vec<usize> = match &seqlens.seqused_k {
         Some(used) => used.iter().map(|&u| u.max(0) as usize).collect(),
@@ -196,47 +195,59 @@ fn run_packed(args: &AttnArgs, q: &HostTensor, k: &HostTensor, v: &HostTensor, s
     let scale = args.scale.unwrap_or(1.0 / (d as f64).sqrt());
     let mods = AttnParams { causal: args.causal, window: window(args)?, softcap: args.softcap.unwrap_or(0.0), ..AttnParams::default() };
     mods.check_window_and_softcap()?;
-    let (o, lse) = if args.cpu {
+    let out = if args.cpu {
         flashcore::check_varlen_values(cu_q, cu_k, seqlens.seqused_k.as_deref(), (total_q, total_k), max)?;
+        let mask = reference::RefMask::of(&mods);
         let mut o = Vec::with_capacity(total_q * hq * d);
         let mut lse = vec![f64::NEG_INFINITY; hq * total_q];
+        let mut grads = dout.as_ref().map(|_| [vec![0.0; total_q * hq * d], vec![0.0; total_k * hkv * d], vec![0.0; total_k * hkv * d]]);
         for (b, (&sq, &sk)) in queries.iter().zip(&keys).enumerate() {
             let (q0, k0) = (cu_q[b] as usize, cu_k[b] as usize);
             let shape = ProblemShape { batch: 1, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d };
             let rows = |t: &HostTensor, start: usize, n: usize, h: usize| t.data[start * h * d..(start + n) * h * d].to_vec();
-            let r = reference::attention_masked(
-                &rows(q, q0, sq, hq),
-                &rows(k, k0, sk, hkv),
-                &rows(v, k0, sk, hkv),
-                &shape,
-                scale,
-                &reference::RefMask::of(&mods),
-            );
+            let (qs, ks, vs) = (rows(q, q0, sq, hq), rows(k, k0, sk, hkv), rows(v, k0, sk, hkv));
+            let r = reference::attention_masked(&qs, &ks, &vs, &shape, scale, &mask);
             o.extend(r.o);
             for h in 0..hq {
                 lse[h * total_q + q0..h * total_q + q0 + sq].copy_from_slice(&r.lse[h * sq..(h + 1) * sq]);
             }
+            if let (Some([dq, dk, dv]), Some(g)) = (grads.as_mut(), dout.as_ref()) {
+                if sq > 0 && sk > 0 {
+                    let r = reference::attention_backward_masked(&qs, &ks, &vs, &rows(g, q0, sq, hq), &shape, scale, &mask);
+                    dq[q0 * hq * d..][..r.dq.len()].copy_from_slice(&r.dq);
+                    dk[k0 * hkv * d..][..r.dk.len()].copy_from_slice(&r.dk);
+                    dv[k0 * hkv * d..][..r.dv.len()].copy_from_slice(&r.dv);
+                }
+            }
         }
-        (o, lse)
+        Outputs { o, lse, grads }
     } else {
-        gpu_packed(args, [q, k, v], seqlens, max, scale)?
+        gpu_packed(args, [q, k, v], dout.as_ref(), seqlens, max, scale)?
     };
     let data_dtype = if args.f64_out { FileDType::F64 } else { q.dtype };
     let lse_dtype = if args.f64_out { FileDType::F64 } else { FileDType::F32 };
-    let o = HostTensor { shape: vec![total_q, hq, d], dtype: data_dtype, data: o };
-    let lse = HostTensor { shape: vec![hq, total_q], dtype: lse_dtype, data: lse };
-    write_tensors(&args.output, &[("o", &o), ("lse", &lse)])?;
-    println!("wrote o, lse (a packed batch of {} sequences) to {}", queries.len(), args.output.display());
+    let packed = |rows, heads, data| HostTensor { shape: vec![rows, heads, d], dtype: data_dtype, data };
+    let o = packed(total_q, hq, out.o);
+    let lse = HostTensor { shape: vec![hq, total_q], dtype: lse_dtype, data: out.lse };
+    let grads = out.grads.map(|[dq, dk, dv]| [packed(total_q, hq, dq), packed(total_k, hkv, dk), packed(total_k, hkv, dv)]);
+    let mut tensors = vec![("o", &o), ("lse", &lse)];
+    if let Some([dq, dk, dv]) = &grads {
+        tensors.extend([("dq", dq), ("dk", dk), ("dv", dv)]);
+    }
+    write_tensors(&args.output, &tensors)?;
+    let names: Vec<&str> = tensors.iter().map(|(n, _)| *n).collect();
+    println!("wrote {} (a packed batch of {} sequences) to {}", names.join(", "), queries.len(), args.output.display());
     Ok(true)
 }
 
 fn gpu_packed(
     args: &AttnArgs,
     [q, k, v]: [&HostTensor; 3],
+    dout: Option<&HostTensor>,
     seqlens: &HostSeqlens,
     max: (usize, usize),
     scale: f64,
-) -> Result<(Vec<f64>, Vec<f64>)> {
+) -> Result<Outputs> {
     let dtype = gpu_dtype(args, q)?;
     let ctx = Context::new(0)?;
     let up = |t: &HostTensor| {
@@ -255,18 +266,36 @@ fn gpu_packed(
         max_seqlen_k: max.1,
     };
     ctx.check_varlen(&batch, q.shape[1], k.shape[1])?;
+    let kernel = kernel(args)?;
     let params = AttnParams {
         softmax_scale: Some(scale as f32),
         causal: args.causal,
-        kernel: kernel(args)?,
+        kernel,
         window: window(args)?,
         softcap: args.softcap.unwrap_or(0.0),
         ..AttnParams::default()
     };
-    let out = ctx.attention_varlen(qd.view(), kd.view(), vd.view(), &batch, &params)?;
-    let o = out.o.to_f32(&ctx)?.into_iter().map(f64::from).collect();
+    // As `gpu`: a backward family named concerns the backward only.
+    let out = ctx.attention_varlen(
+        qd.view(),
+        kd.view(),
+        vd.view(),
+        &batch,
+        &AttnParams { kernel: kernel.filter(|f| !f.is_backward()), ..params },
+    )?;
+    let wide = |t: &DeviceTensor| -> Result<Vec<f64>> { Ok(t.to_f32(&ctx)?.into_iter().map(f64::from).collect()) };
+    let grads = match dout {
+        Some(g) => {
+            let gd = up(g)?;
+            let inputs =
+                BwdInputs { q: qd.view(), k: kd.view(), v: vd.view(), o: out.o.view(), lse: LseView::of(&out.lse), dout: gd.view() };
+            let g = ctx.attention_varlen_backward(&inputs, &batch, &params)?;
+            Some([wide(&g.dq)?, wide(&g.dk)?, wide(&g.dv)?])
+        }
+        None => None,
+    };
     let lse = ctx.stream().clone_dtoh(&out.lse)?.into_iter().take(q.shape[2] * q.shape[1]).map(f64::from).collect();
-    Ok((o, lse))
+    Ok(Outputs { o: wide(&out.o)?, lse, grads })
 }
 
 /// The dtype the GPU runs: `--dtype`, else the file's (f16 or bf16).

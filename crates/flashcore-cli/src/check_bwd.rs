@@ -213,7 +213,7 @@ pub fn check_one(ctx: &Context, spec: &BwdSpec) -> Result<Outcome> {
     })
 }
 
-fn tolerance(dtype: DType, inputs: Inputs) -> f64 {
+pub(crate) fn tolerance(dtype: DType, inputs: Inputs) -> f64 {
     match (dtype, inputs) {
         (DType::BF16, Inputs::LargeLogits) => 1.5e-2,
         (DType::BF16, _) => 1e-2,

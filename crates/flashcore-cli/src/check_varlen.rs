@@ -1,12 +1,15 @@
-//! `flashcore check`'s packed (varlen) batches: each against the f64 oracle run per
-//! sequence, and bitwise against each sequence run alone through the same kernel.
+//! `flashcore check`'s packed (varlen) batches, forward and backward: each against the f64
+//! oracle run per sequence, and bitwise against each sequence run alone through the same
+//! kernel (the backward: dk and dv always, dq in deterministic mode at the same forced split
+//! count, since dq's atomics add in a varying order otherwise and the split count the
+//! dispatcher picks depends on the number of sequences).
 
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
 use flashcore::reference::{self, RefMask};
 use flashcore::{AttnParams, Context, DType, DeviceTensor, KernelFamily, ProblemShape, SeqLensView, VarlenBatch, Window};
 
-use crate::cases::{errors, random_qkv, Case, Inputs};
+use crate::cases::{errors, random_qkv, Case, HostQkv, Inputs};
 use crate::check::Outcome;
 
 /// One sequence of a packed batch: its queries, the keys it uses, and the keys after those
@@ -31,15 +34,19 @@ pub struct VarlenSpec {
     pub softcap: f32,
     /// Whether seqused_k is given (else every slack is 0).
     pub seqused: bool,
+    /// Forced splits: fwd_sm80's split-KV, or bwd_sm80's deterministic dQ slices.
     pub splits: Option<usize>,
     pub inputs: Inputs,
+    /// The backward's deterministic mode.
+    pub deterministic: bool,
 }
 
 impl VarlenSpec {
-    fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         let lens: Vec<String> = self.seqs.iter().map(|s| format!("{}/{}", s.queries, s.keys)).collect();
         let mut name = format!(
-            "varlen[{}]_h{}kv{}_d{}_{}_{}",
+            "{}varlen[{}]_h{}kv{}_d{}_{}_{}",
+            if self.family.is_backward() { "bwd_" } else { "" },
             lens.join(","),
             self.heads_q,
             self.heads_kv,
@@ -59,18 +66,42 @@ impl VarlenSpec {
         if let Some(n) = self.splits {
             name += &format!("_split{n}");
         }
+        if self.deterministic {
+            name += "_deterministic";
+        }
         name
     }
 
-    fn params(&self) -> AttnParams {
+    pub(crate) fn params(&self) -> AttnParams {
         AttnParams {
             causal: self.causal,
             kernel: Some(self.family),
             num_splits: self.splits,
             window: self.window,
             softcap: self.softcap,
+            deterministic: self.deterministic,
             ..AttnParams::default()
         }
+    }
+
+    /// The longest sequence's queries and keys (used keys with seqused_k, else all).
+    pub(crate) fn maxima(&self) -> (usize, usize) {
+        (self.max(|s| s.queries), self.max(|s| s.keys + if self.seqused { 0 } else { s.slack }))
+    }
+
+    /// Each sequence's q, k, v (keys with their slack), `[1, S, H, D]`, rounded to the dtype.
+    pub(crate) fn host_inputs(&self) -> Vec<HostQkv> {
+        let (hq, hkv, d) = (self.heads_q, self.heads_kv, self.head_dim);
+        let seqs = self.seqs.iter().enumerate();
+        seqs.map(|(i, s)| {
+            let case = Case::new(1, s.queries, s.keys + s.slack, hq, hkv, d, self.causal, self.dtype);
+            random_qkv(&case, self.inputs, 0x7a21 ^ (i as u64) << 8 ^ d as u64)
+        })
+        .collect()
+    }
+
+    pub(crate) fn mask(&self) -> RefMask {
+        RefMask { causal: self.causal, window: (self.window != Window::UNBOUNDED).then_some(self.window), softcap: self.softcap as f64 }
     }
 
     fn max(&self, f: impl Fn(&Seq) -> usize) -> usize {
@@ -78,7 +109,7 @@ impl VarlenSpec {
     }
 }
 
-fn seqs(lens: &[(usize, usize)]) -> Vec<Seq> {
+pub(crate) fn seqs(lens: &[(usize, usize)]) -> Vec<Seq> {
     lens.iter().map(|&(queries, keys)| Seq { queries, keys, slack: 0 }).collect()
 }
 
@@ -86,6 +117,9 @@ fn seqs(lens: &[(usize, usize)]) -> Vec<Seq> {
 /// no keys), GQA; serving decode (one query per sequence over keys with slack: seqused_k)
 /// at the dispatcher's split count and forced splits; a window and a softcap on a packed batch.
 pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<VarlenSpec> {
+    if family == KernelFamily::BwdSm80 {
+        return crate::check_varlen_bwd::specs(quick, smoke);
+    }
     if !matches!(family, KernelFamily::FwdSm80 | KernelFamily::FwdSm90) {
         return Vec::new();
     }
@@ -112,6 +146,7 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<VarlenSpec> 
                     seqused: false,
                     splits: None,
                     inputs: Inputs::Normal,
+                    deterministic: false,
                 };
                 out.push(spec(&mixed, (8, 2)));
                 out.push(VarlenSpec { seqused: true, ..spec(&decode, (8, 2)) });
@@ -142,20 +177,40 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<VarlenSpec> 
     out
 }
 
+pub(crate) fn nan_bits(dtype: DType) -> u16 {
+    match dtype {
+        DType::F16 => 0x7e00,
+        DType::BF16 => 0x7fc0,
+    }
+}
+
 /// A packed problem on the device, its cu_seqlens (and seqused_k) beside it.
-struct Packed {
-    q: DeviceTensor,
-    k: DeviceTensor,
-    v: DeviceTensor,
+pub(crate) struct Packed {
+    pub q: DeviceTensor,
+    pub k: DeviceTensor,
+    pub v: DeviceTensor,
     cu_q: CudaSlice<i32>,
     cu_k: CudaSlice<i32>,
     used: Option<CudaSlice<i32>>,
-    total_q: usize,
+    pub total_q: usize,
 }
 
 impl Packed {
+    /// The batch's view at these maxima, its device values checked against the contract.
+    pub fn batch(&self, ctx: &Context, max: (usize, usize)) -> Result<VarlenBatch<'_>> {
+        let batch = VarlenBatch {
+            cu_seqlens_q: SeqLensView::of(&self.cu_q),
+            cu_seqlens_k: SeqLensView::of(&self.cu_k),
+            seqused_k: self.used.as_ref().map(SeqLensView::of),
+            max_seqlen_q: max.0,
+            max_seqlen_k: max.1,
+        };
+        ctx.check_varlen(&batch, self.total_q, self.k.layout().shape[1])?;
+        Ok(batch)
+    }
+
     /// `seqs`' host tensors (each `[1, S, H, D]`, keys with their slack) packed.
-    fn upload(ctx: &Context, spec: &VarlenSpec, parts: &[(&[f32], &[f32], &[f32])], seqs: &[Seq]) -> Result<Self> {
+    pub fn upload(ctx: &Context, spec: &VarlenSpec, parts: &[(&[f32], &[f32], &[f32])], seqs: &[Seq]) -> Result<Self> {
         let cat = |i: usize| parts.iter().flat_map(|p| [p.0, p.1, p.2][i].iter().copied()).collect::<Vec<f32>>();
         let (q, k, v) = (cat(0), cat(1), cat(2));
         let total_q: usize = seqs.iter().map(|s| s.queries).sum();
@@ -183,19 +238,8 @@ impl Packed {
     /// Runs into NaN-poisoned o and lse, split `splits` ways when given (else as the spec
     /// says); returns (o bits, lse `[Hq, total_q]`).
     fn run(&self, ctx: &Context, spec: &VarlenSpec, max: (usize, usize), splits: Option<usize>) -> Result<(Vec<u16>, Vec<f32>)> {
-        let batch = VarlenBatch {
-            cu_seqlens_q: SeqLensView::of(&self.cu_q),
-            cu_seqlens_k: SeqLensView::of(&self.cu_k),
-            seqused_k: self.used.as_ref().map(SeqLensView::of),
-            max_seqlen_q: max.0,
-            max_seqlen_k: max.1,
-        };
-        ctx.check_varlen(&batch, self.total_q, self.k.layout().shape[1])?;
-        let nan = match spec.dtype {
-            DType::F16 => 0x7e00,
-            DType::BF16 => 0x7fc0,
-        };
-        let mut o = DeviceTensor::filled(ctx, nan, self.q.layout().shape, spec.dtype)?;
+        let batch = self.batch(ctx, max)?;
+        let mut o = DeviceTensor::filled(ctx, nan_bits(spec.dtype), self.q.layout().shape, spec.dtype)?;
         let mut lse = ctx.stream().clone_htod(&vec![f32::NAN; (spec.heads_q * self.total_q).max(1)])?;
         let params = AttnParams { num_splits: splits.or(spec.splits), ..spec.params() };
         ctx.attention_varlen_into(self.q.view(), self.k.view(), self.v.view(), o.view_mut(), Some(&mut lse), &batch, &params)?;
@@ -206,19 +250,14 @@ impl Packed {
 }
 
 pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
+    if spec.family.is_backward() {
+        return crate::check_varlen_bwd::check_one(ctx, spec);
+    }
     let (hq, hkv, d) = (spec.heads_q, spec.heads_kv, spec.head_dim);
     let scale = 1.0 / (d as f64).sqrt();
-    let host: Vec<_> = spec
-        .seqs
-        .iter()
-        .enumerate()
-        .map(|(i, s)| {
-            let case = Case::new(1, s.queries, s.keys + s.slack, hq, hkv, d, spec.causal, spec.dtype);
-            random_qkv(&case, spec.inputs, 0x7a21 ^ (i as u64) << 8 ^ d as u64)
-        })
-        .collect();
+    let host = spec.host_inputs();
     let parts: Vec<_> = host.iter().map(|h| (&h.q[..], &h.k[..], &h.v[..])).collect();
-    let max = (spec.max(|s| s.queries), spec.max(|s| s.keys + if spec.seqused { 0 } else { s.slack }));
+    let max = spec.maxima();
     let packed = Packed::upload(ctx, spec, &parts, &spec.seqs)?;
     let (o_bits, lse) = packed.run(ctx, spec, max, None)?;
     let (o_bits2, lse2) = packed.run(ctx, spec, max, None)?;
@@ -240,12 +279,7 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
         let (o, l) = if s.keys == 0 {
             (vec![0.0; s.queries * hq * d], vec![f64::NEG_INFINITY; hq * s.queries])
         } else {
-            let mask = RefMask {
-                causal: spec.causal,
-                window: (spec.window != Window::UNBOUNDED).then_some(spec.window),
-                softcap: spec.softcap as f64,
-            };
-            let r = reference::attention_masked(&wide(&h.q), &wide(&h.k[..used]), &wide(&h.v[..used]), &shape, scale, &mask);
+            let r = reference::attention_masked(&wide(&h.q), &wide(&h.k[..used]), &wide(&h.v[..used]), &shape, scale, &spec.mask());
             (r.o, r.lse)
         };
         ref_o.extend(o);

@@ -23,12 +23,13 @@ pub struct CompileArgs {
     /// Also every forward variant with each score policy: a sliding window, a softcap, both.
     #[arg(long)]
     mods: bool,
-    /// Only variants of this dtype (f16 or bf16).
-    #[arg(long, value_parser = ["f16", "bf16"])]
-    dtype: Option<String>,
-    /// Also every forward variant's varlen form (and, with --mods, its policies' varlen forms).
+    /// Also the varlen form of every variant that has one (fwd_sm80, fwd_sm90, bwd_sm80; with
+    /// --mods, its policies' varlen forms too).
     #[arg(long)]
     varlen: bool,
+    /// Only variants of this dtype (f16 or bf16).
+    #[arg(long)]
+    dtype: Option<String>,
 }
 
 /// `v`, and with `mods` its sliding-window, softcap and combined forms where the dispatcher
@@ -53,6 +54,12 @@ pub fn run(args: &CompileArgs) -> Result<bool> {
         Some(n) => vec![KernelFamily::parse(n).ok_or_else(|| anyhow!("unknown kernel {n:?}"))?],
         None => KernelFamily::ALL.to_vec(),
     };
+    let dtype = match args.dtype.as_deref() {
+        None => None,
+        Some("f16") => Some(flashcore::DType::F16),
+        Some("bf16") => Some(flashcore::DType::BF16),
+        Some(other) => return Err(anyhow!("unknown dtype {other:?} (f16 or bf16)")),
+    };
     let tmp = tempfile::tempdir()?;
     let cache = if args.no_cache { DiskCache::new(tmp.path()) } else { DiskCache::new(DiskCache::default_dir()) };
     let jit = Jit::new(cache);
@@ -60,7 +67,7 @@ pub fn run(args: &CompileArgs) -> Result<bool> {
     let jobs: Vec<(Arch, Variant)> = archs
         .iter()
         .flat_map(|&a| families.iter().filter(move |f| f.runs_on(a)).flat_map(move |f| f.variants(a).into_iter().map(move |v| (a, v))))
-        .filter(|(_, v)| args.dtype.as_deref().map_or(true, |d| d == v.dtype.name()))
+        .filter(|(_, v)| dtype.map_or(true, |d| v.dtype == d))
         .flat_map(|(a, v)| with_mods(v, args.mods, args.varlen).into_iter().map(move |v| (a, v)))
         .collect();
     let results: Vec<_> = jobs.par_iter().map(|(arch, v)| (arch, v, jit.compile(&v.source(), *arch))).collect();

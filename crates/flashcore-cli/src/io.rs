@@ -155,7 +155,10 @@ pub fn read_dout(path: &Path, q: &HostTensor) -> Result<Option<HostTensor>, IoEr
     if !file.names().contains(&"do") {
         return Ok(None);
     }
-    let dout = read_tensor(&file, path, "do")?;
+    let mut dout = read_tensor(&file, path, "do")?;
+    if dout.shape.len() == 3 && q.shape.len() == 4 && q.shape[0] == 1 {
+        dout.shape.insert(0, 1); // packed, [total_q, Hq, D] as `q` was read
+    }
     if dout.dtype != q.dtype {
         let (dtype, expected) = (format!("{:?}", dout.dtype), format!("{:?} like `q`", q.dtype));
         return Err(IoError::WrongDType { path: path.into(), name: "do", dtype, expected });

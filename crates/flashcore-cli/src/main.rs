@@ -8,6 +8,7 @@ mod cases;
 mod check;
 mod check_bwd;
 mod check_varlen;
+mod check_varlen_bwd;
 mod compile;
 mod info;
 mod io;

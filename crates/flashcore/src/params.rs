@@ -32,6 +32,11 @@ pub struct AttnParams {
     /// merged by a second pass). `None` picks it from the grid and the GPU (decode and
     /// other grids too small to fill it are split); `Some(1)` never splits. Only the
     /// `fwd_sm80` family splits; capped at the number of key tiles.
+    ///
+    /// In a deterministic backward run by bwd_sm80, the number of slices dQ's sums are split
+    /// into (CTAs a KV head; `None`: as many as fill the GPU once), capped at the key blocks:
+    /// the gradients are bitwise the same for the same count, so a fixed count makes a
+    /// sequence's gradients in a packed batch bitwise those of the sequence alone.
     pub num_splits: Option<usize>,
     /// Backward only: bitwise-reproducible gradients (no order-dependent float atomics), at
     /// a cost, run to run on one GPU model (bwd_sm80 splits dQ's sums by the SM count). The

@@ -97,9 +97,14 @@ pub(crate) struct BwdParams {
     pub window_right: i32,
     pub softcap: f32,
     pub softcap_scale: f32,
+    pub cu_seqlens_q: u64,
+    pub cu_seqlens_k: u64,
+    pub seqused_k: u64,
+    pub total_q: i32,
+    pub total_k: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<BwdParams>() == 88 + 8 * 24 + 64);
+const _: () = assert!(std::mem::size_of::<BwdParams>() == 88 + 8 * 24 + 64 + 32);
 
 // SAFETY: plain old data with the C layout the kernels expect.
 unsafe impl DeviceRepr for BwdParams {}
@@ -259,8 +264,8 @@ pub struct Variant {
     pub split_kv: bool,
     /// The compile-time score policies beyond the causal mask (none for the reference).
     pub mods: ScoreMods,
-    /// `FC_VARLEN`: a packed batch of sequences of their own lengths (`cu_seqlens`; forward
-    /// kernels only).
+    /// `FC_VARLEN`: a packed batch of sequences of their own lengths (`cu_seqlens`; fwd_sm80,
+    /// fwd_sm90 and bwd_sm80).
     pub varlen: bool,
 }
 
@@ -279,10 +284,11 @@ pub fn mods_forms(v: &Variant) -> Vec<Variant> {
 }
 
 /// `v`'s varlen form (a packed batch: `cu_seqlens`), where the dispatcher runs one: every
-/// forward variant of fwd_sm80 and fwd_sm90.
+/// variant of fwd_sm80, fwd_sm90 and bwd_sm80 (the backward of every packed batch, on every
+/// arch).
 pub fn varlen_form(v: &Variant) -> Option<Variant> {
-    let forward = matches!(v.family, KernelFamily::FwdSm80 | KernelFamily::FwdSm90);
-    (forward && !v.varlen).then(|| Variant { varlen: true, ..v.clone() })
+    let packs = matches!(v.family, KernelFamily::FwdSm80 | KernelFamily::FwdSm90 | KernelFamily::BwdSm80);
+    (packs && !v.varlen).then(|| Variant { varlen: true, ..v.clone() })
 }
 
 /// Compile-time score policies of a variant (`kernels/common/mask.cuh`): a sliding window

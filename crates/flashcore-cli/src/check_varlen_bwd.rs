@@ -1,0 +1,167 @@
+//! `flashcore check`'s backward of packed (varlen) batches (bwd_sm80): the forward by the
+//! dispatcher's kernel, then the gradients twice into NaN-poisoned buffers; against the f64
+//! oracle run per sequence (zero where a sequence has no queries or no keys, and for the keys
+//! past seqused_k); and each sequence run alone as a batch of one, from the packed forward's
+//! own o and lse rows: dk and dv bitwise always (a CTA sums them in one fixed order), dq
+//! bitwise in deterministic mode at a forced split count (at the dispatcher's count, which
+//! depends on the number of sequences, a sequence alone sums its dQ in other slices; without
+//! deterministic mode dQ's atomics add in a varying order).
+
+use anyhow::Result;
+use cudarc::driver::CudaSlice;
+use flashcore::{reference, BwdInputs, Context, DType, DeviceTensor, GradsMut, KernelFamily, LseView, ProblemShape, VarlenBatch, Window};
+
+use crate::cases::{errors, normal, Inputs};
+use crate::check::Outcome;
+use crate::check_bwd::tolerance;
+use crate::check_varlen::{nan_bits, seqs, Packed, Seq, VarlenSpec};
+
+/// The issue's lengths 0, 1, 7, 113, 1000 and 4097 in one batch (Sq ≠ Sk both ways, a
+/// sequence with keys but no queries and one with queries but no keys), at D64 and D128 (the
+/// oracle's time); a mixed batch with GQA 4, also deterministic at a forced and at the
+/// dispatcher's split count; keys past seqused_k; a window, a softcap, both.
+pub fn specs(quick: bool, smoke: bool) -> Vec<VarlenSpec> {
+    let issue = seqs(&[(0, 5), (1, 1), (7, 300), (113, 113), (1000, 1200), (4097, 4097), (3, 0), (250, 90)]);
+    let mixed = seqs(&[(0, 5), (1, 1), (7, 300), (113, 113), (1000, 1200), (3, 0), (250, 90)]);
+    let slacked = [(7, 300, 5), (113, 113, 0), (0, 20, 4), (50, 0, 9), (200, 150, 1)]
+        .map(|(queries, keys, slack)| Seq { queries, keys, slack })
+        .to_vec();
+    let policies = seqs(&[(600, 600), (1, 200), (300, 700), (129, 64)]);
+    let family = KernelFamily::BwdSm80;
+    let dims: Vec<usize> = family.head_dims().iter().copied().filter(|&d| !(quick || smoke) || d == 64 || d == 128).collect();
+    let mut out = Vec::new();
+    for dtype in if smoke { &[DType::BF16][..] } else { &[DType::BF16, DType::F16][..] } {
+        for &d in &dims {
+            for causal in [false, true] {
+                let spec = |seqs: &Vec<Seq>, heads: (usize, usize)| VarlenSpec {
+                    family,
+                    seqs: seqs.clone(),
+                    heads_q: heads.0,
+                    heads_kv: heads.1,
+                    head_dim: d,
+                    causal,
+                    dtype: *dtype,
+                    window: Window::UNBOUNDED,
+                    softcap: 0.0,
+                    seqused: false,
+                    splits: None,
+                    inputs: Inputs::Normal,
+                    deterministic: false,
+                };
+                out.push(spec(&mixed, (8, 2)));
+                out.push(VarlenSpec { deterministic: true, splits: Some(3), ..spec(&mixed, (4, 2)) });
+                if smoke {
+                    continue;
+                }
+                out.push(VarlenSpec { seqused: true, ..spec(&slacked, (4, 1)) });
+                out.push(VarlenSpec { window: Window::new(127, 0), deterministic: true, ..spec(&policies, (4, 2)) });
+                out.push(VarlenSpec { softcap: 30.0, inputs: Inputs::LargeLogits, ..spec(&policies, (4, 1)) });
+                if (d == 64 || d == 128) && (*dtype == DType::BF16 || !quick) {
+                    out.push(spec(&issue, (2, 1)));
+                }
+                if !quick {
+                    let capped =
+                        VarlenSpec { window: Window::new(-1, 64), softcap: 50.0, inputs: Inputs::LargeLogits, ..spec(&mixed, (4, 4)) };
+                    out.push(capped);
+                    out.push(VarlenSpec { window: Window::new(256, 256), deterministic: true, splits: Some(2), ..spec(&policies, (2, 1)) });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The gradients (dq, dk, dv bits) of a packed problem into NaN-poisoned buffers.
+fn gradients(
+    ctx: &Context,
+    spec: &VarlenSpec,
+    packed: &Packed,
+    batch: &VarlenBatch,
+    o: &DeviceTensor,
+    lse: &CudaSlice<f32>,
+    dout: &DeviceTensor,
+) -> Result<[Vec<u16>; 3]> {
+    let nan = nan_bits(spec.dtype);
+    let mut dq = DeviceTensor::filled(ctx, nan, packed.q.layout().shape, spec.dtype)?;
+    let mut dk = DeviceTensor::filled(ctx, nan, packed.k.layout().shape, spec.dtype)?;
+    let mut dv = DeviceTensor::filled(ctx, nan, packed.v.layout().shape, spec.dtype)?;
+    let inputs =
+        BwdInputs { q: packed.q.view(), k: packed.k.view(), v: packed.v.view(), o: o.view(), lse: LseView::of(lse), dout: dout.view() };
+    let grads = GradsMut { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut() };
+    ctx.attention_varlen_backward_into(&inputs, grads, batch, &spec.params())?;
+    Ok([dq.to_bits(ctx)?, dk.to_bits(ctx)?, dv.to_bits(ctx)?])
+}
+
+pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
+    let (hq, hkv, d, dtype) = (spec.heads_q, spec.heads_kv, spec.head_dim, spec.dtype);
+    let host = spec.host_inputs();
+    let douts: Vec<Vec<f32>> =
+        spec.seqs.iter().enumerate().map(|(i, s)| normal(s.queries * hq * d, 1.0, dtype, 0xd0 ^ (i as u64) << 8 ^ d as u64)).collect();
+    let parts: Vec<_> = host.iter().map(|h| (&h.q[..], &h.k[..], &h.v[..])).collect();
+    let max = spec.maxima();
+    let packed = Packed::upload(ctx, spec, &parts, &spec.seqs)?;
+    let batch = packed.batch(ctx, max)?;
+    let dout = DeviceTensor::from_f32(ctx, &douts.concat(), [1, packed.total_q, hq, d], dtype)?;
+    let forward = flashcore::AttnParams { kernel: None, num_splits: None, deterministic: false, ..spec.params() };
+    let fwd = ctx.attention_varlen(packed.q.view(), packed.k.view(), packed.v.view(), &batch, &forward)?;
+    let first = gradients(ctx, spec, &packed, &batch, &fwd.o, &fwd.lse, &dout)?;
+    let second = gradients(ctx, spec, &packed, &batch, &fwd.o, &fwd.lse, &dout)?;
+    // dq adds with atomics in a varying order unless deterministic; dk and dv never do.
+    let repeats = usize::from(!spec.deterministic);
+    let deterministic = first[repeats..] == second[repeats..];
+
+    let (o_bits, lse) = (fwd.o.to_bits(ctx)?, ctx.stream().clone_dtoh(&fwd.lse)?);
+    let total_k: usize = spec.seqs.iter().map(|s| s.keys + s.slack).sum();
+    let mut want = [vec![0f64; packed.total_q * hq * d], vec![0f64; total_k * hkv * d], vec![0f64; total_k * hkv * d]];
+    let mut failure = None;
+    let (mut q0, mut k0) = (0, 0);
+    let wide = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
+    for (b, (s, h)) in spec.seqs.iter().zip(&host).enumerate() {
+        let (q_rows, k_rows) = (q0 * hq * d..(q0 + s.queries) * hq * d, k0 * hkv * d..(k0 + s.keys + s.slack) * hkv * d);
+        if s.queries > 0 && s.keys > 0 {
+            let shape = ProblemShape { batch: 1, seqlen_q: s.queries, seqlen_k: s.keys, heads_q: hq, heads_kv: hkv, head_dim: d };
+            let used = s.keys * hkv * d;
+            let (k, v) = (wide(&h.k[..used]), wide(&h.v[..used]));
+            let r =
+                reference::attention_backward_masked(&wide(&h.q), &k, &v, &wide(&douts[b]), &shape, 1.0 / (d as f64).sqrt(), &spec.mask());
+            want[0][q_rows.clone()].copy_from_slice(&r.dq);
+            want[1][k_rows.start..][..used].copy_from_slice(&r.dk);
+            want[2][k_rows.start..][..used].copy_from_slice(&r.dv);
+        }
+        // Alone: a batch of one at the same maxima, from the packed forward's rows (a sequence
+        // without queries or keys would be an empty tensor: the oracle's zeros check it).
+        if s.queries > 0 && s.keys + s.slack > 0 && failure.is_none() {
+            let alone = Packed::upload(ctx, spec, &parts[b..b + 1], &spec.seqs[b..b + 1])?;
+            let o = DeviceTensor::from_bits(ctx, &o_bits[q_rows.clone()], [1, s.queries, hq, d], dtype)?;
+            let rows: Vec<f32> = (0..hq).flat_map(|head| lse[head * packed.total_q + q0..][..s.queries].iter().copied()).collect();
+            let lse_alone = ctx.stream().clone_htod(&rows)?;
+            let dout_alone = DeviceTensor::from_f32(ctx, &douts[b], [1, s.queries, hq, d], dtype)?;
+            let got = gradients(ctx, spec, &alone, &alone.batch(ctx, max)?, &o, &lse_alone, &dout_alone)?;
+            let dq_too = spec.deterministic && spec.splits.is_some();
+            if got[1] != first[1][k_rows.clone()] || got[2] != first[2][k_rows.clone()] {
+                failure = Some(format!("sequence {b}: dk or dv differs bitwise from the same sequence run alone"));
+            } else if dq_too && got[0] != first[0][q_rows] {
+                failure = Some(format!("sequence {b}: dq differs bitwise from the same sequence run alone (deterministic)"));
+            }
+        }
+        q0 += s.queries;
+        k0 += s.keys + s.slack;
+    }
+    let (mut rel, mut max_abs) = (0f64, 0f64);
+    let bound = tolerance(dtype, spec.inputs);
+    for ((name, bits), want) in ["dq", "dk", "dv"].iter().zip(&first).zip(&want) {
+        let got: Vec<f32> = bits.iter().map(|&b| dtype.decode(b)).collect();
+        let (r, m) = errors(&got, want);
+        if got.iter().any(|x| !x.is_finite()) {
+            failure = Some(format!("NaN/Inf in {name} (unwritten or overflowed elements)"));
+        } else if r > bound {
+            failure.get_or_insert(format!("{name} rel error {r:.2e} > {bound:.1e}"));
+        }
+        rel = rel.max(r);
+        max_abs = max_abs.max(m);
+    }
+    if !deterministic {
+        failure.get_or_insert(format!("{} differ bitwise between two runs", if repeats == 1 { "dk or dv" } else { "the gradients" }));
+    }
+    Ok(Outcome { spec_name: spec.name(), kernel: spec.family, oracle: "cpu-f64", rel, max_abs, lse_err: 0.0, deterministic, failure })
+}
