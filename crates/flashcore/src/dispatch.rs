@@ -97,12 +97,42 @@ pub fn plan(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnPa
     plan_with(device, shape, dtype, params, false)
 }
 
+/// How a problem's keys are laid out, beyond the dense `[B, Sk, Hkv, D]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyLayout {
+    /// Dense tensors.
+    Dense,
+    /// A packed batch (`cu_seqlens`): [`crate::VarlenBatch`].
+    Varlen,
+    /// A KV cache, paged or contiguous, each sequence of its own length: [`crate::PagedKv`].
+    Paged,
+}
+
 /// [`plan`], or with `varlen` for a packed batch of `shape.batch` sequences of at most
 /// `shape.seqlen_q` / `seqlen_k` (the varlen form of the same variant, never GQA-packed:
 /// a packed row's sequence would be ambiguous).
 pub fn plan_with(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnParams, varlen: bool) -> Result<Plan> {
+    plan_for(device, shape, dtype, params, if varlen { KeyLayout::Varlen } else { KeyLayout::Dense })
+}
+
+/// [`plan`] for keys laid out as `keys` says. A paged cache (`shape.seqlen_k` its capacity)
+/// runs fwd_sm80's paged form on every arch (fwd_sm90 has none yet), split as a dense problem
+/// of that many keys would be, with GQA heads packed as rows for decode as dense.
+pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnParams, keys: KeyLayout) -> Result<Plan> {
+    let varlen = keys == KeyLayout::Varlen;
+    let paged = keys == KeyLayout::Paged;
     let arch = device.arch;
-    let family = params.kernel.unwrap_or_else(|| default_family(device, shape));
+    let family = match params.kernel {
+        Some(f) => f,
+        None if paged => KernelFamily::FwdSm80,
+        None => default_family(device, shape),
+    };
+    if paged && family != KernelFamily::FwdSm80 && !family.is_backward() {
+        return Err(Error::Unsupported {
+            kernel: family.name().into(),
+            msg: "takes no KV cache: fwd_sm80 runs paged and contiguous caches on every arch".into(),
+        });
+    }
     if family.is_backward() {
         return Err(not_a_forward(family));
     }
@@ -146,6 +176,7 @@ pub fn plan_with(device: &Device, shape: &ProblemShape, dtype: DType, params: &A
     if family != KernelFamily::Reference {
         plan.variant.mods = mods;
         plan.variant.varlen = varlen;
+        plan.variant.paged = paged;
     }
     plan.packed_gqa = packed_gqa;
     Ok(plan)
