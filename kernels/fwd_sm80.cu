@@ -82,6 +82,18 @@
 // varlen forms (CUDA 13 NVRTC, sm_80/sm_86 every tile above, split or not): 0 spills, within
 // -8 / +12 of the dense form's (most within 4); dense SASS unchanged. sm_90a: 0 spills but for
 // D128 128x64 full (255 registers, 4 B spilled; its causal form none).
+// FC_PAGED=1 (a KV cache, common/paged.cuh; the only kernel with this form: the host runs paged
+// and contiguous caches here on every arch): k, v are the caches (pools of pages through
+// p.block_table, *_stride_b 0; or contiguous [B, capacity, Hkv, D] when p.block_table is null),
+// q, o, lse dense; sequence b has min(p.seqused_k[b] + p.new_keys, p.seqlen_k) keys, p.seqlen_k
+// the capacity (the grid's and the split count's extent; each sequence's key tiles shared out
+// as varlen's). Key tiles are loaded by 16-key groups: lane g of each warp looks up the pool row
+// offset of group g of the next tile one tile ahead (the table read overlaps a tile's compute),
+// and each 16-byte copy takes its row's offset by a shuffle; GQA decode packs heads as rows as
+// dense. Entry fc_paged_append(FwdParams p) (common/paged.cuh) writes p.k_new, p.v_new first;
+// on sm_90 this kernel is launched as its programmatic dependent and waits (griddep::wait)
+// before its first K/V copy. Registers (CUDA 13.0 NVRTC, sm_90a, bf16 = f16, 0 spills at every
+// tile): within -2 / +15 of the dense form's (split D128 64x128: 226 / 229 against 222 / 225).
 #include "common/mask.cuh"
 #include "common/paged.cuh"
 #include "common/params.cuh"

@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
 use crate::cases::{errors, random_qkv, Case, Inputs, Storage, Stored};
-use crate::{bench_bwd, suites};
+use crate::{bench_bwd, bench_paged, suites};
 
 /// Query rows checked against the GPU reference after timing (the last rows, which keep
 /// the bottom-right causal alignment when the queries are narrowed).
@@ -19,7 +19,8 @@ const VERIFY_ROWS: usize = 128;
 #[derive(clap::Args)]
 pub struct BenchArgs {
     /// Suite to run: quick, seed, sweep, small, dims; bwd (the sweep's cases, backward alone
-    /// and forward + backward), bwd-dims (the same for the dims suite's cases).
+    /// and forward + backward), bwd-dims (the same for the dims suite's cases); paged (decode
+    /// over a paged KV cache beside the contiguous decode).
     #[arg(long, default_value = "quick")]
     suite: String,
     /// Only the cases whose name contains any of these substrings (comma-separated), e.g.
@@ -129,6 +130,11 @@ pub fn run(args: &BenchArgs) -> Result<bool> {
     let mut rows = Vec::new();
     for case in &cases {
         bar.set_message(case.name.clone());
+        if suite_name == "paged" {
+            rows.extend(bench_paged::rows(&ctx, case, args.samples)?);
+            bar.inc(1);
+            continue;
+        }
         let row = if suites::is_backward(&suite_name) {
             bench_bwd::bench_case(&ctx, case, args.samples, args.eager, args.inputs, args.deterministic, family)?
         } else {

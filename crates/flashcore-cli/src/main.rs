@@ -3,9 +3,11 @@
 mod attn;
 mod bench;
 mod bench_bwd;
+mod bench_paged;
 mod cases;
 mod check;
 mod check_bwd;
+mod check_paged;
 mod check_varlen;
 mod compile;
 mod info;

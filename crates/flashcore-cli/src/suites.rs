@@ -4,7 +4,7 @@ use flashcore::DType;
 
 use crate::cases::Case;
 
-pub const NAMES: &[&str] = &["quick", "seed", "sweep", "small", "dims", "bwd", "bwd-dims"];
+pub const NAMES: &[&str] = &["quick", "seed", "sweep", "small", "dims", "bwd", "bwd-dims", "paged"];
 
 /// Whether suite `name` times the backward (`bench_bwd`) rather than the forward.
 pub fn is_backward(name: &str) -> bool {
@@ -78,6 +78,9 @@ pub fn suite(name: &str) -> Option<Vec<Case>> {
             }
             v
         }
+        // Decode (B8 Hq32/Hkv8 D128) from 4k to 128k keys: each case's contiguous decode beside
+        // the same cache paged (`bench_paged`).
+        "paged" => [4096, 8192, 16384, 32768, 65536, 131072].map(|s| decode_case(8, s)).to_vec(),
         _ => return None,
     };
     Some(cases)
