@@ -210,6 +210,10 @@ template <class Tile> struct TileLoader {
                                        kRows % kGroupRows == 0;
     static_assert(Tile::kBytes / 16 % kThreads == 0, "whole 16-byte chunks per thread");
     static_assert(kCopies % kKeys == 0 || kCopies < kKeys, "copies cover whole 8-row groups");
+    // Paged: a regular loader's copy i is row r0 + i * kRowsPerPass with r0 < kRowsPerPass, so
+    // when kRowsPerPass divides 16 its 16-key group is i * kRowsPerPass / 16 at compile time.
+    static constexpr bool kExactGroups = kRegular && 16 % kRowsPerPass == 0;
+    static constexpr int kGroups = kRows / 16;
 
     int tid;
     __device__ __forceinline__ explicit TileLoader(int t) : tid(t) {}
@@ -223,7 +227,26 @@ template <class Tile> struct TileLoader {
             if constexpr (!kPagedRows) return src;
             return src + static_cast<i64>(__shfl_sync(0xffffffffu, delta, row / paged::kGroupKeys)) * row_stride;
         };
-        if constexpr (kRegular) {
+        if constexpr (kRegular && kPagedRows && kExactGroups) {
+            // Each group's offset fetched once, all before the first copy: the copies then
+            // issue back to back, as the dense loads do (a shuffle on each copy's path held
+            // up the burst).
+            const int r0 = tid / Tile::kChunks, c = tid % Tile::kChunks;
+            u32 dst[kKeys];
+#pragma unroll
+            for (int k = 0; k < kKeys; ++k) dst[k] = smem + Tile::offset(r0 + k * kRowsPerPass, c);
+            int group_delta[kGroups];
+#pragma unroll
+            for (int group = 0; group < kGroups; ++group) group_delta[group] = __shfl_sync(0xffffffffu, delta, group);
+            const elem_t* src = g + r0 * row_stride + c * 8;
+#pragma unroll
+            for (int i = 0; i < kCopies; ++i) {
+                const u32 row_group = static_cast<u32>(i / kKeys * kRowsPerPass * kKeys) * Tile::kRowBytes;
+                const elem_t* row = src + static_cast<i64>(group_delta[i * kRowsPerPass / paged::kGroupKeys]) * row_stride;
+                cp_async::copy16(dst[i % kKeys] + row_group, row, r0 + i * kRowsPerPass < valid);
+                src += kRowsPerPass * row_stride;
+            }
+        } else if constexpr (kRegular) {
             const int r0 = tid / Tile::kChunks, c = tid % Tile::kChunks;
             u32 dst[kKeys];
 #pragma unroll

@@ -12,11 +12,14 @@ use rand::SeedableRng;
 use crate::bench::{unsupported, Row};
 use crate::cases::Case;
 
-/// Page sizes timed.
-const PAGES: [usize; 2] = [16, 64];
+/// Page sizes timed, and whether the table is shuffled (ordered: page `i` of sequence `b` is
+/// pool page `b * pages + i`, the contiguous cache's own layout, which isolates the kernel's
+/// cost from the scattered pages').
+const PAGES: [(usize, bool); 4] = [(16, true), (64, true), (256, true), (16, false)];
 
 /// Rows for one decode `case` (`Sq = 1`): `dense` (our contiguous decode), then per page size
-/// `paged{P}` and `paged{P}+append` (S - 1 cached keys and one appended: the same keys read).
+/// `paged{P}` and `paged{P}+append` (S - 1 cached keys and one appended: the same keys read),
+/// and `paged16-ordered` (an unshuffled table).
 /// K and V hold one value everywhere (the speed of these memory-bound kernels does not depend
 /// on it; `check` covers correctness); one buffer serves every layout.
 pub fn rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> {
@@ -50,20 +53,22 @@ pub fn rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> {
     let mut out = Vec::new();
     let dense = time(ctx, opts, |_| ctx.attention_into(q.view(), k.view(), v.view(), o.view_mut(), Some(&mut lse), &params))?;
     out.push(row("dense", ctx.plan(&case.shape(), dtype, &params)?.describe(), dense));
-    for page in PAGES {
+    for (page, shuffled) in PAGES {
         if s % page != 0 {
             out.push(unsupported(case, "unsupported", format!("S {s} is not a multiple of page size {page}")));
             continue;
         }
         let pages = b * s / page;
         let mut ids: Vec<i32> = (0..pages as i32).collect();
-        ids.shuffle(&mut rand::rngs::StdRng::seed_from_u64(page as u64));
+        if shuffled {
+            ids.shuffle(&mut rand::rngs::StdRng::seed_from_u64(page as u64));
+        }
         let table = ctx.stream().clone_htod(&ids)?;
         // SAFETY: the pools are k's and v's buffers (b * s * hkv * d elements) seen as pages.
         let pool = |t: &DeviceTensor| unsafe { TensorView::from_raw(t.view().ptr(), Layout::contiguous([pages, page, hkv, d], dtype), 0) };
         let full = ctx.stream().clone_htod(&vec![s as i32; b])?;
         let short = ctx.stream().clone_htod(&vec![s as i32 - 1; b])?;
-        for append in [false, true] {
+        for append in [false, true].into_iter().filter(|&a| shuffled || !a) {
             let kv = PagedKv {
                 block_table: Some(BlockTableView::of(&table, b, s / page)?),
                 cache_seqlens: Some(SeqLensView::of(if append { &short } else { &full })),
@@ -72,7 +77,7 @@ pub fn rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> {
             };
             let t =
                 time(ctx, opts, |_| ctx.attention_paged_into(q.view(), pool(&k), pool(&v), o.view_mut(), Some(&mut lse), &kv, &params))?;
-            let name = format!("paged{page}{}", if append { "+append" } else { "" });
+            let name = format!("paged{page}{}{}", if shuffled { "" } else { "-ordered" }, if append { "+append" } else { "" });
             out.push(row(&name, format!("{} paged", ctx.plan(&case.shape(), dtype, &params)?.describe()), t));
         }
     }
