@@ -220,7 +220,7 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
         (_, true) => Depth::Quick,
         _ => Depth::Full,
     };
-    let group = |name: &str| args.only.as_deref().is_none_or(|only| only == name);
+    let group = |name: &str| args.only.as_deref().map_or(true, |only| only == name);
     let forward = families.iter().filter(|f| !f.is_backward() && group("forward"));
     let all: Vec<(KernelFamily, Spec)> = forward.flat_map(|&f| specs(f, depth).into_iter().map(move |s| (f, s))).collect();
     // The backward's kernels: bwd_sm80, bwd_sm90, and the reference (which has both passes).

@@ -324,6 +324,22 @@ mod tests {
     }
 
     #[test]
+    fn a_kv_cache_runs_fwd_sm80_paged_on_hopper_split_and_gqa_packed_as_dense() {
+        let paged = plan_for(&h100(), &decode(8, 4096), DType::BF16, &AttnParams::default(), KeyLayout::Paged).unwrap();
+        let dense = pick(&h100(), &decode(8, 4096), &AttnParams::default());
+        assert!(paged.variant.paged && paged.variant.name().ends_with("_paged"));
+        assert_eq!(Variant { paged: false, ..paged.variant.clone() }, dense.variant);
+        assert_eq!((paged.splits, paged.split_tiles, paged.packed_gqa), (dense.splits, dense.split_tiles, true));
+        // Chunked prefill: the unsplit tile, as dense on fwd_sm80.
+        let prefill = ProblemShape { batch: 4, seqlen_q: 2048, seqlen_k: 16384, heads_q: 32, heads_kv: 8, head_dim: 128 };
+        let p = plan_for(&h100(), &prefill, DType::BF16, &AttnParams::causal(), KeyLayout::Paged).unwrap();
+        assert!(p.variant.paged && !p.variant.split_kv && p.variant.family == KernelFamily::FwdSm80);
+        // Forcing a family without a paged form is an error naming it.
+        let sm90 = AttnParams { kernel: Some(KernelFamily::FwdSm90), ..AttnParams::default() };
+        assert!(matches!(plan_for(&h100(), &prefill, DType::BF16, &sm90, KeyLayout::Paged), Err(Error::Unsupported { .. })));
+    }
+
+    #[test]
     fn pre_ampere_is_unsupported() {
         assert!(matches!(plan(&on("sm_75"), &shape(64), DType::F16, &AttnParams::default()), Err(Error::Unsupported { .. })));
     }
