@@ -465,7 +465,7 @@ impl Context {
     /// Checks a cache's device values (the block table's used entries, `cache_seqlens`)
     /// against [`PagedKv`]'s contract for these caches (the host-visible arguments first, as
     /// [`Context::attention_paged`] would): copies them to the host, so it waits for this
-    /// context's stream (a debugging aid; the CLI runs it on every call). The error names the
+    /// context's stream (a debugging aid; `flashcore check` runs it on every paged case). The error names the
     /// first bad entry.
     pub fn check_paged(&self, q: TensorView, k_cache: TensorView, v_cache: TensorView, kv: &PagedKv) -> Result<()> {
         let g = kv.validate(&q, &k_cache, &v_cache, &q, self.ordinal())?;

@@ -42,7 +42,7 @@
 //! (`torch.gather` of `kv_indices` at `kv_indptr[:-1, None] + arange(max_pages)`, clamped) and
 //! O(B) arithmetic, with no synchronisation; FlashInfer's `[num_pages, 2, page_size, H, D]`
 //! cache is `k_cache = cache[:, 0]`, `v_cache = cache[:, 1]` (page stride `2 * page_size`
-//! rows).
+//! rows). Its page size must be one of ours (a multiple of 16).
 
 use std::marker::PhantomData;
 
