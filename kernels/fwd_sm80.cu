@@ -89,7 +89,9 @@
 // the capacity (the grid's and the split count's extent; each sequence's key tiles shared out
 // as varlen's). Key tiles are loaded by 16-key groups: lane g of each warp looks up the pool row
 // offset of group g of the next tile one tile ahead (the table read overlaps a tile's compute),
-// and each 16-byte copy takes its row's offset by a shuffle; GQA decode packs heads as rows as
+// and each 16-byte copy adds its row's group offset, taken from that lane by a shuffle (once a
+// group before the copies where the loader's rows make the group known at compile time: every
+// split tile and the D64-D256 unsplit ones); GQA decode packs heads as rows as
 // dense. Entry fc_paged_append(FwdParams p) (common/paged.cuh) writes p.k_new, p.v_new first;
 // on sm_90 this kernel is launched as its programmatic dependent and waits (griddep::wait)
 // before its first K/V copy. Registers (CUDA 13.0 NVRTC, sm_90a, bf16 = f16, 0 spills at every
