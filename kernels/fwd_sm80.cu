@@ -90,8 +90,8 @@
 // as varlen's). Key tiles are loaded by 16-key groups: lane g of each warp looks up the pool row
 // offset of group g of the next tile one tile ahead (the table read overlaps a tile's compute),
 // and each 16-byte copy adds its row's group offset, taken from that lane by a shuffle (once a
-// group before the copies where the loader's rows make the group known at compile time: every
-// split tile and the D64-D256 unsplit ones); GQA decode packs heads as rows as
+// group before the copies where the loader's rows make the group known at compile time: D64,
+// D128 and D256; per copy for D32, D96 and D192); GQA decode packs heads as rows as
 // dense. Entry fc_paged_append(FwdParams p) (common/paged.cuh) writes p.k_new, p.v_new first;
 // on sm_90 this kernel is launched as its programmatic dependent and waits (griddep::wait)
 // before its first K/V copy. Registers (CUDA 13.0 NVRTC, sm_90a, bf16 = f16, 0 spills at every
