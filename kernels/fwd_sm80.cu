@@ -82,7 +82,22 @@
 // varlen forms (CUDA 13 NVRTC, sm_80/sm_86 every tile above, split or not): 0 spills, within
 // -8 / +12 of the dense form's (most within 4); dense SASS unchanged. sm_90a: 0 spills but for
 // D128 128x64 full (255 registers, 4 B spilled; its causal form none).
+// FC_PAGED=1 (a KV cache, common/paged.cuh; the only kernel with this form: the host runs paged
+// and contiguous caches here on every arch): k, v are the caches (pools of pages through
+// p.block_table, *_stride_b 0; or contiguous [B, capacity, Hkv, D] when p.block_table is null),
+// q, o, lse dense; sequence b has min(p.seqused_k[b] + p.new_keys, p.seqlen_k) keys, p.seqlen_k
+// the capacity (the grid's and the split count's extent; each sequence's key tiles shared out
+// as varlen's). Key tiles are loaded by 16-key groups: lane g of each warp looks up the pool row
+// offset of group g of the next tile one tile ahead (the table read overlaps a tile's compute),
+// and each 16-byte copy adds its row's group offset, taken from that lane by a shuffle (once a
+// group before the copies where the loader's rows make the group known at compile time: D64,
+// D128 and D256; per copy for D32, D96 and D192); GQA decode packs heads as rows as
+// dense. Entry fc_paged_append(FwdParams p) (common/paged.cuh) writes p.k_new, p.v_new first;
+// on sm_90 this kernel is launched as its programmatic dependent and waits (griddep::wait)
+// before its first K/V copy. Registers (CUDA 13.0 NVRTC, sm_90a, bf16 = f16, 0 spills at every
+// tile): within -2 / +15 of the dense form's (split D128 64x128: 226 / 229 against 222 / 225).
 #include "common/mask.cuh"
+#include "common/paged.cuh"
 #include "common/params.cuh"
 #include "common/sequence.cuh"
 #include "common/softmax.cuh"
@@ -131,6 +146,10 @@ constexpr bool kLocal = FC_LOCAL != 0;      // sliding window (common/mask.cuh)
 constexpr bool kSoftcap = FC_SOFTCAP != 0;  // logit softcapping (common/mask.cuh)
 constexpr bool kSplitKv = FC_SPLIT_KV != 0;
 constexpr bool kVarlen = FC_VARLEN != 0;  // a packed batch of sequences (common/sequence.cuh)
+constexpr bool kPaged = FC_PAGED != 0;    // keys from a paged (or contiguous) cache (common/paged.cuh)
+// Each batch entry has keys of its own count (a packed batch's, or a cache's cache_seqlens).
+constexpr bool kPerSequenceKeys = kVarlen || kPaged;
+static_assert(!(kVarlen && kPaged), "a packed batch over a paged cache is not a form");
 // Causal tiles differ in length: taken longest first (in L2-sized sections of heads) the
 // last wave is not left with a few long tiles. Measured on H100 (docs/perf-log.md): +4-10%
 // at D128/D256 from S = 1k, but -5% at D64 S <= 1k and -5% with the single-buffer D256
@@ -193,13 +212,43 @@ template <class Tile> struct TileLoader {
                                        kRows % kGroupRows == 0;
     static_assert(Tile::kBytes / 16 % kThreads == 0, "whole 16-byte chunks per thread");
     static_assert(kCopies % kKeys == 0 || kCopies < kKeys, "copies cover whole 8-row groups");
+    // Paged: a regular loader's copy i is row r0 + i * kRowsPerPass with r0 < kRowsPerPass, so
+    // when kRowsPerPass divides 16 its 16-key group is i * kRowsPerPass / 16 at compile time.
+    static constexpr bool kExactGroups = kRegular && 16 % kRowsPerPass == 0;
+    static constexpr int kGroups = kRows / 16;
 
     int tid;
     __device__ __forceinline__ explicit TileLoader(int t) : tid(t) {}
 
-    __device__ __forceinline__ void operator()(u32 smem, const elem_t* g, i64 row_stride, int valid) const {
+    // Paged (kPagedRows): row r of the tile lies row_delta rows further, row_delta of its
+    // group of 16 keys (common/paged.cuh) held by lane r / 16 of the warp in `delta`.
+    template <bool kPagedRows = false>
+    __device__ __forceinline__ void operator()(u32 smem, const elem_t* g, i64 row_stride, int valid, int delta = 0) const {
         const int tid = recomputed(this->tid);
-        if constexpr (kRegular) {
+        auto paged = [&](const elem_t* src, int row) {
+            if constexpr (!kPagedRows) return src;
+            return src + static_cast<i64>(__shfl_sync(0xffffffffu, delta, row / paged::kGroupKeys)) * row_stride;
+        };
+        if constexpr (kRegular && kPagedRows && kExactGroups) {
+            // Each group's offset fetched once, all before the first copy: the copies then
+            // issue back to back, as the dense loads do (a shuffle on each copy's path held
+            // up the burst).
+            const int r0 = tid / Tile::kChunks, c = tid % Tile::kChunks;
+            u32 dst[kKeys];
+#pragma unroll
+            for (int k = 0; k < kKeys; ++k) dst[k] = smem + Tile::offset(r0 + k * kRowsPerPass, c);
+            int group_delta[kGroups];
+#pragma unroll
+            for (int group = 0; group < kGroups; ++group) group_delta[group] = __shfl_sync(0xffffffffu, delta, group);
+            const elem_t* src = g + r0 * row_stride + c * 8;
+#pragma unroll
+            for (int i = 0; i < kCopies; ++i) {
+                const u32 row_group = static_cast<u32>(i / kKeys * kRowsPerPass * kKeys) * Tile::kRowBytes;
+                const elem_t* row = src + static_cast<i64>(group_delta[i * kRowsPerPass / paged::kGroupKeys]) * row_stride;
+                cp_async::copy16(dst[i % kKeys] + row_group, row, r0 + i * kRowsPerPass < valid);
+                src += kRowsPerPass * row_stride;
+            }
+        } else if constexpr (kRegular) {
             const int r0 = tid / Tile::kChunks, c = tid % Tile::kChunks;
             u32 dst[kKeys];
 #pragma unroll
@@ -209,7 +258,7 @@ template <class Tile> struct TileLoader {
             for (int i = 0; i < kCopies; ++i) {
                 // copy i is row r0 + i * kRowsPerPass: 8-row group i / kKeys, residue key i % kKeys
                 const u32 row_group = static_cast<u32>(i / kKeys * kRowsPerPass * kKeys) * Tile::kRowBytes;
-                cp_async::copy16(dst[i % kKeys] + row_group, src, r0 + i * kRowsPerPass < valid);
+                cp_async::copy16(dst[i % kKeys] + row_group, paged(src, r0 + i * kRowsPerPass), r0 + i * kRowsPerPass < valid);
                 src += kRowsPerPass * row_stride;  // a running pointer: no per-copy offsets live
             }
         } else if constexpr (kGroupwise) {
@@ -220,8 +269,8 @@ template <class Tile> struct TileLoader {
             for (int i = 0; i < kRows / kGroupRows; ++i) {
 #pragma unroll
                 for (int group = 0; group < Tile::kChunks / 8; ++group)
-                    cp_async::copy16(dst + (i * kGroupRows * Tile::kRowBytes + 128 * group), src + 64 * group,
-                                     r0 + i * kGroupRows < valid);
+                    cp_async::copy16(dst + (i * kGroupRows * Tile::kRowBytes + 128 * group),
+                                     paged(src, r0 + i * kGroupRows) + 64 * group, r0 + i * kGroupRows < valid);
                 src += kGroupRows * row_stride;
             }
         } else {
@@ -230,7 +279,7 @@ template <class Tile> struct TileLoader {
                 const int id = tid + i * kThreads;
                 const int r = id / Tile::kChunks, c = id % Tile::kChunks;
                 const bool ok = r < valid;
-                cp_async::copy16(smem + Tile::offset(r, c), g + r * row_stride + c * 8, ok);
+                cp_async::copy16(smem + Tile::offset(r, c), paged(g + r * row_stride + c * 8, r), ok);
             }
         }
     }
@@ -312,6 +361,11 @@ __device__ __forceinline__ u32 after_softmax(u32 addr, const OnlineSoftmax<kMTil
     return addr + ((bits & static_cast<u32>(seqlen_k)) >> 31);
 }
 
+// Batch entry `batch`'s lengths and offsets (common/sequence.cuh, common/paged.cuh).
+__device__ __forceinline__ Sequence sequence_at(const FwdParams& p, int batch) {
+    return kPaged ? paged::sequence(p, batch) : sequence<kVarlen>(p, batch);
+}
+
 // The query tile a CTA computes, and its key split.
 struct QueryTile {
     int m0, head, batch, kv_head, split;
@@ -357,7 +411,7 @@ __device__ __forceinline__ KeyBlocks key_range(int m0, const Sequence& seq, cons
     return {0, (end + kBlockN - 1) / kBlockN, 0, full / kBlockN};
 }
 
-// Split-KV: key tiles per split. Dense, the host's p.split_tiles. Varlen, each sequence's
+// Split-KV: key tiles per split. Dense, the host's p.split_tiles. Varlen or paged, each sequence's
 // own: the key tiles one of its query tiles visits at most, shared out among p.num_splits
 // exactly as the host shares out a dense problem's (dispatch.rs, sm80_plan: tiles_per_split
 // of min(ceil(keys / BLOCK_N) + 1, ceil(Sk / BLOCK_N)), keys = min(Sk, window span +
@@ -365,7 +419,7 @@ __device__ __forceinline__ KeyBlocks key_range(int m0, const Sequence& seq, cons
 // the first ones by the longest sequence's count, and each sequence is split as it would be
 // alone with the same split count. Splits past a sequence's tiles visit none (LSE -inf).
 __device__ __forceinline__ int split_tiles(const Sequence& seq, const FwdParams& p) {
-    if (!kVarlen) return p.split_tiles;
+    if (!kPerSequenceKeys) return p.split_tiles;
     int tiles = (seq.seqlen_k + kBlockN - 1) / kBlockN;
     if (kLocal && p.window_left >= 0 && p.window_right >= 0) {
         // The window's span clamped term by term: left + right may not fit an int.
@@ -485,8 +539,8 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
     // Tile t's sequence (common/sequence.cuh). Varlen: read once, and again (like the tile)
     // where needed when longest first. Dense: the lengths read from p where they are used, as
     // before varlen, so that the code stays the same instruction for instruction.
-    const Sequence seq0 = sequence<kVarlen>(p, batch);
-    auto sequence_of = [&](const QueryTile& t) { return kVarlen && !kLongestFirst ? seq0 : sequence<kVarlen>(p, t.batch); };
+    const Sequence seq0 = sequence_at(p, batch);
+    auto sequence_of = [&](const QueryTile& t) { return kPerSequenceKeys && !kLongestFirst ? seq0 : sequence_at(p, t.batch); };
     if (kVarlen && m0 >= seq0.seqlen_q) return;  // past its sequence's queries (the grid is the longest one's)
     const int rows_valid = sequence_of(tile0).seqlen_q - m0;
 
@@ -506,6 +560,19 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
         tile_end = min(keys.end, tile_begin + per_split);
     }
     const int n_tiles = tile_end - tile_begin;  // >= 0: begin <= end (KeyBlocks)
+    // Paged: lane g's row_delta for keys 16g... of the next tile to load. Tiles load in order
+    // (0, 1, ...; K before V), so each load takes this and looks up the next tile's: the
+    // table read is in flight while a tile computes, never on the path to a copy's issue.
+    auto page_deltas = [&](int i) {
+        const int key0 = (tile_end - 1 - i) * kBlockN;
+        return i < n_tiles ? paged::row_delta(p, where().batch, key0 + paged::kGroupKeys * lane) : 0;
+    };
+    int next_delta = kPaged ? page_deltas(0) : 0;
+    auto take_delta = [&](int i) {
+        const int delta = next_delta;
+        if (kPaged) next_delta = page_deltas(i + 1);
+        return delta;
+    };
     // Iteration i visits key tile tile_end - 1 - i, in ring slot i % kStages.
     const TileLoader<KVTile> load_kv_tile(tid);
     auto load_kv = [&](int i) {
@@ -516,8 +583,10 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
         const elem_t* k = static_cast<const elem_t*>(p.k) + b * p.k_stride_b + h * p.k_stride_h;
         const elem_t* v = static_cast<const elem_t*>(p.v) + b * p.v_stride_b + h * p.v_stride_h;
         const int row = kVarlen ? sequence_of(t).k_start + key0 : key0;  // of the sequence's keys in K and V
-        load_kv_tile(k_smem + slot, k + row * p.k_stride_s, p.k_stride_s, sequence_of(t).seqlen_k - key0);
-        load_kv_tile(v_smem + slot, v + row * p.v_stride_s, p.v_stride_s, sequence_of(t).seqlen_k - key0);
+        const int delta = take_delta(i);
+        const int valid = sequence_of(t).seqlen_k - key0;
+        load_kv_tile.template operator()<kPaged>(k_smem + slot, k + row * p.k_stride_s, p.k_stride_s, valid, delta);
+        load_kv_tile.template operator()<kPaged>(v_smem + slot, v + row * p.v_stride_s, p.v_stride_s, valid, delta);
     };
     // The single-buffer pipeline loads K and V of a tile separately (into slot 0).
     auto load_k_or_v = [&](int i, bool is_v) {
@@ -528,10 +597,13 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
         const i64 stride_s = is_v ? p.v_stride_s : p.k_stride_s;
         const elem_t* src = base + b * (is_v ? p.v_stride_b : p.k_stride_b) + h * (is_v ? p.v_stride_h : p.k_stride_h);
         const int row = kVarlen ? sequence_of(t).k_start + key0 : key0;
-        load_kv_tile(is_v ? v_smem : k_smem, src + row * stride_s, stride_s, sequence_of(t).seqlen_k - key0);
+        const int delta = is_v ? take_delta(i) : next_delta;  // K then V of each tile
+        load_kv_tile.template operator()<kPaged>(is_v ? v_smem : k_smem, src + row * stride_s, stride_s,
+                                                 sequence_of(t).seqlen_k - key0, delta);
     };
 
     TileLoader<QTile>{tid}(q_smem, q, p.q_stride_s, rows_valid);
+    if (kPaged) griddep::wait();  // launched early after fc_paged_append (k_new, v_new): keys written now
     if (kSingleBuffer) {
         if (n_tiles > 0) load_k_or_v(0, false);
         cp_async::commit();  // Q and the first K

@@ -84,6 +84,15 @@ for target in "sm_80 fwd_sm80" "sm_90a fwd_sm90" "sm_80 bwd_sm80"; do
     fi
     grep -c "_varlen " "$compile_cache/varlen.log" | sed "s/^/   $2 varlen variants compiled: /"
 done
+# The paged-KV forms of fwd_sm80 (every tile; bf16 only, CI's time: the dtype changes no
+# addressing), on Hopper, where the paged cache runs them: they must compile without spills.
+echo "== flashcore compile --paged (KV caches) with NVRTC 13.0"
+FLASHCORE_NVRTC="$(realpath "$nvrtc_13_0")" FLASHCORE_CACHE_DIR="$compile_cache" target/debug/flashcore compile --arch sm_90a --kernel fwd_sm80 --paged --dtype bf16 > "$compile_cache/paged.log" || true
+if grep -E "FAILED" "$compile_cache/paged.log" >&2 || grep SPILLS "$compile_cache/paged.log" >&2; then
+    echo "error: a fwd_sm80 paged variant fails to compile or spills" >&2
+    exit 1
+fi
+grep -c "_paged " "$compile_cache/paged.log" | sed "s/^/   fwd_sm80 paged variants compiled: /"
 echo "== bench/check_reference.py (flashcore attn --cpu vs NumPy float64)"
 .venv/bin/python bench/check_reference.py target/debug/flashcore
 echo "== bench self-tests"

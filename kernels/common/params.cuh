@@ -61,4 +61,29 @@ struct FwdParams {
     const int* seqused_k;  // may be null
     int total_q;
     int total_k;
+
+    // Paged KV cache (fwd_sm80 built with FC_PAGED=1; see common/paged.cuh). k and v are the
+    // caches: with block_table set, pools of pages [num_pages, page_size, Hkv, D] (every
+    // *_stride_b 0), key j of sequence b in page block_table[b * block_table_stride + j /
+    // page_size], row j % page_size; with block_table null, contiguous caches [B, seqlen_k,
+    // Hkv, D]. Sequence b has min(seqused_k[b] + new_keys, seqlen_k) keys (seqused_k is
+    // flash_attn's cache_seqlens; null: seqlen_k keys), seqlen_k being the capacity
+    // (max_pages * page_size, or the contiguous cache's length); q, o, lse are dense. k_new,
+    // v_new [B, new_keys, Hkv, D] (may be null; new_keys 0 then) are written by
+    // fc_paged_append at positions seqused_k[b] ... before the attention kernel runs.
+    // page_rows: pool rows from one page to the next (page stride / row stride, the same for
+    // k and v). Table entries and cache lengths are clamped: bad values give wrong output,
+    // never an access outside the pools.
+    const int* block_table;
+    const void* k_new;
+    const void* v_new;
+    long long knew_stride_b, knew_stride_s, knew_stride_h;
+    long long vnew_stride_b, vnew_stride_s, vnew_stride_h;
+    long long block_table_stride;
+    int page_size;
+    int num_pages;
+    int max_pages;
+    int page_rows;
+    int new_keys;
+    int _pad;
 };

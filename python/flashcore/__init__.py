@@ -3,6 +3,7 @@
     import flashcore
     out = flashcore.flash_attn_func(q, k, v, causal=True)        # flash_attn 2.x semantics
     out = flashcore.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)  # packed
+    out = flashcore.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens, block_table=table)  # serving
     out = flashcore.scaled_dot_product_attention(q, k, v, is_causal=True)   # SDPA's
     attn = flashcore.integrations.transformers.register()         # attn_implementation=attn
 
@@ -19,6 +20,6 @@ _use_torch_nvrtc()
 
 from . import integrations  # noqa: E402
 from ._flashcore import __version__  # noqa: E402
-from .interface import device_info, flash_attn_func, flash_attn_varlen_func, kernel_plan, scaled_dot_product_attention  # noqa: E402
+from .interface import device_info, flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, kernel_plan, scaled_dot_product_attention  # noqa: E402
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "scaled_dot_product_attention", "kernel_plan", "device_info", "integrations", "__version__"]
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "scaled_dot_product_attention", "kernel_plan", "device_info", "integrations", "__version__"]

@@ -55,6 +55,33 @@ def attention_varlen_forward(
     the int32 vectors as (address, elements), lse [Hq, total_q]. `check` first checks the
     vectors' device values (synchronises). Otherwise as attention_forward."""
 
+def attention_kvcache_forward(
+    device: int,
+    stream: int,
+    q: TensorArg,
+    k_cache: TensorArg,
+    v_cache: TensorArg,
+    o: TensorArg,
+    lse: Optional[Tuple[int, int]],
+    scratch: Callable[[int], int],
+    k_new: Optional[TensorArg],
+    v_new: Optional[TensorArg],
+    cache_seqlens: Optional[Tuple[int, int]],
+    block_table: Optional[Tuple[int, Tuple[int, int], int]],
+    softmax_scale: Optional[float],
+    causal: bool,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    num_splits: Optional[int] = None,
+    check: bool = False,
+) -> None:
+    """Attention forward over a KV cache (flashcore::PagedKv): q, o [B, Sq, Hq, D]; k_cache,
+    v_cache pools [num_pages, page_size, Hkv, D] with block_table (address, (B, max_pages),
+    row stride) of int32, else contiguous [B, S_cache, Hkv, D]; cache_seqlens (address, B)
+    int32; k_new, v_new [B, S_new, Hkv, D] appended to the caches first (written in place).
+    `check` first checks the table and lengths' device values (synchronises)."""
+
 def attention_backward(
     device: int,
     stream: int,

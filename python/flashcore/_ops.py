@@ -322,6 +322,98 @@ def _varlen_backward(ctx, grad_o, grad_lse):
 varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
 
 
+def kvcache_forward(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k: Optional[Tensor],
+    v: Optional[Tensor],
+    cache_seqlens: Optional[Tensor],
+    block_table: Optional[Tensor],
+    softmax_scale: float,
+    causal: bool,
+    window: Tuple[int, int],
+    softcap: float,
+    num_splits: int,
+    want_lse: bool,
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """Attention over a KV cache (see `flash_attn_with_kvcache`): `(o [B, Sq, Hq, D], lse
+    [B, Hq, Sq] f32 or None)`; `k`, `v` are first written into the caches at
+    `cache_seqlens[b]...`. With the environment variable FLASHCORE_CHECK_PAGED=1 the table and
+    lengths are checked first (this synchronises)."""
+    b, sq, hq, d = q.shape
+    o = q.new_empty((b, sq, hq, d))
+    lse = q.new_empty((b, hq, sq), dtype=torch.float32) if want_lse else None
+    if o.numel() == 0:
+        return o, lse
+    keep: List[Tensor] = []
+    table = None if block_table is None else (block_table.data_ptr(), tuple(block_table.shape), block_table.stride(0))
+    _flashcore.attention_kvcache_forward(
+        q.device.index,
+        _current_stream(q.device),
+        _arg(q),
+        _arg(k_cache),
+        _arg(v_cache),
+        _arg(o),
+        None if lse is None else (lse.data_ptr(), lse.numel()),
+        _scratch(q.device, keep),
+        None if k is None else _arg(k),
+        None if v is None else _arg(v),
+        None if cache_seqlens is None else (cache_seqlens.data_ptr(), cache_seqlens.numel()),
+        table,
+        softmax_scale,
+        causal,
+        window[0],
+        window[1],
+        softcap,
+        num_splits if num_splits > 0 else None,
+        os.environ.get("FLASHCORE_CHECK_PAGED", "") not in ("", "0"),
+    )
+    return o, lse
+
+
+# The caches are written (the appended keys): the op says so, so that torch.compile orders it.
+@torch.library.custom_op("flashcore::fwd_kvcache", mutates_args=("k_cache", "v_cache"), device_types="cuda")
+def fwd_kvcache(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k: Optional[Tensor],
+    v: Optional[Tensor],
+    cache_seqlens: Optional[Tensor],
+    block_table: Optional[Tensor],
+    softmax_scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    num_splits: int,
+) -> Tuple[Tensor, Tensor]:
+    """The registered KV-cache op: see `kvcache_forward`."""
+    o, lse = kvcache_forward(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, (window_left, window_right), softcap, num_splits, True)
+    return o, lse
+
+
+@fwd_kvcache.register_fake
+def _fwd_kvcache_fake(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k: Optional[Tensor],
+    v: Optional[Tensor],
+    cache_seqlens: Optional[Tensor],
+    block_table: Optional[Tensor],
+    softmax_scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    num_splits: int,
+) -> Tuple[Tensor, Tensor]:
+    b, sq, hq, d = q.shape
+    return q.new_empty((b, sq, hq, d)), q.new_empty((b, hq, sq), dtype=torch.float32)
+
+
 # The op's schema holds only tensors and scalars: the window travels as its two sides.
 @torch.library.custom_op("flashcore::fwd", mutates_args=(), device_types="cuda")
 def fwd(

@@ -246,6 +246,114 @@ def flash_attn_varlen_func(
     return (out, lse, None) if return_attn_probs else out
 
 
+def _check_int32(name: str, t: object, q: Tensor, dims: int) -> None:
+    """A cache_seqlens / block_table tensor: int32 with `dims` dims on q's device, its last dim
+    contiguous, or the named error."""
+    if not isinstance(t, Tensor):
+        raise TypeError(f"`{name}` must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype is not torch.int32:
+        raise TypeError(f"`{name}` has dtype {t.dtype}: it must be torch.int32")
+    if t.dim() != dims:
+        raise ValueError(f"`{name}` must have {dims} dim(s), got shape {tuple(t.shape)}")
+    if t.device != q.device:
+        raise ValueError(f"`{name}` is on {t.device} and `q` on {q.device}: it must live on q's device")
+    if t.numel() > 0 and t.stride(-1) != 1:
+        raise ValueError(f"`{name}` must have a contiguous last dim")
+
+
+def flash_attn_with_kvcache(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k: Optional[Tensor] = None,
+    v: Optional[Tensor] = None,
+    rotary_cos: Optional[Tensor] = None,
+    rotary_sin: Optional[Tensor] = None,
+    cache_seqlens: Optional[Union[int, Tensor]] = None,
+    cache_batch_idx: Optional[Tensor] = None,
+    cache_leftpad: Optional[Tensor] = None,
+    block_table: Optional[Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    alibi_slopes: Optional[Tensor] = None,
+    num_splits: int = 0,
+    return_softmax_lse: bool = False,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """Attention over a KV cache with flash_attn 2.x's `flash_attn_with_kvcache` semantics
+    (and its argument order): decode and chunked prefill over a paged or contiguous cache,
+    appending new keys first.
+
+    Args:
+        q: `[B, Sq, Hq, D]`, float16 or bfloat16, CUDA; D as in `flash_attn_func`.
+        k_cache, v_cache: with `block_table`, pools of pages `[num_pages, page_size, Hkv, D]`
+            (page_size any multiple of 16: 16, 32, ..., 256 and more); without, contiguous
+            caches `[B, S_cache, Hkv, D]`. Last dim contiguous; same dtype as q. Written in
+            place when `k`, `v` are given.
+        k, v: optional `[B, S_new, Hkv, D]`, q's dtype: written into the caches at positions
+            `cache_seqlens[b] ... cache_seqlens[b] + S_new - 1` (through the block table)
+            before attention, which then sees `cache_seqlens[b] + S_new` keys. `cache_seqlens`
+            is not changed: the caller advances it.
+        cache_seqlens: int32 `[B]` on q's device, or an int for every sequence: the keys each
+            sequence holds before this call. None: every sequence holds the whole cache
+            (`k`, `v` then need it).
+        block_table: int32 `[B, max_pages]` on q's device: key j of sequence b is row
+            `j % page_size` of page `block_table[b, j // page_size]`.
+        softmax_scale, causal, window_size, softcap: as in `flash_attn_func`, aligned to the
+            bottom-right of each sequence's own keys (query i of Sq sees key j iff
+            `j <= i + cache_seqlens[b] + S_new - Sq` when causal).
+        num_splits: split-KV count (0: FlashCore picks it).
+        return_softmax_lse: also return the log-sum-exp `[B, Hq, Sq]` float32.
+        rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, alibi_slopes: not supported
+            (NotImplementedError unless None); rotary_interleaved is then ignored.
+
+    Returns:
+        `out [B, Sq, Hq, D]`, or `(out, softmax_lse)` with `return_softmax_lse`.
+
+    The table entries and lengths are the caller's contract (each used entry names a page of
+    the pool; `cache_seqlens[b] + S_new` fits the table's pages): the kernels clamp them, so
+    bad values give wrong output, never a bad memory access. FLASHCORE_CHECK_PAGED=1 in the
+    environment checks them on every call and names the first bad entry (ValueError; it
+    synchronises: for debugging). Runs on FlashCore's Ampere-class kernel (split-KV for
+    decode) on every GPU, Hopper included. Forward only (no autograd).
+    """
+    for name, value in (
+        ("rotary_cos", rotary_cos),
+        ("rotary_sin", rotary_sin),
+        ("cache_batch_idx", cache_batch_idx),
+        ("cache_leftpad", cache_leftpad),
+        ("alibi_slopes", alibi_slopes),
+    ):
+        if value is not None:
+            raise _unsupported(name, "<tensor>")
+    tensors = (("q", q), ("k_cache", k_cache), ("v_cache", v_cache))
+    if k is not None and v is not None and k.dim() == 4 and k.shape[1] == 0 and v.shape[1] == 0:
+        k = v = None  # nothing to append
+    if (k is None) != (v is None):
+        raise ValueError("`k` and `v` come together: pass both or neither")
+    if k is not None:
+        tensors += (("k", k), ("v", v))
+    _check(tensors, "[B, S, H, D]")
+    if isinstance(cache_seqlens, numbers.Integral) and not isinstance(cache_seqlens, bool):
+        cache_seqlens = torch.full((q.shape[0],), int(cache_seqlens), dtype=torch.int32, device=q.device)
+    if cache_seqlens is not None:
+        _check_int32("cache_seqlens", cache_seqlens, q, 1)
+    if block_table is not None:
+        _check_int32("block_table", block_table, q, 2)
+    if not isinstance(num_splits, numbers.Integral) or num_splits < 0:
+        raise ValueError(f"`num_splits` must be an int >= 0, got {num_splits!r}")
+    window = NO_WINDOW if window_size == NO_WINDOW else _window(window_size)
+    softcap = 0.0 if softcap == 0.0 else _softcap(softcap)
+    scale = _scale(softmax_scale, q.shape[-1])
+    if _fast_path(q, k_cache, v_cache):
+        out, lse = _ops.kvcache_forward(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, bool(causal), window, softcap, int(num_splits), return_softmax_lse)
+    else:
+        out, lse = _ops.fwd_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, bool(causal), window[0], window[1], softcap, int(num_splits))
+    return (out, lse) if return_softmax_lse else out
+
+
 def scaled_dot_product_attention(
     query: Tensor,
     key: Tensor,

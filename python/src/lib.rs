@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use flashcore::{
-    AttnParams, BwdInputs, Context, DType, Error, ExternalStream, GradsMut, Layout, LseView, ProblemShape, SeqLensView, TensorView,
-    TensorViewMut, VarlenBatch, Window,
+    AttnParams, BlockTableView, BwdInputs, Context, DType, Error, ExternalStream, GradsMut, Layout, LseView, PagedKv, ProblemShape,
+    SeqLensView, TensorView, TensorViewMut, VarlenBatch, Window,
 };
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -179,6 +179,75 @@ fn attention_varlen_forward(
                 lse,
                 &mut scratch,
                 &batch,
+                &params,
+            )
+        }
+    });
+    finish(result, scratch_error, to_py)
+}
+
+/// Attention forward over a KV cache (flash_attn's `flash_attn_with_kvcache`; `flashcore::PagedKv`):
+/// `q`, `o` `[B, Sq, Hq, D]`; `k_cache`, `v_cache` pools `[num_pages, page_size, Hkv, D]` with
+/// `block_table` as `(address, [B, max_pages], row stride)` of int32, else contiguous `[B,
+/// S_cache, Hkv, D]`; `cache_seqlens` `(address, B)` int32; `k_new`, `v_new` `[B, S_new, Hkv,
+/// D]` appended first (the caches are written). With `check`, the device values are first
+/// checked against the contract (this synchronises: a debugging aid).
+#[pyfunction]
+#[pyo3(signature = (device, stream, q, k_cache, v_cache, o, lse, scratch, k_new, v_new, cache_seqlens, block_table, softmax_scale, causal, window_left=-1, window_right=-1, softcap=0.0, num_splits=None, check=false))]
+#[allow(clippy::too_many_arguments)]
+fn attention_kvcache_forward(
+    py: Python<'_>,
+    device: usize,
+    stream: usize,
+    q: TensorArg,
+    k_cache: TensorArg,
+    v_cache: TensorArg,
+    o: TensorArg,
+    lse: Option<(u64, usize)>,
+    scratch: Py<PyAny>,
+    k_new: Option<TensorArg>,
+    v_new: Option<TensorArg>,
+    cache_seqlens: Option<(u64, usize)>,
+    block_table: Option<(u64, [usize; 2], usize)>,
+    softmax_scale: Option<f32>,
+    causal: bool,
+    window_left: i32,
+    window_right: i32,
+    softcap: f32,
+    num_splits: Option<usize>,
+    check: bool,
+) -> PyResult<()> {
+    let layouts = [layout(&q, "q")?, layout(&k_cache, "k_cache")?, layout(&v_cache, "v_cache")?, layout(&o, "o")?];
+    let new_layouts = [k_new.as_ref().map(|t| layout(t, "k")).transpose()?, v_new.as_ref().map(|t| layout(t, "v")).transpose()?];
+    let ctx = context(device)?;
+    let params = params(softmax_scale, causal, (window_left, window_right), softcap, num_splits);
+    let mut scratch_error: Option<PyErr> = None;
+    let result = py.detach(|| {
+        // SAFETY: the Python side passes live CUDA tensors of `device` (int32 for the table and
+        // the lengths) with these layouts and extents, alive across this call, on PyTorch's
+        // current stream of `device`; it orders their reuse through the caching allocator.
+        unsafe {
+            let view = |t: &TensorArg, l: Layout| TensorView::from_raw(t.0, l, device);
+            let kv = PagedKv {
+                block_table: block_table.map(|(ptr, [b, pages], stride)| BlockTableView::from_raw(ptr, b, pages, stride)),
+                cache_seqlens: cache_seqlens.map(|(ptr, len)| SeqLensView::from_raw(ptr, len)),
+                k_new: k_new.as_ref().zip(new_layouts[0]).map(|(t, l)| view(t, l)),
+                v_new: v_new.as_ref().zip(new_layouts[1]).map(|(t, l)| view(t, l)),
+            };
+            let (qv, kc, vc) = (view(&q, layouts[0]), view(&k_cache, layouts[1]), view(&v_cache, layouts[2]));
+            if check {
+                ctx.check_paged(qv, kc, vc, &kv)?;
+            }
+            let mut scratch = scratch_fn(&scratch, &mut scratch_error);
+            ctx.attention_paged_on_stream(
+                ExternalStream::from_raw(stream),
+                qv,
+                kc,
+                vc,
+                TensorViewMut::from_raw(o.0, layouts[3], device),
+                lse,
+                &mut scratch,
+                &kv,
                 &params,
             )
         }
@@ -384,6 +453,7 @@ fn device_info(device: usize) -> PyResult<String> {
 fn extension_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(attention_forward, m)?)?;
     m.add_function(wrap_pyfunction!(attention_varlen_forward, m)?)?;
+    m.add_function(wrap_pyfunction!(attention_kvcache_forward, m)?)?;
     m.add_function(wrap_pyfunction!(attention_backward, m)?)?;
     m.add_function(wrap_pyfunction!(attention_varlen_backward, m)?)?;
     m.add_function(wrap_pyfunction!(plan, m)?)?;

@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
 use crate::cases::{errors, random_qkv, Case, Inputs, Storage, Stored};
-use crate::{attn, bench_bwd, bench_varlen, suites};
+use crate::{attn, bench_bwd, bench_paged, bench_varlen, suites};
 
 /// Query rows checked against the GPU reference after timing (the last rows, which keep
 /// the bottom-right alignment of the causal mask and the window when the queries are
@@ -22,7 +22,8 @@ pub struct BenchArgs {
     /// Suite to run: quick, seed, sweep, small, dims; bwd (the sweep's cases, backward alone
     /// and forward + backward), bwd-dims (the same for the dims suite's cases); varlen
     /// (packed batches of mixed lengths through attention_varlen, each beside the dense batch
-    /// of the same tokens, and a decode batch with seqused_k).
+    /// of the same tokens, and a decode batch with seqused_k); paged (decode over a paged KV
+    /// cache beside the contiguous decode).
     #[arg(long, default_value = "quick")]
     suite: String,
     /// Sliding window `LEFT,RIGHT` on every case (keys around each query's bottom-right
@@ -145,6 +146,11 @@ pub fn run(args: &BenchArgs) -> Result<bool> {
     let mut rows = Vec::new();
     for case in &cases {
         bar.set_message(case.name.clone());
+        if suite_name == "paged" {
+            rows.extend(bench_paged::rows(&ctx, case, args.samples)?);
+            bar.inc(1);
+            continue;
+        }
         let row = if suites::is_backward(&suite_name) {
             bench_bwd::bench_case(&ctx, case, args.samples, args.eager, args.inputs, args.deterministic, family)?
         } else if case.packed.is_some() {

@@ -6,7 +6,7 @@ use flashcore::{reference, AttnParams, Context, DType, DeviceTensor, KernelFamil
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::cases::{errors, random_qkv, Case, HostQkv, Inputs, Storage, Stored};
-use crate::{check_bwd, check_varlen};
+use crate::{check_bwd, check_paged, check_varlen};
 
 /// Above this many multiply-adds the f64 CPU oracle is too slow; the GPU reference kernel
 /// (itself checked against the CPU oracle on the small cases) takes over.
@@ -26,6 +26,9 @@ pub struct CheckArgs {
     /// Only this kernel family (reference, fwd_sm80, ...).
     #[arg(long)]
     kernel: Option<String>,
+    /// Only this group of cases: forward (dense), varlen, paged or backward.
+    #[arg(long, value_parser = ["forward", "varlen", "paged", "backward"])]
+    only: Option<String>,
 }
 
 #[derive(Clone)]
@@ -217,25 +220,35 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
         (_, true) => Depth::Quick,
         _ => Depth::Full,
     };
-    let forward = families.iter().filter(|f| !f.is_backward());
+    let group = |name: &str| args.only.as_deref().map_or(true, |only| only == name);
+    let forward = families.iter().filter(|f| !f.is_backward() && group("forward"));
     let all: Vec<(KernelFamily, Spec)> = forward.flat_map(|&f| specs(f, depth).into_iter().map(move |s| (f, s))).collect();
     // The backward's kernels: bwd_sm80, bwd_sm90, and the reference (which has both passes).
     let backward: Vec<check_bwd::BwdSpec> = families
         .iter()
-        .filter(|f| f.is_backward() || **f == KernelFamily::Reference)
+        .filter(|f| (f.is_backward() || **f == KernelFamily::Reference) && group("backward"))
         .flat_map(|&f| check_bwd::specs(f, depth == Depth::Quick, depth == Depth::Smoke))
         .collect();
-    let packed: Vec<check_varlen::VarlenSpec> =
-        families.iter().flat_map(|&f| check_varlen::specs(f, depth == Depth::Quick, depth == Depth::Smoke)).collect();
+    let packed: Vec<check_varlen::VarlenSpec> = families
+        .iter()
+        .filter(|_| group("varlen"))
+        .flat_map(|&f| check_varlen::specs(f, depth == Depth::Quick, depth == Depth::Smoke))
+        .collect();
+    let cached: Vec<check_paged::PagedSpec> = families
+        .iter()
+        .filter(|_| group("paged"))
+        .flat_map(|&f| check_paged::specs(f, depth == Depth::Quick, depth == Depth::Smoke))
+        .collect();
     let label = ["smoke", "quick", "full"][depth as usize];
     println!(
-        "{label} check on {} ({arch}): {} forward, {} packed (varlen) and {} backward cases",
+        "{label} check on {} ({arch}): {} forward, {} packed (varlen), {} KV-cache (paged) and {} backward cases",
         ctx.info().name,
         all.len(),
         packed.len(),
+        cached.len(),
         backward.len()
     );
-    let bar = ProgressBar::new((all.len() + packed.len() + backward.len()) as u64)
+    let bar = ProgressBar::new((all.len() + packed.len() + cached.len() + backward.len()) as u64)
         .with_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").unwrap());
     let mut outcomes = Vec::new();
     for (family, spec) in &all {
@@ -246,6 +259,11 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     for spec in &packed {
         bar.set_message(format!("{} varlen", spec.family));
         outcomes.push(check_varlen::check_one(&ctx, spec)?);
+        bar.inc(1);
+    }
+    for spec in &cached {
+        bar.set_message("fwd_sm80 paged");
+        outcomes.push(check_paged::check_one(&ctx, spec)?);
         bar.inc(1);
     }
     for spec in &backward {
@@ -263,7 +281,7 @@ fn family_names() -> String {
     KernelFamily::ALL.map(|f| f.name()).join(", ")
 }
 
-fn nan_bits(dtype: DType) -> u16 {
+pub(crate) fn nan_bits(dtype: DType) -> u16 {
     match dtype {
         DType::F16 => 0x7e00,
         DType::BF16 => 0x7fc0,
@@ -300,10 +318,32 @@ fn check_one(ctx: &Context, family: KernelFamily, spec: &Spec) -> Result<Outcome
     let o: Vec<f32> = o_bits.iter().map(|&b| case.dtype.decode(b)).collect();
 
     let (oracle, ref_o, ref_lse) = oracle(ctx, family, spec, &host, &q, &k, &v)?;
-    let (rel, max_abs) = errors(&o, &ref_o);
+    let (rel, max_abs, lse_err, failure) = judge(&o, &ref_o, &lse, &ref_lse, case.dtype, deterministic);
+    let splits = spec.splits.map(|n| format!("_split{n}")).unwrap_or_default();
+    let scale = spec.scale.map(|s| format!("_scale{s}")).unwrap_or_default();
+    let bhsd = if spec.storage == Storage::Bhsd { "_bhsd" } else { "" };
+    let window = if spec.window == Window::UNBOUNDED { String::new() } else { format!("_w{},{}", spec.window.left, spec.window.right) };
+    let softcap = if spec.softcap > 0.0 { format!("_cap{}", spec.softcap) } else { String::new() };
+    let name = format!("{}{}{bhsd}{splits}{scale}{window}{softcap}", case.name, inputs_suffix(spec.inputs));
+    Ok(Outcome { spec_name: name, kernel: family, oracle, rel, max_abs, lse_err, deterministic, failure })
+}
+
+/// A forward result against the oracle's: (relative L2 error, max abs error, max LSE error,
+/// the first failure: NaN/Inf in o, o beyond the dtype's tolerance, an LSE not -inf where the
+/// oracle's is (a row without keys) or not finite where it is finite, LSE error > 2e-3, two
+/// runs not bitwise equal).
+pub(crate) fn judge(
+    o: &[f32],
+    ref_o: &[f64],
+    lse: &[f32],
+    ref_lse: &[f64],
+    dtype: DType,
+    deterministic: bool,
+) -> (f64, f64, f64, Option<String>) {
+    let (rel, max_abs) = errors(o, ref_o);
     let mut lse_err = 0f64;
     let mut lse_failure = None;
-    for (i, (&got, &want)) in lse.iter().zip(&ref_lse).enumerate() {
+    for (i, (&got, &want)) in lse.iter().zip(ref_lse).enumerate() {
         if want == f64::NEG_INFINITY {
             if got != f32::NEG_INFINITY {
                 lse_failure = Some(format!("lse[{i}] = {got} for a fully masked row, want -inf"));
@@ -314,16 +354,10 @@ fn check_one(ctx: &Context, family: KernelFamily, spec: &Spec) -> Result<Outcome
             lse_err = lse_err.max((got as f64 - want).abs());
         }
     }
-    let splits = spec.splits.map(|n| format!("_split{n}")).unwrap_or_default();
-    let scale = spec.scale.map(|s| format!("_scale{s}")).unwrap_or_default();
-    let bhsd = if spec.storage == Storage::Bhsd { "_bhsd" } else { "" };
-    let window = if spec.window == Window::UNBOUNDED { String::new() } else { format!("_w{},{}", spec.window.left, spec.window.right) };
-    let softcap = if spec.softcap > 0.0 { format!("_cap{}", spec.softcap) } else { String::new() };
-    let name = format!("{}{}{bhsd}{splits}{scale}{window}{softcap}", case.name, inputs_suffix(spec.inputs));
     let failure = if o.iter().any(|x| !x.is_finite()) {
         Some("NaN/Inf in the output (unwritten or overflowed elements)".into())
-    } else if rel > tolerance(case.dtype) {
-        Some(format!("rel error {rel:.2e} > {:.0e}", tolerance(case.dtype)))
+    } else if rel > tolerance(dtype) {
+        Some(format!("rel error {rel:.2e} > {:.0e}", tolerance(dtype)))
     } else if lse_failure.is_some() {
         lse_failure
     } else if lse_err > 2e-3 {
@@ -333,7 +367,7 @@ fn check_one(ctx: &Context, family: KernelFamily, spec: &Spec) -> Result<Outcome
     } else {
         None
     };
-    Ok(Outcome { spec_name: name, kernel: family, oracle, rel, max_abs, lse_err, deterministic, failure })
+    (rel, max_abs, lse_err, failure)
 }
 
 fn inputs_suffix(inputs: Inputs) -> &'static str {

@@ -27,18 +27,23 @@ pub struct CompileArgs {
     /// --mods, its policies' varlen forms too).
     #[arg(long)]
     varlen: bool,
-    /// Only variants of this dtype (f16 or bf16).
+    /// Also every fwd_sm80 variant's paged-KV form (and, with --mods, its policies' paged forms).
+    #[arg(long)]
+    paged: bool,
+    /// Only the variants of this dtype (f16 or bf16).
     #[arg(long)]
     dtype: Option<String>,
 }
 
 /// `v`, and with `mods` its sliding-window, softcap and combined forms where the dispatcher
-/// runs them (see `kernels::mods_forms`), and with `varlen` the varlen form of each.
-fn with_mods(v: Variant, mods: bool, varlen: bool) -> Vec<Variant> {
+/// runs them (see `kernels::mods_forms`), with `varlen` the varlen form of each, with `paged`
+/// the paged-KV form of each.
+fn with_mods(v: Variant, mods: bool, varlen: bool, paged: bool) -> Vec<Variant> {
     let forms = if mods { flashcore::kernels::mods_forms(&v) } else { Vec::new() };
     let dense: Vec<Variant> = std::iter::once(v).chain(forms).collect();
     let packed = dense.iter().filter(|_| varlen).filter_map(flashcore::kernels::varlen_form);
-    packed.chain(dense.iter().cloned()).collect()
+    let paged_forms: Vec<Variant> = dense.iter().filter(|_| paged).filter_map(flashcore::kernels::paged_form).collect();
+    packed.chain(paged_forms).chain(dense.iter().cloned()).collect()
 }
 
 pub fn run(args: &CompileArgs) -> Result<bool> {
@@ -68,7 +73,7 @@ pub fn run(args: &CompileArgs) -> Result<bool> {
         .iter()
         .flat_map(|&a| families.iter().filter(move |f| f.runs_on(a)).flat_map(move |f| f.variants(a).into_iter().map(move |v| (a, v))))
         .filter(|(_, v)| dtype.map_or(true, |d| v.dtype == d))
-        .flat_map(|(a, v)| with_mods(v, args.mods, args.varlen).into_iter().map(move |v| (a, v)))
+        .flat_map(|(a, v)| with_mods(v, args.mods, args.varlen, args.paged).into_iter().map(move |v| (a, v)))
         .collect();
     let results: Vec<_> = jobs.par_iter().map(|(arch, v)| (arch, v, jit.compile(&v.source(), *arch))).collect();
     println!("{:<52} {:<7} {:>5} {:>10} {:>10} {:>7} {:>8}", "variant", "arch", "regs", "smem_dyn", "smem_stat", "spill", "seconds");

@@ -3,10 +3,12 @@
 mod attn;
 mod bench;
 mod bench_bwd;
+mod bench_paged;
 mod bench_varlen;
 mod cases;
 mod check;
 mod check_bwd;
+mod check_paged;
 mod check_varlen;
 mod check_varlen_bwd;
 mod compile;

@@ -5,7 +5,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::cases::{Case, Packed};
 
-pub const NAMES: &[&str] = &["quick", "seed", "sweep", "small", "dims", "bwd", "bwd-dims", "varlen"];
+pub const NAMES: &[&str] = &["quick", "seed", "sweep", "small", "dims", "bwd", "bwd-dims", "varlen", "paged"];
 
 /// The varlen suite's packed batches: 64k tokens in sequences of lengths drawn from
 /// 128..=8192 (issue 17's speed goal), the same batch at every head dim and mask.
@@ -134,6 +134,9 @@ pub fn suite(name: &str) -> Option<Vec<Case>> {
             v
         }
         "varlen" => varlen_suite(),
+        // Decode (B8 Hq32/Hkv8 D128) from 4k to 128k keys: each case's contiguous decode beside
+        // the same cache paged (`bench_paged`).
+        "paged" => [4096, 8192, 16384, 32768, 65536, 131072].map(|s| decode_case(8, s)).to_vec(),
         _ => return None,
     };
     Some(cases)

@@ -12,10 +12,19 @@ use crate::error::{DriverContext, Error, Result};
 use crate::external::{CurrentContextGuard, ExternalStream, StreamCounters};
 use crate::jit::{Arch, DiskCache, Jit, ResourceReport};
 use crate::kernels::{fwd_sm90, FwdParams, KernelFamily, Variant};
+use crate::paged::{self, PagedKv};
 use crate::params::{AttnParams, ProblemShape};
 use crate::tensor::{DeviceTensor, TensorView, TensorViewMut};
 use crate::validate;
 use crate::varlen::{self, SeqLensView, VarlenBatch};
+
+/// How the keys of one call are laid out (see [`dispatch::KeyLayout`]), with their arguments.
+#[derive(Clone, Copy)]
+enum Keys<'a, 'b> {
+    Dense,
+    Varlen(&'a VarlenBatch<'b>),
+    Paged(&'a PagedKv<'b>),
+}
 
 /// What the driver says about the device.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -64,6 +73,8 @@ pub struct LoadedKernel {
     function: CudaFunction,
     /// `fc_split_combine`, for split-KV variants.
     combine: Option<CudaFunction>,
+    /// `fc_paged_append`, for paged-KV variants.
+    append: Option<CudaFunction>,
     /// The module's other backward entry points (see `aux_entries`).
     aux: Vec<CudaFunction>,
 }
@@ -258,7 +269,7 @@ impl Context {
         let mut workspace = self.split_workspace.lock().unwrap();
         let mut scratch = |bytes| self.grow_workspace(&mut workspace, bytes);
         let mut lane = Lane { stream: &self.stream, tile_counter, scratch: &mut scratch };
-        self.run(&mut lane, q, k, v, o, lse, None, params)
+        self.run(&mut lane, q, k, v, o, lse, Keys::Dense, params)
     }
 
     /// Attention over a packed batch of sequences of their own lengths (flash_attn's
@@ -300,7 +311,7 @@ impl Context {
         let mut workspace = self.split_workspace.lock().unwrap();
         let mut scratch = |bytes| self.grow_workspace(&mut workspace, bytes);
         let mut lane = Lane { stream: &self.stream, tile_counter, scratch: &mut scratch };
-        self.run(&mut lane, q, k, v, o, lse, Some(batch), params)
+        self.run(&mut lane, q, k, v, o, lse, Keys::Varlen(batch), params)
     }
 
     /// [`Context::attention_varlen`] on the caller's stream with the caller's memory, as
@@ -326,7 +337,7 @@ impl Context {
         let tile_counter = self.stream_counters.counter_for(stream, &self.cuda)?;
         let borrowed = self.cuda.wrap_borrowed_stream(stream.raw());
         let mut lane = Lane { stream: &borrowed, tile_counter, scratch };
-        self.run(&mut lane, q, k, v, o, lse, Some(batch), params)
+        self.run(&mut lane, q, k, v, o, lse, Keys::Varlen(batch), params)
     }
 
     /// Checks a packed batch's device values against [`VarlenBatch`]'s contract for
@@ -380,7 +391,103 @@ impl Context {
         let tile_counter = self.stream_counters.counter_for(stream, &self.cuda)?;
         let borrowed = self.cuda.wrap_borrowed_stream(stream.raw());
         let mut lane = Lane { stream: &borrowed, tile_counter, scratch };
-        self.run(&mut lane, q, k, v, o, lse, None, params)
+        self.run(&mut lane, q, k, v, o, lse, Keys::Dense, params)
+    }
+
+    /// Attention over a KV cache (flash_attn's `flash_attn_with_kvcache`; see [`PagedKv`] for
+    /// the layouts and the caller's contract): `q [B, Sq, Hq, D]`, `k_cache`, `v_cache` the
+    /// pools `[num_pages, page_size, Hkv, D]` (with a block table) or `[B, S_cache, Hkv, D]`;
+    /// `kv.k_new`, `kv.v_new` are appended first. Returns `o` like `q` and `lse [B, Hq, Sq]`.
+    pub fn attention_paged(
+        &self,
+        q: TensorView,
+        k_cache: TensorView,
+        v_cache: TensorView,
+        kv: &PagedKv,
+        params: &AttnParams,
+    ) -> Result<AttnOutput> {
+        let mut o = DeviceTensor::filled(self, 0, q.layout.shape, q.layout.dtype)?;
+        let [b, sq, hq, _] = q.layout.shape;
+        let mut lse = self.stream.alloc_zeros::<f32>((b * hq * sq).max(1)).ctx("allocating lse")?;
+        self.attention_paged_into(q, k_cache, v_cache, o.view_mut(), Some(&mut lse), kv, params)?;
+        Ok(AttnOutput { o, lse })
+    }
+
+    /// [`Context::attention_paged`] into `o` and, if given, `lse [B, Hq, Sq]`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_paged_into(
+        &self,
+        q: TensorView,
+        k_cache: TensorView,
+        v_cache: TensorView,
+        o: TensorViewMut,
+        lse: Option<&mut CudaSlice<f32>>,
+        kv: &PagedKv,
+        params: &AttnParams,
+    ) -> Result<()> {
+        let lse = lse.map(|buf| {
+            let len = buf.len();
+            (buf.device_ptr_mut(&self.stream).0, len)
+        });
+        let (tile_counter, _sync) = self.tile_counter.device_ptr(&self.stream);
+        let mut workspace = self.split_workspace.lock().unwrap();
+        let mut scratch = |bytes| self.grow_workspace(&mut workspace, bytes);
+        let mut lane = Lane { stream: &self.stream, tile_counter, scratch: &mut scratch };
+        self.run(&mut lane, q, k_cache, v_cache, o, lse, Keys::Paged(kv), params)
+    }
+
+    /// [`Context::attention_paged`] on the caller's stream with the caller's memory, as
+    /// [`Context::attention_on_stream`].
+    ///
+    /// # Safety
+    /// As [`Context::attention_on_stream`], and `kv`'s views are device memory of this
+    /// device that outlives the queued work.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn attention_paged_on_stream(
+        &self,
+        stream: ExternalStream,
+        q: TensorView,
+        k_cache: TensorView,
+        v_cache: TensorView,
+        o: TensorViewMut,
+        lse: Option<(u64, usize)>,
+        scratch: &mut dyn FnMut(usize) -> Result<u64>,
+        kv: &PagedKv,
+        params: &AttnParams,
+    ) -> Result<()> {
+        let _restore = CurrentContextGuard::bind(&self.cuda)?;
+        let tile_counter = self.stream_counters.counter_for(stream, &self.cuda)?;
+        let borrowed = self.cuda.wrap_borrowed_stream(stream.raw());
+        let mut lane = Lane { stream: &borrowed, tile_counter, scratch };
+        self.run(&mut lane, q, k_cache, v_cache, o, lse, Keys::Paged(kv), params)
+    }
+
+    /// Checks a cache's device values (the block table's used entries, `cache_seqlens`)
+    /// against [`PagedKv`]'s contract for these caches (the host-visible arguments first, as
+    /// [`Context::attention_paged`] would): copies them to the host, so it waits for this
+    /// context's stream (a debugging aid; `flashcore check` runs it on every paged case). The error names the
+    /// first bad entry.
+    pub fn check_paged(&self, q: TensorView, k_cache: TensorView, v_cache: TensorView, kv: &PagedKv) -> Result<()> {
+        let g = kv.validate(&q, &k_cache, &v_cache, &q, self.ordinal())?;
+        self.synchronize()?;
+        let _bind = CurrentContextGuard::bind(&self.cuda)?;
+        let read = |ptr: u64, len: usize, what: &str| -> Result<Vec<i32>> {
+            let mut host = vec![0i32; len];
+            // SAFETY: `ptr` is `len` int32 values of device memory (the views' contracts).
+            unsafe { cudarc::driver::result::memcpy_dtoh_sync(&mut host, ptr) }.ctx(format!("reading {what}"))?;
+            Ok(host)
+        };
+        let lens = kv.cache_seqlens.map(|l| read(l.ptr, l.len, "cache_seqlens")).transpose()?;
+        let table = match kv.block_table {
+            Some(t) => {
+                let span = (t.batch - 1) * t.row_stride + t.max_pages;
+                let all = read(t.ptr, span, "the block table")?;
+                Some((0..t.batch).flat_map(|b| all[b * t.row_stride..b * t.row_stride + t.max_pages].to_vec()).collect::<Vec<i32>>())
+            }
+            None => None,
+        };
+        let pool = if g.page_size > 0 { (g.page_size, g.num_pages) } else { (g.shape.seqlen_k, 0) };
+        paged::check_values(table.as_deref(), lens.as_deref(), pool, (g.shape.batch, g.shape.seqlen_k), g.new_keys)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -392,16 +499,28 @@ impl Context {
         v: TensorView,
         o: TensorViewMut,
         lse: Option<(u64, usize)>,
-        varlen: Option<&VarlenBatch>,
+        keys: Keys,
         params: &AttnParams,
     ) -> Result<()> {
-        let tensors = validate::problem(&q, &k, &v, &o.as_view(), self.ordinal())?;
-        let shape = match varlen {
-            Some(batch) => {
+        let varlen = match keys {
+            Keys::Varlen(batch) => Some(batch),
+            _ => None,
+        };
+        let paged = match keys {
+            Keys::Paged(kv) => Some((kv, kv.validate(&q, &k, &v, &o.as_view(), self.ordinal())?)),
+            _ => None,
+        };
+        let (tensors, shape) = match (keys, &paged) {
+            (Keys::Paged(_), Some((_, g))) => (g.shape, g.shape),
+            (Keys::Varlen(batch), _) => {
+                let tensors = validate::problem(&q, &k, &v, &o.as_view(), self.ordinal())?;
                 batch.validate(&tensors)?;
-                batch.kernel_shape(&tensors)
+                (tensors, batch.kernel_shape(&tensors))
             }
-            None => tensors,
+            _ => {
+                let tensors = validate::problem(&q, &k, &v, &o.as_view(), self.ordinal())?;
+                (tensors, tensors)
+            }
         };
         let scale = params.scale_for(shape.head_dim);
         validate::softmax_scale(scale)?;
@@ -418,7 +537,12 @@ impl Context {
         if shape.seqlen_q == 0 {
             return Ok(()); // packed, every sequence empty: nothing to write
         }
-        let plan = dispatch::plan_with(&self.info.device(), &shape, q.layout.dtype, params, varlen.is_some())?;
+        let layout = match keys {
+            Keys::Dense => dispatch::KeyLayout::Dense,
+            Keys::Varlen(_) => dispatch::KeyLayout::Varlen,
+            Keys::Paged(_) => dispatch::KeyLayout::Paged,
+        };
+        let plan = dispatch::plan_for(&self.info.device(), &shape, q.layout.dtype, params, layout)?;
         let kernel = self.load(&plan.variant)?;
         let o = o.as_view();
         let pack = |t: &TensorView<'_>| if plan.packed_gqa { t.layout.gqa_packed(shape.heads_kv) } else { t.layout };
@@ -427,9 +551,13 @@ impl Context {
         // The window the kernels see: causal folded in (see AttnParams::mask); the reference
         // kernel reads p.causal besides.
         let window = params.mask().1.unwrap_or(crate::Window::UNBOUNDED);
-        // Packed, the sequences' rows are found from cu_seqlens, not from a batch stride.
-        let batch_stride = if varlen.is_some() { 0 } else { 1 };
-        let stride = |t: &TensorView| [0, 1, 2].map(|i| t.layout.strides[i] as i64 * if i == 0 { batch_stride } else { 1 });
+        // Packed, the sequences' rows are found from cu_seqlens, not from a batch stride; paged,
+        // the keys' from the block table.
+        let batch_stride = |keys_of_a_table: bool| if varlen.is_some() || keys_of_a_table { 0 } else { 1 };
+        let strided =
+            |t: &TensorView, table: bool| [0, 1, 2].map(|i| t.layout.strides[i] as i64 * if i == 0 { batch_stride(table) } else { 1 });
+        let stride = |t: &TensorView| strided(t, false);
+        let pooled = paged.as_ref().is_some_and(|(kv, _)| kv.block_table.is_some());
         let mut p = FwdParams {
             q: q.ptr,
             k: k.ptr,
@@ -437,8 +565,8 @@ impl Context {
             o: o.ptr,
             lse: lse_ptr,
             q_strides: stride(&q),
-            k_strides: stride(&k),
-            v_strides: stride(&v),
+            k_strides: strided(&k, pooled),
+            v_strides: strided(&v, pooled),
             o_strides: stride(&o),
             batch: shape.batch as i32,
             seqlen_q: shape.seqlen_q as i32,
@@ -471,8 +599,24 @@ impl Context {
             seqused_k: varlen.and_then(|b| b.seqused_k.as_ref()).map_or(0, |u| u.ptr),
             total_q: tensors.seqlen_q as i32,
             total_k: tensors.seqlen_k as i32,
+            ..FwdParams::default()
         };
         p.tile_section = crate::kernels::section_heads(&p);
+        if let Some((kv, g)) = &paged {
+            p.seqused_k = kv.cache_seqlens.map_or(0, |l| l.ptr);
+            if let Some(table) = &kv.block_table {
+                p.block_table = table.ptr;
+                p.block_table_stride = table.row_stride as i64;
+                p.max_pages = table.max_pages as i32;
+            }
+            (p.page_size, p.num_pages, p.page_rows) = (g.page_size as i32, g.num_pages as i32, g.page_rows as i32);
+            p.new_keys = g.new_keys as i32;
+            if let (Some(kn), Some(vn)) = (&kv.k_new, &kv.v_new) {
+                (p.k_new, p.v_new) = (kn.ptr, vn.ptr);
+                (p.k_new_strides, p.v_new_strides) = (strided(kn, false), strided(vn, false));
+                self.launch_append(lane.stream, &kernel, &p)?;
+            }
+        }
         if plan.splits > 1 {
             let rows = plan.splits * shape.batch * shape.heads_q * shape.seqlen_q;
             let o_bytes = rows * shape.head_dim * std::mem::size_of::<f32>();
@@ -504,8 +648,28 @@ impl Context {
         if kernel.variant.family == KernelFamily::FwdSm90 {
             return fwd_sm90::launch(lane.stream, &kernel.function, cfg, &kernel.variant, p, qkvo, lane.tile_counter);
         }
+        if p.new_keys > 0 && self.info.arch.major >= 9 {
+            // After fc_paged_append, which lets it launch early; it waits for the keys itself.
+            return launch_dependent(lane.stream, &kernel.function, (grid, (threads, 1, 1), cfg.shared_mem_bytes), p)
+                .ctx(format!("launching {}", kernel.variant.name()));
+        }
         // SAFETY: `p` matches the kernel's `FwdParams` ABI and its pointers were validated.
         unsafe { lane.stream.launch_builder(&kernel.function).arg(p).launch(cfg) }.ctx(format!("launching {}", kernel.variant.name()))?;
+        Ok(())
+    }
+
+    /// The paged pre-pass: `k_new`, `v_new` into the caches, one 16-byte chunk a thread.
+    fn launch_append(&self, stream: &CudaStream, kernel: &LoadedKernel, p: &FwdParams) -> Result<()> {
+        let append = kernel
+            .append
+            .as_ref()
+            .ok_or_else(|| Error::Unsupported { kernel: kernel.variant.name(), msg: "has no paged append entry".into() })?;
+        let chunks = p.batch as u64 * p.new_keys as u64 * p.heads_kv as u64 * (p.head_dim as u64 / 8);
+        let blocks = u32::try_from(chunks.div_ceil(128))
+            .map_err(|_| Error::Param { arg: "k_new", msg: format!("{chunks} chunks overflow the append grid") })?;
+        let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: `fc_paged_append(FwdParams)`; k_new, v_new and the caches were validated.
+        unsafe { stream.launch_builder(append).arg(p).launch(cfg) }.ctx(format!("launching the append of {}", kernel.variant.name()))?;
         Ok(())
     }
 
@@ -524,7 +688,7 @@ impl Context {
         })?;
         let what = || format!("launching the combine of {}", kernel.variant.name());
         if self.info.arch.major >= 9 {
-            return launch_dependent(stream, combine, (blocks, 128), p).ctx(what());
+            return launch_dependent(stream, combine, ((blocks, 1, 1), (128, 1, 1), 0), p).ctx(what());
         }
         let cfg = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (128, 1, 1), shared_mem_bytes: 0 };
         // SAFETY: `fc_split_combine(FwdParams)`; the partials were written by the launch before it.
@@ -554,6 +718,10 @@ impl Context {
             true => Some(module.load_function(SPLIT_COMBINE_ENTRY).ctx(format!("finding {SPLIT_COMBINE_ENTRY} in {}", source.name))?),
             false => None,
         };
+        let append = match variant.paged {
+            true => Some(module.load_function(PAGED_APPEND_ENTRY).ctx(format!("finding {PAGED_APPEND_ENTRY} in {}", source.name))?),
+            false => None,
+        };
         let aux = aux_entries(variant.family)
             .iter()
             .map(|name| module.load_function(name).ctx(format!("finding {name} in {}", source.name)))
@@ -564,6 +732,7 @@ impl Context {
             from_cache: compiled.from_cache,
             function,
             combine,
+            append,
             aux,
         });
         self.loaded.lock().unwrap().insert(variant.clone(), kernel.clone());
@@ -573,11 +742,12 @@ impl Context {
 
 /// Launches `function(p)` on `stream` with programmatic stream serialization (sm_90+): it
 /// may start before the previous kernel on the stream ends, and must wait for it itself
-/// (`griddepcontrol.wait`). `(blocks, threads)`: a 1-D grid, no shared memory.
+/// (`griddepcontrol.wait`). `(grid, block, dynamic shared memory bytes)`.
+#[allow(clippy::type_complexity)]
 fn launch_dependent(
     stream: &CudaStream,
     function: &CudaFunction,
-    (blocks, threads): (u32, u32),
+    (grid, block, smem): ((u32, u32, u32), (u32, u32, u32), u32),
     p: &FwdParams,
 ) -> std::result::Result<(), cudarc::driver::DriverError> {
     use cudarc::driver::sys;
@@ -586,13 +756,13 @@ fn launch_dependent(
     attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
     attr.value.programmaticStreamSerializationAllowed = 1;
     let config = sys::CUlaunchConfig {
-        gridDimX: blocks,
-        gridDimY: 1,
-        gridDimZ: 1,
-        blockDimX: threads,
-        blockDimY: 1,
-        blockDimZ: 1,
-        sharedMemBytes: 0,
+        gridDimX: grid.0,
+        gridDimY: grid.1,
+        gridDimZ: grid.2,
+        blockDimX: block.0,
+        blockDimY: block.1,
+        blockDimZ: block.2,
+        sharedMemBytes: smem,
         hStream: stream.cu_stream(),
         attrs: &mut attr,
         numAttrs: 1,
@@ -605,6 +775,9 @@ fn launch_dependent(
 
 /// The split-KV merge entry point in a split variant's module.
 const SPLIT_COMBINE_ENTRY: &str = "fc_split_combine";
+
+/// The pre-pass that appends new keys to a cache, in a paged variant's module.
+const PAGED_APPEND_ENTRY: &str = "fc_paged_append";
 
 /// The backward entry points in the reference kernel's module, in launch order.
 const REFERENCE_BWD_ENTRIES: [&str; 2] = ["fc_reference_bwd_dq", "fc_reference_bwd_dkv"];

@@ -97,12 +97,42 @@ pub fn plan(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnPa
     plan_with(device, shape, dtype, params, false)
 }
 
+/// How a problem's keys are laid out, beyond the dense `[B, Sk, Hkv, D]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyLayout {
+    /// Dense tensors.
+    Dense,
+    /// A packed batch (`cu_seqlens`): [`crate::VarlenBatch`].
+    Varlen,
+    /// A KV cache, paged or contiguous, each sequence of its own length: [`crate::PagedKv`].
+    Paged,
+}
+
 /// [`plan`], or with `varlen` for a packed batch of `shape.batch` sequences of at most
 /// `shape.seqlen_q` / `seqlen_k` (the varlen form of the same variant, never GQA-packed:
 /// a packed row's sequence would be ambiguous).
 pub fn plan_with(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnParams, varlen: bool) -> Result<Plan> {
+    plan_for(device, shape, dtype, params, if varlen { KeyLayout::Varlen } else { KeyLayout::Dense })
+}
+
+/// [`plan`] for keys laid out as `keys` says. A paged cache (`shape.seqlen_k` its capacity)
+/// runs fwd_sm80's paged form on every arch (fwd_sm90 has none yet), split as a dense problem
+/// of that many keys would be, with GQA heads packed as rows for decode as dense.
+pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnParams, keys: KeyLayout) -> Result<Plan> {
+    let varlen = keys == KeyLayout::Varlen;
+    let paged = keys == KeyLayout::Paged;
     let arch = device.arch;
-    let family = params.kernel.unwrap_or_else(|| default_family(device, shape));
+    let family = match params.kernel {
+        Some(f) => f,
+        None if paged => KernelFamily::FwdSm80,
+        None => default_family(device, shape),
+    };
+    if paged && family != KernelFamily::FwdSm80 && !family.is_backward() {
+        return Err(Error::Unsupported {
+            kernel: family.name().into(),
+            msg: "takes no KV cache: fwd_sm80 runs paged and contiguous caches on every arch".into(),
+        });
+    }
     if family.is_backward() {
         return Err(not_a_forward(family));
     }
@@ -145,6 +175,7 @@ pub fn plan_with(device: &Device, shape: &ProblemShape, dtype: DType, params: &A
     if family != KernelFamily::Reference {
         plan.variant.mods = mods;
         plan.variant.varlen = varlen;
+        plan.variant.paged = paged;
     }
     plan.packed_gqa = packed_gqa;
     Ok(plan)
@@ -289,6 +320,22 @@ mod tests {
     fn forcing_a_family_picks_it() {
         let p = AttnParams { kernel: Some(KernelFamily::Reference), ..AttnParams::default() };
         assert_eq!(plan(&h100(), &shape(64), DType::F16, &p).unwrap().variant.family, KernelFamily::Reference);
+    }
+
+    #[test]
+    fn a_kv_cache_runs_fwd_sm80_paged_on_hopper_split_and_gqa_packed_as_dense() {
+        let paged = plan_for(&h100(), &decode(8, 4096), DType::BF16, &AttnParams::default(), KeyLayout::Paged).unwrap();
+        let dense = pick(&h100(), &decode(8, 4096), &AttnParams::default());
+        assert!(paged.variant.paged && paged.variant.name().ends_with("_paged"));
+        assert_eq!(Variant { paged: false, ..paged.variant.clone() }, dense.variant);
+        assert_eq!((paged.splits, paged.split_tiles, paged.packed_gqa), (dense.splits, dense.split_tiles, true));
+        // Chunked prefill: the unsplit tile, as dense on fwd_sm80.
+        let prefill = ProblemShape { batch: 4, seqlen_q: 2048, seqlen_k: 16384, heads_q: 32, heads_kv: 8, head_dim: 128 };
+        let p = plan_for(&h100(), &prefill, DType::BF16, &AttnParams::causal(), KeyLayout::Paged).unwrap();
+        assert!(p.variant.paged && !p.variant.split_kv && p.variant.family == KernelFamily::FwdSm80);
+        // Forcing a family without a paged form is an error naming it.
+        let sm90 = AttnParams { kernel: Some(KernelFamily::FwdSm90), ..AttnParams::default() };
+        assert!(matches!(plan_for(&h100(), &prefill, DType::BF16, &sm90, KeyLayout::Paged), Err(Error::Unsupported { .. })));
     }
 
     #[test]

@@ -149,6 +149,60 @@ pub fn attention_masked(q: &[f64], k: &[f64], v: &[f64], shape: &ProblemShape, s
     ReferenceOutput { o, lse }
 }
 
+/// A paged KV cache as the reference reads it (see [`crate::PagedKv`]): pools `[num_pages,
+/// page_size, Hkv, D]` contiguous, a block table `[B, max_pages]` row-major, and each
+/// sequence's key count (its cached keys plus any appended, already written into the pools).
+#[derive(Debug, Clone, Copy)]
+pub struct RefPagedCache<'a> {
+    /// The K pool.
+    pub k: &'a [f64],
+    /// The V pool.
+    pub v: &'a [f64],
+    /// `[B, max_pages]`.
+    pub block_table: &'a [i32],
+    /// Columns of `block_table`.
+    pub max_pages: usize,
+    /// Keys a page.
+    pub page_size: usize,
+    /// `[B]`: keys each sequence holds.
+    pub seqlens: &'a [usize],
+}
+
+impl RefPagedCache<'_> {
+    /// Sequence `b`'s keys and values, `[1, seqlens[b], Hkv, D]` each, gathered from the
+    /// pages its table row names (`row` = Hkv · D elements a key).
+    ///
+    /// # Panics
+    /// If a used table entry names no page of the pools.
+    pub fn gather(&self, b: usize, row: usize) -> (Vec<f64>, Vec<f64>) {
+        let len = self.seqlens[b];
+        let (mut k, mut v) = (Vec::with_capacity(len * row), Vec::with_capacity(len * row));
+        for j in 0..len {
+            let page = self.block_table[b * self.max_pages + j / self.page_size];
+            let at = (page as usize * self.page_size + j % self.page_size) * row;
+            k.extend_from_slice(&self.k[at..at + row]);
+            v.extend_from_slice(&self.v[at..at + row]);
+        }
+        (k, v)
+    }
+}
+
+/// Attention of `q [B, Sq, Hq, D]` over a paged cache: gather each sequence's keys, then
+/// attend with [`attention_masked`] (the mask bottom-right aligned to the sequence's own key
+/// count). `shape.seqlen_k` is ignored.
+pub fn attention_paged(q: &[f64], cache: &RefPagedCache, shape: &ProblemShape, softmax_scale: f64, mask: &RefMask) -> ReferenceOutput {
+    let ProblemShape { batch, seqlen_q: sq, heads_q: hq, heads_kv: hkv, head_dim: d, .. } = *shape;
+    let mut out = ReferenceOutput { o: Vec::with_capacity(q.len()), lse: Vec::with_capacity(batch * hq * sq) };
+    for b in 0..batch {
+        let (k, v) = cache.gather(b, hkv * d);
+        let one = ProblemShape { batch: 1, seqlen_k: cache.seqlens[b], ..*shape };
+        let r = attention_masked(&q[b * sq * hq * d..][..sq * hq * d], &k, &v, &one, softmax_scale, mask);
+        out.o.extend(r.o);
+        out.lse.extend(r.lse);
+    }
+    out
+}
+
 /// Gradients of the reference: `dq [B, Sq, Hq, D]`, `dk, dv [B, Sk, Hkv, D]`, contiguous.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReferenceGrads {
@@ -250,6 +304,37 @@ pub fn attention_backward_masked(
 
 fn dot(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(a, b)| a * b).sum()
+}
+
+#[cfg(test)]
+mod paged_tests {
+    use super::*;
+
+    #[test]
+    fn a_shuffled_paged_cache_gives_the_dense_result() {
+        // Two sequences of 5 and 3 keys (Hkv 1, D 2) in pages of 2 keys, pages shuffled.
+        let (hkv, d, page) = (1, 2, 2);
+        let keys: Vec<Vec<f64>> = vec![(0..10).map(|x| x as f64 * 0.1).collect(), (0..6).map(|x| 1.0 - x as f64 * 0.2).collect()];
+        let table = [3, 0, 4, 1, 2, /* unused: */ -9];
+        let mut pool = vec![f64::NAN; 5 * page * d];
+        for (b, k) in keys.iter().enumerate() {
+            for j in 0..k.len() / d {
+                let at = (table[b * 3 + j / page] as usize * page + j % page) * d;
+                pool[at..at + d].copy_from_slice(&k[j * d..][..d]);
+            }
+        }
+        let cache = RefPagedCache { k: &pool, v: &pool, block_table: &table, max_pages: 3, page_size: page, seqlens: &[5, 3] };
+        let q = [0.3, -0.2, 0.5, 0.1, 0.7, 0.7, -1.0, 0.4];
+        let shape = ProblemShape { batch: 2, seqlen_q: 2, seqlen_k: 0, heads_q: 1, heads_kv: hkv, head_dim: d };
+        let mask = RefMask { causal: true, ..RefMask::default() };
+        let paged = attention_paged(&q, &cache, &shape, 0.5, &mask);
+        for (b, k) in keys.iter().enumerate() {
+            let one = ProblemShape { batch: 1, seqlen_k: k.len() / d, ..shape };
+            let dense = attention_masked(&q[b * 4..][..4], k, k, &one, 0.5, &mask);
+            assert_eq!(&paged.o[b * 4..][..4], &dense.o[..]);
+            assert_eq!(&paged.lse[b * 2..][..2], &dense.lse[..]);
+        }
+    }
 }
 
 #[cfg(test)]

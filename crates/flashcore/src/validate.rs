@@ -137,7 +137,7 @@ pub(crate) fn window_and_softcap(window: Window, softcap: f32) -> Result<()> {
     Ok(())
 }
 
-fn tensor(arg: &'static str, t: &TensorView, device: usize) -> Result<()> {
+pub(crate) fn tensor(arg: &'static str, t: &TensorView, device: usize) -> Result<()> {
     if t.device != device {
         return Err(Error::DeviceMismatch { arg, tensor_device: t.device, context_device: device });
     }

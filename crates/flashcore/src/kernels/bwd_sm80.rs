@@ -60,6 +60,7 @@ pub fn variant(arch: Arch, dtype: DType, head_dim: usize, causal: bool) -> Varia
         split_kv: false,
         mods: ScoreMods::default(),
         varlen: false,
+        paged: false,
     }
 }
 

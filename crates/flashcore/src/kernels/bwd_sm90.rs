@@ -79,6 +79,7 @@ pub fn variant(dtype: DType, head_dim: usize, causal: bool) -> Variant {
         split_kv: false,
         mods: ScoreMods::default(),
         varlen: false,
+        paged: false,
     }
 }
 

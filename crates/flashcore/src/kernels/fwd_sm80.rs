@@ -103,6 +103,7 @@ fn make_variant(dtype: DType, head_dim: usize, causal: bool, tile: Tile, split_k
         split_kv,
         mods: ScoreMods::default(),
         varlen: false,
+        paged: false,
     }
 }
 

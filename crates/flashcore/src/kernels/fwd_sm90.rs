@@ -117,6 +117,7 @@ fn make_variant(dtype: DType, head_dim: usize, causal: bool, short: bool) -> Var
         split_kv: false,
         mods: ScoreMods::default(),
         varlen: false,
+        paged: false,
     }
 }
 

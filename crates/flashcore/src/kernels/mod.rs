@@ -50,9 +50,21 @@ pub(crate) struct FwdParams {
     pub seqused_k: u64,
     pub total_q: i32,
     pub total_k: i32,
+    pub block_table: u64,
+    pub k_new: u64,
+    pub v_new: u64,
+    pub k_new_strides: [i64; 3],
+    pub v_new_strides: [i64; 3],
+    pub block_table_stride: i64,
+    pub page_size: i32,
+    pub num_pages: i32,
+    pub max_pages: i32,
+    pub page_rows: i32,
+    pub new_keys: i32,
+    pub _pad: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<FwdParams>() == 248);
+const _: () = assert!(std::mem::size_of::<FwdParams>() == 352);
 
 // SAFETY: plain old data with the C layout the kernels expect.
 unsafe impl DeviceRepr for FwdParams {}
@@ -267,6 +279,10 @@ pub struct Variant {
     /// `FC_VARLEN`: a packed batch of sequences of their own lengths (`cu_seqlens`; fwd_sm80,
     /// fwd_sm90 and bwd_sm80).
     pub varlen: bool,
+    /// `FC_PAGED`: keys from a KV cache, paged (a block table) or contiguous, each sequence
+    /// of its own length (`cache_seqlens`), with new keys appended by a pre-pass (fwd_sm80
+    /// only; see [`crate::PagedKv`]).
+    pub paged: bool,
 }
 
 /// `v`'s forms with a sliding window, a softcap and both, where the dispatcher runs them:
@@ -283,12 +299,18 @@ pub fn mods_forms(v: &Variant) -> Vec<Variant> {
     forms.iter().map(|&(local, softcap)| Variant { mods: ScoreMods { local, softcap }, ..v.clone() }).collect()
 }
 
+/// `v`'s paged-KV form (`FC_PAGED`), where the dispatcher runs one: every fwd_sm80 forward
+/// variant (the paged cache runs on fwd_sm80 on every arch, Hopper included).
+pub fn paged_form(v: &Variant) -> Option<Variant> {
+    (v.family == KernelFamily::FwdSm80 && !v.varlen && !v.paged).then(|| Variant { paged: true, ..v.clone() })
+}
+
 /// `v`'s varlen form (a packed batch: `cu_seqlens`), where the dispatcher runs one: every
 /// variant of fwd_sm80, fwd_sm90 and bwd_sm80 (the backward of every packed batch, on every
 /// arch).
 pub fn varlen_form(v: &Variant) -> Option<Variant> {
     let packs = matches!(v.family, KernelFamily::FwdSm80 | KernelFamily::FwdSm90 | KernelFamily::BwdSm80);
-    (packs && !v.varlen).then(|| Variant { varlen: true, ..v.clone() })
+    (packs && !v.varlen && !v.paged).then(|| Variant { varlen: true, ..v.clone() })
 }
 
 /// Compile-time score policies of a variant (`kernels/common/mask.cuh`): a sliding window
@@ -304,7 +326,8 @@ pub struct ScoreMods {
 
 impl Variant {
     /// A name unique per compiled binary, e.g. `fwd_sm80_bf16_d128_causal_128x64w4s2`
-    /// (`..._splitkv` for a split-KV variant, `_local`, `_softcap` for [`ScoreMods`], `_varlen`).
+    /// (`..._splitkv` for a split-KV variant, `_local`, `_softcap` for [`ScoreMods`], `_varlen`,
+    /// `_paged`).
     pub fn name(&self) -> String {
         let mut name = format!("{}_{}", self.family.name(), self.dtype.name());
         if let Some(d) = self.head_dim {
@@ -327,6 +350,9 @@ impl Variant {
         if self.varlen {
             name += "_varlen";
         }
+        if self.paged {
+            name += "_paged";
+        }
         name
     }
 
@@ -346,7 +372,9 @@ impl Variant {
         if self.split_kv {
             defines.push(("FC_SPLIT_KV".into(), "1".into()));
         }
-        for (define, on) in [("FC_LOCAL", self.mods.local), ("FC_SOFTCAP", self.mods.softcap), ("FC_VARLEN", self.varlen)] {
+        for (define, on) in
+            [("FC_LOCAL", self.mods.local), ("FC_SOFTCAP", self.mods.softcap), ("FC_VARLEN", self.varlen), ("FC_PAGED", self.paged)]
+        {
             if on {
                 defines.push((define.into(), "1".into()));
             }

@@ -20,5 +20,6 @@ pub fn variant(dtype: DType) -> Variant {
         split_kv: false,
         mods: ScoreMods::default(),
         varlen: false,
+        paged: false,
     }
 }

@@ -1,0 +1,85 @@
+//! `flashcore bench --suite paged`: decode over a paged KV cache against the contiguous
+//! decode of the same shape in the same run (GB/s of K and V), at page sizes 16 and 64 with
+//! shuffled page tables, and with one new key appended per sequence (the pre-pass) against
+//! the same cache without.
+
+use anyhow::Result;
+use flashcore::bench::{time, TimingOptions};
+use flashcore::{AttnParams, BlockTableView, Context, DeviceTensor, Layout, PagedKv, SeqLensView, TensorView};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+
+use crate::bench::{unsupported, Row};
+use crate::cases::Case;
+
+/// Page sizes timed, and whether the table is shuffled (ordered: page `i` of sequence `b` is
+/// pool page `b * pages + i`, the contiguous cache's own layout, which isolates the kernel's
+/// cost from the scattered pages').
+const PAGES: [(usize, bool); 4] = [(16, true), (64, true), (256, true), (16, false)];
+
+/// Rows for one decode `case` (`Sq = 1`): `dense` (our contiguous decode), then per page size
+/// `paged{P}` and `paged{P}+append` (S - 1 cached keys and one appended: the same keys read),
+/// and `paged16-ordered` (an unshuffled table).
+/// K and V hold one value everywhere (the speed of these memory-bound kernels does not depend
+/// on it; `check` covers correctness); one buffer serves every layout.
+pub fn rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> {
+    let (b, s, hkv, d, dtype) = (case.batch, case.seqlen_k, case.heads_kv, case.head_dim, case.dtype);
+    let one = dtype.encode(0.05);
+    let q = DeviceTensor::filled(ctx, one, case.q_shape(), dtype)?;
+    let k = DeviceTensor::filled(ctx, one, case.kv_shape(), dtype)?;
+    let v = DeviceTensor::filled(ctx, one, case.kv_shape(), dtype)?;
+    let new = DeviceTensor::filled(ctx, one, [b, 1, hkv, d], dtype)?;
+    let mut o = DeviceTensor::filled(ctx, 0, case.q_shape(), dtype)?;
+    let mut lse = ctx.stream().alloc_zeros::<f32>(b * case.heads_q)?;
+    let params = AttnParams::default();
+    let opts = TimingOptions { samples, graph: true, ..Default::default() };
+    let bytes = case.shape().kv_bytes(dtype.size_bytes());
+    let row = |name: &str, kernel: String, t: flashcore::bench::Timing| Row {
+        case: Case { name: format!("{}_{name}", case.name), ..case.clone() },
+        kernel: Some(kernel),
+        status: "ok".into(),
+        message: None,
+        median_ms: Some(t.median_ms),
+        min_ms: Some(t.min_ms),
+        max_ms: Some(t.max_ms),
+        samples_ms: t.samples_ms,
+        tflops: None,
+        gbps: Some(bytes / (t.median_ms * 1e-3) * 1e-9),
+        rel_error: None,
+        timing: Some("graph".into()),
+        eager_median_ms: None,
+        fwd_bwd_median_ms: None,
+    };
+    let mut out = Vec::new();
+    let dense = time(ctx, opts, |_| ctx.attention_into(q.view(), k.view(), v.view(), o.view_mut(), Some(&mut lse), &params))?;
+    out.push(row("dense", ctx.plan(&case.shape(), dtype, &params)?.describe(), dense));
+    for (page, shuffled) in PAGES {
+        if s % page != 0 {
+            out.push(unsupported(case, "unsupported", format!("S {s} is not a multiple of page size {page}")));
+            continue;
+        }
+        let pages = b * s / page;
+        let mut ids: Vec<i32> = (0..pages as i32).collect();
+        if shuffled {
+            ids.shuffle(&mut rand::rngs::StdRng::seed_from_u64(page as u64));
+        }
+        let table = ctx.stream().clone_htod(&ids)?;
+        // SAFETY: the pools are k's and v's buffers (b * s * hkv * d elements) seen as pages.
+        let pool = |t: &DeviceTensor| unsafe { TensorView::from_raw(t.view().ptr(), Layout::contiguous([pages, page, hkv, d], dtype), 0) };
+        let full = ctx.stream().clone_htod(&vec![s as i32; b])?;
+        let short = ctx.stream().clone_htod(&vec![s as i32 - 1; b])?;
+        for append in [false, true].into_iter().filter(|&a| shuffled || !a) {
+            let kv = PagedKv {
+                block_table: Some(BlockTableView::of(&table, b, s / page)?),
+                cache_seqlens: Some(SeqLensView::of(if append { &short } else { &full })),
+                k_new: append.then(|| new.view()),
+                v_new: append.then(|| new.view()),
+            };
+            let t =
+                time(ctx, opts, |_| ctx.attention_paged_into(q.view(), pool(&k), pool(&v), o.view_mut(), Some(&mut lse), &kv, &params))?;
+            let name = format!("paged{page}{}{}", if shuffled { "" } else { "-ordered" }, if append { "+append" } else { "" });
+            out.push(row(&name, format!("{} paged", ctx.plan(&case.shape(), dtype, &params)?.describe()), t));
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,315 @@
+//! `flashcore check`'s KV-cache cases (`flashcore::PagedKv`): a batch of sequences of mixed
+//! cached lengths in shuffled, non-contiguous, non-monotonic pages, new keys appended across
+//! page boundaries, decode and chunked prefill. Each against the f64 oracle (gather, then
+//! attend), bitwise against the same data in a contiguous cache (the same kernel and split
+//! count: the capacities are equal), and the pools after the append bit for bit against
+//! where the new keys belong (no other row written).
+
+use anyhow::Result;
+use flashcore::reference::{self, RefMask, RefPagedCache};
+use flashcore::{AttnParams, BlockTableView, Context, DType, DeviceTensor, KernelFamily, PagedKv, ProblemShape, SeqLensView, Window};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+
+use crate::cases::normal;
+use crate::check::{judge, nan_bits, Outcome};
+
+#[derive(Debug, Clone)]
+pub struct PagedSpec {
+    /// Keys each sequence holds before the call (cache_seqlens).
+    pub cached: Vec<usize>,
+    /// Keys appended to every sequence (k_new, v_new; 0: none).
+    pub new_keys: usize,
+    pub seqlen_q: usize,
+    pub page_size: usize,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub head_dim: usize,
+    pub causal: bool,
+    pub dtype: DType,
+    pub window: Window,
+    pub softcap: f32,
+    pub splits: Option<usize>,
+    /// A used table entry is set out of the pool: check_paged must name it, and the kernels
+    /// (which clamp it) must still write finite output without faulting.
+    pub corrupt_table: bool,
+}
+
+impl PagedSpec {
+    fn name(&self) -> String {
+        let lens: Vec<String> = self.cached.iter().map(|l| l.to_string()).collect();
+        let mut name = format!(
+            "paged{}[{}]+{}_sq{}_h{}kv{}_d{}_{}_{}",
+            self.page_size,
+            lens.join(","),
+            self.new_keys,
+            self.seqlen_q,
+            self.heads_q,
+            self.heads_kv,
+            self.head_dim,
+            if self.causal { "causal" } else { "full" },
+            self.dtype.name()
+        );
+        if self.window != Window::UNBOUNDED {
+            name += &format!("_w{},{}", self.window.left, self.window.right);
+        }
+        if self.softcap > 0.0 {
+            name += &format!("_cap{}", self.softcap);
+        }
+        if let Some(n) = self.splits {
+            name += &format!("_split{n}");
+        }
+        if self.corrupt_table {
+            name += "_bad-table";
+        }
+        name
+    }
+
+    fn params(&self) -> AttnParams {
+        AttnParams {
+            causal: self.causal,
+            kernel: Some(KernelFamily::FwdSm80),
+            num_splits: self.splits,
+            window: self.window,
+            softcap: self.softcap,
+            ..AttnParams::default()
+        }
+    }
+
+    fn batch(&self) -> usize {
+        self.cached.len()
+    }
+
+    fn keys(&self, b: usize) -> usize {
+        self.cached[b] + self.new_keys
+    }
+
+    /// Page slots a sequence may use: the longest one's, and one spare (unused, -1).
+    fn max_pages(&self) -> usize {
+        (0..self.batch()).map(|b| self.keys(b).div_ceil(self.page_size)).max().unwrap_or(0) + 1
+    }
+}
+
+/// The lengths (1, 15, 16, 17, 1000, 4097 in one batch) at page sizes 16, 64 and 256,
+/// GQA 1/4/8 and D 64/128/256: decode, decode appending one key (16 -> 17 crosses a page
+/// boundary at page size 16), speculative decode appending 4, chunked prefill appending 300
+/// (bottom-right causal); a window with a softcap, forced splits, fp16, and a corrupt table.
+pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<PagedSpec> {
+    if family != KernelFamily::FwdSm80 {
+        return Vec::new();
+    }
+    let lens = vec![1, 15, 16, 17, 1000, 4097];
+    let dims: &[usize] = if quick || smoke { &[64, 128] } else { &[64, 128, 256] };
+    let pages: &[usize] = if smoke { &[16, 256] } else { &[16, 64, 256] };
+    let mut out = Vec::new();
+    for (di, &d) in dims.iter().enumerate() {
+        for (pi, &page) in pages.iter().enumerate() {
+            let (hq, hkv) = [(4, 4), (8, 2), (8, 1)][(di + pi) % 3];
+            let spec = |seqlen_q, new_keys, causal| PagedSpec {
+                cached: lens.clone(),
+                new_keys,
+                seqlen_q,
+                page_size: page,
+                heads_q: hq,
+                heads_kv: hkv,
+                head_dim: d,
+                causal,
+                dtype: DType::BF16,
+                window: Window::UNBOUNDED,
+                softcap: 0.0,
+                splits: None,
+                corrupt_table: false,
+            };
+            out.push(spec(1, 1, true));
+            if smoke {
+                continue;
+            }
+            out.push(spec(300, 300, true));
+            if quick {
+                continue;
+            }
+            out.push(spec(1, 0, false));
+            out.push(spec(4, 4, true));
+        }
+    }
+    if smoke {
+        return out;
+    }
+    let base = out[0].clone();
+    out.push(PagedSpec { dtype: DType::F16, head_dim: 128, ..base.clone() });
+    out.push(PagedSpec { window: Window::new(127, 0), softcap: 30.0, page_size: 64, head_dim: 128, ..base.clone() });
+    out.push(PagedSpec { splits: Some(5), page_size: 64, ..base.clone() });
+    out.push(PagedSpec { cached: vec![0, 31, 700], new_keys: 40, seqlen_q: 40, causal: true, ..base.clone() });
+    out.push(PagedSpec { corrupt_table: true, ..base });
+    out
+}
+
+/// The spec's cache in both forms on the device, with what the host expects of it.
+struct Caches {
+    q: DeviceTensor,
+    pool_k: DeviceTensor,
+    pool_v: DeviceTensor,
+    flat_k: DeviceTensor,
+    flat_v: DeviceTensor,
+    k_new: Option<DeviceTensor>,
+    v_new: Option<DeviceTensor>,
+    table: cudarc::driver::CudaSlice<i32>,
+    lens: cudarc::driver::CudaSlice<i32>,
+    /// The pools as the append must leave them.
+    want_k: Vec<u16>,
+    want_v: Vec<u16>,
+    table_host: Vec<i32>,
+}
+
+fn build(ctx: &Context, spec: &PagedSpec, host_k: &[Vec<f32>], host_v: &[Vec<f32>], q: &[f32]) -> Result<Caches> {
+    let (b, page, row) = (spec.batch(), spec.page_size, spec.heads_kv * spec.head_dim);
+    let max_pages = spec.max_pages();
+    let used: Vec<usize> = (0..b).map(|i| spec.keys(i).div_ceil(page)).collect();
+    let num_pages = used.iter().sum::<usize>() + 3; // and 3 pages nobody uses
+    let mut ids: Vec<i32> = (0..num_pages as i32).collect();
+    ids.shuffle(&mut rand::rngs::StdRng::seed_from_u64(0x9a9e ^ page as u64));
+    let mut table = vec![-1i32; b * max_pages];
+    let mut next = ids.into_iter();
+    for (i, &n) in used.iter().enumerate() {
+        table[i * max_pages..][..n].iter_mut().for_each(|e| *e = next.next().unwrap());
+    }
+    let nan = nan_bits(spec.dtype);
+    let enc = |x: f32| spec.dtype.encode(x);
+    let capacity = max_pages * page;
+    // Pools and contiguous caches hold the cached keys; the pools' expected state also the new.
+    let (mut pool_k, mut pool_v) = (vec![nan; num_pages * page * row], vec![nan; num_pages * page * row]);
+    let (mut flat_k, mut flat_v) = (vec![nan; b * capacity * row], vec![nan; b * capacity * row]);
+    let (mut want_k, mut want_v) = (pool_k.clone(), pool_v.clone());
+    for i in 0..b {
+        for j in 0..spec.keys(i) {
+            let at = (table[i * max_pages + j / page] as usize * page + j % page) * row;
+            let src = j * row..(j + 1) * row;
+            for (dst, data) in [(&mut want_k, &host_k[i]), (&mut want_v, &host_v[i])] {
+                dst[at..at + row].iter_mut().zip(&data[src.clone()]).for_each(|(d, &x)| *d = enc(x));
+            }
+            if j < spec.cached[i] {
+                pool_k[at..at + row].copy_from_slice(&want_k[at..at + row]);
+                pool_v[at..at + row].copy_from_slice(&want_v[at..at + row]);
+                let flat = (i * capacity + j) * row;
+                flat_k[flat..flat + row].copy_from_slice(&want_k[at..at + row]);
+                flat_v[flat..flat + row].copy_from_slice(&want_v[at..at + row]);
+            }
+        }
+    }
+    let new = |data: &[Vec<f32>]| -> Vec<u16> {
+        (0..b).flat_map(|i| data[i][spec.cached[i] * row..spec.keys(i) * row].iter().map(|&x| enc(x)).collect::<Vec<u16>>()).collect()
+    };
+    let d = spec.head_dim;
+    let up = |bits: &[u16], shape| DeviceTensor::from_bits(ctx, bits, shape, spec.dtype);
+    let new_shape = [b, spec.new_keys, spec.heads_kv, d];
+    let mut device_table = table.clone();
+    if spec.corrupt_table {
+        device_table[4 * max_pages + 1] = num_pages as i32 + 5; // sequence 4 (1000 keys), slot 1
+    }
+    Ok(Caches {
+        q: DeviceTensor::from_f32(ctx, q, [b, spec.seqlen_q, spec.heads_q, d], spec.dtype)?,
+        pool_k: up(&pool_k, [num_pages, page, spec.heads_kv, d])?,
+        pool_v: up(&pool_v, [num_pages, page, spec.heads_kv, d])?,
+        flat_k: up(&flat_k, [b, capacity, spec.heads_kv, d])?,
+        flat_v: up(&flat_v, [b, capacity, spec.heads_kv, d])?,
+        k_new: if spec.new_keys > 0 { Some(up(&new(host_k), new_shape)?) } else { None },
+        v_new: if spec.new_keys > 0 { Some(up(&new(host_v), new_shape)?) } else { None },
+        table: ctx.stream().clone_htod(&device_table)?,
+        lens: ctx.stream().clone_htod(&spec.cached.iter().map(|&l| l as i32).collect::<Vec<i32>>())?,
+        want_k,
+        want_v,
+        table_host: table,
+    })
+}
+
+impl Caches {
+    fn kv(&self, spec: &PagedSpec, paged: bool) -> Result<PagedKv<'_>> {
+        let table = if paged { Some(BlockTableView::of(&self.table, spec.batch(), spec.max_pages())?) } else { None };
+        Ok(PagedKv {
+            block_table: table,
+            cache_seqlens: Some(SeqLensView::of(&self.lens)),
+            k_new: self.k_new.as_ref().map(|t| t.view()),
+            v_new: self.v_new.as_ref().map(|t| t.view()),
+        })
+    }
+
+    /// Runs into NaN-poisoned o and lse, through the table or from the contiguous caches.
+    fn run(&self, ctx: &Context, spec: &PagedSpec, paged: bool) -> Result<(Vec<u16>, Vec<f32>)> {
+        let kv = self.kv(spec, paged)?;
+        let (k, v) = if paged { (&self.pool_k, &self.pool_v) } else { (&self.flat_k, &self.flat_v) };
+        let shape = self.q.layout().shape;
+        let mut o = DeviceTensor::filled(ctx, nan_bits(spec.dtype), shape, spec.dtype)?;
+        let mut lse = ctx.stream().clone_htod(&vec![f32::NAN; shape[0] * shape[1] * shape[2]])?;
+        ctx.attention_paged_into(self.q.view(), k.view(), v.view(), o.view_mut(), Some(&mut lse), &kv, &spec.params())?;
+        Ok((o.to_bits(ctx)?, ctx.stream().clone_dtoh(&lse)?))
+    }
+}
+
+pub fn check_one(ctx: &Context, spec: &PagedSpec) -> Result<Outcome> {
+    let (b, hq, hkv, d, sq) = (spec.batch(), spec.heads_q, spec.heads_kv, spec.head_dim, spec.seqlen_q);
+    let seed = 0x9a6e ^ (d as u64) << 8 ^ spec.page_size as u64;
+    let host_k: Vec<Vec<f32>> = (0..b).map(|i| normal(spec.keys(i) * hkv * d, 1.0, spec.dtype, seed ^ (i as u64) << 20)).collect();
+    let host_v: Vec<Vec<f32>> = (0..b).map(|i| normal(spec.keys(i) * hkv * d, 1.0, spec.dtype, seed ^ 0x76 ^ (i as u64) << 20)).collect();
+    let qk_scale = if spec.softcap > 0.0 { 30f32.sqrt() } else { 1.0 };
+    let q = normal(b * sq * hq * d, qk_scale, spec.dtype, seed ^ 0x71);
+    let caches = build(ctx, spec, &host_k, &host_v, &q)?;
+    let name = spec.name();
+    let outcome = |rel, max_abs, lse_err, deterministic, failure| Outcome {
+        spec_name: name.clone(),
+        kernel: KernelFamily::FwdSm80,
+        oracle: "cpu-f64",
+        rel,
+        max_abs,
+        lse_err,
+        deterministic,
+        failure,
+    };
+
+    let checked = ctx.check_paged(caches.q.view(), caches.pool_k.view(), caches.pool_v.view(), &caches.kv(spec, true)?);
+    if spec.corrupt_table {
+        // The debug check names the entry; the kernels clamp it (wrong output, no fault).
+        let named = matches!(&checked, Err(flashcore::Error::Param { arg: "block_table", msg }) if msg.contains("[4, 1]"));
+        let (o, _) = caches.run(ctx, spec, true)?;
+        // Sequence 4 may read a spare (NaN) page now; the others must be untouched by it.
+        let per_seq = spec.seqlen_q * spec.heads_q * spec.head_dim;
+        let finite = o.iter().enumerate().all(|(i, &x)| i / per_seq == 4 || spec.dtype.decode(x).is_finite());
+        let failure = match (named, finite) {
+            (false, _) => Some(format!("check_paged did not name entry [4, 1]: {checked:?}")),
+            (_, false) => Some("NaN/Inf in another sequence's output beside a clamped bad table".into()),
+            _ => None,
+        };
+        return Ok(outcome(0.0, 0.0, 0.0, true, failure));
+    }
+    checked?;
+    let (o_bits, lse) = caches.run(ctx, spec, true)?;
+    let (o_bits2, lse2) = caches.run(ctx, spec, true)?;
+    let (flat_o, flat_lse) = caches.run(ctx, spec, false)?;
+    let deterministic = o_bits == o_bits2 && lse.iter().zip(&lse2).all(|(a, b)| a.to_bits() == b.to_bits());
+
+    let mut failure = None;
+    if caches.pool_k.to_bits(ctx)? != caches.want_k || caches.pool_v.to_bits(ctx)? != caches.want_v {
+        failure = Some("the pools after the append differ from where the new keys belong".to_string());
+    } else if flat_o != o_bits || flat_lse.iter().zip(&lse).any(|(a, b)| a.to_bits() != b.to_bits()) {
+        failure = Some("differs bitwise from the same data in a contiguous cache".to_string());
+    }
+
+    let wide = |bits: &[u16]| bits.iter().map(|&x| spec.dtype.decode(x) as f64).collect::<Vec<f64>>();
+    let (pool_k, pool_v) = (wide(&caches.want_k), wide(&caches.want_v));
+    let seqlens: Vec<usize> = (0..b).map(|i| spec.keys(i)).collect();
+    let cache = RefPagedCache {
+        k: &pool_k,
+        v: &pool_v,
+        block_table: &caches.table_host,
+        max_pages: spec.max_pages(),
+        page_size: spec.page_size,
+        seqlens: &seqlens,
+    };
+    let shape = ProblemShape { batch: b, seqlen_q: sq, seqlen_k: 0, heads_q: hq, heads_kv: hkv, head_dim: d };
+    let mask =
+        RefMask { causal: spec.causal, window: (spec.window != Window::UNBOUNDED).then_some(spec.window), softcap: spec.softcap as f64 };
+    let q64: Vec<f64> = q.iter().map(|&x| x as f64).collect();
+    let r = reference::attention_paged(&q64, &cache, &shape, 1.0 / (d as f64).sqrt(), &mask);
+    let o: Vec<f32> = o_bits.iter().map(|&x| spec.dtype.decode(x)).collect();
+    let (rel, max_abs, lse_err, judged) = judge(&o, &r.o, &lse, &r.lse, spec.dtype, deterministic);
+    Ok(outcome(rel, max_abs, lse_err, deterministic, failure.or(judged)))
+}

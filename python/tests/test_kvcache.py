@@ -1,0 +1,154 @@
+"""flash_attn_with_kvcache: paged caches (shuffled, non-contiguous, non-monotonic page tables,
+page sizes 16/64/256) and contiguous ones, appends across page boundaries, decode and
+chunked prefill, against the float64 reference per sequence (gather, then attend); bitwise
+against the same data in a contiguous cache; torch.compile; bad input (named errors)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import flashcore
+from helpers import check_against_reference, randn, reference
+
+LENGTHS = [1, 15, 16, 17, 1000, 4097]
+
+
+class Cache:
+    """Sequences' keys and values in a paged pool (pages shuffled, the rest NaN) and in a
+    contiguous cache of the same capacity (max_pages * page_size)."""
+
+    def __init__(self, lens, new, hkv, d, page, dtype, seed=0):
+        self.lens, self.new, self.page = lens, new, page
+        total = [n + new for n in lens]
+        self.keys = [randn(1, t, hkv, d, dtype=dtype, seed=seed + 2 * i) for i, t in enumerate(total)]
+        self.values = [randn(1, t, hkv, d, dtype=dtype, seed=seed + 2 * i + 1) for i, t in enumerate(total)]
+        used = [-(-t // page) for t in total]
+        self.max_pages = max(used) + 1
+        num_pages = sum(used) + 3
+        ids = torch.randperm(num_pages, generator=torch.Generator().manual_seed(seed + page)).tolist()
+        table = torch.full((len(lens), self.max_pages), -1, dtype=torch.int32)
+        for b, n in enumerate(used):
+            table[b, :n] = torch.tensor(ids[:n], dtype=torch.int32)
+            ids = ids[n:]
+        self.block_table = table.cuda()
+        nan = float("nan")
+        self.k_pool = torch.full((num_pages, page, hkv, d), nan, dtype=dtype, device="cuda")
+        self.v_pool = torch.full_like(self.k_pool, nan)
+        cap = self.max_pages * page
+        self.k_flat = torch.full((len(lens), cap, hkv, d), nan, dtype=dtype, device="cuda")
+        self.v_flat = torch.full_like(self.k_flat, nan)
+        for b, n in enumerate(lens):
+            for j in range(n):
+                p = table[b, j // page].item()
+                self.k_pool[p, j % page] = self.keys[b][0, j]
+                self.v_pool[p, j % page] = self.values[b][0, j]
+            self.k_flat[b, :n] = self.keys[b][0, :n]
+            self.v_flat[b, :n] = self.values[b][0, :n]
+        self.cache_seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+        self.k_new = torch.cat([k[:, n:] for k, n in zip(self.keys, lens)]) if new else None
+        self.v_new = torch.cat([v[:, n:] for v, n in zip(self.values, lens)]) if new else None
+
+
+@pytest.mark.parametrize("page", [16, 64, 256])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("sq,new,causal", [(1, 0, False), (1, 1, True), (4, 4, True), (300, 300, True)])
+def test_paged_cache_against_float64_and_the_contiguous_cache(page, d, sq, new, causal):
+    dtype, hq, hkv = torch.bfloat16, 8, 2
+    cache = Cache(LENGTHS, new, hkv, d, page, dtype)
+    q = randn(len(LENGTHS), sq, hq, d, dtype=dtype, seed=99)
+    out, lse = flashcore.flash_attn_with_kvcache(
+        q, cache.k_pool, cache.v_pool, cache.k_new, cache.v_new, cache_seqlens=cache.cache_seqlens,
+        block_table=cache.block_table, causal=causal, return_softmax_lse=True,
+    )
+    assert out.shape == q.shape and lse.shape == (len(LENGTHS), hq, sq)
+    flat, flat_lse = flashcore.flash_attn_with_kvcache(
+        q, cache.k_flat, cache.v_flat, cache.k_new, cache.v_new, cache_seqlens=cache.cache_seqlens, causal=causal, return_softmax_lse=True
+    )
+    assert torch.equal(out, flat) and torch.equal(lse, flat_lse), "paged and contiguous differ bitwise"
+    for b, n in enumerate(LENGTHS):
+        k, v = cache.keys[b], cache.values[b]
+        check_against_reference(q[b : b + 1], k, v, out[b : b + 1], lse[b : b + 1], d**-0.5, causal)
+        # The appended keys landed in their pages (and the contiguous cache's rows).
+        for j in range(n, n + new):
+            p = cache.block_table[b, j // page].item()
+            assert torch.equal(cache.k_pool[p, j % page], k[0, j]) and torch.equal(cache.v_pool[p, j % page], v[0, j])
+            assert torch.equal(cache.k_flat[b, j], k[0, j])
+    # cache_seqlens is the caller's to advance.
+    assert cache.cache_seqlens.tolist() == LENGTHS
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_contiguous_cache_with_an_int_length_and_gqa_8(dtype):
+    q = randn(3, 1, 16, 128, dtype=dtype)
+    k_cache, v_cache = randn(3, 700, 2, 128, dtype=dtype, seed=1), randn(3, 700, 2, 128, dtype=dtype, seed=2)
+    out = flashcore.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=513)
+    ref_o, _ = reference(q, k_cache[:, :513], v_cache[:, :513], 128**-0.5, False)
+    assert (out.double() - ref_o).norm() / ref_o.norm() < (1e-2 if dtype == torch.bfloat16 else 2e-3)
+    # No cache_seqlens: the whole cache.
+    full = flashcore.flash_attn_with_kvcache(q, k_cache, v_cache)
+    assert torch.equal(full, flashcore.flash_attn_func(q, k_cache, v_cache))
+
+
+def test_window_and_softcap_over_a_paged_cache():
+    cache = Cache([300, 1000, 17], 5, 2, 128, 64, torch.bfloat16, seed=7)
+    q = randn(3, 5, 8, 128, scale=30**0.5 / 2, seed=8)
+    out, lse = flashcore.flash_attn_with_kvcache(
+        q, cache.k_pool, cache.v_pool, cache.k_new, cache.v_new, cache_seqlens=cache.cache_seqlens, block_table=cache.block_table,
+        causal=True, window_size=(127, 0), softcap=30.0, return_softmax_lse=True,
+    )
+    for b in range(3):
+        check_against_reference(q[b : b + 1], cache.keys[b], cache.values[b], out[b : b + 1], lse[b : b + 1], 128**-0.5, True, window=(127, 0), softcap=30.0)
+
+
+def test_torch_compile_traces_the_op_and_orders_the_append():
+    cache = Cache([40, 100], 1, 2, 64, 16, torch.bfloat16, seed=3)
+    q = randn(2, 1, 8, 64, seed=4)
+
+    def step(q, k_pool, v_pool, k, v, lens, table):
+        return flashcore.flash_attn_with_kvcache(q, k_pool, v_pool, k, v, cache_seqlens=lens, block_table=table, causal=True) * 2
+
+    eager = step(q, cache.k_pool.clone(), cache.v_pool.clone(), cache.k_new, cache.v_new, cache.cache_seqlens, cache.block_table)
+    compiled = torch.compile(step, fullgraph=True)(q, cache.k_pool, cache.v_pool, cache.k_new, cache.v_new, cache.cache_seqlens, cache.block_table)
+    assert torch.equal(eager, compiled)
+    p = cache.block_table[1, 100 // 16].item()
+    assert torch.equal(cache.k_pool[p, 100 % 16], cache.keys[1][0, 100]), "the compiled call wrote the cache"
+
+
+def test_bad_input_is_named(monkeypatch):
+    cache = Cache([20, 33], 1, 2, 64, 16, torch.bfloat16, seed=5)
+    q = randn(2, 1, 8, 64, seed=6)
+    args = (q, cache.k_pool, cache.v_pool)
+    kw = dict(cache_seqlens=cache.cache_seqlens, block_table=cache.block_table)
+    with pytest.raises(NotImplementedError, match="rotary_cos"):
+        flashcore.flash_attn_with_kvcache(*args, rotary_cos=q, rotary_sin=q, **kw)
+    with pytest.raises(TypeError, match="block_table"):
+        flashcore.flash_attn_with_kvcache(*args, cache_seqlens=cache.cache_seqlens, block_table=cache.block_table.long())
+    with pytest.raises(TypeError, match="cache_seqlens"):
+        flashcore.flash_attn_with_kvcache(*args, cache_seqlens=cache.cache_seqlens.float(), block_table=cache.block_table)
+    with pytest.raises(TypeError, match="`k`"):
+        flashcore.flash_attn_with_kvcache(*args, cache.k_new.half(), cache.v_new, **kw)
+    with pytest.raises(ValueError, match="`k` and `v`"):
+        flashcore.flash_attn_with_kvcache(*args, cache.k_new, None, **kw)
+    with pytest.raises(ValueError, match="page_size"):
+        pool = torch.zeros(8, 24, 2, 64, dtype=torch.bfloat16, device="cuda")
+        flashcore.flash_attn_with_kvcache(q, pool, pool, **kw)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        flashcore.flash_attn_with_kvcache(*args, cache_seqlens=cache.cache_seqlens[:1], block_table=cache.block_table)
+    with pytest.raises(ValueError, match="block_table"):
+        flashcore.flash_attn_with_kvcache(*args, cache_seqlens=cache.cache_seqlens, block_table=cache.block_table[:1])
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        flashcore.flash_attn_with_kvcache(*args, cache.k_new, cache.v_new, block_table=cache.block_table)
+    # Device values: checked on request (FLASHCORE_CHECK_PAGED), the first bad entry named; the
+    # kernels clamp it (wrong output, no fault).
+    bad = cache.block_table.clone()
+    bad[1, 1] = 10_000
+    monkeypatch.setenv("FLASHCORE_CHECK_PAGED", "1")
+    with pytest.raises(ValueError, match=r"block_table.*\[1, 1\]"):
+        flashcore.flash_attn_with_kvcache(*args, cache_seqlens=cache.cache_seqlens, block_table=bad)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        flashcore.flash_attn_with_kvcache(*args, cache_seqlens=torch.tensor([20, 1000], dtype=torch.int32, device="cuda"), block_table=cache.block_table)
+    monkeypatch.delenv("FLASHCORE_CHECK_PAGED")
+    out = flashcore.flash_attn_with_kvcache(*args, cache_seqlens=cache.cache_seqlens, block_table=bad)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out[0]).all()
