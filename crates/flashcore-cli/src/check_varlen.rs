@@ -9,8 +9,8 @@ use cudarc::driver::CudaSlice;
 use flashcore::reference::{self, RefMask};
 use flashcore::{AttnParams, Context, DType, DeviceTensor, KernelFamily, ProblemShape, SeqLensView, VarlenBatch, Window};
 
-use crate::cases::{errors, random_qkv, Case, HostQkv, Inputs};
-use crate::check::Outcome;
+use crate::cases::{random_qkv, Case, HostQkv, Inputs};
+use crate::check::{judge, nan_bits, Outcome};
 
 /// One sequence of a packed batch: its queries, the keys it uses, and the keys after those
 /// it holds but does not use (`seqused_k`'s slack; 0 without seqused_k).
@@ -177,13 +177,6 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<VarlenSpec> 
     out
 }
 
-pub(crate) fn nan_bits(dtype: DType) -> u16 {
-    match dtype {
-        DType::F16 => 0x7e00,
-        DType::BF16 => 0x7fc0,
-    }
-}
-
 /// A packed problem on the device, its cu_seqlens (and seqused_k) beside it.
 pub(crate) struct Packed {
     pub q: DeviceTensor,
@@ -303,32 +296,7 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
         row0 += s.queries;
     }
     let o: Vec<f32> = o_bits.iter().map(|&b| spec.dtype.decode(b)).collect();
-    let (rel, max_abs) = errors(&o, &ref_o);
-    let mut lse_err = 0f64;
-    for (i, (&got, &want)) in lse.iter().zip(&ref_lse).enumerate() {
-        if want == f64::NEG_INFINITY {
-            if got != f32::NEG_INFINITY && failure.is_none() {
-                failure = Some(format!("lse[{i}] = {got} for a row without keys, want -inf"));
-            }
-        } else if !got.is_finite() {
-            failure.get_or_insert(format!("lse[{i}] = {got}, want {want:.4}"));
-        } else {
-            lse_err = lse_err.max((got as f64 - want).abs());
-        }
-    }
-    let tolerance = if spec.dtype == DType::BF16 { 1e-2 } else { 2e-3 };
-    let failure = if o.iter().any(|x| !x.is_finite()) {
-        Some("NaN/Inf in the output (unwritten or overflowed elements)".into())
-    } else if rel > tolerance {
-        Some(format!("rel error {rel:.2e} > {tolerance:.0e}"))
-    } else if failure.is_some() {
-        failure
-    } else if lse_err > 2e-3 {
-        Some(format!("lse error {lse_err:.2e} > 2e-3"))
-    } else if !deterministic {
-        Some("two runs differ bitwise".into())
-    } else {
-        None
-    };
+    let (rel, max_abs, lse_err, judged) = judge(&o, &ref_o, &lse, &ref_lse, spec.dtype, deterministic);
+    let failure = judged.or(failure);
     Ok(Outcome { spec_name: spec.name(), kernel: spec.family, oracle: "cpu-f64", rel, max_abs, lse_err, deterministic, failure })
 }
