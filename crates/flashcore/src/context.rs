@@ -261,15 +261,7 @@ impl Context {
         lse: Option<&mut CudaSlice<f32>>,
         params: &AttnParams,
     ) -> Result<()> {
-        let lse = lse.map(|buf| {
-            let len = buf.len();
-            (buf.device_ptr_mut(&self.stream).0, len)
-        });
-        let (tile_counter, _sync) = self.tile_counter.device_ptr(&self.stream);
-        let mut workspace = self.split_workspace.lock().unwrap();
-        let mut scratch = |bytes| self.grow_workspace(&mut workspace, bytes);
-        let mut lane = Lane { stream: &self.stream, tile_counter, scratch: &mut scratch };
-        self.run(&mut lane, q, k, v, o, lse, Keys::Dense, params)
+        self.run_on_own_stream(q, k, v, o, lse, Keys::Dense, params)
     }
 
     /// Attention over a packed batch of sequences of their own lengths (flash_attn's
@@ -303,15 +295,7 @@ impl Context {
         batch: &VarlenBatch,
         params: &AttnParams,
     ) -> Result<()> {
-        let lse = lse.map(|buf| {
-            let len = buf.len();
-            (buf.device_ptr_mut(&self.stream).0, len)
-        });
-        let (tile_counter, _sync) = self.tile_counter.device_ptr(&self.stream);
-        let mut workspace = self.split_workspace.lock().unwrap();
-        let mut scratch = |bytes| self.grow_workspace(&mut workspace, bytes);
-        let mut lane = Lane { stream: &self.stream, tile_counter, scratch: &mut scratch };
-        self.run(&mut lane, q, k, v, o, lse, Keys::Varlen(batch), params)
+        self.run_on_own_stream(q, k, v, o, lse, Keys::Varlen(batch), params)
     }
 
     /// [`Context::attention_varlen`] on the caller's stream with the caller's memory, as
@@ -333,11 +317,8 @@ impl Context {
         batch: &VarlenBatch,
         params: &AttnParams,
     ) -> Result<()> {
-        let _restore = CurrentContextGuard::bind(&self.cuda)?;
-        let tile_counter = self.stream_counters.counter_for(stream, &self.cuda)?;
-        let borrowed = self.cuda.wrap_borrowed_stream(stream.raw());
-        let mut lane = Lane { stream: &borrowed, tile_counter, scratch };
-        self.run(&mut lane, q, k, v, o, lse, Keys::Varlen(batch), params)
+        // SAFETY: the caller's contract is this function's (see `run_on_external_stream`).
+        unsafe { self.run_on_external_stream(stream, q, k, v, o, lse, scratch, Keys::Varlen(batch), params) }
     }
 
     /// Checks a packed batch's device values against [`VarlenBatch`]'s contract for
@@ -387,11 +368,8 @@ impl Context {
         scratch: &mut dyn FnMut(usize) -> Result<u64>,
         params: &AttnParams,
     ) -> Result<()> {
-        let _restore = CurrentContextGuard::bind(&self.cuda)?;
-        let tile_counter = self.stream_counters.counter_for(stream, &self.cuda)?;
-        let borrowed = self.cuda.wrap_borrowed_stream(stream.raw());
-        let mut lane = Lane { stream: &borrowed, tile_counter, scratch };
-        self.run(&mut lane, q, k, v, o, lse, Keys::Dense, params)
+        // SAFETY: the caller's contract is this function's (see `run_on_external_stream`).
+        unsafe { self.run_on_external_stream(stream, q, k, v, o, lse, scratch, Keys::Dense, params) }
     }
 
     /// Attention over a KV cache (flash_attn's `flash_attn_with_kvcache`; see [`PagedKv`] for
@@ -425,15 +403,7 @@ impl Context {
         kv: &PagedKv,
         params: &AttnParams,
     ) -> Result<()> {
-        let lse = lse.map(|buf| {
-            let len = buf.len();
-            (buf.device_ptr_mut(&self.stream).0, len)
-        });
-        let (tile_counter, _sync) = self.tile_counter.device_ptr(&self.stream);
-        let mut workspace = self.split_workspace.lock().unwrap();
-        let mut scratch = |bytes| self.grow_workspace(&mut workspace, bytes);
-        let mut lane = Lane { stream: &self.stream, tile_counter, scratch: &mut scratch };
-        self.run(&mut lane, q, k_cache, v_cache, o, lse, Keys::Paged(kv), params)
+        self.run_on_own_stream(q, k_cache, v_cache, o, lse, Keys::Paged(kv), params)
     }
 
     /// [`Context::attention_paged`] on the caller's stream with the caller's memory, as
@@ -455,11 +425,8 @@ impl Context {
         kv: &PagedKv,
         params: &AttnParams,
     ) -> Result<()> {
-        let _restore = CurrentContextGuard::bind(&self.cuda)?;
-        let tile_counter = self.stream_counters.counter_for(stream, &self.cuda)?;
-        let borrowed = self.cuda.wrap_borrowed_stream(stream.raw());
-        let mut lane = Lane { stream: &borrowed, tile_counter, scratch };
-        self.run(&mut lane, q, k_cache, v_cache, o, lse, Keys::Paged(kv), params)
+        // SAFETY: the caller's contract is this function's (see `run_on_external_stream`).
+        unsafe { self.run_on_external_stream(stream, q, k_cache, v_cache, o, lse, scratch, Keys::Paged(kv), params) }
     }
 
     /// Checks a cache's device values (the block table's used entries, `cache_seqlens`)
@@ -488,6 +455,56 @@ impl Context {
         };
         let pool = if g.page_size > 0 { (g.page_size, g.num_pages) } else { (g.shape.seqlen_k, 0) };
         paged::check_values(table.as_deref(), lens.as_deref(), pool, (g.shape.batch, g.shape.seqlen_k), g.new_keys)
+    }
+
+    /// `run` on this context's stream, the split-KV scratch from the context's workspace
+    /// (the `_into` entry points).
+    #[allow(clippy::too_many_arguments)]
+    fn run_on_own_stream(
+        &self,
+        q: TensorView,
+        k: TensorView,
+        v: TensorView,
+        o: TensorViewMut,
+        lse: Option<&mut CudaSlice<f32>>,
+        keys: Keys,
+        params: &AttnParams,
+    ) -> Result<()> {
+        let lse = lse.map(|buf| {
+            let len = buf.len();
+            (buf.device_ptr_mut(&self.stream).0, len)
+        });
+        let (tile_counter, _sync) = self.tile_counter.device_ptr(&self.stream);
+        let mut workspace = self.split_workspace.lock().unwrap();
+        let mut scratch = |bytes| self.grow_workspace(&mut workspace, bytes);
+        let mut lane = Lane { stream: &self.stream, tile_counter, scratch: &mut scratch };
+        self.run(&mut lane, q, k, v, o, lse, keys, params)
+    }
+
+    /// `run` on the caller's stream with the caller's scratch (the `_on_stream` entry points),
+    /// the calling thread's current context restored afterwards.
+    ///
+    /// # Safety
+    /// As [`Context::attention_on_stream`] (and the batch's or cache's views are device memory
+    /// of this device that outlives the queued work).
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn run_on_external_stream(
+        &self,
+        stream: ExternalStream,
+        q: TensorView,
+        k: TensorView,
+        v: TensorView,
+        o: TensorViewMut,
+        lse: Option<(u64, usize)>,
+        scratch: &mut dyn FnMut(usize) -> Result<u64>,
+        keys: Keys,
+        params: &AttnParams,
+    ) -> Result<()> {
+        let _restore = CurrentContextGuard::bind(&self.cuda)?;
+        let tile_counter = self.stream_counters.counter_for(stream, &self.cuda)?;
+        let borrowed = self.cuda.wrap_borrowed_stream(stream.raw());
+        let mut lane = Lane { stream: &borrowed, tile_counter, scratch };
+        self.run(&mut lane, q, k, v, o, lse, keys, params)
     }
 
     #[allow(clippy::too_many_arguments)]
