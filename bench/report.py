@@ -30,7 +30,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import anchors  # noqa: E402  (pure functions only; torch stays unimported)
+import schema  # noqa: E402  (pure functions; torch stays unimported)
 
 FC = "flashcore"
 # The same kernels through the Python package: a column of its own, never an anchor.
@@ -115,7 +115,7 @@ def value(row, suite=None):
         return None, unit
     med = row.get("median_ms")
     if med is not None and med > 0:
-        tflops, gbps = anchors.metrics(case, med, anchors.BACKWARD_SUITES.get(suite, 1.0))
+        tflops, gbps = schema.metrics(case, med, schema.BACKWARD_SUITES.get(suite, 1.0))
         return (gbps if decode else tflops), unit
     v = row.get("gbps" if decode else "tflops")
     return (v if isinstance(v, (int, float)) and math.isfinite(v) else None), unit
@@ -325,7 +325,7 @@ def plot_sweep(suite_data, device, out_dir, slug, suite="sweep"):
         ax.set_xticks(ticks)
         ax.set_xticklabels([f"{t // 1024}k" if t >= 1024 else str(t) for t in ticks])
         ax.set_xlabel("sequence length S = Sq = Sk (tokens; batch B = 16384 / S)")
-        factor = anchors.BACKWARD_SUITES.get(suite)
+        factor = schema.BACKWARD_SUITES.get(suite)
         ax.set_ylabel(f"TFLOPS ({factor} × 4·B·H·S²·D / time, ½ for causal)" if factor else "TFLOPS (4·B·H·S²·D / time, ½ for causal)")
         ax.set_ylim(bottom=0)
         ax.grid(True, alpha=0.3)
@@ -347,7 +347,7 @@ def render(data, out_dir, slug=None, command=None, warns=(), notes=()):
     slug = slug or gpu_slug(device)
     os.makedirs(out_dir, exist_ok=True)
     md = [f"# FlashCore results: {device}", ""]
-    backward = bool(data) and all(s in anchors.BACKWARD_SUITES for s in data)
+    backward = bool(data) and all(s in schema.BACKWARD_SUITES for s in data)
     flops = "2.5 × 4·B·Hq·Sq·Sk·D" if backward else "4·B·Hq·Sq·Sk·D"
     md += [
         f"{'Backward' if backward else 'Forward'} attention, device time per call (median of ≥ 20 samples, CUDA events; input sets rotated",
@@ -417,7 +417,7 @@ def _fake_doc(system, suite, device, rows):
         env.update(cuda_driver_api="13.0", nvrtc="13.0", flashcore_commit="abc1234", date_unix=1795000000)
     else:
         env.update(driver="580.159.04", cuda_runtime="13.0", torch="2.11.0+cu130", cudnn="9.19.0", date="2026-11-22T08:00:00+00:00")
-    return anchors.make_report(system, suite, env, rows)
+    return schema.make_report(system, suite, env, rows)
 
 
 def self_test():
@@ -434,16 +434,16 @@ def self_test():
     fc_rows, cu_rows = [], []
     for i, c in enumerate(sweep):
         t_cu = 1.0 + 0.1 * i
-        cu_rows.append(anchors.make_row(c, "sdpa-cudnn", "ok", None, [t_cu] * 20, 2e-3))
+        cu_rows.append(schema.make_row(c, "sdpa-cudnn", "ok", None, [t_cu] * 20, 2e-3))
         if i == 2:  # flashcore failed here: the table shows — and no ratio
-            fc_rows.append(anchors.make_row(c, "fwd_sm90", "error", "launch failed: out of resources"))
+            fc_rows.append(schema.make_row(c, "fwd_sm90", "error", "launch failed: out of resources"))
         else:  # flashcore 1.25x faster on even rows, 0.8x on odd rows
             t_fc = t_cu / 1.25 if i % 2 == 0 else t_cu / 0.8
-            fc_rows.append(anchors.make_row(c, "fwd_sm90", "ok", None, [t_fc * 0.99, t_fc, t_fc * 1.02], 3e-3))
+            fc_rows.append(schema.make_row(c, "fwd_sm90", "ok", None, [t_fc * 0.99, t_fc, t_fc * 1.02], 3e-3))
     dec = case(8, 1, 32, 128, False, sk=4096, hkv=8)
-    seed_fc = [anchors.make_row(dec, "decode", "ok", None, [0.05], 2e-3)]
-    seed_cu = [anchors.make_row(dec, "sdpa-cudnn", "ok", None, [0.0512], 2e-3)]
-    seed_ef = [anchors.make_row(dec, "sdpa-efficient", "unsupported", "RuntimeError: No available kernel. Aborting execution.")]
+    seed_fc = [schema.make_row(dec, "decode", "ok", None, [0.05], 2e-3)]
+    seed_cu = [schema.make_row(dec, "sdpa-cudnn", "ok", None, [0.0512], 2e-3)]
+    seed_ef = [schema.make_row(dec, "sdpa-efficient", "unsupported", "RuntimeError: No available kernel. Aborting execution.")]
     with tempfile.TemporaryDirectory() as tmp:
         raw = os.path.join(tmp, "raw")
         os.makedirs(raw)
@@ -456,7 +456,7 @@ def self_test():
             ("suite-seed.json", {"suite": "seed", "cases": [dec]}),  # list-json files give the order only
             ("suite-sweep.json", {"suite": "sweep", "cases": list(reversed(sweep))}),
         ]:
-            anchors.write_json(os.path.join(raw, name), doc)
+            schema.write_json(os.path.join(raw, name), doc)
         data, warns = load([raw])
         assert not warns, warns
         assert set(data) == {"sweep", "seed"} and systems_in(data["seed"]) == [FC, "sdpa-cudnn", "sdpa-efficient"]
@@ -476,7 +476,7 @@ def self_test():
             cells = row_of(c)
             fc_cell, cu_cell, ratio = cells[8], cells[9], cells[10]
             t_cu = 1.0 + 0.1 * i
-            want_cu = anchors.flops(c) / (t_cu * 1e-3) / 1e12
+            want_cu = schema.flops(c) / (t_cu * 1e-3) / 1e12
             if i == 2:
                 assert fc_cell == "—" and ratio == "—" and cu_cell == fmt(want_cu, "TFLOPS"), cells
             elif i % 2 == 0:
@@ -487,7 +487,7 @@ def self_test():
                 assert cu_cell == f"**{fmt(want_cu, 'TFLOPS')}**" and not fc_cell.startswith("**"), cells
         d = row_of(dec)
         assert d[7] == "GB/s", d
-        assert d[8] == f"**{anchors.kv_bytes(dec) / 0.05e-3 / 1e9:.0f}**" and d[10] == "—" and d[11] == "1.02× (cudnn)", d
+        assert d[8] == f"**{schema.kv_bytes(dec) / 0.05e-3 / 1e9:.0f}**" and d[10] == "—" and d[11] == "1.02× (cudnn)", d
         assert d[12] == "50.0" and d[13] == "51.2", d  # flashcore µs, best anchor µs
         assert "`flashcore` error on `" + sweep[2]["name"] + "`: launch failed" in text
         assert "`sdpa-efficient` unsupported on `" + dec["name"] + "`: RuntimeError: No available kernel" in text
@@ -521,8 +521,8 @@ def self_test():
         assert c1[8] == "—" and c1[9] not in ("—", "") and c1[10] == "—" and c1[11] == "—", c1
         # Messages that differ only in shapes are grouped into one note.
         g = {"seed": {"sdpa-efficient": {"env": {}, "files": [], "order": ["a", "b"], "rows": {
-            "a": anchors.make_row(dict(dec, name="a"), "k", "unsupported", "needs same heads, sizes [1, 32, 1, 128]"),
-            "b": anchors.make_row(dict(dec, name="b"), "k", "unsupported", "needs same heads, sizes [8, 32, 1, 128]")}}}}
+            "a": schema.make_row(dict(dec, name="a"), "k", "unsupported", "needs same heads, sizes [1, 32, 1, 128]"),
+            "b": schema.make_row(dict(dec, name="b"), "k", "unsupported", "needs same heads, sizes [8, 32, 1, 128]")}}}}
         _, gnotes = suite_table("seed", g["seed"])
         assert any("`a`, `b`" in n for n in gnotes), gnotes
         # A partial flashcore file (a case missing) shows — for that case.
@@ -536,8 +536,8 @@ def self_test():
         # Forward + backward times (backward suites): flashcore 2 ms, cuDNN 3 ms -> 1.50x; none: no table.
         c0 = sweep[0]
         step = {"bwd": {
-            FC: {"env": {}, "files": [], "order": [c0["name"]], "rows": {c0["name"]: anchors.make_row(c0, "bwd_sm90", "ok", None, [1.0], fwd_bwd_median_ms=2.0)}},
-            "sdpa-cudnn": {"env": {}, "files": [], "order": [c0["name"]], "rows": {c0["name"]: anchors.make_row(c0, "cudnn", "ok", None, [1.5], fwd_bwd_median_ms=3.0)}}}}
+            FC: {"env": {}, "files": [], "order": [c0["name"]], "rows": {c0["name"]: schema.make_row(c0, "bwd_sm90", "ok", None, [1.0], fwd_bwd_median_ms=2.0)}},
+            "sdpa-cudnn": {"env": {}, "files": [], "order": [c0["name"]], "rows": {c0["name"]: schema.make_row(c0, "cudnn", "ok", None, [1.5], fwd_bwd_median_ms=3.0)}}}}
         lines = training_step_table("bwd", step["bwd"])
         assert len(lines) == 3 and lines[2].endswith("| 2.000 | 3.000 | 1.50× |"), lines
         assert training_step_table("sweep", data["sweep"]) == []

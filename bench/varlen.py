@@ -34,7 +34,6 @@ FLOPs = 4·H·D·(visible query-key pairs). The packed output is checked against
 
 import argparse
 import json
-import math
 import os
 import random
 import sys

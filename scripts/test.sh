@@ -102,10 +102,10 @@ echo "== bench self-tests"
 # or a packed batch carries flashcore's counts and lengths).
 for s in quick seed sweep small dims bwd bwd-dims varlen; do
     target/debug/flashcore bench --suite "$s" --list-json > target/suite.json
-    .venv/bin/python -c 'import sys; sys.path.insert(0, "bench"); import anchors; anchors.parse_suite(open("target/suite.json").read())'
+    .venv/bin/python -c 'import sys; sys.path.insert(0, "bench"); import schema; schema.parse_suite(open("target/suite.json").read())'
 done
 target/debug/flashcore bench --suite sweep --window 128,0 --softcap 30 --list-json > target/suite.json
-.venv/bin/python -c 'import sys; sys.path.insert(0, "bench"); import anchors; anchors.parse_suite(open("target/suite.json").read())'
+.venv/bin/python -c 'import sys; sys.path.insert(0, "bench"); import schema; schema.parse_suite(open("target/suite.json").read())'
 
 # The Python package: the abi3 wheel is built as a user would build it, then checked
 # (tag, contents, no libtorch/libpython link, errors from the extension, NVRTC discovery).
