@@ -441,8 +441,8 @@ def backward(
     q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, dout: Tensor, softmax_scale: float, causal: bool, deterministic: bool, window: Tuple[int, int], softcap: float
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients `(dq, dk, dv)`, laid out like `q`, `k`, `v` (dk and dv summed over the query
-    heads that share a KV head). A window or softcap raises NotImplementedError (the Rust
-    library refuses them in the backward, by name)."""
+    heads that share a KV head), under the forward's `window` and `softcap` (the backward
+    kernels' window and softcap forms)."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if o.numel() == 0 or k.shape[1] == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
