@@ -54,6 +54,12 @@ pub struct BenchArgs {
     /// Timed samples per case.
     #[arg(long, default_value_t = 30)]
     pub(crate) samples: usize,
+    /// Run the whole case list this many times, round-robin, and pool each case's samples
+    /// (median of all). Neighbouring rows (a packed batch and its dense partner, a paged
+    /// decode and the contiguous one) are then timed interleaved, so a clock step between
+    /// rounds moves both alike instead of biasing their ratio.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=50))]
+    rounds: u32,
     /// Time launches issued one by one instead of CUDA-graph replays (the eager median is
     /// recorded either way).
     #[arg(long)]
@@ -111,6 +117,9 @@ pub struct Row {
     /// backward alone).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fwd_bwd_median_ms: Option<f64>,
+    /// `--rounds` above 1: each round's median (`median_ms` is then over all samples).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub round_medians_ms: Vec<f64>,
 }
 
 pub fn run(args: &BenchArgs) -> Result<bool> {
@@ -142,25 +151,13 @@ pub fn run(args: &BenchArgs) -> Result<bool> {
         None => None,
     };
     let ctx = Context::new(0)?;
-    let bar = ProgressBar::new(cases.len() as u64).with_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").unwrap());
-    let mut rows = Vec::new();
-    for case in &cases {
-        bar.set_message(case.name.clone());
-        if suite_name == "paged" {
-            rows.extend(bench_paged::rows(&ctx, case, args.samples)?);
-            bar.inc(1);
-            continue;
-        }
-        let row = if suites::is_backward(&suite_name) {
-            bench_bwd::bench_case(&ctx, case, args.samples, args.eager, args.inputs, args.deterministic, family)?
-        } else if case.packed.is_some() {
-            bench_varlen::bench_case(&ctx, case, family, args)?
-        } else {
-            bench_case(&ctx, case, family, args)?
-        };
-        rows.push(row);
-        bar.inc(1);
+    let bar = ProgressBar::new(cases.len() as u64 * u64::from(args.rounds))
+        .with_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").unwrap());
+    let mut rounds = Vec::new();
+    for _ in 0..args.rounds {
+        rounds.push(run_round(&ctx, &cases, &suite_name, family, args, &bar)?);
     }
+    let rows = pool_rounds(rounds);
     bar.finish_and_clear();
     let mut env = env(&ctx);
     env["inputs"] = serde_json::to_value(format!("{:?}", args.inputs))?;
@@ -174,6 +171,76 @@ pub fn run(args: &BenchArgs) -> Result<bool> {
         Some(old) => compare(&read_report(old)?, &report, args.threshold),
         None => Ok(report.results.iter().all(|r| r.status != "error")),
     }
+}
+
+/// One pass over the cases: a row per case (the paged suite: several per case).
+fn run_round(
+    ctx: &Context,
+    cases: &[Case],
+    suite_name: &str,
+    family: Option<KernelFamily>,
+    args: &BenchArgs,
+    bar: &ProgressBar,
+) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for case in cases {
+        bar.set_message(case.name.clone());
+        if suite_name == "paged" {
+            rows.extend(bench_paged::rows(ctx, case, args.samples)?);
+        } else if suites::is_backward(suite_name) {
+            rows.push(bench_bwd::bench_case(ctx, case, args.samples, args.eager, args.inputs, args.deterministic, family)?);
+        } else if case.packed.is_some() {
+            rows.push(bench_varlen::bench_case(ctx, case, family, args)?);
+        } else {
+            rows.push(bench_case(ctx, case, family, args)?);
+        }
+        bar.inc(1);
+    }
+    Ok(rows)
+}
+
+/// Each row over the rounds (the same rows in the same order each round): samples pooled,
+/// median, min and max over all of them, the rates scaled to the pooled median, and each
+/// round's median kept. A row that failed in any round stays failed.
+fn pool_rounds(mut rounds: Vec<Vec<Row>>) -> Vec<Row> {
+    let first = rounds.remove(0);
+    if rounds.is_empty() {
+        return first;
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied()
+    };
+    first
+        .into_iter()
+        .enumerate()
+        .map(|(i, row)| {
+            let all: Vec<&Row> = std::iter::once(&row).chain(rounds.iter().map(|r| &r[i])).collect();
+            if let Some(failed) = all.iter().find(|r| r.status != "ok") {
+                return (*failed).clone();
+            }
+            let samples: Vec<f64> = all.iter().flat_map(|r| r.samples_ms.iter().copied()).collect();
+            let pooled = median(samples.clone());
+            let scale = match (row.median_ms, pooled) {
+                (Some(a), Some(b)) if b > 0.0 => a / b,
+                _ => 1.0,
+            };
+            let of = |f: fn(&Row) -> Option<f64>| median(all.iter().filter_map(|r| f(r)).collect());
+            Row {
+                median_ms: pooled,
+                min_ms: samples.iter().copied().reduce(f64::min),
+                max_ms: samples.iter().copied().reduce(f64::max),
+                tflops: row.tflops.map(|t| t * scale),
+                gbps: row.gbps.map(|g| g * scale),
+                rel_error: all.iter().filter_map(|r| r.rel_error).reduce(f64::max),
+                eager_median_ms: of(|r| r.eager_median_ms),
+                fwd_bwd_median_ms: of(|r| r.fwd_bwd_median_ms),
+                round_medians_ms: all.iter().filter_map(|r| r.median_ms).collect(),
+                samples_ms: samples,
+                ..row
+            }
+        })
+        .collect()
 }
 
 fn env(ctx: &Context) -> serde_json::Value {
@@ -229,6 +296,7 @@ pub fn unsupported(case: &Case, status: &str, message: String) -> Row {
         timing: None,
         eager_median_ms: None,
         fwd_bwd_median_ms: None,
+        round_medians_ms: vec![],
     }
 }
 
@@ -281,6 +349,7 @@ fn bench_case(ctx: &Context, case: &Case, family: Option<KernelFamily>, args: &B
         timing: Some(if args.eager { "eager" } else { "graph" }.into()),
         eager_median_ms: Some(eager.median_ms),
         fwd_bwd_median_ms: None,
+        round_medians_ms: vec![],
     })
 }
 
@@ -398,6 +467,27 @@ mod tests {
         let mut renamed = report(&[Some(1.0), Some(2.0)]);
         renamed.results.iter_mut().for_each(|r| r.case.name += "_win128_0");
         assert!(compare(&old, &renamed, 5.0).is_err(), "no common row (other --window) is an error, not a pass");
+    }
+
+    #[test]
+    fn rounds_pool_samples_and_keep_failures() {
+        let round = |ms: [f64; 2], status: &str| {
+            let mut r = report(&[Some(ms[0]), Some(ms[1])]).results;
+            for (row, &m) in r.iter_mut().zip(&ms) {
+                row.samples_ms = vec![m, m + 0.5];
+                row.tflops = Some(100.0 / m);
+            }
+            r[1].status = status.into();
+            r
+        };
+        let pooled = pool_rounds(vec![round([1.0, 2.0], "ok"), round([3.0, 4.0], "ok"), round([2.0, 5.0], "error")]);
+        let first = &pooled[0];
+        assert_eq!(first.samples_ms, vec![1.0, 1.5, 3.0, 3.5, 2.0, 2.5]);
+        assert_eq!((first.median_ms, first.min_ms, first.max_ms), (Some(2.5), Some(1.0), Some(3.5)));
+        assert_eq!(first.round_medians_ms, vec![1.0, 3.0, 2.0]);
+        assert!((first.tflops.unwrap() - 40.0).abs() < 1e-9, "the rate follows the pooled median");
+        assert_eq!(pooled[1].status, "error", "a row failed in one round is failed");
+        assert_eq!(pool_rounds(vec![round([1.0, 2.0], "ok")])[0].median_ms, Some(1.0), "one round is left as is");
     }
 
     #[test]

@@ -109,5 +109,6 @@ pub fn bench_case(
         timing: Some(if eager_only { "eager" } else { "graph" }.into()),
         eager_median_ms: Some(eager.median_ms),
         fwd_bwd_median_ms: Some(fwd_bwd.median_ms),
+        round_medians_ms: vec![],
     })
 }

@@ -49,6 +49,7 @@ pub fn rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> {
         timing: Some("graph".into()),
         eager_median_ms: None,
         fwd_bwd_median_ms: None,
+        round_medians_ms: vec![],
     };
     let mut out = Vec::new();
     let dense = time(ctx, opts, |_| ctx.attention_into(q.view(), k.view(), v.view(), o.view_mut(), Some(&mut lse), &params))?;

@@ -93,6 +93,7 @@ pub fn bench_case(ctx: &Context, case: &Case, family: Option<KernelFamily>, args
         timing: Some(if args.eager { "eager" } else { "graph" }.into()),
         eager_median_ms: Some(eager.median_ms),
         fwd_bwd_median_ms: None,
+        round_medians_ms: vec![],
     })
 }
 
