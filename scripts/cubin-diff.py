@@ -2,6 +2,7 @@
 """Machine code of two JIT caches, variant by variant, without a GPU or a CUDA toolkit.
 
     cubin-diff.py OLD_CACHE_DIR NEW_CACHE_DIR
+    cubin-diff.py --self-test CACHE_DIR    (CI: the parsing and the verdicts on edited copies)
 
 Fill each folder with one binary's `FLASHCORE_CACHE_DIR=DIR flashcore compile --arch sm_90a
 --kernel K`. For every variant in both (matched by name, the part before `-sm_`), compares the
@@ -47,11 +48,40 @@ def text_sections(elf):
     return {name(h[0]): elf[h[4] : h[4] + h[5]] for h in headers if name(h[0]).startswith(".text")}
 
 
+def classify(x, y):
+    """(instructions differing, verdict) of two `.text` sections."""
+    if len(x) != len(y):
+        return None, f"CODE DIFFERS ({len(x) // 16} -> {len(y) // 16} instructions)"
+    differing = [i for i in range(0, len(x), 16) if x[i : i + 16] != y[i : i + 16]]
+    positions = {j for i in differing for j in range(16) if x[i + j] != y[i + j]}
+    if not differing:
+        return 0, "identical"
+    return len(differing), "constant offsets only" if positions <= CONSTANT_OFFSET_BYTES else "CODE DIFFERS"
+
+
+def self_test(folder):
+    entries = load(folder)
+    assert entries, f"no cache entries in {folder}"
+    for variant, elf in entries.items():
+        sections = text_sections(elf)
+        assert sections and all(len(t) % 16 == 0 and len(t) > 0 for t in sections.values()), variant
+        text = next(iter(sections.values()))
+        edited = lambda at: text[:at] + bytes([text[at] ^ 1]) + text[at + 1 :]  # noqa: E731
+        assert classify(text, text) == (0, "identical")
+        assert classify(text, edited(16 + 4)) == (1, "constant offsets only")
+        assert classify(text, edited(16 + 0)) == (1, "CODE DIFFERS")
+        assert classify(text, text[:-16])[1].startswith("CODE DIFFERS")
+    print(f"cubin-diff self-test: {len(entries)} cache entries parsed, verdicts as expected")
+    return 0
+
+
 def load(folder):
     return {os.path.basename(p).split("-sm_")[0]: cubin(p) for p in glob.glob(os.path.join(folder, "*.fcbin"))}
 
 
 def main():
+    if len(sys.argv) == 3 and sys.argv[1] == "--self-test":
+        return self_test(sys.argv[2])
     if len(sys.argv) != 3:
         sys.exit(__doc__)
     old, new = load(sys.argv[1]), load(sys.argv[2])
@@ -59,16 +89,10 @@ def main():
     for variant in sorted(set(old) & set(new)):
         a, b = text_sections(old[variant]), text_sections(new[variant])
         for section in sorted(set(a) | set(b)):
-            x, y = a.get(section, b""), b.get(section, b"")
-            if len(x) != len(y):
-                print(f"{variant} {section}: {len(x) // 16} -> {len(y) // 16} instructions")
-                real_changes += 1
-                continue
-            differing = [i for i in range(0, len(x), 16) if x[i : i + 16] != y[i : i + 16]]
-            positions = {j for i in differing for j in range(16) if x[i + j] != y[i + j]}
-            kind = "identical" if not differing else "constant offsets only" if positions <= CONSTANT_OFFSET_BYTES else "CODE DIFFERS"
-            real_changes += kind == "CODE DIFFERS"
-            print(f"{variant} {section}: {len(x) // 16} instructions, {len(differing)} differ ({kind})")
+            differing, verdict = classify(a.get(section, b""), b.get(section, b""))
+            real_changes += verdict.startswith("CODE DIFFERS")
+            count = "" if differing is None else f"{len(a[section]) // 16} instructions, {differing} differ "
+            print(f"{variant} {section}: {count}({verdict})")
     only = sorted(set(old) ^ set(new))
     if only:
         print("in one cache only:", ", ".join(only))

@@ -42,6 +42,7 @@ trap 'rm -rf "$sass_cache"' EXIT
 FLASHCORE_CACHE_DIR="$sass_cache" target/debug/flashcore compile --arch sm_90a --kernel fwd_sm90 > /dev/null
 FLASHCORE_CACHE_DIR="$sass_cache" target/debug/flashcore compile --arch sm_90a --kernel bwd_sm90 > /dev/null
 .venv/bin/python scripts/sass-check.py "$sass_cache"
+.venv/bin/python scripts/cubin-diff.py --self-test "$sass_cache"
 # PyTorch's CUDA 13 wheels bring NVRTC 13.0, whose ptxas spilled kernels that the newest
 # NVRTC (above, for cargo test) did not: every variant must compile without spills there too.
 echo "== flashcore compile --all-archs with NVRTC 13.0 (PyTorch's)"
