@@ -8,7 +8,7 @@ use flashcore::{
     reference, AttnParams, BwdInputs, Context, DType, DeviceTensor, KernelFamily, LseView, ProblemShape, SeqLensView, VarlenBatch, Window,
 };
 
-use crate::io::{read_dout, read_qkv, read_seqlens, write_tensors, FileDType, HostSeqlens, HostTensor};
+use crate::io::{read_dout, read_kvcache, read_qkv, read_seqlens, write_tensors, FileDType, HostSeqlens, HostTensor};
 
 #[derive(clap::Args)]
 pub struct AttnArgs {
@@ -16,42 +16,47 @@ pub struct AttnArgs {
     /// gradient of a loss with respect to `o` (shaped and typed like `q`). A packed (varlen)
     /// batch: `q [total_q, Hq, D]`, `k, v [total_k, Hkv, D]` with int32 `cu_seqlens_q`,
     /// `cu_seqlens_k` (`[B + 1]`) and optionally `seqused_k` (`[B]`); it writes `o` like `q`
-    /// and `lse [Hq, total_q]` (and, with `do`, `dq` like `q`, `dk`, `dv` like `k`).
+    /// and `lse [Hq, total_q]` (and, with `do`, `dq` like `q`, `dk`, `dv` like `k`). A KV cache
+    /// (flash_attn's `flash_attn_with_kvcache`): `q [B, Sq, Hq, D]`, `k_cache`, `v_cache` pools
+    /// `[num_pages, page_size, Hkv, D]` with an int32 `block_table [B, max_pages]` (without it,
+    /// contiguous caches `[B, S_cache, Hkv, D]`), optionally int32 `cache_seqlens [B]` and
+    /// `k_new`, `v_new [B, S_new, Hkv, D]` appended at `cache_seqlens[b]..` first; it writes `o`,
+    /// `lse [B, Hq, Sq]` and, after an append, the caches `k_cache`, `v_cache`.
     #[arg(long)]
-    input: PathBuf,
+    pub(crate) input: PathBuf,
     /// safetensors file to write `o` (input dtype) and `lse` (f32) into, and `dq`, `dk`, `dv`
     /// (input dtype) when the input has `do`.
     #[arg(long)]
-    output: PathBuf,
+    pub(crate) output: PathBuf,
     /// Causal mask (bottom-right aligned).
     #[arg(long)]
-    causal: bool,
+    pub(crate) causal: bool,
     /// Softmax scale (default 1/sqrt(D)).
     #[arg(long)]
-    scale: Option<f64>,
+    pub(crate) scale: Option<f64>,
     /// Sliding window `LEFT,RIGHT` in keys around each query's (bottom-right aligned)
     /// diagonal, -1 for an unbounded side (flash_attn's window_size).
     #[arg(long, allow_hyphen_values = true)]
-    window: Option<String>,
+    pub(crate) window: Option<String>,
     /// Logit softcap: scores become softcap * tanh(score / softcap).
     #[arg(long, allow_hyphen_values = true)]
-    softcap: Option<f32>,
+    pub(crate) softcap: Option<f32>,
     /// Force a kernel family on the GPU.
     #[arg(long, conflicts_with = "cpu")]
-    kernel: Option<String>,
+    pub(crate) kernel: Option<String>,
     /// Use the f64 CPU reference (no GPU needed).
     #[arg(long)]
-    cpu: bool,
+    pub(crate) cpu: bool,
     /// Write every output as f64 (with --cpu: the reference's full precision).
     #[arg(long)]
-    f64_out: bool,
+    pub(crate) f64_out: bool,
     /// On the GPU, round f32 inputs to this dtype (f16 or bf16).
     #[arg(long)]
-    dtype: Option<String>,
+    pub(crate) dtype: Option<String>,
 }
 
 /// `--window LEFT,RIGHT` (none: unbounded).
-fn window(args: &AttnArgs) -> Result<Window> {
+pub(crate) fn window(args: &AttnArgs) -> Result<Window> {
     parse_window(args.window.as_deref())
 }
 
@@ -64,7 +69,7 @@ pub fn parse_window(text: Option<&str>) -> Result<Window> {
     }
 }
 
-fn shape4(t: &HostTensor, name: &str) -> Result<[usize; 4]> {
+pub(crate) fn shape4(t: &HostTensor, name: &str) -> Result<[usize; 4]> {
     match t.shape[..] {
         [b, s, h, d] => Ok([b, s, h, d]),
         _ => bail!("`{name}` must be rank 4 [B, S, H, D], got {:?}", t.shape),
@@ -72,6 +77,9 @@ fn shape4(t: &HostTensor, name: &str) -> Result<[usize; 4]> {
 }
 
 pub fn run(args: &AttnArgs) -> Result<bool> {
+    if let Some(kv) = read_kvcache(&args.input)? {
+        return crate::attn_paged::run(args, &kv);
+    }
     let (q, k, v) = read_qkv(&args.input)?;
     if let Some(seqlens) = read_seqlens(&args.input)? {
         return run_packed(args, &q, &k, &v, &seqlens);
@@ -299,7 +307,7 @@ fn gpu_packed(
 }
 
 /// The dtype the GPU runs: `--dtype`, else the file's (f16 or bf16).
-fn gpu_dtype(args: &AttnArgs, q: &HostTensor) -> Result<DType> {
+pub(crate) fn gpu_dtype(args: &AttnArgs, q: &HostTensor) -> Result<DType> {
     Ok(match (q.dtype, args.dtype.as_deref()) {
         (_, Some("bf16")) => DType::BF16,
         (_, Some("f16")) => DType::F16,
@@ -310,7 +318,7 @@ fn gpu_dtype(args: &AttnArgs, q: &HostTensor) -> Result<DType> {
     })
 }
 
-fn kernel(args: &AttnArgs) -> Result<Option<KernelFamily>> {
+pub(crate) fn kernel(args: &AttnArgs) -> Result<Option<KernelFamily>> {
     match &args.kernel {
         Some(n) => Ok(Some(KernelFamily::parse(n).ok_or_else(|| anyhow::anyhow!("unknown kernel {n:?}"))?)),
         None => Ok(None),
