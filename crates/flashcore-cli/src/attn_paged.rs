@@ -219,12 +219,12 @@ mod tests {
             let at = (table[s * max_pages + j / page] as usize * page + j % page) * row;
             pool[at..at + row].to_vec()
         };
-        for s in 0..b {
-            let n = cached[s] + new;
+        for (s, &held) in cached.iter().enumerate() {
+            let n = held + new;
             let (mut k, mut v) = (Vec::new(), Vec::new());
             for j in 0..n {
-                let fresh = j >= cached[s];
-                let from = (s * new + j.saturating_sub(cached[s])) * row;
+                let fresh = j >= held;
+                let from = (s * new + j.saturating_sub(held)) * row;
                 k.extend(if fresh { kv.k_new.as_ref().unwrap().data[from..from + row].to_vec() } else { key_at(&kv.k_cache.data, s, j) });
                 v.extend(if fresh { kv.v_new.as_ref().unwrap().data[from..from + row].to_vec() } else { key_at(&kv.v_cache.data, s, j) });
                 assert_eq!(key_at(&out.k_cache, s, j), k[j * row..][..row], "sequence {s}, key {j} in the pool");
