@@ -1,7 +1,7 @@
 //! `flashcore._flashcore`: the Rust API as the Python package sees it. This layer converts
 //! arguments (addresses, shapes, strides, dtype names, streams) and errors
 //! (`flashcore::Error` → Python exceptions), and nothing else: tensors are validated and
-//! allocated by the Python side (`flashcore/_torch.py`), kernels chosen and launched by the
+//! allocated by the Python side (`flashcore/interface.py`, `_ops.py`), kernels chosen and launched by the
 //! `flashcore` crate.
 
 use std::collections::HashMap;
