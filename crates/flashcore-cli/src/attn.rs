@@ -25,7 +25,8 @@ pub struct AttnArgs {
     #[arg(long)]
     pub(crate) input: PathBuf,
     /// safetensors file to write `o` (input dtype) and `lse` (f32) into, and `dq`, `dk`, `dv`
-    /// (input dtype) when the input has `do`.
+    /// (input dtype) when the input has `do`, `k_cache`, `v_cache` (input dtype) after a KV
+    /// cache's append.
     #[arg(long)]
     pub(crate) output: PathBuf,
     /// Causal mask (bottom-right aligned).
