@@ -97,8 +97,7 @@ pub fn run(args: &AttnArgs) -> Result<bool> {
     let shape = ProblemShape { batch: b, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d };
     let scale = args.scale.unwrap_or(1.0 / (d as f64).sqrt());
     let dout = read_dout(&args.input, &q)?;
-    let mods = AttnParams { causal: args.causal, window: window(args)?, softcap: args.softcap.unwrap_or(0.0), ..AttnParams::default() };
-    mods.check_window_and_softcap()?;
+    let mods = mods(args)?;
     let out = if args.cpu {
         let mask = reference::RefMask::of(&mods);
         let r = reference::attention_masked(&q.data, &k.data, &v.data, &shape, scale, &mask);
@@ -142,25 +141,14 @@ fn gpu(
     scale: f64,
 ) -> Result<Outputs> {
     let dtype = gpu_dtype(args, q)?;
-    let kernel = kernel(args)?;
     let ctx = Context::new(0)?;
-    let up = |t: &HostTensor| {
-        let data: Vec<f32> = t.data.iter().map(|&x| x as f32).collect();
-        DeviceTensor::from_f32(&ctx, &data, shape4(t, "tensor")?, dtype).map_err(anyhow::Error::from)
-    };
+    let up = |t: &HostTensor| upload(&ctx, t, dtype);
     let (qd, kd, vd) = (up(q)?, up(k)?, up(v)?);
-    let params = AttnParams {
-        softmax_scale: Some(scale as f32),
-        causal: args.causal,
-        kernel,
-        window: window(args)?,
-        softcap: args.softcap.unwrap_or(0.0),
-        ..AttnParams::default()
-    };
+    let params = gpu_params(args, scale)?;
     // A backward family named concerns the backward only (the forward takes its default).
-    let forward_kernel = kernel.filter(|f| !f.is_backward());
+    let forward_kernel = params.kernel.filter(|f| !f.is_backward());
     let out = ctx.attention(qd.view(), kd.view(), vd.view(), &AttnParams { kernel: forward_kernel, ..params })?;
-    let wide = |t: &DeviceTensor| -> Result<Vec<f64>> { Ok(t.to_f32(&ctx)?.into_iter().map(f64::from).collect()) };
+    let wide = |t: &DeviceTensor| download(&ctx, t);
     let grads = match dout {
         Some(g) => {
             let gd = up(g)?;
@@ -202,8 +190,7 @@ fn run_packed(args: &AttnArgs, q: &HostTensor, k: &HostTensor, v: &HostTensor, s
     let queries: Vec<usize> = cu_q.windows(2).map(|w| (w[1] - w[0]).max(0) as usize).collect();
     let max = (queries.iter().copied().max().unwrap_or(0), keys.iter().copied().max().unwrap_or(0));
     let scale = args.scale.unwrap_or(1.0 / (d as f64).sqrt());
-    let mods = AttnParams { causal: args.causal, window: window(args)?, softcap: args.softcap.unwrap_or(0.0), ..AttnParams::default() };
-    mods.check_window_and_softcap()?;
+    let mods = mods(args)?;
     let out = if args.cpu {
         flashcore::check_varlen_values(cu_q, cu_k, seqlens.seqused_k.as_deref(), (total_q, total_k), max)?;
         let mask = reference::RefMask::of(&mods);
@@ -259,10 +246,7 @@ fn gpu_packed(
 ) -> Result<Outputs> {
     let dtype = gpu_dtype(args, q)?;
     let ctx = Context::new(0)?;
-    let up = |t: &HostTensor| {
-        let data: Vec<f32> = t.data.iter().map(|&x| x as f32).collect();
-        DeviceTensor::from_f32(&ctx, &data, shape4(t, "tensor")?, dtype).map_err(anyhow::Error::from)
-    };
+    let up = |t: &HostTensor| upload(&ctx, t, dtype);
     let (qd, kd, vd) = (up(q)?, up(k)?, up(v)?);
     let cu_q = ctx.stream().clone_htod(&seqlens.cu_seqlens_q)?;
     let cu_k = ctx.stream().clone_htod(&seqlens.cu_seqlens_k)?;
@@ -275,24 +259,16 @@ fn gpu_packed(
         max_seqlen_k: max.1,
     };
     ctx.check_varlen(&batch, q.shape[1], k.shape[1])?;
-    let kernel = kernel(args)?;
-    let params = AttnParams {
-        softmax_scale: Some(scale as f32),
-        causal: args.causal,
-        kernel,
-        window: window(args)?,
-        softcap: args.softcap.unwrap_or(0.0),
-        ..AttnParams::default()
-    };
+    let params = gpu_params(args, scale)?;
     // As `gpu`: a backward family named concerns the backward only.
     let out = ctx.attention_varlen(
         qd.view(),
         kd.view(),
         vd.view(),
         &batch,
-        &AttnParams { kernel: kernel.filter(|f| !f.is_backward()), ..params },
+        &AttnParams { kernel: params.kernel.filter(|f| !f.is_backward()), ..params },
     )?;
-    let wide = |t: &DeviceTensor| -> Result<Vec<f64>> { Ok(t.to_f32(&ctx)?.into_iter().map(f64::from).collect()) };
+    let wide = |t: &DeviceTensor| download(&ctx, t);
     let grads = match dout {
         Some(g) => {
             let gd = up(g)?;
@@ -305,6 +281,29 @@ fn gpu_packed(
     };
     let lse = ctx.stream().clone_dtoh(&out.lse)?.into_iter().take(q.shape[2] * q.shape[1]).map(f64::from).collect();
     Ok(Outputs { o: wide(&out.o)?, lse, grads })
+}
+
+/// The mask and score options (`--causal`, `--window`, `--softcap`), checked.
+pub(crate) fn mods(args: &AttnArgs) -> Result<AttnParams> {
+    let mods = AttnParams { causal: args.causal, window: window(args)?, softcap: args.softcap.unwrap_or(0.0), ..AttnParams::default() };
+    mods.check_window_and_softcap()?;
+    Ok(mods)
+}
+
+/// A GPU run's parameters: the options, `scale`, and the family `--kernel` names.
+pub(crate) fn gpu_params(args: &AttnArgs, scale: f64) -> Result<AttnParams> {
+    Ok(AttnParams { softmax_scale: Some(scale as f32), kernel: kernel(args)?, ..mods(args)? })
+}
+
+/// `t` on the GPU in `dtype` (its values rounded to nearest).
+pub(crate) fn upload(ctx: &Context, t: &HostTensor, dtype: DType) -> Result<DeviceTensor> {
+    let data: Vec<f32> = t.data.iter().map(|&x| x as f32).collect();
+    Ok(DeviceTensor::from_f32(ctx, &data, shape4(t, "tensor")?, dtype)?)
+}
+
+/// `t`'s values, widened to f64.
+pub(crate) fn download(ctx: &Context, t: &DeviceTensor) -> Result<Vec<f64>> {
+    Ok(t.to_f32(ctx)?.into_iter().map(f64::from).collect())
 }
 
 /// The dtype the GPU runs: `--dtype`, else the file's (f16 or bf16).

@@ -6,9 +6,9 @@
 
 use anyhow::{bail, Result};
 use flashcore::reference::{self, RefMask, RefPagedCache};
-use flashcore::{AttnParams, BlockTableView, Context, DeviceTensor, PagedKv, ProblemShape, SeqLensView, PAGE_SIZE_MULTIPLE};
+use flashcore::{BlockTableView, Context, DeviceTensor, PagedKv, ProblemShape, SeqLensView, PAGE_SIZE_MULTIPLE};
 
-use crate::attn::{gpu_dtype, kernel, shape4, window, AttnArgs};
+use crate::attn::{download, gpu_dtype, gpu_params, mods, shape4, upload, AttnArgs};
 use crate::io::{write_tensors, FileDType, HostKvCache, HostTensor};
 
 /// The cache's geometry as the input describes it, checked as the library checks it.
@@ -97,9 +97,8 @@ pub fn run(args: &AttnArgs, kv: &HostKvCache) -> Result<bool> {
     let g = Geometry::of(kv)?;
     let [b, sq, hq, d] = g.q;
     let scale = args.scale.unwrap_or(1.0 / (d as f64).sqrt());
-    let mods = AttnParams { causal: args.causal, window: window(args)?, softcap: args.softcap.unwrap_or(0.0), ..AttnParams::default() };
-    mods.check_window_and_softcap()?;
-    let out = if args.cpu { cpu(kv, &g, scale, &RefMask::of(&mods))? } else { gpu(args, kv, &g, scale, mods)? };
+    let mask = RefMask::of(&mods(args)?); // the options checked before anything runs
+    let out = if args.cpu { cpu(kv, &g, scale, &mask)? } else { gpu(args, kv, &g, scale)? };
     let data_dtype = if args.f64_out { FileDType::F64 } else { kv.q.dtype };
     let lse_dtype = if args.f64_out { FileDType::F64 } else { FileDType::F32 };
     let like = |t: &HostTensor, data| HostTensor { shape: t.shape.clone(), dtype: data_dtype, data };
@@ -154,16 +153,13 @@ fn cpu(kv: &HostKvCache, g: &Geometry, scale: f64, mask: &RefMask) -> Result<Out
     Ok(Outputs { o: r.o, lse: r.lse, k_cache, v_cache })
 }
 
-fn gpu(args: &AttnArgs, kv: &HostKvCache, g: &Geometry, scale: f64, mods: AttnParams) -> Result<Outputs> {
+fn gpu(args: &AttnArgs, kv: &HostKvCache, g: &Geometry, scale: f64) -> Result<Outputs> {
     let dtype = gpu_dtype(args, &kv.q)?;
     let ctx = Context::new(0)?;
-    let up = |t: &HostTensor, name| {
-        let data: Vec<f32> = t.data.iter().map(|&x| x as f32).collect();
-        DeviceTensor::from_f32(&ctx, &data, shape4(t, name)?, dtype).map_err(anyhow::Error::from)
-    };
-    let (q, k_cache, v_cache) = (up(&kv.q, "q")?, up(&kv.k_cache, "k_cache")?, up(&kv.v_cache, "v_cache")?);
-    let k_new = kv.k_new.as_ref().map(|t| up(t, "k_new")).transpose()?;
-    let v_new = kv.v_new.as_ref().map(|t| up(t, "v_new")).transpose()?;
+    let up = |t: &HostTensor| upload(&ctx, t, dtype);
+    let (q, k_cache, v_cache) = (up(&kv.q)?, up(&kv.k_cache)?, up(&kv.v_cache)?);
+    let k_new = kv.k_new.as_ref().map(up).transpose()?;
+    let v_new = kv.v_new.as_ref().map(up).transpose()?;
     let table = kv.block_table.as_ref().map(|(t, _)| ctx.stream().clone_htod(t)).transpose()?;
     let lens = kv.cache_seqlens.as_ref().map(|l| ctx.stream().clone_htod(l)).transpose()?;
     let paged = PagedKv {
@@ -173,9 +169,8 @@ fn gpu(args: &AttnArgs, kv: &HostKvCache, g: &Geometry, scale: f64, mods: AttnPa
         v_new: v_new.as_ref().map(|t| t.view()),
     };
     ctx.check_paged(q.view(), k_cache.view(), v_cache.view(), &paged)?;
-    let params = AttnParams { softmax_scale: Some(scale as f32), kernel: kernel(args)?, ..mods };
-    let out = ctx.attention_paged(q.view(), k_cache.view(), v_cache.view(), &paged, &params)?;
-    let wide = |t: &DeviceTensor| -> Result<Vec<f64>> { Ok(t.to_f32(&ctx)?.into_iter().map(f64::from).collect()) };
+    let out = ctx.attention_paged(q.view(), k_cache.view(), v_cache.view(), &paged, &gpu_params(args, scale)?)?;
+    let wide = |t: &DeviceTensor| download(&ctx, t);
     let [b, sq, hq, _] = g.q;
     let lse = ctx.stream().clone_dtoh(&out.lse)?.into_iter().take(b * hq * sq).map(f64::from).collect();
     Ok(Outputs { o: wide(&out.o)?, lse, k_cache: wide(&k_cache)?, v_cache: wide(&v_cache)? })
