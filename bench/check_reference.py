@@ -182,6 +182,7 @@ def run_cases(binary):
             print(f"{'PASS' if ok else 'FAIL'} {label}: {msg}")
             results.append(ok)
         results.extend(run_packed(binary, rng, qkv_path, out_path))
+        results.extend(run_kvcache(binary, rng, qkv_path, out_path))
     return report(results)
 
 
@@ -242,6 +243,63 @@ def run_packed(binary, rng, qkv_path, out_path):
     proc = subprocess.run([binary, "attn", "--cpu", "--input", qkv_path, "--output", out_path], capture_output=True, text=True)
     ok = proc.returncode != 0 and "cu_seqlens_q" in proc.stderr and "decreases" in proc.stderr
     print(f"{'PASS' if ok else 'FAIL'} {'packed, bad cu_seqlens_q':28} refused by name: {proc.stderr.strip()[-200:]}")
+    results.append(ok)
+    return results
+
+
+def run_kvcache(binary, rng, qkv_path, out_path):
+    """A KV cache through `attn --cpu`: cached lengths 1, 15, 16, 17 and 40 with 3 keys appended
+    (across page boundaries) and 3 query rows, in shuffled pages of 16 keys (a block table) and
+    in a contiguous cache; against NumPy's attention over each sequence's keys gathered by hand,
+    and the caches after the append bit for bit; then a table entry outside the pool, which must
+    be refused naming it."""
+    page, hq, hkv, d, new, sq = 16, 4, 2, 16, 3, 3
+    cached = [1, 15, 16, 17, 40]
+    b, results = len(cached), []
+    for paged, causal in ((True, False), (True, True), (False, True)):
+        used = [-(-(c + new) // page) for c in cached]
+        if paged:
+            max_pages, num_pages = max(used) + 1, sum(used) + 2
+            ids = iter(rng.permutation(num_pages).tolist())
+            table = np.array([[next(ids) if s < n else -1 for s in range(max_pages)] for n in used], dtype=np.int32)
+        else:  # sequence i is page i of one long page
+            max_pages, num_pages, page = 1, b, 48
+            table = np.arange(b, dtype=np.int32)[:, None]
+        k_cache, v_cache = (rng.standard_normal((num_pages, page, hkv, d)).astype(np.float32) for _ in range(2))
+        k_new, v_new = (rng.standard_normal((b, new, hkv, d)).astype(np.float32) for _ in range(2))
+        q = rng.standard_normal((b, sq, hq, d)).astype(np.float32)
+        tensors = {"q": q, "k_cache": k_cache, "v_cache": v_cache, "k_new": k_new, "v_new": v_new, "cache_seqlens": np.array(cached, dtype=np.int32)}
+        if paged:
+            tensors["block_table"] = table
+        save_file(tensors, qkv_path)
+        cmd = [binary, "attn", "--cpu", "--input", qkv_path, "--output", out_path, "--f64-out"] + (["--causal"] if causal else [])
+        label = f"{'paged' if paged else 'contiguous'} cache{' causal' if causal else ''}".ljust(28) + f" lengths {cached} + {new}"
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            print(f"FAIL {label}: exit {proc.returncode}: {proc.stderr.strip()[-500:]}")
+            results.append(False)
+            continue
+        out = load_file(out_path)
+        want_k, want_v = k_cache.copy(), v_cache.copy()
+        o_ref, lse_ref = [], []
+        for i, c in enumerate(cached):
+            for j in range(new):
+                slot = (table[i, (c + j) // page], (c + j) % page)
+                want_k[slot], want_v[slot] = k_new[i, j], v_new[i, j]
+            slots = [(table[i, p // page], p % page) for p in range(c + new)]
+            keys, values = (np.stack([pool[s] for s in slots])[None] for pool in (want_k, want_v))
+            o, lse = attention(q[i : i + 1], keys, values, 1.0 / np.sqrt(d), causal)
+            o_ref.append(o)
+            lse_ref.append(lse)
+        ok, msg = compare(out["o"], out["lse"], np.concatenate(o_ref), np.concatenate(lse_ref))
+        same = np.array_equal(out["k_cache"], want_k) and np.array_equal(out["v_cache"], want_v)
+        print(f"{'PASS' if ok and same else 'FAIL'} {label}: {msg}, caches after the append {'exact' if same else 'DIFFER'}")
+        results.append(ok and same)
+    tensors = dict(tensors, block_table=np.array([[0], [1], [2], [3], [b + 7]], dtype=np.int32))
+    save_file(tensors, qkv_path)
+    proc = subprocess.run([binary, "attn", "--cpu", "--input", qkv_path, "--output", out_path], capture_output=True, text=True)
+    ok = proc.returncode != 0 and "block_table" in proc.stderr and "[4, 0]" in proc.stderr
+    print(f"{'PASS' if ok else 'FAIL'} {'KV cache, bad block_table':28} refused by name: {proc.stderr.strip()[-200:]}")
     results.append(ok)
     return results
 

@@ -4,8 +4,10 @@ against FlashAttention-2's varlen kernel and against FlashCore's own dense rate,
 process on one GPU (issue 17's speed goals).
 
 Rows (bf16, 16 heads):
-  varlen-*   64k tokens in sequences of lengths drawn uniformly from 128..8192 (seed 17; the
-             last sequence takes the remainder), D128 full and causal, D64 full:
+  varlen-*   flashcore's varlen suite's packed batch: 64k tokens in sequences of lengths drawn
+             uniformly from 128..8192 (seed 17; the last takes the remainder), read from
+             `flashcore bench --suite varlen --list-json` (the one definition of the batch,
+             crates/flashcore-cli/src/suites.rs), D128 full and causal, D64 full:
                flashcore   flashcore.flash_attn_varlen_func
                fa2-varlen  torch.ops.aten._flash_attention_forward with cumulative lengths
                dense       flashcore.flash_attn_func on B16 S4096 (the same 64k tokens,
@@ -29,26 +31,27 @@ FLOPs = 4·H·D·(visible query-key pairs). The packed output is checked against
 (relative L2 error, printed), and so is the packed backward's dq, dk, dv. Writes varlen.json
 (rows) into --out; --part forward / backward runs one half.
 
-    varlen.py --out DIR [--part all|forward|backward]
+    varlen.py --out DIR [--part all|forward|backward] [--flashcore BIN]
+      (BIN: default $FLASHCORE_BIN, else target/release/flashcore)
 """
 
 import argparse
 import json
 import os
-import random
+import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import anchors  # noqa: E402
+import schema  # noqa: E402
 
 
-def lengths(total, lo, hi, seed):
-    """Sequence lengths drawn uniformly from lo..hi summing to exactly total."""
-    rng = random.Random(seed)
-    out = []
-    while sum(out) < total:
-        out.append(min(rng.randint(lo, hi), total - sum(out)))
-    return out
+def suite_lengths(binary):
+    """The sequence lengths of the varlen suite's packed batch (its first case without
+    seqused_k), as `flashcore bench --suite varlen --list-json` lists them."""
+    listed = subprocess.run([binary, "bench", "--suite", "varlen", "--list-json"], check=True, capture_output=True, text=True).stdout
+    _, cases = schema.parse_suite(listed)
+    return next(c["packed"]["seqlens_q"] for c in cases if c.get("packed") and not c["packed"].get("seqused_k"))
 
 
 def pairs(lens_q, lens_k, causal, window=(-1, -1)):
@@ -71,7 +74,9 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--samples", type=int, default=20)
     ap.add_argument("--part", choices=["all", "forward", "backward"], default="all")
+    ap.add_argument("--flashcore", default=os.environ.get("FLASHCORE_BIN", "target/release/flashcore"))
     args = ap.parse_args(argv)
+    lens = suite_lengths(args.flashcore)
     import torch
     import flashcore
     from flashcore import _ops
@@ -96,7 +101,6 @@ def main(argv=None):
         return torch.randn(*shape, device=dev, dtype=torch.bfloat16)
 
     heads = 16
-    lens = lengths(65536, 128, 8192, 17)
     cu = torch.tensor([0] + [sum(lens[: i + 1]) for i in range(len(lens))], dtype=torch.int32, device=dev)
     total, max_len = sum(lens), max(lens)
     if args.part in ("all", "backward"):

@@ -4,6 +4,7 @@
     out = flashcore.flash_attn_func(q, k, v, causal=True)        # flash_attn 2.x semantics
     out = flashcore.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)  # packed
     out = flashcore.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lens, block_table=table)  # serving
+    table, lens = flashcore.block_table_from_indptr(kv_indptr, kv_indices, kv_last_page_len, page_size)  # FlashInfer's pages
     out = flashcore.scaled_dot_product_attention(q, k, v, is_causal=True)   # SDPA's
     attn = flashcore.integrations.transformers.register()         # attn_implementation=attn
 
@@ -21,5 +22,16 @@ _use_torch_nvrtc()
 from . import integrations  # noqa: E402
 from ._flashcore import __version__  # noqa: E402
 from .interface import device_info, flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, kernel_plan, scaled_dot_product_attention  # noqa: E402
+from .paging import block_table_from_indptr  # noqa: E402
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "scaled_dot_product_attention", "kernel_plan", "device_info", "integrations", "__version__"]
+__all__ = [
+    "flash_attn_func",
+    "flash_attn_varlen_func",
+    "flash_attn_with_kvcache",
+    "block_table_from_indptr",
+    "scaled_dot_product_attention",
+    "kernel_plan",
+    "device_info",
+    "integrations",
+    "__version__",
+]

@@ -1,7 +1,7 @@
-"""The op layer: `flashcore::fwd` and `flashcore::bwd`, and for packed batches
-`flashcore::varlen_fwd` and `flashcore::varlen_bwd`, registered once with torch.library (fakes
-for torch.compile; each forward's autograd rule calls its backward), and the calls into the
-extension.
+"""The op layer: `flashcore::fwd` and `flashcore::bwd`, for packed batches
+`flashcore::varlen_fwd` and `flashcore::varlen_bwd`, and for KV caches `flashcore::fwd_kvcache`,
+registered once with torch.library (fakes for torch.compile; each forward's autograd rule calls
+its backward), and the calls into the extension.
 
 Tensors cross into Rust as (data pointer, shape, strides, dtype name); the kernel runs on
 PyTorch's current stream of the tensors' device; outputs and scratch memory come from
@@ -45,6 +45,27 @@ def _scratch(device: torch.device, keep: List[Tensor]) -> Callable[[int], int]:
     return allocate
 
 
+def _lse_for(q: Tensor) -> Tensor:
+    """The f32 log-sum-exp buffer a forward of `q` writes: `[B, Hq, Sq]` for BSHD q, `[Hq,
+    total_q]` for a packed q `[total_q, Hq, D]`."""
+    *batch, sq, hq, _ = q.shape
+    return q.new_empty((*batch, hq, sq), dtype=torch.float32)
+
+
+def _empty_outputs(q: Tensor, *_: object) -> Tuple[Tensor, Tensor]:
+    """Empty `(o like q, lse)`: every forward op's fake (a fake reads only the tensors the
+    shapes come from; the op's other arguments, its one signature in the op's definition, pass
+    by), and the packed forward's outputs."""
+    return q.new_empty(q.shape), _lse_for(q)
+
+
+def _grads_fake(q: Tensor, k: Tensor, v: Tensor, *_: object) -> Tuple[Tensor, Tensor, Tensor]:
+    """Every backward op's fake: `(dq, dk, dv)` like `q`, `k`, `v`. Permissive like the
+    forwards': torch.compile traces the backward of every forward whose inputs require grad,
+    so a refusal here would fail inference too; the real op refuses when it runs."""
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
 def forward_into(
     q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Optional[Tensor], softmax_scale: float, causal: bool, window: Tuple[int, int], softcap: float, num_splits: int
 ) -> None:
@@ -75,9 +96,8 @@ def forward(
     """Attention on BSHD tensors: `(o [B, Sq, Hq, D], lse [B, Hq, Sq] f32)`, lse None unless
     `want_lse`. Rows that see no key (no keys at all, or a causal mask or window that leaves
     them none) give o = 0 and lse = -inf."""
-    b, sq, hq, d = q.shape
-    o = q.new_empty((b, sq, hq, d))  # new_empty: a few microseconds less than torch.empty(...)
-    lse = q.new_empty((b, hq, sq), dtype=torch.float32) if want_lse else None
+    o = q.new_empty(q.shape)  # new_empty: a few microseconds less than torch.empty(...)
+    lse = _lse_for(q) if want_lse else None
     if o.numel() == 0:
         return o, lse  # an empty batch, as SDPA: nothing to compute
     if k.shape[1] == 0:
@@ -104,41 +124,35 @@ def varlen_forward(
     cu_seqlens on q's device): `(o [total_q, Hq, D], lse [Hq, total_q] f32)`. With the
     environment variable FLASHCORE_CHECK_VARLEN=1 the cu_seqlens values are checked first
     (this synchronises)."""
-    total_q, hq, d = q.shape
-    o = q.new_empty((total_q, hq, d))
-    lse = q.new_empty((hq, total_q), dtype=torch.float32)
-    if total_q == 0:
+    o, lse = _empty_outputs(q)
+    if q.shape[0] == 0:
         return o, lse
     if k.shape[0] == 0:  # no sequence has a key: every row sees none (as the dense path)
         return o.zero_(), lse.fill_(-math.inf)
     keep: List[Tensor] = []
-    _flashcore.attention_varlen_forward(
+    _flashcore.attention_forward(
         q.device.index,
         _current_stream(q.device),
-        _arg(q.unsqueeze(0)),
-        _arg(k.unsqueeze(0)),
-        _arg(v.unsqueeze(0)),
-        _arg(o.unsqueeze(0)),
+        *(_arg(t.unsqueeze(0)) for t in (q, k, v, o)),
         (lse.data_ptr(), lse.numel()),
         _scratch(q.device, keep),
-        _vector(cu_seqlens_q),
-        _vector(cu_seqlens_k),
-        None if seqused_k is None else _vector(seqused_k),
-        max_seqlen_q,
-        max_seqlen_k,
         softmax_scale,
         causal,
         window[0],
         window[1],
         softcap,
-        None,
-        _check_varlen(),
+        varlen=_varlen_arg(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k),
+        check=_check_varlen(),
     )
     return o, lse
 
 
 def _vector(t: Tensor) -> Tuple[int, int]:
     return (t.data_ptr(), t.numel())
+
+
+def _varlen_arg(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int) -> _flashcore.VarlenArg:
+    return (_vector(cu_seqlens_q), _vector(cu_seqlens_k), None if seqused_k is None else _vector(seqused_k), max_seqlen_q, max_seqlen_k)
 
 
 def _check_varlen() -> bool:
@@ -172,25 +186,21 @@ def varlen_backward(
     if dout.stride(-1) != 1:
         dout = dout.contiguous()  # autograd may hand over any layout; the kernels read rows
     keep: List[Tensor] = []
-    _flashcore.attention_varlen_backward(
+    _flashcore.attention_backward(
         q.device.index,
         _current_stream(q.device),
         *(_arg(t.unsqueeze(0)) for t in (q, k, v, o)),
         (lse.data_ptr(), lse.numel()),
         *(_arg(t.unsqueeze(0)) for t in (dout, dq, dk, dv)),
         _scratch(q.device, keep),
-        _vector(cu_seqlens_q),
-        _vector(cu_seqlens_k),
-        None if seqused_k is None else _vector(seqused_k),
-        max_seqlen_q,
-        max_seqlen_k,
         softmax_scale,
         causal,
         deterministic,
         window[0],
         window[1],
         softcap,
-        _check_varlen(),
+        varlen=_varlen_arg(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k),
+        check=_check_varlen(),
     )
     return dq, dk, dv
 
@@ -216,25 +226,7 @@ def varlen_fwd(
     return varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, (window_left, window_right), softcap)
 
 
-@varlen_fwd.register_fake
-def _varlen_fwd_fake(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    cu_seqlens_q: Tensor,
-    cu_seqlens_k: Tensor,
-    seqused_k: Optional[Tensor],
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    softmax_scale: float,
-    causal: bool,
-    window_left: int,
-    window_right: int,
-    softcap: float,
-    deterministic: bool,
-) -> Tuple[Tensor, Tensor]:
-    total_q, hq, d = q.shape
-    return q.new_empty((total_q, hq, d)), q.new_empty((hq, total_q), dtype=torch.float32)
+varlen_fwd.register_fake(_empty_outputs)
 
 
 @torch.library.custom_op("flashcore::varlen_bwd", mutates_args=(), device_types="cuda")
@@ -263,27 +255,7 @@ def varlen_bwd(
     )
 
 
-@varlen_bwd.register_fake
-def _varlen_bwd_fake(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    o: Tensor,
-    lse: Tensor,
-    dout: Tensor,
-    cu_seqlens_q: Tensor,
-    cu_seqlens_k: Tensor,
-    seqused_k: Optional[Tensor],
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    softmax_scale: float,
-    causal: bool,
-    deterministic: bool,
-    window_left: int,
-    window_right: int,
-    softcap: float,
-) -> Tuple[Tensor, Tensor, Tensor]:
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+varlen_bwd.register_fake(_grads_fake)
 
 
 def _varlen_setup_context(ctx, inputs, output) -> None:
@@ -341,14 +313,13 @@ def kvcache_forward(
     [B, Hq, Sq] f32 or None)`; `k`, `v` are first written into the caches at
     `cache_seqlens[b]...`. With the environment variable FLASHCORE_CHECK_PAGED=1 the table and
     lengths are checked first (this synchronises)."""
-    b, sq, hq, d = q.shape
-    o = q.new_empty((b, sq, hq, d))
-    lse = q.new_empty((b, hq, sq), dtype=torch.float32) if want_lse else None
+    o = q.new_empty(q.shape)
+    lse = _lse_for(q) if want_lse else None
     if o.numel() == 0:
         return o, lse
     keep: List[Tensor] = []
-    table = None if block_table is None else (block_table.data_ptr(), tuple(block_table.shape), block_table.stride(0))
-    _flashcore.attention_kvcache_forward(
+    table = None if block_table is None else (block_table.data_ptr(), (block_table.shape[0], block_table.shape[1]), block_table.stride(0))
+    _flashcore.attention_forward(
         q.device.index,
         _current_stream(q.device),
         _arg(q),
@@ -357,17 +328,14 @@ def kvcache_forward(
         _arg(o),
         None if lse is None else (lse.data_ptr(), lse.numel()),
         _scratch(q.device, keep),
-        None if k is None else _arg(k),
-        None if v is None else _arg(v),
-        None if cache_seqlens is None else (cache_seqlens.data_ptr(), cache_seqlens.numel()),
-        table,
         softmax_scale,
         causal,
         window[0],
         window[1],
         softcap,
         num_splits if num_splits > 0 else None,
-        os.environ.get("FLASHCORE_CHECK_PAGED", "") not in ("", "0"),
+        paged=(None if k is None else _arg(k), None if v is None else _arg(v), None if cache_seqlens is None else _vector(cache_seqlens), table),
+        check=os.environ.get("FLASHCORE_CHECK_PAGED", "") not in ("", "0"),
     )
     return o, lse
 
@@ -394,24 +362,7 @@ def fwd_kvcache(
     return o, lse
 
 
-@fwd_kvcache.register_fake
-def _fwd_kvcache_fake(
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    k: Optional[Tensor],
-    v: Optional[Tensor],
-    cache_seqlens: Optional[Tensor],
-    block_table: Optional[Tensor],
-    softmax_scale: float,
-    causal: bool,
-    window_left: int,
-    window_right: int,
-    softcap: float,
-    num_splits: int,
-) -> Tuple[Tensor, Tensor]:
-    b, sq, hq, d = q.shape
-    return q.new_empty((b, sq, hq, d)), q.new_empty((b, hq, sq), dtype=torch.float32)
+fwd_kvcache.register_fake(_empty_outputs)
 
 
 # The op's schema holds only tensors and scalars: the window travels as its two sides.
@@ -423,12 +374,7 @@ def fwd(
     return forward(q, k, v, softmax_scale, causal, (window_left, window_right), softcap, num_splits)
 
 
-@fwd.register_fake
-def _fwd_fake(
-    q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float, num_splits: int, deterministic: bool
-) -> Tuple[Tensor, Tensor]:
-    b, sq, hq, d = q.shape
-    return q.new_empty((b, sq, hq, d)), q.new_empty((b, hq, sq), dtype=torch.float32)
+fwd.register_fake(_empty_outputs)
 
 
 _SLOW_BACKWARD = (
@@ -469,7 +415,7 @@ def backward(
         window[1],
         softcap,
     )
-    if kernel.startswith("reference"):
+    if kernel is not None and kernel.startswith("reference"):
         warnings.warn(_SLOW_BACKWARD, stacklevel=3)  # once per call site, by Python's default filter
     return dq, dk, dv
 
@@ -493,24 +439,7 @@ def bwd(
     return backward(q, k, v, o, lse, dout, softmax_scale, causal, deterministic, (window_left, window_right), softcap)
 
 
-# Permissive like the forward's: torch.compile traces the backward of every forward whose inputs
-# require grad, so a refusal here would fail inference too; the real op refuses when it runs.
-@bwd.register_fake
-def _bwd_fake(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    o: Tensor,
-    lse: Tensor,
-    dout: Tensor,
-    softmax_scale: float,
-    causal: bool,
-    deterministic: bool,
-    window_left: int,
-    window_right: int,
-    softcap: float,
-) -> Tuple[Tensor, Tensor, Tensor]:
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+bwd.register_fake(_grads_fake)
 
 
 def _fwd_setup_context(ctx, inputs, output) -> None:

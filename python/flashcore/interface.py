@@ -104,6 +104,19 @@ def _softcap(softcap: object) -> float:
     return float(softcap)
 
 
+def _score_args(
+    q: Tensor, softmax_scale: Optional[float], window_size: object, softcap: object, dropout_p: float = 0.0, alibi_slopes: Optional[Tensor] = None
+) -> Tuple[float, Tuple[int, int], float]:
+    """flash_attn's score arguments, which its functions share, checked: `(scale, window,
+    softcap)`; dropout and ALiBi refused (NotImplementedError)."""
+    if dropout_p != 0.0:
+        raise _unsupported("dropout_p", dropout_p)
+    if alibi_slopes is not None:
+        raise _unsupported("alibi_slopes", "<tensor>")
+    window = NO_WINDOW if window_size == NO_WINDOW else _window(window_size)
+    return _scale(softmax_scale, q.shape[-1]), window, 0.0 if softcap == 0.0 else _softcap(softcap)
+
+
 def flash_attn_func(
     q: Tensor,
     k: Tensor,
@@ -150,29 +163,24 @@ def flash_attn_func(
     deterministic=True makes its gradients bitwise repeatable; windows and softcaps included.
     """
     _check((("q", q), ("k", k), ("v", v)), "[B, S, H, D]")
-    if dropout_p != 0.0:
-        raise _unsupported("dropout_p", dropout_p)
-    if alibi_slopes is not None:
-        raise _unsupported("alibi_slopes", "<tensor>")
-    window = NO_WINDOW if window_size == NO_WINDOW else _window(window_size)
-    softcap = 0.0 if softcap == 0.0 else _softcap(softcap)
-    scale = _scale(softmax_scale, q.shape[-1])
+    scale, window, softcap = _score_args(q, softmax_scale, window_size, softcap, dropout_p, alibi_slopes)
     out, lse = _attention(q, k, v, scale, bool(causal), 0, return_attn_probs, bool(deterministic), window, softcap)
     return (out, lse, None) if return_attn_probs else out
 
 
-def _check_seqlens(name: str, t: object, q: Tensor) -> None:
-    """A cu_seqlens / seqused_k vector: a 1-D int32 tensor on q's device, or the named error."""
+def _check_int32(name: str, t: object, q: Tensor, dims: int) -> None:
+    """An int32 argument (cu_seqlens, seqused_k, cache_seqlens, block_table): `dims` dims on
+    q's device, its last dim contiguous, or the named error."""
     if not isinstance(t, Tensor):
         raise TypeError(f"`{name}` must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype is not torch.int32:
         raise TypeError(f"`{name}` has dtype {t.dtype}: it must be torch.int32")
-    if t.dim() != 1:
-        raise ValueError(f"`{name}` must be 1-D, got shape {tuple(t.shape)}")
+    if t.dim() != dims:
+        raise ValueError(f"`{name}` must have {dims} dim(s), got shape {tuple(t.shape)}")
     if t.device != q.device:
-        raise ValueError(f"`{name}` is on {t.device} and `q` on {q.device}: cu_seqlens live on q's device")
-    if not t.is_contiguous():
-        raise ValueError(f"`{name}` must be contiguous")
+        raise ValueError(f"`{name}` is on {t.device} and `q` on {q.device}: it must live on q's device")
+    if t.numel() > 0 and t.stride(-1) != 1:
+        raise ValueError(f"`{name}` must have a contiguous last dim")
 
 
 def flash_attn_varlen_func(
@@ -229,36 +237,15 @@ def flash_attn_varlen_func(
             raise ValueError(f"`{name}` must have 3 dims [total, H, D], got shape {tuple(t.shape)}")
     _check((("q", q.unsqueeze(0)), ("k", k.unsqueeze(0)), ("v", v.unsqueeze(0))), "[total, H, D]")
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)) + ((("seqused_k", seqused_k),) if seqused_k is not None else ()):
-        _check_seqlens(name, t, q)
-    if dropout_p != 0.0:
-        raise _unsupported("dropout_p", dropout_p)
-    if alibi_slopes is not None:
-        raise _unsupported("alibi_slopes", "<tensor>")
+        _check_int32(name, t, q, 1)
+    scale, window, softcap = _score_args(q, softmax_scale, window_size, softcap, dropout_p, alibi_slopes)
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if not isinstance(value, numbers.Integral) or value < 0:
             raise ValueError(f"`{name}` must be an int >= 0, got {value!r}")
-    window = NO_WINDOW if window_size == NO_WINDOW else _window(window_size)
-    softcap = 0.0 if softcap == 0.0 else _softcap(softcap)
-    scale = _scale(softmax_scale, q.shape[-1])
     out, lse = _ops.varlen_fwd(
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), int(max_seqlen_k), scale, bool(causal), window[0], window[1], softcap, bool(deterministic)
     )
     return (out, lse, None) if return_attn_probs else out
-
-
-def _check_int32(name: str, t: object, q: Tensor, dims: int) -> None:
-    """A cache_seqlens / block_table tensor: int32 with `dims` dims on q's device, its last dim
-    contiguous, or the named error."""
-    if not isinstance(t, Tensor):
-        raise TypeError(f"`{name}` must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype is not torch.int32:
-        raise TypeError(f"`{name}` has dtype {t.dtype}: it must be torch.int32")
-    if t.dim() != dims:
-        raise ValueError(f"`{name}` must have {dims} dim(s), got shape {tuple(t.shape)}")
-    if t.device != q.device:
-        raise ValueError(f"`{name}` is on {t.device} and `q` on {q.device}: it must live on q's device")
-    if t.numel() > 0 and t.stride(-1) != 1:
-        raise ValueError(f"`{name}` must have a contiguous last dim")
 
 
 def flash_attn_with_kvcache(
@@ -344,9 +331,7 @@ def flash_attn_with_kvcache(
         _check_int32("block_table", block_table, q, 2)
     if not isinstance(num_splits, numbers.Integral) or num_splits < 0:
         raise ValueError(f"`num_splits` must be an int >= 0, got {num_splits!r}")
-    window = NO_WINDOW if window_size == NO_WINDOW else _window(window_size)
-    softcap = 0.0 if softcap == 0.0 else _softcap(softcap)
-    scale = _scale(softmax_scale, q.shape[-1])
+    scale, window, softcap = _score_args(q, softmax_scale, window_size, softcap)
     if _fast_path(q, k_cache, v_cache):
         out, lse = _ops.kvcache_forward(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, bool(causal), window, softcap, int(num_splits), return_softmax_lse)
     else:

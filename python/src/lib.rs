@@ -1,7 +1,7 @@
 //! `flashcore._flashcore`: the Rust API as the Python package sees it. This layer converts
 //! arguments (addresses, shapes, strides, dtype names, streams) and errors
 //! (`flashcore::Error` → Python exceptions), and nothing else: tensors are validated and
-//! allocated by the Python side (`flashcore/_torch.py`), kernels chosen and launched by the
+//! allocated by the Python side (`flashcore/interface.py`, `_ops.py`), kernels chosen and launched by the
 //! `flashcore` crate.
 
 use std::collections::HashMap;
@@ -64,13 +64,81 @@ fn params(softmax_scale: Option<f32>, causal: bool, window: (i32, i32), softcap:
     AttnParams { softmax_scale, causal, window: Window::new(window.0, window.1), softcap, num_splits, ..AttnParams::default() }
 }
 
+/// A packed batch's arguments (flash_attn's varlen form; `flashcore::VarlenBatch`):
+/// `cu_seqlens_q`, `cu_seqlens_k`, `seqused_k` as `(address, elements)` of int32 device
+/// vectors, then `max_seqlen_q`, `max_seqlen_k`.
+type VarlenArg = ((u64, usize), (u64, usize), Option<(u64, usize)>, usize, usize);
+
+/// A KV cache's arguments (flash_attn's `flash_attn_with_kvcache`; `flashcore::PagedKv`):
+/// `k_new`, `v_new` `[B, S_new, Hkv, D]` (appended first: the caches are written),
+/// `cache_seqlens` `(address, B)` int32, `block_table` `(address, [B, max_pages], row
+/// stride)` int32 (`None`: contiguous caches `[B, S_cache, Hkv, D]`).
+type PagedArg = (Option<TensorArg>, Option<TensorArg>, Option<(u64, usize)>, Option<(u64, [usize; 2], usize)>);
+
+/// How a call's keys are laid out, with their device views (as `Context::run`'s).
+enum Keys<'a> {
+    Dense,
+    Varlen(VarlenBatch<'a>),
+    Paged(PagedKv<'a>),
+}
+
+/// `varlen` as the Rust API takes it.
+///
+/// # Safety
+/// The vectors are int32 CUDA memory of the call's device of these lengths, alive across
+/// the call (the Python side's contract).
+unsafe fn varlen_batch((cu_q, cu_k, used, max_seqlen_q, max_seqlen_k): VarlenArg) -> VarlenBatch<'static> {
+    // SAFETY: this function's contract.
+    let seqlens = |(ptr, len): (u64, usize)| unsafe { SeqLensView::from_raw(ptr, len) };
+    VarlenBatch { cu_seqlens_q: seqlens(cu_q), cu_seqlens_k: seqlens(cu_k), seqused_k: used.map(seqlens), max_seqlen_q, max_seqlen_k }
+}
+
+/// The keys of a forward call: dense, or `varlen`'s packed batch, or `paged`'s cache.
+///
+/// # Safety
+/// As [`varlen_batch`], for every address either names, `k_new` and `v_new` with the
+/// layouts they describe.
+unsafe fn keys(device: usize, varlen: Option<VarlenArg>, paged: Option<PagedArg>) -> PyResult<Keys<'static>> {
+    Ok(match (varlen, paged) {
+        (None, None) => Keys::Dense,
+        // SAFETY: this function's contract.
+        (Some(batch), None) => Keys::Varlen(unsafe { varlen_batch(batch) }),
+        (None, Some((k_new, v_new, cache_seqlens, block_table))) => {
+            let new = |t: Option<TensorArg>, name| -> PyResult<Option<TensorView<'static>>> {
+                // SAFETY: this function's contract.
+                t.map(|t| Ok(unsafe { TensorView::from_raw(t.0, layout(&t, name)?, device) })).transpose()
+            };
+            // SAFETY: this function's contract.
+            Keys::Paged(unsafe {
+                PagedKv {
+                    block_table: block_table.map(|(ptr, [b, pages], stride)| BlockTableView::from_raw(ptr, b, pages, stride)),
+                    cache_seqlens: cache_seqlens.map(|(ptr, len)| SeqLensView::from_raw(ptr, len)),
+                    k_new: new(k_new, "k")?,
+                    v_new: new(v_new, "v")?,
+                }
+            })
+        }
+        (Some(_), Some(_)) => {
+            return Err(PyValueError::new_err("a call is over a packed batch (`varlen`) or a KV cache (`paged`), not both"))
+        }
+    })
+}
+
 /// Attention forward on `stream` of `device`: `o = softmax(scale · q kᵀ [+ mask]) v` into `o`
-/// and, when given as `(address, elements)`, the f32 `lse [B, Hq, Sq]`. `scratch(nbytes)`
-/// returns the address of at least `nbytes` of device memory the call may use (split-KV
-/// partials); it is called at most once, and what it returns must stay allocated until this
-/// call returns (work queued on `stream` after that is ordered by the caller's allocator).
+/// and, when given as `(address, elements)`, the f32 `lse`. `scratch(nbytes)` returns the
+/// address of at least `nbytes` of device memory the call may use (split-KV partials); it is
+/// called at most once, and what it returns must stay allocated until this call returns (work
+/// queued on `stream` after that is ordered by the caller's allocator).
+///
+/// The keys: dense (`q`, `o` `[B, Sq, Hq, D]`, `k`, `v` `[B, Sk, Hkv, D]`, `lse [B, Hq, Sq]`);
+/// with `varlen` ([`VarlenArg`]) a packed batch (`q`, `o` `[1, total_q, Hq, D]`, `k`, `v`
+/// `[1, total_k, Hkv, D]`: the Python side's 3-D tensors with a leading 1; `lse [Hq,
+/// total_q]`); with `paged` ([`PagedArg`]) a KV cache (`k`, `v` the caches: pools
+/// `[num_pages, page_size, Hkv, D]` with a block table). With `check`, the batch's or the
+/// cache's device values are first checked against the contract (this synchronises: a
+/// debugging aid).
 #[pyfunction]
-#[pyo3(signature = (device, stream, q, k, v, o, lse, scratch, softmax_scale, causal, window_left=-1, window_right=-1, softcap=0.0, num_splits=None))]
+#[pyo3(signature = (device, stream, q, k, v, o, lse, scratch, softmax_scale, causal, window_left=-1, window_right=-1, softcap=0.0, num_splits=None, varlen=None, paged=None, check=false))]
 #[allow(clippy::too_many_arguments)]
 fn attention_forward(
     py: Python<'_>,
@@ -88,179 +156,51 @@ fn attention_forward(
     window_right: i32,
     softcap: f32,
     num_splits: Option<usize>,
+    varlen: Option<VarlenArg>,
+    paged: Option<PagedArg>,
+    check: bool,
 ) -> PyResult<()> {
-    let layouts = [layout(&q, "q")?, layout(&k, "k")?, layout(&v, "v")?, layout(&o, "o")?];
+    let (k_name, v_name) = if paged.is_some() { ("k_cache", "v_cache") } else { ("k", "v") };
+    let layouts = [layout(&q, "q")?, layout(&k, k_name)?, layout(&v, v_name)?, layout(&o, "o")?];
+    // SAFETY: the Python side passes live CUDA tensors and int32 vectors of `device` with
+    // these layouts and extents, keeps them alive across this call, and orders their reuse on
+    // `stream` through PyTorch's caching allocator; `stream` is PyTorch's current stream of
+    // `device`.
+    let keys = unsafe { keys(device, varlen, paged)? };
     let ctx = context(device)?;
     let params = params(softmax_scale, causal, (window_left, window_right), softcap, num_splits);
     let mut scratch_error: Option<PyErr> = None;
     // Detached from the interpreter: the first call of a variant compiles it (seconds).
     let result = py.detach(|| {
-        let mut scratch = scratch_fn(&scratch, &mut scratch_error);
-        // SAFETY: the Python side passes live CUDA tensors of `device` whose layouts these
-        // are (checked there: device, dtype, dims), keeps them alive across this call, and
-        // orders their reuse on `stream` through PyTorch's caching allocator; `stream` is
-        // PyTorch's current stream of `device`.
+        // SAFETY: as for `keys` above.
         unsafe {
             let view = |t: &TensorArg, l: Layout| TensorView::from_raw(t.0, l, device);
-            ctx.attention_on_stream(
-                ExternalStream::from_raw(stream),
-                view(&q, layouts[0]),
-                view(&k, layouts[1]),
-                view(&v, layouts[2]),
-                TensorViewMut::from_raw(o.0, layouts[3], device),
-                lse,
-                &mut scratch,
-                &params,
-            )
-        }
-    });
-    finish(result, scratch_error, to_py)
-}
-
-/// Attention forward over a packed batch (flash_attn's varlen form; `flashcore::VarlenBatch`):
-/// `q`, `o` `[1, total_q, Hq, D]` and `k`, `v` `[1, total_k, Hkv, D]` (the Python side's 3-D
-/// tensors with a leading 1), `cu_seqlens_q`, `cu_seqlens_k` and `seqused_k` as `(address,
-/// elements)` of int32 device vectors, `lse` of `[Hq, total_q]`. With `check`, the device
-/// values are first checked against the contract (this synchronises: a debugging aid).
-#[pyfunction]
-#[pyo3(signature = (device, stream, q, k, v, o, lse, scratch, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left=-1, window_right=-1, softcap=0.0, num_splits=None, check=false))]
-#[allow(clippy::too_many_arguments)]
-fn attention_varlen_forward(
-    py: Python<'_>,
-    device: usize,
-    stream: usize,
-    q: TensorArg,
-    k: TensorArg,
-    v: TensorArg,
-    o: TensorArg,
-    lse: Option<(u64, usize)>,
-    scratch: Py<PyAny>,
-    cu_seqlens_q: (u64, usize),
-    cu_seqlens_k: (u64, usize),
-    seqused_k: Option<(u64, usize)>,
-    max_seqlen_q: usize,
-    max_seqlen_k: usize,
-    softmax_scale: Option<f32>,
-    causal: bool,
-    window_left: i32,
-    window_right: i32,
-    softcap: f32,
-    num_splits: Option<usize>,
-    check: bool,
-) -> PyResult<()> {
-    let layouts = [layout(&q, "q")?, layout(&k, "k")?, layout(&v, "v")?, layout(&o, "o")?];
-    let ctx = context(device)?;
-    let params = params(softmax_scale, causal, (window_left, window_right), softcap, num_splits);
-    // SAFETY: the Python side passes int32 CUDA tensors of `device` of these lengths, alive
-    // across this call.
-    let seqlens = |(ptr, len): (u64, usize)| unsafe { SeqLensView::from_raw(ptr, len) };
-    let batch = VarlenBatch {
-        cu_seqlens_q: seqlens(cu_seqlens_q),
-        cu_seqlens_k: seqlens(cu_seqlens_k),
-        seqused_k: seqused_k.map(seqlens),
-        max_seqlen_q,
-        max_seqlen_k,
-    };
-    let mut scratch_error: Option<PyErr> = None;
-    let result = py.detach(|| {
-        if check {
-            ctx.check_varlen(&batch, q.1[1], k.1[1])?;
-        }
-        let mut scratch = scratch_fn(&scratch, &mut scratch_error);
-        // SAFETY: as attention_forward's.
-        unsafe {
-            let view = |t: &TensorArg, l: Layout| TensorView::from_raw(t.0, l, device);
-            ctx.attention_varlen_on_stream(
-                ExternalStream::from_raw(stream),
-                view(&q, layouts[0]),
-                view(&k, layouts[1]),
-                view(&v, layouts[2]),
-                TensorViewMut::from_raw(o.0, layouts[3], device),
-                lse,
-                &mut scratch,
-                &batch,
-                &params,
-            )
-        }
-    });
-    finish(result, scratch_error, to_py)
-}
-
-/// Attention forward over a KV cache (flash_attn's `flash_attn_with_kvcache`; `flashcore::PagedKv`):
-/// `q`, `o` `[B, Sq, Hq, D]`; `k_cache`, `v_cache` pools `[num_pages, page_size, Hkv, D]` with
-/// `block_table` as `(address, [B, max_pages], row stride)` of int32, else contiguous `[B,
-/// S_cache, Hkv, D]`; `cache_seqlens` `(address, B)` int32; `k_new`, `v_new` `[B, S_new, Hkv,
-/// D]` appended first (the caches are written). With `check`, the device values are first
-/// checked against the contract (this synchronises: a debugging aid).
-#[pyfunction]
-#[pyo3(signature = (device, stream, q, k_cache, v_cache, o, lse, scratch, k_new, v_new, cache_seqlens, block_table, softmax_scale, causal, window_left=-1, window_right=-1, softcap=0.0, num_splits=None, check=false))]
-#[allow(clippy::too_many_arguments)]
-fn attention_kvcache_forward(
-    py: Python<'_>,
-    device: usize,
-    stream: usize,
-    q: TensorArg,
-    k_cache: TensorArg,
-    v_cache: TensorArg,
-    o: TensorArg,
-    lse: Option<(u64, usize)>,
-    scratch: Py<PyAny>,
-    k_new: Option<TensorArg>,
-    v_new: Option<TensorArg>,
-    cache_seqlens: Option<(u64, usize)>,
-    block_table: Option<(u64, [usize; 2], usize)>,
-    softmax_scale: Option<f32>,
-    causal: bool,
-    window_left: i32,
-    window_right: i32,
-    softcap: f32,
-    num_splits: Option<usize>,
-    check: bool,
-) -> PyResult<()> {
-    let layouts = [layout(&q, "q")?, layout(&k_cache, "k_cache")?, layout(&v_cache, "v_cache")?, layout(&o, "o")?];
-    let new_layouts = [k_new.as_ref().map(|t| layout(t, "k")).transpose()?, v_new.as_ref().map(|t| layout(t, "v")).transpose()?];
-    let ctx = context(device)?;
-    let params = params(softmax_scale, causal, (window_left, window_right), softcap, num_splits);
-    let mut scratch_error: Option<PyErr> = None;
-    let result = py.detach(|| {
-        // SAFETY: the Python side passes live CUDA tensors of `device` (int32 for the table and
-        // the lengths) with these layouts and extents, alive across this call, on PyTorch's
-        // current stream of `device`; it orders their reuse through the caching allocator.
-        unsafe {
-            let view = |t: &TensorArg, l: Layout| TensorView::from_raw(t.0, l, device);
-            let kv = PagedKv {
-                block_table: block_table.map(|(ptr, [b, pages], stride)| BlockTableView::from_raw(ptr, b, pages, stride)),
-                cache_seqlens: cache_seqlens.map(|(ptr, len)| SeqLensView::from_raw(ptr, len)),
-                k_new: k_new.as_ref().zip(new_layouts[0]).map(|(t, l)| view(t, l)),
-                v_new: v_new.as_ref().zip(new_layouts[1]).map(|(t, l)| view(t, l)),
-            };
-            let (qv, kc, vc) = (view(&q, layouts[0]), view(&k_cache, layouts[1]), view(&v_cache, layouts[2]));
-            if check {
-                ctx.check_paged(qv, kc, vc, &kv)?;
+            let (q, k, v) = (view(&q, layouts[0]), view(&k, layouts[1]), view(&v, layouts[2]));
+            let o = TensorViewMut::from_raw(o.0, layouts[3], device);
+            match &keys {
+                Keys::Varlen(batch) if check => ctx.check_varlen(batch, layouts[0].shape[1], layouts[1].shape[1])?,
+                Keys::Paged(kv) if check => ctx.check_paged(q, k, v, kv)?,
+                _ => {}
             }
             let mut scratch = scratch_fn(&scratch, &mut scratch_error);
-            ctx.attention_paged_on_stream(
-                ExternalStream::from_raw(stream),
-                qv,
-                kc,
-                vc,
-                TensorViewMut::from_raw(o.0, layouts[3], device),
-                lse,
-                &mut scratch,
-                &kv,
-                &params,
-            )
+            let stream = ExternalStream::from_raw(stream);
+            match &keys {
+                Keys::Dense => ctx.attention_on_stream(stream, q, k, v, o, lse, &mut scratch, &params),
+                Keys::Varlen(batch) => ctx.attention_varlen_on_stream(stream, q, k, v, o, lse, &mut scratch, batch, &params),
+                Keys::Paged(kv) => ctx.attention_paged_on_stream(stream, q, k, v, o, lse, &mut scratch, kv, &params),
+            }
         }
     });
     finish(result, scratch_error, to_py)
 }
 
 /// The backward pass on `stream` of `device`: `dq`, `dk`, `dv` (written) from `q`, `k`, `v`,
-/// the forward's `o` and `lse` (`(address, elements)`, f32 `[B, Hq, Sq]`) and `dout`. Scratch
-/// as for `attention_forward`. Returns the name of the kernel variant that ran. A window or a
-/// softcap (the forward's) is refused with `NotImplementedError` until the kernels have them.
+/// the forward's `o` and `lse` (`(address, elements)`, f32) and `dout`. Scratch as for
+/// `attention_forward`. With `varlen`, a packed batch (all tensors with a leading 1 as in
+/// `attention_forward`, `lse [Hq, total_q]`; `check` as there). Returns the name of the kernel
+/// variant that ran for a dense batch (`None` for a packed one).
 #[pyfunction]
-#[pyo3(signature = (device, stream, q, k, v, o, lse, dout, dq, dk, dv, scratch, softmax_scale, causal, deterministic, window_left=-1, window_right=-1, softcap=0.0))]
+#[pyo3(signature = (device, stream, q, k, v, o, lse, dout, dq, dk, dv, scratch, softmax_scale, causal, deterministic, window_left=-1, window_right=-1, softcap=0.0, varlen=None, check=false))]
 #[allow(clippy::too_many_arguments)]
 fn attention_backward(
     py: Python<'_>,
@@ -282,7 +222,9 @@ fn attention_backward(
     window_left: i32,
     window_right: i32,
     softcap: f32,
-) -> PyResult<String> {
+    varlen: Option<VarlenArg>,
+    check: bool,
+) -> PyResult<Option<String>> {
     let names = ["q", "k", "v", "o", "dout", "dq", "dk", "dv"];
     let args = [&q, &k, &v, &o, &dout, &dq, &dk, &dv];
     let mut layouts = Vec::with_capacity(args.len());
@@ -291,12 +233,22 @@ fn attention_backward(
     }
     let ctx = context(device)?;
     let params = AttnParams { deterministic, ..params(softmax_scale, causal, (window_left, window_right), softcap, None) };
-    let [batch, seqlen_q, heads_q, head_dim] = layouts[0].shape;
-    let [_, seqlen_k, heads_kv, _] = layouts[1].shape;
-    let shape = ProblemShape { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim };
-    let kernel = ctx.backward_variant(&shape, layouts[0].dtype, &params).map_err(to_py)?.name();
+    // SAFETY: as in `attention_forward`.
+    let batch = varlen.map(|b| unsafe { varlen_batch(b) });
+    let kernel = match batch {
+        Some(_) => None,
+        None => {
+            let [batch, seqlen_q, heads_q, head_dim] = layouts[0].shape;
+            let [_, seqlen_k, heads_kv, _] = layouts[1].shape;
+            let shape = ProblemShape { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim };
+            Some(ctx.backward_variant(&shape, layouts[0].dtype, &params).map_err(to_py)?.name())
+        }
+    };
     let mut scratch_error: Option<PyErr> = None;
     let result = py.detach(|| {
+        if let (Some(batch), true) = (&batch, check) {
+            ctx.check_varlen(batch, layouts[0].shape[1], layouts[1].shape[1])?;
+        }
         let mut scratch = scratch_fn(&scratch, &mut scratch_error);
         // SAFETY: as in `attention_forward`: live CUDA tensors of `device` with these layouts,
         // kept alive by the Python side across the call, on PyTorch's current stream.
@@ -304,92 +256,15 @@ fn attention_backward(
             let view = |i: usize| TensorView::from_raw(args[i].0, layouts[i], device);
             let grad = |i: usize| TensorViewMut::from_raw(args[i].0, layouts[i], device);
             let inputs = BwdInputs { q: view(0), k: view(1), v: view(2), o: view(3), lse: LseView::from_raw(lse.0, lse.1), dout: view(4) };
-            ctx.attention_backward_on_stream(
-                ExternalStream::from_raw(stream),
-                &inputs,
-                GradsMut { dq: grad(5), dk: grad(6), dv: grad(7) },
-                &mut scratch,
-                &params,
-            )
+            let grads = GradsMut { dq: grad(5), dk: grad(6), dv: grad(7) };
+            let stream = ExternalStream::from_raw(stream);
+            match &batch {
+                None => ctx.attention_backward_on_stream(stream, &inputs, grads, &mut scratch, &params),
+                Some(batch) => ctx.attention_varlen_backward_on_stream(stream, &inputs, grads, &mut scratch, batch, &params),
+            }
         }
     });
     finish(result, scratch_error, to_py).map(|()| kernel)
-}
-
-/// The backward pass of a packed batch (`attention_varlen_forward`'s) on `stream` of `device`:
-/// `dq`, `dk`, `dv` (written) like `q`, `k`, `v`, from `q`, `k`, `v`, the forward's `o` and
-/// `lse` (`(address, elements)`, f32 `[Hq, total_q]`) and `dout`, all with a leading 1 as in
-/// `attention_varlen_forward`, and the same batch vectors and maxima. With `check`, the device
-/// values are first checked against the contract (this synchronises).
-#[pyfunction]
-#[pyo3(signature = (device, stream, q, k, v, o, lse, dout, dq, dk, dv, scratch, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic, window_left=-1, window_right=-1, softcap=0.0, check=false))]
-#[allow(clippy::too_many_arguments)]
-fn attention_varlen_backward(
-    py: Python<'_>,
-    device: usize,
-    stream: usize,
-    q: TensorArg,
-    k: TensorArg,
-    v: TensorArg,
-    o: TensorArg,
-    lse: (u64, usize),
-    dout: TensorArg,
-    dq: TensorArg,
-    dk: TensorArg,
-    dv: TensorArg,
-    scratch: Py<PyAny>,
-    cu_seqlens_q: (u64, usize),
-    cu_seqlens_k: (u64, usize),
-    seqused_k: Option<(u64, usize)>,
-    max_seqlen_q: usize,
-    max_seqlen_k: usize,
-    softmax_scale: Option<f32>,
-    causal: bool,
-    deterministic: bool,
-    window_left: i32,
-    window_right: i32,
-    softcap: f32,
-    check: bool,
-) -> PyResult<()> {
-    let names = ["q", "k", "v", "o", "dout", "dq", "dk", "dv"];
-    let args = [&q, &k, &v, &o, &dout, &dq, &dk, &dv];
-    let mut layouts = Vec::with_capacity(args.len());
-    for (t, name) in args.iter().zip(names) {
-        layouts.push(layout(t, name)?);
-    }
-    let ctx = context(device)?;
-    let params = AttnParams { deterministic, ..params(softmax_scale, causal, (window_left, window_right), softcap, None) };
-    // SAFETY: as in `attention_varlen_forward`.
-    let seqlens = |(ptr, len): (u64, usize)| unsafe { SeqLensView::from_raw(ptr, len) };
-    let batch = VarlenBatch {
-        cu_seqlens_q: seqlens(cu_seqlens_q),
-        cu_seqlens_k: seqlens(cu_seqlens_k),
-        seqused_k: seqused_k.map(seqlens),
-        max_seqlen_q,
-        max_seqlen_k,
-    };
-    let mut scratch_error: Option<PyErr> = None;
-    let result = py.detach(|| {
-        if check {
-            ctx.check_varlen(&batch, q.1[1], k.1[1])?;
-        }
-        let mut scratch = scratch_fn(&scratch, &mut scratch_error);
-        // SAFETY: as in `attention_backward`.
-        unsafe {
-            let view = |i: usize| TensorView::from_raw(args[i].0, layouts[i], device);
-            let grad = |i: usize| TensorViewMut::from_raw(args[i].0, layouts[i], device);
-            let inputs = BwdInputs { q: view(0), k: view(1), v: view(2), o: view(3), lse: LseView::from_raw(lse.0, lse.1), dout: view(4) };
-            ctx.attention_varlen_backward_on_stream(
-                ExternalStream::from_raw(stream),
-                &inputs,
-                GradsMut { dq: grad(5), dk: grad(6), dv: grad(7) },
-                &mut scratch,
-                &batch,
-                &params,
-            )
-        }
-    });
-    finish(result, scratch_error, to_py)
 }
 
 /// A call's result as Python sees it: the Python exception the scratch allocator raised, if
@@ -452,10 +327,7 @@ fn device_info(device: usize) -> PyResult<String> {
 #[pyo3(name = "_flashcore")]
 fn extension_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(attention_forward, m)?)?;
-    m.add_function(wrap_pyfunction!(attention_varlen_forward, m)?)?;
-    m.add_function(wrap_pyfunction!(attention_kvcache_forward, m)?)?;
     m.add_function(wrap_pyfunction!(attention_backward, m)?)?;
-    m.add_function(wrap_pyfunction!(attention_varlen_backward, m)?)?;
     m.add_function(wrap_pyfunction!(plan, m)?)?;
     m.add_function(wrap_pyfunction!(device_info, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

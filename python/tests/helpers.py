@@ -1,4 +1,5 @@
-"""Helpers of the GPU suite: the float64 reference, the error metric, inputs."""
+"""Helpers of the GPU suite: the float64 reference, the error metric, inputs; and for the
+real-model tests (transformers), one training step's gradients and their yardstick."""
 
 from __future__ import annotations
 
@@ -102,3 +103,36 @@ def check_against_reference(q, k, v, out, lse, scale, causal, window=(-1, -1), s
     if (~seen).any():
         blind = (~seen).transpose(1, 2)[..., None].expand_as(out)  # [B, Sq, Hq, D]
         assert (out[blind] == 0).all(), "rows that see no key give 0"
+
+
+def model_rel_l2(x, ref):
+    """||x - ref|| / ||ref|| in float64 for model outputs; x must be finite."""
+    x, ref = x.double(), ref.double()
+    assert torch.isfinite(x).all()
+    return ((x - ref).norm() / ref.norm()).item()
+
+
+def training_step_gradients(model, impl, ids):
+    """Every parameter's gradient of one `loss.backward()` of the causal-LM loss on `ids`, with
+    attention implementation `impl` (float32 copies, by parameter name); the model's gradients
+    are cleared before and after."""
+    model.set_attn_implementation(impl)
+    model.zero_grad(set_to_none=True)
+    model(ids, labels=ids).loss.backward()
+    out = {n: p.grad.detach().float().clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    return out
+
+
+def check_training_step(label, fp32, bf16, ids, flashcore_impl, baseline):
+    """One training step's gradients of the bf16 model with FlashCore's attention against the
+    float32 model's with `baseline` (the reference), within the yardstick of the logits: 1.5x
+    the bf16 model's own error with `baseline`, plus 1e-3, for every parameter."""
+    ref, theirs = training_step_gradients(fp32, baseline, ids), training_step_gradients(bf16, baseline, ids)
+    ours = training_step_gradients(bf16, flashcore_impl, ids)
+    assert ref.keys() == ours.keys() and len(ours) > 0
+    rows = [(model_rel_l2(ours[n], ref[n]), model_rel_l2(theirs[n], ref[n]), n) for n in ref]
+    worst = max(rows, key=lambda r: r[0] - 1.5 * r[1])
+    print(f"{label} training step, {len(rows)} parameters: worst against fp32 {worst[2]}: flashcore {worst[0]:.3e}, {baseline} {worst[1]:.3e}")
+    for err_ours, err_theirs, n in rows:
+        assert err_ours <= 1.5 * err_theirs + 1e-3, f"{n}: flashcore {err_ours:.3e}, {baseline} {err_theirs:.3e}"

@@ -115,6 +115,46 @@ def test_torch_compile_traces_the_op_and_orders_the_append():
     assert torch.equal(cache.k_pool[p, 100 % 16], cache.keys[1][0, 100]), "the compiled call wrote the cache"
 
 
+def flashinfer_form(table, lens, page):
+    """FlashInfer's (kv_indptr, kv_indices, kv_last_page_len) of a block table and lengths,
+    by a loop on the host."""
+    indptr, indices, last = [0], [], []
+    for row, n in zip(table.tolist(), lens):
+        pages = -(-n // page)
+        indices += row[:pages]
+        indptr.append(len(indices))
+        last.append(n - (pages - 1) * page if pages else 0)
+    return (torch.tensor(x, dtype=torch.int32, device="cuda") for x in (indptr, indices, last))
+
+
+def test_flashinfer_page_indexing_converts_on_the_device_without_a_sync():
+    page, lens = 16, [1, 15, 16, 17, 300]
+    cache = Cache(lens, 0, 2, 64, page, torch.bfloat16, seed=11)
+    indptr, indices, last = flashinfer_form(cache.block_table, lens, page)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any synchronising op raises
+    try:
+        table, seqlens = flashcore.block_table_from_indptr(indptr, indices, last, page, max_pages=cache.max_pages)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert table.dtype == seqlens.dtype == torch.int32 and table.shape == cache.block_table.shape
+    assert seqlens.tolist() == lens
+    for b, n in enumerate(lens):
+        used = -(-n // page)
+        assert table[b, :used].tolist() == cache.block_table[b, :used].tolist()
+        assert (table[b, used:] == 0).all(), "slots after a sequence's pages hold 0"
+    # The same attention as through the hand-built table, bit for bit.
+    q = randn(len(lens), 1, 8, 64, seed=12)
+    ours = flashcore.flash_attn_with_kvcache(q, cache.k_pool, cache.v_pool, cache_seqlens=seqlens, block_table=table)
+    assert torch.equal(ours, flashcore.flash_attn_with_kvcache(q, cache.k_pool, cache.v_pool, cache_seqlens=cache.cache_seqlens, block_table=cache.block_table))
+    # Without max_pages (read from kv_indptr), int64 indices, and sequences without pages.
+    table, seqlens = flashcore.block_table_from_indptr(indptr.long(), indices.long(), last, page)
+    assert table.shape == (len(lens), max(-(-n // page) for n in lens))
+    empty = torch.zeros(3, dtype=torch.int32, device="cuda")
+    table, seqlens = flashcore.block_table_from_indptr(empty, indices[:0], empty[:2], page)
+    assert table.tolist() == [[0], [0]] and seqlens.tolist() == [0, 0]
+
+
 def test_bad_input_is_named(monkeypatch):
     cache = Cache([20, 33], 1, 2, 64, 16, torch.bfloat16, seed=5)
     q = randn(2, 1, 8, 64, seed=6)

@@ -18,6 +18,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="needs PyTorch")
 transformers = pytest.importorskip("transformers", reason="needs transformers")
 import flashcore  # noqa: E402
+from helpers import check_training_step, model_rel_l2 as rel_l2  # noqa: E402
 
 FLASHCORE = flashcore.integrations.transformers.register()
 
@@ -41,12 +42,6 @@ def make_model(name):
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=torch.float32)
     return model.cuda().eval()
-
-
-def rel_l2(x, ref):
-    x, ref = x.double(), ref.double()
-    assert torch.isfinite(x).all()
-    return ((x - ref).norm() / ref.norm()).item()
 
 
 def logits(model, ids, impl):
@@ -84,22 +79,7 @@ def test_training_step_gradients_agree_with_sdpa(models):
     name, fp32, bf16 = models
     g = torch.Generator(device="cuda").manual_seed(7)
     ids = torch.randint(0, 32000, (1, 512), device="cuda", generator=g)
-
-    def gradients(model, impl):
-        model.set_attn_implementation(impl)
-        model.zero_grad(set_to_none=True)
-        model(ids, labels=ids).loss.backward()
-        out = {n: p.grad.detach().float().clone() for n, p in model.named_parameters()}
-        model.zero_grad(set_to_none=True)
-        return out
-
-    ref, sdpa, ours = gradients(fp32, "sdpa"), gradients(bf16, "sdpa"), gradients(bf16, FLASHCORE)
-    assert ref.keys() == ours.keys() and len(ours) > 0
-    rows = [(rel_l2(ours[n], ref[n]), rel_l2(sdpa[n], ref[n]), n) for n in ref]
-    worst = max(rows, key=lambda r: r[0] - 1.5 * r[1])
-    print(f"{name} training step, {len(rows)} parameters: worst against fp32 {worst[2]}: flashcore {worst[0]:.3e}, sdpa {worst[1]:.3e}")
-    for err_ours, err_sdpa, n in rows:
-        assert err_ours <= 1.5 * err_sdpa + 1e-3, f"{n}: flashcore {err_ours:.3e}, sdpa {err_sdpa:.3e}"
+    check_training_step(name, fp32, bf16, ids, FLASHCORE, "sdpa")
 
 
 def test_padding_mask_is_refused_not_ignored(models):

@@ -17,6 +17,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="needs PyTorch")
 transformers = pytest.importorskip("transformers", reason="needs transformers")
 import flashcore  # noqa: E402
+from helpers import check_training_step, model_rel_l2 as rel_l2  # noqa: E402
 
 FLASHCORE = flashcore.integrations.transformers.register()
 VOCAB = 32000
@@ -51,12 +52,6 @@ def make_model(name, dtype, **overrides):
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
     return model.to(dtype).cuda().eval()
-
-
-def rel_l2(x, ref):
-    x, ref = x.double(), ref.double()
-    assert torch.isfinite(x).all()
-    return ((x - ref).norm() / ref.norm()).item()
 
 
 def logits(model, ids, impl):
@@ -150,20 +145,4 @@ def test_training_through_windows_and_softcaps_matches_eager(models):
     # attention (window in its mask, softcap in PyTorch), within 1.5x eager bf16's own error
     # plus 1e-3: the yardstick of the logits.
     name, fp32, bf16 = models
-    ids = ids_of(1, 512, 11)
-
-    def gradients(model, impl):
-        model.set_attn_implementation(impl)
-        model.zero_grad(set_to_none=True)
-        model(ids, labels=ids).loss.backward()
-        out = {n: p.grad.detach().float().clone() for n, p in model.named_parameters()}
-        model.zero_grad(set_to_none=True)
-        return out
-
-    ref, eager, ours = gradients(fp32, "eager"), gradients(bf16, "eager"), gradients(bf16, FLASHCORE)
-    assert ref.keys() == ours.keys() and len(ours) > 0
-    rows = [(rel_l2(ours[n], ref[n]), rel_l2(eager[n], ref[n]), n) for n in ref]
-    worst = max(rows, key=lambda r: r[0] - 1.5 * r[1])
-    print(f"{name} training step, {len(rows)} parameters: worst {worst[2]}: flashcore {worst[0]:.3e}, eager {worst[1]:.3e}")
-    for err_ours, err_eager, n in rows:
-        assert err_ours <= 1.5 * err_eager + 1e-3, f"{n}: flashcore {err_ours:.3e}, eager {err_eager:.3e}"
+    check_training_step(name, fp32, bf16, ids_of(1, 512, 11), FLASHCORE, "eager")

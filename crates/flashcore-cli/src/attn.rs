@@ -8,7 +8,7 @@ use flashcore::{
     reference, AttnParams, BwdInputs, Context, DType, DeviceTensor, KernelFamily, LseView, ProblemShape, SeqLensView, VarlenBatch, Window,
 };
 
-use crate::io::{read_dout, read_qkv, read_seqlens, write_tensors, FileDType, HostSeqlens, HostTensor};
+use crate::io::{read_dout, read_kvcache, read_qkv, read_seqlens, write_tensors, FileDType, HostSeqlens, HostTensor};
 
 #[derive(clap::Args)]
 pub struct AttnArgs {
@@ -16,42 +16,48 @@ pub struct AttnArgs {
     /// gradient of a loss with respect to `o` (shaped and typed like `q`). A packed (varlen)
     /// batch: `q [total_q, Hq, D]`, `k, v [total_k, Hkv, D]` with int32 `cu_seqlens_q`,
     /// `cu_seqlens_k` (`[B + 1]`) and optionally `seqused_k` (`[B]`); it writes `o` like `q`
-    /// and `lse [Hq, total_q]` (and, with `do`, `dq` like `q`, `dk`, `dv` like `k`).
+    /// and `lse [Hq, total_q]` (and, with `do`, `dq` like `q`, `dk`, `dv` like `k`). A KV cache
+    /// (flash_attn's `flash_attn_with_kvcache`): `q [B, Sq, Hq, D]`, `k_cache`, `v_cache` pools
+    /// `[num_pages, page_size, Hkv, D]` with an int32 `block_table [B, max_pages]` (without it,
+    /// contiguous caches `[B, S_cache, Hkv, D]`), optionally int32 `cache_seqlens [B]` and
+    /// `k_new`, `v_new [B, S_new, Hkv, D]` appended at `cache_seqlens[b]..` first; it writes `o`,
+    /// `lse [B, Hq, Sq]` and, after an append, the caches `k_cache`, `v_cache`.
     #[arg(long)]
-    input: PathBuf,
+    pub(crate) input: PathBuf,
     /// safetensors file to write `o` (input dtype) and `lse` (f32) into, and `dq`, `dk`, `dv`
-    /// (input dtype) when the input has `do`.
+    /// (input dtype) when the input has `do`, `k_cache`, `v_cache` (input dtype) after a KV
+    /// cache's append.
     #[arg(long)]
-    output: PathBuf,
+    pub(crate) output: PathBuf,
     /// Causal mask (bottom-right aligned).
     #[arg(long)]
-    causal: bool,
+    pub(crate) causal: bool,
     /// Softmax scale (default 1/sqrt(D)).
     #[arg(long)]
-    scale: Option<f64>,
+    pub(crate) scale: Option<f64>,
     /// Sliding window `LEFT,RIGHT` in keys around each query's (bottom-right aligned)
     /// diagonal, -1 for an unbounded side (flash_attn's window_size).
     #[arg(long, allow_hyphen_values = true)]
-    window: Option<String>,
+    pub(crate) window: Option<String>,
     /// Logit softcap: scores become softcap * tanh(score / softcap).
     #[arg(long, allow_hyphen_values = true)]
-    softcap: Option<f32>,
+    pub(crate) softcap: Option<f32>,
     /// Force a kernel family on the GPU.
     #[arg(long, conflicts_with = "cpu")]
-    kernel: Option<String>,
+    pub(crate) kernel: Option<String>,
     /// Use the f64 CPU reference (no GPU needed).
     #[arg(long)]
-    cpu: bool,
+    pub(crate) cpu: bool,
     /// Write every output as f64 (with --cpu: the reference's full precision).
     #[arg(long)]
-    f64_out: bool,
+    pub(crate) f64_out: bool,
     /// On the GPU, round f32 inputs to this dtype (f16 or bf16).
     #[arg(long)]
-    dtype: Option<String>,
+    pub(crate) dtype: Option<String>,
 }
 
 /// `--window LEFT,RIGHT` (none: unbounded).
-fn window(args: &AttnArgs) -> Result<Window> {
+pub(crate) fn window(args: &AttnArgs) -> Result<Window> {
     parse_window(args.window.as_deref())
 }
 
@@ -64,7 +70,7 @@ pub fn parse_window(text: Option<&str>) -> Result<Window> {
     }
 }
 
-fn shape4(t: &HostTensor, name: &str) -> Result<[usize; 4]> {
+pub(crate) fn shape4(t: &HostTensor, name: &str) -> Result<[usize; 4]> {
     match t.shape[..] {
         [b, s, h, d] => Ok([b, s, h, d]),
         _ => bail!("`{name}` must be rank 4 [B, S, H, D], got {:?}", t.shape),
@@ -72,6 +78,9 @@ fn shape4(t: &HostTensor, name: &str) -> Result<[usize; 4]> {
 }
 
 pub fn run(args: &AttnArgs) -> Result<bool> {
+    if let Some(kv) = read_kvcache(&args.input)? {
+        return crate::attn_paged::run(args, &kv);
+    }
     let (q, k, v) = read_qkv(&args.input)?;
     if let Some(seqlens) = read_seqlens(&args.input)? {
         return run_packed(args, &q, &k, &v, &seqlens);
@@ -88,8 +97,7 @@ pub fn run(args: &AttnArgs) -> Result<bool> {
     let shape = ProblemShape { batch: b, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d };
     let scale = args.scale.unwrap_or(1.0 / (d as f64).sqrt());
     let dout = read_dout(&args.input, &q)?;
-    let mods = AttnParams { causal: args.causal, window: window(args)?, softcap: args.softcap.unwrap_or(0.0), ..AttnParams::default() };
-    mods.check_window_and_softcap()?;
+    let mods = mods(args)?;
     let out = if args.cpu {
         let mask = reference::RefMask::of(&mods);
         let r = reference::attention_masked(&q.data, &k.data, &v.data, &shape, scale, &mask);
@@ -133,25 +141,14 @@ fn gpu(
     scale: f64,
 ) -> Result<Outputs> {
     let dtype = gpu_dtype(args, q)?;
-    let kernel = kernel(args)?;
     let ctx = Context::new(0)?;
-    let up = |t: &HostTensor| {
-        let data: Vec<f32> = t.data.iter().map(|&x| x as f32).collect();
-        DeviceTensor::from_f32(&ctx, &data, shape4(t, "tensor")?, dtype).map_err(anyhow::Error::from)
-    };
+    let up = |t: &HostTensor| upload(&ctx, t, dtype);
     let (qd, kd, vd) = (up(q)?, up(k)?, up(v)?);
-    let params = AttnParams {
-        softmax_scale: Some(scale as f32),
-        causal: args.causal,
-        kernel,
-        window: window(args)?,
-        softcap: args.softcap.unwrap_or(0.0),
-        ..AttnParams::default()
-    };
+    let params = gpu_params(args, scale)?;
     // A backward family named concerns the backward only (the forward takes its default).
-    let forward_kernel = kernel.filter(|f| !f.is_backward());
+    let forward_kernel = params.kernel.filter(|f| !f.is_backward());
     let out = ctx.attention(qd.view(), kd.view(), vd.view(), &AttnParams { kernel: forward_kernel, ..params })?;
-    let wide = |t: &DeviceTensor| -> Result<Vec<f64>> { Ok(t.to_f32(&ctx)?.into_iter().map(f64::from).collect()) };
+    let wide = |t: &DeviceTensor| download(&ctx, t);
     let grads = match dout {
         Some(g) => {
             let gd = up(g)?;
@@ -193,8 +190,7 @@ fn run_packed(args: &AttnArgs, q: &HostTensor, k: &HostTensor, v: &HostTensor, s
     let queries: Vec<usize> = cu_q.windows(2).map(|w| (w[1] - w[0]).max(0) as usize).collect();
     let max = (queries.iter().copied().max().unwrap_or(0), keys.iter().copied().max().unwrap_or(0));
     let scale = args.scale.unwrap_or(1.0 / (d as f64).sqrt());
-    let mods = AttnParams { causal: args.causal, window: window(args)?, softcap: args.softcap.unwrap_or(0.0), ..AttnParams::default() };
-    mods.check_window_and_softcap()?;
+    let mods = mods(args)?;
     let out = if args.cpu {
         flashcore::check_varlen_values(cu_q, cu_k, seqlens.seqused_k.as_deref(), (total_q, total_k), max)?;
         let mask = reference::RefMask::of(&mods);
@@ -250,10 +246,7 @@ fn gpu_packed(
 ) -> Result<Outputs> {
     let dtype = gpu_dtype(args, q)?;
     let ctx = Context::new(0)?;
-    let up = |t: &HostTensor| {
-        let data: Vec<f32> = t.data.iter().map(|&x| x as f32).collect();
-        DeviceTensor::from_f32(&ctx, &data, shape4(t, "tensor")?, dtype).map_err(anyhow::Error::from)
-    };
+    let up = |t: &HostTensor| upload(&ctx, t, dtype);
     let (qd, kd, vd) = (up(q)?, up(k)?, up(v)?);
     let cu_q = ctx.stream().clone_htod(&seqlens.cu_seqlens_q)?;
     let cu_k = ctx.stream().clone_htod(&seqlens.cu_seqlens_k)?;
@@ -266,24 +259,16 @@ fn gpu_packed(
         max_seqlen_k: max.1,
     };
     ctx.check_varlen(&batch, q.shape[1], k.shape[1])?;
-    let kernel = kernel(args)?;
-    let params = AttnParams {
-        softmax_scale: Some(scale as f32),
-        causal: args.causal,
-        kernel,
-        window: window(args)?,
-        softcap: args.softcap.unwrap_or(0.0),
-        ..AttnParams::default()
-    };
+    let params = gpu_params(args, scale)?;
     // As `gpu`: a backward family named concerns the backward only.
     let out = ctx.attention_varlen(
         qd.view(),
         kd.view(),
         vd.view(),
         &batch,
-        &AttnParams { kernel: kernel.filter(|f| !f.is_backward()), ..params },
+        &AttnParams { kernel: params.kernel.filter(|f| !f.is_backward()), ..params },
     )?;
-    let wide = |t: &DeviceTensor| -> Result<Vec<f64>> { Ok(t.to_f32(&ctx)?.into_iter().map(f64::from).collect()) };
+    let wide = |t: &DeviceTensor| download(&ctx, t);
     let grads = match dout {
         Some(g) => {
             let gd = up(g)?;
@@ -298,8 +283,31 @@ fn gpu_packed(
     Ok(Outputs { o: wide(&out.o)?, lse, grads })
 }
 
+/// The mask and score options (`--causal`, `--window`, `--softcap`), checked.
+pub(crate) fn mods(args: &AttnArgs) -> Result<AttnParams> {
+    let mods = AttnParams { causal: args.causal, window: window(args)?, softcap: args.softcap.unwrap_or(0.0), ..AttnParams::default() };
+    mods.check_window_and_softcap()?;
+    Ok(mods)
+}
+
+/// A GPU run's parameters: the options, `scale`, and the family `--kernel` names.
+pub(crate) fn gpu_params(args: &AttnArgs, scale: f64) -> Result<AttnParams> {
+    Ok(AttnParams { softmax_scale: Some(scale as f32), kernel: kernel(args)?, ..mods(args)? })
+}
+
+/// `t` on the GPU in `dtype` (its values rounded to nearest).
+pub(crate) fn upload(ctx: &Context, t: &HostTensor, dtype: DType) -> Result<DeviceTensor> {
+    let data: Vec<f32> = t.data.iter().map(|&x| x as f32).collect();
+    Ok(DeviceTensor::from_f32(ctx, &data, shape4(t, "tensor")?, dtype)?)
+}
+
+/// `t`'s values, widened to f64.
+pub(crate) fn download(ctx: &Context, t: &DeviceTensor) -> Result<Vec<f64>> {
+    Ok(t.to_f32(ctx)?.into_iter().map(f64::from).collect())
+}
+
 /// The dtype the GPU runs: `--dtype`, else the file's (f16 or bf16).
-fn gpu_dtype(args: &AttnArgs, q: &HostTensor) -> Result<DType> {
+pub(crate) fn gpu_dtype(args: &AttnArgs, q: &HostTensor) -> Result<DType> {
     Ok(match (q.dtype, args.dtype.as_deref()) {
         (_, Some("bf16")) => DType::BF16,
         (_, Some("f16")) => DType::F16,
@@ -310,7 +318,7 @@ fn gpu_dtype(args: &AttnArgs, q: &HostTensor) -> Result<DType> {
     })
 }
 
-fn kernel(args: &AttnArgs) -> Result<Option<KernelFamily>> {
+pub(crate) fn kernel(args: &AttnArgs) -> Result<Option<KernelFamily>> {
     match &args.kernel {
         Some(n) => Ok(Some(KernelFamily::parse(n).ok_or_else(|| anyhow::anyhow!("unknown kernel {n:?}"))?)),
         None => Ok(None),

@@ -1,8 +1,9 @@
 //! `flashcore check`: the correctness suite (DESIGN §5) for every kernel on this GPU.
 
 use anyhow::{bail, Result};
+use cudarc::driver::CudaSlice;
 use flashcore::reference::RefMask;
-use flashcore::{reference, AttnParams, Context, DType, DeviceTensor, KernelFamily, Window};
+use flashcore::{reference, AttnParams, Context, DType, DeviceTensor, KernelFamily, TensorViewMut, Window};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::cases::{errors, random_qkv, Case, HostQkv, Inputs, Storage, Stored};
@@ -288,11 +289,31 @@ pub(crate) fn nan_bits(dtype: DType) -> u16 {
     }
 }
 
+/// `run(o, lse)` into a NaN-poisoned `o` of `shape` and `lse` of `lse_len` f32 values:
+/// returns o's bits and lse (what a run leaves unwritten stays NaN, which never passes).
+pub(crate) fn poisoned_run(
+    ctx: &Context,
+    shape: [usize; 4],
+    dtype: DType,
+    lse_len: usize,
+    run: impl FnOnce(TensorViewMut, &mut CudaSlice<f32>) -> flashcore::Result<()>,
+) -> Result<(Vec<u16>, Vec<f32>)> {
+    let mut o = DeviceTensor::filled(ctx, nan_bits(dtype), shape, dtype)?;
+    let mut lse = ctx.stream().clone_htod(&vec![f32::NAN; lse_len.max(1)])?;
+    run(o.view_mut(), &mut lse)?;
+    let mut lse = ctx.stream().clone_dtoh(&lse)?;
+    lse.truncate(lse_len);
+    Ok((o.to_bits(ctx)?, lse))
+}
+
+/// Whether two runs' (o bits, lse) are bitwise equal.
+pub(crate) fn same_bits(a: &(Vec<u16>, Vec<f32>), b: &(Vec<u16>, Vec<f32>)) -> bool {
+    a.0 == b.0 && a.1.len() == b.1.len() && a.1.iter().zip(&b.1).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
 /// Runs `family` on the inputs into NaN-poisoned buffers; returns (o, lse).
 fn run_poisoned(ctx: &Context, family: KernelFamily, spec: &Spec, q: &Stored, k: &Stored, v: &Stored) -> Result<(Vec<u16>, Vec<f32>)> {
     let case = &spec.case;
-    let mut o = DeviceTensor::filled(ctx, nan_bits(case.dtype), case.q_shape(), case.dtype)?;
-    let mut lse = ctx.stream().clone_htod(&vec![f32::NAN; case.batch * case.heads_q * case.seqlen_q])?;
     let params = AttnParams {
         causal: case.causal,
         kernel: Some(family),
@@ -302,8 +323,8 @@ fn run_poisoned(ctx: &Context, family: KernelFamily, spec: &Spec, q: &Stored, k:
         softcap: spec.softcap,
         ..AttnParams::default()
     };
-    ctx.attention_into(q.view(), k.view(), v.view(), o.view_mut(), Some(&mut lse), &params)?;
-    Ok((o.to_bits(ctx)?, ctx.stream().clone_dtoh(&lse)?))
+    let lse_len = case.batch * case.heads_q * case.seqlen_q;
+    poisoned_run(ctx, case.q_shape(), case.dtype, lse_len, |o, lse| ctx.attention_into(q.view(), k.view(), v.view(), o, Some(lse), &params))
 }
 
 fn check_one(ctx: &Context, family: KernelFamily, spec: &Spec) -> Result<Outcome> {
@@ -312,9 +333,9 @@ fn check_one(ctx: &Context, family: KernelFamily, spec: &Spec) -> Result<Outcome
     let up = |data: &[f32], shape| Stored::upload(ctx, data, shape, case.dtype, spec.storage);
     let (q, k, v) = (up(&host.q, case.q_shape())?, up(&host.k, case.kv_shape())?, up(&host.v, case.kv_shape())?);
 
-    let (o_bits, lse) = run_poisoned(ctx, family, spec, &q, &k, &v)?;
-    let (o_bits2, lse2) = run_poisoned(ctx, family, spec, &q, &k, &v)?;
-    let deterministic = o_bits == o_bits2 && lse.iter().zip(&lse2).all(|(a, b)| a.to_bits() == b.to_bits());
+    let first = run_poisoned(ctx, family, spec, &q, &k, &v)?;
+    let deterministic = same_bits(&first, &run_poisoned(ctx, family, spec, &q, &k, &v)?);
+    let (o_bits, lse) = first;
     let o: Vec<f32> = o_bits.iter().map(|&b| case.dtype.decode(b)).collect();
 
     let (oracle, ref_o, ref_lse) = oracle(ctx, family, spec, &host, &q, &k, &v)?;

@@ -12,7 +12,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
 use crate::cases::normal;
-use crate::check::{judge, nan_bits, Outcome};
+use crate::check::{judge, nan_bits, poisoned_run, same_bits, Outcome};
 
 #[derive(Debug, Clone)]
 pub struct PagedSpec {
@@ -238,10 +238,9 @@ impl Caches {
         let kv = self.kv(spec, paged)?;
         let (k, v) = if paged { (&self.pool_k, &self.pool_v) } else { (&self.flat_k, &self.flat_v) };
         let shape = self.q.layout().shape;
-        let mut o = DeviceTensor::filled(ctx, nan_bits(spec.dtype), shape, spec.dtype)?;
-        let mut lse = ctx.stream().clone_htod(&vec![f32::NAN; shape[0] * shape[1] * shape[2]])?;
-        ctx.attention_paged_into(self.q.view(), k.view(), v.view(), o.view_mut(), Some(&mut lse), &kv, &spec.params())?;
-        Ok((o.to_bits(ctx)?, ctx.stream().clone_dtoh(&lse)?))
+        poisoned_run(ctx, shape, spec.dtype, shape[0] * shape[1] * shape[2], |o, lse| {
+            ctx.attention_paged_into(self.q.view(), k.view(), v.view(), o, Some(lse), &kv, &spec.params())
+        })
     }
 }
 
@@ -281,15 +280,15 @@ pub fn check_one(ctx: &Context, spec: &PagedSpec) -> Result<Outcome> {
         return Ok(outcome(0.0, 0.0, 0.0, true, failure));
     }
     checked?;
-    let (o_bits, lse) = caches.run(ctx, spec, true)?;
-    let (o_bits2, lse2) = caches.run(ctx, spec, true)?;
-    let (flat_o, flat_lse) = caches.run(ctx, spec, false)?;
-    let deterministic = o_bits == o_bits2 && lse.iter().zip(&lse2).all(|(a, b)| a.to_bits() == b.to_bits());
+    let first = caches.run(ctx, spec, true)?;
+    let deterministic = same_bits(&first, &caches.run(ctx, spec, true)?);
+    let contiguous_same = same_bits(&first, &caches.run(ctx, spec, false)?);
+    let (o_bits, lse) = first;
 
     let mut failure = None;
     if caches.pool_k.to_bits(ctx)? != caches.want_k || caches.pool_v.to_bits(ctx)? != caches.want_v {
         failure = Some("the pools after the append differ from where the new keys belong".to_string());
-    } else if flat_o != o_bits || flat_lse.iter().zip(&lse).any(|(a, b)| a.to_bits() != b.to_bits()) {
+    } else if !contiguous_same {
         failure = Some("differs bitwise from the same data in a contiguous cache".to_string());
     }
 
@@ -305,8 +304,7 @@ pub fn check_one(ctx: &Context, spec: &PagedSpec) -> Result<Outcome> {
         seqlens: &seqlens,
     };
     let shape = ProblemShape { batch: b, seqlen_q: sq, seqlen_k: 0, heads_q: hq, heads_kv: hkv, head_dim: d };
-    let mask =
-        RefMask { causal: spec.causal, window: (spec.window != Window::UNBOUNDED).then_some(spec.window), softcap: spec.softcap as f64 };
+    let mask = RefMask::of(&spec.params());
     let q64: Vec<f64> = q.iter().map(|&x| x as f64).collect();
     let r = reference::attention_paged(&q64, &cache, &shape, 1.0 / (d as f64).sqrt(), &mask);
     let o: Vec<f32> = o_bits.iter().map(|&x| spec.dtype.decode(x)).collect();

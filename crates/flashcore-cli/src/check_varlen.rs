@@ -10,7 +10,7 @@ use flashcore::reference::{self, RefMask};
 use flashcore::{AttnParams, Context, DType, DeviceTensor, KernelFamily, ProblemShape, SeqLensView, VarlenBatch, Window};
 
 use crate::cases::{random_qkv, Case, HostQkv, Inputs};
-use crate::check::{judge, nan_bits, Outcome};
+use crate::check::{judge, poisoned_run, same_bits, Outcome};
 
 /// One sequence of a packed batch: its queries, the keys it uses, and the keys after those
 /// it holds but does not use (`seqused_k`'s slack; 0 without seqused_k).
@@ -101,7 +101,7 @@ impl VarlenSpec {
     }
 
     pub(crate) fn mask(&self) -> RefMask {
-        RefMask { causal: self.causal, window: (self.window != Window::UNBOUNDED).then_some(self.window), softcap: self.softcap as f64 }
+        RefMask::of(&self.params())
     }
 
     fn max(&self, f: impl Fn(&Seq) -> usize) -> usize {
@@ -111,6 +111,51 @@ impl VarlenSpec {
 
 pub(crate) fn seqs(lens: &[(usize, usize)]) -> Vec<Seq> {
     lens.iter().map(|&(queries, keys)| Seq { queries, keys, slack: 0 }).collect()
+}
+
+/// One point of the specs' sweep: a family, dtype, head dim and mask.
+pub(crate) struct Point {
+    pub family: KernelFamily,
+    pub dtype: DType,
+    pub head_dim: usize,
+    pub causal: bool,
+}
+
+impl Point {
+    /// The plain spec of this point for a batch of `seqs` at `(Hq, Hkv)`: no window, softcap,
+    /// seqused_k or forced splits, normal inputs.
+    pub(crate) fn spec(&self, seqs: &[Seq], (heads_q, heads_kv): (usize, usize)) -> VarlenSpec {
+        VarlenSpec {
+            family: self.family,
+            seqs: seqs.to_vec(),
+            heads_q,
+            heads_kv,
+            head_dim: self.head_dim,
+            causal: self.causal,
+            dtype: self.dtype,
+            window: Window::UNBOUNDED,
+            softcap: 0.0,
+            seqused: false,
+            splits: None,
+            inputs: Inputs::Normal,
+            deterministic: false,
+        }
+    }
+}
+
+/// The specs `add` makes at every point: bf16 and f16 (bf16 alone in smoke runs), the
+/// family's head dims (64 and 128 alone in quick and smoke runs), full and causal.
+pub(crate) fn sweep(family: KernelFamily, quick: bool, smoke: bool, mut add: impl FnMut(&Point, &mut Vec<VarlenSpec>)) -> Vec<VarlenSpec> {
+    let dims: Vec<usize> = family.head_dims().iter().copied().filter(|&d| !(quick || smoke) || d == 64 || d == 128).collect();
+    let mut out = Vec::new();
+    for &dtype in if smoke { &[DType::BF16][..] } else { &[DType::BF16, DType::F16][..] } {
+        for &head_dim in &dims {
+            for causal in [false, true] {
+                add(&Point { family, dtype, head_dim, causal }, &mut out);
+            }
+        }
+    }
+    out
 }
 
 /// The batch (lengths 0, 1, 7, 113, 1000 and 4097 together, Sq ≠ Sk, a sequence with
@@ -128,53 +173,26 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<VarlenSpec> 
     let decode: Vec<Seq> =
         [1, 17, 1000, 4097, 0, 300].iter().enumerate().map(|(i, &keys)| Seq { queries: 1, keys, slack: [0, 3, 40, 1, 9, 0][i] }).collect();
     let policies = seqs(&[(600, 600), (1, 200), (300, 700), (129, 64)]);
-    let dims: Vec<usize> = family.head_dims().iter().copied().filter(|&d| !(quick || smoke) || d == 64 || d == 128).collect();
-    let mut out = Vec::new();
-    for dtype in if smoke { &[DType::BF16][..] } else { &[DType::BF16, DType::F16][..] } {
-        for &d in &dims {
-            for causal in [false, true] {
-                let spec = |seqs: &Vec<Seq>, heads: (usize, usize)| VarlenSpec {
-                    family,
-                    seqs: seqs.clone(),
-                    heads_q: heads.0,
-                    heads_kv: heads.1,
-                    head_dim: d,
-                    causal,
-                    dtype: *dtype,
-                    window: Window::UNBOUNDED,
-                    softcap: 0.0,
-                    seqused: false,
-                    splits: None,
-                    inputs: Inputs::Normal,
-                    deterministic: false,
-                };
-                out.push(spec(&mixed, (8, 2)));
-                out.push(VarlenSpec { seqused: true, ..spec(&decode, (8, 2)) });
-                if smoke {
-                    continue;
-                }
-                if d == 64 || d == 128 {
-                    out.push(spec(&long, (4, 2)));
-                }
-                out.push(VarlenSpec { window: Window::new(127, 0), ..spec(&policies, (4, 2)) });
-                out.push(VarlenSpec { softcap: 30.0, inputs: Inputs::LargeLogits, ..spec(&policies, (4, 1)) });
-                if !quick {
-                    out.push(VarlenSpec {
-                        window: Window::new(-1, 64),
-                        softcap: 50.0,
-                        inputs: Inputs::LargeLogits,
-                        ..spec(&mixed, (4, 4))
-                    });
-                    out.push(VarlenSpec { window: Window::new(256, 256), ..spec(&long, (2, 1)) });
-                }
-                if family == KernelFamily::FwdSm80 {
-                    out.push(VarlenSpec { seqused: true, splits: Some(5), ..spec(&decode, (8, 1)) });
-                    out.push(VarlenSpec { splits: Some(3), ..spec(&mixed, (4, 2)) });
-                }
-            }
+    sweep(family, quick, smoke, |p, out| {
+        out.push(p.spec(&mixed, (8, 2)));
+        out.push(VarlenSpec { seqused: true, ..p.spec(&decode, (8, 2)) });
+        if smoke {
+            return;
         }
-    }
-    out
+        if p.head_dim == 64 || p.head_dim == 128 {
+            out.push(p.spec(&long, (4, 2)));
+        }
+        out.push(VarlenSpec { window: Window::new(127, 0), ..p.spec(&policies, (4, 2)) });
+        out.push(VarlenSpec { softcap: 30.0, inputs: Inputs::LargeLogits, ..p.spec(&policies, (4, 1)) });
+        if !quick {
+            out.push(VarlenSpec { window: Window::new(-1, 64), softcap: 50.0, inputs: Inputs::LargeLogits, ..p.spec(&mixed, (4, 4)) });
+            out.push(VarlenSpec { window: Window::new(256, 256), ..p.spec(&long, (2, 1)) });
+        }
+        if family == KernelFamily::FwdSm80 {
+            out.push(VarlenSpec { seqused: true, splits: Some(5), ..p.spec(&decode, (8, 1)) });
+            out.push(VarlenSpec { splits: Some(3), ..p.spec(&mixed, (4, 2)) });
+        }
+    })
 }
 
 /// A packed problem on the device, its cu_seqlens (and seqused_k) beside it.
@@ -232,13 +250,10 @@ impl Packed {
     /// says); returns (o bits, lse `[Hq, total_q]`).
     fn run(&self, ctx: &Context, spec: &VarlenSpec, max: (usize, usize), splits: Option<usize>) -> Result<(Vec<u16>, Vec<f32>)> {
         let batch = self.batch(ctx, max)?;
-        let mut o = DeviceTensor::filled(ctx, nan_bits(spec.dtype), self.q.layout().shape, spec.dtype)?;
-        let mut lse = ctx.stream().clone_htod(&vec![f32::NAN; (spec.heads_q * self.total_q).max(1)])?;
         let params = AttnParams { num_splits: splits.or(spec.splits), ..spec.params() };
-        ctx.attention_varlen_into(self.q.view(), self.k.view(), self.v.view(), o.view_mut(), Some(&mut lse), &batch, &params)?;
-        let mut lse = ctx.stream().clone_dtoh(&lse)?;
-        lse.truncate(spec.heads_q * self.total_q);
-        Ok((o.to_bits(ctx)?, lse))
+        poisoned_run(ctx, self.q.layout().shape, spec.dtype, spec.heads_q * self.total_q, |o, lse| {
+            ctx.attention_varlen_into(self.q.view(), self.k.view(), self.v.view(), o, Some(lse), &batch, &params)
+        })
     }
 }
 
@@ -252,13 +267,13 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
     let parts: Vec<_> = host.iter().map(|h| (&h.q[..], &h.k[..], &h.v[..])).collect();
     let max = spec.maxima();
     let packed = Packed::upload(ctx, spec, &parts, &spec.seqs)?;
-    let (o_bits, lse) = packed.run(ctx, spec, max, None)?;
-    let (o_bits2, lse2) = packed.run(ctx, spec, max, None)?;
+    let first = packed.run(ctx, spec, max, None)?;
+    let deterministic = same_bits(&first, &packed.run(ctx, spec, max, None)?);
+    let (o_bits, lse) = first;
     // Alone, the same variant (the same maxima) and the same split count: the dispatcher
     // picks splits from the whole grid, and another count sums a row's keys in other parts.
     let kernel_shape = ProblemShape { batch: spec.seqs.len(), seqlen_q: max.0, seqlen_k: max.1, heads_q: hq, heads_kv: hkv, head_dim: d };
     let splits = flashcore::dispatch::plan_with(&ctx.info().device(), &kernel_shape, spec.dtype, &spec.params(), true)?.splits;
-    let deterministic = o_bits == o_bits2 && lse.iter().zip(&lse2).all(|(a, b)| a.to_bits() == b.to_bits());
 
     // The oracle per sequence, and each sequence alone (a batch of one) against its rows of
     // the packed result.

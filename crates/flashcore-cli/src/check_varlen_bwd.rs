@@ -14,7 +14,7 @@ use flashcore::{reference, BwdInputs, Context, DType, DeviceTensor, GradsMut, Ke
 use crate::cases::{errors, normal, Inputs};
 use crate::check::{nan_bits, Outcome};
 use crate::check_bwd::tolerance;
-use crate::check_varlen::{seqs, Packed, Seq, VarlenSpec};
+use crate::check_varlen::{seqs, sweep, Packed, Seq, VarlenSpec};
 
 /// The issue's lengths 0, 1, 7, 113, 1000 and 4097 in one batch (Sq ≠ Sk both ways, a
 /// sequence with keys but no queries and one with queries but no keys), at D64 and D128 (the
@@ -27,48 +27,23 @@ pub fn specs(quick: bool, smoke: bool) -> Vec<VarlenSpec> {
         .map(|(queries, keys, slack)| Seq { queries, keys, slack })
         .to_vec();
     let policies = seqs(&[(600, 600), (1, 200), (300, 700), (129, 64)]);
-    let family = KernelFamily::BwdSm80;
-    let dims: Vec<usize> = family.head_dims().iter().copied().filter(|&d| !(quick || smoke) || d == 64 || d == 128).collect();
-    let mut out = Vec::new();
-    for dtype in if smoke { &[DType::BF16][..] } else { &[DType::BF16, DType::F16][..] } {
-        for &d in &dims {
-            for causal in [false, true] {
-                let spec = |seqs: &Vec<Seq>, heads: (usize, usize)| VarlenSpec {
-                    family,
-                    seqs: seqs.clone(),
-                    heads_q: heads.0,
-                    heads_kv: heads.1,
-                    head_dim: d,
-                    causal,
-                    dtype: *dtype,
-                    window: Window::UNBOUNDED,
-                    softcap: 0.0,
-                    seqused: false,
-                    splits: None,
-                    inputs: Inputs::Normal,
-                    deterministic: false,
-                };
-                out.push(spec(&mixed, (8, 2)));
-                out.push(VarlenSpec { deterministic: true, splits: Some(3), ..spec(&mixed, (4, 2)) });
-                if smoke {
-                    continue;
-                }
-                out.push(VarlenSpec { seqused: true, ..spec(&slacked, (4, 1)) });
-                out.push(VarlenSpec { window: Window::new(127, 0), deterministic: true, ..spec(&policies, (4, 2)) });
-                out.push(VarlenSpec { softcap: 30.0, inputs: Inputs::LargeLogits, ..spec(&policies, (4, 1)) });
-                if (d == 64 || d == 128) && (*dtype == DType::BF16 || !quick) {
-                    out.push(spec(&issue, (2, 1)));
-                }
-                if !quick {
-                    let capped =
-                        VarlenSpec { window: Window::new(-1, 64), softcap: 50.0, inputs: Inputs::LargeLogits, ..spec(&mixed, (4, 4)) };
-                    out.push(capped);
-                    out.push(VarlenSpec { window: Window::new(256, 256), deterministic: true, splits: Some(2), ..spec(&policies, (2, 1)) });
-                }
-            }
+    sweep(KernelFamily::BwdSm80, quick, smoke, |p, out| {
+        out.push(p.spec(&mixed, (8, 2)));
+        out.push(VarlenSpec { deterministic: true, splits: Some(3), ..p.spec(&mixed, (4, 2)) });
+        if smoke {
+            return;
         }
-    }
-    out
+        out.push(VarlenSpec { seqused: true, ..p.spec(&slacked, (4, 1)) });
+        out.push(VarlenSpec { window: Window::new(127, 0), deterministic: true, ..p.spec(&policies, (4, 2)) });
+        out.push(VarlenSpec { softcap: 30.0, inputs: Inputs::LargeLogits, ..p.spec(&policies, (4, 1)) });
+        if (p.head_dim == 64 || p.head_dim == 128) && (p.dtype == DType::BF16 || !quick) {
+            out.push(p.spec(&issue, (2, 1)));
+        }
+        if !quick {
+            out.push(VarlenSpec { window: Window::new(-1, 64), softcap: 50.0, inputs: Inputs::LargeLogits, ..p.spec(&mixed, (4, 4)) });
+            out.push(VarlenSpec { window: Window::new(256, 256), deterministic: true, splits: Some(2), ..p.spec(&policies, (2, 1)) });
+        }
+    })
 }
 
 /// The gradients (dq, dk, dv bits) of a packed problem into NaN-poisoned buffers.

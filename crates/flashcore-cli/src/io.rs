@@ -122,29 +122,94 @@ pub fn read_qkv(path: &Path) -> Result<(HostTensor, HostTensor, HostTensor), IoE
     let bytes = std::fs::read(path).map_err(|source| IoError::Read { path: path.into(), source })?;
     let file = SafeTensors::deserialize(&bytes).map_err(|source| IoError::Format { path: path.into(), source })?;
     let packed = file.names().contains(&"cu_seqlens_q");
-    let read = |name| {
-        let t = read_tensor(&file, path, name)?;
-        if t.dtype == FileDType::F64 {
-            let (dtype, expected) = ("F64".into(), "F16, BF16 or F32".into());
-            return Err(IoError::WrongDType { path: path.into(), name, dtype, expected });
-        }
-        let mut t = t;
-        if t.shape.len() == 3 && packed {
-            t.shape.insert(0, 1); // a packed batch [total, H, D] is one batch entry
-        }
-        if t.shape.len() != 4 {
-            return Err(IoError::WrongRank { path: path.into(), name, shape: t.shape });
-        }
-        Ok(t)
-    };
-    let (q, k, v) = (read("q")?, read("k")?, read("v")?);
-    for (name, t) in [("k", &k), ("v", &v)] {
-        if t.dtype != q.dtype {
-            let (dtype, expected) = (format!("{:?}", t.dtype), format!("{:?} like `q`", q.dtype));
-            return Err(IoError::WrongDType { path: path.into(), name, dtype, expected });
-        }
-    }
+    let q = read_input(&file, path, "q", packed, None)?;
+    let (k, v) = (read_input(&file, path, "k", packed, Some(&q))?, read_input(&file, path, "v", packed, Some(&q))?);
     Ok((q, k, v))
+}
+
+/// An input tensor `name`: F16, BF16 or F32 (`like`'s dtype when given), rank 4, or rank 3
+/// `[total, H, D]` of a `packed` batch (read as `[1, total, H, D]`).
+fn read_input(file: &SafeTensors, path: &Path, name: &'static str, packed: bool, like: Option<&HostTensor>) -> Result<HostTensor, IoError> {
+    let mut t = read_tensor(file, path, name)?;
+    if t.dtype == FileDType::F64 {
+        let (dtype, expected) = ("F64".into(), "F16, BF16 or F32".into());
+        return Err(IoError::WrongDType { path: path.into(), name, dtype, expected });
+    }
+    if let Some(q) = like.filter(|q| q.dtype != t.dtype) {
+        let (dtype, expected) = (format!("{:?}", t.dtype), format!("{:?} like `q`", q.dtype));
+        return Err(IoError::WrongDType { path: path.into(), name, dtype, expected });
+    }
+    if t.shape.len() == 3 && packed {
+        t.shape.insert(0, 1); // a packed batch [total, H, D] is one batch entry
+    }
+    if t.shape.len() != 4 {
+        return Err(IoError::WrongRank { path: path.into(), name, shape: t.shape });
+    }
+    Ok(t)
+}
+
+/// A KV cache from an input file (`attn`'s KV-cache format; `flashcore::PagedKv`): `q [B,
+/// Sq, Hq, D]`, the caches `k_cache`, `v_cache` (pools `[num_pages, page_size, Hkv, D]` with
+/// `block_table`, else contiguous `[B, S_cache, Hkv, D]`), each sequence's cached length and
+/// the keys to append. Shapes are not checked against each other here.
+pub struct HostKvCache {
+    pub q: HostTensor,
+    pub k_cache: HostTensor,
+    pub v_cache: HostTensor,
+    /// `[B, S_new, Hkv, D]`, appended at `cache_seqlens[b]..` before attention.
+    pub k_new: Option<HostTensor>,
+    pub v_new: Option<HostTensor>,
+    /// `[B, max_pages]` row-major, and its shape.
+    pub block_table: Option<(Vec<i32>, [usize; 2])>,
+    /// `[B]`.
+    pub cache_seqlens: Option<Vec<i32>>,
+}
+
+/// Reads `path` as a KV cache (`None` when it has no `k_cache`): `q`, `k_cache`, `v_cache` and
+/// the optional `k_new`, `v_new` (float, all of `q`'s dtype, rank 4), `block_table` (I32, rank
+/// 2) and `cache_seqlens` (I32, rank 1).
+pub fn read_kvcache(path: &Path) -> Result<Option<HostKvCache>, IoError> {
+    let bytes = std::fs::read(path).map_err(|source| IoError::Read { path: path.into(), source })?;
+    let file = SafeTensors::deserialize(&bytes).map_err(|source| IoError::Format { path: path.into(), source })?;
+    let names = file.names();
+    if !names.contains(&"k_cache") {
+        return Ok(None);
+    }
+    let q = read_input(&file, path, "q", false, None)?;
+    let tensor = |name| read_input(&file, path, name, false, Some(&q));
+    let optional = |name: &'static str| names.contains(&name).then(|| tensor(name)).transpose();
+    let block_table = match names.contains(&"block_table") {
+        true => Some(read_i32(&file, path, "block_table", 2)?).map(|(data, shape)| (data, [shape[0], shape[1]])),
+        false => None,
+    };
+    let cache_seqlens =
+        names.contains(&"cache_seqlens").then(|| read_i32(&file, path, "cache_seqlens", 1)).transpose()?.map(|(data, _)| data);
+    Ok(Some(HostKvCache {
+        k_cache: tensor("k_cache")?,
+        v_cache: tensor("v_cache")?,
+        k_new: optional("k_new")?,
+        v_new: optional("v_new")?,
+        q,
+        block_table,
+        cache_seqlens,
+    }))
+}
+
+/// The I32 tensor `name` of rank `rank`: its values (row-major) and shape.
+fn read_i32(file: &SafeTensors, path: &Path, name: &'static str, rank: usize) -> Result<(Vec<i32>, Vec<usize>), IoError> {
+    let view = file.tensor(name).map_err(|_| IoError::MissingTensor { path: path.into(), name, found: file.names().join(", ") })?;
+    if view.dtype() != Dtype::I32 {
+        return Err(IoError::WrongDType { path: path.into(), name, dtype: view.dtype().to_string(), expected: "I32".into() });
+    }
+    if view.shape().len() != rank {
+        let expected = match rank {
+            1 => vec![view.shape().iter().product()],
+            _ => vec![view.shape().first().copied().unwrap_or(1), view.shape().iter().skip(1).product()],
+        };
+        return Err(IoError::WrongShape { path: path.into(), name, shape: view.shape().to_vec(), expected });
+    }
+    let values = view.data().chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    Ok((values, view.shape().to_vec()))
 }
 
 /// Reads the optional tensor `do` (the output's gradient) of `path`: `None` when the file has
@@ -184,21 +249,7 @@ pub fn read_seqlens(path: &Path) -> Result<Option<HostSeqlens>, IoError> {
     if !file.names().contains(&"cu_seqlens_q") {
         return Ok(None);
     }
-    let read = |name: &'static str| -> Result<Vec<i32>, IoError> {
-        let view = file.tensor(name).map_err(|_| IoError::MissingTensor { path: path.into(), name, found: file.names().join(", ") })?;
-        if view.dtype() != Dtype::I32 {
-            return Err(IoError::WrongDType { path: path.into(), name, dtype: view.dtype().to_string(), expected: "I32".into() });
-        }
-        if view.shape().len() != 1 {
-            return Err(IoError::WrongShape {
-                path: path.into(),
-                name,
-                shape: view.shape().to_vec(),
-                expected: vec![view.shape().iter().product()],
-            });
-        }
-        Ok(view.data().chunks_exact(4).map(|b| i32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
-    };
+    let read = |name: &'static str| read_i32(&file, path, name, 1).map(|(values, _)| values);
     let seqused_k = if file.names().contains(&"seqused_k") { Some(read("seqused_k")?) } else { None };
     Ok(Some(HostSeqlens { cu_seqlens_q: read("cu_seqlens_q")?, cu_seqlens_k: read("cu_seqlens_k")?, seqused_k }))
 }
@@ -399,6 +450,41 @@ mod tests {
         let lse = HostTensor { shape: vec![1, 1, 2], dtype: FileDType::F32, data: vec![0.0] };
         let err = write_tensors(&dir.path().join("out.safetensors"), &[("o", &o), ("lse", &lse)]).unwrap_err();
         assert!(err.to_string().contains("tensor `lse` has 1 values, its shape [1, 1, 2] needs 2"), "{err}");
+    }
+
+    #[test]
+    fn a_kv_cache_is_read_with_its_table_and_lengths() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("kv.safetensors");
+        let (q, pool) = (tensor(&[2, 1, 4, 8], FileDType::BF16, 1), tensor(&[5, 16, 2, 8], FileDType::BF16, 2));
+        let int_bytes = |v: &[i32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let (table, lens) = (int_bytes(&[3, 1, 0, -1]), int_bytes(&[20, 7]));
+        let (q_bytes, pool_bytes) = (encode(q.dtype, &q.data), encode(pool.dtype, &pool.data));
+        let write = |table_dtype, table_shape: Vec<usize>| {
+            let views = [
+                ("q", TensorView::new(Dtype::BF16, q.shape.clone(), &q_bytes).unwrap()),
+                ("k_cache", TensorView::new(Dtype::BF16, pool.shape.clone(), &pool_bytes).unwrap()),
+                ("v_cache", TensorView::new(Dtype::BF16, pool.shape.clone(), &pool_bytes).unwrap()),
+                ("block_table", TensorView::new(table_dtype, table_shape, &table).unwrap()),
+                ("cache_seqlens", TensorView::new(Dtype::I32, vec![2], &lens).unwrap()),
+            ];
+            std::fs::write(&path, safetensors::serialize(views, None).unwrap()).unwrap();
+        };
+        write(Dtype::I32, vec![2, 2]);
+        let kv = read_kvcache(&path).unwrap().expect("a KV cache");
+        assert_eq!((kv.q, kv.k_cache, kv.v_cache.shape), (q.clone(), pool.clone(), pool.shape.clone()));
+        assert_eq!(kv.block_table, Some((vec![3, 1, 0, -1], [2, 2])));
+        assert_eq!(kv.cache_seqlens, Some(vec![20, 7]));
+        assert!(kv.k_new.is_none() && kv.v_new.is_none());
+        write(Dtype::F32, vec![4]);
+        let err = read_kvcache(&path).err().unwrap();
+        assert!(matches!(&err, IoError::WrongDType { name: "block_table", .. }), "{err:?}");
+        write(Dtype::I32, vec![4]);
+        let err = read_kvcache(&path).err().unwrap();
+        assert!(matches!(&err, IoError::WrongShape { name: "block_table", .. }), "{err:?}");
+        let [q, k, v] = qkv(FileDType::F16);
+        write_tensors(&path, &[("q", &q), ("k", &k), ("v", &v)]).unwrap();
+        assert!(read_kvcache(&path).unwrap().is_none(), "no k_cache: not a KV cache");
     }
 
     #[test]

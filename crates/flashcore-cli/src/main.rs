@@ -1,6 +1,7 @@
 //! The `flashcore` command: info, check, bench, attn, compile.
 
 mod attn;
+mod attn_paged;
 mod bench;
 mod bench_bwd;
 mod bench_paged;

@@ -239,11 +239,7 @@ impl Context {
     /// # Ok(()) }
     /// ```
     pub fn attention(&self, q: TensorView, k: TensorView, v: TensorView, params: &AttnParams) -> Result<AttnOutput> {
-        let mut o = DeviceTensor::filled(self, 0, q.layout.shape, q.layout.dtype)?;
-        let [b, sq, hq, _] = q.layout.shape;
-        let mut lse = self.stream.alloc_zeros::<f32>((b * hq * sq).max(1)).ctx("allocating lse")?;
-        self.attention_into(q, k, v, o.view_mut(), Some(&mut lse), params)?;
-        Ok(AttnOutput { o, lse })
+        self.run_into_fresh(q, k, v, Keys::Dense, params)
     }
 
     /// Attention `o = softmax(scale · q kᵀ [+ mask]) v`, written into `o` (same shape and
@@ -276,11 +272,7 @@ impl Context {
         batch: &VarlenBatch,
         params: &AttnParams,
     ) -> Result<AttnOutput> {
-        let mut o = DeviceTensor::filled(self, 0, q.layout.shape, q.layout.dtype)?;
-        let [_, total_q, hq, _] = q.layout.shape;
-        let mut lse = self.stream.alloc_zeros::<f32>((hq * total_q).max(1)).ctx("allocating lse")?;
-        self.attention_varlen_into(q, k, v, o.view_mut(), Some(&mut lse), batch, params)?;
-        Ok(AttnOutput { o, lse })
+        self.run_into_fresh(q, k, v, Keys::Varlen(batch), params)
     }
 
     /// [`Context::attention_varlen`] into `o` and, if given, `lse [Hq, total_q]`.
@@ -384,11 +376,7 @@ impl Context {
         kv: &PagedKv,
         params: &AttnParams,
     ) -> Result<AttnOutput> {
-        let mut o = DeviceTensor::filled(self, 0, q.layout.shape, q.layout.dtype)?;
-        let [b, sq, hq, _] = q.layout.shape;
-        let mut lse = self.stream.alloc_zeros::<f32>((b * hq * sq).max(1)).ctx("allocating lse")?;
-        self.attention_paged_into(q, k_cache, v_cache, o.view_mut(), Some(&mut lse), kv, params)?;
-        Ok(AttnOutput { o, lse })
+        self.run_into_fresh(q, k_cache, v_cache, Keys::Paged(kv), params)
     }
 
     /// [`Context::attention_paged`] into `o` and, if given, `lse [B, Hq, Sq]`.
@@ -455,6 +443,16 @@ impl Context {
         };
         let pool = if g.page_size > 0 { (g.page_size, g.num_pages) } else { (g.shape.seqlen_k, 0) };
         paged::check_values(table.as_deref(), lens.as_deref(), pool, (g.shape.batch, g.shape.seqlen_k), g.new_keys)
+    }
+
+    /// `run_on_own_stream` into a fresh `o` (zeros like `q`) and `lse` (`[B, Hq, Sq]`; packed,
+    /// `[Hq, total_q]`: the same count, as `q` is `[1, total_q, Hq, D]`), returned.
+    fn run_into_fresh(&self, q: TensorView, k: TensorView, v: TensorView, keys: Keys, params: &AttnParams) -> Result<AttnOutput> {
+        let mut o = DeviceTensor::filled(self, 0, q.layout.shape, q.layout.dtype)?;
+        let [b, sq, hq, _] = q.layout.shape;
+        let mut lse = self.stream.alloc_zeros::<f32>((b * hq * sq).max(1)).ctx("allocating lse")?;
+        self.run_on_own_stream(q, k, v, o.view_mut(), Some(&mut lse), keys, params)?;
+        Ok(AttnOutput { o, lse })
     }
 
     /// `run` on this context's stream, the split-KV scratch from the context's workspace

@@ -40,7 +40,7 @@
 //! `cache_seqlens[b] = (kv_indptr[b + 1] - kv_indptr[b] - 1) * page_size +
 //! kv_last_page_len[b]` (0 for a sequence without pages). On the device that is one gather
 //! (`torch.gather` of `kv_indices` at `kv_indptr[:-1, None] + arange(max_pages)`, clamped) and
-//! O(B) arithmetic, with no synchronisation; FlashInfer's `[num_pages, 2, page_size, H, D]`
+//! O(B) arithmetic, with no synchronisation (Python: `flashcore.block_table_from_indptr`); FlashInfer's `[num_pages, 2, page_size, H, D]`
 //! cache is `k_cache = cache[:, 0]`, `v_cache = cache[:, 1]` (page stride `2 * page_size`
 //! rows). Its page size must be one of ours (a multiple of 16).
 
