@@ -44,6 +44,14 @@
 // (p.window_left/right, causal folded in: the walks visit only the query blocks that see the
 // CTA's keys, and start unspread); FC_SOFTCAP: logit softcapping (p.softcap,
 // p.softcap_scale; p.softmax_scale_log2 = log2 e). See common/mask.cuh.
+// FC_VARLEN=1 (a packed batch, common/sequence.cuh): p.cu_seqlens_q/k (int32 [B + 1], device),
+// optional p.seqused_k, p.total_q/k; q, o, dout, dq [total_q, Hq, D], k, v, dk, dv [total_k,
+// Hkv, D], every *_stride_b 0, lse [Hq, total_q]; p.seqlen_q / p.seqlen_k the longest
+// sequence's; tensor maps over the packed tensors (B = 1). Grids as above with B sequences and
+// those maxima: prep (m_blocks * kBlockM / 4, Hq, B), the main kernel (max(1, key blocks), Hkv,
+// B), fc_bwd_sm90_dq (m_blocks, Hq, B); each CTA works on its own sequence's lengths, CTAs past
+// them exit. dq_accum, the statistics and the counters by per-sequence padded query blocks:
+// Hq * ((total_q + B * kBlockM) / kBlockM) blocks (Schedule::query_block).
 #include "common/bwd_params.cuh"
 #include "common/bwd_schedule.cuh"
 #include "common/mask.cuh"
