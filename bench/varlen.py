@@ -17,12 +17,13 @@ Rows (bf16, 16 heads):
   softcap-*  B1 S16k D128 full and causal, softcap 30 against none.
   bwd-varlen-*  the backward alone on the varlen rows' batch (H16, D128 and D64, full and
              causal), from each kernel's own forward's o and lse:
-               flashcore        the op flash_attn_varlen_func's backward calls (bwd_sm80 varlen)
+               flashcore        the op flash_attn_varlen_func's backward calls (bwd_sm90's
+                                varlen form on Hopper, bwd_sm80's elsewhere)
                fa2-varlen       torch.ops.aten._flash_attention_backward with cumulative lengths
                dense-b16-s4096  flashcore's dense backward of the same 64k tokens (its
                                 dispatcher's kernel: bwd_sm90 on Hopper)
-               uniform-16x4096  flashcore's varlen backward on 16 sequences of 4096 (bwd_sm80
-                                varlen on the dense shape: what packing costs bwd_sm80 itself)
+               uniform-16x4096  flashcore's varlen backward on 16 sequences of 4096 (the varlen
+                                form on the dense shape: what packing costs the kernel itself)
              FLOPs = 2.5 x the forward's (FlashAttention's convention).
 
 Timing: anchors.time_calls (10 warm-up calls, samples of N back-to-back calls between CUDA

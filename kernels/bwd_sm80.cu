@@ -392,24 +392,6 @@ __device__ __forceinline__ void store_kv(const float (&acc)[GridKV::kMT][GridKV:
         }
 }
 
-// Packed, with seqused_k: zeros for dK and dV of the keys sequence `batch` holds past the
-// ones it uses, [k_start + seqlen_k, cu_seqlens_k[batch + 1]) (no query sees them), 16 bytes
-// a thread.
-__device__ __forceinline__ void zero_unused_keys(const BwdParams& p, const Sequence& seq, int batch, int kv_head) {
-    const int first = seq.k_start + seq.seqlen_k, end = clamp_to(p.cu_seqlens_k[batch + 1], first, p.total_k);
-    constexpr int kChunks = kD / 8;
-    struct alignas(16) Zero {
-        u32 x[4];
-    };
-#pragma unroll 1
-    for (i64 i = threadIdx.x; i < (i64)(end - first) * kChunks; i += kThreads) {
-        const i64 key = first + i / kChunks;
-        const int col = 8 * static_cast<int>(i % kChunks);
-        *reinterpret_cast<Zero*>(static_cast<elem_t*>(p.dk) + key * p.dk_stride_s + kv_head * p.dk_stride_h + col) = Zero{};
-        *reinterpret_cast<Zero*>(static_cast<elem_t*>(p.dv) + key * p.dv_stride_s + kv_head * p.dv_stride_h + col) = Zero{};
-    }
-}
-
 }  // namespace bwd_sm80
 }  // namespace fc
 
@@ -510,7 +492,7 @@ extern "C" __global__ void __launch_bounds__(fc::bwd_sm80::kThreads, 1) fc_bwd_s
         store_kv(dk, dk_out, p.dk_stride_s, n0, seq.seqlen_k, p.softmax_scale, lane, warp);
         store_kv(dv, dv_out, p.dv_stride_s, n0, seq.seqlen_k, 1.f, lane, warp);
     }
-    if (kVarlen && p.seqused_k != nullptr && blockIdx.x == 0) zero_unused_keys(p, seq, batch, kv_head);
+    if (kVarlen && p.seqused_k != nullptr && blockIdx.x == 0) zero_unused_keys<kD, kThreads>(p, seq, batch, kv_head);
 }
 
 // dq = softmax_scale * (sum of dq_accum's p.dq_splits slices, in order), 4 elements a thread.

@@ -44,6 +44,14 @@
 // (p.window_left/right, causal folded in: the walks visit only the query blocks that see the
 // CTA's keys, and start unspread); FC_SOFTCAP: logit softcapping (p.softcap,
 // p.softcap_scale; p.softmax_scale_log2 = log2 e). See common/mask.cuh.
+// FC_VARLEN=1 (a packed batch, common/sequence.cuh): p.cu_seqlens_q/k (int32 [B + 1], device),
+// optional p.seqused_k, p.total_q/k; q, o, dout, dq [total_q, Hq, D], k, v, dk, dv [total_k,
+// Hkv, D], every *_stride_b 0, lse [Hq, total_q]; p.seqlen_q / p.seqlen_k the longest
+// sequence's; tensor maps over the packed tensors (B = 1). Grids as above with B sequences and
+// those maxima: prep (m_blocks * kBlockM / 4, Hq, B), the main kernel (max(1, key blocks), Hkv,
+// B), fc_bwd_sm90_dq (m_blocks, Hq, B); each CTA works on its own sequence's lengths, CTAs past
+// them exit. dq_accum, the statistics and the counters by per-sequence padded query blocks:
+// Hq * ((total_q + B * kBlockM) / kBlockM) blocks (Schedule::query_block).
 #include "common/bwd_params.cuh"
 #include "common/bwd_schedule.cuh"
 #include "common/mask.cuh"
@@ -82,6 +90,7 @@ constexpr int kHeadDim = kHeadDimReal <= 128 ? (kHeadDimReal + 63) / 64 * 64 : 2
 constexpr bool kCausal = FC_CAUSAL != 0;
 constexpr bool kLocal = FC_LOCAL != 0;      // sliding window (common/mask.cuh)
 constexpr bool kSoftcap = FC_SOFTCAP != 0;  // logit softcapping (common/mask.cuh)
+constexpr bool kVarlen = FC_VARLEN != 0;    // a packed batch of sequences (common/sequence.cuh)
 constexpr int kConsumerWG = 2;
 // Wide heads (D256): a warpgroup's dK and dV over all columns would need 256 registers, so
 // both warpgroups hold the CTA's 64 keys and split the columns; each computes Sᵀ and dPᵀ for
@@ -151,18 +160,21 @@ using sm90::bar;
 
 __device__ __forceinline__ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
-using Schedule = sm90::BwdSchedule<kBlockM, kBlockN, kCausal, kLocal>;  // common/bwd_schedule.cuh
+using Schedule = sm90::BwdSchedule<kBlockM, kBlockN, kCausal, kLocal, kVarlen>;  // common/bwd_schedule.cuh
 using Mask = Schedule::Mask;
 using Walk = Schedule::Walk;
 using Cursor = Schedule::Cursor;
 
 // Producer: K and V once, then Q, dO, lse·log2e and D_i of each step into the ring. Its
 // few registers hold the walk as increments (no division per step) and shared memory as
-// one 32-bit base plus constant offsets.
-__device__ __forceinline__ void produce(SharedStorage& smem, const BwdParams& p, const TmaDescriptor* tma_q,
+// one 32-bit base plus constant offsets. Packed, the tensors are one batch and the sequence
+// starts at rows s.q_start and s.k_start: a block's rows past the sequence are the next
+// sequence's (TMA stops only at the tensor's end), which the padding rows' +inf lse·log2e
+// (prep) and the key mask (s.seqlen_k) leave out.
+__device__ __forceinline__ void produce(SharedStorage& smem, const BwdParams& p, const Sequence& s, const TmaDescriptor* tma_q,
                                         const TmaDescriptor* tma_k, const TmaDescriptor* tma_v,
                                         const TmaDescriptor* tma_do) {
-    const int n0 = Schedule::key_block(p) * kBlockN, kv_head = blockIdx.y, batch = blockIdx.z;
+    const int n0 = Schedule::key_block(p) * kBlockN, kv_head = blockIdx.y, batch = kVarlen ? 0 : blockIdx.z;
     // A member's address as base + its offset (the offset folds to a constant).
     const u32 base = smem_u32(&smem);
     auto at = [&smem, base](const void* member) {
@@ -170,13 +182,13 @@ __device__ __forceinline__ void produce(SharedStorage& smem, const BwdParams& p,
     };
     const u32 kv_full = at(&smem.kv_full);
     mbarrier::arrive_expect_tx(kv_full, 2 * KVTile::kBytes);
-    KVTile::load_to(at(&smem.k), tma_k, kv_full, n0, kv_head, batch);
-    KVTile::load_to(at(&smem.v), tma_v, kv_full, n0, kv_head, batch);
-    const Walk w = Schedule::walk(p);
+    KVTile::load_to(at(&smem.k), tma_k, kv_full, s.k_start + n0, kv_head, batch);
+    KVTile::load_to(at(&smem.v), tma_v, kv_full, s.k_start + n0, kv_head, batch);
+    const Walk w = Schedule::walk(p, s);
     PipelineCounter<kStages> st;
-    Cursor c = Schedule::walk_start(p, w);
+    Cursor c = Schedule::walk_start(p, s, w);
     for (int j = 0; j < w.steps; ++j, st.advance(), c.advance(p, w)) {
-        const u32 stage = st.stage(), m0 = c.m_block * kBlockM;
+        const u32 stage = st.stage(), m0 = s.q_start + c.m_block * kBlockM;
         const u32 full = at(&smem.q_full) + 8 * stage;
         constexpr u32 kStatBytes = 2 * kBlockM * sizeof(float);
         mbarrier::wait(at(&smem.q_empty) + 8 * stage, st.empty_parity());
@@ -200,14 +212,15 @@ __device__ __forceinline__ Fragment fragment() {
 
 // Pᵀ of the warpgroup's keys [k0, k0 + 64) and its queries [m0, m0 + kScoreN), in
 // place of Sᵀ (while dPᵀ is still in the tensor cores): P = 0 where the key is past Sk or,
-// causal, after the query's diagonal, or outside its window (only where `masked`), and in
-// rows past Sq or that see no key (lse·log2e is +inf there).
+// causal, after the query's diagonal, or outside its window (only where `masked`; `mask`
+// holds the sequence's lengths), and in rows past Sq or that see no key (lse·log2e is +inf
+// there).
 // Softcapped (Sᵀ capped first, as in the forward), P goes straight to `pk`, gemm_pv's
 // operand, and `pg` gets P ∘ softcap_grad, what dSᵀ needs (score_gradients), from the capped
 // value that P replaces: both 16-bit, so that they take the registers of the f32 Pᵀ they
 // replace (D64's 128 queries have none to spare); pg's rounding adds ~2^-9 (bf16) to dSᵀ's.
 __device__ __forceinline__ void probabilities(float (&s)[kScoreN / 2], u32 (&pk)[kScoreN / 4], u32 (&pg)[kSoftcap ? kScoreN / 4 : 1],
-                                              const float* lse_log2, int k0, int m0, bool masked, const BwdParams& p) {
+                                              const float* lse_log2, int k0, int m0, bool masked, const Mask& mask, const BwdParams& p) {
     const Fragment f = fragment();
     // Per key row r, the first column (8c + e, relative to this thread's) that sees it:
     // the query key - offset under the causal mask; none for a key past Sk. Each score then
@@ -217,10 +230,10 @@ __device__ __forceinline__ void probabilities(float (&s)[kScoreN / 2], u32 (&pk)
     for (int r = 0; r < 2; ++r) {
         constexpr int kAll = -(1 << 30), kNone = 1 << 30;
         const int key = k0 + f.row + 8 * r;
-        const int causal_first = kCausal ? key - (p.seqlen_k - p.seqlen_q) - m0 - f.col : kAll;
-        const int window_first = kLocal ? Mask(p).first_row(key) - m0 - f.col : kAll;
-        first_seen[r] = !masked ? kAll : key >= p.seqlen_k ? kNone : kLocal ? window_first : causal_first;
-        last_seen[r] = kLocal && masked ? Mask(p).last_row(key) - m0 - f.col : kNone;
+        const int causal_first = kCausal ? key - mask.offset - m0 - f.col : kAll;
+        const int window_first = kLocal ? mask.first_row(key) - m0 - f.col : kAll;
+        first_seen[r] = !masked ? kAll : key >= mask.seqlen_k ? kNone : kLocal ? window_first : causal_first;
+        last_seen[r] = kLocal && masked ? mask.last_row(key) - m0 - f.col : kNone;
     }
     const float inv_softcap = kSoftcap ? math::rcp(p.softcap) : 0.f;
 #pragma unroll
@@ -358,7 +371,9 @@ __device__ __forceinline__ void write_dq(SharedStorage& smem, const BwdParams& p
                 if (p.deterministic && wg == 0) {
                     counter = counters + (dst - p.dq_accum) / kTile;
                     const u32 order = smem.dq_order[wg];
-                    while (atomic::load_acquire(counter) != order) {
+                    // Never past `order` unless a malformed cu_seqlens overlaps two sequences'
+                    // blocks; then `<` still ends the wait.
+                    while (atomic::load_acquire(counter) < order) {
                     }
                     tma::fence_proxy_async_global();
                 }
@@ -376,6 +391,12 @@ __device__ __forceinline__ void write_dq(SharedStorage& smem, const BwdParams& p
         }
     }
     if (leader) tma::store_wait_all();
+}
+
+// Key row 0 of sequence s's KV head `kv_head` in dK or dV (packed: batch stride 0, the
+// sequence at row s.k_start).
+__device__ __forceinline__ elem_t* kv_rows(void* t, i64 stride_b, i64 stride_s, i64 stride_h, const Sequence& s, int batch, int kv_head) {
+    return static_cast<elem_t*>(t) + batch * stride_b + s.k_start * stride_s + kv_head * stride_h;
 }
 
 // dK (times the softmax scale) or dV of the warpgroup's keys [k0, k0 + 64) and columns
@@ -396,17 +417,17 @@ __device__ __forceinline__ void store_kv(const float (&acc)[kDkvCols / 2], elem_
 }
 
 // One consumer warpgroup: keys [64 wg, 64 wg + 64) of the block.
-template <class Smem> __device__ __forceinline__ void consume(Smem& smem, const BwdParams& p, int wg) {
+template <class Smem> __device__ __forceinline__ void consume(Smem& smem, const BwdParams& p, const Sequence& s, int wg) {
     const int n0 = Schedule::key_block(p) * kBlockN, k0 = n0 + 64 * wg, batch = blockIdx.z;
-    const int offset = p.seqlen_k - p.seqlen_q;
-    const Walk w = Schedule::walk(p);
+    const int offset = s.seqlen_k - s.seqlen_q;
+    const Walk w = Schedule::walk(p, s);
     float dk[kDkvCols / 2], dv[kDkvCols / 2];
 #pragma unroll
     for (int i = 0; i < kDkvCols / 2; ++i) dk[i] = dv[i] = 0.f;
     mbarrier::wait(bar(smem.kv_full), 0);
     PipelineState<kStages> st;
     PipelineState<1> handover;  // of this warpgroup's dQ staging buffer
-    Cursor c = Schedule::walk_start(p, w);
+    Cursor c = Schedule::walk_start(p, s, w);
     for (int j = 0; j < w.steps; ++j, c.advance(p, w)) {
         const int stage = st.stage(), m0 = c.m_block * kBlockM;
         mbarrier::wait(bar(smem.q_full, stage), st.full_parity());
@@ -416,9 +437,9 @@ template <class Smem> __device__ __forceinline__ void consume(Smem& smem, const 
         wgmma::wait<1>();  // Sᵀ; the exponentials run under dPᵀ
         wgmma::fence_operands(sc);
         const bool masked =
-            kLocal ? Mask::query_block_masked(w.blocks, c.m_block) : k0 + 64 > p.seqlen_k || (kCausal && k0 + 63 > m0 + offset);
+            kLocal ? Mask::query_block_masked(w.blocks, c.m_block) : k0 + 64 > s.seqlen_k || (kCausal && k0 + 63 > m0 + offset);
         u32 pk[kBlockM / 4], dsk[kBlockM / 4], pg[kSoftcap ? kBlockM / 4 : 1];
-        probabilities(sc, pk, pg, smem.stats[stage][1], k0, m0, masked, p);
+        probabilities(sc, pk, pg, smem.stats[stage][1], k0, m0, masked, Schedule::mask(p, s), p);
         wgmma::wait<0>();
         wgmma::fence_operands(dp);
         if constexpr (kSoftcap) {
@@ -437,7 +458,7 @@ template <class Smem> __device__ __forceinline__ void consume(Smem& smem, const 
         sm90::gemm_pv(dk, dsk, smem.q[stage]);
         wgmma::wait<1>();  // dQ (and dV before it); dK runs under dQ's staging
         wgmma::fence_operands(dq);
-        const int order = p.deterministic ? Schedule::dq_order(p, w, c.m_block) : 0;
+        const int order = p.deterministic ? Schedule::dq_order(p, s, w, c.m_block) : 0;
         stage_dq(smem, handover, dq, p.dq_accum + static_cast<i64>(c.block) * kBlockM * kHeadDim + wg * kDqTile, order, wg);
         wgmma::wait<0>();
         wgmma::fence_operands(dv);
@@ -452,8 +473,8 @@ template <class Smem> __device__ __forceinline__ void consume(Smem& smem, const 
         stage_dq(smem, handover, none, nullptr, 0, wg);  // the writer's stop mark
     }
     const int kv_head = blockIdx.y;
-    store_kv(dv, static_cast<elem_t*>(p.dv) + batch * p.dv_stride_b + kv_head * p.dv_stride_h, p.dv_stride_s, k0, p.seqlen_k, 0, 1.f);
-    store_kv(dk, static_cast<elem_t*>(p.dk) + batch * p.dk_stride_b + kv_head * p.dk_stride_h, p.dk_stride_s, k0, p.seqlen_k, 0,
+    store_kv(dv, kv_rows(p.dv, p.dv_stride_b, p.dv_stride_s, p.dv_stride_h, s, batch, kv_head), p.dv_stride_s, k0, s.seqlen_k, 0, 1.f);
+    store_kv(dk, kv_rows(p.dk, p.dk_stride_b, p.dk_stride_s, p.dk_stride_h, s, batch, kv_head), p.dk_stride_s, k0, s.seqlen_k, 0,
              p.softmax_scale);
 }
 
@@ -463,17 +484,17 @@ template <class Smem> __device__ __forceinline__ void consume(Smem& smem, const 
 // them as the A operands of dV's and dK's products; dQ = dS·K as in consume, its columns
 // split. Q and dO have one stage (four 32 KB tiles of K, V, Q and dO, and 64 KB of dQ staging
 // leave no room for a second): their stage is freed as soon as dV's and dK's products are done.
-template <class Smem> __device__ __forceinline__ void consume_wide(Smem& smem, const BwdParams& p, int wg) {
+template <class Smem> __device__ __forceinline__ void consume_wide(Smem& smem, const BwdParams& p, const Sequence& s, int wg) {
     const int n0 = Schedule::key_block(p) * kBlockN, batch = blockIdx.z, q0 = kScoreN * wg;
-    const int offset = p.seqlen_k - p.seqlen_q;
-    const Walk w = Schedule::walk(p);
+    const int offset = s.seqlen_k - s.seqlen_q;
+    const Walk w = Schedule::walk(p, s);
     float dk[kDkvCols / 2], dv[kDkvCols / 2];
 #pragma unroll
     for (int i = 0; i < kDkvCols / 2; ++i) dk[i] = dv[i] = 0.f;
     mbarrier::wait(bar(smem.kv_full), 0);
     PipelineState<kStages> st;
     PipelineState<1> handover;
-    Cursor c = Schedule::walk_start(p, w);
+    Cursor c = Schedule::walk_start(p, s, w);
     for (int j = 0; j < w.steps; ++j, c.advance(p, w)) {
         const int stage = st.stage(), m0 = c.m_block * kBlockM;
         mbarrier::wait(bar(smem.q_full, stage), st.full_parity());
@@ -483,9 +504,9 @@ template <class Smem> __device__ __forceinline__ void consume_wide(Smem& smem, c
         wgmma::wait<1>();
         wgmma::fence_operands(sc);
         const bool masked =
-            kLocal ? Mask::query_block_masked(w.blocks, c.m_block) : n0 + 64 > p.seqlen_k || (kCausal && n0 + 63 > m0 + q0 + offset);
+            kLocal ? Mask::query_block_masked(w.blocks, c.m_block) : n0 + 64 > s.seqlen_k || (kCausal && n0 + 63 > m0 + q0 + offset);
         u32 pk[kScoreN / 4], dsk[kScoreN / 4], pg[kSoftcap ? kScoreN / 4 : 1];
-        probabilities(sc, pk, pg, smem.stats[stage][1] + q0, n0, m0 + q0, masked, p);
+        probabilities(sc, pk, pg, smem.stats[stage][1] + q0, n0, m0 + q0, masked, Schedule::mask(p, s), p);
         wgmma::wait<0>();
         wgmma::fence_operands(dp);
         if constexpr (kSoftcap) {
@@ -510,7 +531,7 @@ template <class Smem> __device__ __forceinline__ void consume_wide(Smem& smem, c
         wgmma::fence_operands(dv);
         wgmma::fence_operands(dk);
         wgmma::fence_operands(dq);
-        const int order = p.deterministic ? Schedule::dq_order(p, w, c.m_block) : 0;
+        const int order = p.deterministic ? Schedule::dq_order(p, s, w, c.m_block) : 0;
         stage_dq(smem, handover, dq, p.dq_accum + static_cast<i64>(c.block) * kBlockM * kHeadDim + wg * kDqTile, order, wg);
     }
     {
@@ -518,18 +539,17 @@ template <class Smem> __device__ __forceinline__ void consume_wide(Smem& smem, c
         stage_dq(smem, handover, none, nullptr, 0, wg);  // the writer's stop mark
     }
     const int kv_head = blockIdx.y, col0 = kDkvCols * wg;
-    store_kv(dv, static_cast<elem_t*>(p.dv) + batch * p.dv_stride_b + kv_head * p.dv_stride_h, p.dv_stride_s, n0, p.seqlen_k, col0,
-             1.f);
-    store_kv(dk, static_cast<elem_t*>(p.dk) + batch * p.dk_stride_b + kv_head * p.dk_stride_h, p.dk_stride_s, n0, p.seqlen_k, col0,
+    store_kv(dv, kv_rows(p.dv, p.dv_stride_b, p.dv_stride_s, p.dv_stride_h, s, batch, kv_head), p.dv_stride_s, n0, s.seqlen_k, col0, 1.f);
+    store_kv(dk, kv_rows(p.dk, p.dk_stride_b, p.dk_stride_s, p.dk_stride_h, s, batch, kv_head), p.dk_stride_s, n0, s.seqlen_k, col0,
              p.softmax_scale);
 }
 
 // The consumer of this head dim's layout (a template, so that only it is instantiated).
-template <bool kIsWide, class Smem> __device__ __forceinline__ void run_consumer(Smem& smem, const BwdParams& p, int wg) {
+template <bool kIsWide, class Smem> __device__ __forceinline__ void run_consumer(Smem& smem, const BwdParams& p, const Sequence& s, int wg) {
     if constexpr (kIsWide) {
-        consume_wide(smem, p, wg);
+        consume_wide(smem, p, s, wg);
     } else {
-        consume(smem, p, wg);
+        consume(smem, p, s, wg);
     }
 }
 
@@ -561,22 +581,26 @@ __device__ __forceinline__ void dq_index(int wg, int j, int t, int& row, int& co
 using namespace fc;
 using namespace fc::bwd_sm90;
 
+// Packed, rows are the sequence's own (prep's and the dQ conversion's grids run over the
+// longest sequence's query blocks); blocks past the sequence's own are left alone (they are
+// the next sequence's, or padding).
 extern "C" __global__ void __launch_bounds__(128) fc_bwd_sm90_prep(const BwdParams p) {
     const int lane = threadIdx.x % 32, row = blockIdx.x * 4 + threadIdx.x / 32;
     const int head = blockIdx.y, batch = blockIdx.z;
+    const Sequence s = Schedule::sequence_of(p);
+    if (kVarlen && row >= ceil_div(s.seqlen_q, kBlockM) * kBlockM) return;
     float sum = 0.f, lse_log2 = math::inf();
-    if (row < p.seqlen_q) {
-        const elem_t* o = static_cast<const elem_t*>(p.o) + batch * p.o_stride_b + row * p.o_stride_s + head * p.o_stride_h;
-        const elem_t* dout =
-            static_cast<const elem_t*>(p.dout) + batch * p.do_stride_b + row * p.do_stride_s + head * p.do_stride_h;
+    if (row < s.seqlen_q) {
+        const i64 at = s.q_start + row;
+        const elem_t* o = static_cast<const elem_t*>(p.o) + batch * p.o_stride_b + at * p.o_stride_s + head * p.o_stride_h;
+        const elem_t* dout = static_cast<const elem_t*>(p.dout) + batch * p.do_stride_b + at * p.do_stride_s + head * p.do_stride_h;
         for (int d = lane; d < kHeadDimReal; d += 32) sum += to_float(o[d]) * to_float(dout[d]);
         for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-        const float lse = p.lse[(static_cast<i64>(batch) * p.heads_q + head) * p.seqlen_q + row];
+        const float lse = p.lse[lse_offset<kVarlen>(p, s, batch, head) + row];
         if (lse != math::neg_inf()) lse_log2 = lse * kLog2e;  // a row with no key: P = exp2(-inf) = 0
     }
     if (lane == 0) {
-        const i64 block = (static_cast<i64>(batch) * p.heads_q + head) * ceil_div(p.seqlen_q, kBlockM) + row / kBlockM;
-        float* stats = Schedule::block_stats(p, block);
+        float* stats = Schedule::block_stats(p, Schedule::query_block(p, s, batch, head, row / kBlockM));
         stats[row % kBlockM] = sum;
         stats[kBlockM + row % kBlockM] = lse_log2;
     }
@@ -586,6 +610,13 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 fc_bwd_sm90(const __grid_constant__ BwdParams p, const __grid_constant__ TmaDescriptor tma_q,
             const __grid_constant__ TmaDescriptor tma_k, const __grid_constant__ TmaDescriptor tma_v,
             const __grid_constant__ TmaDescriptor tma_do) {
+    const Sequence s = Schedule::sequence_of(p);
+    if (kVarlen) {
+        // The grid spans the longest sequence's key blocks: the others' CTAs past their own
+        // exit (key block 0's first zeroes dK and dV of the keys past seqused_k).
+        if (p.seqused_k != nullptr && blockIdx.x == 0) zero_unused_keys<kHeadDimReal, kThreads>(p, s, blockIdx.z, blockIdx.y);
+        if (Schedule::key_block(p) * kBlockN >= s.seqlen_k) return;
+    }
     if (threadIdx.x == 0) {
         tma::prefetch_descriptor(&tma_q);
         tma::prefetch_descriptor(&tma_k);
@@ -596,29 +627,45 @@ fc_bwd_sm90(const __grid_constant__ BwdParams p, const __grid_constant__ TmaDesc
     __syncthreads();
     if (warpgroup::index() == 0) {
         warpgroup::decrease_registers<kProducerRegs>();
-        if (threadIdx.x == 0) produce(shared_storage(), p, &tma_q, &tma_k, &tma_v, &tma_do);
+        if (threadIdx.x == 0) produce(shared_storage(), p, s, &tma_q, &tma_k, &tma_v, &tma_do);
         if (threadIdx.x / 32 == 1) write_dq(shared_storage(), p);
     } else {
         warpgroup::increase_registers<kConsumerRegs>();
-        run_consumer<kWide>(shared_storage(), p, warpgroup::index_in_role() - 1);
+        run_consumer<kWide>(shared_storage(), p, s, warpgroup::index_in_role() - 1);
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) fc_bwd_sm90_dq(const BwdParams p) {
-    constexpr int kPairs = kBlockM * kHeadDim / 2, kPairsPerWg = kDqTile / 2;
-    const int m_blocks = ceil_div(p.seqlen_q, kBlockM);
-    const i64 e = static_cast<i64>(blockIdx.x) * 256 + threadIdx.x;
-    if (e >= static_cast<i64>(p.batch) * p.heads_q * m_blocks * kPairs) return;
-    const float2 v = reinterpret_cast<const float2*>(p.dq_accum)[e];
-    const i64 tile = e / kPairs;
-    const int within = static_cast<int>(e % kPairs);
+// dq = softmax_scale · dq_accum of one element pair (index `within` of query block m_block, in
+// the accumulator's order: see dq_index), `rows` pointing at the sequence's row 0 of the head.
+__device__ __forceinline__ void convert_dq_pair(const BwdParams& p, float2 v, int within, int m_block, int seqlen_q, elem_t* rows) {
+    constexpr int kPairsPerWg = kDqTile / 2;
     int row, col;
     dq_index(within / kPairsPerWg, (within % kPairsPerWg) / 128, within % 128, row, col);
-    const int m_block = static_cast<int>(tile % m_blocks);
-    const i64 bh = tile / m_blocks;
-    const int head = static_cast<int>(bh % p.heads_q), batch = static_cast<int>(bh / p.heads_q);
     row += m_block * kBlockM;
-    if (row >= p.seqlen_q || col >= kHeadDimReal) return;
-    elem_t* dq = static_cast<elem_t*>(p.dq) + batch * p.dq_stride_b + row * p.dq_stride_s + head * p.dq_stride_h + col;
-    *reinterpret_cast<u32*>(dq) = pack2<elem_t>(v.x * p.softmax_scale, v.y * p.softmax_scale);
+    if (row >= seqlen_q || col >= kHeadDimReal) return;
+    *reinterpret_cast<u32*>(rows + row * p.dq_stride_s + col) = pack2<elem_t>(v.x * p.softmax_scale, v.y * p.softmax_scale);
+}
+
+// Dense: a thread per element pair of all query blocks. Packed: a CTA per (query block of the
+// longest sequence, head, sequence), those past the sequence's own exit.
+extern "C" __global__ void __launch_bounds__(256) fc_bwd_sm90_dq(const BwdParams p) {
+    constexpr int kPairs = kBlockM * kHeadDim / 2;
+    if constexpr (kVarlen) {
+        const Sequence s = Schedule::sequence_of(p);
+        const int m_block = blockIdx.x, head = blockIdx.y;
+        if (m_block * kBlockM >= s.seqlen_q) return;
+        const float2* src =
+            reinterpret_cast<const float2*>(p.dq_accum) + Schedule::query_block(p, s, blockIdx.z, head, m_block) * kPairs;
+        elem_t* rows = static_cast<elem_t*>(p.dq) + s.q_start * p.dq_stride_s + head * p.dq_stride_h;
+        for (int e = threadIdx.x; e < kPairs; e += 256) convert_dq_pair(p, src[e], e, m_block, s.seqlen_q, rows);
+    } else {
+        const int m_blocks = ceil_div(p.seqlen_q, kBlockM);
+        const i64 e = static_cast<i64>(blockIdx.x) * 256 + threadIdx.x;
+        if (e >= static_cast<i64>(p.batch) * p.heads_q * m_blocks * kPairs) return;
+        const i64 tile = e / kPairs, bh = tile / m_blocks;
+        const int head = static_cast<int>(bh % p.heads_q), batch = static_cast<int>(bh / p.heads_q);
+        elem_t* rows = static_cast<elem_t*>(p.dq) + batch * p.dq_stride_b + head * p.dq_stride_h;
+        convert_dq_pair(p, reinterpret_cast<const float2*>(p.dq_accum)[e], static_cast<int>(e % kPairs), static_cast<int>(tile % m_blocks),
+                        p.seqlen_q, rows);
+    }
 }

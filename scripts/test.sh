@@ -72,11 +72,11 @@ for target in "sm_80 fwd_sm80" "sm_90a fwd_sm90" "sm_80 bwd_sm80" "sm_90a bwd_sm
     fi
     grep -c "$2" "$compile_cache/mods.log" | sed "s/^/   $2 variants compiled: /"
 done
-# The packed-batch (varlen) forms of every forward variant and of bwd_sm80's (on sm_80), bf16
-# only as above: they must compile; fwd_sm80's and bwd_sm80's must not spill; fwd_sm90's
-# producer spills in its tile search (docs/perf-log.md, varlen).
+# The packed-batch (varlen) forms of every forward variant and of bwd_sm80's (on sm_80) and
+# bwd_sm90's, bf16 only as above: they must compile; fwd_sm80's and both backwards' must not
+# spill; fwd_sm90's producer spills in its tile search (docs/perf-log.md, varlen).
 echo "== flashcore compile --varlen (packed batches) with NVRTC 13.0"
-for target in "sm_80 fwd_sm80" "sm_90a fwd_sm90" "sm_80 bwd_sm80"; do
+for target in "sm_80 fwd_sm80" "sm_90a fwd_sm90" "sm_80 bwd_sm80" "sm_90a bwd_sm90"; do
     set -- $target
     FLASHCORE_NVRTC="$(realpath "$nvrtc_13_0")" FLASHCORE_CACHE_DIR="$compile_cache" target/debug/flashcore compile --arch "$1" --kernel "$2" --varlen --dtype bf16 > "$compile_cache/varlen.log" || true
     if grep -E "FAILED" "$compile_cache/varlen.log" >&2 || grep SPILLS "$compile_cache/varlen.log" | grep -Ev "^fwd_sm90_.*_varlen " >&2; then

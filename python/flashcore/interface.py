@@ -228,9 +228,10 @@ def flash_attn_varlen_func(
     access). FLASHCORE_CHECK_VARLEN=1 in the environment checks them on every call, by name
     (ValueError; it synchronises: for debugging), in the backward too.
 
-    Differentiable: the backward runs FlashCore's bwd_sm80 tensor-core kernel on every GPU
-    (each sequence its own problem; windows, softcaps and seqused_k included: keys past
-    seqused_k get zero gradients). torch.compile traces both passes.
+    Differentiable: the backward runs FlashCore's tensor-core backward, bwd_sm90's packed form
+    on Hopper for D 64/96/128/192/256, else bwd_sm80's (each sequence its own problem;
+    windows, softcaps and seqused_k included: keys past seqused_k get zero gradients).
+    torch.compile traces both passes.
     """
     for name, t in (("q", q), ("k", k), ("v", v)):
         if isinstance(t, Tensor) and t.dim() != 3:

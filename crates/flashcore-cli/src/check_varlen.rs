@@ -162,8 +162,8 @@ pub(crate) fn sweep(family: KernelFamily, quick: bool, smoke: bool, mut add: imp
 /// no keys), GQA; serving decode (one query per sequence over keys with slack: seqused_k)
 /// at the dispatcher's split count and forced splits; a window and a softcap on a packed batch.
 pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<VarlenSpec> {
-    if family == KernelFamily::BwdSm80 {
-        return crate::check_varlen_bwd::specs(quick, smoke);
+    if family.is_backward() {
+        return crate::check_varlen_bwd::specs(family, quick, smoke);
     }
     if !matches!(family, KernelFamily::FwdSm80 | KernelFamily::FwdSm90) {
         return Vec::new();

@@ -1,11 +1,12 @@
-//! `flashcore check`'s backward of packed (varlen) batches (bwd_sm80): the forward by the
-//! dispatcher's kernel, then the gradients twice into NaN-poisoned buffers; against the f64
-//! oracle run per sequence (zero where a sequence has no queries or no keys, and for the keys
-//! past seqused_k); and each sequence run alone as a batch of one, from the packed forward's
-//! own o and lse rows: dk and dv bitwise always (a CTA sums them in one fixed order), dq
-//! bitwise in deterministic mode at a forced split count (at the dispatcher's count, which
-//! depends on the number of sequences, a sequence alone sums its dQ in other slices; without
-//! deterministic mode dQ's atomics add in a varying order).
+//! `flashcore check`'s backward of packed (varlen) batches (bwd_sm80, bwd_sm90): the forward
+//! by the dispatcher's kernel, then the gradients twice into NaN-poisoned buffers; against the
+//! f64 oracle run per sequence (zero where a sequence has no queries or no keys, and for the
+//! keys past seqused_k); and each sequence run alone as a batch of one, from the packed
+//! forward's own o and lse rows: dk and dv bitwise always (a CTA sums them in one fixed order),
+//! dq bitwise in deterministic mode: bwd_sm90's order depends only on the sequence's own
+//! lengths; bwd_sm80's at a forced split count (at the dispatcher's count, which depends on the
+//! number of sequences, a sequence alone sums its dQ in other slices). Without deterministic
+//! mode dQ's additions come in a varying order.
 
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
@@ -19,17 +20,19 @@ use crate::check_varlen::{seqs, sweep, Packed, Seq, VarlenSpec};
 /// The issue's lengths 0, 1, 7, 113, 1000 and 4097 in one batch (Sq ≠ Sk both ways, a
 /// sequence with keys but no queries and one with queries but no keys), at D64 and D128 (the
 /// oracle's time); a mixed batch with GQA 4, also deterministic at a forced and at the
-/// dispatcher's split count; keys past seqused_k; a window, a softcap, both.
-pub fn specs(quick: bool, smoke: bool) -> Vec<VarlenSpec> {
+/// dispatcher's split count (bwd_sm80; bwd_sm90 has no split count); keys past seqused_k; a
+/// window, a softcap, both. Every head dim of `family` in a full check; D64 and D128 otherwise.
+pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<VarlenSpec> {
     let issue = seqs(&[(0, 5), (1, 1), (7, 300), (113, 113), (1000, 1200), (4097, 4097), (3, 0), (250, 90)]);
     let mixed = seqs(&[(0, 5), (1, 1), (7, 300), (113, 113), (1000, 1200), (3, 0), (250, 90)]);
     let slacked = [(7, 300, 5), (113, 113, 0), (0, 20, 4), (50, 0, 9), (200, 150, 1)]
         .map(|(queries, keys, slack)| Seq { queries, keys, slack })
         .to_vec();
     let policies = seqs(&[(600, 600), (1, 200), (300, 700), (129, 64)]);
-    sweep(KernelFamily::BwdSm80, quick, smoke, |p, out| {
+    let forced = |n: usize| (family == KernelFamily::BwdSm80).then_some(n);
+    sweep(family, quick, smoke, |p, out| {
         out.push(p.spec(&mixed, (8, 2)));
-        out.push(VarlenSpec { deterministic: true, splits: Some(3), ..p.spec(&mixed, (4, 2)) });
+        out.push(VarlenSpec { deterministic: true, splits: forced(3), ..p.spec(&mixed, (4, 2)) });
         if smoke {
             return;
         }
@@ -41,7 +44,7 @@ pub fn specs(quick: bool, smoke: bool) -> Vec<VarlenSpec> {
         }
         if !quick {
             out.push(VarlenSpec { window: Window::new(-1, 64), softcap: 50.0, inputs: Inputs::LargeLogits, ..p.spec(&mixed, (4, 4)) });
-            out.push(VarlenSpec { window: Window::new(256, 256), deterministic: true, splits: Some(2), ..p.spec(&policies, (2, 1)) });
+            out.push(VarlenSpec { window: Window::new(256, 256), deterministic: true, splits: forced(2), ..p.spec(&policies, (2, 1)) });
         }
     })
 }
@@ -112,7 +115,7 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
             let lse_alone = ctx.stream().clone_htod(&rows)?;
             let dout_alone = DeviceTensor::from_f32(ctx, &douts[b], [1, s.queries, hq, d], dtype)?;
             let got = gradients(ctx, spec, &alone, &alone.batch(ctx, max)?, &o, &lse_alone, &dout_alone)?;
-            let dq_too = spec.deterministic && spec.splits.is_some();
+            let dq_too = spec.deterministic && (spec.splits.is_some() || spec.family == KernelFamily::BwdSm90);
             if got[1] != first[1][k_rows.clone()] || got[2] != first[2][k_rows.clone()] {
                 failure = Some(format!("sequence {b}: dk or dv differs bitwise from the same sequence run alone"));
             } else if dq_too && got[0] != first[0][q_rows] {

@@ -23,8 +23,8 @@ pub struct CompileArgs {
     /// Also every forward variant with each score policy: a sliding window, a softcap, both.
     #[arg(long)]
     mods: bool,
-    /// Also the varlen form of every variant that has one (fwd_sm80, fwd_sm90, bwd_sm80; with
-    /// --mods, its policies' varlen forms too).
+    /// Also the varlen form of every variant that has one (fwd_sm80, fwd_sm90, bwd_sm80,
+    /// bwd_sm90; with --mods, its policies' varlen forms too).
     #[arg(long)]
     varlen: bool,
     /// Also every fwd_sm80 variant's paged-KV form (and, with --mods, its policies' paged forms).

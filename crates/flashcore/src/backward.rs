@@ -11,10 +11,11 @@
 //! works with both.
 //!
 //! Packed (varlen) batches ([`Context::attention_varlen_backward`], the backward of
-//! [`Context::attention_varlen`]) run bwd_sm80's `_varlen` variants on every arch (bwd_sm90
-//! and the reference kernels take no packed batch): each sequence is its own problem, with
-//! its own lengths for the causal diagonal and the window, and its dK and dV are bitwise what
-//! it gives alone (its dQ too in deterministic mode at the same `params.num_splits`).
+//! [`Context::attention_varlen`]) run the `_varlen` variants of the same families: bwd_sm90's
+//! on Hopper for its head dims, else bwd_sm80's (the reference kernels take no packed batch):
+//! each sequence is its own problem, with its own lengths for the causal diagonal and the
+//! window, and its dK and dV are bitwise what it gives alone (its dQ too in deterministic
+//! mode: bwd_sm90 always, bwd_sm80 at the same `params.num_splits`).
 //!
 //! Scratch memory per call:
 //! - bwd_sm80: D_i, `4·B·Hq·Sq` bytes, and dQ's f32 accumulator, `4·B·Sq·Hq·D` bytes, times
@@ -25,7 +26,8 @@
 //! - bwd_sm90: D_i and lse·log2e, `8·B·Hq·Sq'` bytes, and dQ's f32 accumulator,
 //!   `4·B·Hq·Sq'·D'` bytes, where Sq' is Sq rounded up to whole query blocks (128 rows at D64,
 //!   64 above) and D' the head dim of the kernel's tiles (D96: 128, D192: 256); in
-//!   deterministic mode also 4 bytes per query block (the order counters).
+//!   deterministic mode also 4 bytes per query block (the order counters). Packed, `B·Sq'` is
+//!   `total_q + B·block_m` rounded down to whole blocks (each sequence padded to whole blocks).
 
 use std::sync::Arc;
 
@@ -223,6 +225,8 @@ impl Context {
         let (causal, window) = params.mask();
         let window = window.unwrap_or(crate::Window::UNBOUNDED);
         let sm80 = variant.family == KernelFamily::BwdSm80;
+        // Packed, the rows of the tensors (bwd_sm90 pads each sequence to whole query blocks).
+        let total_q = varlen.map(|_| tensors.seqlen_q);
         // Rows of lse and D_i (and of dQ's accumulator, times D): packed, the rows themselves.
         let rows = tensors.batch * tensors.heads_q * tensors.seqlen_q;
         let splits = if sm80 && params.deterministic {
@@ -236,7 +240,7 @@ impl Context {
             1
         };
         let (dsum_bytes, dq_accum_bytes) = match variant.family {
-            KernelFamily::BwdSm90 => bwd_sm90::scratch_layout(&variant, &shape, params.deterministic),
+            KernelFamily::BwdSm90 => bwd_sm90::scratch_layout(&variant, &shape, total_q, params.deterministic),
             family => {
                 let accum = if family == KernelFamily::BwdSm80 { splits * rows * shape.head_dim * 4 } else { 0 };
                 ((rows * 4).next_multiple_of(256), accum)
@@ -297,7 +301,7 @@ impl Context {
                 let [prep, dq] = kernel.aux() else {
                     return Err(Error::Unsupported { kernel: variant.name(), msg: "lacks its prep and dQ entry points".into() });
                 };
-                bwd_sm90::launch(stream, [prep, kernel.function(), dq], &variant, &p, &shape, [&q, &k, &v, &dout])
+                bwd_sm90::launch(stream, [prep, kernel.function(), dq], &variant, &p, &shape, total_q, [&q, &k, &v, &dout])
             }
             _ => launch_reference(stream, &kernel, &p, &shape),
         }
@@ -328,8 +332,8 @@ fn backward_variant(shape: &ProblemShape, dtype: crate::DType, params: &AttnPara
 }
 
 /// Which kernels run the backward of `shape` (see the module's documentation): bwd_sm90 on
-/// Hopper for its head dims, else bwd_sm80; a packed batch (`varlen`) bwd_sm80 on every arch;
-/// a family named in `params.kernel` if it can.
+/// Hopper for its head dims, else bwd_sm80, a packed batch (`varlen`) too; a family named in
+/// `params.kernel` if it can.
 fn backward_family(shape: &ProblemShape, params: &AttnParams, arch: Arch, varlen: bool) -> Result<KernelFamily> {
     let unsupported = |family: KernelFamily, msg: String| Err(Error::Unsupported { kernel: family.name().into(), msg });
     let takes = |family: KernelFamily| family.head_dims().contains(&shape.head_dim);
@@ -337,7 +341,6 @@ fn backward_family(shape: &ProblemShape, params: &AttnParams, arch: Arch, varlen
         Some(KernelFamily::Reference) if varlen => {
             unsupported(KernelFamily::Reference, "takes no packed batch (it is the oracle: run each sequence alone)".into())
         }
-        Some(KernelFamily::BwdSm90) if varlen => unsupported(KernelFamily::BwdSm90, "takes no packed batch yet (bwd_sm80 does)".into()),
         Some(KernelFamily::Reference) => Ok(KernelFamily::Reference),
         Some(family @ (KernelFamily::BwdSm80 | KernelFamily::BwdSm90)) if !takes(family) => {
             unsupported(family, format!("takes head dims {:?} (head dim {})", family.head_dims(), shape.head_dim))
@@ -347,7 +350,6 @@ fn backward_family(shape: &ProblemShape, params: &AttnParams, arch: Arch, varlen
         }
         Some(KernelFamily::BwdSm80) => Ok(KernelFamily::BwdSm80),
         Some(KernelFamily::BwdSm90) => Ok(KernelFamily::BwdSm90),
-        _ if varlen && takes(KernelFamily::BwdSm80) => Ok(KernelFamily::BwdSm80),
         _ if takes(KernelFamily::BwdSm90) && KernelFamily::BwdSm90.runs_on(arch) => Ok(KernelFamily::BwdSm90),
         _ if takes(KernelFamily::BwdSm80) => Ok(KernelFamily::BwdSm80),
         _ => Ok(KernelFamily::Reference),
@@ -460,22 +462,23 @@ mod tests {
     }
 
     #[test]
-    fn packed_batches_take_bwd_sm80_on_every_arch_or_a_named_refusal() {
+    fn packed_batches_take_the_dense_family_or_a_named_refusal() {
         for arch in [HOPPER, AMPERE] {
             for d in [32, 64, 128, 256] {
                 let params = AttnParams { deterministic: d == 64, ..AttnParams::default() };
-                assert_eq!(backward_family(&shape(d), &params, arch, true).unwrap(), KernelFamily::BwdSm80, "D{d}");
+                let want = if arch == HOPPER && d != 32 { KernelFamily::BwdSm90 } else { KernelFamily::BwdSm80 };
+                assert_eq!(backward_family(&shape(d), &params, arch, true).unwrap(), want, "D{d} on {arch}");
             }
-            let named = AttnParams { kernel: Some(KernelFamily::BwdSm80), causal: true, softcap: 30.0, ..AttnParams::default() };
-            let v = backward_variant(&shape(128), crate::DType::BF16, &named, arch, true).unwrap();
-            assert!(v.name().ends_with("_softcap_varlen"), "{}", v.name());
+            for family in [KernelFamily::BwdSm80, KernelFamily::BwdSm90].into_iter().filter(|f| f.runs_on(arch)) {
+                let named = AttnParams { kernel: Some(family), causal: true, softcap: 30.0, ..AttnParams::default() };
+                let v = backward_variant(&shape(128), crate::DType::BF16, &named, arch, true).unwrap();
+                assert!(v.family == family && v.name().ends_with("_softcap_varlen"), "{}", v.name());
+            }
         }
-        for family in [KernelFamily::Reference, KernelFamily::BwdSm90] {
-            let named = AttnParams { kernel: Some(family), ..AttnParams::default() };
-            match backward_family(&shape(128), &named, HOPPER, true) {
-                Err(Error::Unsupported { kernel, msg }) => assert!(kernel == family.name() && msg.contains("packed"), "{kernel}: {msg}"),
-                other => panic!("{family}: expected Unsupported, got {other:?}"),
-            }
+        let named = AttnParams { kernel: Some(KernelFamily::Reference), ..AttnParams::default() };
+        match backward_family(&shape(128), &named, HOPPER, true) {
+            Err(Error::Unsupported { kernel, msg }) => assert!(kernel == "reference" && msg.contains("packed"), "{kernel}: {msg}"),
+            other => panic!("expected Unsupported, got {other:?}"),
         }
     }
 }

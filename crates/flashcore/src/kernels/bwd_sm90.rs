@@ -2,7 +2,10 @@
 //! wgmma and TMA, a producer warpgroup (with a dQ writer warp) and two consumer warpgroups, a
 //! CTA per (key block, KV head, batch): 128 keys, 64 a consumer, up to D128; 64 keys shared by
 //! both consumers, dK and dV split by columns, at D192 (run as D256) and D256. dQ is added in
-//! f32 with bulk reduce-adds, in a fixed key-block order in deterministic mode.
+//! f32 with bulk reduce-adds, in a fixed key-block order in deterministic mode. The varlen
+//! form (`FC_VARLEN`) runs a packed batch: a CTA per (key block of the longest sequence, KV
+//! head, sequence), each sequence on its own lengths, with dQ's accumulator and the per-row
+//! statistics padded to whole query blocks per sequence (see [`padded_rows`]).
 
 use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 
@@ -84,54 +87,77 @@ pub fn variant(dtype: DType, head_dim: usize, causal: bool) -> Variant {
 }
 
 /// Rows of the padded per-row arrays (D_i, lse·log2e) and of dQ's accumulator: whole query
-/// blocks per (batch, head).
-pub fn padded_rows(variant: &Variant, shape: &ProblemShape) -> usize {
+/// blocks per (batch, head); packed (`total_q`: the packed rows, `shape` the kernel's: B
+/// sequences of the longest lengths), `(total_q + B·block_m) / block_m` blocks per head,
+/// room for each sequence padded to whole blocks (FlashAttention-3's layout; see
+/// `query_block` in `kernels/common/bwd_schedule.cuh`, which must agree).
+pub fn padded_rows(variant: &Variant, shape: &ProblemShape, total_q: Option<usize>) -> usize {
     let m = variant.tile.block_m as usize;
-    shape.batch * shape.heads_q * shape.seqlen_q.div_ceil(m) * m
+    match total_q {
+        Some(total) => shape.heads_q * (total + shape.batch * m) / m * m,
+        None => shape.batch * shape.heads_q * shape.seqlen_q.div_ceil(m) * m,
+    }
 }
 
 /// Scratch bytes: D_i and lse·log2e (f32 per padded row); then dQ's f32 accumulator, and in
-/// deterministic mode a `u32` counter per query block after it (zeroed with it).
-pub fn scratch_layout(variant: &Variant, shape: &ProblemShape, deterministic: bool) -> (usize, usize) {
-    let rows = padded_rows(variant, shape);
+/// deterministic mode a `u32` counter per query block after it (zeroed with it). `total_q`
+/// as in [`padded_rows`].
+pub fn scratch_layout(variant: &Variant, shape: &ProblemShape, total_q: Option<usize>, deterministic: bool) -> (usize, usize) {
+    let rows = padded_rows(variant, shape, total_q);
     let head_dim = padded_head_dim(shape.head_dim);
     let counters = if deterministic { rows / variant.tile.block_m as usize * 4 } else { 0 };
     ((2 * rows * 4).next_multiple_of(256), rows * head_dim * 4 + counters)
 }
 
 /// The prep kernel, the main one and the dQ conversion; dQ's accumulator zeroed first.
+/// `shape` is the kernel's (packed: B sequences of the longest lengths, and `total_q` the
+/// packed rows); packed, prep and the conversion run a CTA row per query block of the longest
+/// sequence, and the main kernel at least one key block (key block 0's CTAs zero dK and dV past
+/// seqused_k). A launch of an empty grid (a packed batch without queries) is left out.
 pub fn launch(
     stream: &CudaStream,
     functions: [&CudaFunction; 3],
     variant: &Variant,
     p: &BwdParams,
     shape: &ProblemShape,
+    total_q: Option<usize>,
     qkv_do: [&TensorView; 4],
 ) -> Result<()> {
     let [prep, main, dq] = functions;
-    let (_, accum_bytes) = scratch_layout(variant, shape, p.deterministic != 0);
+    let (_, accum_bytes) = scratch_layout(variant, shape, total_q, p.deterministic != 0);
     // SAFETY: `p.dq_accum` is scratch memory of `accum_bytes`, used in stream order.
     unsafe { cudarc::driver::sys::cuMemsetD32Async(p.dq_accum, 0, accum_bytes / 4, stream.cu_stream()) }
         .result()
         .ctx("zeroing dQ's accumulator")?;
     let tile = variant.tile;
-    let rows = padded_rows(variant, shape) / (shape.batch * shape.heads_q);
+    let (m, seqs, heads_q) = (tile.block_m as usize, shape.batch as u32, shape.heads_q as u32);
+    let m_blocks = shape.seqlen_q.div_ceil(m) as u32;
     let what = |w: &str| format!("launching {} ({w})", variant.name());
-    let cfg = |grid_dim, threads, shared_mem_bytes| LaunchConfig { grid_dim, block_dim: (threads, 1, 1), shared_mem_bytes };
-    let prep_cfg = cfg(((rows / 4) as u32, shape.heads_q as u32, shape.batch as u32), 128, 0);
-    // SAFETY: `fc_bwd_sm90_prep(BwdParams)`; the pointers were validated against their layouts.
-    unsafe { stream.launch_builder(prep).arg(p).launch(prep_cfg) }.ctx(what("D_i"))?;
+    let cfg = |grid_dim: (u32, u32, u32), threads, shared_mem_bytes| {
+        let empty = grid_dim.0 == 0 || grid_dim.1 == 0 || grid_dim.2 == 0;
+        (!empty).then_some(LaunchConfig { grid_dim, block_dim: (threads, 1, 1), shared_mem_bytes })
+    };
+    if let Some(prep_cfg) = cfg((m_blocks * m as u32 / 4, heads_q, seqs), 128, 0) {
+        // SAFETY: `fc_bwd_sm90_prep(BwdParams)`; the pointers were validated against their layouts.
+        unsafe { stream.launch_builder(prep).arg(p).launch(prep_cfg) }.ctx(what("D_i"))?;
+    }
     let tq = tensor_map(qkv_do[0], tile.block_m)?;
     let tk = tensor_map(qkv_do[1], tile.block_n)?;
     let tv = tensor_map(qkv_do[2], tile.block_n)?;
     let tdo = tensor_map(qkv_do[3], tile.block_m)?;
-    let key_blocks = shape.seqlen_k.div_ceil(tile.block_n as usize) as u32;
-    let main_cfg = cfg((key_blocks, shape.heads_kv as u32, shape.batch as u32), 32 * tile.warps, variant.smem_bytes);
-    // SAFETY: the arguments match `fc_bwd_sm90(BwdParams, CUtensorMap x4)`.
-    unsafe { stream.launch_builder(main).arg(p).arg(&tq).arg(&tk).arg(&tv).arg(&tdo).launch(main_cfg) }.ctx(what("dK, dV"))?;
-    let pairs = padded_rows(variant, shape) * padded_head_dim(shape.head_dim) / 2;
-    // SAFETY: `fc_bwd_sm90_dq(BwdParams)`, after the main kernel in stream order.
-    unsafe { stream.launch_builder(dq).arg(p).launch(cfg((pairs.div_ceil(256) as u32, 1, 1), 256, 0)) }.ctx(what("dQ"))?;
+    let key_blocks = shape.seqlen_k.div_ceil(tile.block_n as usize).max(usize::from(total_q.is_some())) as u32;
+    if let Some(main_cfg) = cfg((key_blocks, shape.heads_kv as u32, seqs), 32 * tile.warps, variant.smem_bytes) {
+        // SAFETY: the arguments match `fc_bwd_sm90(BwdParams, CUtensorMap x4)`.
+        unsafe { stream.launch_builder(main).arg(p).arg(&tq).arg(&tk).arg(&tv).arg(&tdo).launch(main_cfg) }.ctx(what("dK, dV"))?;
+    }
+    let dq_grid = match total_q {
+        Some(_) => (m_blocks, heads_q, seqs),
+        None => ((padded_rows(variant, shape, None) * padded_head_dim(shape.head_dim) / 2).div_ceil(256) as u32, 1, 1),
+    };
+    if let Some(dq_cfg) = cfg(dq_grid, 256, 0) {
+        // SAFETY: `fc_bwd_sm90_dq(BwdParams)`, after the main kernel in stream order.
+        unsafe { stream.launch_builder(dq).arg(p).launch(dq_cfg) }.ctx(what("dQ"))?;
+    }
     Ok(())
 }
 
@@ -150,5 +176,27 @@ mod tests {
         assert_eq!((tile(256).block_n, tile(256).stages), (64, 1));
         assert_eq!(smem_bytes(tile(192), 192), smem_bytes(tile(256), 256), "D192 runs as D256");
         assert_eq!(padded_head_dim(96), 128);
+    }
+
+    /// The packed layout of `query_block` (kernels/common/bwd_schedule.cuh): sequence b's
+    /// blocks start at (q_start + b·m) / m; they never overlap the previous sequence's and all
+    /// lie within the head's (total_q + B·m) / m blocks, for every length (0 and 1 included).
+    #[test]
+    fn packed_query_blocks_are_disjoint_and_fit() {
+        for (m, lens) in [(64, vec![0, 1, 7, 113, 1000, 4097, 3, 250]), (128, vec![1, 1, 1, 128, 129, 0, 255]), (64, vec![64; 5])] {
+            let v = variant(DType::BF16, if m == 128 { 64 } else { 128 }, false);
+            assert_eq!(v.tile.block_m as usize, m);
+            let total: usize = lens.iter().sum();
+            let shape = ProblemShape { batch: lens.len(), seqlen_q: 4097, seqlen_k: 1, heads_q: 3, heads_kv: 1, head_dim: 128 };
+            let per_head = padded_rows(&v, &shape, Some(total)) / shape.heads_q / m;
+            let (mut start, mut end_before) = (0, 0);
+            for (b, &len) in lens.iter().enumerate() {
+                let first = (start + b * m) / m;
+                assert!(first >= end_before, "sequence {b} overlaps the previous one");
+                end_before = first + len.div_ceil(m);
+                assert!(end_before <= per_head, "sequence {b} ends past the head's blocks");
+                start += len;
+            }
+        }
     }
 }

@@ -306,10 +306,10 @@ pub fn paged_form(v: &Variant) -> Option<Variant> {
 }
 
 /// `v`'s varlen form (a packed batch: `cu_seqlens`), where the dispatcher runs one: every
-/// variant of fwd_sm80, fwd_sm90 and bwd_sm80 (the backward of every packed batch, on every
-/// arch).
+/// variant of fwd_sm80, fwd_sm90, bwd_sm80 and bwd_sm90 (the backward of a packed batch runs
+/// on the family of the dense one).
 pub fn varlen_form(v: &Variant) -> Option<Variant> {
-    let packs = matches!(v.family, KernelFamily::FwdSm80 | KernelFamily::FwdSm90 | KernelFamily::BwdSm80);
+    let packs = matches!(v.family, KernelFamily::FwdSm80 | KernelFamily::FwdSm90 | KernelFamily::BwdSm80 | KernelFamily::BwdSm90);
     (packs && !v.varlen && !v.paged).then(|| Variant { varlen: true, ..v.clone() })
 }
 
