@@ -88,14 +88,19 @@
 // q, o, lse dense; sequence b has min(p.seqused_k[b] + p.new_keys, p.seqlen_k) keys, p.seqlen_k
 // the capacity (the grid's and the split count's extent; each sequence's key tiles shared out
 // as varlen's). Key tiles are loaded by 16-key groups: lane g of each warp looks up the pool row
-// offset of group g of the next tile one tile ahead (the table read overlaps a tile's compute),
-// and each 16-byte copy adds its row's group offset, taken from that lane by a shuffle (once a
-// group before the copies where the loader's rows make the group known at compile time: D64,
-// D128 and D256; per copy for D32, D96 and D192); GQA decode packs heads as rows as
-// dense. Entry fc_paged_append(FwdParams p) (common/paged.cuh) writes p.k_new, p.v_new first;
-// on sm_90 this kernel is launched as its programmatic dependent and waits (griddep::wait)
-// before its first K/V copy. Registers (CUDA 13.0 NVRTC, sm_90a, bf16 = f16, 0 spills at every
-// tile): within -2 / +15 of the dense form's (split D128 64x128: 226 / 229 against 222 / 225).
+// offset of a group ahead of the copies (split tiles: group g % (BLOCK_N / 16) of the tile
+// g / (BLOCK_N / 16) after the current lookup's, 4 tiles of 128 keys a table read, with the
+// next read in flight; unsplit: group g of the next tile), and each 16-byte copy adds its
+// row's group offset, taken from that lane by a shuffle (once a group before the copies where
+// the loader's rows make the group known at compile time: D64, D128 and D256; per copy for
+// D32, D96 and D192); GQA decode packs heads as rows as dense. On sm_90 the paged split tiles
+// have three K/V slots (D128 64x128: 208 KB; D256 64x64: 224 KB; the host's Variant says so):
+// two tiles of scattered pages in flight while one computes. Entry fc_paged_append(FwdParams p)
+// (common/paged.cuh) writes p.k_new, p.v_new first; on sm_90 this kernel is launched as its
+// programmatic dependent and waits (griddep::wait) before its first K/V copy. Registers (CUDA
+// 13.0 NVRTC, bf16 = f16, 0 spills at every tile, sm_80/86/90a): on sm_90a the unsplit tiles
+// within -2 / +8 of the dense form's, the split tiles with their third slot +0 to +16 (D128
+// 64x128: 238 / 240 against 222 / 225; D256 64x64: 252 / 255 against 244 / 255).
 #include "common/mask.cuh"
 #include "common/paged.cuh"
 #include "common/params.cuh"
@@ -221,13 +226,14 @@ template <class Tile> struct TileLoader {
     __device__ __forceinline__ explicit TileLoader(int t) : tid(t) {}
 
     // Paged (kPagedRows): row r of the tile lies row_delta rows further, row_delta of its
-    // group of 16 keys (common/paged.cuh) held by lane r / 16 of the warp in `delta`.
+    // group of 16 keys (common/paged.cuh) held by lane delta_lane + r / 16 of the warp in `delta`.
     template <bool kPagedRows = false>
-    __device__ __forceinline__ void operator()(u32 smem, const elem_t* g, i64 row_stride, int valid, int delta = 0) const {
+    __device__ __forceinline__ void operator()(u32 smem, const elem_t* g, i64 row_stride, int valid, int delta = 0,
+                                               int delta_lane = 0) const {
         const int tid = recomputed(this->tid);
         auto paged = [&](const elem_t* src, int row) {
             if constexpr (!kPagedRows) return src;
-            return src + static_cast<i64>(__shfl_sync(0xffffffffu, delta, row / paged::kGroupKeys)) * row_stride;
+            return src + static_cast<i64>(__shfl_sync(0xffffffffu, delta, delta_lane + row / paged::kGroupKeys)) * row_stride;
         };
         if constexpr (kRegular && kPagedRows && kExactGroups) {
             // Each group's offset fetched once, all before the first copy: the copies then
@@ -239,7 +245,7 @@ template <class Tile> struct TileLoader {
             for (int k = 0; k < kKeys; ++k) dst[k] = smem + Tile::offset(r0 + k * kRowsPerPass, c);
             int group_delta[kGroups];
 #pragma unroll
-            for (int group = 0; group < kGroups; ++group) group_delta[group] = __shfl_sync(0xffffffffu, delta, group);
+            for (int group = 0; group < kGroups; ++group) group_delta[group] = __shfl_sync(0xffffffffu, delta, delta_lane + group);
             const elem_t* src = g + r0 * row_stride + c * 8;
 #pragma unroll
             for (int i = 0; i < kCopies; ++i) {
@@ -560,18 +566,41 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
         tile_end = min(keys.end, tile_begin + per_split);
     }
     const int n_tiles = tile_end - tile_begin;  // >= 0: begin <= end (KeyBlocks)
-    // Paged: lane g's row_delta for keys 16g... of the next tile to load. Tiles load in order
-    // (0, 1, ...; K before V), so each load takes this and looks up the next tile's: the
-    // table read is in flight while a tile computes, never on the path to a copy's issue.
-    auto page_deltas = [&](int i) {
-        const int key0 = (tile_end - 1 - i) * kBlockN;
-        return i < n_tiles ? paged::row_delta(p, where().batch, key0 + paged::kGroupKeys * lane) : 0;
+    // Paged: the pool row offsets (row_delta) of the key tiles' 16-key groups, looked up
+    // kLookupTiles tiles at a time: lane g holds group g % kTileGroups of tile i0 + g /
+    // kTileGroups. Two lookups are held, the current tiles' and the next ones', so a table
+    // read is in flight at least one tile before its first copy, and the split tiles'
+    // prologue (kStages - 1 tiles) waits on one read, not on a chain of them. The unsplit
+    // tiles look up one tile at a time (the one after the tile being loaded): at 255
+    // registers, a lookup held across tiles spills (D128 128x64, D64 128x128 causal).
+    constexpr int kTileGroups = kBlockN / paged::kGroupKeys;
+    constexpr int kLookupTiles = kSplitKv ? 32 / kTileGroups : 1;
+    static_assert(32 % kTileGroups == 0, "a warp's lanes hold whole tiles' groups");
+    auto page_deltas = [&](int i0) {
+        // One tile a lookup: lane g's group g (the lanes past the tile's groups look past it,
+        // clamped to the table, unused); in this form D64 128x128 causal does not spill.
+        if constexpr (kLookupTiles == 1) {
+            const int key0 = (tile_end - 1 - i0) * kBlockN;
+            return i0 < n_tiles ? paged::row_delta(p, where().batch, key0 + paged::kGroupKeys * lane) : 0;
+        }
+        const int i = i0 + lane / kTileGroups;
+        const int key = (tile_end - 1 - i) * kBlockN + paged::kGroupKeys * (lane % kTileGroups);
+        return i < n_tiles ? paged::row_delta(p, where().batch, key) : 0;
     };
-    int next_delta = kPaged ? page_deltas(0) : 0;
-    auto take_delta = [&](int i) {
-        const int delta = next_delta;
-        if (kPaged) next_delta = page_deltas(i + 1);
-        return delta;
+    int deltas = 0, deltas_ahead = kPaged ? page_deltas(0) : 0;
+    // Tile i's first lane in `deltas`; called once a tile, in load order (0, 1, ...), before
+    // its first copy: at each kLookupTiles-th tile the held lookups move on.
+    auto take_deltas = [&](int i) {
+        if constexpr (kLookupTiles == 1) {
+            deltas = deltas_ahead;
+            if (kPaged) deltas_ahead = page_deltas(i + 1);
+            return 0;
+        }
+        if (kPaged && i % kLookupTiles == 0) {
+            deltas = deltas_ahead;
+            deltas_ahead = page_deltas(i + kLookupTiles);
+        }
+        return i % kLookupTiles * kTileGroups;
     };
     // Iteration i visits key tile tile_end - 1 - i, in ring slot i % kStages.
     const TileLoader<KVTile> load_kv_tile(tid);
@@ -583,10 +612,10 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
         const elem_t* k = static_cast<const elem_t*>(p.k) + b * p.k_stride_b + h * p.k_stride_h;
         const elem_t* v = static_cast<const elem_t*>(p.v) + b * p.v_stride_b + h * p.v_stride_h;
         const int row = kVarlen ? sequence_of(t).k_start + key0 : key0;  // of the sequence's keys in K and V
-        const int delta = take_delta(i);
+        const int delta_lane = take_deltas(i);
         const int valid = sequence_of(t).seqlen_k - key0;
-        load_kv_tile.template operator()<kPaged>(k_smem + slot, k + row * p.k_stride_s, p.k_stride_s, valid, delta);
-        load_kv_tile.template operator()<kPaged>(v_smem + slot, v + row * p.v_stride_s, p.v_stride_s, valid, delta);
+        load_kv_tile.template operator()<kPaged>(k_smem + slot, k + row * p.k_stride_s, p.k_stride_s, valid, deltas, delta_lane);
+        load_kv_tile.template operator()<kPaged>(v_smem + slot, v + row * p.v_stride_s, p.v_stride_s, valid, deltas, delta_lane);
     };
     // The single-buffer pipeline loads K and V of a tile separately (into slot 0).
     auto load_k_or_v = [&](int i, bool is_v) {
@@ -597,9 +626,9 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
         const i64 stride_s = is_v ? p.v_stride_s : p.k_stride_s;
         const elem_t* src = base + b * (is_v ? p.v_stride_b : p.k_stride_b) + h * (is_v ? p.v_stride_h : p.k_stride_h);
         const int row = kVarlen ? sequence_of(t).k_start + key0 : key0;
-        const int delta = is_v ? take_delta(i) : next_delta;  // K then V of each tile
+        const int delta_lane = is_v ? i % kLookupTiles * kTileGroups : take_deltas(i);  // K then V of each tile
         load_kv_tile.template operator()<kPaged>(is_v ? v_smem : k_smem, src + row * stride_s, stride_s,
-                                                 sequence_of(t).seqlen_k - key0, delta);
+                                                 sequence_of(t).seqlen_k - key0, deltas, delta_lane);
     };
 
     TileLoader<QTile>{tid}(q_smem, q, p.q_stride_s, rows_valid);

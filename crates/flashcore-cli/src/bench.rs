@@ -23,7 +23,8 @@ pub struct BenchArgs {
     /// and forward + backward), bwd-dims (the same for the dims suite's cases); varlen
     /// (packed batches of mixed lengths through attention_varlen, each beside the dense batch
     /// of the same tokens, and a decode batch with seqused_k); paged (decode over a paged KV
-    /// cache beside the contiguous decode).
+    /// cache beside the contiguous decode and the HBM copy ceiling, rows timed in alternating
+    /// rounds).
     #[arg(long, default_value = "quick")]
     suite: String,
     /// Sliding window `LEFT,RIGHT` on every case (keys around each query's bottom-right

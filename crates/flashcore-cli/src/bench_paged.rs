@@ -1,10 +1,11 @@
 //! `flashcore bench --suite paged`: decode over a paged KV cache against the contiguous
 //! decode of the same shape in the same run (GB/s of K and V), at page sizes 16 and 64 with
 //! shuffled page tables, and with one new key appended per sequence (the pre-pass) against
-//! the same cache without.
+//! the same cache without; and the run's HBM ceiling, a device-to-device copy of as many bytes.
 
 use anyhow::Result;
-use flashcore::bench::{time, TimingOptions};
+use cudarc::driver::DevicePtr;
+use flashcore::bench::{time, Timing, TimingOptions};
 use flashcore::{AttnParams, BlockTableView, Context, DeviceTensor, Layout, PagedKv, SeqLensView, TensorView};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -17,9 +18,24 @@ use crate::cases::Case;
 /// cost from the scattered pages').
 const PAGES: [(usize, bool); 4] = [(16, true), (64, true), (256, true), (16, false)];
 
-/// Rows for one decode `case` (`Sq = 1`): `dense` (our contiguous decode), then per page size
-/// `paged{P}` and `paged{P}+append` (S - 1 cached keys and one appended: the same keys read),
-/// and `paged16-ordered` (an unshuffled table).
+/// Each row's samples are taken in this many rounds, the rows alternating within a round, so
+/// that a drift of the GPU's clock over the case shows in every row alike, not in the ratios.
+const ROUNDS: usize = 3;
+
+/// What a row times.
+enum Run {
+    /// The HBM ceiling of this run: a device-to-device copy of K, whose bytes read and
+    /// written are the bytes of K and V that the decode reads.
+    Copy,
+    /// Our contiguous decode.
+    Dense,
+    /// The same keys in a paged cache: page size, a shuffled table, one key appended.
+    Paged { page: usize, shuffled: bool, append: bool },
+}
+
+/// Rows for one decode `case` (`Sq = 1`): `hbm-copy` (the ceiling), `dense` (our contiguous
+/// decode), then per page size `paged{P}` and `paged{P}+append` (S - 1 cached keys and one
+/// appended: the same keys read), and `paged16-ordered` (an unshuffled table).
 /// K and V hold one value everywhere (the speed of these memory-bound kernels does not depend
 /// on it; `check` covers correctness); one buffer serves every layout.
 pub fn rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> {
@@ -32,55 +48,91 @@ pub fn rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> {
     let mut o = DeviceTensor::filled(ctx, 0, case.q_shape(), dtype)?;
     let mut lse = ctx.stream().alloc_zeros::<f32>(b * case.heads_q)?;
     let params = AttnParams::default();
-    let opts = TimingOptions { samples, graph: true, ..Default::default() };
+    let opts = TimingOptions { samples: samples.div_ceil(ROUNDS), graph: true, ..Default::default() };
     let bytes = case.shape().kv_bytes(dtype.size_bytes());
-    let row = |name: &str, kernel: String, t: flashcore::bench::Timing| Row {
-        case: Case { name: format!("{}_{name}", case.name), ..case.clone() },
-        kernel: Some(kernel),
-        status: "ok".into(),
-        message: None,
-        median_ms: Some(t.median_ms),
-        min_ms: Some(t.min_ms),
-        max_ms: Some(t.max_ms),
-        samples_ms: t.samples_ms,
-        tflops: None,
-        gbps: Some(bytes / (t.median_ms * 1e-3) * 1e-9),
-        rel_error: None,
-        timing: Some("graph".into()),
-        eager_median_ms: None,
-        fwd_bwd_median_ms: None,
-        round_medians_ms: vec![],
-    };
+    let elems = b * s * hkv * d;
+    let copy_dst = ctx.stream().alloc_zeros::<u16>(elems)?;
+    let (dst, src, stream) = (copy_dst.device_ptr(ctx.stream()).0, k.view().ptr(), ctx.stream().cu_stream());
+    let full = ctx.stream().clone_htod(&vec![s as i32; b])?;
+    let short = ctx.stream().clone_htod(&vec![s as i32 - 1; b])?;
     let mut out = Vec::new();
-    let dense = time(ctx, opts, |_| ctx.attention_into(q.view(), k.view(), v.view(), o.view_mut(), Some(&mut lse), &params))?;
-    out.push(row("dense", ctx.plan(&case.shape(), dtype, &params)?.describe(), dense));
+    let mut runs = vec![Run::Copy, Run::Dense];
+    let mut tables = Vec::new();
     for (page, shuffled) in PAGES {
         if s % page != 0 {
             out.push(unsupported(case, "unsupported", format!("S {s} is not a multiple of page size {page}")));
             continue;
         }
-        let pages = b * s / page;
-        let mut ids: Vec<i32> = (0..pages as i32).collect();
+        let mut ids: Vec<i32> = (0..(b * s / page) as i32).collect();
         if shuffled {
             ids.shuffle(&mut rand::rngs::StdRng::seed_from_u64(page as u64));
         }
-        let table = ctx.stream().clone_htod(&ids)?;
-        // SAFETY: the pools are k's and v's buffers (b * s * hkv * d elements) seen as pages.
-        let pool = |t: &DeviceTensor| unsafe { TensorView::from_raw(t.view().ptr(), Layout::contiguous([pages, page, hkv, d], dtype), 0) };
-        let full = ctx.stream().clone_htod(&vec![s as i32; b])?;
-        let short = ctx.stream().clone_htod(&vec![s as i32 - 1; b])?;
-        for append in [false, true].into_iter().filter(|&a| shuffled || !a) {
-            let kv = PagedKv {
-                block_table: Some(BlockTableView::of(&table, b, s / page)?),
-                cache_seqlens: Some(SeqLensView::of(if append { &short } else { &full })),
-                k_new: append.then(|| new.view()),
-                v_new: append.then(|| new.view()),
-            };
-            let t =
-                time(ctx, opts, |_| ctx.attention_paged_into(q.view(), pool(&k), pool(&v), o.view_mut(), Some(&mut lse), &kv, &params))?;
-            let name = format!("paged{page}{}{}", if shuffled { "" } else { "-ordered" }, if append { "+append" } else { "" });
-            out.push(row(&name, format!("{} paged", ctx.plan(&case.shape(), dtype, &params)?.describe()), t));
+        tables.push((page, shuffled, ctx.stream().clone_htod(&ids)?));
+        runs.extend([false, true].into_iter().filter(|&a| shuffled || !a).map(|append| Run::Paged { page, shuffled, append }));
+    }
+    let mut time_run = |run: &Run| -> Result<Timing> {
+        Ok(match *run {
+            Run::Copy => time(ctx, opts, |_| {
+                // SAFETY: both buffers hold `elems` elements and outlive the timing.
+                unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, elems * dtype.size_bytes(), stream) }
+                    .map_err(|source| flashcore::Error::Driver { context: "copying K (the HBM ceiling)".into(), source })
+            })?,
+            Run::Dense => time(ctx, opts, |_| ctx.attention_into(q.view(), k.view(), v.view(), o.view_mut(), Some(&mut lse), &params))?,
+            Run::Paged { page, shuffled, append } => {
+                let table = &tables.iter().find(|t| (t.0, t.1) == (page, shuffled)).expect("a table per page size").2;
+                let pages = b * s / page;
+                // SAFETY: the pools are k's and v's buffers (b * s * hkv * d elements) seen as pages.
+                let pool =
+                    |t: &DeviceTensor| unsafe { TensorView::from_raw(t.view().ptr(), Layout::contiguous([pages, page, hkv, d], dtype), 0) };
+                let kv = PagedKv {
+                    block_table: Some(BlockTableView::of(table, b, s / page)?),
+                    cache_seqlens: Some(SeqLensView::of(if append { &short } else { &full })),
+                    k_new: append.then(|| new.view()),
+                    v_new: append.then(|| new.view()),
+                };
+                time(ctx, opts, |_| ctx.attention_paged_into(q.view(), pool(&k), pool(&v), o.view_mut(), Some(&mut lse), &kv, &params))?
+            }
+        })
+    };
+    let mut samples_ms: Vec<Vec<f64>> = vec![Vec::new(); runs.len()];
+    let mut round_medians_ms: Vec<Vec<f64>> = vec![Vec::new(); runs.len()];
+    for _ in 0..ROUNDS {
+        for ((run, taken), medians) in runs.iter().zip(&mut samples_ms).zip(&mut round_medians_ms) {
+            let timing = time_run(run)?;
+            medians.push(timing.median_ms);
+            taken.extend(timing.samples_ms);
         }
+    }
+    let plan = ctx.plan(&case.shape(), dtype, &params)?.describe();
+    for ((run, taken), round_medians_ms) in runs.iter().zip(samples_ms).zip(round_medians_ms) {
+        let (name, kernel) = match *run {
+            Run::Copy => ("hbm-copy".to_string(), "cuMemcpyDtoDAsync of K: read + write = the bytes of K + V".to_string()),
+            Run::Dense => ("dense".to_string(), plan.clone()),
+            Run::Paged { page, shuffled, append } => (
+                format!("paged{page}{}{}", if shuffled { "" } else { "-ordered" }, if append { "+append" } else { "" }),
+                format!("{plan} paged"),
+            ),
+        };
+        let mut sorted = taken.clone();
+        sorted.sort_by(f64::total_cmp);
+        let median = sorted[sorted.len() / 2];
+        out.push(Row {
+            case: Case { name: format!("{}_{name}", case.name), ..case.clone() },
+            kernel: Some(kernel),
+            status: "ok".into(),
+            message: None,
+            median_ms: Some(median),
+            min_ms: Some(sorted[0]),
+            max_ms: Some(sorted[sorted.len() - 1]),
+            samples_ms: taken,
+            tflops: None,
+            gbps: Some(bytes / (median * 1e-3) * 1e-9),
+            rel_error: None,
+            timing: Some("graph".into()),
+            eager_median_ms: None,
+            fwd_bwd_median_ms: None,
+            round_medians_ms,
+        });
     }
     Ok(out)
 }

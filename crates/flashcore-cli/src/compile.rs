@@ -38,11 +38,11 @@ pub struct CompileArgs {
 /// `v`, and with `mods` its sliding-window, softcap and combined forms where the dispatcher
 /// runs them (see `kernels::mods_forms`), with `varlen` the varlen form of each, with `paged`
 /// the paged-KV form of each.
-fn with_mods(v: Variant, mods: bool, varlen: bool, paged: bool) -> Vec<Variant> {
+fn with_mods(arch: Arch, v: Variant, mods: bool, varlen: bool, paged: bool) -> Vec<Variant> {
     let forms = if mods { flashcore::kernels::mods_forms(&v) } else { Vec::new() };
     let dense: Vec<Variant> = std::iter::once(v).chain(forms).collect();
     let packed = dense.iter().filter(|_| varlen).filter_map(flashcore::kernels::varlen_form);
-    let paged_forms: Vec<Variant> = dense.iter().filter(|_| paged).filter_map(flashcore::kernels::paged_form).collect();
+    let paged_forms: Vec<Variant> = dense.iter().filter(|_| paged).filter_map(|v| flashcore::kernels::paged_form(arch, v)).collect();
     packed.chain(paged_forms).chain(dense.iter().cloned()).collect()
 }
 
@@ -73,7 +73,7 @@ pub fn run(args: &CompileArgs) -> Result<bool> {
         .iter()
         .flat_map(|&a| families.iter().filter(move |f| f.runs_on(a)).flat_map(move |f| f.variants(a).into_iter().map(move |v| (a, v))))
         .filter(|(_, v)| dtype.map_or(true, |d| v.dtype == d))
-        .flat_map(|(a, v)| with_mods(v, args.mods, args.varlen, args.paged).into_iter().map(move |v| (a, v)))
+        .flat_map(|(a, v)| with_mods(a, v, args.mods, args.varlen, args.paged).into_iter().map(move |v| (a, v)))
         .collect();
     let results: Vec<_> = jobs.par_iter().map(|(arch, v)| (arch, v, jit.compile(&v.source(), *arch))).collect();
     println!("{:<52} {:<7} {:>5} {:>10} {:>10} {:>7} {:>8}", "variant", "arch", "regs", "smem_dyn", "smem_stat", "spill", "seconds");

@@ -85,7 +85,7 @@ pub fn default_family(device: &Device, shape: &ProblemShape) -> KernelFamily {
     let decode_like = kernel_rows(shape) <= fwd_sm80::SPLIT_KV_MAX_ROWS;
     let hopper = fwd_sm90::variant(DType::BF16, shape.head_dim, false, shape.seqlen_k);
     let small_grid = hopper.query_tiles(shape) < device.sm_count as usize / 2 && shape.head_dim <= 128;
-    if decode_like || (small_grid && sm80_plan(device, shape, DType::BF16, false, None, |_| shape.seqlen_k).splits > 1) {
+    if decode_like || (small_grid && sm80_plan(device, shape, DType::BF16, false, None, false, |_| shape.seqlen_k).splits > 1) {
         KernelFamily::FwdSm80
     } else {
         KernelFamily::FwdSm90
@@ -169,7 +169,7 @@ pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &At
         // A window's tiles by the keys a query tile visits (its cost scales with them).
         KernelFamily::FwdSm90 if window.is_some() => unsplit(fwd_sm90::variant(dtype, kshape.head_dim, causal, keys(128)), &kshape),
         KernelFamily::FwdSm90 => unsplit(fwd_sm90::variant_for(dtype, &kshape, causal, device.sm_count as usize), &kshape),
-        KernelFamily::FwdSm80 => sm80_plan(device, &kshape, dtype, causal, params.num_splits, keys),
+        KernelFamily::FwdSm80 => sm80_plan(device, &kshape, dtype, causal, params.num_splits, paged, keys),
         KernelFamily::BwdSm80 | KernelFamily::BwdSm90 => return Err(not_a_forward(family)),
     };
     if family != KernelFamily::Reference {
@@ -193,13 +193,15 @@ fn unsplit(variant: Variant, shape: &ProblemShape) -> Plan {
 /// The fwd_sm80 plan for `shape` (already packed): the split-KV variant for a few query
 /// rows or a grid under half the SMs, split as `num_splits` says or to fill a wave. A query
 /// tile of `block_m` rows visits at most `keys(block_m)` keys (fewer than Sk under a sliding
-/// window): the splits share out those.
+/// window): the splits share out those. A paged cache's split tile is its paged form
+/// ([`fwd_sm80::paged_form`]: a deeper ring on sm_90).
 fn sm80_plan(
     device: &Device,
     shape: &ProblemShape,
     dtype: DType,
     causal: bool,
     num_splits: Option<usize>,
+    paged: bool,
     keys: impl Fn(u32) -> usize,
 ) -> Plan {
     let d = shape.head_dim;
@@ -211,7 +213,8 @@ fn sm80_plan(
     if !use_split {
         return unsplit(whole, shape);
     }
-    let variant = fwd_sm80::split_variant(device.arch, dtype, d, causal);
+    let split = fwd_sm80::split_variant(device.arch, dtype, d, causal);
+    let variant = if paged { fwd_sm80::paged_form(device.arch, &split) } else { split };
     // + 1: a window's keys may start mid-tile.
     let key_tiles = (keys(variant.tile.block_m).div_ceil(variant.tile.block_n as usize) + 1)
         .min(shape.seqlen_k.div_ceil(variant.tile.block_n as usize));
@@ -327,7 +330,9 @@ mod tests {
         let paged = plan_for(&h100(), &decode(8, 4096), DType::BF16, &AttnParams::default(), KeyLayout::Paged).unwrap();
         let dense = pick(&h100(), &decode(8, 4096), &AttnParams::default());
         assert!(paged.variant.paged && paged.variant.name().ends_with("_paged"));
-        assert_eq!(Variant { paged: false, ..paged.variant.clone() }, dense.variant);
+        // The dense split tile with a third K/V slot on sm_90 (fwd_sm80::paged_form).
+        assert_eq!(paged.variant, fwd_sm80::paged_form(h100().arch, &dense.variant));
+        assert_eq!(paged.variant.tile.stages, 3);
         assert_eq!((paged.splits, paged.split_tiles, paged.packed_gqa), (dense.splits, dense.split_tiles, true));
         // Chunked prefill: the unsplit tile, as dense on fwd_sm80.
         let prefill = ProblemShape { batch: 4, seqlen_q: 2048, seqlen_k: 16384, heads_q: 32, heads_kv: 8, head_dim: 128 };

@@ -128,6 +128,19 @@ pub fn split_variant(arch: Arch, dtype: DType, head_dim: usize, causal: bool) ->
     make_variant(dtype, head_dim, causal, split_tile(arch, head_dim), true)
 }
 
+/// `v`'s paged-KV form (`FC_PAGED`) on `arch`: the same tile, but for the split-KV tile on
+/// sm_90, which takes a third K and V slot (D128 64x128: 208 KB of 227; every head dim fits
+/// and keeps its CTAs per SM) so that two tiles' copies are in flight while one computes: the
+/// latency of a scattered page and the prologue's chain (cache_seqlens, then the block table,
+/// then the first copies) hide behind them. sm_80 (163 KB) and sm_86/89 (99 KB) keep two
+/// slots: D128 would need 208 KB / 112 KB there.
+pub fn paged_form(arch: Arch, v: &Variant) -> Variant {
+    let stages = if v.split_kv && smem_class(arch) == SmemClass::Hopper { 3 } else { v.tile.stages };
+    let tile = Tile { stages, ..v.tile };
+    let head_dim = v.head_dim.unwrap_or(128);
+    Variant { paged: true, tile, smem_bytes: smem_bytes(tile, head_dim), ..v.clone() }
+}
+
 /// Query rows (after GQA packing) up to which the split-KV variant runs: decode and short
 /// speculative-decode chunks, one 64-row tile.
 pub const SPLIT_KV_MAX_ROWS: usize = 64;
@@ -246,6 +259,24 @@ mod tests {
                 let v = split_variant(arch, DType::BF16, d, false);
                 assert!(v.smem_bytes <= limit, "{} on {arch}: {} B", v.name(), v.smem_bytes);
                 assert!(v.split_kv && v.name().ends_with("_splitkv"));
+            }
+        }
+    }
+
+    #[test]
+    fn paged_split_tiles_take_a_third_slot_on_hopper_only_and_fit() {
+        for (arch, limit) in archs_and_smem_limits() {
+            for &d in HEAD_DIMS {
+                let split = split_variant(arch, DType::BF16, d, false);
+                let paged = paged_form(arch, &split);
+                let deeper = smem_class(arch) == SmemClass::Hopper;
+                assert_eq!(paged.tile.stages, if deeper { 3 } else { 2 }, "{}", paged.name());
+                assert_eq!(paged.smem_bytes, smem_bytes(paged.tile, d));
+                assert!(paged.smem_bytes <= limit, "{} on {arch}: {} B", paged.name(), paged.smem_bytes);
+                assert_eq!(Variant { paged: false, tile: split.tile, smem_bytes: split.smem_bytes, ..paged.clone() }, split);
+                // Unsplit tiles keep their ring.
+                let whole = variant(arch, DType::BF16, d, false, 4096);
+                assert_eq!(paged_form(arch, &whole), Variant { paged: true, ..whole });
             }
         }
     }

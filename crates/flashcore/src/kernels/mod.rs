@@ -299,10 +299,11 @@ pub fn mods_forms(v: &Variant) -> Vec<Variant> {
     forms.iter().map(|&(local, softcap)| Variant { mods: ScoreMods { local, softcap }, ..v.clone() }).collect()
 }
 
-/// `v`'s paged-KV form (`FC_PAGED`), where the dispatcher runs one: every fwd_sm80 forward
-/// variant (the paged cache runs on fwd_sm80 on every arch, Hopper included).
-pub fn paged_form(v: &Variant) -> Option<Variant> {
-    (v.family == KernelFamily::FwdSm80 && !v.varlen && !v.paged).then(|| Variant { paged: true, ..v.clone() })
+/// `v`'s paged-KV form (`FC_PAGED`) on `arch`, where the dispatcher runs one: every fwd_sm80
+/// forward variant (the paged cache runs on fwd_sm80 on every arch, Hopper included; its
+/// split-KV tile takes a third K/V slot on sm_90: `fwd_sm80::paged_form`).
+pub fn paged_form(arch: Arch, v: &Variant) -> Option<Variant> {
+    (v.family == KernelFamily::FwdSm80 && !v.varlen && !v.paged).then(|| fwd_sm80::paged_form(arch, v))
 }
 
 /// `v`'s varlen form (a packed batch: `cu_seqlens`), where the dispatcher runs one: every
