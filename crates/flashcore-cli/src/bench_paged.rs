@@ -1,7 +1,8 @@
 //! `flashcore bench --suite paged`: decode over a paged KV cache against the contiguous
 //! decode of the same shape in the same run (GB/s of K and V), at page sizes 16 and 64 with
 //! shuffled page tables, and with one new key appended per sequence (the pre-pass) against
-//! the same cache without.
+//! the same cache without; and chunked prefill (a chunk of queries over a cache that ends
+//! with it, bottom-right causal) against the dense attention of the same shape (TFLOPS).
 
 use anyhow::Result;
 use flashcore::bench::{time, TimingOptions};
@@ -23,6 +24,9 @@ const PAGES: [(usize, bool); 4] = [(16, true), (64, true), (256, true), (16, fal
 /// K and V hold one value everywhere (the speed of these memory-bound kernels does not depend
 /// on it; `check` covers correctness); one buffer serves every layout.
 pub fn rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> {
+    if case.seqlen_q > 1 {
+        return prefill_rows(ctx, case, samples);
+    }
     let (b, s, hkv, d, dtype) = (case.batch, case.seqlen_k, case.heads_kv, case.head_dim, case.dtype);
     let one = dtype.encode(0.05);
     let q = DeviceTensor::filled(ctx, one, case.q_shape(), dtype)?;
@@ -79,6 +83,75 @@ pub fn rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> {
                 time(ctx, opts, |_| ctx.attention_paged_into(q.view(), pool(&k), pool(&v), o.view_mut(), Some(&mut lse), &kv, &params))?;
             let name = format!("paged{page}{}{}", if shuffled { "" } else { "-ordered" }, if append { "+append" } else { "" });
             out.push(row(&name, format!("{} paged", ctx.plan(&case.shape(), dtype, &params)?.describe()), t));
+        }
+    }
+    Ok(out)
+}
+
+/// Page sizes of the chunked-prefill rows (shuffled tables).
+const PREFILL_PAGES: [usize; 3] = [16, 64, 256];
+
+/// Rows for one chunked-prefill `case` (`Sq` queries, the last `Sq` of `Sk` keys, causal
+/// bottom-right): `dense` (the same shape from contiguous tensors: the anchor), then per page
+/// size `paged{P}` (the whole cache already written: `cache_seqlens = Sk`) and, at 64,
+/// `paged64+append` (the chunk's keys appended by the pre-pass first: `cache_seqlens = Sk -
+/// Sq`). Random inputs (a compute-bound kernel's speed may depend on them a little); one
+/// buffer serves every layout.
+fn prefill_rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> {
+    let (b, sq, s, hkv, d, dtype) = (case.batch, case.seqlen_q, case.seqlen_k, case.heads_kv, case.head_dim, case.dtype);
+    let q = DeviceTensor::from_f32(ctx, &crate::cases::normal(b * sq * case.heads_q * d, 1.0, dtype, 1), case.q_shape(), dtype)?;
+    let k = DeviceTensor::from_f32(ctx, &crate::cases::normal(b * s * hkv * d, 1.0, dtype, 2), case.kv_shape(), dtype)?;
+    let v = DeviceTensor::from_f32(ctx, &crate::cases::normal(b * s * hkv * d, 1.0, dtype, 3), case.kv_shape(), dtype)?;
+    let new = DeviceTensor::from_f32(ctx, &crate::cases::normal(b * sq * hkv * d, 1.0, dtype, 4), [b, sq, hkv, d], dtype)?;
+    let mut o = DeviceTensor::filled(ctx, 0, case.q_shape(), dtype)?;
+    let mut lse = ctx.stream().alloc_zeros::<f32>(b * case.heads_q * sq)?;
+    let params = AttnParams { causal: case.causal, ..AttnParams::default() };
+    let opts = TimingOptions { samples, graph: true, ..Default::default() };
+    let flops = case.flops();
+    let row = |name: &str, kernel: String, t: flashcore::bench::Timing| Row {
+        case: Case { name: format!("{}_{name}", case.name), ..case.clone() },
+        kernel: Some(kernel),
+        status: "ok".into(),
+        message: None,
+        median_ms: Some(t.median_ms),
+        min_ms: Some(t.min_ms),
+        max_ms: Some(t.max_ms),
+        samples_ms: t.samples_ms,
+        tflops: Some(flops / (t.median_ms * 1e-3) * 1e-12),
+        gbps: None,
+        rel_error: None,
+        timing: Some("graph".into()),
+        eager_median_ms: None,
+        fwd_bwd_median_ms: None,
+    };
+    let mut out = Vec::new();
+    let dense = time(ctx, opts, |_| ctx.attention_into(q.view(), k.view(), v.view(), o.view_mut(), Some(&mut lse), &params))?;
+    out.push(row("dense", ctx.plan(&case.shape(), dtype, &params)?.describe(), dense));
+    for page in PREFILL_PAGES {
+        if s % page != 0 {
+            out.push(unsupported(case, "unsupported", format!("S {s} is not a multiple of page size {page}")));
+            continue;
+        }
+        let pages = b * s / page;
+        let mut ids: Vec<i32> = (0..pages as i32).collect();
+        ids.shuffle(&mut rand::rngs::StdRng::seed_from_u64(page as u64));
+        let table = ctx.stream().clone_htod(&ids)?;
+        // SAFETY: the pools are k's and v's buffers (b * s * hkv * d elements) seen as pages.
+        let pool = |t: &DeviceTensor| unsafe { TensorView::from_raw(t.view().ptr(), Layout::contiguous([pages, page, hkv, d], dtype), 0) };
+        let full = ctx.stream().clone_htod(&vec![s as i32; b])?;
+        let before = ctx.stream().clone_htod(&vec![(s - sq) as i32; b])?;
+        for append in [false, true].into_iter().filter(|&a| !a || page == 64) {
+            let kv = PagedKv {
+                block_table: Some(BlockTableView::of(&table, b, s / page)?),
+                cache_seqlens: Some(SeqLensView::of(if append { &before } else { &full })),
+                k_new: append.then(|| new.view()),
+                v_new: append.then(|| new.view()),
+            };
+            let t =
+                time(ctx, opts, |_| ctx.attention_paged_into(q.view(), pool(&k), pool(&v), o.view_mut(), Some(&mut lse), &kv, &params))?;
+            // A cache runs the paged form of the dense plan's family and tile.
+            let plan = ctx.plan(&case.shape(), dtype, &params)?;
+            out.push(row(&format!("paged{page}{}", if append { "+append" } else { "" }), format!("{} paged", plan.describe()), t));
         }
     }
     Ok(out)

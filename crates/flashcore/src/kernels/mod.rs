@@ -61,7 +61,8 @@ pub(crate) struct FwdParams {
     pub max_pages: i32,
     pub page_rows: i32,
     pub new_keys: i32,
-    pub _pad: i32,
+    /// fwd_sm90 paged with a block table: rows of one K/V TMA box (`fwd_sm90::page_box_rows`).
+    pub page_box_rows: i32,
 }
 
 const _: () = assert!(std::mem::size_of::<FwdParams>() == 352);
@@ -281,7 +282,7 @@ pub struct Variant {
     pub varlen: bool,
     /// `FC_PAGED`: keys from a KV cache, paged (a block table) or contiguous, each sequence
     /// of its own length (`cache_seqlens`), with new keys appended by a pre-pass (fwd_sm80
-    /// only; see [`crate::PagedKv`]).
+    /// and fwd_sm90; see [`crate::PagedKv`]).
     pub paged: bool,
 }
 
@@ -300,9 +301,11 @@ pub fn mods_forms(v: &Variant) -> Vec<Variant> {
 }
 
 /// `v`'s paged-KV form (`FC_PAGED`), where the dispatcher runs one: every fwd_sm80 forward
-/// variant (the paged cache runs on fwd_sm80 on every arch, Hopper included).
+/// variant (decode, and every arch) and every fwd_sm90 variant (prefill and chunked prefill
+/// on Hopper).
 pub fn paged_form(v: &Variant) -> Option<Variant> {
-    (v.family == KernelFamily::FwdSm80 && !v.varlen && !v.paged).then(|| Variant { paged: true, ..v.clone() })
+    let pages = matches!(v.family, KernelFamily::FwdSm80 | KernelFamily::FwdSm90);
+    (pages && !v.varlen && !v.paged).then(|| Variant { paged: true, ..v.clone() })
 }
 
 /// `v`'s varlen form (a packed batch: `cu_seqlens`), where the dispatcher runs one: every
