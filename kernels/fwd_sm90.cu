@@ -473,25 +473,18 @@ __device__ __forceinline__ WorkTile find_tile(const FwdParams& p, const Order& o
 
 __device__ __forceinline__ void produce(SharedStorage& smem, const FwdParams& p, const TileSchedule& schedule,
                                         const TmaDescriptor* tma_q, const TmaDescriptor* tma_k, const TmaDescriptor* tma_v) {
+    const Order order = make_order(p, schedule);  // paged: made again each tile (see per_tile)
     const TileCounter counter{schedule.counter};
     if (kPaged) griddep::wait();  // launched early after fc_paged_append (k_new, v_new): keys written now
     PipelineCounter<kStages> ks, vs;
     PipelineCounter<1> tiles;  // one phase of q_full, q_empty and o_free per announced tile
     // Paged, the next claim waits in shared memory while the tile's pages load: the producer's
     // 24 registers do not hold it beside the page lookups (it spills).
-    int next;
-    auto keep_next = [&](int claimed) {
-        if (kPaged) {
-            *static_cast<volatile int*>(&smem.next) = claimed;
-        } else {
-            next = claimed;
-        }
-    };
-    auto take_next = [&] { return kPaged ? *static_cast<volatile int*>(&smem.next) : next; };
-    for (int index = counter.first();; index = take_next(), tiles.advance()) {
+    volatile int& kept = smem.next;
+    for (int index = counter.first(), next = 0;; index = kPaged ? static_cast<int>(kept) : next, tiles.advance()) {
         // Decoded before the wait, off the path from q_empty to the Q load.
         Sequence seq;
-        const WorkTile w = find_tile(p, make_order(p, schedule), counter, index, seq);
+        const WorkTile w = find_tile(p, kPaged ? make_order(p, schedule) : order, counter, index, seq);
         const Tile t = make_tile(p, w, seq);
         mbarrier::wait(bar(smem.q_empty), tiles.empty_parity());
         smem.tile = w;
@@ -503,7 +496,8 @@ __device__ __forceinline__ void produce(SharedStorage& smem, const FwdParams& p,
         const int n_begin = kLocal ? t.blocks.begin : 0, n_end = t.blocks.end;
         if (kLocal ? n_end <= n_begin : n_end == 0) {
             mbarrier::arrive(bar(smem.q_full));
-            keep_next(counter.claim());
+            next = counter.claim();
+            if (kPaged) kept = next;
             continue;
         }
         mbarrier::arrive_expect_tx(bar(smem.q_full), QTile::kBytes);
@@ -524,7 +518,8 @@ __device__ __forceinline__ void produce(SharedStorage& smem, const FwdParams& p,
         auto load_v = [&](int n) { load(smem.v, smem.v_full, smem.v_empty, vs, tma_v, n); };
         int n = n_end - 1;
         load_k(n);
-        keep_next(counter.claim());  // claimed early: the atomic's latency hides under this tile
+        next = counter.claim();  // claimed early: the atomic's latency hides under this tile
+        if (kPaged) kept = next;
         if (n > n_begin) load_k(n - 1);
         mbarrier::wait(bar(smem.o_free), tiles.empty_parity());
         load_v(n);
