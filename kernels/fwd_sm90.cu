@@ -217,6 +217,7 @@ struct SharedStorage {
     WorkTile tile;  // the tile q_full announces (not valid: stop)
     Sequence seq;   // its sequence (varlen, paged: read from cu_seqlens, cache_seqlens by the producer)
     int next;       // paged: the producer's next claim, kept here across the tile's loads (see produce)
+    int pages[kPaged ? kStages : 1][kBlockN / 16];  // paged: each K stage's page per box (load_pages)
 };
 static_assert(sizeof(OTile) <= kStages * sizeof(KVTile), "O must fit in V's stages");
 constexpr unsigned kSmemBytes = sizeof(SharedStorage) + sm90::kSwizzlePeriod;
@@ -329,16 +330,25 @@ __device__ __forceinline__ int batch_coord(const Tile& t) { return kVarlen ? 0 :
 // table's last) and the page to the pool: a bad entry reads a wrong page, never outside the
 // pool or the table. Keys past the sequence's end
 // are whatever the page holds: masked in S, and cleared from V by the consumers
-// (clear_keys_past_end).
+// (clear_keys_past_end). K's loads look the pages up and keep them at `ids` (the K stage's
+// entry of SharedStorage::pages, a word per 16 keys); V's of the same block read them back
+// from there: K and V of a block take the same stage index (both rings advance once a block),
+// and the producer loads K of the block kStages later into it only after V of this one.
 __device__ __forceinline__ void load_pages(u32 dst, const TmaDescriptor* map, u32 full, const FwdParams& p, int batch,
-                                           int kv_head, int key0) {
+                                           int kv_head, int key0, u32 ids, bool is_v) {
     // One division a block: box to box the row within its page and the table entry step on.
     // 32-bit entry offsets (the host keeps the table below 2^31 entries): 64-bit ones spill.
     const int stride = static_cast<int>(p.block_table_stride);
     const int slot = key0 / p.page_size;
     int row = key0 - slot * p.page_size, entry = batch * stride + slot;
     for (u32 r = 0; r < kBlockN; r += p.page_box_rows) {
-        const int page = clamp_to(__ldg(p.block_table + min(entry, (p.batch - 1) * stride + p.max_pages - 1)), 0, p.num_pages - 1);
+        int page;
+        if (is_v) {
+            page = sm90::ld_shared_u32(ids + r / 4);
+        } else {
+            page = clamp_to(__ldg(p.block_table + min(entry, (p.batch - 1) * stride + p.max_pages - 1)), 0, p.num_pages - 1);
+            sm90::st_shared_u32(ids + r / 4, page);
+        }
 #pragma unroll
         for (int c = 0; c < KVTile::kPanels; ++c) {
             tma::load_4d(dst + c * KVTile::kPanelBytes + r * sm90::kRowBytes, map, full, c * sm90::kPanelCols, row, kv_head, page);
@@ -508,7 +518,8 @@ __device__ __forceinline__ void produce(SharedStorage& smem, const FwdParams& p,
             mbarrier::arrive_expect_tx(bar(full, st.stage()), KVTile::kBytes);
             const u32 dst = smem_u32(ring) + st.stage() * KVTile::kBytes;
             if (kPaged && p.block_table != nullptr) {
-                load_pages(dst, map, bar(full, st.stage()), p, t.batch, t.kv_head, n * kBlockN);
+                load_pages(dst, map, bar(full, st.stage()), p, t.batch, t.kv_head, n * kBlockN,
+                           smem_u32(smem.pages) + st.stage() * sizeof(smem.pages[0]), map == tma_v);
             } else {
                 KVTile::load_to(dst, map, bar(full, st.stage()), t.seq.k_start + n * kBlockN, t.kv_head, batch_coord(t));
             }

@@ -6,7 +6,7 @@
 
 use anyhow::Result;
 use flashcore::bench::{time, TimingOptions};
-use flashcore::{AttnParams, BlockTableView, Context, DeviceTensor, Layout, PagedKv, SeqLensView, TensorView};
+use flashcore::{AttnParams, BlockTableView, Context, DeviceTensor, KernelFamily, Layout, PagedKv, SeqLensView, TensorView};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
@@ -88,15 +88,24 @@ pub fn rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> {
     Ok(out)
 }
 
-/// Page sizes of the chunked-prefill rows (shuffled tables).
-const PREFILL_PAGES: [usize; 3] = [16, 64, 256];
+/// The chunked-prefill rows after the dense anchor: page size (shuffled tables), whether the
+/// chunk's keys are appended first, and a forced kernel family (None: the dispatcher's).
+const PREFILL_ROWS: [(usize, bool, Option<KernelFamily>); 6] = [
+    (16, false, None),
+    (64, false, None),
+    (256, false, None),
+    (64, true, None),
+    (16, false, Some(KernelFamily::FwdSm80)),
+    (64, false, Some(KernelFamily::FwdSm80)),
+];
 
 /// Rows for one chunked-prefill `case` (`Sq` queries, the last `Sq` of `Sk` keys, causal
-/// bottom-right): `dense` (the same shape from contiguous tensors: the anchor), then per page
-/// size `paged{P}` (the whole cache already written: `cache_seqlens = Sk`) and, at 64,
-/// `paged64+append` (the chunk's keys appended by the pre-pass first: `cache_seqlens = Sk -
-/// Sq`). Random inputs (a compute-bound kernel's speed may depend on them a little); one
-/// buffer serves every layout.
+/// bottom-right): `dense` (the same shape from contiguous tensors: the anchor), then
+/// `paged{P}` (the whole cache already written: `cache_seqlens = Sk`), `paged64+append` (the
+/// chunk's keys appended by the pre-pass first: `cache_seqlens = Sk - Sq`), `paged{P}-fwd_sm80`
+/// (the Ampere-class kernel's paged form, forced, for comparison), and `dense-end` (the anchor
+/// again: a drift of the clock under the power cap shows as a difference between the two).
+/// Random inputs; one buffer serves every layout.
 fn prefill_rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> {
     let (b, sq, s, hkv, d, dtype) = (case.batch, case.seqlen_q, case.seqlen_k, case.heads_kv, case.head_dim, case.dtype);
     let q = DeviceTensor::from_f32(ctx, &crate::cases::normal(b * sq * case.heads_q * d, 1.0, dtype, 1), case.q_shape(), dtype)?;
@@ -124,10 +133,14 @@ fn prefill_rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> 
         eager_median_ms: None,
         fwd_bwd_median_ms: None,
     };
-    let mut out = Vec::new();
-    let dense = time(ctx, opts, |_| ctx.attention_into(q.view(), k.view(), v.view(), o.view_mut(), Some(&mut lse), &params))?;
-    out.push(row("dense", ctx.plan(&case.shape(), dtype, &params)?.describe(), dense));
-    for page in PREFILL_PAGES {
+    let dense = |o: &mut DeviceTensor, lse: &mut cudarc::driver::CudaSlice<f32>| {
+        time(ctx, opts, |_| ctx.attention_into(q.view(), k.view(), v.view(), o.view_mut(), Some(&mut *lse), &params))
+    };
+    let dense_plan = ctx.plan(&case.shape(), dtype, &params)?.describe();
+    let mut out = vec![row("dense", dense_plan.clone(), dense(&mut o, &mut lse)?)];
+    let full = ctx.stream().clone_htod(&vec![s as i32; b])?;
+    let before = ctx.stream().clone_htod(&vec![(s - sq) as i32; b])?;
+    for (page, append, family) in PREFILL_ROWS {
         if s % page != 0 {
             out.push(unsupported(case, "unsupported", format!("S {s} is not a multiple of page size {page}")));
             continue;
@@ -138,21 +151,23 @@ fn prefill_rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> 
         let table = ctx.stream().clone_htod(&ids)?;
         // SAFETY: the pools are k's and v's buffers (b * s * hkv * d elements) seen as pages.
         let pool = |t: &DeviceTensor| unsafe { TensorView::from_raw(t.view().ptr(), Layout::contiguous([pages, page, hkv, d], dtype), 0) };
-        let full = ctx.stream().clone_htod(&vec![s as i32; b])?;
-        let before = ctx.stream().clone_htod(&vec![(s - sq) as i32; b])?;
-        for append in [false, true].into_iter().filter(|&a| !a || page == 64) {
-            let kv = PagedKv {
-                block_table: Some(BlockTableView::of(&table, b, s / page)?),
-                cache_seqlens: Some(SeqLensView::of(if append { &before } else { &full })),
-                k_new: append.then(|| new.view()),
-                v_new: append.then(|| new.view()),
-            };
-            let t =
-                time(ctx, opts, |_| ctx.attention_paged_into(q.view(), pool(&k), pool(&v), o.view_mut(), Some(&mut lse), &kv, &params))?;
-            // A cache runs the paged form of the dense plan's family and tile.
-            let plan = ctx.plan(&case.shape(), dtype, &params)?;
-            out.push(row(&format!("paged{page}{}", if append { "+append" } else { "" }), format!("{} paged", plan.describe()), t));
-        }
+        let kv = PagedKv {
+            block_table: Some(BlockTableView::of(&table, b, s / page)?),
+            cache_seqlens: Some(SeqLensView::of(if append { &before } else { &full })),
+            k_new: append.then(|| new.view()),
+            v_new: append.then(|| new.view()),
+        };
+        let params = AttnParams { kernel: family, ..params };
+        let t = time(ctx, opts, |_| ctx.attention_paged_into(q.view(), pool(&k), pool(&v), o.view_mut(), Some(&mut lse), &kv, &params))?;
+        // A cache runs the paged form of the dense plan's family and tile.
+        let plan = ctx.plan(&case.shape(), dtype, &params)?;
+        let suffix = match (append, family) {
+            (true, _) => "+append".to_string(),
+            (false, Some(f)) => format!("-{f}"),
+            (false, None) => String::new(),
+        };
+        out.push(row(&format!("paged{page}{suffix}"), format!("{} paged", plan.describe()), t));
     }
+    out.push(row("dense-end", dense_plan, dense(&mut o, &mut lse)?));
     Ok(out)
 }
