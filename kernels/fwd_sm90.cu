@@ -167,7 +167,8 @@ constexpr int kThreads = warpgroup::kThreads * (kConsumerWG + 1);
 // setmaxnreg budgets: 64K registers per SM shared by one CTA.
 // Packed, the producer's tile search (find_tile) does not fit 24 registers and spills (up to
 // 112 bytes; local memory of one thread that mostly waits); a larger budget would take the
-// consumers', which then spill in the key loop (D128 232 registers: 96 bytes).
+// consumers', which then spill in the key loop (D128 232 registers: 96 bytes). Paged, the page
+// lookups fit in 24 only as written (see per_tile, load_pages and produce's kept claim).
 constexpr int kProducerRegs = kConsumerWG == 2 ? 24 : 32;
 constexpr int kConsumerRegs = kConsumerWG == 2 ? 240 : 160;
 static_assert(kHeadDimReal == 64 || kHeadDimReal == 96 || kHeadDimReal == 128 || kHeadDimReal == 192 ||
