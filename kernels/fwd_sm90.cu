@@ -86,8 +86,19 @@
 //   tensors ({D, total, H, 1}; batch coordinate 0), p.cu_seqlens_q/k (+ seqused_k), total_q/k
 //   set, p.seqlen_q/k the longest sequence's (the grid's extent, as above with B sequences),
 //   lse [Hq, total_q]; tiles past their sequence are skipped by the producer.
+//   FC_PAGED: keys from a KV cache (common/paged.cuh, FwdParams): q, o, lse dense; sequence b
+//   has min(seqused_k[b] + new_keys, seqlen_k) keys (the mask bottom-right aligned to them).
+//   With p.block_table set, tma_k and tma_v are over the page pools: dims {D, page_size, Hkv,
+//   num_pages}, strides {row, head, page} in bytes, box {64, r, 1, 1} with r = gcd(page_size,
+//   kBlockN) = p.page_box_rows: a key block is kBlockN / r boxes, each at (column, key %
+//   page_size, kv head, its page), into the one stage on the stage's one mbarrier (the
+//   expected bytes are the whole tile's). Without a table, over the contiguous caches as
+//   above ({D, capacity, Hkv, B}, box {64, kBlockN}). Entry fc_paged_append(FwdParams)
+//   writes k_new, v_new first; on sm_90 this kernel is then launched as its programmatic
+//   dependent (the producer waits, griddep::wait, before its first K/V load).
 // ---------------------------------------------------------------------------------------
 #include "common/mask.cuh"
+#include "common/paged.cuh"
 #include "common/params.cuh"
 #include "common/pipeline.cuh"
 #include "common/sequence.cuh"
@@ -149,12 +160,15 @@ constexpr bool kCausal = FC_CAUSAL != 0;
 constexpr bool kLocal = FC_LOCAL != 0;      // sliding window (common/mask.cuh)
 constexpr bool kSoftcap = FC_SOFTCAP != 0;  // logit softcapping (common/mask.cuh)
 constexpr bool kVarlen = FC_VARLEN != 0;    // a packed batch (common/sequence.cuh)
+constexpr bool kPaged = FC_PAGED != 0;      // keys from a paged (or contiguous) cache (common/paged.cuh)
 constexpr bool kSkipMax = FC_SKIP_MAX != 0;
+static_assert(!(kVarlen && kPaged), "a packed batch over a paged cache is not a form");
 constexpr int kThreads = warpgroup::kThreads * (kConsumerWG + 1);
 // setmaxnreg budgets: 64K registers per SM shared by one CTA.
 // Packed, the producer's tile search (find_tile) does not fit 24 registers and spills (up to
 // 112 bytes; local memory of one thread that mostly waits); a larger budget would take the
-// consumers', which then spill in the key loop (D128 232 registers: 96 bytes).
+// consumers', which then spill in the key loop (D128 232 registers: 96 bytes). Paged, the page
+// lookups fit in 24 only as written (see per_tile, load_pages and produce's kept claim).
 constexpr int kProducerRegs = kConsumerWG == 2 ? 24 : 32;
 constexpr int kConsumerRegs = kConsumerWG == 2 ? 240 : 160;
 static_assert(kHeadDimReal == 64 || kHeadDimReal == 96 || kHeadDimReal == 128 || kHeadDimReal == 192 ||
@@ -202,7 +216,9 @@ struct SharedStorage {
     u64 v_full[kStages], v_empty[kStages];
     u64 o_free;      // the TMA store has read O out of V's stages
     WorkTile tile;  // the tile q_full announces (not valid: stop)
-    Sequence seq;   // its sequence (varlen: read from cu_seqlens by the producer)
+    Sequence seq;   // its sequence (varlen, paged: read from cu_seqlens, cache_seqlens by the producer)
+    int next;       // paged: the producer's next claim, kept here across the tile's loads (see produce)
+    int pages[kPaged ? kStages : 1][kBlockN / 16];  // paged: each K stage's page per box (load_pages)
 };
 static_assert(sizeof(OTile) <= kStages * sizeof(KVTile), "O must fit in V's stages");
 constexpr unsigned kSmemBytes = sizeof(SharedStorage) + sm90::kSwizzlePeriod;
@@ -284,21 +300,67 @@ __device__ __forceinline__ void finish_scores(float (&s)[R], int m0, int n, bool
     if (masked) apply_mask(s, m0, n * kBlockN, mask_of(p, t.seq));
 }
 
+// Paged, the producer's page loads take the registers its 24 had kept for the tile order's
+// loop invariants (the counts and the reciprocals of their divisions; it spills them): there
+// the order and the tile are recomputed each tile from copies of the parameters made opaque,
+// which ptxas cannot hoist out of the tile loop.
+__device__ __forceinline__ int per_tile(int x) {
+    if (kPaged) asm volatile("" : "+r"(x));
+    return x;
+}
 __device__ __forceinline__ Order make_order(const FwdParams& p, const TileSchedule& schedule) {
-    return Order{ceil_div(p.seqlen_q, kBlockM), p.heads_q, p.batch, schedule.section};
+    return Order{ceil_div(per_tile(p.seqlen_q), kBlockM), per_tile(p.heads_q), per_tile(p.batch), per_tile(schedule.section)};
 }
 __device__ __forceinline__ Tile make_tile(const FwdParams& p, const WorkTile& w, const Sequence& seq) {
     Tile t;
     t.m0 = w.m_block * kBlockM;
     t.head = w.head;
     t.batch = w.batch;
-    t.kv_head = t.head / (p.heads_q / p.heads_kv);
+    t.kv_head = t.head / (per_tile(p.heads_q) / per_tile(p.heads_kv));
     t.seq = seq;
     t.blocks = key_blocks(p, seq, t.m0, kBlockM);
     return t;
 }
 // The tensors' batch coordinate of a tile (packed: one batch entry, the sequences' rows).
 __device__ __forceinline__ int batch_coord(const Tile& t) { return kVarlen ? 0 : t.batch; }
+
+// Keys [key0, key0 + kBlockN) of sequence `batch` through the block table, box by box of
+// p.page_box_rows keys (gcd(page_size, kBlockN): a box never straddles two pages, a key block
+// is whole boxes) into the stage at `dst`, all completing on `full`. The entry is clamped to
+// the table (keys past a sequence's capacity read the next row's first entries, or the
+// table's last) and the page to the pool: a bad entry reads a wrong page, never outside the
+// pool or the table. Keys past the sequence's end
+// are whatever the page holds: masked in S, and cleared from V by the consumers
+// (clear_keys_past_end). K's loads look the pages up and keep them at `ids` (the K stage's
+// entry of SharedStorage::pages, a word per 16 keys); V's of the same block read them back
+// from there: K and V of a block take the same stage index (both rings advance once a block),
+// and the producer loads K of the block kStages later into it only after V of this one.
+__device__ __forceinline__ void load_pages(u32 dst, const TmaDescriptor* map, u32 full, const FwdParams& p, int batch,
+                                           int kv_head, int key0, u32 ids, bool is_v) {
+    // One division a block: box to box the row within its page and the table entry step on.
+    // 32-bit entry offsets (the host keeps the table below 2^31 entries): 64-bit ones spill.
+    const int stride = static_cast<int>(p.block_table_stride);
+    const int slot = key0 / p.page_size;
+    int row = key0 - slot * p.page_size, entry = batch * stride + slot;
+    for (u32 r = 0; r < kBlockN; r += p.page_box_rows) {
+        int page;
+        if (is_v) {
+            page = sm90::ld_shared_u32(ids + r / 4);
+        } else {
+            page = clamp_to(__ldg(p.block_table + min(entry, (p.batch - 1) * stride + p.max_pages - 1)), 0, p.num_pages - 1);
+            sm90::st_shared_u32(ids + r / 4, page);
+        }
+#pragma unroll
+        for (int c = 0; c < KVTile::kPanels; ++c) {
+            tma::load_4d(dst + c * KVTile::kPanelBytes + r * sm90::kRowBytes, map, full, c * sm90::kPanelCols, row, kv_head, page);
+        }
+        row += p.page_box_rows;
+        if (row == p.page_size) {
+            row = 0;
+            ++entry;
+        }
+    }
+}
 
 // One past the last key block one consumer warpgroup's 64 rows need, at most the tile's:
 // fewer on the causal diagonal when the tile is taller than a key block (D64 192 x 128: the
@@ -408,8 +470,9 @@ __device__ __forceinline__ void store_empty(const FwdParams& p, const Tile& t, i
 __device__ __forceinline__ WorkTile find_tile(const FwdParams& p, const Order& order, const TileCounter& counter,
                                               int index, Sequence& seq) {
     if constexpr (!kVarlen) {  // no loop: the producer's 24 registers do not hold one (ptxas spills)
-        seq = sequence<false>(p, 0);
-        return order.at(index);
+        const WorkTile w = order.at(index);
+        seq = kPaged && w.valid ? paged::sequence(p, w.batch) : sequence<false>(p, 0);
+        return w;
     }
     for (;; index = counter.claim()) {
         const WorkTile w = order.at(index);
@@ -421,18 +484,22 @@ __device__ __forceinline__ WorkTile find_tile(const FwdParams& p, const Order& o
 
 __device__ __forceinline__ void produce(SharedStorage& smem, const FwdParams& p, const TileSchedule& schedule,
                                         const TmaDescriptor* tma_q, const TmaDescriptor* tma_k, const TmaDescriptor* tma_v) {
-    const Order order = make_order(p, schedule);
+    const Order order = make_order(p, schedule);  // paged: made again each tile (see per_tile)
     const TileCounter counter{schedule.counter};
+    if (kPaged) griddep::wait();  // launched early after fc_paged_append (k_new, v_new): keys written now
     PipelineCounter<kStages> ks, vs;
     PipelineCounter<1> tiles;  // one phase of q_full, q_empty and o_free per announced tile
-    for (int index = counter.first(), next;; index = next, tiles.advance()) {
+    // Paged, the next claim waits in shared memory while the tile's pages load: the producer's
+    // 24 registers do not hold it beside the page lookups (it spills).
+    volatile int& kept = smem.next;
+    for (int index = counter.first(), next = 0;; index = kPaged ? static_cast<int>(kept) : next, tiles.advance()) {
         // Decoded before the wait, off the path from q_empty to the Q load.
         Sequence seq;
-        const WorkTile w = find_tile(p, order, counter, index, seq);
+        const WorkTile w = find_tile(p, kPaged ? make_order(p, schedule) : order, counter, index, seq);
         const Tile t = make_tile(p, w, seq);
         mbarrier::wait(bar(smem.q_empty), tiles.empty_parity());
         smem.tile = w;
-        if constexpr (kVarlen) smem.seq = seq;
+        if constexpr (kVarlen || kPaged) smem.seq = seq;
         if (!w.valid) {
             mbarrier::arrive(bar(smem.q_full));
             break;
@@ -441,6 +508,7 @@ __device__ __forceinline__ void produce(SharedStorage& smem, const FwdParams& p,
         if (kLocal ? n_end <= n_begin : n_end == 0) {
             mbarrier::arrive(bar(smem.q_full));
             next = counter.claim();
+            if (kPaged) kept = next;
             continue;
         }
         mbarrier::arrive_expect_tx(bar(smem.q_full), QTile::kBytes);
@@ -449,8 +517,13 @@ __device__ __forceinline__ void produce(SharedStorage& smem, const FwdParams& p,
                         PipelineCounter<kStages>& st, const TmaDescriptor* map, int n) {
             mbarrier::wait(bar(empty, st.stage()), st.empty_parity());
             mbarrier::arrive_expect_tx(bar(full, st.stage()), KVTile::kBytes);
-            KVTile::load_to(smem_u32(ring) + st.stage() * KVTile::kBytes, map, bar(full, st.stage()),
-                            t.seq.k_start + n * kBlockN, t.kv_head, batch_coord(t));
+            const u32 dst = smem_u32(ring) + st.stage() * KVTile::kBytes;
+            if (kPaged && p.block_table != nullptr) {
+                load_pages(dst, map, bar(full, st.stage()), p, t.batch, t.kv_head, n * kBlockN,
+                           smem_u32(smem.pages) + st.stage() * sizeof(smem.pages[0]), map == tma_v);
+            } else {
+                KVTile::load_to(dst, map, bar(full, st.stage()), t.seq.k_start + n * kBlockN, t.kv_head, batch_coord(t));
+            }
             st.advance();
         };
         auto load_k = [&](int n) { load(smem.k, smem.k_full, smem.k_empty, ks, tma_k, n); };
@@ -458,6 +531,7 @@ __device__ __forceinline__ void produce(SharedStorage& smem, const FwdParams& p,
         int n = n_end - 1;
         load_k(n);
         next = counter.claim();  // claimed early: the atomic's latency hides under this tile
+        if (kPaged) kept = next;
         if (n > n_begin) load_k(n - 1);
         mbarrier::wait(bar(smem.o_free), tiles.empty_parity());
         load_v(n);
@@ -491,6 +565,22 @@ __device__ __forceinline__ void pass_over_block(SharedStorage& smem, PipelineSta
     ks.advance();
     mbarrier::wait(bar(smem.v_full, vs.stage()), vs.full_parity());
     mbarrier::arrive(bar(smem.v_empty, vs.stage()));
+}
+
+// Paged: the rows of V past the sequence's last key hold whatever the page has there (NaN,
+// maybe: a cache's unused rows are the caller's); their P is 0, but 0 · NaN is NaN, where
+// the dense tensor maps zero-fill. So before the P·V of key block n, if it reaches past the
+// end, the warpgroup zeroes those rows of V's stage `vs` (once a tile: only the last block
+// can). Every warpgroup that reads the stage clears it, each before its own P·V; the others'
+// stores write the same zeros over zeros, and the stage is refilled only after all have
+// released it.
+__device__ __forceinline__ void clear_keys_past_end(SharedStorage& smem, const PipelineState<kStages>& vs, const Tile& t,
+                                                    int n, int wg) {
+    if (!kPaged || (n + 1) * kBlockN <= t.seq.seqlen_k) return;
+    mbarrier::wait(bar(smem.v_full, vs.stage()), vs.full_parity());
+    smem.v[vs.stage()].clear_rows_from(t.seq.seqlen_k - n * kBlockN, threadIdx.x % warpgroup::kThreads, warpgroup::kThreads);
+    tma::fence_proxy_async_shared();  // the generic stores before wgmma's (async-proxy) reads
+    named_barrier::sync(kEpilogueBarrier + wg, warpgroup::kThreads);
 }
 
 // Waits for this block's P·V after its softmax. The wait is in both arms of a branch on the
@@ -563,7 +653,7 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
         // and keeps the pipeline stages, hence the wgmma descriptors, in uniform registers
         // (with the test on the loaded value, 5% slower: descriptors built per thread + R2UR).
         if (!warpgroup::warp_uniform(w.valid)) break;
-        const Tile t = make_tile(p, w, kVarlen ? smem.seq : sequence<false>(p, 0));
+        const Tile t = make_tile(p, w, kVarlen || kPaged ? smem.seq : sequence<false>(p, 0));
         const int m0 = t.m0 + q_row;  // this warpgroup's first query row
         const int n_begin = kLocal ? t.blocks.begin : 0, n_end = t.blocks.end;
         if (kLocal ? n_end <= n_begin : n_end == 0) {
@@ -606,6 +696,7 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
             sm90::to_operand(s, pk);
 
             for (--n; n >= n_begin; --n) {
+                clear_keys_past_end(smem, vs, t, n + 1, wg);
                 mbarrier::wait(bar(smem.k_full, ks.stage()), ks.full_parity());
                 take_turn(wg);
                 sm90::gemm_qk(s, smem.q, q_row, smem.k[ks.stage()]);
@@ -630,6 +721,7 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
             }
             // Every Q·K^T of the tile is done: the producer may load the next tile's Q.
             mbarrier::arrive(bar(smem.q_empty));
+            clear_keys_past_end(smem, vs, t, n_begin, wg);
             mbarrier::wait(bar(smem.v_full, vs.stage()), vs.full_parity());
             sm90::gemm_pv(o, pk, smem.v[vs.stage()]);
             wgmma::wait<0>();

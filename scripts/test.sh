@@ -94,6 +94,14 @@ if grep -E "FAILED" "$compile_cache/paged.log" >&2 || grep SPILLS "$compile_cach
     exit 1
 fi
 grep -c "_paged " "$compile_cache/paged.log" | sed "s/^/   fwd_sm80 paged variants compiled: /"
+# fwd_sm90's paged forms (chunked prefill on Hopper; bf16 only): its producer has 24 registers
+# beside two consumer warpgroups, which the page lookups must fit without spilling.
+FLASHCORE_NVRTC="$(realpath "$nvrtc_13_0")" FLASHCORE_CACHE_DIR="$compile_cache" target/debug/flashcore compile --arch sm_90a --kernel fwd_sm90 --paged --dtype bf16 --filter _paged > "$compile_cache/paged90.log" || true
+if grep -E "FAILED" "$compile_cache/paged90.log" >&2 || grep SPILLS "$compile_cache/paged90.log" >&2; then
+    echo "error: a fwd_sm90 paged variant fails to compile or spills" >&2
+    exit 1
+fi
+grep -c "_paged " "$compile_cache/paged90.log" | sed "s/^/   fwd_sm90 paged variants compiled: /"
 echo "== bench/check_reference.py (flashcore attn --cpu vs NumPy float64)"
 .venv/bin/python bench/check_reference.py target/debug/flashcore
 echo "== bench self-tests"

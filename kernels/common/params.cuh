@@ -85,5 +85,7 @@ struct FwdParams {
     int max_pages;
     int page_rows;
     int new_keys;
-    int _pad;
+    // fwd_sm90 with a block table: rows of one K/V TMA box, gcd(page_size, kBlockN) (its
+    // tensor maps' box; see fwd_sm90.cu). Unused elsewhere.
+    int page_box_rows;
 };

@@ -19,6 +19,16 @@ __device__ __forceinline__ void st_shared_u32(u32 addr, u32 v) {
     asm volatile("st.shared.u32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
+__device__ __forceinline__ u32 ld_shared_u32(u32 addr) {
+    u32 v;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void st_shared_zero16(u32 addr) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(0u) : "memory");
+}
+
 constexpr int kPanelCols = 64;     // 16-bit elements in one 128-byte swizzle row
 constexpr u32 kRowBytes = 128;
 constexpr u32 kSwizzlePeriod = 1024;  // 8 rows of 128 bytes
@@ -67,6 +77,16 @@ template <int kRows, int kCols> struct SmemTile {
 #pragma unroll
         for (int p = 0; p < kPanels; ++p)
             tma::store_4d(map, addr() + p * kPanelBytes + row0 * kRowBytes, p * kPanelCols, row, head, batch);
+    }
+
+    // Zeroes rows [row0, kRows) of every panel, 16 bytes a store, shared out among `threads`
+    // threads (this one is `thread`). Whole 128-byte rows: the swizzle only permutes within one.
+    __device__ __forceinline__ void clear_rows_from(int row0, u32 thread, u32 threads) const {
+#pragma unroll
+        for (int p = 0; p < kPanels; ++p) {
+            for (u32 i = max(row0, 0) * (kRowBytes / 16) + thread; i < kRows * (kRowBytes / 16); i += threads)
+                st_shared_zero16(addr() + p * kPanelBytes + i * 16);
+        }
     }
 
     // Shared address of 16-byte chunk `c` (8 elements, c < kCols / 8) of row `row`, where the

@@ -304,8 +304,10 @@ def flash_attn_with_kvcache(
     the pool; `cache_seqlens[b] + S_new` fits the table's pages): the kernels clamp them, so
     bad values give wrong output, never a bad memory access. FLASHCORE_CHECK_PAGED=1 in the
     environment checks them on every call and names the first bad entry (ValueError; it
-    synchronises: for debugging). Runs on FlashCore's Ampere-class kernel (split-KV for
-    decode) on every GPU, Hopper included. Forward only (no autograd).
+    synchronises: for debugging). Decode (few query rows) runs on FlashCore's Ampere-class
+    split-KV kernel on every GPU; prefill and chunked prefill run on the Hopper kernel (TMA
+    loads per page) on sm_90, on the Ampere-class kernel elsewhere. Forward only (no
+    autograd).
     """
     for name, value in (
         ("rotary_cos", rotary_cos),

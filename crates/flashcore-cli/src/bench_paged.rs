@@ -1,12 +1,14 @@
 //! `flashcore bench --suite paged`: decode over a paged KV cache against the contiguous
 //! decode of the same shape in the same run (GB/s of K and V), at page sizes 16 and 64 with
 //! shuffled page tables, and with one new key appended per sequence (the pre-pass) against
-//! the same cache without; and the run's HBM ceiling, a device-to-device copy of as many bytes.
+//! the same cache without; the run's HBM ceiling, a device-to-device copy of as many bytes;
+//! and chunked prefill (a chunk of queries over a cache that ends with it, bottom-right
+//! causal) against the dense attention of the same shape (TFLOPS).
 
 use anyhow::Result;
 use cudarc::driver::DevicePtr;
 use flashcore::bench::{time, Timing, TimingOptions};
-use flashcore::{AttnParams, BlockTableView, Context, DeviceTensor, Layout, PagedKv, SeqLensView, TensorView};
+use flashcore::{AttnParams, BlockTableView, Context, DeviceTensor, KernelFamily, Layout, PagedKv, SeqLensView, TensorView};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
@@ -39,6 +41,9 @@ enum Run {
 /// K and V hold one value everywhere (the speed of these memory-bound kernels does not depend
 /// on it; `check` covers correctness); one buffer serves every layout.
 pub fn rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> {
+    if case.seqlen_q > 1 {
+        return prefill_rows(ctx, case, samples);
+    }
     let (b, s, hkv, d, dtype) = (case.batch, case.seqlen_k, case.heads_kv, case.head_dim, case.dtype);
     let one = dtype.encode(0.05);
     let q = DeviceTensor::filled(ctx, one, case.q_shape(), dtype)?;
@@ -134,5 +139,90 @@ pub fn rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> {
             round_medians_ms,
         });
     }
+    Ok(out)
+}
+
+/// The chunked-prefill rows after the dense anchor: page size (shuffled tables), whether the
+/// chunk's keys are appended first, and a forced kernel family (None: the dispatcher's).
+const PREFILL_ROWS: [(usize, bool, Option<KernelFamily>); 6] = [
+    (16, false, None),
+    (64, false, None),
+    (256, false, None),
+    (64, true, None),
+    (16, false, Some(KernelFamily::FwdSm80)),
+    (64, false, Some(KernelFamily::FwdSm80)),
+];
+
+/// Rows for one chunked-prefill `case` (`Sq` queries, the last `Sq` of `Sk` keys, causal
+/// bottom-right): `dense` (the same shape from contiguous tensors: the anchor), then
+/// `paged{P}` (the whole cache already written: `cache_seqlens = Sk`), `paged64+append` (the
+/// chunk's keys appended by the pre-pass first: `cache_seqlens = Sk - Sq`), `paged{P}-fwd_sm80`
+/// (the Ampere-class kernel's paged form, forced, for comparison), and `dense-end` (the anchor
+/// again: a drift of the clock under the power cap shows as a difference between the two).
+/// Random inputs; one buffer serves every layout.
+fn prefill_rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> {
+    let (b, sq, s, hkv, d, dtype) = (case.batch, case.seqlen_q, case.seqlen_k, case.heads_kv, case.head_dim, case.dtype);
+    let q = DeviceTensor::from_f32(ctx, &crate::cases::normal(b * sq * case.heads_q * d, 1.0, dtype, 1), case.q_shape(), dtype)?;
+    let k = DeviceTensor::from_f32(ctx, &crate::cases::normal(b * s * hkv * d, 1.0, dtype, 2), case.kv_shape(), dtype)?;
+    let v = DeviceTensor::from_f32(ctx, &crate::cases::normal(b * s * hkv * d, 1.0, dtype, 3), case.kv_shape(), dtype)?;
+    let new = DeviceTensor::from_f32(ctx, &crate::cases::normal(b * sq * hkv * d, 1.0, dtype, 4), [b, sq, hkv, d], dtype)?;
+    let mut o = DeviceTensor::filled(ctx, 0, case.q_shape(), dtype)?;
+    let mut lse = ctx.stream().alloc_zeros::<f32>(b * case.heads_q * sq)?;
+    let params = AttnParams { causal: case.causal, ..AttnParams::default() };
+    let opts = TimingOptions { samples, graph: true, ..Default::default() };
+    let flops = case.flops();
+    let row = |name: &str, kernel: String, t: flashcore::bench::Timing| Row {
+        case: Case { name: format!("{}_{name}", case.name), ..case.clone() },
+        kernel: Some(kernel),
+        status: "ok".into(),
+        message: None,
+        median_ms: Some(t.median_ms),
+        min_ms: Some(t.min_ms),
+        max_ms: Some(t.max_ms),
+        samples_ms: t.samples_ms,
+        tflops: Some(flops / (t.median_ms * 1e-3) * 1e-12),
+        gbps: None,
+        rel_error: None,
+        timing: Some("graph".into()),
+        eager_median_ms: None,
+        fwd_bwd_median_ms: None,
+        round_medians_ms: vec![],
+    };
+    let dense = |o: &mut DeviceTensor, lse: &mut cudarc::driver::CudaSlice<f32>| {
+        time(ctx, opts, |_| ctx.attention_into(q.view(), k.view(), v.view(), o.view_mut(), Some(&mut *lse), &params))
+    };
+    let dense_plan = ctx.plan(&case.shape(), dtype, &params)?.describe();
+    let mut out = vec![row("dense", dense_plan.clone(), dense(&mut o, &mut lse)?)];
+    let full = ctx.stream().clone_htod(&vec![s as i32; b])?;
+    let before = ctx.stream().clone_htod(&vec![(s - sq) as i32; b])?;
+    for (page, append, family) in PREFILL_ROWS {
+        if s % page != 0 {
+            out.push(unsupported(case, "unsupported", format!("S {s} is not a multiple of page size {page}")));
+            continue;
+        }
+        let pages = b * s / page;
+        let mut ids: Vec<i32> = (0..pages as i32).collect();
+        ids.shuffle(&mut rand::rngs::StdRng::seed_from_u64(page as u64));
+        let table = ctx.stream().clone_htod(&ids)?;
+        // SAFETY: the pools are k's and v's buffers (b * s * hkv * d elements) seen as pages.
+        let pool = |t: &DeviceTensor| unsafe { TensorView::from_raw(t.view().ptr(), Layout::contiguous([pages, page, hkv, d], dtype), 0) };
+        let kv = PagedKv {
+            block_table: Some(BlockTableView::of(&table, b, s / page)?),
+            cache_seqlens: Some(SeqLensView::of(if append { &before } else { &full })),
+            k_new: append.then(|| new.view()),
+            v_new: append.then(|| new.view()),
+        };
+        let params = AttnParams { kernel: family, ..params };
+        let t = time(ctx, opts, |_| ctx.attention_paged_into(q.view(), pool(&k), pool(&v), o.view_mut(), Some(&mut lse), &kv, &params))?;
+        // A cache runs the paged form of the dense plan's family and tile.
+        let plan = ctx.plan(&case.shape(), dtype, &params)?;
+        let suffix = match (append, family) {
+            (true, _) => "+append".to_string(),
+            (false, Some(f)) => format!("-{f}"),
+            (false, None) => String::new(),
+        };
+        out.push(row(&format!("paged{page}{suffix}"), format!("{} paged", plan.describe()), t));
+    }
+    out.push(row("dense-end", dense_plan, dense(&mut o, &mut lse)?));
     Ok(out)
 }

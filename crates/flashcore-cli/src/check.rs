@@ -263,7 +263,7 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
         bar.inc(1);
     }
     for spec in &cached {
-        bar.set_message("fwd_sm80 paged");
+        bar.set_message(format!("{} paged", spec.kernel));
         outcomes.push(check_paged::check_one(&ctx, spec)?);
         bar.inc(1);
     }

@@ -16,6 +16,8 @@ use crate::check::{judge, nan_bits, poisoned_run, same_bits, Outcome};
 
 #[derive(Debug, Clone)]
 pub struct PagedSpec {
+    /// The kernel run (its paged form): fwd_sm80 or fwd_sm90.
+    pub kernel: KernelFamily,
     /// Keys each sequence holds before the call (cache_seqlens).
     pub cached: Vec<usize>,
     /// Keys appended to every sequence (k_new, v_new; 0: none).
@@ -68,7 +70,7 @@ impl PagedSpec {
     fn params(&self) -> AttnParams {
         AttnParams {
             causal: self.causal,
-            kernel: Some(KernelFamily::FwdSm80),
+            kernel: Some(self.kernel),
             num_splits: self.splits,
             window: self.window,
             softcap: self.softcap,
@@ -93,9 +95,12 @@ impl PagedSpec {
 /// The lengths (1, 15, 16, 17, 1000, 4097 in one batch) at page sizes 16, 64 and 256,
 /// GQA 1/4/8 and D 64/128/256: decode, decode appending one key (16 -> 17 crosses a page
 /// boundary at page size 16), speculative decode appending 4, chunked prefill appending 300
-/// (bottom-right causal); a window with a softcap, forced splits, fp16, and a corrupt table.
+/// (bottom-right causal); a window with a softcap, forced splits (fwd_sm80: fwd_sm90 does
+/// not split), fp16, and a corrupt table. For fwd_sm80 and fwd_sm90, the two with paged forms.
+/// On fwd_sm90 the key blocks (D64 128, D128 192, D256 80 keys) take 1 to 12 page boxes
+/// (gcd(page, block)), and a block of 192 straddles two pages of 256.
 pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<PagedSpec> {
-    if family != KernelFamily::FwdSm80 {
+    if !matches!(family, KernelFamily::FwdSm80 | KernelFamily::FwdSm90) {
         return Vec::new();
     }
     let lens = vec![1, 15, 16, 17, 1000, 4097];
@@ -106,6 +111,7 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<PagedSpec> {
         for (pi, &page) in pages.iter().enumerate() {
             let (hq, hkv) = [(4, 4), (8, 2), (8, 1)][(di + pi) % 3];
             let spec = |seqlen_q, new_keys, causal| PagedSpec {
+                kernel: family,
                 cached: lens.clone(),
                 new_keys,
                 seqlen_q,
@@ -138,7 +144,23 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<PagedSpec> {
     let base = out[0].clone();
     out.push(PagedSpec { dtype: DType::F16, head_dim: 128, ..base.clone() });
     out.push(PagedSpec { window: Window::new(127, 0), softcap: 30.0, page_size: 64, head_dim: 128, ..base.clone() });
-    out.push(PagedSpec { splits: Some(5), page_size: 64, ..base.clone() });
+    if family == KernelFamily::FwdSm80 {
+        out.push(PagedSpec { splits: Some(5), page_size: 64, ..base.clone() });
+    }
+    // Chunked prefill of 600 queries (5 query tiles) over pages of 16, and full attention over
+    // pages of 256 whose sequences end mid-page.
+    out.push(PagedSpec { cached: vec![3000, 17, 2100], new_keys: 600, seqlen_q: 600, head_dim: 128, ..base.clone() });
+    out.push(PagedSpec {
+        cached: vec![2500, 5, 1],
+        new_keys: 513,
+        seqlen_q: 513,
+        causal: false,
+        page_size: 256,
+        heads_q: 8,
+        heads_kv: 2,
+        head_dim: 128,
+        ..base.clone()
+    });
     out.push(PagedSpec { cached: vec![0, 31, 700], new_keys: 40, seqlen_q: 40, causal: true, ..base.clone() });
     out.push(PagedSpec { corrupt_table: true, ..base });
     out
@@ -255,7 +277,7 @@ pub fn check_one(ctx: &Context, spec: &PagedSpec) -> Result<Outcome> {
     let name = spec.name();
     let outcome = |rel, max_abs, lse_err, deterministic, failure| Outcome {
         spec_name: name.clone(),
-        kernel: KernelFamily::FwdSm80,
+        kernel: spec.kernel,
         oracle: "cpu-f64",
         rel,
         max_abs,

@@ -27,12 +27,16 @@ pub struct CompileArgs {
     /// bwd_sm90; with --mods, its policies' varlen forms too).
     #[arg(long)]
     varlen: bool,
-    /// Also every fwd_sm80 variant's paged-KV form (and, with --mods, its policies' paged forms).
+    /// Also every fwd_sm80 and fwd_sm90 variant's paged-KV form (and, with --mods, its
+    /// policies' paged forms).
     #[arg(long)]
     paged: bool,
     /// Only the variants of this dtype (f16 or bf16).
     #[arg(long)]
     dtype: Option<String>,
+    /// Only the variants whose name contains one of these (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    filter: Vec<String>,
 }
 
 /// `v`, and with `mods` its sliding-window, softcap and combined forms where the dispatcher
@@ -74,6 +78,7 @@ pub fn run(args: &CompileArgs) -> Result<bool> {
         .flat_map(|&a| families.iter().filter(move |f| f.runs_on(a)).flat_map(move |f| f.variants(a).into_iter().map(move |v| (a, v))))
         .filter(|(_, v)| dtype.map_or(true, |d| v.dtype == d))
         .flat_map(|(a, v)| with_mods(a, v, args.mods, args.varlen, args.paged).into_iter().map(move |v| (a, v)))
+        .filter(|(_, v)| args.filter.is_empty() || args.filter.iter().any(|f| v.name().contains(f.as_str())))
         .collect();
     let results: Vec<_> = jobs.par_iter().map(|(arch, v)| (arch, v, jit.compile(&v.source(), *arch))).collect();
     println!("{:<52} {:<7} {:>5} {:>10} {:>10} {:>7} {:>8}", "variant", "arch", "regs", "smem_dyn", "smem_stat", "spill", "seconds");

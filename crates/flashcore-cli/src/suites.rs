@@ -135,8 +135,13 @@ pub fn suite(name: &str) -> Option<Vec<Case>> {
         }
         "varlen" => varlen_suite(),
         // Decode (B8 Hq32/Hkv8 D128) from 4k to 128k keys: each case's contiguous decode beside
-        // the same cache paged (`bench_paged`).
-        "paged" => [4096, 8192, 16384, 32768, 65536, 131072].map(|s| decode_case(8, s)).to_vec(),
+        // the same cache paged (`bench_paged`); then chunked prefill, chunks of 512, 1k and 2k
+        // queries ending a 16k-key cache (B2, causal), beside the dense attention of the shape.
+        "paged" => {
+            let decode = [4096, 8192, 16384, 32768, 65536, 131072].map(|s| decode_case(8, s));
+            let prefill = [512, 1024, 2048].map(|chunk| Case::new(2, chunk, 16384, 32, 8, 128, true, DType::BF16));
+            decode.into_iter().chain(prefill).collect()
+        }
         _ => return None,
     };
     Some(cases)

@@ -625,6 +625,9 @@ impl Context {
                 p.max_pages = table.max_pages as i32;
             }
             (p.page_size, p.num_pages, p.page_rows) = (g.page_size as i32, g.num_pages as i32, g.page_rows as i32);
+            if g.page_size > 0 {
+                p.page_box_rows = fwd_sm90::page_box_rows(g.page_size as u32, plan.variant.tile.block_n) as i32;
+            }
             p.new_keys = g.new_keys as i32;
             if let (Some(kn), Some(vn)) = (&kv.k_new, &kv.v_new) {
                 (p.k_new, p.v_new) = (kn.ptr, vn.ptr);

@@ -116,21 +116,18 @@ pub fn plan_with(device: &Device, shape: &ProblemShape, dtype: DType, params: &A
 }
 
 /// [`plan`] for keys laid out as `keys` says. A paged cache (`shape.seqlen_k` its capacity)
-/// runs fwd_sm80's paged form on every arch (fwd_sm90 has none yet), split as a dense problem
-/// of that many keys would be, with GQA heads packed as rows for decode as dense.
+/// runs the paged form of the family a dense problem of that many keys would: on Hopper
+/// fwd_sm90 for prefill and chunked prefill, fwd_sm80's split-KV kernel for decode (and
+/// small grids), with GQA heads packed as rows for decode as dense; fwd_sm80 elsewhere.
 pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnParams, keys: KeyLayout) -> Result<Plan> {
     let varlen = keys == KeyLayout::Varlen;
     let paged = keys == KeyLayout::Paged;
     let arch = device.arch;
-    let family = match params.kernel {
-        Some(f) => f,
-        None if paged => KernelFamily::FwdSm80,
-        None => default_family(device, shape),
-    };
-    if paged && family != KernelFamily::FwdSm80 && !family.is_backward() {
+    let family = params.kernel.unwrap_or_else(|| default_family(device, shape));
+    if paged && family == KernelFamily::Reference {
         return Err(Error::Unsupported {
             kernel: family.name().into(),
-            msg: "takes no KV cache: fwd_sm80 runs paged and contiguous caches on every arch".into(),
+            msg: "takes no KV cache: fwd_sm80 and fwd_sm90 run paged and contiguous caches".into(),
         });
     }
     if family.is_backward() {
@@ -326,21 +323,28 @@ mod tests {
     }
 
     #[test]
-    fn a_kv_cache_runs_fwd_sm80_paged_on_hopper_split_and_gqa_packed_as_dense() {
+    fn a_kv_cache_decodes_on_fwd_sm80_split_and_prefills_on_fwd_sm90_as_dense() {
         let paged = plan_for(&h100(), &decode(8, 4096), DType::BF16, &AttnParams::default(), KeyLayout::Paged).unwrap();
         let dense = pick(&h100(), &decode(8, 4096), &AttnParams::default());
         assert!(paged.variant.paged && paged.variant.name().ends_with("_paged"));
+        assert_eq!(paged.variant.family, KernelFamily::FwdSm80);
         // The dense split tile with a third K/V slot on sm_90 (fwd_sm80::paged_form).
         assert_eq!(paged.variant, fwd_sm80::paged_form(h100().arch, &dense.variant));
         assert_eq!(paged.variant.tile.stages, 3);
         assert_eq!((paged.splits, paged.split_tiles, paged.packed_gqa), (dense.splits, dense.split_tiles, true));
-        // Chunked prefill: the unsplit tile, as dense on fwd_sm80.
+        // Chunked prefill on Hopper: fwd_sm90's paged form of the dense tile.
         let prefill = ProblemShape { batch: 4, seqlen_q: 2048, seqlen_k: 16384, heads_q: 32, heads_kv: 8, head_dim: 128 };
         let p = plan_for(&h100(), &prefill, DType::BF16, &AttnParams::causal(), KeyLayout::Paged).unwrap();
+        assert!(p.variant.paged && p.variant.family == KernelFamily::FwdSm90);
+        assert_eq!(Variant { paged: false, ..p.variant.clone() }, pick(&h100(), &prefill, &AttnParams::causal()).variant);
+        // Elsewhere fwd_sm80, unsplit; forced, either; the reference takes no cache.
+        let p = plan_for(&on("sm_89"), &prefill, DType::BF16, &AttnParams::causal(), KeyLayout::Paged).unwrap();
         assert!(p.variant.paged && !p.variant.split_kv && p.variant.family == KernelFamily::FwdSm80);
-        // Forcing a family without a paged form is an error naming it.
-        let sm90 = AttnParams { kernel: Some(KernelFamily::FwdSm90), ..AttnParams::default() };
-        assert!(matches!(plan_for(&h100(), &prefill, DType::BF16, &sm90, KeyLayout::Paged), Err(Error::Unsupported { .. })));
+        let force = |kernel| AttnParams { kernel: Some(kernel), ..AttnParams::default() };
+        let p = plan_for(&h100(), &decode(8, 4096), DType::BF16, &force(KernelFamily::FwdSm90), KeyLayout::Paged).unwrap();
+        assert!(p.variant.paged && p.variant.family == KernelFamily::FwdSm90 && p.packed_gqa);
+        let reference = plan_for(&h100(), &prefill, DType::BF16, &force(KernelFamily::Reference), KeyLayout::Paged);
+        assert!(matches!(reference, Err(Error::Unsupported { .. })));
     }
 
     #[test]

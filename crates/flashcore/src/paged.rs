@@ -21,8 +21,9 @@
 //!   cache_seqlens[b] + S_new - Sq`): chunked prefill with `Sq = S_new`, decode with `Sq = 1`.
 //!   `cache_seqlens` is not modified: the caller advances it, as with flash_attn.
 //!
-//! The paged forms run on fwd_sm80 (its split-KV kernel for decode) on every arch, Hopper
-//! included.
+//! Decode runs on fwd_sm80's paged forms (its split-KV kernel) on every arch; prefill and
+//! chunked prefill on Hopper run on fwd_sm90's (TMA loads per page), elsewhere on fwd_sm80's:
+//! the family a dense problem of the cache's capacity would take.
 //!
 //! # The caller's contract
 //! The table and the lengths live on the device; reading them would synchronise. Every table
@@ -172,6 +173,9 @@ impl PagedKv<'_> {
                         arg: "block_table",
                         msg: format!("rows {} apart overlap {} columns", table.row_stride, table.max_pages),
                     });
+                }
+                if table.row_stride.max(table.max_pages).checked_mul(b).map_or(true, |n| n > i32::MAX as usize) {
+                    return Err(shape_err("block_table", format!("{b} rows {} entries apart: over 2^31 entries", table.row_stride)));
                 }
                 if rows % PAGE_SIZE_MULTIPLE != 0 {
                     let msg = format!("page size {rows} (k_cache's dim 1) is not supported: every multiple of {PAGE_SIZE_MULTIPLE} is");

@@ -121,6 +121,18 @@ fn make_variant(dtype: DType, head_dim: usize, causal: bool, short: bool) -> Var
     }
 }
 
+/// Rows of one TMA box of a paged K or V load (`FwdParams::page_box_rows`): the largest
+/// that divides both the page and the key block, so that a box never straddles two pages
+/// and a key block is whole boxes (D128's 192-key block: one box at page size 192, 3 of 64
+/// rows at 64 or 256, 12 of 16 at 16).
+pub fn page_box_rows(page_size: u32, block_n: u32) -> u32 {
+    let (mut a, mut b) = (page_size, block_n);
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
 /// Grid for `shape`: one CTA per SM (fewer if there are fewer query tiles), each looping
 /// over the tiles it claims from the tile counter (`common/tile_scheduler.cuh`).
 pub fn grid(variant: &Variant, shape: &ProblemShape, sm_count: u32) -> (u32, u32, u32) {
@@ -214,6 +226,9 @@ fn section_heads(p: &FwdParams, block_m: u32, ctas: u32) -> i32 {
 
 /// Encodes the tensor maps (Q, K, V loads; O stores) and launches. `tile_counter` is the
 /// device address of two zeroed `u32` that no launch on another stream uses meanwhile.
+/// Paged with a block table, K and V are the page pools `[num_pages, page_size, Hkv, D]`,
+/// whose maps take boxes of [`page_box_rows`]; after an append pre-pass (`p.new_keys > 0`)
+/// the kernel is launched as its programmatic dependent (it waits for the keys itself).
 #[allow(clippy::too_many_arguments)]
 pub fn launch(
     stream: &CudaStream,
@@ -224,16 +239,62 @@ pub fn launch(
     qkvo: [&TensorView; 4],
     tile_counter: u64,
 ) -> Result<()> {
+    let kv_rows = match variant.paged && p.block_table != 0 {
+        true => p.page_box_rows as u32,
+        false => variant.tile.block_n,
+    };
     let tq = tensor_map(qkvo[0], variant.tile.block_m)?;
-    let tk = tensor_map(qkvo[1], variant.tile.block_n)?;
-    let tv = tensor_map(qkvo[2], variant.tile.block_n)?;
+    let tk = tensor_map(qkvo[1], kv_rows)?;
+    let tv = tensor_map(qkvo[2], kv_rows)?;
     let to = tensor_map(qkvo[3], WARPGROUP_ROWS)?;
     let section = section_heads(p, variant.tile.block_m, cfg.grid_dim.0);
     let schedule = TileSchedule { counter: tile_counter, section, _pad: 0 };
+    let what = || format!("launching {}", variant.name());
+    if variant.paged && p.new_keys > 0 {
+        return launch_dependent(stream, function, &cfg, (p, [&tq, &tk, &tv, &to], &schedule)).ctx(what());
+    }
     // SAFETY: the arguments match `fc_fwd_sm90(FwdParams, CUtensorMap x4, TileSchedule)`.
-    unsafe { stream.launch_builder(function).arg(p).arg(&tq).arg(&tk).arg(&tv).arg(&to).arg(&schedule).launch(cfg) }
-        .ctx(format!("launching {}", variant.name()))?;
+    unsafe { stream.launch_builder(function).arg(p).arg(&tq).arg(&tk).arg(&tv).arg(&to).arg(&schedule).launch(cfg) }.ctx(what())?;
     Ok(())
+}
+
+/// `launch`'s kernel with programmatic stream serialization: it may start before the
+/// previous kernel on the stream (the append pre-pass) ends; its producer waits for it
+/// (`griddepcontrol.wait`) before the first K/V load.
+fn launch_dependent(
+    stream: &CudaStream,
+    function: &CudaFunction,
+    cfg: &LaunchConfig,
+    (p, maps, schedule): (&FwdParams, [&TensorMap; 4], &TileSchedule),
+) -> std::result::Result<(), cudarc::driver::DriverError> {
+    // SAFETY: a plain C struct (an id and a union of plain values); all zeros is valid.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: cfg.grid_dim.0,
+        gridDimY: cfg.grid_dim.1,
+        gridDimZ: cfg.grid_dim.2,
+        blockDimX: cfg.block_dim.0,
+        blockDimY: cfg.block_dim.1,
+        blockDimZ: cfg.block_dim.2,
+        sharedMemBytes: cfg.shared_mem_bytes,
+        hStream: stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    let arg = |x: *const std::ffi::c_void| x as *mut std::ffi::c_void;
+    let mut args = [
+        arg((p as *const FwdParams).cast()),
+        arg((maps[0] as *const TensorMap).cast()),
+        arg((maps[1] as *const TensorMap).cast()),
+        arg((maps[2] as *const TensorMap).cast()),
+        arg((maps[3] as *const TensorMap).cast()),
+        arg((schedule as *const TileSchedule).cast()),
+    ];
+    // SAFETY: `args` points at the six arguments of `fc_fwd_sm90(FwdParams, CUtensorMap x4,
+    // TileSchedule)` for the call's duration; `config` and `attr` outlive the call.
+    unsafe { sys::cuLaunchKernelEx(&config, function.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }.result()
 }
 
 #[cfg(test)]

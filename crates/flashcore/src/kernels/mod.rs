@@ -61,7 +61,8 @@ pub(crate) struct FwdParams {
     pub max_pages: i32,
     pub page_rows: i32,
     pub new_keys: i32,
-    pub _pad: i32,
+    /// fwd_sm90 paged with a block table: rows of one K/V TMA box (`fwd_sm90::page_box_rows`).
+    pub page_box_rows: i32,
 }
 
 const _: () = assert!(std::mem::size_of::<FwdParams>() == 352);
@@ -281,7 +282,7 @@ pub struct Variant {
     pub varlen: bool,
     /// `FC_PAGED`: keys from a KV cache, paged (a block table) or contiguous, each sequence
     /// of its own length (`cache_seqlens`), with new keys appended by a pre-pass (fwd_sm80
-    /// only; see [`crate::PagedKv`]).
+    /// and fwd_sm90; see [`crate::PagedKv`]).
     pub paged: bool,
 }
 
@@ -300,10 +301,15 @@ pub fn mods_forms(v: &Variant) -> Vec<Variant> {
 }
 
 /// `v`'s paged-KV form (`FC_PAGED`) on `arch`, where the dispatcher runs one: every fwd_sm80
-/// forward variant (the paged cache runs on fwd_sm80 on every arch, Hopper included; its
-/// split-KV tile takes a third K/V slot on sm_90: `fwd_sm80::paged_form`).
+/// forward variant (decode, and every arch; its split-KV tile takes a third K/V slot on sm_90:
+/// `fwd_sm80::paged_form`) and every fwd_sm90 variant (prefill and chunked prefill on Hopper).
 pub fn paged_form(arch: Arch, v: &Variant) -> Option<Variant> {
-    (v.family == KernelFamily::FwdSm80 && !v.varlen && !v.paged).then(|| fwd_sm80::paged_form(arch, v))
+    match v.family {
+        _ if v.varlen || v.paged => None,
+        KernelFamily::FwdSm80 => Some(fwd_sm80::paged_form(arch, v)),
+        KernelFamily::FwdSm90 => Some(Variant { paged: true, ..v.clone() }),
+        _ => None,
+    }
 }
 
 /// `v`'s varlen form (a packed batch: `cu_seqlens`), where the dispatcher runs one: every
