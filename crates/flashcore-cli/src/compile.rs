@@ -46,7 +46,7 @@ fn with_mods(arch: Arch, v: Variant, mods: bool, varlen: bool, paged: bool) -> V
     let forms = if mods { flashcore::kernels::mods_forms(&v) } else { Vec::new() };
     let dense: Vec<Variant> = std::iter::once(v).chain(forms).collect();
     let packed = dense.iter().filter(|_| varlen).filter_map(flashcore::kernels::varlen_form);
-    let paged_forms: Vec<Variant> = dense.iter().filter(|_| paged).filter_map(|v| flashcore::kernels::paged_form(arch, v)).collect();
+    let paged_forms: Vec<Variant> = dense.iter().filter(|_| paged).flat_map(|v| flashcore::kernels::paged_forms(arch, v)).collect();
     packed.chain(paged_forms).chain(dense.iter().cloned()).collect()
 }
 

@@ -552,10 +552,10 @@ impl Context {
         if shape.seqlen_q == 0 {
             return Ok(()); // packed, every sequence empty: nothing to write
         }
-        let layout = match keys {
-            Keys::Dense => dispatch::KeyLayout::Dense,
-            Keys::Varlen(_) => dispatch::KeyLayout::Varlen,
-            Keys::Paged(_) => dispatch::KeyLayout::Paged,
+        let layout = match (&paged, varlen) {
+            (Some((_, g)), _) => dispatch::KeyLayout::Paged { page_size: g.page_size },
+            (None, Some(_)) => dispatch::KeyLayout::Varlen,
+            (None, None) => dispatch::KeyLayout::Dense,
         };
         let plan = dispatch::plan_for(&self.info.device(), &shape, q.layout.dtype, params, layout)?;
         let kernel = self.load(&plan.variant)?;

@@ -85,7 +85,7 @@ pub fn default_family(device: &Device, shape: &ProblemShape) -> KernelFamily {
     let decode_like = kernel_rows(shape) <= fwd_sm80::SPLIT_KV_MAX_ROWS;
     let hopper = fwd_sm90::variant(DType::BF16, shape.head_dim, false, shape.seqlen_k);
     let small_grid = hopper.query_tiles(shape) < device.sm_count as usize / 2 && shape.head_dim <= 128;
-    if decode_like || (small_grid && sm80_plan(device, shape, DType::BF16, false, None, false, |_| shape.seqlen_k).splits > 1) {
+    if decode_like || (small_grid && sm80_plan(device, shape, DType::BF16, false, None, None, |_| shape.seqlen_k).splits > 1) {
         KernelFamily::FwdSm80
     } else {
         KernelFamily::FwdSm90
@@ -105,7 +105,11 @@ pub enum KeyLayout {
     /// A packed batch (`cu_seqlens`): [`crate::VarlenBatch`].
     Varlen,
     /// A KV cache, paged or contiguous, each sequence of its own length: [`crate::PagedKv`].
-    Paged,
+    Paged {
+        /// Keys a page (0: a contiguous cache); sets the depth of fwd_sm80's K/V ring on
+        /// Hopper ([`fwd_sm80::paged_form`]).
+        page_size: usize,
+    },
 }
 
 /// [`plan`], or with `varlen` for a packed batch of `shape.batch` sequences of at most
@@ -121,7 +125,11 @@ pub fn plan_with(device: &Device, shape: &ProblemShape, dtype: DType, params: &A
 /// small grids), with GQA heads packed as rows for decode as dense; fwd_sm80 elsewhere.
 pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnParams, keys: KeyLayout) -> Result<Plan> {
     let varlen = keys == KeyLayout::Varlen;
-    let paged = keys == KeyLayout::Paged;
+    let page_size = match keys {
+        KeyLayout::Paged { page_size } => Some(page_size),
+        _ => None,
+    };
+    let paged = page_size.is_some();
     let arch = device.arch;
     let family = params.kernel.unwrap_or_else(|| default_family(device, shape));
     if paged && family == KernelFamily::Reference {
@@ -166,7 +174,7 @@ pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &At
         // A window's tiles by the keys a query tile visits (its cost scales with them).
         KernelFamily::FwdSm90 if window.is_some() => unsplit(fwd_sm90::variant(dtype, kshape.head_dim, causal, keys(128)), &kshape),
         KernelFamily::FwdSm90 => unsplit(fwd_sm90::variant_for(dtype, &kshape, causal, device.sm_count as usize), &kshape),
-        KernelFamily::FwdSm80 => sm80_plan(device, &kshape, dtype, causal, params.num_splits, paged, keys),
+        KernelFamily::FwdSm80 => sm80_plan(device, &kshape, dtype, causal, params.num_splits, page_size, keys),
         KernelFamily::BwdSm80 | KernelFamily::BwdSm90 => return Err(not_a_forward(family)),
     };
     if family != KernelFamily::Reference {
@@ -190,15 +198,16 @@ fn unsplit(variant: Variant, shape: &ProblemShape) -> Plan {
 /// The fwd_sm80 plan for `shape` (already packed): the split-KV variant for a few query
 /// rows or a grid under half the SMs, split as `num_splits` says or to fill a wave. A query
 /// tile of `block_m` rows visits at most `keys(block_m)` keys (fewer than Sk under a sliding
-/// window): the splits share out those. A paged cache's split tile is its paged form
-/// ([`fwd_sm80::paged_form`]: a deeper ring on sm_90).
+/// window): the splits share out those. A KV cache's split tile (`page_size`: `Some(0)`
+/// contiguous) is its paged form ([`fwd_sm80::paged_form`]: a deeper ring on sm_90 over pages
+/// smaller than a key block).
 fn sm80_plan(
     device: &Device,
     shape: &ProblemShape,
     dtype: DType,
     causal: bool,
     num_splits: Option<usize>,
-    paged: bool,
+    page_size: Option<usize>,
     keys: impl Fn(u32) -> usize,
 ) -> Plan {
     let d = shape.head_dim;
@@ -211,7 +220,10 @@ fn sm80_plan(
         return unsplit(whole, shape);
     }
     let split = fwd_sm80::split_variant(device.arch, dtype, d, causal);
-    let variant = if paged { fwd_sm80::paged_form(device.arch, &split) } else { split };
+    let variant = match page_size {
+        Some(page_size) => fwd_sm80::paged_form(device.arch, &split, page_size),
+        None => split,
+    };
     // + 1: a window's keys may start mid-tile.
     let key_tiles = (keys(variant.tile.block_m).div_ceil(variant.tile.block_n as usize) + 1)
         .min(shape.seqlen_k.div_ceil(variant.tile.block_n as usize));
@@ -324,26 +336,30 @@ mod tests {
 
     #[test]
     fn a_kv_cache_decodes_on_fwd_sm80_split_and_prefills_on_fwd_sm90_as_dense() {
-        let paged = plan_for(&h100(), &decode(8, 4096), DType::BF16, &AttnParams::default(), KeyLayout::Paged).unwrap();
+        let paged16 = KeyLayout::Paged { page_size: 16 };
+        let paged = plan_for(&h100(), &decode(8, 4096), DType::BF16, &AttnParams::default(), paged16).unwrap();
         let dense = pick(&h100(), &decode(8, 4096), &AttnParams::default());
         assert!(paged.variant.paged && paged.variant.name().ends_with("_paged"));
         assert_eq!(paged.variant.family, KernelFamily::FwdSm80);
         // The dense split tile with a third K/V slot on sm_90 (fwd_sm80::paged_form).
-        assert_eq!(paged.variant, fwd_sm80::paged_form(h100().arch, &dense.variant));
+        assert_eq!(paged.variant, fwd_sm80::paged_form(h100().arch, &dense.variant, 16));
         assert_eq!(paged.variant.tile.stages, 3);
+        // Pages holding whole key blocks: the dense ring.
+        let paged256 = plan_for(&h100(), &decode(8, 4096), DType::BF16, &AttnParams::default(), KeyLayout::Paged { page_size: 256 });
+        assert_eq!(paged256.unwrap().variant, Variant { paged: true, ..dense.variant.clone() });
         assert_eq!((paged.splits, paged.split_tiles, paged.packed_gqa), (dense.splits, dense.split_tiles, true));
         // Chunked prefill on Hopper: fwd_sm90's paged form of the dense tile.
         let prefill = ProblemShape { batch: 4, seqlen_q: 2048, seqlen_k: 16384, heads_q: 32, heads_kv: 8, head_dim: 128 };
-        let p = plan_for(&h100(), &prefill, DType::BF16, &AttnParams::causal(), KeyLayout::Paged).unwrap();
+        let p = plan_for(&h100(), &prefill, DType::BF16, &AttnParams::causal(), paged16).unwrap();
         assert!(p.variant.paged && p.variant.family == KernelFamily::FwdSm90);
         assert_eq!(Variant { paged: false, ..p.variant.clone() }, pick(&h100(), &prefill, &AttnParams::causal()).variant);
         // Elsewhere fwd_sm80, unsplit; forced, either; the reference takes no cache.
-        let p = plan_for(&on("sm_89"), &prefill, DType::BF16, &AttnParams::causal(), KeyLayout::Paged).unwrap();
+        let p = plan_for(&on("sm_89"), &prefill, DType::BF16, &AttnParams::causal(), paged16).unwrap();
         assert!(p.variant.paged && !p.variant.split_kv && p.variant.family == KernelFamily::FwdSm80);
         let force = |kernel| AttnParams { kernel: Some(kernel), ..AttnParams::default() };
-        let p = plan_for(&h100(), &decode(8, 4096), DType::BF16, &force(KernelFamily::FwdSm90), KeyLayout::Paged).unwrap();
+        let p = plan_for(&h100(), &decode(8, 4096), DType::BF16, &force(KernelFamily::FwdSm90), paged16).unwrap();
         assert!(p.variant.paged && p.variant.family == KernelFamily::FwdSm90 && p.packed_gqa);
-        let reference = plan_for(&h100(), &prefill, DType::BF16, &force(KernelFamily::Reference), KeyLayout::Paged);
+        let reference = plan_for(&h100(), &prefill, DType::BF16, &force(KernelFamily::Reference), paged16);
         assert!(matches!(reference, Err(Error::Unsupported { .. })));
     }
 

@@ -128,14 +128,19 @@ pub fn split_variant(arch: Arch, dtype: DType, head_dim: usize, causal: bool) ->
     make_variant(dtype, head_dim, causal, split_tile(arch, head_dim), true)
 }
 
-/// `v`'s paged-KV form (`FC_PAGED`) on `arch`: the same tile, but for the split-KV tile on
-/// sm_90, which takes a third K and V slot (D128 64x128: 208 KB of 227; every head dim fits
-/// and keeps its CTAs per SM) so that two tiles' copies are in flight while one computes: the
-/// latency of a scattered page and the prologue's chain (cache_seqlens, then the block table,
-/// then the first copies) hide behind them. sm_80 (163 KB) and sm_86/89 (99 KB) keep two
-/// slots: D128 would need 208 KB / 112 KB there.
-pub fn paged_form(arch: Arch, v: &Variant) -> Variant {
-    let stages = if v.split_kv && smem_class(arch) == SmemClass::Hopper { 3 } else { v.tile.stages };
+/// `v`'s paged-KV form (`FC_PAGED`) on `arch` for pages of `page_size` keys (0: a contiguous
+/// cache): the same tile, but for the split-KV tile on sm_90 over pages smaller than its key
+/// block, which takes a third K and V slot (D128 64x128: 208 KB of 227; every head dim fits and
+/// keeps its CTAs per SM) so that two tiles' copies are in flight while one computes: the
+/// latency of a tile's several scattered pages and the prologue's chain (cache_seqlens, then
+/// the block table, then the first copies) hide behind them. Measured on the H100 (docs/
+/// perf-log.md, "paged decode" of the seventh session): +1-1.5% at page 16 and +1% at 64, but
+/// -2% at page 256, where a tile lies in one page: there, and for contiguous caches, the dense
+/// tile's two slots. sm_80 (163 KB) and sm_86/89 (99 KB) keep two slots: D128 would need
+/// 208 KB / 112 KB there.
+pub fn paged_form(arch: Arch, v: &Variant, page_size: usize) -> Variant {
+    let spans_pages = page_size > 0 && page_size < v.tile.block_n as usize;
+    let stages = if v.split_kv && spans_pages && smem_class(arch) == SmemClass::Hopper { 3 } else { v.tile.stages };
     let tile = Tile { stages, ..v.tile };
     let head_dim = v.head_dim.unwrap_or(128);
     Variant { paged: true, tile, smem_bytes: smem_bytes(tile, head_dim), ..v.clone() }
@@ -264,19 +269,23 @@ mod tests {
     }
 
     #[test]
-    fn paged_split_tiles_take_a_third_slot_on_hopper_only_and_fit() {
+    fn paged_split_tiles_over_small_pages_take_a_third_slot_on_hopper_only_and_fit() {
         for (arch, limit) in archs_and_smem_limits() {
             for &d in HEAD_DIMS {
                 let split = split_variant(arch, DType::BF16, d, false);
-                let paged = paged_form(arch, &split);
+                let paged = paged_form(arch, &split, 16);
                 let deeper = smem_class(arch) == SmemClass::Hopper;
                 assert_eq!(paged.tile.stages, if deeper { 3 } else { 2 }, "{}", paged.name());
                 assert_eq!(paged.smem_bytes, smem_bytes(paged.tile, d));
                 assert!(paged.smem_bytes <= limit, "{} on {arch}: {} B", paged.name(), paged.smem_bytes);
                 assert_eq!(Variant { paged: false, tile: split.tile, smem_bytes: split.smem_bytes, ..paged.clone() }, split);
+                // Pages holding whole key blocks, and contiguous caches, keep the dense ring.
+                for page_size in [split.tile.block_n as usize, 256, 0] {
+                    assert_eq!(paged_form(arch, &split, page_size), Variant { paged: true, ..split.clone() }, "page {page_size}");
+                }
                 // Unsplit tiles keep their ring.
                 let whole = variant(arch, DType::BF16, d, false, 4096);
-                assert_eq!(paged_form(arch, &whole), Variant { paged: true, ..whole });
+                assert_eq!(paged_form(arch, &whole, 16), Variant { paged: true, ..whole });
             }
         }
     }

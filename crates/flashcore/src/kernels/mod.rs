@@ -300,15 +300,23 @@ pub fn mods_forms(v: &Variant) -> Vec<Variant> {
     forms.iter().map(|&(local, softcap)| Variant { mods: ScoreMods { local, softcap }, ..v.clone() }).collect()
 }
 
-/// `v`'s paged-KV form (`FC_PAGED`) on `arch`, where the dispatcher runs one: every fwd_sm80
-/// forward variant (decode, and every arch; its split-KV tile takes a third K/V slot on sm_90:
-/// `fwd_sm80::paged_form`) and every fwd_sm90 variant (prefill and chunked prefill on Hopper).
-pub fn paged_form(arch: Arch, v: &Variant) -> Option<Variant> {
+/// `v`'s paged-KV forms (`FC_PAGED`) on `arch`, where the dispatcher runs them: every fwd_sm80
+/// forward variant (decode, and every arch; its split-KV tile over pages smaller than a key
+/// block takes a third K/V slot on sm_90, so it has two forms there: `fwd_sm80::paged_form`)
+/// and every fwd_sm90 variant (prefill and chunked prefill on Hopper).
+pub fn paged_forms(arch: Arch, v: &Variant) -> Vec<Variant> {
     match v.family {
-        _ if v.varlen || v.paged => None,
-        KernelFamily::FwdSm80 => Some(fwd_sm80::paged_form(arch, v)),
-        KernelFamily::FwdSm90 => Some(Variant { paged: true, ..v.clone() }),
-        _ => None,
+        _ if v.varlen || v.paged => Vec::new(),
+        KernelFamily::FwdSm80 => {
+            let (small_pages, whole_blocks) = (fwd_sm80::paged_form(arch, v, 16), fwd_sm80::paged_form(arch, v, 0));
+            if small_pages == whole_blocks {
+                vec![small_pages]
+            } else {
+                vec![small_pages, whole_blocks]
+            }
+        }
+        KernelFamily::FwdSm90 => vec![Variant { paged: true, ..v.clone() }],
+        _ => Vec::new(),
     }
 }
 
