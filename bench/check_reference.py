@@ -145,6 +145,26 @@ def report(results):
     return 0 if passed == len(results) else 1
 
 
+def run_oracle(binary, qkv_path, out_path, causal, label, results, extra=()):
+    """`flashcore attn --cpu --f64-out` on the saved input: its outputs, or None after a FAIL line."""
+    cmd = [binary, "attn", "--cpu", "--input", qkv_path, "--output", out_path, "--f64-out", *extra] + (["--causal"] if causal else [])
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(f"FAIL {label}: exit {proc.returncode}: {proc.stderr.strip()[-500:]}")
+        results.append(False)
+        return None
+    return load_file(out_path)
+
+
+def expect_refusal(binary, tensors, qkv_path, out_path, label, *needles):
+    """The CLI refuses `tensors` with an error that names each of `needles`."""
+    save_file(tensors, qkv_path)
+    proc = subprocess.run([binary, "attn", "--cpu", "--input", qkv_path, "--output", out_path], capture_output=True, text=True)
+    ok = proc.returncode != 0 and all(n in proc.stderr for n in needles)
+    print(f"{'PASS' if ok else 'FAIL'} {label:28} refused by name: {proc.stderr.strip()[-200:]}")
+    return ok
+
+
 def run_cases(binary):
     if not os.path.isfile(binary):
         print(f"flashcore binary not found at {binary} (pass its path or set FLASHCORE_BIN)", file=sys.stderr)
@@ -157,18 +177,12 @@ def run_cases(binary):
             q, k, v = random_qkv(rng, b, sq, sk, hq, hkv, d, gain)
             dout = rng.standard_normal(q.shape).astype(np.float32)
             save_file({"q": q, "k": k, "v": v, "do": dout}, qkv_path)
-            cmd = [binary, "attn", "--cpu", "--input", qkv_path, "--output", out_path, "--f64-out"]
-            cmd += ["--causal"] if causal else []
             if scale is not None:
                 scale = float(np.float32(scale))
-                cmd += ["--scale", repr(scale)]
             label = f"{name:28} B{b} Sq{sq} Sk{sk} H{hq}/{hkv} D{d}"
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                print(f"FAIL {label}: exit {proc.returncode}: {proc.stderr.strip()[-500:]}")
-                results.append(False)
+            out = run_oracle(binary, qkv_path, out_path, causal, label, results, ["--scale", repr(scale)] if scale is not None else [])
+            if out is None:
                 continue
-            out = load_file(out_path)
             if out["o"].dtype != np.float64 or out["lse"].dtype != np.float64:
                 print(f"FAIL {label}: o is {out['o'].dtype}, lse {out['lse'].dtype}; --f64-out wants float64")
                 results.append(False)
@@ -208,14 +222,10 @@ def run_packed(binary, rng, qkv_path, out_path):
             "do": rng.standard_normal((sum(sq for sq, _ in lens), hq, d)).astype(np.float32),
         }
         save_file(tensors, qkv_path)
-        cmd = [binary, "attn", "--cpu", "--input", qkv_path, "--output", out_path, "--f64-out"] + (["--causal"] if causal else [])
         label = f"{'packed causal' if causal else 'packed':28} lengths {lens} seqused_k"
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            print(f"FAIL {label}: exit {proc.returncode}: {proc.stderr.strip()[-500:]}")
-            results.append(False)
+        out = run_oracle(binary, qkv_path, out_path, causal, label, results)
+        if out is None:
             continue
-        out = load_file(out_path)
         o_ref, lse_ref, grads = [], [], [[], [], []]
         q0 = 0
         for (q, k, v), (sq, sk), extra in zip(seqs, lens, slack):
@@ -239,11 +249,7 @@ def run_packed(binary, rng, qkv_path, out_path):
         print(f"{'PASS' if ok else 'FAIL'} {label}: {msg}")
         results.append(ok)
     tensors["cu_seqlens_q"] = np.array([0, 5, 4, 8, 25, 26], dtype=np.int32)
-    save_file(tensors, qkv_path)
-    proc = subprocess.run([binary, "attn", "--cpu", "--input", qkv_path, "--output", out_path], capture_output=True, text=True)
-    ok = proc.returncode != 0 and "cu_seqlens_q" in proc.stderr and "decreases" in proc.stderr
-    print(f"{'PASS' if ok else 'FAIL'} {'packed, bad cu_seqlens_q':28} refused by name: {proc.stderr.strip()[-200:]}")
-    results.append(ok)
+    results.append(expect_refusal(binary, tensors, qkv_path, out_path, "packed, bad cu_seqlens_q", "cu_seqlens_q", "decreases"))
     return results
 
 
@@ -272,14 +278,10 @@ def run_kvcache(binary, rng, qkv_path, out_path):
         if paged:
             tensors["block_table"] = table
         save_file(tensors, qkv_path)
-        cmd = [binary, "attn", "--cpu", "--input", qkv_path, "--output", out_path, "--f64-out"] + (["--causal"] if causal else [])
         label = f"{'paged' if paged else 'contiguous'} cache{' causal' if causal else ''}".ljust(28) + f" lengths {cached} + {new}"
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            print(f"FAIL {label}: exit {proc.returncode}: {proc.stderr.strip()[-500:]}")
-            results.append(False)
+        out = run_oracle(binary, qkv_path, out_path, causal, label, results)
+        if out is None:
             continue
-        out = load_file(out_path)
         want_k, want_v = k_cache.copy(), v_cache.copy()
         o_ref, lse_ref = [], []
         for i, c in enumerate(cached):
@@ -295,12 +297,8 @@ def run_kvcache(binary, rng, qkv_path, out_path):
         same = np.array_equal(out["k_cache"], want_k) and np.array_equal(out["v_cache"], want_v)
         print(f"{'PASS' if ok and same else 'FAIL'} {label}: {msg}, caches after the append {'exact' if same else 'DIFFER'}")
         results.append(ok and same)
-    tensors = dict(tensors, block_table=np.array([[0], [1], [2], [3], [b + 7]], dtype=np.int32))
-    save_file(tensors, qkv_path)
-    proc = subprocess.run([binary, "attn", "--cpu", "--input", qkv_path, "--output", out_path], capture_output=True, text=True)
-    ok = proc.returncode != 0 and "block_table" in proc.stderr and "[4, 0]" in proc.stderr
-    print(f"{'PASS' if ok else 'FAIL'} {'KV cache, bad block_table':28} refused by name: {proc.stderr.strip()[-200:]}")
-    results.append(ok)
+    bad_table = dict(tensors, block_table=np.array([[0], [1], [2], [3], [b + 7]], dtype=np.int32))
+    results.append(expect_refusal(binary, bad_table, qkv_path, out_path, "KV cache, bad block_table", "block_table", "[4, 0]"))
     return results
 
 
