@@ -469,10 +469,15 @@ __device__ __forceinline__ void store_empty(const FwdParams& p, const Tile& t, i
 // here, unannounced, rather than sent through the consumers. `seq` is the tile's sequence.
 __device__ __forceinline__ WorkTile find_tile(const FwdParams& p, const Order& order, const TileCounter& counter,
                                               int index, Sequence& seq) {
-    if constexpr (!kVarlen) {  // no loop: the producer's 24 registers do not hold one (ptxas spills)
+    if constexpr (kPaged) {  // no loop: the producer's 24 registers do not hold one (ptxas spills)
         const WorkTile w = order.at(index);
-        seq = kPaged && w.valid ? paged::sequence(p, w.batch) : sequence<false>(p, 0);
+        seq = w.valid ? paged::sequence(p, w.batch) : sequence<false>(p, 0);
         return w;
+    } else if constexpr (!kVarlen) {
+        // This order (the sequence set first) matters: with the tile decoded first, NVRTC
+        // 13.0's ptxas spills 16-64 bytes in every windowed variant's producer.
+        seq = sequence<false>(p, 0);
+        return order.at(index);
     }
     for (;; index = counter.claim()) {
         const WorkTile w = order.at(index);
