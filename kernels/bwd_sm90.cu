@@ -3,8 +3,8 @@
 //
 // One CTA per (key block, KV head, batch). A producer thread loads K and V once, then walks
 // the query blocks of every query head of the KV head (GQA sums in registers), loading Q, dO
-// and the rows' lse and D_i into a ring of kStages stages; a second producer warp adds dQ
-// (write_dq). Two consumer warpgroups keep dK and dV in registers. Up to D128 (consume) each
+// and the rows' lse and D_i into a ring of kStages stages; a thread of a second producer
+// warp adds dQ (write_dq). Two consumer warpgroups keep dK and dV in registers. Up to D128 (consume) each
 // owns 64 keys of a 128-key block and computes the transposed products, so that P and dS
 // land in registers already in the A-operand form of the next products:
 //   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ                      (wgmma, both operands from shared memory)
@@ -14,7 +14,7 @@
 //   dV += Pᵀ·dO, dK += dSᵀ·Q                     (wgmma, A from registers)
 //   dSᵀ to shared memory; both warpgroups meet; dQ = dS·K (A read transposed), each
 //   warpgroup 64 x 64 of it, staged in shared memory in its accumulator order and added to
-//   p.dq_accum by the writer warp with one bulk reduce-add (cp.reduce.async.bulk) each.
+//   p.dq_accum by the writer thread with one bulk reduce-add (cp.reduce.async.bulk) each.
 // D192 and D256 (consume_wide): both warpgroups on one 64-key block, each half of dK's and dV's
 // columns and half of the query block's Sᵀ and dPᵀ; Pᵀ and dSᵀ meet in shared memory.
 // fc_bwd_sm90_prep (before) writes D_i and lse·log2e per row, padded to whole query blocks;
@@ -320,7 +320,7 @@ __device__ __forceinline__ void gemm_scores(float (&s)[kScoreN / 2], const KVTil
     wgmma::fence_operands(s);
 }
 
-// Hands this warpgroup's dQ to the dQ writer warp, with where it goes (`dst`; nullptr: no
+// Hands this warpgroup's dQ to the dQ writer, with where it goes (`dst`; nullptr: no
 // more) and, deterministic, after how many other key blocks' (`order`, see dq_order in
 // common/bwd_schedule.cuh): staged in shared memory in accumulator order (register pair j of
 // thread t at float2 index 128 j + t: consecutive lanes write consecutive 8 bytes, no bank
@@ -343,10 +343,13 @@ __device__ __forceinline__ void stage_dq(SharedStorage& smem, PipelineState<1>& 
     handover.advance();
 }
 
-// The dQ writer warp: per step and consumer warpgroup, adds the staged dQ to its query
-// block's f32 accumulator with one bulk reduce-add (the L2 adds), and frees the staging
-// buffer once the reduce has read it; stops at the consumers' nullptr. Off the consumers'
-// path: they only wait for a free buffer.
+// The dQ writer (one thread of warp 1): per step and consumer warpgroup, adds the staged dQ
+// to its query block's f32 accumulator with one bulk reduce-add (the L2 adds), and frees the
+// staging buffer once the reduce has read it; stops at the consumers' nullptr. Off the
+// consumers' path: they only wait for a free buffer. One thread, not a warp: the thread that
+// reads the hand-over (dq_dst, dq_order) is the one whose arrival on dq_empty lets a consumer
+// overwrite it (with a whole warp reading it, compute-sanitizer's racecheck reported the
+// other lanes' reads against the consumers' next write).
 //
 // Deterministic (p.deterministic): the key blocks add to a query block in a fixed order
 // (dq_order: the order in which their walks come to it), so every sum has one order. A
@@ -356,7 +359,6 @@ __device__ __forceinline__ void stage_dq(SharedStorage& smem, PipelineState<1>& 
 // waits only for CTAs that come earlier still, and can start (see key_block in
 // common/bwd_schedule.cuh).
 __device__ __forceinline__ void write_dq(SharedStorage& smem, const BwdParams& p) {
-    const bool leader = threadIdx.x % 32 == 0;
     constexpr int kTile = kBlockM * kHeadDim;
     u32* const counters = reinterpret_cast<u32*>(p.dq_accum + Schedule::padded_rows(p) * kHeadDim);
     PipelineState<1> handover;
@@ -367,7 +369,7 @@ __device__ __forceinline__ void write_dq(SharedStorage& smem, const BwdParams& p
             mbarrier::wait(bar(smem.dq_full[wg]), handover.full_parity());
             float* dst = smem.dq_dst[wg];
             more = dst != nullptr;
-            if (leader && more) {
+            if (more) {
                 if (p.deterministic && wg == 0) {
                     counter = counters + (dst - p.dq_accum) / kTile;
                     const u32 order = smem.dq_order[wg];
@@ -381,16 +383,15 @@ __device__ __forceinline__ void write_dq(SharedStorage& smem, const BwdParams& p
                 tma::store_commit_group();
                 tma::store_wait_read();
             }
-            __syncwarp();
-            if (leader) mbarrier::arrive(bar(smem.dq_empty[wg]));
+            mbarrier::arrive(bar(smem.dq_empty[wg]));
         }
-        if (leader && counter != nullptr) {
+        if (counter != nullptr) {
             tma::store_wait_all();
             tma::fence_proxy_async_global();
             atomic::red_release_add(counter, 1);
         }
     }
-    if (leader) tma::store_wait_all();
+    tma::store_wait_all();
 }
 
 // Key row 0 of sequence s's KV head `kv_head` in dK or dV (packed: batch stride 0, the
@@ -628,7 +629,7 @@ fc_bwd_sm90(const __grid_constant__ BwdParams p, const __grid_constant__ TmaDesc
     if (warpgroup::index() == 0) {
         warpgroup::decrease_registers<kProducerRegs>();
         if (threadIdx.x == 0) produce(shared_storage(), p, s, &tma_q, &tma_k, &tma_v, &tma_do);
-        if (threadIdx.x / 32 == 1) write_dq(shared_storage(), p);
+        if (threadIdx.x == 32) write_dq(shared_storage(), p);
     } else {
         warpgroup::increase_registers<kConsumerRegs>();
         run_consumer<kWide>(shared_storage(), p, s, warpgroup::index_in_role() - 1);
