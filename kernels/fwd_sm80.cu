@@ -77,8 +77,10 @@
 // rows); tiles past their sequence's queries exit at once. Each sequence is its own problem
 // (its own lengths for the causal diagonal, the window and the key tiles), and its output is
 // bitwise the dense kernel's for it alone. lse [Hq, total_q]. Split-KV shares out each
-// sequence's own key tiles (split_tiles: p.split_tiles is not read) among p.num_splits. GQA
-// heads are not packed as rows (the kv head is head / (Hq / Hkv), as dense). Registers of the
+// sequence's own key tiles (split_tiles: p.split_tiles is not read) among p.num_splits.
+// Decode (max_seqlen_q 1, no window) packs GQA heads as rows as dense does, with
+// p.gqa_packed (common/params.cuh): Sq and Hq are then Hq / Hkv and Hkv, each sequence's token
+// Hq / Hkv rows of a KV head, found at cu_seqlens_q[b] * p.q/o_stride_token. Registers of the
 // varlen forms (CUDA 13 NVRTC, sm_80/sm_86 every tile above, split or not): 0 spills, within
 // -8 / +12 of the dense form's (most within 4); dense SASS unchanged. sm_90a: 0 spills but for
 // D128 128x64 full (255 registers, 4 B spilled; its causal form none).
@@ -367,10 +369,32 @@ __device__ __forceinline__ u32 after_softmax(u32 addr, const OnlineSoftmax<kMTil
     return addr + ((bits & static_cast<u32>(seqlen_k)) >> 31);
 }
 
-// Batch entry `batch`'s lengths and offsets (common/sequence.cuh, common/paged.cuh).
+// Varlen decode with GQA packed (FwdParams::gqa_packed): a sequence's one query token is
+// p.seqlen_q rows of each KV head.
+__device__ __forceinline__ bool packs_gqa(const FwdParams& p) { return kVarlen && p.gqa_packed != 0; }
+
+// Batch entry `batch`'s lengths and offsets (common/sequence.cuh, common/paged.cuh); packed
+// GQA, its query rows are its token's heads of a KV head.
 __device__ __forceinline__ Sequence sequence_at(const FwdParams& p, int batch) {
-    return kPaged ? paged::sequence(p, batch) : sequence<kVarlen>(p, batch);
+    Sequence s = kPaged ? paged::sequence(p, batch) : sequence<kVarlen>(p, batch);
+    if (packs_gqa(p)) s.seqlen_q = s.seqlen_q > 0 ? p.seqlen_q : 0;
+    return s;
 }
+
+// Query row `row` of sequence s in q or o (elements from the head's row 0 of the batch entry):
+// packed, the sequence's first token lies q_start tokens in, and rows step by stride_s.
+__device__ __forceinline__ i64 row_offset(const Sequence& s, int row, i64 stride_s, i64 stride_token) {
+    return kVarlen ? s.q_start * stride_token + row * stride_s : (s.q_start + row) * stride_s;
+}
+
+// Where the LSE of query row `row` of (batch, head) goes (common/sequence.cuh's lse_offset);
+// packed GQA, row r of KV head h is query head h * G + r of the sequence's token.
+__device__ __forceinline__ i64 lse_at(const FwdParams& p, const Sequence& s, int batch, int head, int row) {
+    if (packs_gqa(p)) return lse_offset<true>(p, s, batch, head * p.seqlen_q + row);
+    return lse_offset<kVarlen>(p, s, batch, head) + row;
+}
+// The step between consecutive query rows' LSE (lse_at).
+__device__ __forceinline__ i64 lse_row_step(const FwdParams& p) { return packs_gqa(p) ? p.total_q : 1; }
 
 // The query tile a CTA computes, and its key split.
 struct QueryTile {
@@ -551,7 +575,7 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
     const int rows_valid = sequence_of(tile0).seqlen_q - m0;
 
     const elem_t* q = static_cast<const elem_t*>(p.q) + batch * p.q_stride_b + head * p.q_stride_h +
-                      (sequence_of(tile0).q_start + m0) * p.q_stride_s;
+                      row_offset(sequence_of(tile0), m0, p.q_stride_s, p.q_stride_token);
 
     const u32 q_smem = smem_u32(smem);
     const u32 k_smem = q_smem + QTile::kBytes;
@@ -711,27 +735,28 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
         return;
     }
     if (p.lse != nullptr && lane % 4 == 0) {
-        float* lse_row = p.lse + lse_offset<kVarlen>(p, seq, t.batch, t.head) + t.m0;
+        float* lse_row = p.lse + lse_at(p, seq, t.batch, t.head, t.m0);
+        const i64 step = lse_row_step(p);
 #pragma unroll
         for (int m = 0; m < kMTiles; ++m)
 #pragma unroll
             for (int r = 0; r < 2; ++r) {
                 const int row = q_row0 + 16 * m + 8 * r + lane / 4;
-                if (row < rows_left) lse_row[row] = lse[m][r];
+                if (row < rows_left) lse_row[row * step] = lse[m][r];
             }
     }
 
     cp_async::wait<0>();  // with no key tile, the Q copies may still be in flight
     __syncthreads();
     elem_t* out = static_cast<elem_t*>(p.o) + t.batch * p.o_stride_b + t.head * p.o_stride_h +
-                  (seq.q_start + t.m0) * p.o_stride_s;
+                  row_offset(seq, t.m0, p.o_stride_s, p.o_stride_token);
     store_output(p, o, inv_sum, q_smem, out, rows_left, warp, lane);
 }
 
 #if FC_SPLIT_KV
 extern "C" __global__ void __launch_bounds__(128) fc_split_combine(const FwdParams p) {
     using namespace fc;
-    using fc::fwd_sm80::kVarlen;
+    using namespace fc::fwd_sm80;
     const int lane = threadIdx.x % 32;
     const i64 rows = static_cast<i64>(p.batch) * p.heads_q * p.seqlen_q;
     const i64 row = static_cast<i64>(blockIdx.x) * 4 + threadIdx.x / 32;  // (batch * Hq + head) * Sq + query
@@ -742,12 +767,12 @@ extern "C" __global__ void __launch_bounds__(128) fc_split_combine(const FwdPara
     // Varlen: partial rows are laid out by the longest sequence (p.seqlen_q); this one's end
     // past its own rows, where fc_fwd_sm80 wrote nothing. cu_seqlens are read before the wait:
     // the split kernel does not write them.
-    const Sequence seq = sequence<kVarlen>(p, batch);
+    const Sequence seq = kVarlen ? sequence_at(p, batch) : sequence<false>(p, batch);
     if (kVarlen && query >= seq.seqlen_q) return;
-    elem_t* out = static_cast<elem_t*>(p.o) + batch * p.o_stride_b + (seq.q_start + query) * p.o_stride_s +
+    elem_t* out = static_cast<elem_t*>(p.o) + batch * p.o_stride_b + row_offset(seq, query, p.o_stride_s, p.o_stride_token) +
                   head * p.o_stride_h;
     // Dense, the LSE index is the partial row (lse_offset's (batch * Hq + head) * Sq + query).
-    const i64 lse_index = kVarlen ? lse_offset<kVarlen>(p, seq, batch, head) + query : row;
+    const i64 lse_index = kVarlen ? lse_at(p, seq, batch, head, query) : row;
     float* lse_out = p.lse == nullptr ? nullptr : p.lse + lse_index;
     griddep::wait();  // launched early (programmatic dependent launch): the partials are ready now
     split_kv::combine_row<FC_HEAD_DIM>(p.o_accum, p.lse_accum, rows, row, p.num_splits, out, lse_out, lane);

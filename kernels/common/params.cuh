@@ -61,6 +61,16 @@ struct FwdParams {
     const int* seqused_k;  // may be null
     int total_q;
     int total_k;
+    // Varlen decode with GQA packed (fwd_sm80's varlen forms, max_seqlen_q 1; the host's
+    // Plan::packed_gqa): each sequence's query token is seqlen_q (= Hq / Hkv) rows of each of
+    // heads_q (= Hkv) KV heads, row r of KV head h being query head h * seqlen_q + r, so that
+    // K and V are read once for all of a KV head's query heads. q and o rows then step by
+    // *_stride_s (one query head) and heads by *_stride_h (a group of them), and lse rows by
+    // total_q. 0: not packed.
+    int gqa_packed;
+    // Varlen: the tokens' stride in q and o, by which sequence b's first row lies
+    // cu_seqlens_q[b] tokens in (*_stride_s when not packed). Set for every packed batch.
+    long long q_stride_token, o_stride_token;
 
     // Paged KV cache (fwd_sm80 built with FC_PAGED=1; see common/paged.cuh). k and v are the
     // caches: with block_table set, pools of pages [num_pages, page_size, Hkv, D] (every

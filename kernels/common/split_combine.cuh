@@ -9,7 +9,8 @@
 // lse_accum[s · rows + row], o_accum[(s · rows + row) · D + column], f32. Varlen (a packed
 // batch, common/sequence.cuh): the same layout with Sq the longest sequence's length
 // (p.seqlen_q), so rows past a sequence's own queries hold nothing and are skipped; the
-// output row is then the packed one, q_start + query, and the LSE index lse_offset's.
+// output row is then the packed one, q_start + query, and the LSE index lse_offset's (with
+// GQA packed, Sq and Hq are the packed ones: fwd_sm80's row_offset and lse_at map them back).
 #pragma once
 #include "common/quad.cuh"
 #include "common/types.cuh"

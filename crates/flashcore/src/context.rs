@@ -561,6 +561,8 @@ impl Context {
         let kernel = self.load(&plan.variant)?;
         let o = o.as_view();
         let pack = |t: &TensorView<'_>| if plan.packed_gqa { t.layout.gqa_packed(shape.heads_kv) } else { t.layout };
+        // A packed batch's tokens step by the tensors' own token stride (packed GQA or not).
+        let (q_stride_token, o_stride_token) = (q.layout.strides[1] as i64, o.layout.strides[1] as i64);
         let (q, o): (TensorView, TensorView) = (q.with_layout(pack(&q)), o.with_layout(pack(&o)));
         let shape = plan.shape;
         // The window the kernels see: causal folded in (see AttnParams::mask); the reference
@@ -614,6 +616,9 @@ impl Context {
             seqused_k: varlen.and_then(|b| b.seqused_k.as_ref()).map_or(0, |u| u.ptr),
             total_q: tensors.seqlen_q as i32,
             total_k: tensors.seqlen_k as i32,
+            gqa_packed: i32::from(plan.packed_gqa && varlen.is_some()),
+            q_stride_token,
+            o_stride_token,
             ..FwdParams::default()
         };
         p.tile_section = crate::kernels::section_heads(&p);

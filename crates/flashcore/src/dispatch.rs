@@ -113,8 +113,9 @@ pub enum KeyLayout {
 }
 
 /// [`plan`], or with `varlen` for a packed batch of `shape.batch` sequences of at most
-/// `shape.seqlen_q` / `seqlen_k` (the varlen form of the same variant, never GQA-packed:
-/// a packed row's sequence would be ambiguous).
+/// `shape.seqlen_q` / `seqlen_k` (the varlen form of the same variant; GQA-packed on
+/// fwd_sm80 for decode, `max_seqlen_q` 1, as a dense batch is: each sequence's token is then
+/// its own rows of each KV head).
 pub fn plan_with(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnParams, varlen: bool) -> Result<Plan> {
     plan_for(device, shape, dtype, params, if varlen { KeyLayout::Varlen } else { KeyLayout::Dense })
 }
@@ -154,7 +155,8 @@ pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &At
     }
     let (causal, window) = params.mask();
     // Packed rows of one query position would each take their own row's window: not packed.
-    let packed_gqa = packs_gqa(shape, family) && window.is_none() && !varlen;
+    // A packed batch packs on fwd_sm80 alone (the only kernel with the row mapping for it).
+    let packed_gqa = packs_gqa(shape, family) && window.is_none() && (!varlen || family == KernelFamily::FwdSm80);
     if varlen && family == KernelFamily::Reference {
         return Err(Error::Unsupported {
             kernel: family.name().into(),
@@ -245,6 +247,7 @@ fn ctas_per_sm(variant: &Variant, device: &Device) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::params::Window;
 
     fn h100() -> Device {
         Device { arch: Arch::parse("sm_90a").unwrap(), sm_count: 132, max_smem_per_block: 227 * 1024 }
@@ -294,6 +297,21 @@ mod tests {
         assert!(p.splits * p.split_tiles >= tiles && (p.splits - 1) * p.split_tiles < tiles);
         // A big batch fills the GPU unsplit.
         assert_eq!(pick(&h100(), &decode(512, 4096), &AttnParams::default()).splits, 1);
+    }
+
+    #[test]
+    fn varlen_decode_packs_gqa_heads_as_rows_on_fwd_sm80_alone() {
+        let varlen = |shape: &ProblemShape, params: &AttnParams| plan_for(&h100(), shape, DType::BF16, params, KeyLayout::Varlen).unwrap();
+        // B 8 sequences of one query token over at most 4096 keys (max_seqlen_q 1).
+        let p = varlen(&decode(8, 4096), &AttnParams::causal());
+        assert_eq!(p.variant.family, KernelFamily::FwdSm80);
+        assert!(p.variant.varlen && p.variant.split_kv && p.packed_gqa, "{}", p.describe());
+        assert_eq!((p.shape.seqlen_q, p.shape.heads_q, p.variant.causal), (4, 8, Some(false)));
+        // Not with a window (each row its own), more than one query a sequence, or fwd_sm90.
+        assert!(!varlen(&decode(8, 4096), &AttnParams { window: Window::new(64, 0), ..AttnParams::default() }).packed_gqa);
+        assert!(!varlen(&ProblemShape { seqlen_q: 2, ..decode(8, 4096) }, &AttnParams::default()).packed_gqa);
+        let hopper = AttnParams { kernel: Some(KernelFamily::FwdSm90), ..AttnParams::default() };
+        assert!(!varlen(&decode(8, 4096), &hopper).packed_gqa);
     }
 
     #[test]

@@ -165,10 +165,14 @@ impl Layout {
     /// A one-query-row layout `[B, 1, Hq, D]` seen as `[B, Hq / heads_kv, heads_kv, D]`:
     /// the query heads that share a KV head become that head's query rows (GQA packing for
     /// decode). Query head `h` is row `h % (Hq / heads_kv)` of head `h / (Hq / heads_kv)`,
-    /// which is where the kernels' head mapping `kv = h / (Hq / Hkv)` put it.
+    /// which is where the kernels' head mapping `kv = h / (Hq / Hkv)` put it. A packed
+    /// batch `[1, total_q, Hq, D]` becomes `[1, Hq / heads_kv, heads_kv, D]` alike, each
+    /// token's (the kernel adds the token's offset by the original token stride).
     pub(crate) fn gqa_packed(&self, heads_kv: usize) -> Layout {
         let [b, s, h, d] = self.shape;
-        debug_assert!(s == 1 && h % heads_kv == 0);
+        // One token a batch entry, or a packed batch's tokens (whose stride the kernel takes
+        // apart: FwdParams::q_stride_token).
+        debug_assert!((s == 1 || b == 1) && h % heads_kv == 0);
         let group = h / heads_kv;
         let [sb, _, sh, sd] = self.strides;
         Layout { shape: [b, group, heads_kv, d], strides: [sb, sh, group * sh, sd], dtype: self.dtype }

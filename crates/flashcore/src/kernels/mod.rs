@@ -50,6 +50,11 @@ pub(crate) struct FwdParams {
     pub seqused_k: u64,
     pub total_q: i32,
     pub total_k: i32,
+    /// fwd_sm80 varlen decode with GQA heads packed as rows (see `packed_gqa` in `dispatch`).
+    pub gqa_packed: i32,
+    /// Varlen: the tokens' stride in q and o (the row stride, unless packed).
+    pub q_stride_token: i64,
+    pub o_stride_token: i64,
     pub block_table: u64,
     pub k_new: u64,
     pub v_new: u64,
@@ -65,7 +70,7 @@ pub(crate) struct FwdParams {
     pub page_box_rows: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<FwdParams>() == 352);
+const _: () = assert!(std::mem::size_of::<FwdParams>() == 376);
 
 // SAFETY: plain old data with the C layout the kernels expect.
 unsafe impl DeviceRepr for FwdParams {}
