@@ -5,6 +5,7 @@
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
 use flashcore::bench::{time, TimingOptions};
+use flashcore::dispatch::KeyLayout;
 use flashcore::{AttnParams, Context, DeviceTensor, Error, KernelFamily, SeqLensView, VarlenBatch};
 
 use crate::bench::{unsupported, BenchArgs, Row, VERIFY_ROWS};
@@ -46,7 +47,8 @@ impl SeqLens {
 pub fn bench_case(ctx: &Context, case: &Case, family: Option<KernelFamily>, args: &BenchArgs) -> Result<Row> {
     let packed = case.packed.as_ref().expect("a packed case");
     let params = AttnParams { kernel: family, num_splits: args.splits, ..case.params() };
-    let plan = match flashcore::dispatch::plan_with(&ctx.info().device(), &case.shape(), case.dtype, &params, true) {
+    let layout = KeyLayout::Varlen { total_k: packed.seqlens_k.iter().sum() };
+    let plan = match flashcore::dispatch::plan_for(&ctx.info().device(), &case.shape(), case.dtype, &params, layout) {
         Ok(p) => p,
         Err(e @ (Error::HeadDim { .. } | Error::Unsupported { .. })) => return Ok(unsupported(case, "unsupported", e.to_string())),
         Err(e) => return Err(e.into()),

@@ -6,6 +6,7 @@
 
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
+use flashcore::dispatch::KeyLayout;
 use flashcore::reference::{self, RefMask};
 use flashcore::{AttnParams, Context, DType, DeviceTensor, KernelFamily, ProblemShape, SeqLensView, VarlenBatch, Window};
 
@@ -273,7 +274,8 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
     // Alone, the same variant (the same maxima) and the same split count: the dispatcher
     // picks splits from the whole grid, and another count sums a row's keys in other parts.
     let kernel_shape = ProblemShape { batch: spec.seqs.len(), seqlen_q: max.0, seqlen_k: max.1, heads_q: hq, heads_kv: hkv, head_dim: d };
-    let splits = flashcore::dispatch::plan_with(&ctx.info().device(), &kernel_shape, spec.dtype, &spec.params(), true)?.splits;
+    let layout = KeyLayout::Varlen { total_k: spec.seqs.iter().map(|s| s.keys + s.slack).sum() };
+    let splits = flashcore::dispatch::plan_for(&ctx.info().device(), &kernel_shape, spec.dtype, &spec.params(), layout)?.splits;
 
     // The oracle per sequence, and each sequence alone (a batch of one) against its rows of
     // the packed result.

@@ -554,7 +554,7 @@ impl Context {
         }
         let layout = match (&paged, varlen) {
             (Some((_, g)), _) => dispatch::KeyLayout::Paged { page_size: g.page_size },
-            (None, Some(_)) => dispatch::KeyLayout::Varlen,
+            (None, Some(_)) => dispatch::KeyLayout::Varlen { total_k: tensors.seqlen_k },
             (None, None) => dispatch::KeyLayout::Dense,
         };
         let plan = dispatch::plan_for(&self.info.device(), &shape, q.layout.dtype, params, layout)?;

@@ -85,7 +85,7 @@ pub fn default_family(device: &Device, shape: &ProblemShape) -> KernelFamily {
     let decode_like = kernel_rows(shape) <= fwd_sm80::SPLIT_KV_MAX_ROWS;
     let hopper = fwd_sm90::variant(DType::BF16, shape.head_dim, false, shape.seqlen_k);
     let small_grid = hopper.query_tiles(shape) < device.sm_count as usize / 2 && shape.head_dim <= 128;
-    if decode_like || (small_grid && sm80_plan(device, shape, DType::BF16, false, None, None, |_| shape.seqlen_k).splits > 1) {
+    if decode_like || (small_grid && sm80_plan(device, shape, DType::BF16, false, None, KeyLayout::Dense, |_| shape.seqlen_k).splits > 1) {
         KernelFamily::FwdSm80
     } else {
         KernelFamily::FwdSm90
@@ -94,7 +94,7 @@ pub fn default_family(device: &Device, shape: &ProblemShape) -> KernelFamily {
 
 /// Picks the variant and launch plan for a validated problem.
 pub fn plan(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnParams) -> Result<Plan> {
-    plan_with(device, shape, dtype, params, false)
+    plan_for(device, shape, dtype, params, KeyLayout::Dense)
 }
 
 /// How a problem's keys are laid out, beyond the dense `[B, Sk, Hkv, D]`.
@@ -103,7 +103,12 @@ pub enum KeyLayout {
     /// Dense tensors.
     Dense,
     /// A packed batch (`cu_seqlens`): [`crate::VarlenBatch`].
-    Varlen,
+    Varlen {
+        /// Keys of all its sequences (k's rows, `cu_seqlens_k`'s last entry): with the
+        /// longest's, how unequal its sequences are (fwd_sm80's split count, see
+        /// [`fwd_sm80::num_splits_varlen`]).
+        total_k: usize,
+    },
     /// A KV cache, paged or contiguous, each sequence of its own length: [`crate::PagedKv`].
     Paged {
         /// Keys a page (0: a contiguous cache); sets the depth of fwd_sm80's K/V ring on
@@ -112,21 +117,16 @@ pub enum KeyLayout {
     },
 }
 
-/// [`plan`], or with `varlen` for a packed batch of `shape.batch` sequences of at most
-/// `shape.seqlen_q` / `seqlen_k` (the varlen form of the same variant; GQA-packed on
-/// fwd_sm80 for decode, `max_seqlen_q` 1, as a dense batch is: each sequence's token is then
-/// its own rows of each KV head).
-pub fn plan_with(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnParams, varlen: bool) -> Result<Plan> {
-    plan_for(device, shape, dtype, params, if varlen { KeyLayout::Varlen } else { KeyLayout::Dense })
-}
-
-/// [`plan`] for keys laid out as `keys` says. A paged cache (`shape.seqlen_k` its capacity)
+/// [`plan`] for keys laid out as `keys` says. A packed batch (`shape` its kernel shape:
+/// `shape.batch` sequences of at most `shape.seqlen_q` / `seqlen_k`) runs the varlen form of
+/// the same variant, GQA-packed on fwd_sm80 for decode (`max_seqlen_q` 1) as a dense batch
+/// is: each sequence's token is then its own rows of each KV head. A paged cache (`shape.seqlen_k` its capacity)
 /// runs the paged form of the family a dense problem of that many keys would: on Hopper
 /// fwd_sm90 for prefill and chunked prefill, fwd_sm80's split-KV kernel for decode (and
 /// small grids), with GQA heads packed as rows for decode as dense; fwd_sm80 elsewhere.
-pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnParams, keys: KeyLayout) -> Result<Plan> {
-    let varlen = keys == KeyLayout::Varlen;
-    let page_size = match keys {
+pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnParams, layout: KeyLayout) -> Result<Plan> {
+    let varlen = matches!(layout, KeyLayout::Varlen { .. });
+    let page_size = match layout {
         KeyLayout::Paged { page_size } => Some(page_size),
         _ => None,
     };
@@ -167,16 +167,16 @@ pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &At
     let causal = causal && !packed_gqa;
     let mods = ScoreMods { local: window.is_some(), softcap: params.has_softcap() };
     // Keys one query tile visits at most: the window's span and the tile's height, or all.
-    let keys = |block_m: u32| match window {
+    let visited = |block_m: u32| match window {
         Some(w) if w.left >= 0 && w.right >= 0 => kshape.seqlen_k.min(w.left as usize + w.right as usize + block_m as usize),
         _ => kshape.seqlen_k,
     };
     let mut plan = match family {
         KernelFamily::Reference => unsplit(reference::variant(dtype), &kshape),
         // A window's tiles by the keys a query tile visits (its cost scales with them).
-        KernelFamily::FwdSm90 if window.is_some() => unsplit(fwd_sm90::variant(dtype, kshape.head_dim, causal, keys(128)), &kshape),
+        KernelFamily::FwdSm90 if window.is_some() => unsplit(fwd_sm90::variant(dtype, kshape.head_dim, causal, visited(128)), &kshape),
         KernelFamily::FwdSm90 => unsplit(fwd_sm90::variant_for(dtype, &kshape, causal, device.sm_count as usize), &kshape),
-        KernelFamily::FwdSm80 => sm80_plan(device, &kshape, dtype, causal, params.num_splits, page_size, keys),
+        KernelFamily::FwdSm80 => sm80_plan(device, &kshape, dtype, causal, params.num_splits, layout, visited),
         KernelFamily::BwdSm80 | KernelFamily::BwdSm90 => return Err(not_a_forward(family)),
     };
     if family != KernelFamily::Reference {
@@ -200,16 +200,17 @@ fn unsplit(variant: Variant, shape: &ProblemShape) -> Plan {
 /// The fwd_sm80 plan for `shape` (already packed): the split-KV variant for a few query
 /// rows or a grid under half the SMs, split as `num_splits` says or to fill a wave. A query
 /// tile of `block_m` rows visits at most `keys(block_m)` keys (fewer than Sk under a sliding
-/// window): the splits share out those. A KV cache's split tile (`page_size`: `Some(0)`
-/// contiguous) is its paged form ([`fwd_sm80::paged_form`]: a deeper ring on sm_90 over pages
-/// smaller than a key block).
+/// window): the splits share out those. A KV cache's split tile is its paged form
+/// ([`fwd_sm80::paged_form`]: a deeper ring on sm_90 over pages smaller than a key block); a
+/// packed batch's sequences are split alike, so its count follows its longest
+/// ([`fwd_sm80::num_splits_varlen`]).
 fn sm80_plan(
     device: &Device,
     shape: &ProblemShape,
     dtype: DType,
     causal: bool,
     num_splits: Option<usize>,
-    page_size: Option<usize>,
+    layout: KeyLayout,
     keys: impl Fn(u32) -> usize,
 ) -> Plan {
     let d = shape.head_dim;
@@ -222,16 +223,23 @@ fn sm80_plan(
         return unsplit(whole, shape);
     }
     let split = fwd_sm80::split_variant(device.arch, dtype, d, causal);
-    let variant = match page_size {
-        Some(page_size) => fwd_sm80::paged_form(device.arch, &split, page_size),
-        None => split,
+    let variant = match layout {
+        KeyLayout::Paged { page_size } => fwd_sm80::paged_form(device.arch, &split, page_size),
+        _ => split,
     };
+    let block_n = variant.tile.block_n as usize;
     // + 1: a window's keys may start mid-tile.
-    let key_tiles = (keys(variant.tile.block_m).div_ceil(variant.tile.block_n as usize) + 1)
-        .min(shape.seqlen_k.div_ceil(variant.tile.block_n as usize));
+    let key_tiles = (keys(variant.tile.block_m).div_ceil(block_n) + 1).min(shape.seqlen_k.div_ceil(block_n));
     let wanted = num_splits.unwrap_or_else(|| {
         let wave = device.sm_count as usize * ctas_per_sm(&variant, device);
-        fwd_sm80::num_splits(variant.query_tiles(shape), key_tiles, wave)
+        let base_ctas = variant.query_tiles(shape);
+        match layout {
+            KeyLayout::Varlen { total_k } => {
+                let mean_tiles = total_k.div_ceil(shape.batch.max(1)).div_ceil(block_n);
+                fwd_sm80::num_splits_varlen(base_ctas, key_tiles, mean_tiles, wave)
+            }
+            _ => fwd_sm80::num_splits(base_ctas, key_tiles, wave),
+        }
     });
     let splits = fwd_sm80::effective_splits(key_tiles, wanted.min(fwd_sm80::MAX_SPLITS));
     Plan { variant, shape: *shape, packed_gqa: false, splits, split_tiles: fwd_sm80::tiles_per_split(key_tiles, splits) }
@@ -301,7 +309,9 @@ mod tests {
 
     #[test]
     fn varlen_decode_packs_gqa_heads_as_rows_on_fwd_sm80_alone() {
-        let varlen = |shape: &ProblemShape, params: &AttnParams| plan_for(&h100(), shape, DType::BF16, params, KeyLayout::Varlen).unwrap();
+        let varlen = |shape: &ProblemShape, params: &AttnParams| {
+            plan_for(&h100(), shape, DType::BF16, params, KeyLayout::Varlen { total_k: 8 * 4096 }).unwrap()
+        };
         // B 8 sequences of one query token over at most 4096 keys (max_seqlen_q 1).
         let p = varlen(&decode(8, 4096), &AttnParams::causal());
         assert_eq!(p.variant.family, KernelFamily::FwdSm80);
