@@ -179,15 +179,17 @@ pub fn num_splits(base_ctas: usize, key_tiles: usize, wave: usize) -> usize {
 
 /// The split count of a packed batch whose longest sequence has `max_tiles` key tiles and
 /// whose sequences have `mean_tiles` on average. Every sequence's tiles are shared out among
-/// the same count (the kernel's split_tiles), so the longest's CTAs end last: split as a
-/// batch of average sequences would be, times how much longer the longest is, so that its
-/// CTAs hold no more keys than an average sequence's. H100, decode B16 Hq32/Hkv8 D128, keys
-/// 1k..32k (mean 15k): unsplit (a dense batch of 15k-key sequences fills the GPU) it ran at
-/// 1.85 TB/s, the longest sequences' CTAs holding 2.2x the mean's keys.
+/// the same count (the kernel's split_tiles), so CTAs differ in length as the sequences do:
+/// equal sequences split as a dense batch; unequal ones as a batch of average sequences would
+/// be, times 3 max / mean, so that the longest sequence's CTAs hold a third of an average
+/// sequence's keys and CTAs of unequal lengths pack evenly onto the SMs. H100, decode B16
+/// Hq32/Hkv8 D128 over 1k..32k keys (mean 15k, the longest 2.2x): 1.11 TB/s unsplit (the
+/// dense rule's count), 2.60 / 2.76 / 2.83 / 2.91 / 2.93 / 2.85 TB/s at 2 / 3 / 4 / 6 / 8 / 12
+/// splits, against 3.10 for the dense batch of 15k keys each; this rule takes 7.
 pub fn num_splits_varlen(base_ctas: usize, max_tiles: usize, mean_tiles: usize, wave: usize) -> usize {
     let mean_tiles = mean_tiles.clamp(1, max_tiles.max(1));
-    let splits = num_splits(base_ctas, mean_tiles, wave) * max_tiles.div_ceil(mean_tiles);
-    splits.clamp(1, max_tiles.clamp(1, MAX_SPLITS))
+    let per_mean = if max_tiles > mean_tiles { (3 * max_tiles).div_ceil(mean_tiles) } else { 1 };
+    (num_splits(base_ctas, mean_tiles, wave) * per_mean).clamp(1, max_tiles.clamp(1, MAX_SPLITS))
 }
 
 /// Key tiles per split when `key_tiles` are shared out among `splits`.
@@ -208,8 +210,8 @@ mod tests {
     fn a_packed_batch_splits_its_longest_sequence_to_the_mean() {
         // Equal lengths: as dense.
         assert_eq!(num_splits_varlen(128, 117, 117, 132), num_splits(128, 117, 132));
-        // The longest 2.2x the mean: 3 splits where dense would run unsplit.
-        assert_eq!(num_splits_varlen(128, 256, 117, 132), 3);
+        // The longest 2.2x the mean: 7 splits where dense would run unsplit.
+        assert_eq!(num_splits_varlen(128, 256, 117, 132), 7);
         // Never more splits than the longest has tiles, nor than MAX_SPLITS; an empty batch once.
         assert_eq!(num_splits_varlen(8, 4, 1, 132), 4);
         assert_eq!(num_splits_varlen(1, 100_000, 1, 132), MAX_SPLITS);
