@@ -4,9 +4,9 @@
 // One CTA per (key block, KV head, batch). A producer thread loads K and V once, then walks
 // the query blocks of every query head of the KV head (GQA sums in registers), loading Q, dO
 // and the rows' lse and D_i into a ring of kStages stages; a thread of a second producer
-// warp adds dQ (write_dq). Two consumer warpgroups keep dK and dV in registers. Up to D128 (consume) each
-// owns 64 keys of a 128-key block and computes the transposed products, so that P and dS
-// land in registers already in the A-operand form of the next products:
+// warp adds dQ (write_dq). Two consumer warpgroups keep dK and dV in registers. Up to D128
+// (consume) each owns 64 keys of a 128-key block and computes the transposed products, so
+// that P and dS land in registers already in the A-operand form of the next products:
 //   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ                      (wgmma, both operands from shared memory)
 //   Pᵀ = exp2(Sᵀ·scale·log2e − lse·log2e),  dSᵀ = Pᵀ ∘ (dPᵀ − D_i)   (the rows' lse, D_i
 //        are columns here: per-column values from shared memory; softcapped, Sᵀ is capped

@@ -117,13 +117,14 @@ pub enum KeyLayout {
     },
 }
 
-/// [`plan`] for keys laid out as `keys` says. A packed batch (`shape` its kernel shape:
+/// [`plan`] for keys laid out as `layout` says. A packed batch (`shape` its kernel shape:
 /// `shape.batch` sequences of at most `shape.seqlen_q` / `seqlen_k`) runs the varlen form of
 /// the same variant, GQA-packed on fwd_sm80 for decode (`max_seqlen_q` 1) as a dense batch
-/// is: each sequence's token is then its own rows of each KV head. A paged cache (`shape.seqlen_k` its capacity)
-/// runs the paged form of the family a dense problem of that many keys would: on Hopper
-/// fwd_sm90 for prefill and chunked prefill, fwd_sm80's split-KV kernel for decode (and
-/// small grids), with GQA heads packed as rows for decode as dense; fwd_sm80 elsewhere.
+/// is: each sequence's token is then its own rows of each KV head. A paged cache
+/// (`shape.seqlen_k` its capacity) runs the paged form of the family a dense problem of that
+/// many keys would: on Hopper fwd_sm90 for prefill and chunked prefill, fwd_sm80's split-KV
+/// kernel for decode (and small grids), with GQA heads packed as rows for decode as dense;
+/// fwd_sm80 elsewhere.
 pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnParams, layout: KeyLayout) -> Result<Plan> {
     let varlen = matches!(layout, KeyLayout::Varlen { .. });
     let page_size = match layout {
