@@ -1,6 +1,7 @@
 // Hopper forward attention (sm_90a), FlashAttention-3 style.
 //
-// Structure: one producer warpgroup (one thread issues every TMA load) and FC_CONSUMER_WG
+// Structure: one producer warpgroup (one thread issues every TMA load; FC_PAGE_SPREAD, paged
+// with small pages: lane 0 of each of its warps, see kBoxIssuers) and FC_CONSUMER_WG
 // consumer warpgroups of 64 query rows each; K and V flow through separate rings of
 // FC_STAGES shared-memory stages guarded by full/empty mbarriers. The consumers (a) take
 // turns issuing their matrix products, handed round by named barriers (ping-pong: one
@@ -95,7 +96,9 @@
 //   expected bytes are the whole tile's). Without a table, over the contiguous caches as
 //   above ({D, capacity, Hkv, B}, box {64, kBlockN}). Entry fc_paged_append(FwdParams)
 //   writes k_new, v_new first; on sm_90 this kernel is then launched as its programmatic
-//   dependent (the producer waits, griddep::wait, before its first K/V load).
+//   dependent (the producer waits, griddep::wait, before its first K/V load). FC_PAGE_SPREAD
+//   (with FC_PAGED; the host's form when kBlockN / r > 3): the same contract; lane 0 of the
+//   producer warpgroup's other warps issues part of each block's boxes (kBoxIssuers).
 // ---------------------------------------------------------------------------------------
 #include "common/mask.cuh"
 #include "common/paged.cuh"
@@ -139,6 +142,9 @@
 // Steady-state blocks take the softmax without their max first (softmax_under_pv). H100,
 // against the max in every block: D64 +8-12%, D96 +6-8%, D128 +4-16%, D192 +9-11% (S >= 2k);
 // D256 within noise (its softmax is a small part of a block), so it keeps the simpler path.
+#ifndef FC_PAGE_SPREAD
+#define FC_PAGE_SPREAD 0
+#endif
 #ifndef FC_SKIP_MAX
 #define FC_SKIP_MAX (FC_HEAD_DIM != 256)
 #endif
@@ -161,8 +167,10 @@ constexpr bool kLocal = FC_LOCAL != 0;      // sliding window (common/mask.cuh)
 constexpr bool kSoftcap = FC_SOFTCAP != 0;  // logit softcapping (common/mask.cuh)
 constexpr bool kVarlen = FC_VARLEN != 0;    // a packed batch (common/sequence.cuh)
 constexpr bool kPaged = FC_PAGED != 0;      // keys from a paged (or contiguous) cache (common/paged.cuh)
+constexpr bool kSpread = FC_PAGE_SPREAD != 0;  // paged: a key block's page boxes from four threads (kBoxIssuers)
 constexpr bool kSkipMax = FC_SKIP_MAX != 0;
 static_assert(!(kVarlen && kPaged), "a packed batch over a paged cache is not a form");
+static_assert(!kSpread || kPaged, "FC_PAGE_SPREAD is a paged form");
 constexpr int kThreads = warpgroup::kThreads * (kConsumerWG + 1);
 // setmaxnreg budgets: 64K registers per SM shared by one CTA.
 // Packed, the producer's tile search (find_tile) does not fit 24 registers and spills (up to
@@ -324,25 +332,47 @@ __device__ __forceinline__ Tile make_tile(const FwdParams& p, const WorkTile& w,
 // The tensors' batch coordinate of a tile (packed: one batch entry, the sequences' rows).
 __device__ __forceinline__ int batch_coord(const Tile& t) { return kVarlen ? 0 : t.batch; }
 
-// Keys [key0, key0 + kBlockN) of sequence `batch` through the block table, box by box of
-// p.page_box_rows keys (gcd(page_size, kBlockN): a box never straddles two pages, a key block
-// is whole boxes) into the stage at `dst`, all completing on `full`. The entry is clamped to
-// the table (keys past a sequence's capacity read the next row's first entries, or the
-// table's last) and the page to the pool: a bad entry reads a wrong page, never outside the
-// pool or the table. Keys past the sequence's end
-// are whatever the page holds: masked in S, and cleared from V by the consumers
-// (clear_keys_past_end). K's loads look the pages up and keep them at `ids` (the K stage's
-// entry of SharedStorage::pages, a word per 16 keys); V's of the same block read them back
-// from there: K and V of a block take the same stage index (both rings advance once a block),
-// and the producer loads K of the block kStages later into it only after V of this one.
+// FC_PAGE_SPREAD (the host's form for pages that cut a key block into more than 3 boxes,
+// fwd_sm90::paged_form): a key block's boxes are issued by kBoxIssuers threads, lane 0 of each
+// warp of the producer warpgroup (the producer, issuer 0, and box_issuers(p) - 1 helpers, see
+// help_produce), each a run of box_span(p) keys of whole boxes. At page 16 D128's block is 12
+// boxes x 2 panels: the one producer thread, box after box (table entry, R2UR, clamp, page id
+// to shared memory, two UTMALDG), fell behind the consumers (0.47-0.57 of the contiguous rate;
+// 0.84-0.89 spread over four, H100: docs/perf-log.md). One warp's lanes would not share the
+// work: a TMA load takes its operands from uniform registers, one set a warp, so lanes with
+// different boxes issue one after another; the four warps sit on the SM's four
+// sub-partitions. A form of its own: the helpers' mere presence cost page 64, where the
+// producer alone keeps up, 8-13% (measured, cause not found).
+constexpr int kBoxIssuers = warpgroup::kThreads / 32;
+__device__ __forceinline__ int box_span(const FwdParams& p) {
+    return (kBlockN / p.page_box_rows + kBoxIssuers - 1) / kBoxIssuers * p.page_box_rows;
+}
+__device__ __forceinline__ int box_issuers(const FwdParams& p) {
+    return kSpread && p.block_table != nullptr ? ceil_div(kBlockN, box_span(p)) : 1;
+}
+
+// Keys [key0 + first, key0 + last) of sequence `batch` (one issuer's run of the key block at
+// key0, see kBoxIssuers) through the block table, box by box of p.page_box_rows keys
+// (gcd(page_size, kBlockN): a box never straddles two pages, a key block is whole boxes) into
+// the stage at `dst`, completing on `full`, on which the producer alone arms the whole block's
+// bytes (a helper's boxes may land first: the barrier's transaction count goes below zero
+// until then, and the phase waits for the producer's arrival). The entry is clamped to the
+// table (keys past a sequence's capacity read the next row's first entries, or the table's
+// last) and the page to the pool: a bad entry reads a wrong page, never outside the pool or
+// the table. Keys past the sequence's end are whatever the page holds: masked in S, and
+// cleared from V by the consumers (clear_keys_past_end). K's loads look the pages up and keep
+// them at `ids` (the K stage's entry of SharedStorage::pages, a word per 16 keys); V's of the
+// same block, issued by the same thread, read them back from there: K and V of a block take
+// the same stage index (both rings advance once a block), and the thread loads K of the block
+// kStages later into it only after V of this one.
 __device__ __forceinline__ void load_pages(u32 dst, const TmaDescriptor* map, u32 full, const FwdParams& p, int batch,
-                                           int kv_head, int key0, u32 ids, bool is_v) {
+                                           int kv_head, int key0, u32 first, u32 last, u32 ids, bool is_v) {
     // One division a block: box to box the row within its page and the table entry step on.
     // 32-bit entry offsets (the host keeps the table below 2^31 entries): 64-bit ones spill.
     const int stride = static_cast<int>(p.block_table_stride);
-    const int slot = key0 / p.page_size;
-    int row = key0 - slot * p.page_size, entry = batch * stride + slot;
-    for (u32 r = 0; r < kBlockN; r += p.page_box_rows) {
+    const int slot = (key0 + static_cast<int>(first)) / p.page_size;
+    int row = key0 + static_cast<int>(first) - slot * p.page_size, entry = batch * stride + slot;
+    for (u32 r = first; r < last; r += p.page_box_rows) {
         int page;
         if (is_v) {
             page = sm90::ld_shared_u32(ids + r / 4);
@@ -490,6 +520,7 @@ __device__ __forceinline__ WorkTile find_tile(const FwdParams& p, const Order& o
 __device__ __forceinline__ void produce(SharedStorage& smem, const FwdParams& p, const TileSchedule& schedule,
                                         const TmaDescriptor* tma_q, const TmaDescriptor* tma_k, const TmaDescriptor* tma_v) {
     const Order order = make_order(p, schedule);  // paged: made again each tile (see per_tile)
+    const u32 span = kSpread && p.block_table != nullptr ? box_span(p) : kBlockN;  // this thread's keys of a block
     const TileCounter counter{schedule.counter};
     if (kPaged) griddep::wait();  // launched early after fc_paged_append (k_new, v_new): keys written now
     PipelineCounter<kStages> ks, vs;
@@ -524,7 +555,7 @@ __device__ __forceinline__ void produce(SharedStorage& smem, const FwdParams& p,
             mbarrier::arrive_expect_tx(bar(full, st.stage()), KVTile::kBytes);
             const u32 dst = smem_u32(ring) + st.stage() * KVTile::kBytes;
             if (kPaged && p.block_table != nullptr) {
-                load_pages(dst, map, bar(full, st.stage()), p, t.batch, t.kv_head, n * kBlockN,
+                load_pages(dst, map, bar(full, st.stage()), p, t.batch, t.kv_head, n * kBlockN, 0u, span,
                            smem_u32(smem.pages) + st.stage() * sizeof(smem.pages[0]), map == tma_v);
             } else {
                 KVTile::load_to(dst, map, bar(full, st.stage()), t.seq.k_start + n * kBlockN, t.kv_head, batch_coord(t));
@@ -546,6 +577,49 @@ __device__ __forceinline__ void produce(SharedStorage& smem, const FwdParams& p,
         }
     }
     counter.retire();
+}
+
+// FC_PAGE_SPREAD with a block table: issuer `issuer` (1 .. box_issuers(p) - 1; lane 0 of producer warp
+// `issuer`) loads its run of every key block's boxes (load_pages), block for block in the
+// producer's order, on the producer's barriers; the producer arms them. It takes each tile
+// from the producer's announcement (q_full) and arrives on q_empty once it has read it, so
+// that the next announcement does not overwrite it first (q_empty counts the helpers).
+__device__ __forceinline__ void help_produce(const FwdParams& p, const TmaDescriptor* tma_k, const TmaDescriptor* tma_v,
+                                             int issuer) {
+    if (issuer >= box_issuers(p)) return;
+    griddep::wait();
+    const u32 first = issuer * box_span(p), last = min(first + box_span(p), static_cast<u32>(kBlockN));
+    PipelineCounter<kStages> ks, vs;
+    const SharedStorage& smem = shared_storage();
+    for (PipelineCounter<1> tiles;; tiles.advance()) {
+        mbarrier::wait(bar(smem.q_full), tiles.full_parity());
+        const WorkTile w = smem.tile;
+        const Sequence seq = smem.seq;
+        mbarrier::arrive(bar(smem.q_empty));
+        if (!w.valid) return;
+        const Tile t = make_tile(p, w, seq);
+        const int n_begin = kLocal ? t.blocks.begin : 0, n_end = t.blocks.end;
+        if (kLocal ? n_end <= n_begin : n_end == 0) continue;
+        auto load = [&](const KVTile (&ring)[kStages], const u64 (&full)[kStages], const u64 (&empty)[kStages],
+                        PipelineCounter<kStages>& st, const TmaDescriptor* map, int n) {
+            mbarrier::wait(bar(empty, st.stage()), st.empty_parity());
+            load_pages(smem_u32(ring) + st.stage() * KVTile::kBytes, map, bar(full, st.stage()), p, t.batch, t.kv_head,
+                       n * kBlockN, first, last, smem_u32(smem.pages) + st.stage() * sizeof(smem.pages[0]),
+                       map == tma_v);
+            st.advance();
+        };
+        auto load_k = [&](int n) { load(smem.k, smem.k_full, smem.k_empty, ks, tma_k, n); };
+        auto load_v = [&](int n) { load(smem.v, smem.v_full, smem.v_empty, vs, tma_v, n); };
+        int n = n_end - 1;  // the producer's order (produce)
+        load_k(n);
+        if (n > n_begin) load_k(n - 1);
+        mbarrier::wait(bar(smem.o_free), tiles.empty_parity());
+        load_v(n);
+        for (--n; n >= n_begin; --n) {
+            if (n > n_begin) load_k(n - 1);
+            load_v(n);
+        }
+    }
 }
 
 // Ping-pong hand-off: a consumer warpgroup waits for its turn before issuing its GEMMs and
@@ -742,10 +816,10 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
     if (wg == 0) named_barrier::sync(kSchedulerBarrier, 2 * warpgroup::kThreads);
 }
 
-__device__ __forceinline__ void init_barriers(SharedStorage& smem) {
+__device__ __forceinline__ void init_barriers(SharedStorage& smem, const FwdParams& p) {
     constexpr u32 kConsumerThreads = kConsumerWG * warpgroup::kThreads;
     mbarrier::init(bar(smem.q_full), 1);
-    mbarrier::init(bar(smem.q_empty), kConsumerThreads);
+    mbarrier::init(bar(smem.q_empty), kConsumerThreads + box_issuers(p) - 1);  // FC_PAGE_SPREAD: the helpers
     mbarrier::init(bar(smem.o_free), kConsumerWG);
     for (int i = 0; i < kStages; ++i) {
         mbarrier::init(bar(smem.k_full[i]), 1);
@@ -771,7 +845,7 @@ fc_fwd_sm90(const __grid_constant__ FwdParams p, const __grid_constant__ TmaDesc
         tma::prefetch_descriptor(&tma_k);
         tma::prefetch_descriptor(&tma_v);
         tma::prefetch_descriptor(&tma_o);
-        init_barriers(shared_storage());
+        init_barriers(shared_storage(), p);
     }
     __syncthreads();
     // Each role sets its register budget before it derives anything (the shared storage
@@ -779,6 +853,17 @@ fc_fwd_sm90(const __grid_constant__ FwdParams p, const __grid_constant__ TmaDesc
     // fit the entry budget, and ptxas spills it rather than recompute it.
     if (warpgroup::index() == 0) {
         warpgroup::decrease_registers<kProducerRegs>();
+        // FC_PAGE_SPREAD: lane 0 of the other warps helps with the page boxes (help_produce). The role
+        // is chosen per warp (warp-uniform): each lone thread's loop then keeps its values in
+        // uniform registers, as the producer's does (a branch on the thread index in one warp
+        // costs both the uniform datapath: they spill 300-700 bytes).
+        if constexpr (kSpread) {
+            const int warp = warpgroup::warp_uniform(static_cast<int>(warpgroup::fresh_thread_index()) / 32);
+            if (warp != 0) {
+                if (threadIdx.x % 32 == 0) help_produce(p, &tma_k, &tma_v, warp);
+                return;
+            }
+        }
         if (threadIdx.x == 0) produce(shared_storage(), p, schedule, &tma_q, &tma_k, &tma_v);
     } else {
         warpgroup::increase_registers<kConsumerRegs>();

@@ -112,7 +112,7 @@ pub enum KeyLayout {
     /// A KV cache, paged or contiguous, each sequence of its own length: [`crate::PagedKv`].
     Paged {
         /// Keys a page (0: a contiguous cache); sets the depth of fwd_sm80's K/V ring on
-        /// Hopper ([`fwd_sm80::paged_form`]).
+        /// Hopper ([`fwd_sm80::paged_form`]) and fwd_sm90's form ([`fwd_sm90::paged_form`]).
         page_size: usize,
     },
 }
@@ -184,6 +184,9 @@ pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &At
         plan.variant.mods = mods;
         plan.variant.varlen = varlen;
         plan.variant.paged = paged;
+    }
+    if let (KernelFamily::FwdSm90, Some(page_size)) = (family, page_size) {
+        plan.variant = fwd_sm90::paged_form(&plan.variant, page_size);
     }
     plan.packed_gqa = packed_gqa;
     Ok(plan)
@@ -377,11 +380,15 @@ mod tests {
         let paged256 = plan_for(&h100(), &decode(8, 4096), DType::BF16, &AttnParams::default(), KeyLayout::Paged { page_size: 256 });
         assert_eq!(paged256.unwrap().variant, Variant { paged: true, ..dense.variant.clone() });
         assert_eq!((paged.splits, paged.split_tiles, paged.packed_gqa), (dense.splits, dense.split_tiles, true));
-        // Chunked prefill on Hopper: fwd_sm90's paged form of the dense tile.
+        // Chunked prefill on Hopper: fwd_sm90's paged form of the dense tile, its boxes spread
+        // over four producer threads at page 16 (12 boxes a block), not at 64 (3).
         let prefill = ProblemShape { batch: 4, seqlen_q: 2048, seqlen_k: 16384, heads_q: 32, heads_kv: 8, head_dim: 128 };
         let p = plan_for(&h100(), &prefill, DType::BF16, &AttnParams::causal(), paged16).unwrap();
-        assert!(p.variant.paged && p.variant.family == KernelFamily::FwdSm90);
-        assert_eq!(Variant { paged: false, ..p.variant.clone() }, pick(&h100(), &prefill, &AttnParams::causal()).variant);
+        assert!(p.variant.paged && p.variant.spread_pages && p.variant.family == KernelFamily::FwdSm90);
+        let dense_prefill = pick(&h100(), &prefill, &AttnParams::causal()).variant;
+        assert_eq!(Variant { paged: false, spread_pages: false, ..p.variant.clone() }, dense_prefill);
+        let p64 = plan_for(&h100(), &prefill, DType::BF16, &AttnParams::causal(), KeyLayout::Paged { page_size: 64 }).unwrap();
+        assert_eq!(p64.variant, Variant { paged: true, ..dense_prefill });
         // Elsewhere fwd_sm80, unsplit; forced, either; the reference takes no cache.
         let p = plan_for(&on("sm_89"), &prefill, DType::BF16, &AttnParams::causal(), paged16).unwrap();
         assert!(p.variant.paged && !p.variant.split_kv && p.variant.family == KernelFamily::FwdSm80);

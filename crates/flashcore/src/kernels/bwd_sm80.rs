@@ -61,6 +61,7 @@ pub fn variant(arch: Arch, dtype: DType, head_dim: usize, causal: bool) -> Varia
         mods: ScoreMods::default(),
         varlen: false,
         paged: false,
+        spread_pages: false,
     }
 }
 

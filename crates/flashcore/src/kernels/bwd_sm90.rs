@@ -83,6 +83,7 @@ pub fn variant(dtype: DType, head_dim: usize, causal: bool) -> Variant {
         mods: ScoreMods::default(),
         varlen: false,
         paged: false,
+        spread_pages: false,
     }
 }
 

@@ -104,6 +104,7 @@ fn make_variant(dtype: DType, head_dim: usize, causal: bool, tile: Tile, split_k
         mods: ScoreMods::default(),
         varlen: false,
         paged: false,
+        spread_pages: false,
     }
 }
 

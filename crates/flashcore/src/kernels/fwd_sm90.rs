@@ -118,7 +118,23 @@ fn make_variant(dtype: DType, head_dim: usize, causal: bool, short: bool) -> Var
         mods: ScoreMods::default(),
         varlen: false,
         paged: false,
+        spread_pages: false,
     }
+}
+
+/// `v`'s paged-KV form (`FC_PAGED`) for pages of `page_size` keys (0: a contiguous cache):
+/// where a page cuts a key block into more than 3 TMA boxes (D128's 192-key block at page 16:
+/// 12), the `FC_PAGE_SPREAD` form, whose boxes lane 0 of each of the producer warpgroup's four
+/// warps issue. H100 chunked prefill (docs/perf-log.md, eighth session): one thread issuing
+/// them ran at 0.47-0.57 of the contiguous rate at page 16, four at 0.84-0.89; at pages of 3
+/// boxes (64, 256) the one thread keeps up, and the four threads' form ran 8-13% slower
+/// there, so those keep the plain form.
+pub fn paged_form(v: &Variant, page_size: usize) -> Variant {
+    let boxes = match page_size {
+        0 => 1,
+        _ => v.tile.block_n / page_box_rows(page_size as u32, v.tile.block_n),
+    };
+    Variant { paged: true, spread_pages: boxes > 3, ..v.clone() }
 }
 
 /// Rows of one TMA box of a paged K or V load (`FwdParams::page_box_rows`): the largest
@@ -300,6 +316,18 @@ fn launch_dependent(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pages_of_more_than_three_boxes_a_block_take_the_spread_form() {
+        let d128 = variant(DType::BF16, 128, true, 16384);
+        let spread = |page_size| paged_form(&d128, page_size).spread_pages;
+        assert_eq!(d128.tile.block_n, 192);
+        assert!(spread(16) && spread(32), "12 and 6 boxes of a 192-key block");
+        assert!(!spread(64) && !spread(256) && !spread(192) && !spread(0), "3, 3, 1 box; a contiguous cache");
+        assert!(paged_form(&d128, 16).name().ends_with("_paged_spread") && paged_form(&d128, 64).name().ends_with("_paged"));
+        let d256 = variant(DType::BF16, 256, true, 16384);
+        assert!(paged_form(&d256, 64).spread_pages && !paged_form(&d256, 80).spread_pages, "D256's 80-key block: 5 boxes at 64");
+    }
 
     #[test]
     fn short_problems_take_the_small_tiles() {

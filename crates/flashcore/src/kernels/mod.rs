@@ -289,6 +289,9 @@ pub struct Variant {
     /// of its own length (`cache_seqlens`), with new keys appended by a pre-pass (fwd_sm80
     /// and fwd_sm90; see [`crate::PagedKv`]).
     pub paged: bool,
+    /// `FC_PAGE_SPREAD`: fwd_sm90's paged form for pages that cut a key block into more than
+    /// 3 TMA boxes, whose boxes four producer threads issue ([`fwd_sm90::paged_form`]).
+    pub spread_pages: bool,
 }
 
 /// `v`'s forms with a sliding window, a softcap and both, where the dispatcher runs them:
@@ -320,7 +323,7 @@ pub fn paged_forms(arch: Arch, v: &Variant) -> Vec<Variant> {
                 vec![small_pages, whole_blocks]
             }
         }
-        KernelFamily::FwdSm90 => vec![Variant { paged: true, ..v.clone() }],
+        KernelFamily::FwdSm90 => vec![fwd_sm90::paged_form(v, 16), fwd_sm90::paged_form(v, 0)],
         _ => Vec::new(),
     }
 }
@@ -347,7 +350,7 @@ pub struct ScoreMods {
 impl Variant {
     /// A name unique per compiled binary, e.g. `fwd_sm80_bf16_d128_causal_128x64w4s2`
     /// (`..._splitkv` for a split-KV variant, `_local`, `_softcap` for [`ScoreMods`], `_varlen`,
-    /// `_paged`).
+    /// `_paged`, `_spread`).
     pub fn name(&self) -> String {
         let mut name = format!("{}_{}", self.family.name(), self.dtype.name());
         if let Some(d) = self.head_dim {
@@ -373,6 +376,9 @@ impl Variant {
         if self.paged {
             name += "_paged";
         }
+        if self.spread_pages {
+            name += "_spread";
+        }
         name
     }
 
@@ -392,9 +398,13 @@ impl Variant {
         if self.split_kv {
             defines.push(("FC_SPLIT_KV".into(), "1".into()));
         }
-        for (define, on) in
-            [("FC_LOCAL", self.mods.local), ("FC_SOFTCAP", self.mods.softcap), ("FC_VARLEN", self.varlen), ("FC_PAGED", self.paged)]
-        {
+        for (define, on) in [
+            ("FC_LOCAL", self.mods.local),
+            ("FC_SOFTCAP", self.mods.softcap),
+            ("FC_VARLEN", self.varlen),
+            ("FC_PAGED", self.paged),
+            ("FC_PAGE_SPREAD", self.spread_pages),
+        ] {
             if on {
                 defines.push((define.into(), "1".into()));
             }

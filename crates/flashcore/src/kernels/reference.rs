@@ -21,5 +21,6 @@ pub fn variant(dtype: DType) -> Variant {
         mods: ScoreMods::default(),
         varlen: false,
         paged: false,
+        spread_pages: false,
     }
 }
