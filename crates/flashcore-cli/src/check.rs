@@ -5,6 +5,7 @@ use cudarc::driver::CudaSlice;
 use flashcore::reference::RefMask;
 use flashcore::{reference, AttnParams, Context, DType, DeviceTensor, KernelFamily, TensorViewMut, Window};
 use indicatif::{ProgressBar, ProgressStyle};
+use std::io::IsTerminal;
 
 use crate::cases::{errors, random_qkv, Case, HostQkv, Inputs, Storage, Stored};
 use crate::{check_bwd, check_paged, check_varlen};
@@ -249,29 +250,21 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
         cached.len(),
         backward.len()
     );
-    let bar = ProgressBar::new((all.len() + packed.len() + cached.len() + backward.len()) as u64)
-        .with_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").unwrap());
+    let progress = Progress::new(all.len() + packed.len() + cached.len() + backward.len());
     let mut outcomes = Vec::new();
     for (family, spec) in &all {
-        bar.set_message(format!("{family} {}", spec.case.name));
-        outcomes.push(check_one(&ctx, *family, spec)?);
-        bar.inc(1);
+        outcomes.push(progress.case(&format!("{family} {}", spec.case.name), || check_one(&ctx, *family, spec))?);
     }
     for spec in &packed {
-        bar.set_message(format!("{} varlen", spec.family));
-        outcomes.push(check_varlen::check_one(&ctx, spec)?);
-        bar.inc(1);
+        outcomes.push(progress.case(&format!("{} varlen", spec.family), || check_varlen::check_one(&ctx, spec))?);
     }
     for spec in &cached {
-        bar.set_message(format!("{} paged", spec.kernel));
-        outcomes.push(check_paged::check_one(&ctx, spec)?);
-        bar.inc(1);
+        outcomes.push(progress.case(&format!("{} paged", spec.kernel), || check_paged::check_one(&ctx, spec))?);
     }
     for spec in &backward {
-        outcomes.push(check_bwd::check_one(&ctx, spec)?);
-        bar.inc(1);
+        outcomes.push(progress.case("backward", || check_bwd::check_one(&ctx, spec))?);
     }
-    bar.finish_and_clear();
+    progress.bar.finish_and_clear();
     print_table(&outcomes);
     let failed = outcomes.iter().filter(|o| o.failure.is_some()).count();
     println!("{} passed, {failed} failed", outcomes.len() - failed);
@@ -427,6 +420,33 @@ fn oracle(
     }
     let (o, lse) = run_poisoned(ctx, KernelFamily::Reference, &Spec { splits: None, ..spec.clone() }, q, k, v)?;
     Ok(("gpu-ref", o.iter().map(|&b| case.dtype.decode(b) as f64).collect(), lse.iter().map(|&x| x as f64).collect()))
+}
+
+/// The run's progress: a bar on a terminal; else (a log) a line on stderr as each case ends,
+/// with its time, so that a long or stopped run's log says where it was.
+struct Progress {
+    bar: ProgressBar,
+    lines: bool,
+}
+
+impl Progress {
+    fn new(cases: usize) -> Self {
+        let bar = ProgressBar::new(cases as u64).with_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").unwrap());
+        Self { lines: !std::io::stderr().is_terminal(), bar }
+    }
+
+    fn case(&self, what: &str, run: impl FnOnce() -> Result<Outcome>) -> Result<Outcome> {
+        self.bar.set_message(what.to_string());
+        let start = std::time::Instant::now();
+        let outcome = run()?;
+        self.bar.inc(1);
+        if self.lines {
+            let verdict = if outcome.failure.is_some() { "FAILED" } else { "ok" };
+            let (done, all) = (self.bar.position(), self.bar.length().unwrap_or(0));
+            eprintln!("[{done}/{all}] {} {} {verdict} ({:.1} s)", outcome.kernel.name(), outcome.spec_name, start.elapsed().as_secs_f64());
+        }
+        Ok(outcome)
+    }
 }
 
 fn print_table(outcomes: &[Outcome]) {
