@@ -8,6 +8,7 @@
 use anyhow::Result;
 use cudarc::driver::DevicePtr;
 use flashcore::bench::{time, Timing, TimingOptions};
+use flashcore::dispatch::KeyLayout;
 use flashcore::{AttnParams, BlockTableView, Context, DeviceTensor, KernelFamily, Layout, PagedKv, SeqLensView, TensorView};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -115,7 +116,7 @@ pub fn rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> {
             Run::Dense => ("dense".to_string(), plan.clone()),
             Run::Paged { page, shuffled, append } => (
                 format!("paged{page}{}{}", if shuffled { "" } else { "-ordered" }, if append { "+append" } else { "" }),
-                format!("{plan} paged"),
+                paged_plan(ctx, case, &params, page)?,
             ),
         };
         let mut sorted = taken.clone();
@@ -140,6 +141,13 @@ pub fn rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> {
         });
     }
     Ok(out)
+}
+
+/// What a paged row of `case` runs: the plan of a cache of `page`-key pages (the paged form the
+/// page size picks: fwd_sm80's ring depth, fwd_sm90's page-box spread).
+fn paged_plan(ctx: &Context, case: &Case, params: &AttnParams, page: usize) -> Result<String> {
+    let layout = KeyLayout::Paged { page_size: page };
+    Ok(flashcore::dispatch::plan_for(&ctx.info().device(), &case.shape(), case.dtype, params, layout)?.describe())
 }
 
 /// The chunked-prefill rows after the dense anchor: page size (shuffled tables), whether the
@@ -214,14 +222,12 @@ fn prefill_rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> 
         };
         let params = AttnParams { kernel: family, ..params };
         let t = time(ctx, opts, |_| ctx.attention_paged_into(q.view(), pool(&k), pool(&v), o.view_mut(), Some(&mut lse), &kv, &params))?;
-        // A cache runs the paged form of the dense plan's family and tile.
-        let plan = ctx.plan(&case.shape(), dtype, &params)?;
         let suffix = match (append, family) {
             (true, _) => "+append".to_string(),
             (false, Some(f)) => format!("-{f}"),
             (false, None) => String::new(),
         };
-        out.push(row(&format!("paged{page}{suffix}"), format!("{} paged", plan.describe()), t));
+        out.push(row(&format!("paged{page}{suffix}"), paged_plan(ctx, case, &params, page)?, t));
     }
     out.push(row("dense-end", dense_plan, dense(&mut o, &mut lse)?));
     Ok(out)
