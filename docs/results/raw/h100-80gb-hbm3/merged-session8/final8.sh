@@ -15,7 +15,7 @@ for r in 1 2; do for b in base new; do BIN=$OLD; [ $b = new ] && BIN=$NEW
   FLASHCORE_CACHE_DIR=/tmp/fc-$b timeout 40 $BIN bench --suite varlen --filter decode_varlen,b16_sq1_ --samples 30 --json /tmp/l/d-$b-$r.json > /dev/null 2>&1
 done; done
 echo "bench $((SECONDS-T0)) s"
-$PY scratch/lead/paged_summary.py /tmp/j | tee $OUT/prefill-summary.txt
+$PY docs/results/raw/h100-80gb-hbm3/sm90-page16/summary.py /tmp/j | tee $OUT/prefill-summary.txt
 $PY - <<'PY'
 import json, glob, statistics, collections
 t = collections.defaultdict(lambda: collections.defaultdict(list)); kern = {}

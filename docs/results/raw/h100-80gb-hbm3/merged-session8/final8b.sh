@@ -8,7 +8,7 @@ for r in 1 2 3; do for b in base new; do BIN=$OLD; [ $b = new ] && BIN=$NEW
   FLASHCORE_CACHE_DIR=/tmp/fc-$b timeout 70 $BIN bench --suite paged --filter sq512,sq1024,sq2048 --samples 20 --json /tmp/j2/prefill-$b-r$r.json > /dev/null 2>&1
 done; done
 echo "bench $((SECONDS-T0)) s"
-$PY scratch/lead/paged_summary.py /tmp/j2 | tee $OUT/prefill-summary-b.txt
+$PY docs/results/raw/h100-80gb-hbm3/sm90-page16/summary.py /tmp/j2 | tee $OUT/prefill-summary-b.txt
 $PY - <<'PY'
 import json
 for b in ("base", "new"):
