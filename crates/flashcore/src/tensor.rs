@@ -303,4 +303,24 @@ mod tests {
             assert_eq!(packed.span(), layout.span());
         }
     }
+
+    #[test]
+    fn gqa_packing_of_a_packed_batch_leaves_the_token_to_the_token_stride() {
+        // q [1, total_q, Hq, D] of 5 tokens, contiguous and token-strided (a view of a wider
+        // buffer); the kernel adds cu_seqlens_q[b] * token stride, then row r * strides[1]
+        // and KV head h * strides[2] of the packed layout (fwd_sm80's row_offset).
+        let contiguous = Layout::contiguous([1, 5, 8, 64], DType::BF16);
+        let wide = Layout { shape: [1, 5, 8, 64], strides: [5 * 1024, 1024, 64, 1], dtype: DType::BF16 };
+        for layout in [contiguous, wide] {
+            let token_stride = layout.strides[1];
+            let packed = layout.gqa_packed(2);
+            assert_eq!(packed.shape, [1, 4, 2, 64]);
+            for token in 0..5 {
+                for h in 0..8 {
+                    let kernel = token * token_stride + offset(&packed, [0, h % 4, h / 4, 7]);
+                    assert_eq!(offset(&layout, [0, token, h, 7]), kernel, "token {token} head {h}");
+                }
+            }
+        }
+    }
 }
