@@ -31,6 +31,42 @@ pub struct CheckArgs {
     /// Only this group of cases: forward (dense), varlen, paged or backward.
     #[arg(long, value_parser = ["forward", "varlen", "paged", "backward"])]
     only: Option<String>,
+    /// Only part K of N of the cases (`K/N`, 1 <= K <= N: every N-th case from the K-th), so
+    /// that a long run can be split over several calls; parts 1..N of one N are the whole run.
+    #[arg(long, value_parser = parse_part)]
+    part: Option<Part>,
+}
+
+/// A share of a run's cases (`--part K/N`): the cases whose index in the run is K - 1 mod N.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Part {
+    k: usize,
+    n: usize,
+}
+
+fn parse_part(s: &str) -> std::result::Result<Part, String> {
+    let bad = || format!("{s:?}: want K/N with 1 <= K <= N, e.g. 2/3");
+    let (k, n) = s.split_once('/').ok_or_else(bad)?;
+    let (k, n) = (k.trim().parse::<usize>().map_err(|_| bad())?, n.trim().parse::<usize>().map_err(|_| bad())?);
+    if k == 0 || k > n {
+        return Err(bad());
+    }
+    Ok(Part { k, n })
+}
+
+/// Keeps a part's cases of lists taken in run order (the index runs on across lists).
+struct PartFilter {
+    part: Option<Part>,
+    next: usize,
+}
+
+impl PartFilter {
+    fn take<T>(&mut self, cases: Vec<T>) -> Vec<T> {
+        let start = self.next;
+        self.next += cases.len();
+        let keep = |i: usize| self.part.map_or(true, |p| (start + i) % p.n == p.k - 1);
+        cases.into_iter().enumerate().filter(|(i, _)| keep(*i)).map(|(_, c)| c).collect()
+    }
 }
 
 #[derive(Clone)]
@@ -241,7 +277,13 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
         .filter(|_| group("paged"))
         .flat_map(|&f| check_paged::specs(f, depth == Depth::Quick, depth == Depth::Smoke))
         .collect();
-    let label = ["smoke", "quick", "full"][depth as usize];
+    // In the order they run (below), so that the parts of one N cover the run once.
+    let mut part = PartFilter { part: args.part, next: 0 };
+    let (all, packed, cached, backward) = (part.take(all), part.take(packed), part.take(cached), part.take(backward));
+    let label = match args.part {
+        Some(Part { k, n }) => format!("{} (part {k}/{n})", ["smoke", "quick", "full"][depth as usize]),
+        None => ["smoke", "quick", "full"][depth as usize].to_string(),
+    };
     println!(
         "{label} check on {} ({arch}): {} forward, {} packed (varlen), {} KV-cache (paged) and {} backward cases",
         ctx.info().name,
@@ -463,5 +505,34 @@ fn print_table(outcomes: &[Outcome]) {
             if o.deterministic { "yes" } else { "NO" },
             o.failure.as_deref().unwrap_or("ok")
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_of_one_count_cover_the_run_once() {
+        let lists = [vec![0, 1, 2], vec![], vec![3, 4, 5, 6], vec![7]];
+        let mut seen = Vec::new();
+        for k in 1..=3 {
+            let mut part = PartFilter { part: Some(Part { k, n: 3 }), next: 0 };
+            for list in &lists {
+                seen.extend(part.take(list.clone()));
+            }
+        }
+        seen.sort();
+        assert_eq!(seen, (0..8).collect::<Vec<_>>());
+        let mut whole = PartFilter { part: None, next: 0 };
+        assert_eq!(whole.take(vec![1, 2, 3]), vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn a_part_is_k_of_n() {
+        assert_eq!(parse_part("2/3"), Ok(Part { k: 2, n: 3 }));
+        for bad in ["0/3", "4/3", "3", "a/b", "1/0"] {
+            assert!(parse_part(bad).is_err(), "{bad}");
+        }
     }
 }
