@@ -341,8 +341,8 @@ __device__ __forceinline__ int batch_coord(const Tile& t) { return kVarlen ? 0 :
 // 0.84-0.89 spread over four, H100: docs/perf-log.md). One warp's lanes would not share the
 // work: a TMA load takes its operands from uniform registers, one set a warp, so lanes with
 // different boxes issue one after another; the four warps sit on the SM's four
-// sub-partitions. A form of its own: the helpers' mere presence cost page 64, where the
-// producer alone keeps up, 8-13% (measured, cause not found).
+// sub-partitions. A form of its own, so that the plain paged form's machine code stays as it
+// was where the producer alone keeps up (pages of 64 and more: at most 3 boxes a block).
 constexpr int kBoxIssuers = warpgroup::kThreads / 32;
 __device__ __forceinline__ int box_span(const FwdParams& p) {
     return (kBlockN / p.page_box_rows + kBoxIssuers - 1) / kBoxIssuers * p.page_box_rows;

@@ -161,12 +161,20 @@ const PREFILL_ROWS: [(usize, bool, Option<KernelFamily>); 6] = [
     (64, false, Some(KernelFamily::FwdSm80)),
 ];
 
+/// How long each prefill row runs before its samples in each round (TimingOptions::settle_ms),
+/// twenty times a round's ~15 ms of samples. Without it the dense anchor, timed after the
+/// forced fwd_sm80 rows (half the power), ran at the clock they left and read 10-15% fast
+/// against the paged rows (H100, ninth session: paged / dense 0.84-0.91; settled, 0.93-1.05,
+/// as ncu and PyTorch at the cap's clock read it: 0.97-0.98; docs/perf-log.md).
+const PREFILL_SETTLE_MS: f64 = 300.0;
+
 /// Rows for one chunked-prefill `case` (`Sq` queries, the last `Sq` of `Sk` keys, causal
 /// bottom-right): `dense` (the same shape from contiguous tensors: the anchor), then
 /// `paged{P}` (the whole cache already written: `cache_seqlens = Sk`), `paged64+append` (the
-/// chunk's keys appended by the pre-pass first: `cache_seqlens = Sk - Sq`), `paged{P}-fwd_sm80`
-/// (the Ampere-class kernel's paged form, forced, for comparison), and `dense-end` (the anchor
-/// again: a drift of the clock under the power cap shows as a difference between the two).
+/// chunk's keys appended by the pre-pass first: `cache_seqlens = Sk - Sq`) and
+/// `paged{P}-fwd_sm80` (the Ampere-class kernel's paged form, forced, for comparison). The
+/// rows alternate in ROUNDS rounds, as the decode rows do: timed one after the other, a row's
+/// ratio to the anchor moved with the clock under the power cap, by what ran before it.
 /// Random inputs; one buffer serves every layout.
 fn prefill_rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> {
     let (b, sq, s, hkv, d, dtype) = (case.batch, case.seqlen_q, case.seqlen_k, case.heads_kv, case.head_dim, case.dtype);
@@ -177,58 +185,79 @@ fn prefill_rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> 
     let mut o = DeviceTensor::filled(ctx, 0, case.q_shape(), dtype)?;
     let mut lse = ctx.stream().alloc_zeros::<f32>(b * case.heads_q * sq)?;
     let params = AttnParams { causal: case.causal, ..AttnParams::default() };
-    let opts = TimingOptions { samples, graph: true, ..Default::default() };
-    let flops = case.flops();
-    let row = |name: &str, kernel: String, t: flashcore::bench::Timing| Row {
-        case: Case { name: format!("{}_{name}", case.name), ..case.clone() },
-        kernel: Some(kernel),
-        status: "ok".into(),
-        message: None,
-        median_ms: Some(t.median_ms),
-        min_ms: Some(t.min_ms),
-        max_ms: Some(t.max_ms),
-        samples_ms: t.samples_ms,
-        tflops: Some(flops / (t.median_ms * 1e-3) * 1e-12),
-        gbps: None,
-        rel_error: None,
-        timing: Some("graph".into()),
-        eager_median_ms: None,
-        fwd_bwd_median_ms: None,
-        round_medians_ms: vec![],
-    };
-    let dense = |o: &mut DeviceTensor, lse: &mut cudarc::driver::CudaSlice<f32>| {
-        time(ctx, opts, |_| ctx.attention_into(q.view(), k.view(), v.view(), o.view_mut(), Some(&mut *lse), &params))
-    };
-    let dense_plan = ctx.plan(&case.shape(), dtype, &params)?.describe();
-    let mut out = vec![row("dense", dense_plan.clone(), dense(&mut o, &mut lse)?)];
+    let opts = TimingOptions { samples: samples.div_ceil(ROUNDS), graph: true, settle_ms: PREFILL_SETTLE_MS, ..Default::default() };
     let full = ctx.stream().clone_htod(&vec![s as i32; b])?;
     let before = ctx.stream().clone_htod(&vec![(s - sq) as i32; b])?;
+    let mut out = Vec::new();
+    // None: the dense anchor; Some((page, append, family, table)): a paged row.
+    let mut runs = vec![None];
     for (page, append, family) in PREFILL_ROWS {
         if s % page != 0 {
             out.push(unsupported(case, "unsupported", format!("S {s} is not a multiple of page size {page}")));
             continue;
         }
-        let pages = b * s / page;
-        let mut ids: Vec<i32> = (0..pages as i32).collect();
+        let mut ids: Vec<i32> = (0..(b * s / page) as i32).collect();
         ids.shuffle(&mut rand::rngs::StdRng::seed_from_u64(page as u64));
-        let table = ctx.stream().clone_htod(&ids)?;
+        runs.push(Some((page, append, family, ctx.stream().clone_htod(&ids)?)));
+    }
+    let mut time_run = |run: &Option<(usize, bool, Option<KernelFamily>, cudarc::driver::CudaSlice<i32>)>| -> Result<Timing> {
+        let Some((page, append, family, table)) = run else {
+            return Ok(time(ctx, opts, |_| ctx.attention_into(q.view(), k.view(), v.view(), o.view_mut(), Some(&mut lse), &params))?);
+        };
+        let pages = b * s / page;
         // SAFETY: the pools are k's and v's buffers (b * s * hkv * d elements) seen as pages.
-        let pool = |t: &DeviceTensor| unsafe { TensorView::from_raw(t.view().ptr(), Layout::contiguous([pages, page, hkv, d], dtype), 0) };
+        let pool = |t: &DeviceTensor| unsafe { TensorView::from_raw(t.view().ptr(), Layout::contiguous([pages, *page, hkv, d], dtype), 0) };
         let kv = PagedKv {
-            block_table: Some(BlockTableView::of(&table, b, s / page)?),
-            cache_seqlens: Some(SeqLensView::of(if append { &before } else { &full })),
+            block_table: Some(BlockTableView::of(table, b, s / page)?),
+            cache_seqlens: Some(SeqLensView::of(if *append { &before } else { &full })),
             k_new: append.then(|| new.view()),
             v_new: append.then(|| new.view()),
         };
-        let params = AttnParams { kernel: family, ..params };
-        let t = time(ctx, opts, |_| ctx.attention_paged_into(q.view(), pool(&k), pool(&v), o.view_mut(), Some(&mut lse), &kv, &params))?;
-        let suffix = match (append, family) {
-            (true, _) => "+append".to_string(),
-            (false, Some(f)) => format!("-{f}"),
-            (false, None) => String::new(),
-        };
-        out.push(row(&format!("paged{page}{suffix}"), paged_plan(ctx, case, &params, page)?, t));
+        let params = AttnParams { kernel: *family, ..params };
+        Ok(time(ctx, opts, |_| ctx.attention_paged_into(q.view(), pool(&k), pool(&v), o.view_mut(), Some(&mut lse), &kv, &params))?)
+    };
+    let mut timings: Vec<Vec<Timing>> = runs.iter().map(|_| Vec::new()).collect();
+    for _ in 0..ROUNDS {
+        for (run, taken) in runs.iter().zip(&mut timings) {
+            taken.push(time_run(run)?);
+        }
     }
-    out.push(row("dense-end", dense_plan, dense(&mut o, &mut lse)?));
+    let flops = case.flops();
+    for (run, taken) in runs.iter().zip(timings) {
+        let (name, kernel) = match run {
+            None => ("dense".to_string(), ctx.plan(&case.shape(), dtype, &params)?.describe()),
+            Some((page, append, family, _)) => {
+                let suffix = match (append, family) {
+                    (true, _) => "+append".to_string(),
+                    (false, Some(f)) => format!("-{f}"),
+                    (false, None) => String::new(),
+                };
+                let params = AttnParams { kernel: *family, ..params };
+                (format!("paged{page}{suffix}"), paged_plan(ctx, case, &params, *page)?)
+            }
+        };
+        let round_medians_ms = taken.iter().map(|t| t.median_ms).collect();
+        let samples_ms: Vec<f64> = taken.into_iter().flat_map(|t| t.samples_ms).collect();
+        let mut sorted = samples_ms.clone();
+        sorted.sort_by(f64::total_cmp);
+        let median = sorted[sorted.len() / 2];
+        out.push(Row {
+            case: Case { name: format!("{}_{name}", case.name), ..case.clone() },
+            kernel: Some(kernel),
+            status: "ok".into(),
+            message: None,
+            median_ms: Some(median),
+            min_ms: Some(sorted[0]),
+            max_ms: Some(sorted[sorted.len() - 1]),
+            samples_ms,
+            tflops: Some(flops / (median * 1e-3) * 1e-12),
+            gbps: None,
+            rel_error: None,
+            timing: Some("graph".into()),
+            eager_median_ms: None,
+            fwd_bwd_median_ms: None,
+            round_medians_ms,
+        });
+    }
     Ok(out)
 }

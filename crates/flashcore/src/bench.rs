@@ -34,11 +34,16 @@ pub struct TimingOptions {
     /// the host's launch cost from the measurement (as the anchors' timing does); `false`
     /// times launches issued one by one, what an eager caller sees.
     pub graph: bool,
+    /// Launches run for at least this long (ms) after the warm-up and before the samples, so
+    /// that the clock settles where the power cap holds it under this kernel's load: a row
+    /// timed straight after a lighter one otherwise runs at the clock that one left (H100,
+    /// fwd_sm90 prefill after fwd_sm80 rows: 10-15% fast, docs/perf-log.md). 0: none.
+    pub settle_ms: f64,
 }
 
 impl Default for TimingOptions {
     fn default() -> Self {
-        Self { warmup: 10, samples: 30, sample_target_ms: 2.0, graph: false }
+        Self { warmup: 10, samples: 30, sample_target_ms: 2.0, graph: false, settle_ms: 0.0 }
     }
 }
 
@@ -62,6 +67,9 @@ pub fn time(ctx: &Context, opts: TimingOptions, mut launch: impl FnMut(usize) ->
     run(opts.warmup.max(1))?;
     let one = run(1)?.max(1e-4);
     let per_sample = ((opts.sample_target_ms / one).ceil() as usize).clamp(1, 1000);
+    if opts.settle_ms > 0.0 {
+        run(((opts.settle_ms / one).ceil() as usize).clamp(1, 100_000))?;
+    }
     let mut samples_ms = Vec::with_capacity(opts.samples);
     if opts.graph {
         stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).ctx("starting a graph capture")?;

@@ -126,9 +126,11 @@ fn make_variant(dtype: DType, head_dim: usize, causal: bool, short: bool) -> Var
 /// where a page cuts a key block into more than 3 TMA boxes (D128's 192-key block at page 16:
 /// 12), the `FC_PAGE_SPREAD` form, whose boxes lane 0 of each of the producer warpgroup's four
 /// warps issue. H100 chunked prefill (docs/perf-log.md, eighth session): one thread issuing
-/// them ran at 0.47-0.57 of the contiguous rate at page 16, four at 0.84-0.89; at pages of 3
-/// boxes (64, 256) the one thread keeps up, and the four threads' form ran 8-13% slower
-/// there, so those keep the plain form.
+/// them ran at 0.47-0.57 of the contiguous rate at page 16, four at 0.84-0.89 (0.93-1.03
+/// timed at the power cap's clock, ninth session). At pages of 3 boxes (64, 256) one thread
+/// keeps up; those keep the plain form, whose machine code the spread form leaves unchanged
+/// (the 8-13% the eighth session's first runs put on the four threads there was the order of
+/// the rows under the power cap).
 pub fn paged_form(v: &Variant, page_size: usize) -> Variant {
     let boxes = match page_size {
         0 => 1,
