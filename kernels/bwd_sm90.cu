@@ -648,17 +648,26 @@ __device__ __forceinline__ void convert_dq_pair(const BwdParams& p, float2 v, in
 }
 
 // Dense: a thread per element pair of all query blocks. Packed: a CTA per (query block of the
-// longest sequence, head, sequence), those past the sequence's own exit.
+// longest sequence, head, sequence), those past the sequence's own exit; each thread loads all
+// its kPairs / 256 pairs before it converts one, so that their loads are in flight together
+// (H100, 64k tokens, H16: D128 0.705 -> 0.521 ms, D64 0.350 -> 0.247, one pair at a time before;
+// the dense kernel, a thread a pair: 0.45 and 0.18).
 extern "C" __global__ void __launch_bounds__(256) fc_bwd_sm90_dq(const BwdParams p) {
     constexpr int kPairs = kBlockM * kHeadDim / 2;
     if constexpr (kVarlen) {
+        constexpr int kPerThread = kPairs / 256;
+        static_assert(kPairs % 256 == 0, "a query block is whole rounds of the CTA's threads");
         const Sequence s = Schedule::sequence_of(p);
         const int m_block = blockIdx.x, head = blockIdx.y;
         if (m_block * kBlockM >= s.seqlen_q) return;
         const float2* src =
             reinterpret_cast<const float2*>(p.dq_accum) + Schedule::query_block(p, s, blockIdx.z, head, m_block) * kPairs;
         elem_t* rows = static_cast<elem_t*>(p.dq) + s.q_start * p.dq_stride_s + head * p.dq_stride_h;
-        for (int e = threadIdx.x; e < kPairs; e += 256) convert_dq_pair(p, src[e], e, m_block, s.seqlen_q, rows);
+        float2 pairs[kPerThread];
+#pragma unroll
+        for (int i = 0; i < kPerThread; ++i) pairs[i] = src[threadIdx.x + 256 * i];
+#pragma unroll
+        for (int i = 0; i < kPerThread; ++i) convert_dq_pair(p, pairs[i], threadIdx.x + 256 * i, m_block, s.seqlen_q, rows);
     } else {
         const int m_blocks = ceil_div(p.seqlen_q, kBlockM);
         const i64 e = static_cast<i64>(blockIdx.x) * 256 + threadIdx.x;

@@ -486,11 +486,30 @@ __device__ __forceinline__ void store_empty(const FwdParams& p, const Tile& t, i
     store_lse(lse, p, m0, t);
 }
 
+// The order in which a tile's key blocks [n_begin, n_end) load, last first, the order the
+// consumers need them in: K of the last block, then `after_first_k` (the producer's claim of
+// its next tile), K of the one before, V of the last once the previous tile's O has left V's
+// stages (`wait_o_free`), then V and K alternating, K of the next block before V of this one.
+// The producer and (FC_PAGE_SPREAD) its helpers each issue their boxes in this order.
+template <class LoadK, class LoadV, class AfterFirstK, class WaitOFree>
+__device__ __forceinline__ void for_each_block(int n_begin, int n_end, LoadK load_k, LoadV load_v,
+                                               AfterFirstK after_first_k, WaitOFree wait_o_free) {
+    int n = n_end - 1;
+    load_k(n);
+    after_first_k();
+    if (n > n_begin) load_k(n - 1);
+    wait_o_free();
+    load_v(n);
+    for (--n; n >= n_begin; --n) {
+        if (n > n_begin) load_k(n - 1);
+        load_v(n);
+    }
+}
+
 // Producer: claims tiles and announces each to the consumers through q_full, with Q (a tile
-// with no visible key and the stop mark come without data). It claims the next tile once
-// this tile's first K load is issued, so the atomic's latency hides under this tile. Then
-// K and V blocks from last to first; K of the next block is issued before V of this one, the
-// order in which the consumers need them. The next tile's announcement waits until the
+// with no visible key and the stop mark come without data), then loads its key blocks
+// (for_each_block). It claims the next tile once this tile's first K load is issued, so the
+// atomic's latency hides under this tile. The next tile's announcement waits until the
 // consumers have issued their last Q·K^T (q_empty), and its first V until the previous
 // tile's O has left V's stages (o_free), so its Q and first K blocks load under the
 // previous tile's epilogue.
@@ -564,17 +583,12 @@ __device__ __forceinline__ void produce(SharedStorage& smem, const FwdParams& p,
         };
         auto load_k = [&](int n) { load(smem.k, smem.k_full, smem.k_empty, ks, tma_k, n); };
         auto load_v = [&](int n) { load(smem.v, smem.v_full, smem.v_empty, vs, tma_v, n); };
-        int n = n_end - 1;
-        load_k(n);
-        next = counter.claim();  // claimed early: the atomic's latency hides under this tile
-        if (kPaged) kept = next;
-        if (n > n_begin) load_k(n - 1);
-        mbarrier::wait(bar(smem.o_free), tiles.empty_parity());
-        load_v(n);
-        for (--n; n >= n_begin; --n) {
-            if (n > n_begin) load_k(n - 1);
-            load_v(n);
-        }
+        const auto claim_next = [&] {
+            next = counter.claim();  // claimed early: the atomic's latency hides under this tile
+            if (kPaged) kept = next;
+        };
+        for_each_block(n_begin, n_end, load_k, load_v, claim_next,
+                       [&] { mbarrier::wait(bar(smem.o_free), tiles.empty_parity()); });
     }
     counter.retire();
 }
@@ -610,15 +624,8 @@ __device__ __forceinline__ void help_produce(const FwdParams& p, const TmaDescri
         };
         auto load_k = [&](int n) { load(smem.k, smem.k_full, smem.k_empty, ks, tma_k, n); };
         auto load_v = [&](int n) { load(smem.v, smem.v_full, smem.v_empty, vs, tma_v, n); };
-        int n = n_end - 1;  // the producer's order (produce)
-        load_k(n);
-        if (n > n_begin) load_k(n - 1);
-        mbarrier::wait(bar(smem.o_free), tiles.empty_parity());
-        load_v(n);
-        for (--n; n >= n_begin; --n) {
-            if (n > n_begin) load_k(n - 1);
-            load_v(n);
-        }
+        for_each_block(n_begin, n_end, load_k, load_v, [] {},
+                       [&] { mbarrier::wait(bar(smem.o_free), tiles.empty_parity()); });
     }
 }
 
