@@ -76,7 +76,7 @@ pub fn rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> {
         tables.push((page, shuffled, ctx.stream().clone_htod(&ids)?));
         runs.extend([false, true].into_iter().filter(|&a| shuffled || !a).map(|append| Run::Paged { page, shuffled, append }));
     }
-    let mut time_run = |run: &Run| -> Result<Timing> {
+    let time_run = |run: &Run| -> Result<Timing> {
         Ok(match *run {
             Run::Copy => time(ctx, opts, |_| {
                 // SAFETY: both buffers hold `elems` elements and outlive the timing.
@@ -100,17 +100,9 @@ pub fn rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> {
             }
         })
     };
-    let mut samples_ms: Vec<Vec<f64>> = vec![Vec::new(); runs.len()];
-    let mut round_medians_ms: Vec<Vec<f64>> = vec![Vec::new(); runs.len()];
-    for _ in 0..ROUNDS {
-        for ((run, taken), medians) in runs.iter().zip(&mut samples_ms).zip(&mut round_medians_ms) {
-            let timing = time_run(run)?;
-            medians.push(timing.median_ms);
-            taken.extend(timing.samples_ms);
-        }
-    }
+    let timings = in_rounds(&runs, time_run)?;
     let plan = ctx.plan(&case.shape(), dtype, &params)?.describe();
-    for ((run, taken), round_medians_ms) in runs.iter().zip(samples_ms).zip(round_medians_ms) {
+    for (run, taken) in runs.iter().zip(timings) {
         let (name, kernel) = match *run {
             Run::Copy => ("hbm-copy".to_string(), "cuMemcpyDtoDAsync of K: read + write = the bytes of K + V".to_string()),
             Run::Dense => ("dense".to_string(), plan.clone()),
@@ -119,26 +111,7 @@ pub fn rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> {
                 paged_plan(ctx, case, &params, page)?,
             ),
         };
-        let mut sorted = taken.clone();
-        sorted.sort_by(f64::total_cmp);
-        let median = sorted[sorted.len() / 2];
-        out.push(Row {
-            case: Case { name: format!("{}_{name}", case.name), ..case.clone() },
-            kernel: Some(kernel),
-            status: "ok".into(),
-            message: None,
-            median_ms: Some(median),
-            min_ms: Some(sorted[0]),
-            max_ms: Some(sorted[sorted.len() - 1]),
-            samples_ms: taken,
-            tflops: None,
-            gbps: Some(bytes / (median * 1e-3) * 1e-9),
-            rel_error: None,
-            timing: Some("graph".into()),
-            eager_median_ms: None,
-            fwd_bwd_median_ms: None,
-            round_medians_ms,
-        });
+        out.push(pooled_row(case, &name, kernel, taken, Rate::Gbps(bytes)));
     }
     Ok(out)
 }
@@ -200,7 +173,7 @@ fn prefill_rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> 
         ids.shuffle(&mut rand::rngs::StdRng::seed_from_u64(page as u64));
         runs.push(Some((page, append, family, ctx.stream().clone_htod(&ids)?)));
     }
-    let mut time_run = |run: &Option<(usize, bool, Option<KernelFamily>, cudarc::driver::CudaSlice<i32>)>| -> Result<Timing> {
+    let time_run = |run: &Option<(usize, bool, Option<KernelFamily>, cudarc::driver::CudaSlice<i32>)>| -> Result<Timing> {
         let Some((page, append, family, table)) = run else {
             return Ok(time(ctx, opts, |_| ctx.attention_into(q.view(), k.view(), v.view(), o.view_mut(), Some(&mut lse), &params))?);
         };
@@ -216,12 +189,7 @@ fn prefill_rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> 
         let params = AttnParams { kernel: *family, ..params };
         Ok(time(ctx, opts, |_| ctx.attention_paged_into(q.view(), pool(&k), pool(&v), o.view_mut(), Some(&mut lse), &kv, &params))?)
     };
-    let mut timings: Vec<Vec<Timing>> = runs.iter().map(|_| Vec::new()).collect();
-    for _ in 0..ROUNDS {
-        for (run, taken) in runs.iter().zip(&mut timings) {
-            taken.push(time_run(run)?);
-        }
-    }
+    let timings = in_rounds(&runs, time_run)?;
     let flops = case.flops();
     for (run, taken) in runs.iter().zip(timings) {
         let (name, kernel) = match run {
@@ -236,28 +204,56 @@ fn prefill_rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> 
                 (format!("paged{page}{suffix}"), paged_plan(ctx, case, &params, *page)?)
             }
         };
-        let round_medians_ms = taken.iter().map(|t| t.median_ms).collect();
-        let samples_ms: Vec<f64> = taken.into_iter().flat_map(|t| t.samples_ms).collect();
-        let mut sorted = samples_ms.clone();
-        sorted.sort_by(f64::total_cmp);
-        let median = sorted[sorted.len() / 2];
-        out.push(Row {
-            case: Case { name: format!("{}_{name}", case.name), ..case.clone() },
-            kernel: Some(kernel),
-            status: "ok".into(),
-            message: None,
-            median_ms: Some(median),
-            min_ms: Some(sorted[0]),
-            max_ms: Some(sorted[sorted.len() - 1]),
-            samples_ms,
-            tflops: Some(flops / (median * 1e-3) * 1e-12),
-            gbps: None,
-            rel_error: None,
-            timing: Some("graph".into()),
-            eager_median_ms: None,
-            fwd_bwd_median_ms: None,
-            round_medians_ms,
-        });
+        out.push(pooled_row(case, &name, kernel, taken, Rate::Tflops(flops)));
     }
     Ok(out)
+}
+
+/// Times every run ROUNDS times, the runs alternating within a round: each run's timings in
+/// round order.
+fn in_rounds<R>(runs: &[R], mut time_run: impl FnMut(&R) -> Result<Timing>) -> Result<Vec<Vec<Timing>>> {
+    let mut timings: Vec<Vec<Timing>> = runs.iter().map(|_| Vec::new()).collect();
+    for _ in 0..ROUNDS {
+        for (run, taken) in runs.iter().zip(&mut timings) {
+            taken.push(time_run(run)?);
+        }
+    }
+    Ok(timings)
+}
+
+/// What a row's rate counts: FLOPs (TFLOPS) or bytes (GB/s) a launch.
+enum Rate {
+    Tflops(f64),
+    Gbps(f64),
+}
+
+/// The row `{case}_{name}` of one run's rounds: their samples pooled (median, min, max over
+/// all), each round's median kept.
+fn pooled_row(case: &Case, name: &str, kernel: String, rounds: Vec<Timing>, rate: Rate) -> Row {
+    let round_medians_ms = rounds.iter().map(|t| t.median_ms).collect();
+    let samples_ms: Vec<f64> = rounds.into_iter().flat_map(|t| t.samples_ms).collect();
+    let mut sorted = samples_ms.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median = sorted[sorted.len() / 2];
+    let (tflops, gbps) = match rate {
+        Rate::Tflops(flops) => (Some(flops / (median * 1e-3) * 1e-12), None),
+        Rate::Gbps(bytes) => (None, Some(bytes / (median * 1e-3) * 1e-9)),
+    };
+    Row {
+        case: Case { name: format!("{}_{name}", case.name), ..case.clone() },
+        kernel: Some(kernel),
+        status: "ok".into(),
+        message: None,
+        median_ms: Some(median),
+        min_ms: Some(sorted[0]),
+        max_ms: Some(sorted[sorted.len() - 1]),
+        samples_ms,
+        tflops,
+        gbps,
+        rel_error: None,
+        timing: Some("graph".into()),
+        eager_median_ms: None,
+        fwd_bwd_median_ms: None,
+        round_medians_ms,
+    }
 }
