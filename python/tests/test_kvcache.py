@@ -155,6 +155,25 @@ def test_flashinfer_page_indexing_converts_on_the_device_without_a_sync():
     assert table.tolist() == [[0], [0]] and seqlens.tolist() == [0, 0]
 
 
+@pytest.mark.parametrize("sq,new", [(1, 1), (300, 300)])
+def test_flashinfer_hnd_pages_pass_as_a_transposed_view(sq, new):
+    """FlashInfer's other layout, HND (`[num_pages, Hkv, page_size, D]`), passes as its
+    `transpose(1, 2)` view: bit for bit the output of the NHD pool of the same data, decode
+    (fwd_sm80) and chunked prefill (fwd_sm90 on Hopper), and the appended keys land in the
+    HND pages."""
+    cache = Cache([300, 1000, 17], new, 2, 128, 64, torch.bfloat16, seed=13)
+    q = randn(3, sq, 8, 128, seed=14)
+    hnd_k, hnd_v = cache.k_pool.transpose(1, 2).contiguous(), cache.v_pool.transpose(1, 2).contiguous()
+    args = dict(cache_seqlens=cache.cache_seqlens, block_table=cache.block_table, causal=True, return_softmax_lse=True)
+    nhd_out, nhd_lse = flashcore.flash_attn_with_kvcache(q, cache.k_pool, cache.v_pool, cache.k_new, cache.v_new, **args)
+    hnd_out, hnd_lse = flashcore.flash_attn_with_kvcache(q, hnd_k.transpose(1, 2), hnd_v.transpose(1, 2), cache.k_new, cache.v_new, **args)
+    assert not hnd_out.isnan().any()
+    assert torch.equal(hnd_out, nhd_out) and torch.equal(hnd_lse, nhd_lse), "HND and NHD pools differ"
+    # Both pools hold the same keys after the append (NaN where no sequence has written).
+    torch.testing.assert_close(hnd_k.transpose(1, 2), cache.k_pool, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(hnd_v.transpose(1, 2), cache.v_pool, rtol=0, atol=0, equal_nan=True)
+
+
 def test_bad_input_is_named(monkeypatch):
     cache = Cache([20, 33], 1, 2, 64, 16, torch.bfloat16, seed=5)
     q = randn(2, 1, 8, 64, seed=6)
