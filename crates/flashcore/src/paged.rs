@@ -33,8 +33,7 @@
 //! of the loss: runs of 16 measured 0.975 (page 16), 0.968 (64) and 0.989 (256). Larger pages
 //! are faster to read; smaller ones waste less memory. Chunked prefill is bound by compute
 //! and runs at 0.92-1.05 of the contiguous rate at every page size (the spread is the power
-//! cap's clock). Measurements:
-//! `docs/perf-log.md`.
+//! cap's clock). Measurements: `docs/perf-log.md`.
 //!
 //! # The caller's contract
 //! The table and the lengths live on the device; reading them would synchronise. Every table
