@@ -38,9 +38,10 @@
 //! Decode's split count is chosen on the host, which never reads `cache_seqlens` (that would
 //! synchronise): a paged batch is split as if every sequence held the capacity. For a batch of
 //! mixed lengths, that leaves the longest sequences' CTAs running alone at the end. Set
-//! [`crate::AttnParams::num_splits`] (Python: `num_splits=`) for such batches. H100, B16
-//! Hq32/Hkv8 D128, lengths 1k..32k: 1.63 TB/s with the default (1 split), 2.77 with 8 splits;
-//! a batch of equal lengths loses 4% with 8.
+//! [`crate::AttnParams::num_splits`] (Python: `num_splits=`) for such batches. H100, Hq32/Hkv8
+//! D128, capacity 32k, lengths spread up to it: B16 2.02 TB/s with the default (1 split), 2.82
+//! with 3; B32 2.44, 2.81 with 4; B64 2.87, 3.02 with 3-4. Equal lengths lose 1-2% with 3
+//! splits, and sequences of ~2k keys 4-13%, so the default stays the capacity's.
 //!
 //! # The caller's contract
 //! The table and the lengths live on the device; reading them would synchronise. Every table
