@@ -88,8 +88,10 @@
 // and contiguous caches here on every arch): k, v are the caches (pools of pages through
 // p.block_table, *_stride_b 0; or contiguous [B, capacity, Hkv, D] when p.block_table is null),
 // q, o, lse dense; sequence b has min(p.seqused_k[b] + p.new_keys, p.seqlen_k) keys, p.seqlen_k
-// the capacity (the grid's and the split count's extent; each sequence's key tiles shared out
-// as varlen's). Key tiles are loaded by 16-key groups: lane g of each warp looks up the pool row
+// the capacity (the grid's and the split count's extent). The split tiles share out the key
+// tiles of every query tile of a head in equal chunks, whatever the sequences' lengths, since
+// the host cannot see them (start_chunk; the unsplit tiles take each sequence's own, as
+// varlen's). Key tiles are loaded by 16-key groups: lane g of each warp looks up the pool row
 // offset of a group ahead of the copies (split tiles: group g % (BLOCK_N / 16) of the tile
 // g / (BLOCK_N / 16) after the current lookup's, 4 tiles of 128 keys a table read, with the
 // next read in flight; unsplit: group g of the next tile), and each 16-byte copy adds its
@@ -156,6 +158,9 @@ constexpr bool kVarlen = FC_VARLEN != 0;  // a packed batch of sequences (common
 constexpr bool kPaged = FC_PAGED != 0;    // keys from a paged (or contiguous) cache (common/paged.cuh)
 // Each batch entry has keys of its own count (a packed batch's, or a cache's cache_seqlens).
 constexpr bool kPerSequenceKeys = kVarlen || kPaged;
+// The paged split tiles share out key tiles by chunks of the whole batch's (start_chunk): the
+// host cannot see a cache's lengths, so it cannot size each sequence's splits to them.
+constexpr bool kChunked = kPaged && kSplitKv;
 static_assert(!(kVarlen && kPaged), "a packed batch over a paged cache is not a form");
 // Causal tiles differ in length: taken longest first (in L2-sized sections of heads) the
 // last wave is not left with a few long tiles. Measured on H100 (docs/perf-log.md): +4-10%
@@ -459,6 +464,43 @@ __device__ __forceinline__ int split_tiles(const Sequence& seq, const FwdParams&
     return (tiles + p.num_splits - 1) / p.num_splits;
 }
 
+// Chunked split-KV (kChunked): the items are the query tiles of one head, batch entry b's m
+// block m being item b * M + m (M = ceil(Sq / BLOCK_M)), and their key tiles (key_range) are
+// laid end to end in item order: the line. It is cut into p.batch * M * p.num_splits chunks
+// of ceil(line / chunks) tiles, one a CTA, so that every CTA visits as many key tiles whatever
+// the lengths (a long sequence's tiles spread over several CTAs, short ones share one).
+__device__ __forceinline__ int m_blocks_of(const FwdParams& p) { return (p.seqlen_q + kBlockM - 1) / kBlockM; }
+__device__ __forceinline__ KeyBlocks item_keys(const FwdParams& p, int item) {
+    const int m_blocks = m_blocks_of(p);
+    return key_range(item % m_blocks * kBlockM, sequence_at(p, item / m_blocks), p);
+}
+__device__ __forceinline__ int item_tiles(const FwdParams& p, int item) {
+    const KeyBlocks k = item_keys(p, item);
+    return k.end - k.begin;
+}
+__device__ __forceinline__ int warp_sum_int(int x) {
+#pragma unroll
+    for (int d = 16; d > 0; d /= 2) x += __shfl_xor_sync(0xffffffffu, x, d);
+    return x;
+}
+// The line's length and, of item `item`, the tiles before it, by one warp (lanes take every
+// 32nd item).
+struct LinePosition {
+    int total, before;
+};
+__device__ __forceinline__ LinePosition line_position(const FwdParams& p, int items, int item, int lane) {
+    int total = 0, before = 0;
+    for (int i = lane; i < items; i += 32) {
+        const int t = item_tiles(p, i);
+        total += t;
+        before += i < item ? t : 0;
+    }
+    return {warp_sum_int(total), warp_sum_int(before)};
+}
+__device__ __forceinline__ int line_chunks(const FwdParams& p) { return p.batch * m_blocks_of(p) * p.num_splits; }
+// Rows of one partial slot: a query tile's (chunked partials are [chunks, 2, Hq, rows, D]).
+__device__ __forceinline__ int slot_rows(const FwdParams& p) { return min(kBlockM, p.seqlen_q); }
+
 // Sets to -inf the scores of keys the row does not see (past its sequence's Sk, after its
 // causal diagonal, outside its window: Mask).
 __device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTiles][4], int key0, int row0, const Sequence& seq,
@@ -530,9 +572,7 @@ __device__ __forceinline__ void store_output(const FwdParams& p, float (&o)[kMTi
 // fragments (8-byte stores; the partials are small beside K and V).
 __device__ __forceinline__ void store_partial(const FwdParams& p, float (&o)[kMTiles][kDTiles][4],
                                               const float (&inv_sum)[kMTiles][2], const float (&lse)[kMTiles][2],
-                                              i64 first_row, int rows_valid, int q_row0, int split, int lane) {
-    const i64 rows = static_cast<i64>(p.batch) * p.heads_q * p.seqlen_q;
-    const i64 base = split * rows + first_row;
+                                              i64 base, int rows_valid, int q_row0, int lane) {
 #pragma unroll
     for (int m = 0; m < kMTiles; ++m)
 #pragma unroll
@@ -551,206 +591,335 @@ __device__ __forceinline__ void store_partial(const FwdParams& p, float (&o)[kMT
         }
 }
 
+// What one pass of the kernel's body computes: a query tile, and (chunked, below) which of its
+// key tiles and where its result goes.
+struct Segment {
+    QueryTile tile;
+    int tile_begin, tile_end;  // chunked: the key tiles [begin, end); else the split's, from p
+    i64 partial;               // chunked: the first partial row, or -1 for the output itself
+};
+
+// Chunked split-KV: this CTA's chunk of the line (see item_keys), [lo, hi), is attended as
+// one segment of each item it overlaps, in line order (the kernel's loop: start_chunk, then
+// next_segment and end_segment around each pass). A segment that is a whole item writes the
+// output; one that is not writes partial slot 0 of the chunk if it starts at the chunk's
+// start, else slot 1 (it then ends at the chunk's end), which fc_split_combine merges. Items
+// without key tiles are the combine's to write (O = 0, LSE = -inf). The cursor lives in shared
+// memory, so that no register of the loop stays live across a pass.
+__device__ __forceinline__ int* chunk_cursor() {
+    // The next item, the tiles before it, the chunk's [lo, hi), the item's first key tile and
+    // its key tile count (so that a pass starts without a load of its own).
+    __shared__ int cursor[6];
+    return cursor;
+}
+__device__ __forceinline__ int chunk_index() { return blockIdx.z * gridDim.x + blockIdx.x; }
+
+// Warp 0 finds the chunk's first item (the first to end past lo) and the tiles before it: one
+// pass over the items' lengths for the line's total, one to find the item (with at most 32
+// items, the lanes keep their item's key tiles from the first pass).
+__device__ __forceinline__ void start_chunk(const FwdParams& p) {
+    // The combine may launch now: its own pass over the lengths then runs beside this grid,
+    // and its rows that one chunk writes whole leave before this grid ends.
+    griddep::launch_dependents();
+    if (threadIdx.x >= 32) return;
+    const int lane = threadIdx.x, items = p.batch * m_blocks_of(p);
+    const KeyBlocks keys0 = item_keys(p, min(lane, items - 1));
+    int total = lane < items ? keys0.end - keys0.begin : 0;
+    for (int i = lane + 32; i < items; i += 32) total += item_tiles(p, i);
+    total = warp_sum_int(total);
+    const int chunks = line_chunks(p), per = (total + chunks - 1) / chunks;
+    const int lo = min(total, chunk_index() * per), hi = min(total, lo + per);
+    int before = 0, first = items, first_lane = 0;
+    KeyBlocks keys = keys0;
+    for (int i0 = 0; i0 < items && first == items; i0 += 32) {
+        const int i = i0 + lane;
+        if (i0 > 0) keys = item_keys(p, min(i, items - 1));
+        const int t = i < items ? keys.end - keys.begin : 0;
+        int ends = t;  // inclusive scan: the lane's item ends `before + ends` into the line
+#pragma unroll
+        for (int d = 1; d < 32; d *= 2) {
+            const int y = __shfl_up_sync(0xffffffffu, ends, d);
+            if (lane >= d) ends += y;
+        }
+        const unsigned past = __ballot_sync(0xffffffffu, i < items && before + ends > lo);
+        if (past != 0) {
+            first_lane = __ffs(past) - 1;
+            first = i0 + first_lane;
+            before += __shfl_sync(0xffffffffu, ends - t, first_lane);
+        } else {
+            before += __shfl_sync(0xffffffffu, ends, 31);
+        }
+    }
+    int* cursor = chunk_cursor();
+    if (lane == first_lane) {
+        cursor[0] = first, cursor[1] = before, cursor[2] = lo, cursor[3] = hi;
+        cursor[4] = keys.begin, cursor[5] = keys.end - keys.begin;
+    }
+}
+
+// Past the cursor's item (thread 0; from the cursor again, so that nothing of the item stays
+// live across its pass).
+__device__ __forceinline__ void advance_cursor(const FwdParams& p) {
+    int* cursor = chunk_cursor();
+    if (threadIdx.x == 0) {
+        const int next = cursor[0] + 1;
+        const KeyBlocks keys = item_keys(p, min(next, p.batch * m_blocks_of(p) - 1));
+        cursor[0] = next, cursor[1] += cursor[5];
+        cursor[4] = keys.begin, cursor[5] = keys.end - keys.begin;
+    }
+}
+
+// The next segment of the chunk with key tiles into `seg`; false past the chunk's end.
+__device__ __forceinline__ bool next_segment(const FwdParams& p, Segment& seg) {
+    const int* cursor = chunk_cursor();
+    const int m_blocks = m_blocks_of(p), items = p.batch * m_blocks;
+    for (;;) {
+        __syncthreads();  // the cursor is set, and every warp is past the previous pass
+        const int item = cursor[0], before = cursor[1], lo = cursor[2], hi = cursor[3];
+        const int begin = cursor[4], tiles = cursor[5];
+        if (item >= items || before >= hi) return false;
+        if (tiles > 0) {
+            const int from = max(lo, before) - before, to = min(hi, before + tiles) - before;
+            seg.tile.m0 = item % m_blocks * kBlockM;
+            seg.tile.head = blockIdx.y;
+            seg.tile.batch = item / m_blocks;
+            seg.tile.kv_head = blockIdx.y / (p.heads_q / p.heads_kv);
+            seg.tile.split = 0;
+            seg.tile_begin = begin + from;
+            seg.tile_end = begin + to;
+            const int slot = before <= lo ? 0 : 1;
+            seg.partial = from == 0 && to == tiles ? -1 : ((static_cast<i64>(chunk_index()) * 2 + slot) * p.heads_q + blockIdx.y) * slot_rows(p);
+            return true;
+        }
+        __syncthreads();  // every thread has read the cursor
+        advance_cursor(p);
+    }
+}
+
+// After a segment's pass: on to the next item.
+__device__ __forceinline__ void end_segment(const FwdParams& p) {
+    __syncthreads();  // every thread has read the cursor
+    advance_cursor(p);
+}
+
 }  // namespace fwd_sm80
 }  // namespace fc
 
 extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_sm80(const FwdParams p) {
     using namespace fc;
     using namespace fc::fwd_sm80;
-    extern __shared__ __align__(128) unsigned char smem[];
-
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-    const int splits = kSplitKv ? p.num_splits : 1;
-    const QueryTile tile0 = query_tile(p);
-    // The tile's coordinates where the main loop and the epilogue need them: decoded again
-    // there when longest first, since kept live across the loop they spill the widest tiles.
-    auto where = [&]() { return kLongestFirst ? query_tile(p) : tile0; };
-    const int m0 = tile0.m0, head = tile0.head, batch = tile0.batch, split = tile0.split;
-    // Tile t's sequence (common/sequence.cuh). Varlen: read once, and again (like the tile)
-    // where needed when longest first. Dense: the lengths read from p where they are used, as
-    // before varlen, so that the code stays the same instruction for instruction.
-    const Sequence seq0 = sequence_at(p, batch);
-    auto sequence_of = [&](const QueryTile& t) { return kPerSequenceKeys && !kLongestFirst ? seq0 : sequence_at(p, t.batch); };
-    if (kVarlen && m0 >= seq0.seqlen_q) return;  // past its sequence's queries (the grid is the longest one's)
-    const int rows_valid = sequence_of(tile0).seqlen_q - m0;
-
-    const elem_t* q = static_cast<const elem_t*>(p.q) + batch * p.q_stride_b + head * p.q_stride_h +
-                      row_offset(sequence_of(tile0), m0, p.q_stride_s, p.q_stride_token);
-
-    const u32 q_smem = smem_u32(smem);
-    const u32 k_smem = q_smem + QTile::kBytes;
-    const u32 v_smem = k_smem + kStages * KVTile::kBytes;
-
-    const KeyBlocks keys = key_range(m0, sequence_of(tile0), p);
-    // This CTA's key tiles: [tile_begin, tile_end), all of the query tile's unless split.
-    int tile_begin = keys.begin, tile_end = keys.end;
-    if (kSplitKv) {
-        const int per_split = split_tiles(sequence_of(tile0), p);
-        tile_begin = min(keys.end, keys.begin + split * per_split);
-        tile_end = min(keys.end, tile_begin + per_split);
-    }
-    const int n_tiles = tile_end - tile_begin;  // >= 0: begin <= end (KeyBlocks)
-    // Paged: the pool row offsets (row_delta) of the key tiles' 16-key groups, looked up
-    // kLookupTiles tiles at a time: lane g holds group g % kTileGroups of tile i0 + g /
-    // kTileGroups. Two lookups are held, the current tiles' and the next ones', so a table
-    // read is in flight at least one tile before its first copy, and the split tiles'
-    // prologue (kStages - 1 tiles) waits on one read, not on a chain of them. The unsplit
-    // tiles look up one tile at a time (the one after the tile being loaded): at 255
-    // registers, a lookup held across tiles spills (D128 128x64, D64 128x128 causal).
-    constexpr int kTileGroups = kBlockN / paged::kGroupKeys;
-    constexpr int kLookupTiles = kSplitKv ? 32 / kTileGroups : 1;
-    static_assert(32 % kTileGroups == 0, "a warp's lanes hold whole tiles' groups");
-    auto page_deltas = [&](int i0) {
-        // One tile a lookup: lane g's group g (the lanes past the tile's groups look past it,
-        // clamped to the table, unused); in this form D64 128x128 causal does not spill.
-        if constexpr (kLookupTiles == 1) {
-            const int key0 = (tile_end - 1 - i0) * kBlockN;
-            return i0 < n_tiles ? paged::row_delta(p, where().batch, key0 + paged::kGroupKeys * lane) : 0;
+    if constexpr (kChunked) start_chunk(p);
+    for (;;) {  // chunked: once a segment of the CTA's chunk (next_segment); else once
+        Segment seg{query_tile(p), 0, 0, -1};
+        if constexpr (kChunked) {
+            if (!next_segment(p, seg)) return;
         }
-        const int i = i0 + lane / kTileGroups;
-        const int key = (tile_end - 1 - i) * kBlockN + paged::kGroupKeys * (lane % kTileGroups);
-        return i < n_tiles ? paged::row_delta(p, where().batch, key) : 0;
-    };
-    int deltas = 0, deltas_ahead = kPaged ? page_deltas(0) : 0;
-    // Tile i's first lane in `deltas`; called once a tile, in load order (0, 1, ...), before
-    // its first copy: at each kLookupTiles-th tile the held lookups move on.
-    auto take_deltas = [&](int i) {
-        if constexpr (kLookupTiles == 1) {
-            deltas = deltas_ahead;
-            if (kPaged) deltas_ahead = page_deltas(i + 1);
-            return 0;
+        extern __shared__ __align__(128) unsigned char smem[];
+
+        // Chunked, a pass runs once a segment: the thread index is hidden from the optimiser,
+        // so that what the pass derives from it is not hoisted out of the segment loop and held
+        // across it (D128's split tiles: +16 registers and spills; D256's: 200 bytes spilled).
+        const int tid = kChunked ? recomputed(static_cast<int>(threadIdx.x)) : threadIdx.x, warp = tid / 32, lane = tid % 32;
+        const int splits = kSplitKv ? p.num_splits : 1;
+        // (query_tile again, not seg.tile, where not chunked: the copy changed ptxas's code
+        // for every other form.)
+        const QueryTile tile0 = kChunked ? seg.tile : query_tile(p);
+        // The tile's coordinates where the main loop and the epilogue need them: decoded again
+        // there when longest first, since kept live across the loop they spill the widest tiles.
+        auto where = [&]() { return kLongestFirst ? query_tile(p) : tile0; };
+        const int m0 = tile0.m0, head = tile0.head, batch = tile0.batch, split = tile0.split;
+        // Tile t's sequence (common/sequence.cuh). Varlen: read once, and again (like the tile)
+        // where needed when longest first. Dense: the lengths read from p where they are used, as
+        // before varlen, so that the code stays the same instruction for instruction.
+        const Sequence seq0 = sequence_at(p, batch);
+        auto sequence_of = [&](const QueryTile& t) { return kPerSequenceKeys && !kLongestFirst ? seq0 : sequence_at(p, t.batch); };
+        if (kVarlen && m0 >= seq0.seqlen_q) return;  // past its sequence's queries (the grid is the longest one's)
+        const int rows_valid = sequence_of(tile0).seqlen_q - m0;
+
+        const elem_t* q = static_cast<const elem_t*>(p.q) + batch * p.q_stride_b + head * p.q_stride_h +
+                          row_offset(sequence_of(tile0), m0, p.q_stride_s, p.q_stride_token);
+
+        const u32 q_smem = smem_u32(smem);
+        const u32 k_smem = q_smem + QTile::kBytes;
+        const u32 v_smem = k_smem + kStages * KVTile::kBytes;
+
+        const KeyBlocks keys = key_range(m0, sequence_of(tile0), p);
+        // This CTA's key tiles: [tile_begin, tile_end), all of the query tile's unless split.
+        int tile_begin = keys.begin, tile_end = keys.end;
+        if (kChunked) {
+            tile_begin = seg.tile_begin, tile_end = seg.tile_end;
+        } else if (kSplitKv) {
+            const int per_split = split_tiles(sequence_of(tile0), p);
+            tile_begin = min(keys.end, keys.begin + split * per_split);
+            tile_end = min(keys.end, tile_begin + per_split);
         }
-        if (kPaged && i % kLookupTiles == 0) {
-            deltas = deltas_ahead;
-            deltas_ahead = page_deltas(i + kLookupTiles);
-        }
-        return i % kLookupTiles * kTileGroups;
-    };
-    // Iteration i visits key tile tile_end - 1 - i, in ring slot i % kStages.
-    const TileLoader<KVTile> load_kv_tile(tid);
-    auto load_kv = [&](int i) {
-        const int key0 = (tile_end - 1 - i) * kBlockN;
-        const u32 slot = (i % kStages) * KVTile::kBytes;
-        const QueryTile t = where();
-        const int b = recomputed(t.batch), h = recomputed(t.kv_head);
-        const elem_t* k = static_cast<const elem_t*>(p.k) + b * p.k_stride_b + h * p.k_stride_h;
-        const elem_t* v = static_cast<const elem_t*>(p.v) + b * p.v_stride_b + h * p.v_stride_h;
-        const int row = kVarlen ? sequence_of(t).k_start + key0 : key0;  // of the sequence's keys in K and V
-        const int delta_lane = take_deltas(i);
-        const int valid = sequence_of(t).seqlen_k - key0;
-        load_kv_tile.template operator()<kPaged>(k_smem + slot, k + row * p.k_stride_s, p.k_stride_s, valid, deltas, delta_lane);
-        load_kv_tile.template operator()<kPaged>(v_smem + slot, v + row * p.v_stride_s, p.v_stride_s, valid, deltas, delta_lane);
-    };
-    // The single-buffer pipeline loads K and V of a tile separately (into slot 0).
-    auto load_k_or_v = [&](int i, bool is_v) {
-        const int key0 = (tile_end - 1 - i) * kBlockN;
-        const QueryTile t = where();
-        const int b = recomputed(t.batch), h = recomputed(t.kv_head);
-        const elem_t* base = static_cast<const elem_t*>(is_v ? p.v : p.k);
-        const i64 stride_s = is_v ? p.v_stride_s : p.k_stride_s;
-        const elem_t* src = base + b * (is_v ? p.v_stride_b : p.k_stride_b) + h * (is_v ? p.v_stride_h : p.k_stride_h);
-        const int row = kVarlen ? sequence_of(t).k_start + key0 : key0;
-        const int delta_lane = is_v ? i % kLookupTiles * kTileGroups : take_deltas(i);  // K then V of each tile
-        load_kv_tile.template operator()<kPaged>(is_v ? v_smem : k_smem, src + row * stride_s, stride_s,
-                                                 sequence_of(t).seqlen_k - key0, deltas, delta_lane);
-    };
-
-    TileLoader<QTile>{tid}(q_smem, q, p.q_stride_s, rows_valid);
-    if (kPaged) griddep::wait();  // launched early after fc_paged_append (k_new, v_new): keys written now
-    if (kSingleBuffer) {
-        if (n_tiles > 0) load_k_or_v(0, false);
-        cp_async::commit();  // Q and the first K
-    }
-#pragma unroll
-    for (int i = 0; i < kStages - 1; ++i) {
-        if (i < n_tiles) load_kv(i);
-        cp_async::commit();  // group i (group 0 also holds Q)
-    }
-
-    // Per-lane ldmatrix addresses. Q (A operand) and V (B operand, transposed): lanes 0-15
-    // give rows 0-15 at the even chunk, lanes 16-31 the same rows at the odd one. K (B
-    // operand): lanes 0-7 / 8-15 give keys 0-7 at the even / odd chunk, lanes 16-31 keys 8-15.
-    const FragAddr<QTile> q_frag(q_smem, lane % 16, lane / 16);
-    const FragAddr<KVTile> k_frag(k_smem, lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
-    const FragAddr<KVTile> v_frag(v_smem, lane % 16, lane / 16);
-    const int q_row0 = warp * kWarpRows;
-
-    float o[kMTiles][kDTiles][4];
-#pragma unroll
-    for (int m = 0; m < kMTiles; ++m)
-#pragma unroll
-        for (int j = 0; j < kDTiles; ++j) o[m][j][0] = o[m][j][1] = o[m][j][2] = o[m][j][3] = 0.f;
-    OnlineSoftmax<kMTiles> softmax;
-
-    for (int i = 0; i < n_tiles; ++i) {
-        const int tile = tile_end - 1 - i;
-        if (kSingleBuffer) {
-            cp_async::wait<0>();  // K of tile i (and Q) landed for this thread ...
-            __syncthreads();      // ... and for all; every warp is past P·V of tile i - 1
-            load_k_or_v(i, true);
-        } else {
-            cp_async::wait<kRingInFlight>();  // tile i (and Q) landed for this thread ...
-            __syncthreads();                   // ... and for all; slot (i - 1) % kStages is free
-            if (i + kStages - 1 < n_tiles) load_kv(i + kStages - 1);
-        }
-        cp_async::commit();
-
-        const u32 slot = (i % kStages) * KVTile::kBytes;
-        FragAddr<QTile> q_i = q_frag;
-        FragAddr<KVTile> k_i = k_frag, v_i = v_frag;
-        q_i.base = recomputed(q_i.base);
-        k_i.base += slot;
-        v_i.base += slot;
-
-        float s[kMTiles][kNTiles][4];
-        gemm_qk(s, q_i, q_row0, k_i);
-        if constexpr (kSoftcap) softcap_scores(s, p);
-        if (Mask::masked(keys, tile)) {
-            const QueryTile t = where();
-            apply_mask(s, tile * kBlockN, t.m0 + q_row0, sequence_of(t), p, lane);
-        }
-        if (kSingleBuffer) {
-            cp_async::wait<0>();  // V of tile i landed for this thread ...
-            __syncthreads();      // ... and for all; every warp is past Q·Kᵀ, K's slot is free
-            if (i + 1 < n_tiles) load_k_or_v(i + 1, false);
-            cp_async::commit();
-        }
-        float rescale[kMTiles][2];
-        softmax.update(s, p.softmax_scale_log2, rescale);
-        scale_rows(o, rescale);
-        if (kPvAfterSoftmax) v_i.base = after_softmax(v_i.base, softmax, p.seqlen_k);
-        gemm_pv(o, s, v_i);
-    }
-
-    float inv_sum[kMTiles][2], lse[kMTiles][2];
-    softmax.finish(p.softmax_scale_log2, inv_sum, lse);
-    const QueryTile t = where();
-    const Sequence seq = sequence_of(t);
-    const int rows_left = kLongestFirst ? seq.seqlen_q - t.m0 : rows_valid;
-    if (kSplitKv && splits > 1) {
-        griddep::launch_dependents();  // the combine may launch now; it waits for the partials
-        cp_async::wait<0>();           // with no key tile, the Q copies may still be in flight
-        const i64 first_row = (static_cast<i64>(t.batch) * p.heads_q + t.head) * p.seqlen_q + t.m0;
-        store_partial(p, o, inv_sum, lse, first_row, rows_left, q_row0, t.split, lane);
-        return;
-    }
-    if (p.lse != nullptr && lane % 4 == 0) {
-        float* lse_row = p.lse + lse_at(p, seq, t.batch, t.head, t.m0);
-        const i64 step = lse_row_step(p);
-#pragma unroll
-        for (int m = 0; m < kMTiles; ++m)
-#pragma unroll
-            for (int r = 0; r < 2; ++r) {
-                const int row = q_row0 + 16 * m + 8 * r + lane / 4;
-                if (row < rows_left) lse_row[row * step] = lse[m][r];
+        const int n_tiles = tile_end - tile_begin;  // >= 0: begin <= end (KeyBlocks)
+        // Paged: the pool row offsets (row_delta) of the key tiles' 16-key groups, looked up
+        // kLookupTiles tiles at a time: lane g holds group g % kTileGroups of tile i0 + g /
+        // kTileGroups. Two lookups are held, the current tiles' and the next ones', so a table
+        // read is in flight at least one tile before its first copy, and the split tiles'
+        // prologue (kStages - 1 tiles) waits on one read, not on a chain of them. The unsplit
+        // tiles look up one tile at a time (the one after the tile being loaded): at 255
+        // registers, a lookup held across tiles spills (D128 128x64, D64 128x128 causal).
+        constexpr int kTileGroups = kBlockN / paged::kGroupKeys;
+        constexpr int kLookupTiles = kSplitKv ? 32 / kTileGroups : 1;
+        static_assert(32 % kTileGroups == 0, "a warp's lanes hold whole tiles' groups");
+        auto page_deltas = [&](int i0) {
+            // One tile a lookup: lane g's group g (the lanes past the tile's groups look past it,
+            // clamped to the table, unused); in this form D64 128x128 causal does not spill.
+            if constexpr (kLookupTiles == 1) {
+                const int key0 = (tile_end - 1 - i0) * kBlockN;
+                return i0 < n_tiles ? paged::row_delta(p, where().batch, key0 + paged::kGroupKeys * lane) : 0;
             }
-    }
+            const int i = i0 + lane / kTileGroups;
+            const int key = (tile_end - 1 - i) * kBlockN + paged::kGroupKeys * (lane % kTileGroups);
+            return i < n_tiles ? paged::row_delta(p, where().batch, key) : 0;
+        };
+        int deltas = 0, deltas_ahead = kPaged ? page_deltas(0) : 0;
+        // Tile i's first lane in `deltas`; called once a tile, in load order (0, 1, ...), before
+        // its first copy: at each kLookupTiles-th tile the held lookups move on.
+        auto take_deltas = [&](int i) {
+            if constexpr (kLookupTiles == 1) {
+                deltas = deltas_ahead;
+                if (kPaged) deltas_ahead = page_deltas(i + 1);
+                return 0;
+            }
+            if (kPaged && i % kLookupTiles == 0) {
+                deltas = deltas_ahead;
+                deltas_ahead = page_deltas(i + kLookupTiles);
+            }
+            return i % kLookupTiles * kTileGroups;
+        };
+        // Iteration i visits key tile tile_end - 1 - i, in ring slot i % kStages.
+        const TileLoader<KVTile> load_kv_tile(tid);
+        auto load_kv = [&](int i) {
+            const int key0 = (tile_end - 1 - i) * kBlockN;
+            const u32 slot = (i % kStages) * KVTile::kBytes;
+            const QueryTile t = where();
+            const int b = recomputed(t.batch), h = recomputed(t.kv_head);
+            const elem_t* k = static_cast<const elem_t*>(p.k) + b * p.k_stride_b + h * p.k_stride_h;
+            const elem_t* v = static_cast<const elem_t*>(p.v) + b * p.v_stride_b + h * p.v_stride_h;
+            const int row = kVarlen ? sequence_of(t).k_start + key0 : key0;  // of the sequence's keys in K and V
+            const int delta_lane = take_deltas(i);
+            const int valid = sequence_of(t).seqlen_k - key0;
+            load_kv_tile.template operator()<kPaged>(k_smem + slot, k + row * p.k_stride_s, p.k_stride_s, valid, deltas, delta_lane);
+            load_kv_tile.template operator()<kPaged>(v_smem + slot, v + row * p.v_stride_s, p.v_stride_s, valid, deltas, delta_lane);
+        };
+        // The single-buffer pipeline loads K and V of a tile separately (into slot 0).
+        auto load_k_or_v = [&](int i, bool is_v) {
+            const int key0 = (tile_end - 1 - i) * kBlockN;
+            const QueryTile t = where();
+            const int b = recomputed(t.batch), h = recomputed(t.kv_head);
+            const elem_t* base = static_cast<const elem_t*>(is_v ? p.v : p.k);
+            const i64 stride_s = is_v ? p.v_stride_s : p.k_stride_s;
+            const elem_t* src = base + b * (is_v ? p.v_stride_b : p.k_stride_b) + h * (is_v ? p.v_stride_h : p.k_stride_h);
+            const int row = kVarlen ? sequence_of(t).k_start + key0 : key0;
+            const int delta_lane = is_v ? i % kLookupTiles * kTileGroups : take_deltas(i);  // K then V of each tile
+            load_kv_tile.template operator()<kPaged>(is_v ? v_smem : k_smem, src + row * stride_s, stride_s,
+                                                     sequence_of(t).seqlen_k - key0, deltas, delta_lane);
+        };
 
-    cp_async::wait<0>();  // with no key tile, the Q copies may still be in flight
-    __syncthreads();
-    elem_t* out = static_cast<elem_t*>(p.o) + t.batch * p.o_stride_b + t.head * p.o_stride_h +
-                  row_offset(seq, t.m0, p.o_stride_s, p.o_stride_token);
-    store_output(p, o, inv_sum, q_smem, out, rows_left, warp, lane);
+        TileLoader<QTile>{tid}(q_smem, q, p.q_stride_s, rows_valid);
+        if (kPaged) griddep::wait();  // launched early after fc_paged_append (k_new, v_new): keys written now
+        if (kSingleBuffer) {
+            if (n_tiles > 0) load_k_or_v(0, false);
+            cp_async::commit();  // Q and the first K
+        }
+    #pragma unroll
+        for (int i = 0; i < kStages - 1; ++i) {
+            if (i < n_tiles) load_kv(i);
+            cp_async::commit();  // group i (group 0 also holds Q)
+        }
+
+        // Per-lane ldmatrix addresses. Q (A operand) and V (B operand, transposed): lanes 0-15
+        // give rows 0-15 at the even chunk, lanes 16-31 the same rows at the odd one. K (B
+        // operand): lanes 0-7 / 8-15 give keys 0-7 at the even / odd chunk, lanes 16-31 keys 8-15.
+        const FragAddr<QTile> q_frag(q_smem, lane % 16, lane / 16);
+        const FragAddr<KVTile> k_frag(k_smem, lane % 8 + 8 * (lane / 16), (lane / 8) % 2);
+        const FragAddr<KVTile> v_frag(v_smem, lane % 16, lane / 16);
+        const int q_row0 = warp * kWarpRows;
+
+        float o[kMTiles][kDTiles][4];
+    #pragma unroll
+        for (int m = 0; m < kMTiles; ++m)
+    #pragma unroll
+            for (int j = 0; j < kDTiles; ++j) o[m][j][0] = o[m][j][1] = o[m][j][2] = o[m][j][3] = 0.f;
+        OnlineSoftmax<kMTiles> softmax;
+
+        for (int i = 0; i < n_tiles; ++i) {
+            const int tile = tile_end - 1 - i;
+            if (kSingleBuffer) {
+                cp_async::wait<0>();  // K of tile i (and Q) landed for this thread ...
+                __syncthreads();      // ... and for all; every warp is past P·V of tile i - 1
+                load_k_or_v(i, true);
+            } else {
+                cp_async::wait<kRingInFlight>();  // tile i (and Q) landed for this thread ...
+                __syncthreads();                   // ... and for all; slot (i - 1) % kStages is free
+                if (i + kStages - 1 < n_tiles) load_kv(i + kStages - 1);
+            }
+            cp_async::commit();
+
+            const u32 slot = (i % kStages) * KVTile::kBytes;
+            FragAddr<QTile> q_i = q_frag;
+            FragAddr<KVTile> k_i = k_frag, v_i = v_frag;
+            q_i.base = recomputed(q_i.base);
+            k_i.base += slot;
+            v_i.base += slot;
+
+            float s[kMTiles][kNTiles][4];
+            gemm_qk(s, q_i, q_row0, k_i);
+            if constexpr (kSoftcap) softcap_scores(s, p);
+            if (Mask::masked(keys, tile)) {
+                const QueryTile t = where();
+                apply_mask(s, tile * kBlockN, t.m0 + q_row0, sequence_of(t), p, lane);
+            }
+            if (kSingleBuffer) {
+                cp_async::wait<0>();  // V of tile i landed for this thread ...
+                __syncthreads();      // ... and for all; every warp is past Q·Kᵀ, K's slot is free
+                if (i + 1 < n_tiles) load_k_or_v(i + 1, false);
+                cp_async::commit();
+            }
+            float rescale[kMTiles][2];
+            softmax.update(s, p.softmax_scale_log2, rescale);
+            scale_rows(o, rescale);
+            if (kPvAfterSoftmax) v_i.base = after_softmax(v_i.base, softmax, p.seqlen_k);
+            gemm_pv(o, s, v_i);
+        }
+
+        float inv_sum[kMTiles][2], lse[kMTiles][2];
+        softmax.finish(p.softmax_scale_log2, inv_sum, lse);
+        const QueryTile t = where();
+        const Sequence seq = sequence_of(t);
+        const int rows_left = kLongestFirst ? seq.seqlen_q - t.m0 : rows_valid;
+        if (kChunked ? seg.partial >= 0 : kSplitKv && splits > 1) {
+            griddep::launch_dependents();  // the combine may launch now; it waits for the partials
+            cp_async::wait<0>();           // with no key tile, the Q copies may still be in flight
+            const i64 first_row = (static_cast<i64>(t.batch) * p.heads_q + t.head) * p.seqlen_q + t.m0;
+            const i64 rows = static_cast<i64>(p.batch) * p.heads_q * p.seqlen_q;
+            store_partial(p, o, inv_sum, lse, kChunked ? seg.partial : t.split * rows + first_row, rows_left, q_row0, lane);
+            if constexpr (!kChunked) return;
+        } else {
+            if (p.lse != nullptr && lane % 4 == 0) {
+                float* lse_row = p.lse + lse_at(p, seq, t.batch, t.head, t.m0);
+                const i64 step = lse_row_step(p);
+        #pragma unroll
+                for (int m = 0; m < kMTiles; ++m)
+        #pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        const int row = q_row0 + 16 * m + 8 * r + lane / 4;
+                        if (row < rows_left) lse_row[row * step] = lse[m][r];
+                    }
+            }
+
+            cp_async::wait<0>();  // with no key tile, the Q copies may still be in flight
+            __syncthreads();
+            elem_t* out = static_cast<elem_t*>(p.o) + t.batch * p.o_stride_b + t.head * p.o_stride_h +
+                          row_offset(seq, t.m0, p.o_stride_s, p.o_stride_token);
+            store_output(p, o, inv_sum, q_smem, out, rows_left, warp, lane);
+        }
+        if constexpr (!kChunked) return;
+        end_segment(p);
+    }
 }
 
 #if FC_SPLIT_KV
@@ -774,7 +943,27 @@ extern "C" __global__ void __launch_bounds__(128) fc_split_combine(const FwdPara
     // Dense, the LSE index is the partial row (lse_offset's (batch * Hq + head) * Sq + query).
     const i64 lse_index = kVarlen ? lse_at(p, seq, batch, head, query) : row;
     float* lse_out = p.lse == nullptr ? nullptr : p.lse + lse_index;
-    griddep::wait();  // launched early (programmatic dependent launch): the partials are ready now
-    split_kv::combine_row<FC_HEAD_DIM>(p.o_accum, p.lse_accum, rows, row, p.num_splits, out, lse_out, lane);
+    if constexpr (kChunked) {
+        // Row `query` of item batch * M + query / BLOCK_M (start_chunk): merged from the
+        // partials of the chunks its key tiles span; written by its chunk when one holds them
+        // all; O = 0 and LSE = -inf when it has none.
+        const int m_blocks = m_blocks_of(p), item = batch * m_blocks + query / kBlockM;
+        const LinePosition line = line_position(p, p.batch * m_blocks, item, lane);
+        const int tiles = item_tiles(p, item), chunks = line_chunks(p);
+        const int per = max(1, (line.total + chunks - 1) / chunks);
+        const int first = line.before / per, parts = tiles > 0 ? (line.before + tiles - 1) / per - first + 1 : 0;
+        if (parts == 1) return;
+        // The first chunk's segment is its slot 1 unless the item starts at that chunk's start.
+        const bool first_in_slot_1 = line.before % per != 0;
+        const int heads = p.heads_q, slot_row = query % kBlockM, rows_per_slot = slot_rows(p);
+        const auto partial_row = [=](int j) {
+            return ((static_cast<i64>(first + j) * 2 + (j == 0 && first_in_slot_1)) * heads + head) * rows_per_slot + slot_row;
+        };
+        griddep::wait();  // launched early (programmatic dependent launch): the partials are ready now
+        split_kv::combine_partials<FC_HEAD_DIM>(p.o_accum, p.lse_accum, partial_row, parts, out, lse_out, lane);
+    } else {
+        griddep::wait();  // launched early (programmatic dependent launch): the partials are ready now
+        split_kv::combine_row<FC_HEAD_DIM>(p.o_accum, p.lse_accum, rows, row, p.num_splits, out, lse_out, lane);
+    }
 }
 #endif

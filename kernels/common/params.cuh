@@ -31,7 +31,10 @@ struct FwdParams {
     // split s of a query tile visits key tiles [s * split_tiles, (s + 1) * split_tiles) and
     // writes its normalised partial O and its LSE, f32, to o_accum [num_splits, B, Hq, Sq, D]
     // and lse_accum [num_splits, B, Hq, Sq]; fc_split_combine then writes o and lse. With
-    // num_splits == 1 the kernel writes o and lse itself.
+    // num_splits == 1 the kernel writes o and lse itself. The paged split tiles instead share
+    // out the key tiles of all query tiles of a head by B * M * num_splits equal chunks (M query
+    // blocks; fwd_sm80.cu, start_chunk): partials [chunks, 2, Hq, min(BLOCK_M, Sq), D] and their
+    // LSEs, and fc_split_combine runs at every num_splits.
     float* o_accum;
     float* lse_accum;
     int num_splits;

@@ -19,14 +19,15 @@
 namespace fc {
 namespace split_kv {
 
-// One warp merges one row: every lane reduces the LSEs, then owns kD / 32 columns.
-template <int kD>
-__device__ __forceinline__ void combine_row(const float* o_accum, const float* lse_accum, i64 rows, i64 row,
-                                            int num_splits, elem_t* out, float* lse_out, int lane) {
+// One warp merges the partials of one row, partial s (of num_splits) being partial row
+// at(s) of o_accum and lse_accum: every lane reduces the LSEs, then owns kD / 32 columns.
+template <int kD, class PartialRow>
+__device__ __forceinline__ void combine_partials(const float* o_accum, const float* lse_accum, PartialRow at,
+                                                 int num_splits, elem_t* out, float* lse_out, int lane) {
     static_assert(kD % 32 == 0, "whole columns per lane");
     constexpr int kCols = kD / 32;
     float mx = math::neg_inf();
-    for (int s = lane; s < num_splits; s += 32) mx = fmaxf(mx, lse_accum[s * rows + row]);
+    for (int s = lane; s < num_splits; s += 32) mx = fmaxf(mx, lse_accum[at(s)]);
     mx = warp_max(mx);
     float acc[kCols];
 #pragma unroll
@@ -34,12 +35,12 @@ __device__ __forceinline__ void combine_row(const float* o_accum, const float* l
     float lse = math::neg_inf();
     if (mx != math::neg_inf()) {
         float sum = 0.f;
-        for (int s = lane; s < num_splits; s += 32) sum += math::ex2((lse_accum[s * rows + row] - mx) * kLog2e);
+        for (int s = lane; s < num_splits; s += 32) sum += math::ex2((lse_accum[at(s)] - mx) * kLog2e);
         sum = warp_sum(sum);
         lse = mx + math::lg2(sum) * kLn2;
         for (int s = 0; s < num_splits; ++s) {
-            const float w = math::ex2((lse_accum[s * rows + row] - lse) * kLog2e);
-            const float* o_s = o_accum + (s * rows + row) * kD + lane * kCols;
+            const float w = math::ex2((lse_accum[at(s)] - lse) * kLog2e);
+            const float* o_s = o_accum + at(s) * kD + lane * kCols;
 #pragma unroll
             for (int c = 0; c < kCols; ++c) acc[c] = fmaf(w, o_s[c], acc[c]);
         }
@@ -47,6 +48,13 @@ __device__ __forceinline__ void combine_row(const float* o_accum, const float* l
 #pragma unroll
     for (int c = 0; c < kCols; ++c) out[lane * kCols + c] = from_float<elem_t>(acc[c]);
     if (lse_out != nullptr && lane == 0) *lse_out = lse;
+}
+
+// The partials of split s at s * rows + row (the layout above).
+template <int kD>
+__device__ __forceinline__ void combine_row(const float* o_accum, const float* lse_accum, i64 rows, i64 row,
+                                            int num_splits, elem_t* out, float* lse_out, int lane) {
+    combine_partials<kD>(o_accum, lse_accum, [=](int s) { return s * rows + row; }, num_splits, out, lse_out, lane);
 }
 
 }  // namespace split_kv

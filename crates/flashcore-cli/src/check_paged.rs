@@ -146,6 +146,20 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<PagedSpec> {
     out.push(PagedSpec { window: Window::new(127, 0), softcap: 30.0, page_size: 64, head_dim: 128, ..base.clone() });
     if family == KernelFamily::FwdSm80 {
         out.push(PagedSpec { splits: Some(5), page_size: 64, ..base.clone() });
+        // The split tiles' chunks (fwd_sm80.cu, start_chunk): sequences without keys (the
+        // combine writes them), and several query tiles a sequence (200 queries: 4 tiles of
+        // 64, causal), split 3 ways, one sequence empty before the append.
+        out.push(PagedSpec { cached: vec![0, 4097, 1, 0, 33], new_keys: 0, seqlen_q: 1, causal: false, ..base.clone() });
+        out.push(PagedSpec {
+            cached: vec![3000, 0, 2100],
+            new_keys: 200,
+            seqlen_q: 200,
+            heads_q: 16,
+            heads_kv: 4,
+            head_dim: 128,
+            splits: Some(3),
+            ..base.clone()
+        });
     }
     // Chunked prefill of 600 queries (5 query tiles) over pages of 16, and full attention over
     // pages of 256 whose sequences end mid-page.

@@ -11,7 +11,7 @@ use crate::dispatch::{self, Plan};
 use crate::error::{DriverContext, Error, Result};
 use crate::external::{CurrentContextGuard, ExternalStream, StreamCounters};
 use crate::jit::{Arch, DiskCache, Jit, ResourceReport};
-use crate::kernels::{fwd_sm90, FwdParams, KernelFamily, Variant};
+use crate::kernels::{fwd_sm80, fwd_sm90, FwdParams, KernelFamily, Variant};
 use crate::paged::{self, PagedKv};
 use crate::params::{AttnParams, ProblemShape};
 use crate::tensor::{DeviceTensor, TensorView, TensorViewMut};
@@ -640,8 +640,15 @@ impl Context {
                 self.launch_append(lane.stream, &kernel, &p)?;
             }
         }
-        if plan.splits > 1 {
-            let rows = plan.splits * shape.batch * shape.heads_q * shape.seqlen_q;
+        // The paged split tiles share key tiles out by chunks of the whole batch's
+        // (fwd_sm80::chunked_partial_rows): a sequence may span chunks at any split count.
+        let chunked = plan.variant.family == KernelFamily::FwdSm80 && plan.variant.paged && plan.variant.split_kv;
+        if plan.splits > 1 || chunked {
+            let rows = if chunked {
+                fwd_sm80::chunked_partial_rows(&shape, plan.variant.tile, plan.splits)
+            } else {
+                plan.splits * shape.batch * shape.heads_q * shape.seqlen_q
+            };
             let o_bytes = rows * shape.head_dim * std::mem::size_of::<f32>();
             let base = (lane.scratch)(o_bytes + rows * std::mem::size_of::<f32>())?;
             validate::scratch_alignment(base)?;

@@ -35,13 +35,11 @@
 //! and runs at 0.92-1.05 of the contiguous rate at every page size (the spread is the power
 //! cap's clock). Measurements: `docs/perf-log.md`.
 //!
-//! Decode's split count is chosen on the host, which never reads `cache_seqlens` (that would
-//! synchronise): a paged batch is split as if every sequence held the capacity. For a batch of
-//! mixed lengths, that leaves the longest sequences' CTAs running alone at the end. Set
-//! [`crate::AttnParams::num_splits`] (Python: `num_splits=`) for such batches. H100, Hq32/Hkv8
-//! D128, capacity 32k, lengths spread up to it: B16 2.02 TB/s with the default (1 split), 2.82
-//! with 3; B32 2.44, 2.81 with 4; B64 2.87, 3.02 with 3-4. Equal lengths lose 1-2% with 3
-//! splits, and sequences of ~2k keys 4-13%, so the default stays the capacity's.
+//! Decode shares out the key tiles of the whole batch in equal chunks, one a CTA, from the
+//! lengths on the device (the host never reads `cache_seqlens`: that would synchronise), so a
+//! batch of mixed lengths decodes about as fast as one of equal lengths. H100, Hq32/Hkv8 D128,
+//! capacity 32k, lengths spread up to it: B16 2.88 TB/s (equal lengths 2.93), B32 2.97, B64
+//! 3.02. [`crate::AttnParams::num_splits`] sets the chunks: B x query blocks x splits.
 //!
 //! # The caller's contract
 //! The table and the lengths live on the device; reading them would synchronise. Every table

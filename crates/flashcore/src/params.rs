@@ -31,7 +31,9 @@ pub struct AttnParams {
     /// Split-KV: how many CTAs share each query tile's keys (their partial results are
     /// merged by a second pass). `None` picks it from the grid and the GPU (decode and
     /// other grids too small to fill it are split); `Some(1)` never splits. Only the
-    /// `fwd_sm80` family splits; capped at the number of key tiles.
+    /// `fwd_sm80` family splits; capped at the number of key tiles. Over a KV cache
+    /// ([`crate::PagedKv`]) the split tiles instead share the key tiles of all query tiles of a
+    /// head in B x query blocks x `num_splits` equal chunks, whatever the sequences' lengths.
     ///
     /// In a deterministic backward run by bwd_sm80, the number of slices dQ's sums are split
     /// into (CTAs a KV head; `None`: as many as fill the GPU once), capped at the key blocks:

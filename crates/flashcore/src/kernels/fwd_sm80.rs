@@ -4,6 +4,7 @@
 
 use super::{KernelFamily, ScoreMods, Tile, Variant};
 use crate::jit::Arch;
+use crate::params::ProblemShape;
 use crate::tensor::DType;
 
 /// Head dims with a compiled variant.
@@ -193,6 +194,17 @@ pub fn num_splits_varlen(base_ctas: usize, max_tiles: usize, mean_tiles: usize, 
     (num_splits(base_ctas, mean_tiles, wave) * per_mean).clamp(1, max_tiles.clamp(1, MAX_SPLITS))
 }
 
+/// Partial rows of a paged split-KV launch of `shape` (GQA-packed) at `splits`. Its CTAs
+/// share out the key tiles of every query tile of a head, laid end to end, in equal chunks,
+/// one a CTA (`fwd_sm80.cu`, `start_chunk`): batch x m blocks x splits chunks. A chunk's first
+/// and last segments may each be part of a query tile, so each chunk has two partial slots of
+/// a query tile's rows per head, and the combine merges a tile's chunks.
+pub fn chunked_partial_rows(shape: &ProblemShape, tile: Tile, splits: usize) -> usize {
+    let rows = shape.seqlen_q.min(tile.block_m as usize);
+    let chunks = shape.batch * shape.seqlen_q.div_ceil(tile.block_m as usize) * splits;
+    2 * chunks * shape.heads_q * rows
+}
+
 /// Key tiles per split when `key_tiles` are shared out among `splits`.
 pub fn tiles_per_split(key_tiles: usize, splits: usize) -> usize {
     key_tiles.div_ceil(splits.max(1))
@@ -217,6 +229,71 @@ mod tests {
         assert_eq!(num_splits_varlen(8, 4, 1, 132), 4);
         assert_eq!(num_splits_varlen(1, 100_000, 1, 132), MAX_SPLITS);
         assert_eq!(num_splits_varlen(8, 0, 0, 132), 1);
+    }
+
+    /// The chunked schedule of the paged split tiles as fwd_sm80.cu runs it (start_chunk,
+    /// next_segment, and the combine's lookup), for items of `tiles` key tiles in `chunks`:
+    /// per chunk, its segments (item, first tile, end tile, partial slot or None for whole).
+    fn chunk_schedule(tiles: &[usize], chunks: usize) -> Vec<Vec<(usize, usize, usize, Option<usize>)>> {
+        let total: usize = tiles.iter().sum();
+        let per = total.div_ceil(chunks);
+        (0..chunks)
+            .map(|c| {
+                let (lo, hi) = ((c * per).min(total), ((c * per).min(total) + per).min(total));
+                let mut before = 0;
+                let mut segments = Vec::new();
+                for (item, &t) in tiles.iter().enumerate() {
+                    if t > 0 && before < hi && before + t > lo {
+                        let (from, to) = (lo.max(before) - before, hi.min(before + t) - before);
+                        let slot = if before <= lo { 0 } else { 1 };
+                        segments.push((item, from, to, if from == 0 && to == t { None } else { Some(slot) }));
+                    }
+                    before += t;
+                }
+                segments
+            })
+            .collect()
+    }
+
+    #[test]
+    fn chunks_visit_every_key_tile_once_and_the_combine_finds_every_partial() {
+        for tiles in [vec![5, 0, 17, 1, 300], vec![64; 8], vec![0, 0], vec![1000, 3, 3, 3], vec![7, 7, 7]] {
+            for chunks in [1, 2, 3, 5, 8, 16, 40] {
+                let schedule = chunk_schedule(&tiles, chunks);
+                let mut seen: Vec<Vec<u32>> = tiles.iter().map(|&t| vec![0; t]).collect();
+                let mut written = std::collections::HashMap::new(); // (chunk, slot) -> item
+                for (c, segments) in schedule.iter().enumerate() {
+                    for &(item, from, to, slot) in segments {
+                        assert!(from < to, "{tiles:?} / {chunks}: an empty segment");
+                        seen[item][from..to].iter_mut().for_each(|n| *n += 1);
+                        if let Some(slot) = slot {
+                            assert!(written.insert((c, slot), item).is_none(), "{tiles:?} / {chunks}: chunk {c} slot {slot} twice");
+                        }
+                    }
+                }
+                assert!(seen.iter().flatten().all(|&n| n == 1), "{tiles:?} / {chunks}: a tile not visited once");
+                // The combine's view: an item's parts are the chunks its tiles span.
+                let per = tiles.iter().sum::<usize>().div_ceil(chunks).max(1);
+                let mut before = 0;
+                for (item, &t) in tiles.iter().enumerate() {
+                    if t > 0 {
+                        let (first, last) = (before / per, (before + t - 1) / per);
+                        for c in first..=last {
+                            let slot = usize::from(c == first && before % per != 0);
+                            let whole = schedule[c].iter().any(|&(i, _, _, s)| i == item && s.is_none());
+                            assert_eq!(whole, first == last, "{tiles:?} / {chunks}: item {item}");
+                            if first != last {
+                                assert_eq!(written.get(&(c, slot)), Some(&item), "{tiles:?} / {chunks}: item {item} chunk {c}");
+                            }
+                        }
+                    }
+                    before += t;
+                }
+            }
+        }
+        // Two slots of a query tile's rows per chunk and head: B8 decode, Hkv8 heads of 4 rows.
+        let shape = ProblemShape { batch: 8, seqlen_q: 4, seqlen_k: 4096, heads_q: 8, heads_kv: 8, head_dim: 128 };
+        assert_eq!(chunked_partial_rows(&shape, Tile { block_m: 64, block_n: 128, warps: 4, stages: 3 }, 2), 2 * 16 * 8 * 4);
     }
 
     #[test]
