@@ -231,10 +231,13 @@ mod tests {
         assert_eq!(num_splits_varlen(8, 0, 0, 132), 1);
     }
 
+    /// A chunk's segment: item, first tile, end tile, partial slot (None: the whole item).
+    type ChunkSegment = (usize, usize, usize, Option<usize>);
+
     /// The chunked schedule of the paged split tiles as fwd_sm80.cu runs it (start_chunk,
     /// next_segment, and the combine's lookup), for items of `tiles` key tiles in `chunks`:
-    /// per chunk, its segments (item, first tile, end tile, partial slot or None for whole).
-    fn chunk_schedule(tiles: &[usize], chunks: usize) -> Vec<Vec<(usize, usize, usize, Option<usize>)>> {
+    /// per chunk, its segments.
+    fn chunk_schedule(tiles: &[usize], chunks: usize) -> Vec<Vec<ChunkSegment>> {
         let total: usize = tiles.iter().sum();
         let per = total.div_ceil(chunks);
         (0..chunks)
@@ -278,9 +281,9 @@ mod tests {
                 for (item, &t) in tiles.iter().enumerate() {
                     if t > 0 {
                         let (first, last) = (before / per, (before + t - 1) / per);
-                        for c in first..=last {
+                        for (c, segments) in schedule.iter().enumerate().take(last + 1).skip(first) {
                             let slot = usize::from(c == first && before % per != 0);
-                            let whole = schedule[c].iter().any(|&(i, _, _, s)| i == item && s.is_none());
+                            let whole = segments.iter().any(|&(i, _, _, s)| i == item && s.is_none());
                             assert_eq!(whole, first == last, "{tiles:?} / {chunks}: item {item}");
                             if first != last {
                                 assert_eq!(written.get(&(c, slot)), Some(&item), "{tiles:?} / {chunks}: item {item} chunk {c}");
