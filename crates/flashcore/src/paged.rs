@@ -28,8 +28,8 @@
 //! # Speed, and where to put the pages
 //! Decode is bound by DRAM bandwidth, and pages scattered over the pool cost some of it. On
 //! the H100 (B8 Hq32/Hkv8 D128, 4k-128k keys, pages shuffled over the whole pool), decode
-//! reads 0.94-0.96 of the contiguous cache's bandwidth at page 16, 0.95-0.97 at 64 and
-//! 0.97-0.98 at 256. An allocator that hands out runs of consecutive pool pages recovers part
+//! reads 0.93-0.96 of the contiguous cache's bandwidth at page 16, 0.95-0.96 at 64 and
+//! 0.97-0.99 at 256. An allocator that hands out runs of consecutive pool pages recovers part
 //! of the loss: runs of 16 measured 0.975 (page 16), 0.968 (64) and 0.989 (256). Larger pages
 //! are faster to read; smaller ones waste less memory. Chunked prefill is bound by compute
 //! and runs at 0.92-1.05 of the contiguous rate at every page size (the spread is the power
