@@ -478,11 +478,6 @@ __device__ __forceinline__ int item_tiles(const FwdParams& p, int item) {
     const KeyBlocks k = item_keys(p, item);
     return k.end - k.begin;
 }
-__device__ __forceinline__ int warp_sum_int(int x) {
-#pragma unroll
-    for (int d = 16; d > 0; d /= 2) x += __shfl_xor_sync(0xffffffffu, x, d);
-    return x;
-}
 // The line's length and, of item `item`, the tiles before it, by one warp (lanes take every
 // 32nd item).
 struct LinePosition {
@@ -495,7 +490,7 @@ __device__ __forceinline__ LinePosition line_position(const FwdParams& p, int it
         total += t;
         before += i < item ? t : 0;
     }
-    return {warp_sum_int(total), warp_sum_int(before)};
+    return {warp_sum(total), warp_sum(before)};
 }
 __device__ __forceinline__ int line_chunks(const FwdParams& p) { return p.batch * m_blocks_of(p) * p.num_splits; }
 // Rows of one partial slot: a query tile's (chunked partials are [chunks, 2, Hq, rows, D]).
@@ -626,7 +621,7 @@ __device__ __forceinline__ void start_chunk(const FwdParams& p) {
     const KeyBlocks keys0 = item_keys(p, min(lane, items - 1));
     int total = lane < items ? keys0.end - keys0.begin : 0;
     for (int i = lane + 32; i < items; i += 32) total += item_tiles(p, i);
-    total = warp_sum_int(total);
+    total = warp_sum(total);
     const int chunks = line_chunks(p), per = (total + chunks - 1) / chunks;
     const int lo = min(total, chunk_index() * per), hi = min(total, lo + per);
     int before = 0, first = items, first_lane = 0;

@@ -26,4 +26,10 @@ __device__ __forceinline__ float warp_sum(float x) {
     return x;
 }
 
+__device__ __forceinline__ int warp_sum(int x) {
+#pragma unroll
+    for (int d = 16; d > 0; d /= 2) x += __shfl_xor_sync(0xffffffffu, x, d);
+    return x;
+}
+
 }  // namespace fc
