@@ -1,10 +1,12 @@
-//! Embeds every file under the repository's `kernels/` folder into the library, so NVRTC
-//! gets the sources (and headers, by their include names) without a file system.
+//! Embeds every CUDA file under `src/kernels/` (each family's `.cu` beside its host `.rs`,
+//! the shared headers in `common/` and `ptx/`) into the library, so NVRTC gets the sources
+//! (and headers, by their include names) without a file system, and the published crate
+//! carries them.
 
 use std::{env, fs, path::Path};
 
 fn collect(dir: &Path, root: &Path, out: &mut Vec<(String, String)>) {
-    let mut entries: Vec<_> = fs::read_dir(dir).expect("kernels/ is readable").flatten().collect();
+    let mut entries: Vec<_> = fs::read_dir(dir).expect("src/kernels/ is readable").flatten().collect();
     entries.sort_by_key(|e| e.path());
     for entry in entries {
         let path = entry.path();
@@ -19,7 +21,7 @@ fn collect(dir: &Path, root: &Path, out: &mut Vec<(String, String)>) {
 
 fn main() {
     let manifest = env::var("CARGO_MANIFEST_DIR").unwrap();
-    let kernels = Path::new(&manifest).join("../../kernels");
+    let kernels = Path::new(&manifest).join("src/kernels");
     println!("cargo:rerun-if-changed={}", kernels.display());
     let mut files = Vec::new();
     collect(&kernels, &kernels, &mut files);

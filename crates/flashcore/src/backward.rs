@@ -218,8 +218,7 @@ impl Context {
         validate::lse(lse.len, &tensors)?;
         validate::lse_alignment(lse.ptr)?;
         let scale = params.scale_for(shape.head_dim);
-        validate::softmax_scale(scale)?;
-        validate::window_and_softcap(params.window, params.softcap)?;
+        params.check(shape.head_dim)?;
         let variant = backward_variant(&shape, q.layout.dtype, params, self.info().arch, varlen.is_some())?;
         // The mask the kernels see: causal folded into the window (see AttnParams::mask).
         let (causal, window) = params.mask();

@@ -538,8 +538,7 @@ impl Context {
             }
         };
         let scale = params.scale_for(shape.head_dim);
-        validate::softmax_scale(scale)?;
-        validate::window_and_softcap(params.window, params.softcap)?;
+        params.check(shape.head_dim)?;
         let lse_ptr = match lse {
             Some((ptr, len)) => {
                 // Packed, [Hq, total_q]: the shape of one sequence of all the rows.

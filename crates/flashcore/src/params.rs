@@ -1,5 +1,7 @@
 //! Attention parameters and the problem shape, with its FLOP and byte counts.
 
+use crate::error::{Error, Result};
+
 /// Parameters of one attention call.
 ///
 /// ```
@@ -110,10 +112,37 @@ impl AttnParams {
         }
     }
 
-    /// Checks the window's sides (-1 or >= 0) and the softcap (0, or finite and > 0): the
-    /// error names the argument. The GPU calls check them themselves.
-    pub fn check_window_and_softcap(&self) -> crate::Result<()> {
-        crate::validate::window_and_softcap(self.window, self.softcap)
+    /// Checks the scalar parameters for head dim `head_dim`, as every call (GPU or CPU
+    /// reference) does before it runs: the scale actually used (finite and >= 0), the
+    /// window's sides (-1 or >= 0) and the softcap (0, or finite and > 0). The error names the
+    /// argument.
+    ///
+    /// ```
+    /// use flashcore::AttnParams;
+    /// assert!(AttnParams::causal().check(128).is_ok());
+    /// let bad = AttnParams { softmax_scale: Some(f32::NAN), ..AttnParams::default() };
+    /// assert!(bad.check(128).unwrap_err().to_string().contains("softmax_scale"));
+    /// ```
+    pub fn check(&self, head_dim: usize) -> Result<()> {
+        let scale = self.scale_for(head_dim);
+        if !scale.is_finite() || scale < 0.0 {
+            return Err(Error::Param { arg: "softmax_scale", msg: format!("{scale} must be finite and >= 0") });
+        }
+        self.check_window_and_softcap()
+    }
+
+    /// Checks the window's sides (-1 or >= 0) and the softcap (0, or finite and > 0), the
+    /// part of [`AttnParams::check`] that needs no head dim: the error names the argument.
+    pub fn check_window_and_softcap(&self) -> Result<()> {
+        let Window { left, right } = self.window;
+        if left < -1 || right < -1 {
+            let msg = format!("({left}, {right}): each side must be -1 (unbounded) or >= 0");
+            return Err(Error::Param { arg: "window", msg });
+        }
+        if !self.softcap.is_finite() || self.softcap < 0.0 {
+            return Err(Error::Param { arg: "softcap", msg: format!("{} must be 0 (off), or finite and > 0", self.softcap) });
+        }
+        Ok(())
     }
 
     /// Whether scores are softcapped.
@@ -248,6 +277,29 @@ mod tests {
         // S 16k, window (4096, 0): row i sees min(i, 4096) + 1 keys.
         let w = windowed(4096, 0, false).visible_pairs(16384, 16384);
         assert_eq!(w, (0..16384u64).map(|i| i.min(4096) + 1).sum::<u64>());
+    }
+
+    #[test]
+    fn the_scale_must_be_finite_and_not_negative() {
+        let scaled = |s| AttnParams { softmax_scale: Some(s), ..AttnParams::default() };
+        assert!(scaled(0.125).check(64).is_ok());
+        assert!(scaled(0.0).check(64).is_ok());
+        for bad in [-0.125, f32::NAN, f32::INFINITY] {
+            assert!(matches!(scaled(bad).check(64), Err(Error::Param { arg: "softmax_scale", .. })), "{bad}");
+        }
+    }
+
+    #[test]
+    fn window_sides_and_softcap_are_checked() {
+        let with = |window, softcap| AttnParams { window, softcap, ..AttnParams::default() };
+        assert!(with(Window::UNBOUNDED, 0.0).check(64).is_ok());
+        assert!(with(Window::new(0, 0), 50.0).check(64).is_ok());
+        for bad in [Window::new(-2, 0), Window::new(4, -7)] {
+            assert!(matches!(with(bad, 0.0).check(64), Err(Error::Param { arg: "window", .. })), "{bad:?}");
+        }
+        for bad in [-1.0, f32::NAN, f32::INFINITY] {
+            assert!(matches!(with(Window::UNBOUNDED, bad).check(64), Err(Error::Param { arg: "softcap", .. })), "{bad}");
+        }
     }
 
     #[test]

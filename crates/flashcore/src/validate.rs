@@ -118,25 +118,6 @@ pub(crate) fn scratch_alignment(ptr: u64) -> Result<()> {
 
 /// Validates the softmax scale: finite and not negative (the kernels take each row's max
 /// of the raw scores, which is the max of the scaled ones only for a scale ≥ 0).
-pub(crate) fn softmax_scale(scale: f32) -> Result<()> {
-    if !scale.is_finite() || scale < 0.0 {
-        return Err(Error::Param { arg: "softmax_scale", msg: format!("{scale} must be finite and >= 0") });
-    }
-    Ok(())
-}
-
-/// Validates the window (each side -1 or a key count) and the softcap (0, or finite and > 0).
-pub(crate) fn window_and_softcap(window: Window, softcap: f32) -> Result<()> {
-    if window.left < -1 || window.right < -1 {
-        let msg = format!("({}, {}): each side must be -1 (unbounded) or >= 0", window.left, window.right);
-        return Err(Error::Param { arg: "window", msg });
-    }
-    if !softcap.is_finite() || softcap < 0.0 {
-        return Err(Error::Param { arg: "softcap", msg: format!("{softcap} must be 0 (off), or finite and > 0") });
-    }
-    Ok(())
-}
-
 pub(crate) fn tensor(arg: &'static str, t: &TensorView, device: usize) -> Result<()> {
     if t.device != device {
         return Err(Error::DeviceMismatch { arg, tensor_device: t.device, context_device: device });
@@ -302,27 +283,6 @@ mod tests {
         let s = check(qkv()).unwrap();
         assert!(lse(2 * 8 * 100, &s).is_ok());
         assert!(matches!(lse(2 * 8 * 99, &s), Err(Error::Shape { arg: "lse", .. })));
-    }
-
-    #[test]
-    fn softmax_scale_must_be_finite_and_not_negative() {
-        assert!(softmax_scale(0.125).is_ok());
-        assert!(softmax_scale(0.0).is_ok());
-        for bad in [-0.125, f32::NAN, f32::INFINITY] {
-            assert!(matches!(softmax_scale(bad), Err(Error::Param { arg: "softmax_scale", .. })), "{bad}");
-        }
-    }
-
-    #[test]
-    fn window_sides_and_softcap_are_checked() {
-        assert!(window_and_softcap(Window::UNBOUNDED, 0.0).is_ok());
-        assert!(window_and_softcap(Window::new(0, 0), 50.0).is_ok());
-        for bad in [Window::new(-2, 0), Window::new(4, -7)] {
-            assert!(matches!(window_and_softcap(bad, 0.0), Err(Error::Param { arg: "window", .. })), "{bad:?}");
-        }
-        for bad in [-1.0, f32::NAN, f32::INFINITY] {
-            assert!(matches!(window_and_softcap(Window::UNBOUNDED, bad), Err(Error::Param { arg: "softcap", .. })), "{bad}");
-        }
     }
 
     /// q, k, v, o, dout at separate addresses, and gradients dq, dk, dv at their own.

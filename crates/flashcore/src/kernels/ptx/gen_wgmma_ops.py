@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Writes kernels/ptx/wgmma_ops.cuh: the wgmma.mma_async m64nNk16 wrappers.
+"""Writes src/kernels/ptx/wgmma_ops.cuh: the wgmma.mma_async m64nNk16 wrappers.
 
 A wgmma names every accumulator register in one asm statement (N/2 of them), so the
 wrappers are generated rather than typed. Rerun after changing N_VALUES:
-    python3 kernels/ptx/gen_wgmma_ops.py > kernels/ptx/wgmma_ops.cuh
+    python3 crates/flashcore/src/kernels/ptx/gen_wgmma_ops.py > crates/flashcore/src/kernels/ptx/wgmma_ops.cuh
 """
 
 N_VALUES = [32, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 256]
