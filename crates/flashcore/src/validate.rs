@@ -1,7 +1,7 @@
 //! Checks of the attention arguments, each failure an [`Error`] naming the argument.
 
 use crate::error::{Error, Result};
-use crate::params::{ProblemShape, Window};
+use crate::params::ProblemShape;
 use crate::tensor::{DType, TensorView};
 
 /// Kernel grids put heads in `gridDim.y` and batch in `gridDim.z`, which stop at 65535.
