@@ -10,6 +10,18 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 
 use crate::error::{DriverContext, Error, Result};
 
+/// Where a call on a caller's stream runs, and where its scratch memory comes from: the
+/// stream (PyTorch's current stream, say) and an allocator that is called at most once with
+/// a byte count and returns the device address of at least that many bytes, 16-byte aligned,
+/// usable in the stream's order until the call returns (split-KV partials, the backward's
+/// D_i and dQ accumulator). See [`crate::Context::attention_on_stream`].
+pub struct CallerStream<'a> {
+    /// The stream.
+    pub stream: ExternalStream,
+    /// The scratch allocator.
+    pub scratch: &'a mut dyn FnMut(usize) -> Result<u64>,
+}
+
 /// A CUDA stream owned by the caller, e.g. `torch.cuda.current_stream().cuda_stream`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ExternalStream(usize);

@@ -69,7 +69,7 @@ use std::marker::PhantomData;
 use cudarc::driver::{CudaSlice, DevicePtr};
 
 use crate::error::{Error, Result};
-use crate::params::ProblemShape;
+use crate::shape::ProblemShape;
 use crate::tensor::TensorView;
 use crate::validate;
 use crate::varlen::SeqLensView;

@@ -13,7 +13,8 @@
 //! - `lse_i = ln Σ_j exp(s_ij)` over the visible keys; a row that sees no key (causal with
 //!   `Sq > Sk`, or outside its window) gives `o = 0` and `lse = -inf`, never NaN.
 
-use crate::params::{AttnParams, ProblemShape, Window};
+use crate::params::{AttnParams, Window};
+use crate::shape::ProblemShape;
 use rayon::prelude::*;
 
 /// Output of the reference: `o` is `[B, Sq, Hq, D]` contiguous, `lse` is `[B, Hq, Sq]`

@@ -1,12 +1,10 @@
-//! Device tensors: an owning [`DeviceTensor`] and the borrowed views the API takes,
-//! [`TensorView`] and [`TensorViewMut`] (pointer, shape, strides in elements, dtype, device).
+//! The borrowed views the API takes: [`TensorView`] and [`TensorViewMut`] (pointer, shape,
+//! strides in elements, dtype, device), and the log-sum-exp's [`LseView`] and [`LseViewMut`].
+//! The owning [`DeviceTensor`](crate::DeviceTensor) is `device_tensor`'s.
 
 use std::marker::PhantomData;
 
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-
-use crate::context::Context;
-use crate::error::{DriverContext, Error, Result};
 
 /// Element type of attention inputs and outputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -88,7 +86,7 @@ pub struct TensorView<'a> {
     pub(crate) ptr: u64,
     pub(crate) layout: Layout,
     pub(crate) device: usize,
-    _borrow: PhantomData<&'a ()>,
+    pub(crate) _borrow: PhantomData<&'a ()>,
 }
 
 /// A borrowed, writable device tensor.
@@ -97,7 +95,7 @@ pub struct TensorViewMut<'a> {
     pub(crate) ptr: u64,
     pub(crate) layout: Layout,
     pub(crate) device: usize,
-    _borrow: PhantomData<&'a mut ()>,
+    pub(crate) _borrow: PhantomData<&'a mut ()>,
 }
 
 impl<'a> TensorView<'a> {
@@ -204,74 +202,41 @@ impl<'a> LseView<'a> {
     }
 }
 
-/// A contiguous BSHD tensor in device memory, owned by FlashCore.
+/// A writable log-sum-exp buffer on the device: `[B, Hq, Sq]` f32, contiguous (packed:
+/// `[Hq, total_q]`), where the forward writes it.
 #[derive(Debug)]
-pub struct DeviceTensor {
-    buf: CudaSlice<u16>,
-    layout: Layout,
-    device: usize,
+pub struct LseViewMut<'a> {
+    pub(crate) ptr: u64,
+    pub(crate) len: usize,
+    _borrow: PhantomData<&'a mut ()>,
 }
 
-impl DeviceTensor {
-    /// Uploads `data` (row-major BSHD, rounded to `dtype`).
-    pub fn from_f32(ctx: &Context, data: &[f32], shape: [usize; 4], dtype: DType) -> Result<Self> {
-        let layout = Layout::contiguous(shape, dtype);
-        if data.len() != layout.span() {
-            return Err(Error::Shape { arg: "data", msg: format!("{} values for shape {shape:?}", data.len()) });
-        }
-        let bits: Vec<u16> = data.iter().map(|&x| dtype.encode(x)).collect();
-        Self::from_bits(ctx, &bits, shape, dtype)
+impl<'a> LseViewMut<'a> {
+    /// A writable view of `slice` (e.g. [`AttnOutput::lse`](crate::AttnOutput)).
+    pub fn of(slice: &'a mut CudaSlice<f32>) -> Self {
+        let stream = slice.stream().clone();
+        let len = slice.len();
+        let (ptr, _sync) = slice.device_ptr_mut(&stream);
+        Self { ptr, len, _borrow: PhantomData }
     }
 
-    /// Uploads raw 16-bit patterns of `dtype`.
-    pub fn from_bits(ctx: &Context, bits: &[u16], shape: [usize; 4], dtype: DType) -> Result<Self> {
-        let layout = Layout::contiguous(shape, dtype);
-        if bits.len() != layout.span() {
-            return Err(Error::Shape { arg: "data", msg: format!("{} values for shape {shape:?}", bits.len()) });
-        }
-        let buf = ctx.stream().clone_htod(bits).ctx("uploading a tensor")?;
-        Ok(Self { buf, layout, device: ctx.ordinal() })
+    /// A writable view of caller-owned memory.
+    ///
+    /// # Safety
+    /// `ptr` is device memory of `len` f32 values that outlives the view's use and that
+    /// nothing else reads or writes meanwhile.
+    pub unsafe fn from_raw(ptr: u64, len: usize) -> Self {
+        Self { ptr, len, _borrow: PhantomData }
     }
 
-    /// A tensor whose every element has the bit pattern `bits` (NaN poisoning, say).
-    pub fn filled(ctx: &Context, bits: u16, shape: [usize; 4], dtype: DType) -> Result<Self> {
-        let n = Layout::contiguous(shape, dtype).span();
-        Self::from_bits(ctx, &vec![bits; n], shape, dtype)
+    /// Its length in f32 values.
+    pub fn len(&self) -> usize {
+        self.len
     }
 
-    /// Sets every element to the bit pattern `bits`.
-    pub fn fill(&mut self, ctx: &Context, bits: u16) -> Result<()> {
-        let host = vec![bits; self.buf.len()];
-        ctx.stream().memcpy_htod(&host, &mut self.buf).ctx("filling a tensor")
-    }
-
-    /// Downloads the raw 16-bit patterns.
-    pub fn to_bits(&self, ctx: &Context) -> Result<Vec<u16>> {
-        ctx.stream().clone_dtoh(&self.buf).ctx("downloading a tensor")
-    }
-
-    /// Downloads and widens to `f32`.
-    pub fn to_f32(&self, ctx: &Context) -> Result<Vec<f32>> {
-        let dtype = self.layout.dtype;
-        Ok(self.to_bits(ctx)?.into_iter().map(|b| dtype.decode(b)).collect())
-    }
-
-    /// The tensor's layout.
-    pub fn layout(&self) -> &Layout {
-        &self.layout
-    }
-
-    /// A read-only view.
-    pub fn view(&self) -> TensorView<'_> {
-        let (ptr, _sync) = self.buf.device_ptr(self.buf.stream());
-        TensorView { ptr, layout: self.layout, device: self.device, _borrow: PhantomData }
-    }
-
-    /// A writable view.
-    pub fn view_mut(&mut self) -> TensorViewMut<'_> {
-        let stream = self.buf.stream().clone();
-        let (ptr, _sync) = self.buf.device_ptr_mut(&stream);
-        TensorViewMut { ptr, layout: self.layout, device: self.device, _borrow: PhantomData }
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
 

@@ -1,7 +1,7 @@
 //! Checks of the attention arguments, each failure an [`Error`] naming the argument.
 
 use crate::error::{Error, Result};
-use crate::params::ProblemShape;
+use crate::shape::ProblemShape;
 use crate::tensor::{DType, TensorView};
 
 /// Kernel grids put heads in `gridDim.y` and batch in `gridDim.z`, which stop at 65535.
@@ -20,12 +20,8 @@ pub(crate) fn problem(q: &TensorView, k: &TensorView, v: &TensorView, o: &Tensor
     if kd != d {
         return Err(shape_err("k", format!("head dim {kd} differs from q's head dim {d}")));
     }
-    if v.layout.shape != k.layout.shape {
-        return Err(shape_err("v", format!("{:?} differs from k's {:?}", v.layout.shape, k.layout.shape)));
-    }
-    if o.layout.shape != q.layout.shape {
-        return Err(shape_err("o", format!("{:?} differs from q's {:?}", o.layout.shape, q.layout.shape)));
-    }
+    same_shape(("v", v), ("k", k))?;
+    same_shape(("o", o), ("q", q))?;
     if hq % hkv != 0 {
         return Err(shape_err("k", format!("q heads ({hq}) are not a multiple of k/v heads ({hkv})")));
     }
@@ -64,20 +60,20 @@ pub(crate) fn backward(
 ) -> Result<()> {
     let [_, (_, k), _, (_, o), (_, dout)] = *inputs;
     tensor("dout", dout, device)?;
-    if dout.layout.shape != o.layout.shape {
-        return Err(shape_err("dout", format!("{:?} differs from o's {:?}", dout.layout.shape, o.layout.shape)));
-    }
+    same_shape(("dout", dout), ("o", o))?;
     if dout.layout.dtype != o.layout.dtype {
         return Err(Error::DType { arg: "dout", msg: format!("{} differs from o's {}", dout.layout.dtype, o.layout.dtype) });
     }
     for &(arg, g) in grads {
         tensor(arg, g, device)?;
-        let like = if arg == "dq" { o } else { k };
-        if g.layout.shape != like.layout.shape {
-            return Err(shape_err(arg, format!("{:?} differs from the {:?} it is the gradient of", g.layout.shape, like.layout.shape)));
-        }
-        if g.layout.dtype != like.layout.dtype {
-            return Err(Error::DType { arg, msg: format!("{} differs from the inputs' {}", g.layout.dtype, like.layout.dtype) });
+        let like = match arg {
+            "dq" => ("q", o),
+            "dk" => ("k", k),
+            _ => ("v", k),
+        };
+        same_shape((arg, g), like)?;
+        if g.layout.dtype != like.1.layout.dtype {
+            return Err(Error::DType { arg, msg: format!("{} differs from the inputs' {}", g.layout.dtype, like.1.layout.dtype) });
         }
         for &(other, t) in inputs.iter().chain(grads.iter()) {
             if other != arg && overlaps(g, t) {
@@ -91,6 +87,19 @@ pub(crate) fn backward(
         return Err(Error::HeadDim { head_dim: shape.head_dim, supported: list });
     }
     Ok(())
+}
+
+/// The names of a BSHD tensor's dimensions, as errors give them.
+const DIMS: [&str; 4] = ["batch (dim 0)", "sequence length (dim 1)", "heads (dim 2)", "head dim (dim 3)"];
+
+/// Checks that `t` has `like`'s shape; the error names the first dimension that differs and
+/// both values, e.g. `v: sequence length (dim 1) 7 differs from k's 8`.
+fn same_shape((arg, t): (&'static str, &TensorView), (like_name, like): (&str, &TensorView)) -> Result<()> {
+    let (a, b) = (t.layout.shape, like.layout.shape);
+    match (0..4).find(|&i| a[i] != b[i]) {
+        Some(i) => Err(shape_err(arg, format!("{} {} differs from {like_name}'s {} (shapes {a:?} and {b:?})", DIMS[i], a[i], b[i]))),
+        None => Ok(()),
+    }
 }
 
 /// Whether the byte ranges `a` and `b` may reach overlap.

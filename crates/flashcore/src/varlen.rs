@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use cudarc::driver::{CudaSlice, DevicePtr};
 
 use crate::error::{Error, Result};
-use crate::params::ProblemShape;
+use crate::shape::ProblemShape;
 
 /// A borrowed int32 vector on the device: `cu_seqlens` or `seqused_k`.
 #[derive(Debug, Clone, Copy)]

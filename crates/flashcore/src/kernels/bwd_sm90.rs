@@ -7,13 +7,9 @@
 //! head, sequence), each sequence on its own lengths, with dQ's accumulator and the per-row
 //! statistics padded to whole query blocks per sequence (see [`padded_rows`]).
 
-use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
-
-use super::fwd_sm90::tensor_map;
-use super::{BwdParams, KernelFamily, ScoreMods, Tile, Variant};
-use crate::error::{DriverContext, Result};
-use crate::params::ProblemShape;
-use crate::tensor::{DType, TensorView};
+use super::{KernelFamily, ScoreMods, Tile, Variant};
+use crate::shape::ProblemShape;
+use crate::tensor::DType;
 
 /// Head dims with a compiled variant. D96 runs as D128 and D192 as D256, with the columns
 /// past them zero (see [`padded_head_dim`]).
@@ -110,56 +106,10 @@ pub fn scratch_layout(variant: &Variant, shape: &ProblemShape, total_q: Option<u
     ((2 * rows * 4).next_multiple_of(256), rows * head_dim * 4 + counters)
 }
 
-/// The prep kernel, the main one and the dQ conversion; dQ's accumulator zeroed first.
-/// `shape` is the kernel's (packed: B sequences of the longest lengths, and `total_q` the
-/// packed rows); packed, prep and the conversion run a CTA row per query block of the longest
-/// sequence, and the main kernel at least one key block (key block 0's CTAs zero dK and dV past
-/// seqused_k). A launch of an empty grid (a packed batch without queries) is left out.
-pub fn launch(
-    stream: &CudaStream,
-    functions: [&CudaFunction; 3],
-    variant: &Variant,
-    p: &BwdParams,
-    shape: &ProblemShape,
-    total_q: Option<usize>,
-    qkv_do: [&TensorView; 4],
-) -> Result<()> {
-    let [prep, main, dq] = functions;
-    let (_, accum_bytes) = scratch_layout(variant, shape, total_q, p.deterministic != 0);
-    // SAFETY: `p.dq_accum` is scratch memory of `accum_bytes`, used in stream order.
-    unsafe { cudarc::driver::sys::cuMemsetD32Async(p.dq_accum, 0, accum_bytes / 4, stream.cu_stream()) }
-        .result()
-        .ctx("zeroing dQ's accumulator")?;
-    let tile = variant.tile;
-    let (m, seqs, heads_q) = (tile.block_m as usize, shape.batch as u32, shape.heads_q as u32);
-    let m_blocks = shape.seqlen_q.div_ceil(m) as u32;
-    let what = |w: &str| format!("launching {} ({w})", variant.name());
-    let cfg = |grid_dim: (u32, u32, u32), threads, shared_mem_bytes| {
-        let empty = grid_dim.0 == 0 || grid_dim.1 == 0 || grid_dim.2 == 0;
-        (!empty).then_some(LaunchConfig { grid_dim, block_dim: (threads, 1, 1), shared_mem_bytes })
-    };
-    if let Some(prep_cfg) = cfg((m_blocks * m as u32 / 4, heads_q, seqs), 128, 0) {
-        // SAFETY: `fc_bwd_sm90_prep(BwdParams)`; the pointers were validated against their layouts.
-        unsafe { stream.launch_builder(prep).arg(p).launch(prep_cfg) }.ctx(what("D_i"))?;
-    }
-    let tq = tensor_map(qkv_do[0], tile.block_m)?;
-    let tk = tensor_map(qkv_do[1], tile.block_n)?;
-    let tv = tensor_map(qkv_do[2], tile.block_n)?;
-    let tdo = tensor_map(qkv_do[3], tile.block_m)?;
-    let key_blocks = shape.seqlen_k.div_ceil(tile.block_n as usize).max(usize::from(total_q.is_some())) as u32;
-    if let Some(main_cfg) = cfg((key_blocks, shape.heads_kv as u32, seqs), 32 * tile.warps, variant.smem_bytes) {
-        // SAFETY: the arguments match `fc_bwd_sm90(BwdParams, CUtensorMap x4)`.
-        unsafe { stream.launch_builder(main).arg(p).arg(&tq).arg(&tk).arg(&tv).arg(&tdo).launch(main_cfg) }.ctx(what("dK, dV"))?;
-    }
-    let dq_grid = match total_q {
-        Some(_) => (m_blocks, heads_q, seqs),
-        None => ((padded_rows(variant, shape, None) * padded_head_dim(shape.head_dim) / 2).div_ceil(256) as u32, 1, 1),
-    };
-    if let Some(dq_cfg) = cfg(dq_grid, 256, 0) {
-        // SAFETY: `fc_bwd_sm90_dq(BwdParams)`, after the main kernel in stream order.
-        unsafe { stream.launch_builder(dq).arg(p).launch(dq_cfg) }.ctx(what("dQ"))?;
-    }
-    Ok(())
+/// Blocks of dQ's conversion over a dense batch's padded rows (256 threads, two columns a
+/// thread).
+pub fn dq_conversion_blocks(variant: &Variant, shape: &ProblemShape) -> u32 {
+    (padded_rows(variant, shape, None) * padded_head_dim(shape.head_dim) / 2).div_ceil(256) as u32
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 
 use super::{KernelFamily, ScoreMods, Tile, Variant};
 use crate::jit::Arch;
-use crate::params::ProblemShape;
+use crate::shape::ProblemShape;
 use crate::tensor::DType;
 
 /// Head dims with a compiled variant.

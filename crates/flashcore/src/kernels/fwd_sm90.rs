@@ -1,25 +1,19 @@
-//! The Hopper forward kernel (`kernels/fwd_sm90.cu`, sm_90a): tile configurations and the
-//! TMA tensor maps it reads Q, K and V through.
+//! The Hopper forward kernel (`fwd_sm90.cu` beside this file, sm_90a): tile configurations,
+//! its grid, the shape of the TMA boxes it reads Q, K and V through, and its L2 sections.
+//! The launch (tensor maps, tile schedule) is `crate::launch`'s.
 
-use cudarc::driver::sys::{
-    self, CUtensorMap, CUtensorMapDataType as DataType, CUtensorMapFloatOOBfill as OobFill, CUtensorMapInterleave as Interleave,
-    CUtensorMapL2promotion as L2Promotion, CUtensorMapSwizzle as Swizzle,
-};
-use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
-
-use super::{FwdParams, KernelFamily, ScoreMods, Tile, Variant};
-use crate::error::{DriverContext, Result};
-use crate::params::ProblemShape;
-use crate::tensor::{DType, TensorView};
+use super::{KernelFamily, ScoreMods, Tile, Variant};
+use crate::shape::ProblemShape;
+use crate::tensor::DType;
 
 /// Head dims with a compiled variant.
 pub const HEAD_DIMS: &[usize] = &[64, 96, 128, 192, 256];
 
 /// Elements of one 128-byte swizzle row: the TMA box's inner extent.
-const SWIZZLE_ROW_ELEMS: u32 = 64;
+pub(crate) const SWIZZLE_ROW_ELEMS: u32 = 64;
 
 /// Query rows of one consumer warpgroup: the rows of O each of its TMA stores writes.
-const WARPGROUP_ROWS: u32 = 64;
+pub(crate) const WARPGROUP_ROWS: u32 = 64;
 
 /// The tile for `head_dim`: consumer warpgroups of 64 query rows plus one producer
 /// warpgroup. D64 is bound by the exp unit as much as the tensor cores, so it runs 3
@@ -157,75 +151,18 @@ pub fn grid(variant: &Variant, shape: &ProblemShape, sm_count: u32) -> (u32, u32
     (variant.query_tiles(shape).min(sm_count as usize).max(1) as u32, 1, 1)
 }
 
-/// The kernel's `TileSchedule` parameter.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct TileSchedule {
-    /// Two `u32`, zero between launches (the kernel's last CTA re-zeroes them).
-    counter: u64,
-    section: i32,
-    _pad: i32,
-}
-
-// SAFETY: plain old data matching the kernel's struct.
-unsafe impl DeviceRepr for TileSchedule {}
-
 /// Defines beyond the common ones: the consumer warpgroups, and the shared-memory size the
 /// launch gives, which the kernel checks against its own layout at compile time.
 pub fn extra_defines(variant: &Variant) -> Vec<(String, String)> {
     vec![("FC_CONSUMER_WG".into(), (variant.tile.warps / 4 - 1).to_string()), ("FC_SMEM_BYTES".into(), variant.smem_bytes.to_string())]
 }
 
-/// A `CUtensorMap` passed by value as a `__grid_constant__` kernel parameter.
-#[repr(transparent)]
-#[derive(Clone, Copy)]
-pub(crate) struct TensorMap(CUtensorMap);
-
-// SAFETY: an opaque 128-byte POD the driver filled in.
-unsafe impl DeviceRepr for TensorMap {}
-
-/// A 4-D tensor map over a BSHD view, dims innermost first `{D, S, H, B}`, with a box of
-/// `{64, rows, 1, 1}` and 128-byte swizzle; rows past S read as zeros.
-pub(crate) fn tensor_map(t: &TensorView, rows: u32) -> Result<TensorMap> {
-    let l = t.layout;
-    let elem = l.dtype.size_bytes() as u64;
-    let dims = [l.shape[3], l.shape[1], l.shape[2], l.shape[0]].map(|d| d as u64);
-    let strides = [l.strides[1], l.strides[2], l.strides[0]].map(|s| s as u64 * elem);
-    let boxes = [SWIZZLE_ROW_ELEMS, rows, 1, 1];
-    let elem_strides = [1u32; 4];
-    let dtype = match l.dtype {
-        DType::F16 => DataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-        DType::BF16 => DataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-    };
-    let mut map = std::mem::MaybeUninit::<CUtensorMap>::uninit();
-    // SAFETY: every array has the rank's length; the address is a validated device pointer.
-    unsafe {
-        sys::cuTensorMapEncodeTiled(
-            map.as_mut_ptr(),
-            dtype,
-            4,
-            t.ptr as *mut std::ffi::c_void,
-            dims.as_ptr(),
-            strides.as_ptr(),
-            boxes.as_ptr(),
-            elem_strides.as_ptr(),
-            Interleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            Swizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-            L2Promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            OobFill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        )
-        .result()
-        .ctx("encoding a TMA tensor map")?;
-        Ok(TensorMap(map.assume_init()))
-    }
-}
-
 /// Keys up to which a causal launch takes the smaller L2 section below.
-const SHORT_SECTION_MAX_KEYS: i32 = 1024;
+const SHORT_SECTION_MAX_KEYS: usize = 1024;
 /// The smaller section's K and V bytes.
 const SHORT_SECTION_BYTES: u64 = 8 << 20;
 
-/// Heads per longest-first section (causal): `p.tile_section` (K and V within 32 MiB of L2),
+/// Heads per longest-first section (causal): `tile_section` (K and V within 32 MiB of L2),
 /// but with few keys and D <= 128 as many as have K and V within 8 MiB, as long as a section
 /// still holds one tile for each CTA. With few keys a 32 MiB section spans hundreds of heads,
 /// whose K and V do not stay in L2 from a head's longest tile to its shortest (ncu, B32 H32
@@ -233,86 +170,13 @@ const SHORT_SECTION_BYTES: u64 = 8 << 20;
 /// (docs/perf-log.md): S512 D64 +4%, D128 +19%; S1k D64 +6%, D128 +3%. D256 S1k lost 6% (its
 /// eight tile lengths need more than a round a section to balance), and from 2k keys on
 /// smaller sections lost 1-10%: those keep the launch's section.
-fn section_heads(p: &FwdParams, block_m: u32, ctas: u32) -> i32 {
-    if p.seqlen_k > SHORT_SECTION_MAX_KEYS || p.head_dim > 128 {
-        return p.tile_section;
+pub(crate) fn section_heads(tile_section: i32, shape: &ProblemShape, block_m: u32, ctas: u32) -> i32 {
+    if shape.seqlen_k > SHORT_SECTION_MAX_KEYS || shape.head_dim > 128 {
+        return tile_section;
     }
-    let m_blocks = (p.seqlen_q.max(1) as u64).div_ceil(block_m as u64);
+    let m_blocks = (shape.seqlen_q.max(1) as u64).div_ceil(block_m as u64);
     let one_round = (ctas as u64).div_ceil(m_blocks);
-    super::heads_within(p, SHORT_SECTION_BYTES, one_round)
-}
-
-/// Encodes the tensor maps (Q, K, V loads; O stores) and launches. `tile_counter` is the
-/// device address of two zeroed `u32` that no launch on another stream uses meanwhile.
-/// Paged with a block table, K and V are the page pools `[num_pages, page_size, Hkv, D]`,
-/// whose maps take boxes of [`page_box_rows`]; after an append pre-pass (`p.new_keys > 0`)
-/// the kernel is launched as its programmatic dependent (it waits for the keys itself).
-#[allow(clippy::too_many_arguments)]
-pub fn launch(
-    stream: &CudaStream,
-    function: &CudaFunction,
-    cfg: LaunchConfig,
-    variant: &Variant,
-    p: &FwdParams,
-    qkvo: [&TensorView; 4],
-    tile_counter: u64,
-) -> Result<()> {
-    let kv_rows = match variant.paged && p.block_table != 0 {
-        true => p.page_box_rows as u32,
-        false => variant.tile.block_n,
-    };
-    let tq = tensor_map(qkvo[0], variant.tile.block_m)?;
-    let tk = tensor_map(qkvo[1], kv_rows)?;
-    let tv = tensor_map(qkvo[2], kv_rows)?;
-    let to = tensor_map(qkvo[3], WARPGROUP_ROWS)?;
-    let section = section_heads(p, variant.tile.block_m, cfg.grid_dim.0);
-    let schedule = TileSchedule { counter: tile_counter, section, _pad: 0 };
-    let what = || format!("launching {}", variant.name());
-    if variant.paged && p.new_keys > 0 {
-        return launch_dependent(stream, function, &cfg, (p, [&tq, &tk, &tv, &to], &schedule)).ctx(what());
-    }
-    // SAFETY: the arguments match `fc_fwd_sm90(FwdParams, CUtensorMap x4, TileSchedule)`.
-    unsafe { stream.launch_builder(function).arg(p).arg(&tq).arg(&tk).arg(&tv).arg(&to).arg(&schedule).launch(cfg) }.ctx(what())?;
-    Ok(())
-}
-
-/// `launch`'s kernel with programmatic stream serialization: it may start before the
-/// previous kernel on the stream (the append pre-pass) ends; its producer waits for it
-/// (`griddepcontrol.wait`) before the first K/V load.
-fn launch_dependent(
-    stream: &CudaStream,
-    function: &CudaFunction,
-    cfg: &LaunchConfig,
-    (p, maps, schedule): (&FwdParams, [&TensorMap; 4], &TileSchedule),
-) -> std::result::Result<(), cudarc::driver::DriverError> {
-    // SAFETY: a plain C struct (an id and a union of plain values); all zeros is valid.
-    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-    attr.value.programmaticStreamSerializationAllowed = 1;
-    let config = sys::CUlaunchConfig {
-        gridDimX: cfg.grid_dim.0,
-        gridDimY: cfg.grid_dim.1,
-        gridDimZ: cfg.grid_dim.2,
-        blockDimX: cfg.block_dim.0,
-        blockDimY: cfg.block_dim.1,
-        blockDimZ: cfg.block_dim.2,
-        sharedMemBytes: cfg.shared_mem_bytes,
-        hStream: stream.cu_stream(),
-        attrs: &mut attr,
-        numAttrs: 1,
-    };
-    let arg = |x: *const std::ffi::c_void| x as *mut std::ffi::c_void;
-    let mut args = [
-        arg((p as *const FwdParams).cast()),
-        arg((maps[0] as *const TensorMap).cast()),
-        arg((maps[1] as *const TensorMap).cast()),
-        arg((maps[2] as *const TensorMap).cast()),
-        arg((maps[3] as *const TensorMap).cast()),
-        arg((schedule as *const TileSchedule).cast()),
-    ];
-    // SAFETY: `args` points at the six arguments of `fc_fwd_sm90(FwdParams, CUtensorMap x4,
-    // TileSchedule)` for the call's duration; `config` and `attr` outlive the call.
-    unsafe { sys::cuLaunchKernelEx(&config, function.cu_function(), args.as_mut_ptr(), std::ptr::null_mut()) }.result()
+    super::heads_within(shape, SHORT_SECTION_BYTES, one_round)
 }
 
 #[cfg(test)]
@@ -360,26 +224,17 @@ mod tests {
 
     #[test]
     fn few_keys_take_smaller_l2_sections_that_still_fill_the_gpu() {
-        let params = |batch, heads, s, d| FwdParams {
-            batch,
-            seqlen_q: s,
-            seqlen_k: s,
-            heads_q: heads,
-            heads_kv: heads,
-            head_dim: d,
-            tile_section: 7,
-            ..Default::default()
-        };
+        let params = |batch, heads, s, d| ProblemShape { batch, seqlen_q: s, seqlen_k: s, heads_q: heads, heads_kv: heads, head_dim: d };
         // D64 S512: 128 KiB of K and V a head, 64 heads in 8 MiB (256 tiles of 128 rows).
-        assert_eq!(section_heads(&params(32, 32, 512, 64), 128, 132), 64);
+        assert_eq!(section_heads(7, &params(32, 32, 512, 64), 128, 132), 64);
         // D128 S512: 32 heads in 8 MiB would be 128 tiles; a round of 132 CTAs needs 33 heads.
-        assert_eq!(section_heads(&params(32, 16, 512, 128), 128, 132), 33);
+        assert_eq!(section_heads(7, &params(32, 16, 512, 128), 128, 132), 33);
         // D256: the launch's own section.
-        assert_eq!(section_heads(&params(32, 8, 512, 256), 128, 132), 7);
+        assert_eq!(section_heads(7, &params(32, 8, 512, 256), 128, 132), 7);
         // Never more heads than there are.
-        assert_eq!(section_heads(&params(1, 8, 512, 64), 128, 132), 8);
+        assert_eq!(section_heads(7, &params(1, 8, 512, 64), 128, 132), 8);
         // From 1025 keys on: the launch's own section.
-        assert_eq!(section_heads(&params(8, 32, 2048, 64), 192, 132), 7);
+        assert_eq!(section_heads(7, &params(8, 32, 2048, 64), 192, 132), 7);
     }
 
     #[test]

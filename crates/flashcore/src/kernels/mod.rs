@@ -1,5 +1,6 @@
-//! Kernel families: their variants, the compile-time configuration of each, and how each
-//! is launched. One file per family; this one holds what they share.
+//! Kernel families: their variants and the compile-time configuration of each, one host
+//! file per family beside its CUDA source (`fwd_sm90.rs` and `fwd_sm90.cu`, ...); this one
+//! holds what they share. The headers every family includes are in `common/` and `ptx/`.
 
 pub(crate) mod bwd_sm80;
 pub(crate) mod bwd_sm90;
@@ -7,125 +8,9 @@ pub(crate) mod fwd_sm80;
 pub(crate) mod fwd_sm90;
 pub(crate) mod reference;
 
-use cudarc::driver::DeviceRepr;
-
 use crate::jit::{Arch, KernelSource};
-use crate::params::ProblemShape;
+use crate::shape::ProblemShape;
 use crate::tensor::DType;
-
-/// The forward-attention launch ABI, field for field `FwdParams` in
-/// `kernels/common/params.cuh`: change both together.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct FwdParams {
-    pub q: u64,
-    pub k: u64,
-    pub v: u64,
-    pub o: u64,
-    pub lse: u64,
-    pub q_strides: [i64; 3],
-    pub k_strides: [i64; 3],
-    pub v_strides: [i64; 3],
-    pub o_strides: [i64; 3],
-    pub batch: i32,
-    pub seqlen_q: i32,
-    pub seqlen_k: i32,
-    pub heads_q: i32,
-    pub heads_kv: i32,
-    pub head_dim: i32,
-    pub softmax_scale: f32,
-    pub softmax_scale_log2: f32,
-    pub causal: i32,
-    pub tile_section: i32,
-    pub o_accum: u64,
-    pub lse_accum: u64,
-    pub num_splits: i32,
-    pub split_tiles: i32,
-    pub window_left: i32,
-    pub window_right: i32,
-    pub softcap: f32,
-    pub softcap_scale: f32,
-    pub cu_seqlens_q: u64,
-    pub cu_seqlens_k: u64,
-    pub seqused_k: u64,
-    pub total_q: i32,
-    pub total_k: i32,
-    /// fwd_sm80 varlen decode with GQA heads packed as rows (see `packed_gqa` in `dispatch`).
-    pub gqa_packed: i32,
-    /// Varlen: the tokens' stride in q and o (the row stride, unless packed).
-    pub q_stride_token: i64,
-    pub o_stride_token: i64,
-    pub block_table: u64,
-    pub k_new: u64,
-    pub v_new: u64,
-    pub k_new_strides: [i64; 3],
-    pub v_new_strides: [i64; 3],
-    pub block_table_stride: i64,
-    pub page_size: i32,
-    pub num_pages: i32,
-    pub max_pages: i32,
-    pub page_rows: i32,
-    pub new_keys: i32,
-    /// fwd_sm90 paged with a block table: rows of one K/V TMA box (`fwd_sm90::page_box_rows`).
-    pub page_box_rows: i32,
-}
-
-const _: () = assert!(std::mem::size_of::<FwdParams>() == 376);
-
-// SAFETY: plain old data with the C layout the kernels expect.
-unsafe impl DeviceRepr for FwdParams {}
-
-/// The backward launch ABI, field for field `BwdParams` in `kernels/common/bwd_params.cuh`:
-/// change both together.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct BwdParams {
-    pub q: u64,
-    pub k: u64,
-    pub v: u64,
-    pub o: u64,
-    pub dout: u64,
-    pub lse: u64,
-    pub dq: u64,
-    pub dk: u64,
-    pub dv: u64,
-    pub dsum: u64,
-    pub dq_accum: u64,
-    pub q_strides: [i64; 3],
-    pub k_strides: [i64; 3],
-    pub v_strides: [i64; 3],
-    pub o_strides: [i64; 3],
-    pub do_strides: [i64; 3],
-    pub dq_strides: [i64; 3],
-    pub dk_strides: [i64; 3],
-    pub dv_strides: [i64; 3],
-    pub batch: i32,
-    pub seqlen_q: i32,
-    pub seqlen_k: i32,
-    pub heads_q: i32,
-    pub heads_kv: i32,
-    pub head_dim: i32,
-    pub softmax_scale: f32,
-    pub softmax_scale_log2: f32,
-    pub causal: i32,
-    pub deterministic: i32,
-    pub dq_splits: i32,
-    pub spread_walks: i32,
-    pub window_left: i32,
-    pub window_right: i32,
-    pub softcap: f32,
-    pub softcap_scale: f32,
-    pub cu_seqlens_q: u64,
-    pub cu_seqlens_k: u64,
-    pub seqused_k: u64,
-    pub total_q: i32,
-    pub total_k: i32,
-}
-
-const _: () = assert!(std::mem::size_of::<BwdParams>() == 88 + 8 * 24 + 64 + 32);
-
-// SAFETY: plain old data with the C layout the kernels expect.
-unsafe impl DeviceRepr for BwdParams {}
 
 /// Share of L2 the K and V of one longest-first section of heads should fit in (causal
 /// order: the CTAs running together work on one section, so they re-read its K and V from
@@ -134,15 +19,15 @@ const L2_SECTION_BYTES: u64 = 32 << 20;
 
 /// Heads (x batch) per longest-first section: as many as have K and V within
 /// `L2_SECTION_BYTES`, at least one.
-pub(crate) fn section_heads(p: &FwdParams) -> i32 {
-    heads_within(p, L2_SECTION_BYTES, 1)
+pub(crate) fn section_heads(shape: &ProblemShape) -> i32 {
+    heads_within(shape, L2_SECTION_BYTES, 1)
 }
 
 /// How many heads (x batch) have K and V within `bytes`, at least `min_heads` and at most
 /// all of them.
-pub(crate) fn heads_within(p: &FwdParams, bytes: u64, min_heads: u64) -> i32 {
-    let kv_bytes = 4 * p.head_dim.max(1) as u64 * p.seqlen_k.max(1) as u64; // K and V, 2 bytes an element
-    let heads = (p.heads_q as u64 * p.batch as u64).max(1);
+pub(crate) fn heads_within(shape: &ProblemShape, bytes: u64, min_heads: u64) -> i32 {
+    let kv_bytes = 4 * shape.head_dim.max(1) as u64 * shape.seqlen_k.max(1) as u64; // K and V, 2 bytes an element
+    let heads = (shape.heads_q as u64 * shape.batch as u64).max(1);
     (bytes / kv_bytes).max(min_heads).clamp(1, heads) as i32
 }
 
@@ -336,6 +221,17 @@ pub fn varlen_form(v: &Variant) -> Option<Variant> {
     (packs && !v.varlen && !v.paged).then(|| Variant { varlen: true, ..v.clone() })
 }
 
+/// A variant's entry points besides its main one (see [`Variant::entries`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entries {
+    /// The split-KV merge.
+    pub combine: Option<&'static str>,
+    /// The paged append pre-pass.
+    pub append: Option<&'static str>,
+    /// A backward family's other kernels, in launch order.
+    pub aux: &'static [&'static str],
+}
+
 /// Compile-time score policies of a variant (`kernels/common/mask.cuh`): a sliding window
 /// (its sides are run-time values) and logit softcapping. The reference kernels take both
 /// at run time and never set them.
@@ -426,6 +322,24 @@ impl Variant {
             }
         };
         KernelSource { name: self.name(), file, entry, defines }
+    }
+
+    /// The module's entry points besides the main one: the split-KV combine
+    /// (`fc_split_combine`) of a split variant, the paged append pre-pass (`fc_paged_append`)
+    /// of a paged one, and a backward family's other kernels in launch order (the
+    /// reference's dQ and dK/dV; bwd_sm80's D_i and dQ conversion; bwd_sm90's prep and dQ
+    /// conversion).
+    pub fn entries(&self) -> Entries {
+        Entries {
+            combine: self.split_kv.then_some("fc_split_combine"),
+            append: self.paged.then_some("fc_paged_append"),
+            aux: match self.family {
+                KernelFamily::Reference => &["fc_reference_bwd_dq", "fc_reference_bwd_dkv"],
+                KernelFamily::BwdSm80 => &[bwd_sm80::DSUM_ENTRY, bwd_sm80::DQ_ENTRY],
+                KernelFamily::BwdSm90 => &[bwd_sm90::PREP_ENTRY, bwd_sm90::DQ_ENTRY],
+                KernelFamily::FwdSm80 | KernelFamily::FwdSm90 => &[],
+            },
+        }
     }
 
     /// Grid `(x, y, z)` and threads per block for `shape` on a device of `sm_count` SMs:

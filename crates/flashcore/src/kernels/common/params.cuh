@@ -1,7 +1,8 @@
 // The forward-attention launch ABI shared by every kernel family.
-// Mirrored field for field by `FwdParams` in crates/flashcore/src/kernels/mod.rs:
-// change both together.
+// Mirrored field for field by `FwdParams` in crates/flashcore/src/pack.rs: change both
+// together. The groups every pass shares are common/attn_fields.cuh's.
 #pragma once
+#include "common/attn_fields.cuh"
 
 struct FwdParams {
     // Tensors are BSHD with the last dim contiguous; strides are in elements.
@@ -16,15 +17,7 @@ struct FwdParams {
     long long v_stride_b, v_stride_s, v_stride_h;
     long long o_stride_b, o_stride_s, o_stride_h;
 
-    int batch;
-    int seqlen_q;
-    int seqlen_k;
-    int heads_q;
-    int heads_kv;     // heads_q % heads_kv == 0; kv head = q head / (heads_q / heads_kv)
-    int head_dim;     // equals the compile-time FC_HEAD_DIM for specialised kernels
-    float softmax_scale;       // applied to q·k
-    float softmax_scale_log2;  // softmax_scale * log2(e), for exp2-based softmax
-    int causal;                // bottom-right aligned: key j visible to query i iff j <= i + seqlen_k - seqlen_q
+    FC_PROBLEM_FIELDS
     int tile_section;          // heads per longest-first section (fwd_sm80 causal; TileOrder)
 
     // Split-KV (fwd_sm80 built with FC_SPLIT_KV=1; ignored elsewhere). With num_splits > 1,
@@ -40,30 +33,8 @@ struct FwdParams {
     int num_splits;
     int split_tiles;
 
-    // Sliding window (kernels built with FC_LOCAL=1; see common/mask.cuh): query i sees keys
-    // i + Sk - Sq - window_left ... i + Sk - Sq + window_right; -1 = unbounded on that side.
-    // The host folds causal in (window_right <= 0).
-    int window_left;
-    int window_right;
-    // Logit softcapping (kernels built with FC_SOFTCAP=1): the scores become
-    // softcap * tanh(q·k * softcap_scale), softcap_scale = softmax_scale / softcap, before the
-    // softmax, whose softmax_scale_log2 is then log2(e). softcap = 0: off.
-    float softcap;
-    float softcap_scale;
-
-    // Varlen (kernels built with FC_VARLEN=1; see common/sequence.cuh): one packed batch of
-    // sequences, q and o [total_q, Hq, D], k and v [total_k, Hkv, D], every *_stride_b 0.
-    // Sequence b is query rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]) and keys
-    // [cu_seqlens_k[b], cu_seqlens_k[b] + seqlen_k_b), seqlen_k_b = seqused_k[b] when
-    // seqused_k is set, else cu_seqlens_k[b + 1] - cu_seqlens_k[b]; all int32, on the device.
-    // seqlen_q and seqlen_k are then the longest (max_seqlen_q / max_seqlen_k: the grid's
-    // extent), and lse is [Hq, total_q]. Offsets are clamped to [0, total): a bad cu_seqlens
-    // gives wrong output, never an access outside the tensors.
-    const int* cu_seqlens_q;
-    const int* cu_seqlens_k;
-    const int* seqused_k;  // may be null
-    int total_q;
-    int total_k;
+    FC_SCORE_MOD_FIELDS
+    FC_VARLEN_FIELDS
     // Varlen decode with GQA packed (fwd_sm80's varlen forms, max_seqlen_q 1; the host's
     // Plan::packed_gqa): each sequence's query token is seqlen_q (= Hq / Hkv) rows of each of
     // heads_q (= Hkv) KV heads, row r of KV head h being query head h * seqlen_q + r, so that

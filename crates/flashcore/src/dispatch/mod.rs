@@ -1,10 +1,15 @@
-//! Problem + device → kernel variant + launch plan. The one place where run-time choices
-//! become compile-time ones.
+//! Plan: problem + device → kernel variant + launch plan, for the forward (here) and the
+//! backward ([`backward`]). The one place where run-time choices become compile-time ones.
+
+mod backward;
+
+pub use backward::{plan_backward, BwdPlan};
 
 use crate::error::{Error, Result};
 use crate::jit::Arch;
 use crate::kernels::{fwd_sm80, fwd_sm90, reference, KernelFamily, ScoreMods, Variant};
-use crate::params::{AttnParams, ProblemShape};
+use crate::params::AttnParams;
+use crate::shape::ProblemShape;
 use crate::tensor::DType;
 
 /// What the dispatcher needs to know of the device.

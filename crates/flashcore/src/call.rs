@@ -1,0 +1,200 @@
+//! A call's inputs and outputs, as every entry point takes them, and their checks (the
+//! validate step): [`FwdInputs`] and [`FwdOutputs`] for the forward, [`BwdInputs`] and
+//! [`GradsMut`] for the backward, and [`KvLayout`], the one description of how the keys are
+//! laid out (dense, a packed batch, a KV cache).
+
+use crate::dispatch::KeyLayout;
+use crate::error::{Error, Result};
+use crate::paged::{CacheGeometry, PagedKv};
+use crate::params::AttnParams;
+use crate::shape::ProblemShape;
+use crate::tensor::{LseView, LseViewMut, TensorView, TensorViewMut};
+use crate::validate;
+use crate::varlen::VarlenBatch;
+
+/// How a call's keys (and, packed, its queries) are laid out.
+#[derive(Debug, Clone, Copy, Default)]
+pub enum KvLayout<'a> {
+    /// Dense BSHD tensors: `q [B, Sq, Hq, D]`, `k, v [B, Sk, Hkv, D]`.
+    #[default]
+    Dense,
+    /// A packed batch of sequences of their own lengths (flash_attn's varlen functions):
+    /// `q [1, total_q, Hq, D]`, `k, v [1, total_k, Hkv, D]`; see [`VarlenBatch`].
+    Varlen(VarlenBatch<'a>),
+    /// A KV cache, paged or contiguous, with new keys appended first (flash_attn's
+    /// `flash_attn_with_kvcache`): `k` and `v` are the caches; see [`PagedKv`]. Forward only.
+    Paged(PagedKv<'a>),
+}
+
+impl KvLayout<'_> {
+    /// What the planner needs to know of the layout (sizes, not device memory).
+    pub(crate) fn geometry(&self, checked: &Checked) -> KeyLayout {
+        match (self, checked.cache) {
+            (KvLayout::Paged(_), Some(g)) => KeyLayout::Paged { page_size: g.page_size },
+            (KvLayout::Varlen(_), _) => KeyLayout::Varlen { total_k: checked.tensors.seqlen_k },
+            _ => KeyLayout::Dense,
+        }
+    }
+
+    fn batch(&self) -> Option<&VarlenBatch<'_>> {
+        match self {
+            KvLayout::Varlen(batch) => Some(batch),
+            _ => None,
+        }
+    }
+}
+
+/// What the forward reads.
+#[derive(Debug, Clone, Copy)]
+pub struct FwdInputs<'a> {
+    /// Queries, `[B, Sq, Hq, D]` (packed: `[1, total_q, Hq, D]`).
+    pub q: TensorView<'a>,
+    /// Keys, `[B, Sk, Hkv, D]` (packed: `[1, total_k, Hkv, D]`; a cache: its pages).
+    pub k: TensorView<'a>,
+    /// Values, shaped like `k`.
+    pub v: TensorView<'a>,
+    /// How the keys are laid out.
+    pub kv: KvLayout<'a>,
+}
+
+impl<'a> FwdInputs<'a> {
+    /// Dense tensors: `q [B, Sq, Hq, D]`, `k, v [B, Sk, Hkv, D]`.
+    pub fn dense(q: TensorView<'a>, k: TensorView<'a>, v: TensorView<'a>) -> Self {
+        Self { q, k, v, kv: KvLayout::Dense }
+    }
+
+    /// A packed batch: `q [1, total_q, Hq, D]`, `k, v [1, total_k, Hkv, D]` (see [`VarlenBatch`]).
+    pub fn varlen(q: TensorView<'a>, k: TensorView<'a>, v: TensorView<'a>, batch: VarlenBatch<'a>) -> Self {
+        Self { q, k, v, kv: KvLayout::Varlen(batch) }
+    }
+
+    /// A KV cache: `q [B, Sq, Hq, D]`, `k_cache`, `v_cache` the pools `[num_pages, page_size,
+    /// Hkv, D]` (with a block table) or `[B, S_cache, Hkv, D]`; `cache.k_new`, `cache.v_new`
+    /// are appended first (see [`PagedKv`]).
+    pub fn paged(q: TensorView<'a>, k_cache: TensorView<'a>, v_cache: TensorView<'a>, cache: PagedKv<'a>) -> Self {
+        Self { q, k: k_cache, v: v_cache, kv: KvLayout::Paged(cache) }
+    }
+}
+
+/// Where the forward writes: `o` shaped like `q`, in its dtype, and if given the
+/// log-sum-exp, `[B, Hq, Sq]` f32 (packed: `[Hq, total_q]`), natural log.
+#[derive(Debug)]
+pub struct FwdOutputs<'a> {
+    /// The attention output.
+    pub o: TensorViewMut<'a>,
+    /// The log-sum-exp, when wanted (the backward needs it).
+    pub lse: Option<LseViewMut<'a>>,
+}
+
+/// What the backward reads: the forward's inputs and outputs and the output's gradient.
+/// `o` and `dout` are shaped like `q`; `lse` as the forward wrote it. `kv` is the forward's
+/// layout: dense or a packed batch (a KV cache has no backward).
+#[derive(Debug, Clone, Copy)]
+pub struct BwdInputs<'a> {
+    /// Queries, `[B, Sq, Hq, D]`.
+    pub q: TensorView<'a>,
+    /// Keys, `[B, Sk, Hkv, D]`.
+    pub k: TensorView<'a>,
+    /// Values, `[B, Sk, Hkv, D]`.
+    pub v: TensorView<'a>,
+    /// The forward's output.
+    pub o: TensorView<'a>,
+    /// The forward's log-sum-exp.
+    pub lse: LseView<'a>,
+    /// The gradient of the loss with respect to `o`, in `o`'s dtype.
+    pub dout: TensorView<'a>,
+    /// How the keys are laid out: as the forward's.
+    pub kv: KvLayout<'a>,
+}
+
+/// Where the gradients go: `dq` shaped like `q`, `dk` and `dv` like `k` (the query heads
+/// that share a KV head have their gradients summed). None may overlap an input or another.
+#[derive(Debug)]
+pub struct GradsMut<'a> {
+    /// Gradient with respect to `q`.
+    pub dq: TensorViewMut<'a>,
+    /// Gradient with respect to `k`.
+    pub dk: TensorViewMut<'a>,
+    /// Gradient with respect to `v`.
+    pub dv: TensorViewMut<'a>,
+}
+
+/// A checked call: the tensors' own shape (packed: `[1, total, H, D]`; a cache: `Sk` its
+/// capacity), the kernels' (packed: B sequences of the longest lengths), a cache's geometry.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Checked {
+    pub tensors: ProblemShape,
+    pub shape: ProblemShape,
+    pub cache: Option<CacheGeometry>,
+}
+
+impl FwdInputs<'_> {
+    /// Checks everything the host can see of a forward call into `o` and `lse` on `device`.
+    pub(crate) fn check(&self, o: &TensorView, lse: Option<&LseViewMut>, params: &AttnParams, device: usize) -> Result<Checked> {
+        let (q, k, v) = (&self.q, &self.k, &self.v);
+        let checked = match &self.kv {
+            KvLayout::Paged(cache) => {
+                let g = cache.validate(q, k, v, o, device)?;
+                Checked { tensors: g.shape, shape: g.shape, cache: Some(g) }
+            }
+            KvLayout::Varlen(batch) => {
+                let tensors = validate::problem(q, k, v, o, device)?;
+                batch.validate(&tensors)?;
+                Checked { tensors, shape: batch.kernel_shape(&tensors), cache: None }
+            }
+            KvLayout::Dense => {
+                let tensors = validate::problem(q, k, v, o, device)?;
+                Checked { tensors, shape: tensors, cache: None }
+            }
+        };
+        params.check(checked.shape.head_dim)?;
+        if let Some(lse) = lse {
+            // Packed, [Hq, total_q]: the shape of one sequence of all the rows.
+            validate::lse(lse.len, if self.kv.batch().is_some() { &checked.tensors } else { &checked.shape })?;
+            validate::lse_alignment(lse.ptr)?;
+        }
+        Ok(checked)
+    }
+}
+
+impl BwdInputs<'_> {
+    /// The packed batch, if the call is over one.
+    pub(crate) fn batch(&self) -> Option<&VarlenBatch<'_>> {
+        self.kv.batch()
+    }
+
+    /// Checks everything the host can see of a backward call into `grads` on `device`.
+    pub(crate) fn check(&self, grads: &GradsMut, params: &AttnParams, device: usize) -> Result<Checked> {
+        let BwdInputs { q, k, v, o, lse, dout, kv } = self;
+        if let KvLayout::Paged(_) = kv {
+            return Err(Error::Param { arg: "kv", msg: "a KV cache has no backward: dense or packed (varlen) batches do".into() });
+        }
+        // The tensors' own shape ([1, total, H, D] when packed) and the kernels' (B sequences
+        // of the longest lengths when packed).
+        let tensors = validate::problem(q, k, v, o, device)?;
+        let shape = match kv.batch() {
+            Some(batch) => {
+                batch.validate(&tensors)?;
+                let shape = batch.kernel_shape(&tensors);
+                if shape.batch > u16::MAX as usize {
+                    let msg = format!("{} sequences: the backward takes at most {}", shape.batch, u16::MAX);
+                    return Err(Error::Shape { arg: "cu_seqlens_q", msg });
+                }
+                shape
+            }
+            None => tensors,
+        };
+        let (dq, dk, dv) = (grads.dq.as_view(), grads.dk.as_view(), grads.dv.as_view());
+        validate::backward(
+            &[("q", q), ("k", k), ("v", v), ("o", o), ("dout", dout)],
+            &[("dq", &dq), ("dk", &dk), ("dv", &dv)],
+            &shape,
+            device,
+        )?;
+        // Packed, [Hq, total_q]: the shape of one sequence of all the rows.
+        validate::lse(lse.len, &tensors)?;
+        validate::lse_alignment(lse.ptr)?;
+        params.check(shape.head_dim)?;
+        Ok(Checked { tensors, shape, cache: None })
+    }
+}

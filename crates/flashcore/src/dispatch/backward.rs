@@ -1,0 +1,193 @@
+//! The backward's plan: which family runs the gradients, its variant, and the run-time
+//! choices that go with it (bwd_sm80's deterministic dQ slices, bwd_sm90's spread walks).
+//!
+//! On Hopper (sm_90a) `bwd_sm90` (wgmma, TMA, warp specialized) for head dims 64, 96, 128,
+//! 192 and 256; else `bwd_sm80` (FlashAttention-2's algorithm, mma.sync), every head dim of
+//! the forward; the naive reference kernels (exact f32 gradients, slow) when `params.kernel`
+//! names the reference. `params.kernel` may also name bwd_sm80 or bwd_sm90; a forward family
+//! named there concerns the forward only. A sliding window and a softcap select the kernels'
+//! `_local` and `_softcap` variants (the reference kernels take both at run time). A packed
+//! batch runs the `_varlen` form of the dense batch's family (the reference takes none).
+
+use super::Device;
+use crate::error::{Error, Result};
+use crate::jit::Arch;
+use crate::kernels::{bwd_sm80, bwd_sm90, reference, KernelFamily, ScoreMods, Variant};
+use crate::params::AttnParams;
+use crate::shape::ProblemShape;
+use crate::tensor::DType;
+
+/// What runs for one backward problem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BwdPlan {
+    /// The compiled variant (its module holds the pass's other kernels).
+    pub variant: Variant,
+    /// Slices of dQ's f32 accumulator: bwd_sm80 in deterministic mode (a CTA per slice of a
+    /// KV head's key blocks), else 1.
+    pub dq_splits: usize,
+    /// bwd_sm90: whether the key blocks start their walks spread over the query blocks.
+    pub spread_walks: bool,
+    /// Deterministic mode (bwd_sm90 keeps an order counter per query block).
+    pub deterministic: bool,
+}
+
+impl BwdPlan {
+    /// Scratch bytes of a call: the per-row statistics (D_i; bwd_sm90 also lse·log2e), then
+    /// dQ's f32 accumulator (and bwd_sm90's order counters). `shape` is the kernels' (packed:
+    /// B sequences of the longest lengths), `tensors` the tensors' own, `total_q` the packed
+    /// rows when the batch is packed.
+    ///
+    /// - bwd_sm80: D_i, `4·B·Hq·Sq` bytes, and dQ's accumulator, `4·B·Sq·Hq·D` bytes times
+    ///   `dq_splits`. Packed, `B·Sq` is `total_q`.
+    /// - bwd_sm90: `8·B·Hq·Sq'` bytes and `4·B·Hq·Sq'·D'`, Sq' being Sq rounded up to whole
+    ///   query blocks and D' the head dim of the kernel's tiles (D96: 128, D192: 256); in
+    ///   deterministic mode also 4 bytes per query block. Packed, `B·Sq'` is
+    ///   `total_q + B·block_m` rounded down to whole blocks.
+    pub fn scratch_bytes(&self, shape: &ProblemShape, tensors: &ProblemShape, total_q: Option<usize>) -> (usize, usize) {
+        if self.variant.family == KernelFamily::BwdSm90 {
+            return bwd_sm90::scratch_layout(&self.variant, shape, total_q, self.deterministic);
+        }
+        let rows = tensors.batch * tensors.heads_q * tensors.seqlen_q;
+        let accum = if self.variant.family == KernelFamily::BwdSm80 { self.dq_splits * rows * shape.head_dim * 4 } else { 0 };
+        ((rows * 4).next_multiple_of(256), accum)
+    }
+}
+
+/// The backward plan for `shape` (packed: `varlen`, B sequences of the longest lengths).
+pub fn plan_backward(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnParams, varlen: bool) -> Result<BwdPlan> {
+    let variant = backward_variant(shape, dtype, params, device.arch, varlen)?;
+    let dq_splits = if variant.family == KernelFamily::BwdSm80 && params.deterministic {
+        let key_blocks = shape.seqlen_k.div_ceil(variant.tile.block_n as usize);
+        match params.num_splits {
+            Some(0) => return Err(Error::Param { arg: "num_splits", msg: "must be at least 1 (None picks it)".into() }),
+            Some(n) => n.clamp(1, key_blocks.max(1)),
+            None => bwd_sm80::deterministic_splits(device.sm_count as usize, shape.heads_kv, shape.batch, key_blocks),
+        }
+    } else {
+        1
+    };
+    let spread_walks = variant.family == KernelFamily::BwdSm90 && spread_walks(&variant, shape, device.sm_count);
+    Ok(BwdPlan { variant, dq_splits, spread_walks, deterministic: params.deterministic })
+}
+
+/// Whether bwd_sm90's key blocks start their walks spread over the query blocks (see
+/// `Walk` in `kernels/common/bwd_schedule.cuh`): only when all key blocks of a head fit on
+/// the GPU at once (one CTA an SM), since in deterministic mode a key block may then wait for
+/// any other key block of its head, the last launched included.
+fn spread_walks(variant: &Variant, shape: &ProblemShape, sm_count: u32) -> bool {
+    shape.seqlen_k.div_ceil(variant.tile.block_n as usize) <= sm_count as usize
+}
+
+/// The variant of the family [`backward_family`] picks, with the score policies of `params`
+/// (the forward's choices: a window, causal folded in, is `_local`; a softcap `_softcap`) and,
+/// for a packed batch (`varlen`), the `_varlen` form.
+pub(crate) fn backward_variant(shape: &ProblemShape, dtype: DType, params: &AttnParams, arch: Arch, varlen: bool) -> Result<Variant> {
+    let (causal, window) = params.mask();
+    let mut variant = match backward_family(shape, params, arch, varlen)? {
+        KernelFamily::BwdSm80 => bwd_sm80::variant(arch, dtype, shape.head_dim, causal),
+        KernelFamily::BwdSm90 => bwd_sm90::variant(dtype, shape.head_dim, causal),
+        _ => return Ok(reference::variant(dtype)),
+    };
+    variant.mods = ScoreMods { local: window.is_some(), softcap: params.has_softcap() };
+    variant.varlen = varlen;
+    Ok(variant)
+}
+
+/// Which kernels run the backward of `shape` (see the module's documentation): bwd_sm90 on
+/// Hopper for its head dims, else bwd_sm80, a packed batch (`varlen`) too; a family named in
+/// `params.kernel` if it can.
+fn backward_family(shape: &ProblemShape, params: &AttnParams, arch: Arch, varlen: bool) -> Result<KernelFamily> {
+    let unsupported = |family: KernelFamily, msg: String| Err(Error::Unsupported { kernel: family.name().into(), msg });
+    let takes = |family: KernelFamily| family.head_dims().contains(&shape.head_dim);
+    match params.kernel {
+        Some(KernelFamily::Reference) if varlen => {
+            unsupported(KernelFamily::Reference, "takes no packed batch (it is the oracle: run each sequence alone)".into())
+        }
+        Some(KernelFamily::Reference) => Ok(KernelFamily::Reference),
+        Some(family @ (KernelFamily::BwdSm80 | KernelFamily::BwdSm90)) if !takes(family) => {
+            unsupported(family, format!("takes head dims {:?} (head dim {})", family.head_dims(), shape.head_dim))
+        }
+        Some(KernelFamily::BwdSm90) if !KernelFamily::BwdSm90.runs_on(arch) => {
+            unsupported(KernelFamily::BwdSm90, format!("needs sm_90a (this GPU is {arch})"))
+        }
+        Some(KernelFamily::BwdSm80) => Ok(KernelFamily::BwdSm80),
+        Some(KernelFamily::BwdSm90) => Ok(KernelFamily::BwdSm90),
+        _ if takes(KernelFamily::BwdSm90) && KernelFamily::BwdSm90.runs_on(arch) => Ok(KernelFamily::BwdSm90),
+        _ if takes(KernelFamily::BwdSm80) => Ok(KernelFamily::BwdSm80),
+        _ => Ok(KernelFamily::Reference),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(head_dim: usize) -> ProblemShape {
+        ProblemShape { batch: 2, seqlen_q: 300, seqlen_k: 300, heads_q: 8, heads_kv: 2, head_dim }
+    }
+    const HOPPER: Arch = Arch { major: 9, minor: 0, specific: true };
+    const AMPERE: Arch = Arch { major: 8, minor: 0, specific: false };
+
+    #[test]
+    fn hopper_takes_bwd_sm90_where_it_has_the_head_dim() {
+        for deterministic in [false, true] {
+            let params = AttnParams { deterministic, ..AttnParams::default() };
+            for d in [64, 96, 128, 192, 256] {
+                assert_eq!(backward_family(&shape(d), &params, HOPPER, false).unwrap(), KernelFamily::BwdSm90, "D{d}");
+                assert_eq!(backward_family(&shape(d), &params, AMPERE, false).unwrap(), KernelFamily::BwdSm80, "D{d} on sm_80");
+            }
+            assert_eq!(backward_family(&shape(32), &params, HOPPER, false).unwrap(), KernelFamily::BwdSm80, "D32");
+        }
+    }
+
+    #[test]
+    fn a_named_backward_family_is_honoured_or_refused() {
+        let named = |family| AttnParams { kernel: Some(family), ..AttnParams::default() };
+        assert_eq!(backward_family(&shape(128), &named(KernelFamily::BwdSm80), HOPPER, false).unwrap(), KernelFamily::BwdSm80);
+        assert_eq!(backward_family(&shape(128), &named(KernelFamily::Reference), HOPPER, false).unwrap(), KernelFamily::Reference);
+        assert_eq!(backward_family(&shape(128), &named(KernelFamily::FwdSm80), HOPPER, false).unwrap(), KernelFamily::BwdSm90);
+        let refused = |d, arch| match backward_family(&shape(d), &named(KernelFamily::BwdSm90), arch, false) {
+            Err(Error::Unsupported { kernel, msg }) => format!("{kernel}: {msg}"),
+            other => panic!("expected Unsupported, got {other:?}"),
+        };
+        assert!(refused(32, HOPPER).contains("head dims"), "{}", refused(32, HOPPER));
+        assert!(refused(128, AMPERE).contains("sm_90a"), "{}", refused(128, AMPERE));
+    }
+
+    #[test]
+    fn windows_and_softcaps_pick_the_mods_variants() {
+        let pick = |params: AttnParams, arch| backward_variant(&shape(128), DType::BF16, &params, arch, false).unwrap();
+        for arch in [HOPPER, AMPERE] {
+            let local = pick(AttnParams { causal: true, window: crate::params::Window::new(127, 0), ..AttnParams::default() }, arch);
+            assert_eq!((local.causal, local.mods), (Some(false), ScoreMods { local: true, softcap: false }), "causal folded in");
+            assert!(local.name().ends_with("_local"), "{}", local.name());
+            let capped = pick(AttnParams { causal: true, softcap: 30.0, deterministic: true, ..AttnParams::default() }, arch);
+            assert_eq!((capped.causal, capped.mods), (Some(true), ScoreMods { local: false, softcap: true }));
+            let only_causal = pick(AttnParams { window: crate::params::Window::new(-1, 0), ..AttnParams::default() }, arch);
+            assert_eq!((only_causal.causal, only_causal.mods), (Some(true), ScoreMods::default()), "(-1, 0) is causal");
+        }
+        let named = AttnParams { kernel: Some(KernelFamily::Reference), softcap: 30.0, ..AttnParams::default() };
+        assert_eq!(pick(named, HOPPER).mods, ScoreMods::default(), "the reference takes both at run time");
+    }
+
+    #[test]
+    fn packed_batches_take_the_dense_family_or_a_named_refusal() {
+        for arch in [HOPPER, AMPERE] {
+            for d in [32, 64, 128, 256] {
+                let params = AttnParams { deterministic: d == 64, ..AttnParams::default() };
+                let want = if arch == HOPPER && d != 32 { KernelFamily::BwdSm90 } else { KernelFamily::BwdSm80 };
+                assert_eq!(backward_family(&shape(d), &params, arch, true).unwrap(), want, "D{d} on {arch}");
+            }
+            for family in [KernelFamily::BwdSm80, KernelFamily::BwdSm90].into_iter().filter(|f| f.runs_on(arch)) {
+                let named = AttnParams { kernel: Some(family), causal: true, softcap: 30.0, ..AttnParams::default() };
+                let v = backward_variant(&shape(128), DType::BF16, &named, arch, true).unwrap();
+                assert!(v.family == family && v.name().ends_with("_softcap_varlen"), "{}", v.name());
+            }
+        }
+        let named = AttnParams { kernel: Some(KernelFamily::Reference), ..AttnParams::default() };
+        match backward_family(&shape(128), &named, HOPPER, true) {
+            Err(Error::Unsupported { kernel, msg }) => assert!(kernel == "reference" && msg.contains("packed"), "{kernel}: {msg}"),
+            other => panic!("expected Unsupported, got {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,55 @@
+// The field groups every pass's launch ABI shares: FwdParams (common/params.cuh) and BwdParams
+// (common/bwd_params.cuh) each hold these three groups, at the places where they stand in
+// those structs, so a kernel reads p.batch, p.window_left or p.cu_seqlens_q whichever pass it
+// is. Mirrored by `ProblemArgs`, `ScoreModArgs` and `VarlenArgs` in
+// crates/flashcore/src/pack.rs, each filled by one function there: change both together.
+#pragma once
+
+// The problem: shape, scale and the causal flag.
+//   heads_kv: heads_q % heads_kv == 0; kv head = q head / (heads_q / heads_kv).
+//   head_dim: equals the compile-time FC_HEAD_DIM for specialised kernels.
+//   softmax_scale: applied to q·k; softmax_scale_log2 = softmax_scale * log2(e), for the
+//     exp2-based softmax (log2(e) alone under a softcap, whose tanh applies the scale), never
+//     0: a zero scale is sent as the smallest normal float so that masked (-inf) scores stay
+//     -inf rather than -inf * 0 = NaN.
+//   causal: bottom-right aligned: key j visible to query i iff j <= i + seqlen_k - seqlen_q.
+#define FC_PROBLEM_FIELDS \
+    int batch;                \
+    int seqlen_q;             \
+    int seqlen_k;             \
+    int heads_q;              \
+    int heads_kv;             \
+    int head_dim;             \
+    float softmax_scale;      \
+    float softmax_scale_log2; \
+    int causal;
+
+// Score policies (see common/mask.cuh).
+//   Sliding window (kernels built with FC_LOCAL=1): query i sees keys
+//     i + Sk - Sq - window_left ... i + Sk - Sq + window_right; -1 = unbounded on that side.
+//     The host folds causal in (window_right <= 0).
+//   Logit softcapping (kernels built with FC_SOFTCAP=1): the scores become
+//     softcap * tanh(q·k * softcap_scale), softcap_scale = softmax_scale / softcap, before the
+//     softmax, whose softmax_scale_log2 is then log2(e). softcap = 0: off.
+//   The reference kernels take both at run time.
+#define FC_SCORE_MOD_FIELDS \
+    int window_left;        \
+    int window_right;       \
+    float softcap;          \
+    float softcap_scale;
+
+// Varlen (kernels built with FC_VARLEN=1; see common/sequence.cuh): one packed batch of
+// sequences, q, o (and dout, dq) [total_q, Hq, D], k, v (and dk, dv) [total_k, Hkv, D], every
+// *_stride_b 0. Sequence b is query rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]) and keys
+// [cu_seqlens_k[b], cu_seqlens_k[b] + seqlen_k_b), seqlen_k_b = seqused_k[b] when seqused_k is
+// set (may be null), else cu_seqlens_k[b + 1] - cu_seqlens_k[b]; all int32, on the device.
+// seqlen_q and seqlen_k are then the longest (max_seqlen_q / max_seqlen_k: the grid's extent),
+// and lse (and the backward's dsum) is [Hq, total_q]. Offsets are clamped to [0, total): a bad
+// cu_seqlens gives wrong output, never an access outside the tensors. The paged forward reuses
+// seqused_k as flash_attn's cache_seqlens (common/params.cuh).
+#define FC_VARLEN_FIELDS        \
+    const int* cu_seqlens_q;    \
+    const int* cu_seqlens_k;    \
+    const int* seqused_k;       \
+    int total_q;                \
+    int total_k;

@@ -1,0 +1,33 @@
+//! The shape of one attention problem, the lowest layer: every other module may use it.
+
+/// The shape of one attention problem: `q [B, Sq, Hq, D]`, `k, v [B, Sk, Hkv, D]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct ProblemShape {
+    /// Batch size `B`.
+    pub batch: usize,
+    /// Query sequence length `Sq`.
+    pub seqlen_q: usize,
+    /// Key/value sequence length `Sk`.
+    pub seqlen_k: usize,
+    /// Query heads `Hq`.
+    pub heads_q: usize,
+    /// Key/value heads `Hkv`; `Hq % Hkv == 0` (GQA/MQA).
+    pub heads_kv: usize,
+    /// Head dimension `D`.
+    pub head_dim: usize,
+}
+
+impl ProblemShape {
+    /// The fewest bytes a forward pass moves: q, k, v read once, o written once
+    /// (`elem_bytes` per element), and the f32 log-sum-exp.
+    pub fn min_bytes(&self, elem_bytes: usize) -> f64 {
+        let q = self.batch * self.seqlen_q * self.heads_q * self.head_dim;
+        let kv = 2 * self.batch * self.seqlen_k * self.heads_kv * self.head_dim;
+        ((2 * q + kv) * elem_bytes + 4 * self.batch * self.heads_q * self.seqlen_q) as f64
+    }
+
+    /// Bytes of K and V, the traffic that bounds decode.
+    pub fn kv_bytes(&self, elem_bytes: usize) -> f64 {
+        (2 * self.batch * self.seqlen_k * self.heads_kv * self.head_dim * elem_bytes) as f64
+    }
+}
