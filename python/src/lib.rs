@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use flashcore::{
-    AttnParams, BlockTableView, BwdInputs, Context, DType, Error, ExternalStream, GradsMut, Layout, LseView, PagedKv, ProblemShape,
-    SeqLensView, TensorView, TensorViewMut, VarlenBatch, Window,
+    AttnParams, BlockTableView, BwdInputs, CallerStream, Context, DType, Error, ExternalStream, FwdInputs, FwdOutputs, GradsMut, KvLayout,
+    Layout, LseView, LseViewMut, PagedKv, ProblemShape, SeqLensView, TensorView, TensorViewMut, VarlenBatch, Window,
 };
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -75,13 +75,6 @@ type VarlenArg = ((u64, usize), (u64, usize), Option<(u64, usize)>, usize, usize
 /// stride)` int32 (`None`: contiguous caches `[B, S_cache, Hkv, D]`).
 type PagedArg = (Option<TensorArg>, Option<TensorArg>, Option<(u64, usize)>, Option<(u64, [usize; 2], usize)>);
 
-/// How a call's keys are laid out, with their device views (as `Context::run`'s).
-enum Keys<'a> {
-    Dense,
-    Varlen(VarlenBatch<'a>),
-    Paged(PagedKv<'a>),
-}
-
 /// `varlen` as the Rust API takes it.
 ///
 /// # Safety
@@ -98,18 +91,18 @@ unsafe fn varlen_batch((cu_q, cu_k, used, max_seqlen_q, max_seqlen_k): VarlenArg
 /// # Safety
 /// As [`varlen_batch`], for every address either names, `k_new` and `v_new` with the
 /// layouts they describe.
-unsafe fn keys(device: usize, varlen: Option<VarlenArg>, paged: Option<PagedArg>) -> PyResult<Keys<'static>> {
+unsafe fn keys(device: usize, varlen: Option<VarlenArg>, paged: Option<PagedArg>) -> PyResult<KvLayout<'static>> {
     Ok(match (varlen, paged) {
-        (None, None) => Keys::Dense,
+        (None, None) => KvLayout::Dense,
         // SAFETY: this function's contract.
-        (Some(batch), None) => Keys::Varlen(unsafe { varlen_batch(batch) }),
+        (Some(batch), None) => KvLayout::Varlen(unsafe { varlen_batch(batch) }),
         (None, Some((k_new, v_new, cache_seqlens, block_table))) => {
             let new = |t: Option<TensorArg>, name| -> PyResult<Option<TensorView<'static>>> {
                 // SAFETY: this function's contract.
                 t.map(|t| Ok(unsafe { TensorView::from_raw(t.0, layout(&t, name)?, device) })).transpose()
             };
             // SAFETY: this function's contract.
-            Keys::Paged(unsafe {
+            KvLayout::Paged(unsafe {
                 PagedKv {
                     block_table: block_table.map(|(ptr, [b, pages], stride)| BlockTableView::from_raw(ptr, b, pages, stride)),
                     cache_seqlens: cache_seqlens.map(|(ptr, len)| SeqLensView::from_raw(ptr, len)),
@@ -175,20 +168,17 @@ fn attention_forward(
         // SAFETY: as for `keys` above.
         unsafe {
             let view = |t: &TensorArg, l: Layout| TensorView::from_raw(t.0, l, device);
-            let (q, k, v) = (view(&q, layouts[0]), view(&k, layouts[1]), view(&v, layouts[2]));
-            let o = TensorViewMut::from_raw(o.0, layouts[3], device);
-            match &keys {
-                Keys::Varlen(batch) if check => ctx.check_varlen(batch, layouts[0].shape[1], layouts[1].shape[1])?,
-                Keys::Paged(kv) if check => ctx.check_paged(q, k, v, kv)?,
-                _ => {}
+            let inputs = FwdInputs { q: view(&q, layouts[0]), k: view(&k, layouts[1]), v: view(&v, layouts[2]), kv: keys };
+            if check {
+                ctx.check_values(&inputs)?;
             }
+            let out = FwdOutputs {
+                o: TensorViewMut::from_raw(o.0, layouts[3], device),
+                lse: lse.map(|(ptr, len)| LseViewMut::from_raw(ptr, len)),
+            };
             let mut scratch = scratch_fn(&scratch, &mut scratch_error);
-            let stream = ExternalStream::from_raw(stream);
-            match &keys {
-                Keys::Dense => ctx.attention_on_stream(stream, q, k, v, o, lse, &mut scratch, &params),
-                Keys::Varlen(batch) => ctx.attention_varlen_on_stream(stream, q, k, v, o, lse, &mut scratch, batch, &params),
-                Keys::Paged(kv) => ctx.attention_paged_on_stream(stream, q, k, v, o, lse, &mut scratch, kv, &params),
-            }
+            let caller = CallerStream { stream: ExternalStream::from_raw(stream), scratch: &mut scratch };
+            ctx.attention_on_stream(caller, &inputs, out, &params)
         }
     });
     finish(result, scratch_error, to_py)
@@ -246,22 +236,21 @@ fn attention_backward(
     };
     let mut scratch_error: Option<PyErr> = None;
     let result = py.detach(|| {
-        if let (Some(batch), true) = (&batch, check) {
-            ctx.check_varlen(batch, layouts[0].shape[1], layouts[1].shape[1])?;
-        }
-        let mut scratch = scratch_fn(&scratch, &mut scratch_error);
         // SAFETY: as in `attention_forward`: live CUDA tensors of `device` with these layouts,
         // kept alive by the Python side across the call, on PyTorch's current stream.
         unsafe {
             let view = |i: usize| TensorView::from_raw(args[i].0, layouts[i], device);
             let grad = |i: usize| TensorViewMut::from_raw(args[i].0, layouts[i], device);
-            let inputs = BwdInputs { q: view(0), k: view(1), v: view(2), o: view(3), lse: LseView::from_raw(lse.0, lse.1), dout: view(4) };
-            let grads = GradsMut { dq: grad(5), dk: grad(6), dv: grad(7) };
-            let stream = ExternalStream::from_raw(stream);
-            match &batch {
-                None => ctx.attention_backward_on_stream(stream, &inputs, grads, &mut scratch, &params),
-                Some(batch) => ctx.attention_varlen_backward_on_stream(stream, &inputs, grads, &mut scratch, batch, &params),
+            let kv = batch.map_or(KvLayout::Dense, KvLayout::Varlen);
+            if let (Some(batch), true) = (batch, check) {
+                ctx.check_values(&FwdInputs::varlen(view(0), view(1), view(2), batch))?;
             }
+            let lse = LseView::from_raw(lse.0, lse.1);
+            let inputs = BwdInputs { q: view(0), k: view(1), v: view(2), o: view(3), lse, dout: view(4), kv };
+            let grads = GradsMut { dq: grad(5), dk: grad(6), dv: grad(7) };
+            let mut scratch = scratch_fn(&scratch, &mut scratch_error);
+            let caller = CallerStream { stream: ExternalStream::from_raw(stream), scratch: &mut scratch };
+            ctx.attention_backward_on_stream(caller, &inputs, grads, &params)
         }
     });
     finish(result, scratch_error, to_py).map(|()| kernel)
