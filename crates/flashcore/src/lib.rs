@@ -7,18 +7,30 @@
 //!
 //! ```no_run
 //! # fn main() -> flashcore::Result<()> {
-//! use flashcore::{AttnParams, Context, DType, DeviceTensor};
+//! use flashcore::{AttnParams, Context, DType, DeviceTensor, FwdInputs};
 //! let ctx = Context::new(0)?;                                    // GPU 0, JIT cache ready
 //! let shape = [1, 4096, 16, 128];                                // [B, S, H, D]
 //! let x: Vec<f32> = (0..shape.iter().product()).map(|i: usize| (i % 7) as f32 * 0.1).collect();
 //! let q = DeviceTensor::from_f32(&ctx, &x, shape, DType::BF16)?;
-//! let out = ctx.attention(q.view(), q.view(), q.view(), &AttnParams::causal())?;
+//! let out = ctx.attention(&FwdInputs::dense(q.view(), q.view(), q.view()), &AttnParams::causal())?;
 //! println!("{:?}", &out.o.to_f32(&ctx)?[..4]);
 //! # Ok(()) }
 //! ```
 //!
 //! Shapes are BSHD (`q [B, Sq, Hq, D]`, `k, v [B, Sk, Hkv, D]`), GQA/MQA when
 //! `Hq % Hkv == 0`, causal masks bottom-right aligned (see [`AttnParams::causal`]).
+//!
+//! Six entry points cover every call: [`Context::attention`], [`Context::attention_into`]
+//! and [`Context::attention_on_stream`] for the forward, the same three `attention_backward*`
+//! for the gradients. What a call reads is a [`FwdInputs`] or [`BwdInputs`], whose
+//! [`KvLayout`] says how the keys are laid out (dense, a packed [`VarlenBatch`], a
+//! [`PagedKv`] cache); where it writes, a [`FwdOutputs`] or [`GradsMut`]; where it runs, the
+//! context's stream or a [`CallerStream`].
+//!
+//! Inside, each call passes through the same layers, one module each: validate (`call`,
+//! `validate`) → plan ([`dispatch`]) → pack (`pack`: the kernels' parameter structs) →
+//! launch (`launch`) → the kernel families ([`kernels`], each family's CUDA source beside its
+//! host file).
 //! [`reference::attention`] is the f64 CPU oracle every kernel is checked against.
 #![deny(missing_docs)]
 

@@ -46,7 +46,7 @@
 //! entry a sequence uses (slots `0 .. ceil((cache_seqlens[b] + S_new) / page_size)`) is in
 //! `0 .. num_pages`, and `cache_seqlens[b] + S_new` is at most the capacity. The kernels
 //! clamp both, so bad values give wrong output, never an access outside the pools or the
-//! table. [`crate::Context::check_paged`] checks them on the host (a debugging aid: it
+//! table. [`crate::Context::check_values`] checks them on the host (a debugging aid: it
 //! copies them and synchronises) and names the first bad entry.
 //!
 //! # FlashInfer's page indexing

@@ -2,7 +2,7 @@
 //!
 //! Slow and obviously right: one query row at a time, a plain softmax with the row max
 //! subtracted, in f64. Parallel over (batch, query head) with rayon. Same semantics as the
-//! kernels (see [`AttnParams`](crate::params::AttnParams)):
+//! kernels (see [`AttnParams`]):
 //!
 //! - `s_ij = softmax_scale · q_i · k_j`;
 //! - causal is bottom-right aligned: query `i` sees key `j` iff `j <= i + Sk - Sq`;

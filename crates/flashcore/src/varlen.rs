@@ -55,7 +55,7 @@ impl<'a> SeqLensView<'a> {
 /// **The caller's contract** (the values live on the device, and reading them would
 /// synchronise the stream): `cu_seqlens_*` start at 0, never decrease and end at the
 /// totals; no sequence is longer than `max_seqlen_*`; `seqused_k[b]` is at most the
-/// sequence's key count. [`crate::Context::check_varlen`] checks all of it (it copies the
+/// sequence's key count. [`crate::Context::check_values`] checks all of it (it copies the
 /// vectors to the host); the CLI runs it on every call. The kernels clamp every offset to
 /// the tensors, so a batch that breaks the contract gives wrong output, never an access
 /// outside the tensors. What the host can see is checked on every call: the vectors'
@@ -122,7 +122,7 @@ impl VarlenBatch<'_> {
 
 /// Checks a packed batch's vectors held on the host (see [`VarlenBatch`]'s contract) for
 /// `totals` (query rows, keys) and `maxima` (max_seqlen_q, max_seqlen_k): each error names
-/// the argument. [`crate::Context::check_varlen`] runs it on the device's values.
+/// the argument. [`crate::Context::check_values`] runs it on the device's values.
 pub fn check_values(cu_q: &[i32], cu_k: &[i32], used: Option<&[i32]>, totals: (usize, usize), maxima: (usize, usize)) -> Result<()> {
     for (arg, cu, total, max) in [("cu_seqlens_q", cu_q, totals.0, maxima.0), ("cu_seqlens_k", cu_k, totals.1, maxima.1)] {
         if cu[0] != 0 {

@@ -1,5 +1,5 @@
 //! Plan: problem + device → kernel variant + launch plan, for the forward (here) and the
-//! backward ([`backward`]). The one place where run-time choices become compile-time ones.
+//! backward (`dispatch::backward`: [`plan_backward`]). The one place where run-time choices become compile-time ones.
 
 mod backward;
 
@@ -111,13 +111,13 @@ pub enum KeyLayout {
     Varlen {
         /// Keys of all its sequences (k's rows, `cu_seqlens_k`'s last entry): with the
         /// longest's, how unequal its sequences are (fwd_sm80's split count, see
-        /// [`fwd_sm80::num_splits_varlen`]).
+        /// `fwd_sm80::num_splits_varlen`).
         total_k: usize,
     },
     /// A KV cache, paged or contiguous, each sequence of its own length: [`crate::PagedKv`].
     Paged {
         /// Keys a page (0: a contiguous cache); sets the depth of fwd_sm80's K/V ring on
-        /// Hopper ([`fwd_sm80::paged_form`]) and fwd_sm90's form ([`fwd_sm90::paged_form`]).
+        /// Hopper (`fwd_sm80::paged_form`) and fwd_sm90's form (`fwd_sm90::paged_form`).
         page_size: usize,
     },
 }

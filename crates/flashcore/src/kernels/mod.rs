@@ -175,7 +175,7 @@ pub struct Variant {
     /// and fwd_sm90; see [`crate::PagedKv`]).
     pub paged: bool,
     /// `FC_PAGE_SPREAD`: fwd_sm90's paged form for pages that cut a key block into more than
-    /// 3 TMA boxes, whose boxes four producer threads issue ([`fwd_sm90::paged_form`]).
+    /// 3 TMA boxes, whose boxes four producer threads issue (`fwd_sm90::paged_form`).
     pub spread_pages: bool,
 }
 
