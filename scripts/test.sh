@@ -29,6 +29,18 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
 cargo test --workspace --locked
+echo "== cargo doc (warnings are errors)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
+
+# The crate as crates.io would hold it: packaged (every kernel source inside), unpacked out of
+# the tree, built and unit-tested there with nothing of the workspace around it.
+echo "== the packaged crate, built and tested out of the tree"
+cargo package -p flashcore --locked --no-verify --allow-dirty > /dev/null
+cargo package -p flashcore --list --allow-dirty | grep -q '^src/kernels/fwd_sm90.cu$' || { echo "error: the packaged crate lacks its kernel sources" >&2; exit 1; }
+packaged=$(mktemp -d)
+tar xzf target/package/flashcore-*.crate -C "$packaged"
+(cd "$packaged"/flashcore-* && CARGO_TARGET_DIR="$packaged/target" cargo test --lib --quiet)
+rm -rf "$packaged"
 
 # The Python side: an independent NumPy check of `flashcore attn --cpu`, and the benchmark
 # scripts' self-tests (no GPU needed).
