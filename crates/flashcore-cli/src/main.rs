@@ -1,7 +1,6 @@
 //! The `flashcore` command: info, check, bench, attn, compile.
 
 mod attn;
-mod attn_paged;
 mod bench;
 mod bench_bwd;
 mod bench_paged;

@@ -1,6 +1,8 @@
 //! `flashcore attn`: attention on tensors from a safetensors file, on the GPU or (`--cpu`)
 //! with the f64 reference.
 
+mod paged;
+
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
@@ -79,7 +81,7 @@ pub(crate) fn shape4(t: &HostTensor, name: &str) -> Result<[usize; 4]> {
 
 pub fn run(args: &AttnArgs) -> Result<bool> {
     if let Some(kv) = read_kvcache(&args.input)? {
-        return crate::attn_paged::run(args, &kv);
+        return paged::run(args, &kv);
     }
     let (q, k, v) = read_qkv(&args.input)?;
     if let Some(seqlens) = read_seqlens(&args.input)? {
