@@ -133,8 +133,11 @@ pub fn run(args: &BenchArgs) -> Result<bool> {
     };
     let mut cases =
         suites::suite(&suite_name).ok_or_else(|| anyhow!("unknown suite {suite_name:?}; known: {}", suites::NAMES.join(", ")))?;
-    let mods =
-        AttnParams { window: attn::parse_window(args.window.as_deref())?, softcap: args.softcap.unwrap_or(0.0), ..Default::default() };
+    let mods = AttnParams {
+        window: attn::args::parse_window(args.window.as_deref())?,
+        softcap: args.softcap.unwrap_or(0.0),
+        ..Default::default()
+    };
     mods.check_window_and_softcap()?;
     cases = cases.into_iter().map(|c| c.with_mods(mods.window, mods.softcap).with_counts()).collect();
     if !args.filter.is_empty() {

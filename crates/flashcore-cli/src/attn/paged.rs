@@ -8,8 +8,9 @@ use anyhow::{bail, Result};
 use flashcore::reference::{self, RefMask, RefPagedCache};
 use flashcore::{BlockTableView, Context, DeviceTensor, PagedKv, ProblemShape, SeqLensView, PAGE_SIZE_MULTIPLE};
 
-use crate::attn::{download, gpu_dtype, gpu_params, mods, shape4, upload, AttnArgs};
-use crate::io::{write_tensors, FileDType, HostKvCache, HostTensor};
+use crate::attn::args::{gpu_dtype, gpu_params, mods, AttnArgs};
+use crate::attn::tensors::{download, shape4, upload};
+use crate::io::{read_dout, write_tensors, FileDType, HostKvCache, HostTensor};
 
 /// The cache's geometry as the input describes it, checked as the library checks it.
 struct Geometry {
@@ -91,7 +92,7 @@ impl Geometry {
 /// lengths are checked first (`Context::check_paged`'s checks; on the host with `--cpu`), and
 /// the error names the first bad entry.
 pub fn run(args: &AttnArgs, kv: &HostKvCache) -> Result<bool> {
-    if crate::io::read_dout(&args.input, &kv.q)?.is_some() {
+    if read_dout(&args.input, &kv.q)?.is_some() {
         bail!("the KV-cache form is forward only: remove `do` from the input");
     }
     let g = Geometry::of(kv)?;
