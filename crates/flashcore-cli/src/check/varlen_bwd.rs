@@ -13,9 +13,9 @@ use cudarc::driver::CudaSlice;
 use flashcore::{reference, BwdInputs, Context, DType, DeviceTensor, GradsMut, KernelFamily, LseView, ProblemShape, VarlenBatch, Window};
 
 use crate::cases::{errors, normal, Inputs};
+use crate::check::bwd::tolerance;
+use crate::check::varlen::{seqs, sweep, Packed, Seq, VarlenSpec};
 use crate::check::{nan_bits, Outcome};
-use crate::check_bwd::tolerance;
-use crate::check_varlen::{seqs, sweep, Packed, Seq, VarlenSpec};
 
 /// The lengths 0, 1, 7, 113, 1000 and 4097 in one batch (Sq ≠ Sk both ways, a
 /// sequence with keys but no queries and one with queries but no keys), at D64 and D128 (the

@@ -164,7 +164,7 @@ pub(crate) fn sweep(family: KernelFamily, quick: bool, smoke: bool, mut add: imp
 /// at the dispatcher's split count and forced splits; a window and a softcap on a packed batch.
 pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<VarlenSpec> {
     if family.is_backward() {
-        return crate::check_varlen_bwd::specs(family, quick, smoke);
+        return crate::check::varlen_bwd::specs(family, quick, smoke);
     }
     if !matches!(family, KernelFamily::FwdSm80 | KernelFamily::FwdSm90) {
         return Vec::new();
@@ -260,7 +260,7 @@ impl Packed {
 
 pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
     if spec.family.is_backward() {
-        return crate::check_varlen_bwd::check_one(ctx, spec);
+        return crate::check::varlen_bwd::check_one(ctx, spec);
     }
     let (hq, hkv, d) = (spec.heads_q, spec.heads_kv, spec.head_dim);
     let scale = 1.0 / (d as f64).sqrt();

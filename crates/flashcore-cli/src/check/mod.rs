@@ -1,5 +1,10 @@
 //! `flashcore check`: the correctness suite (DESIGN §5) for every kernel on this GPU.
 
+mod bwd;
+mod paged;
+mod varlen;
+mod varlen_bwd;
+
 use anyhow::{bail, Result};
 use cudarc::driver::CudaSlice;
 use flashcore::reference::RefMask;
@@ -8,7 +13,6 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 
 use crate::cases::{errors, random_qkv, Case, HostQkv, Inputs, Storage, Stored};
-use crate::{check_bwd, check_paged, check_varlen};
 
 /// Above this many multiply-adds the f64 CPU oracle is too slow; the GPU reference kernel
 /// (itself checked against the CPU oracle on the small cases) takes over.
@@ -262,21 +266,15 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     let forward = families.iter().filter(|f| !f.is_backward() && group("forward"));
     let all: Vec<(KernelFamily, Spec)> = forward.flat_map(|&f| specs(f, depth).into_iter().map(move |s| (f, s))).collect();
     // The backward's kernels: bwd_sm80, bwd_sm90, and the reference (which has both passes).
-    let backward: Vec<check_bwd::BwdSpec> = families
+    let backward: Vec<bwd::BwdSpec> = families
         .iter()
         .filter(|f| (f.is_backward() || **f == KernelFamily::Reference) && group("backward"))
-        .flat_map(|&f| check_bwd::specs(f, depth == Depth::Quick, depth == Depth::Smoke))
+        .flat_map(|&f| bwd::specs(f, depth == Depth::Quick, depth == Depth::Smoke))
         .collect();
-    let packed: Vec<check_varlen::VarlenSpec> = families
-        .iter()
-        .filter(|_| group("varlen"))
-        .flat_map(|&f| check_varlen::specs(f, depth == Depth::Quick, depth == Depth::Smoke))
-        .collect();
-    let cached: Vec<check_paged::PagedSpec> = families
-        .iter()
-        .filter(|_| group("paged"))
-        .flat_map(|&f| check_paged::specs(f, depth == Depth::Quick, depth == Depth::Smoke))
-        .collect();
+    let packed: Vec<varlen::VarlenSpec> =
+        families.iter().filter(|_| group("varlen")).flat_map(|&f| varlen::specs(f, depth == Depth::Quick, depth == Depth::Smoke)).collect();
+    let cached: Vec<paged::PagedSpec> =
+        families.iter().filter(|_| group("paged")).flat_map(|&f| paged::specs(f, depth == Depth::Quick, depth == Depth::Smoke)).collect();
     // In the order they run (below), so that the parts of one N cover the run once.
     let mut part = PartFilter { part: args.part, next: 0 };
     let (all, packed, cached, backward) = (part.take(all), part.take(packed), part.take(cached), part.take(backward));
@@ -298,13 +296,13 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
         outcomes.push(progress.case(&format!("{family} {}", spec.case.name), || check_one(&ctx, *family, spec))?);
     }
     for spec in &packed {
-        outcomes.push(progress.case(&format!("{} varlen", spec.family), || check_varlen::check_one(&ctx, spec))?);
+        outcomes.push(progress.case(&format!("{} varlen", spec.family), || varlen::check_one(&ctx, spec))?);
     }
     for spec in &cached {
-        outcomes.push(progress.case(&format!("{} paged", spec.kernel), || check_paged::check_one(&ctx, spec))?);
+        outcomes.push(progress.case(&format!("{} paged", spec.kernel), || paged::check_one(&ctx, spec))?);
     }
     for spec in &backward {
-        outcomes.push(progress.case("backward", || check_bwd::check_one(&ctx, spec))?);
+        outcomes.push(progress.case("backward", || bwd::check_one(&ctx, spec))?);
     }
     progress.bar.finish_and_clear();
     print_table(&outcomes);
