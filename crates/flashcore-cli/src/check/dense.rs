@@ -1,0 +1,244 @@
+//! `flashcore check`'s dense forward cases: every head dim, dtype and mask over odd lengths,
+//! GQA, BHSD strides, adversarial inputs, decode and forced splits, windows and softcaps; each
+//! into NaN-poisoned buffers, twice (bitwise), against the f64 CPU oracle or, past its reach,
+//! the GPU reference kernel.
+
+use anyhow::{bail, Result};
+use flashcore::reference::RefMask;
+use flashcore::{reference, AttnParams, Context, DType, KernelFamily, Window};
+
+use crate::cases::{random_qkv, Case, HostQkv, Inputs, Storage, Stored};
+use crate::check::outcome::{judge, Outcome};
+use crate::check::poison::{poisoned_run, same_bits};
+
+/// Above this many multiply-adds the f64 CPU oracle is too slow; the GPU reference kernel
+/// (itself checked against the CPU oracle on the small cases) takes over.
+const CPU_REFERENCE_MAX_WORK: usize = 20_000_000_000;
+
+#[derive(Clone)]
+pub struct Spec {
+    pub case: Case,
+    inputs: Inputs,
+    storage: Storage,
+    /// Forced split-KV count (`None`: the dispatcher's choice).
+    splits: Option<usize>,
+    /// Softmax scale (`None`: 1/sqrt(D)).
+    scale: Option<f32>,
+    /// Sliding window (`Window::UNBOUNDED`: none).
+    window: Window,
+    /// Logit softcap (0: off).
+    softcap: f32,
+}
+
+impl Spec {
+    fn new(case: Case, inputs: Inputs, storage: Storage) -> Self {
+        Self { case, inputs, storage, splits: None, scale: None, window: Window::UNBOUNDED, softcap: 0.0 }
+    }
+
+    fn with_mods(case: Case, inputs: Inputs, window: Window, softcap: f32) -> Self {
+        Self { window, softcap, ..Self::new(case, inputs, Storage::Bshd) }
+    }
+
+    fn scale(&self) -> f32 {
+        self.scale.unwrap_or(1.0 / (self.case.head_dim as f32).sqrt())
+    }
+}
+
+/// The forward cases of `family`: one small case per variant (`smoke`), a few (`quick`), or
+/// all.
+pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<Spec> {
+    if smoke {
+        let mut out = Vec::new();
+        for dtype in [DType::BF16, DType::F16] {
+            for &d in family.head_dims() {
+                for causal in [false, true] {
+                    out.push(Spec::new(Case::new(1, 130, 200, 4, 2, d, causal, dtype), Inputs::Normal, Storage::Bshd));
+                    // Unscaled large logits: a row's max jumps by hundreds of log2 units, which takes
+                    // fwd_sm90's softmax fallbacks (lift, and warp_qk's rescore past f32's range).
+                    let case = Case::new(1, 130, 600, 4, 2, d, causal, dtype);
+                    out.push(Spec { scale: Some(1.0), ..Spec::new(case, Inputs::LargeLogits, Storage::Bshd) });
+                    // Decode: GQA packing and, in fwd_sm80, split-KV with its combine pass.
+                    out.push(Spec::new(Case::new(2, 1, 1000, 8, 2, d, causal, dtype), Inputs::Normal, Storage::Bshd));
+                    // The score policies' variants: a window, a softcap, both.
+                    let case = || Case::new(1, 130, 600, 4, 2, d, causal, dtype);
+                    out.push(Spec::with_mods(case(), Inputs::Normal, Window::new(100, 20), 0.0));
+                    out.push(Spec::with_mods(case(), Inputs::LargeLogits, Window::UNBOUNDED, 30.0));
+                    out.push(Spec::with_mods(case(), Inputs::LargeLogits, Window::new(50, -1), 50.0));
+                }
+            }
+        }
+        return out;
+    }
+    let lengths: &[(usize, usize)] = if quick {
+        &[(1, 1), (113, 113), (1000, 1000), (7, 1000)]
+    } else {
+        &[(1, 1), (7, 7), (113, 113), (1000, 1000), (4097, 4097), (1, 4097), (113, 1000), (1000, 113), (7, 4097), (256, 128)]
+    };
+    let head_dims: Vec<usize> =
+        if quick { family.head_dims().iter().copied().filter(|&d| d == 64 || d == 128).collect() } else { family.head_dims().to_vec() };
+    let mut out = Vec::new();
+    let mut n = 0usize;
+    for dtype in [DType::BF16, DType::F16] {
+        for &d in &head_dims {
+            for causal in [false, true] {
+                for &(sq, sk) in lengths {
+                    // Long sequences only at one head count, to bound the oracle's time.
+                    let big = sq.max(sk) > 2000;
+                    if big && (d != 128 && d != 64) {
+                        continue;
+                    }
+                    let (hkv, ratio) = [(2, 1), (1, 4), (1, 8)][n % 3];
+                    n += 1;
+                    let batch = if big { 1 } else { 2 };
+                    let case = Case::new(batch, sq, sk, hkv * ratio, hkv, d, causal, dtype);
+                    let storage = if n % 5 == 0 { Storage::Bhsd } else { Storage::Bshd };
+                    out.push(Spec::new(case, Inputs::Normal, storage));
+                }
+                // Adversarial inputs, one shape each; large logits also unscaled, where a row's max
+                // jumps past f32's exp2 range (fwd_sm90 recomputes those scores: warp_qk).
+                for inputs in [Inputs::LargeLogits, Inputs::IdenticalKeys] {
+                    let case = Case::new(1, 200, 300, 4, 2, d, causal, dtype);
+                    out.push(Spec::new(case, inputs, Storage::Bshd));
+                }
+                let case = Case::new(1, 200, 300, 4, 2, d, causal, dtype);
+                out.push(Spec { scale: Some(1.0), ..Spec::new(case, Inputs::LargeLogits, Storage::Bshd) });
+                out.push(Spec::new(Case::new(1, 200, 1000, 4, 2, d, causal, dtype), Inputs::RisingLogits, Storage::Bshd));
+                // Enough query tiles to fill an H100 with fwd_sm90's default D64 tile (192 x 128:
+                // 14 x 16 = 224); grids smaller than the GPU take its short tile instead.
+                if d == 64 {
+                    out.push(Spec::new(Case::new(1, 2500, 2500, 16, 2, d, causal, dtype), Inputs::Normal, Storage::Bshd));
+                }
+                // A zero scale (uniform softmax over the visible keys) and an unscaled q·k.
+                for scale in [0.0, 1.0] {
+                    let case = Case::new(1, 113, 300, 4, 2, d, causal, dtype);
+                    out.push(Spec { scale: Some(scale), ..Spec::new(case, Inputs::Normal, Storage::Bshd) });
+                }
+                out.extend(decode_specs(family, d, causal, dtype, quick));
+                out.extend(mods_specs(d, causal, dtype, quick));
+            }
+        }
+    }
+    out
+}
+
+/// Sliding windows (the list: a window of one key, of two, 128 keys back, ±256, 64
+/// ahead and the rest back) on square, wider and taller shapes; decode under a window (no
+/// GQA packing; fwd_sm80 splits the window's keys); softcaps 30 and 50 on logits that reach
+/// about ±30, alone and with a window.
+fn mods_specs(d: usize, causal: bool, dtype: DType, quick: bool) -> Vec<Spec> {
+    let windows: &[(i32, i32)] = if quick { &[(127, 0), (-1, 64)] } else { &[(0, 0), (1, 0), (127, 0), (256, 256), (-1, 64)] };
+    let shapes = [(1000, 1000), (257, 1000), (1000, 257)];
+    let mut out = Vec::new();
+    for (i, &(left, right)) in windows.iter().enumerate() {
+        let (sq, sk) = shapes[i % shapes.len()];
+        out.push(Spec::with_mods(Case::new(1, sq, sk, 8, 2, d, causal, dtype), Inputs::Normal, Window::new(left, right), 0.0));
+    }
+    out.push(Spec::with_mods(Case::new(2, 1, 4097, 8, 2, d, causal, dtype), Inputs::Normal, Window::new(127, 0), 0.0));
+    for softcap in if quick { &[30.0][..] } else { &[30.0, 50.0][..] } {
+        out.push(Spec::with_mods(Case::new(1, 200, 1000, 4, 2, d, causal, dtype), Inputs::LargeLogits, Window::UNBOUNDED, *softcap));
+    }
+    out.push(Spec::with_mods(Case::new(1, 1000, 300, 4, 2, d, causal, dtype), Inputs::LargeLogits, Window::new(64, 64), 30.0));
+    out
+}
+
+/// Decode (GQA packed as rows, MQA, plain MHA) at the dispatcher's split count, and for
+/// the family that splits, forced splits: with Sq > 1 under the causal mask, with rows that
+/// every split finds empty (Sq > Sk), with more splits than some tiles' visible keys, and
+/// with identical keys (equal partial LSEs).
+fn decode_specs(family: KernelFamily, d: usize, causal: bool, dtype: DType, quick: bool) -> Vec<Spec> {
+    let bhsd = |case| Spec { storage: Storage::Bhsd, ..Spec::new(case, Inputs::Normal, Storage::Bshd) };
+    let mut out = vec![Spec::new(Case::new(3, 1, 4097, 8, 2, d, causal, dtype), Inputs::Normal, Storage::Bshd)];
+    if !quick {
+        out.push(bhsd(Case::new(2, 1, 1000, 8, 1, d, causal, dtype)));
+        out.push(Spec::new(Case::new(2, 1, 7, 4, 4, d, causal, dtype), Inputs::Normal, Storage::Bshd));
+    }
+    if family != KernelFamily::FwdSm80 {
+        return out;
+    }
+    let forced = |case, inputs, splits| Spec { splits: Some(splits), ..Spec::new(case, inputs, Storage::Bshd) };
+    out.push(forced(Case::new(2, 113, 1000, 4, 2, d, causal, dtype), Inputs::Normal, 3));
+    out.push(forced(Case::new(1, 300, 200, 4, 2, d, causal, dtype), Inputs::Normal, 2));
+    if !quick {
+        out.push(forced(Case::new(1, 7, 4097, 8, 1, d, causal, dtype), Inputs::Normal, 5));
+        out.push(forced(Case::new(1, 1, 1000, 4, 4, d, causal, dtype), Inputs::Normal, 128));
+        out.push(forced(Case::new(1, 200, 300, 4, 2, d, causal, dtype), Inputs::IdenticalKeys, 2));
+        out.push(forced(Case::new(2, 1, 1000, 8, 2, d, causal, dtype), Inputs::Normal, 1));
+    }
+    out
+}
+
+/// Runs `family` on the inputs into NaN-poisoned buffers; returns (o, lse).
+fn run_poisoned(ctx: &Context, family: KernelFamily, spec: &Spec, q: &Stored, k: &Stored, v: &Stored) -> Result<(Vec<u16>, Vec<f32>)> {
+    let case = &spec.case;
+    let params = AttnParams {
+        causal: case.causal,
+        kernel: Some(family),
+        num_splits: spec.splits,
+        softmax_scale: Some(spec.scale()),
+        window: spec.window,
+        softcap: spec.softcap,
+        ..AttnParams::default()
+    };
+    let lse_len = case.batch * case.heads_q * case.seqlen_q;
+    poisoned_run(ctx, case.q_shape(), case.dtype, lse_len, |o, lse| ctx.attention_into(q.view(), k.view(), v.view(), o, Some(lse), &params))
+}
+
+pub fn check_one(ctx: &Context, family: KernelFamily, spec: &Spec) -> Result<Outcome> {
+    let case = &spec.case;
+    let host = random_qkv(case, spec.inputs, 0x5eed ^ case.seqlen_q as u64 ^ ((case.head_dim as u64) << 20));
+    let up = |data: &[f32], shape| Stored::upload(ctx, data, shape, case.dtype, spec.storage);
+    let (q, k, v) = (up(&host.q, case.q_shape())?, up(&host.k, case.kv_shape())?, up(&host.v, case.kv_shape())?);
+
+    let first = run_poisoned(ctx, family, spec, &q, &k, &v)?;
+    let deterministic = same_bits(&first, &run_poisoned(ctx, family, spec, &q, &k, &v)?);
+    let (o_bits, lse) = first;
+    let o: Vec<f32> = o_bits.iter().map(|&b| case.dtype.decode(b)).collect();
+
+    let (oracle, ref_o, ref_lse) = oracle(ctx, family, spec, &host, &q, &k, &v)?;
+    let (rel, max_abs, lse_err, failure) = judge(&o, &ref_o, &lse, &ref_lse, case.dtype, deterministic);
+    let splits = spec.splits.map(|n| format!("_split{n}")).unwrap_or_default();
+    let scale = spec.scale.map(|s| format!("_scale{s}")).unwrap_or_default();
+    let bhsd = if spec.storage == Storage::Bhsd { "_bhsd" } else { "" };
+    let window = if spec.window == Window::UNBOUNDED { String::new() } else { format!("_w{},{}", spec.window.left, spec.window.right) };
+    let softcap = if spec.softcap > 0.0 { format!("_cap{}", spec.softcap) } else { String::new() };
+    let name = format!("{}{}{bhsd}{splits}{scale}{window}{softcap}", case.name, inputs_suffix(spec.inputs));
+    Ok(Outcome { spec_name: name, kernel: family, oracle, rel, max_abs, lse_err, deterministic, failure })
+}
+
+fn inputs_suffix(inputs: Inputs) -> &'static str {
+    match inputs {
+        Inputs::Normal => "",
+        Inputs::LargeLogits => "_large-logits",
+        Inputs::IdenticalKeys => "_identical-keys",
+        Inputs::RisingLogits => "_rising-logits",
+    }
+}
+
+/// The f64 CPU oracle when affordable, else the GPU reference kernel.
+fn oracle(
+    ctx: &Context,
+    family: KernelFamily,
+    spec: &Spec,
+    host: &HostQkv,
+    q: &Stored,
+    k: &Stored,
+    v: &Stored,
+) -> Result<(&'static str, Vec<f64>, Vec<f64>)> {
+    let case = &spec.case;
+    let work = case.batch * case.heads_q * case.seqlen_q * case.seqlen_k * case.head_dim;
+    if work <= CPU_REFERENCE_MAX_WORK {
+        let wide = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
+        let mask = RefMask {
+            causal: case.causal,
+            window: (spec.window != Window::UNBOUNDED).then_some(spec.window),
+            softcap: spec.softcap as f64,
+        };
+        let r = reference::attention_masked(&wide(&host.q), &wide(&host.k), &wide(&host.v), &case.shape(), spec.scale() as f64, &mask);
+        return Ok(("cpu-f64", r.o, r.lse));
+    }
+    if family == KernelFamily::Reference {
+        bail!("case {} is too large for the CPU oracle and cannot check the GPU reference against itself", case.name);
+    }
+    let (o, lse) = run_poisoned(ctx, KernelFamily::Reference, &Spec { splits: None, ..spec.clone() }, q, k, v)?;
+    Ok(("gpu-ref", o.iter().map(|&b| case.dtype.decode(b) as f64).collect(), lse.iter().map(|&x| x as f64).collect()))
+}

@@ -1,0 +1,219 @@
+//! `flashcore check`'s packed (varlen) batches, forward (`varlen.rs`) and backward
+//! (`varlen_bwd.rs`): a batch's sequences and options, the sweep of them, and the batch on the
+//! device.
+
+use anyhow::Result;
+use cudarc::driver::CudaSlice;
+use flashcore::reference::RefMask;
+use flashcore::{AttnParams, Context, DType, DeviceTensor, KernelFamily, SeqLensView, VarlenBatch, Window};
+
+use crate::cases::{random_qkv, Case, HostQkv, Inputs};
+use crate::check::poison::poisoned_run;
+
+/// One sequence of a packed batch: its queries, the keys it uses, and the keys after those
+/// it holds but does not use (`seqused_k`'s slack; 0 without seqused_k).
+#[derive(Debug, Clone, Copy)]
+pub struct Seq {
+    pub queries: usize,
+    pub keys: usize,
+    pub slack: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct VarlenSpec {
+    pub family: KernelFamily,
+    pub seqs: Vec<Seq>,
+    pub heads_q: usize,
+    pub heads_kv: usize,
+    pub head_dim: usize,
+    pub causal: bool,
+    pub dtype: DType,
+    pub window: Window,
+    pub softcap: f32,
+    /// Whether seqused_k is given (else every slack is 0).
+    pub seqused: bool,
+    /// Forced splits: fwd_sm80's split-KV, or bwd_sm80's deterministic dQ slices.
+    pub splits: Option<usize>,
+    pub inputs: Inputs,
+    /// The backward's deterministic mode.
+    pub deterministic: bool,
+}
+
+impl VarlenSpec {
+    pub(crate) fn name(&self) -> String {
+        let lens: Vec<String> = self.seqs.iter().map(|s| format!("{}/{}", s.queries, s.keys)).collect();
+        let mut name = format!(
+            "{}varlen[{}]_h{}kv{}_d{}_{}_{}",
+            if self.family.is_backward() { "bwd_" } else { "" },
+            lens.join(","),
+            self.heads_q,
+            self.heads_kv,
+            self.head_dim,
+            if self.causal { "causal" } else { "full" },
+            self.dtype.name()
+        );
+        if self.seqused {
+            name += "_seqused";
+        }
+        if self.window != Window::UNBOUNDED {
+            name += &format!("_w{},{}", self.window.left, self.window.right);
+        }
+        if self.softcap > 0.0 {
+            name += &format!("_cap{}", self.softcap);
+        }
+        if let Some(n) = self.splits {
+            name += &format!("_split{n}");
+        }
+        if self.deterministic {
+            name += "_deterministic";
+        }
+        name
+    }
+
+    pub(crate) fn params(&self) -> AttnParams {
+        AttnParams {
+            causal: self.causal,
+            kernel: Some(self.family),
+            num_splits: self.splits,
+            window: self.window,
+            softcap: self.softcap,
+            deterministic: self.deterministic,
+            ..AttnParams::default()
+        }
+    }
+
+    /// The longest sequence's queries and keys (used keys with seqused_k, else all).
+    pub(crate) fn maxima(&self) -> (usize, usize) {
+        (self.max(|s| s.queries), self.max(|s| s.keys + if self.seqused { 0 } else { s.slack }))
+    }
+
+    /// Each sequence's q, k, v (keys with their slack), `[1, S, H, D]`, rounded to the dtype.
+    pub(crate) fn host_inputs(&self) -> Vec<HostQkv> {
+        let (hq, hkv, d) = (self.heads_q, self.heads_kv, self.head_dim);
+        let seqs = self.seqs.iter().enumerate();
+        seqs.map(|(i, s)| {
+            let case = Case::new(1, s.queries, s.keys + s.slack, hq, hkv, d, self.causal, self.dtype);
+            random_qkv(&case, self.inputs, 0x7a21 ^ (i as u64) << 8 ^ d as u64)
+        })
+        .collect()
+    }
+
+    pub(crate) fn mask(&self) -> RefMask {
+        RefMask::of(&self.params())
+    }
+
+    fn max(&self, f: impl Fn(&Seq) -> usize) -> usize {
+        self.seqs.iter().map(f).max().unwrap_or(0)
+    }
+}
+
+pub(crate) fn seqs(lens: &[(usize, usize)]) -> Vec<Seq> {
+    lens.iter().map(|&(queries, keys)| Seq { queries, keys, slack: 0 }).collect()
+}
+
+/// One point of the specs' sweep: a family, dtype, head dim and mask.
+pub(crate) struct Point {
+    pub family: KernelFamily,
+    pub dtype: DType,
+    pub head_dim: usize,
+    pub causal: bool,
+}
+
+impl Point {
+    /// The plain spec of this point for a batch of `seqs` at `(Hq, Hkv)`: no window, softcap,
+    /// seqused_k or forced splits, normal inputs.
+    pub(crate) fn spec(&self, seqs: &[Seq], (heads_q, heads_kv): (usize, usize)) -> VarlenSpec {
+        VarlenSpec {
+            family: self.family,
+            seqs: seqs.to_vec(),
+            heads_q,
+            heads_kv,
+            head_dim: self.head_dim,
+            causal: self.causal,
+            dtype: self.dtype,
+            window: Window::UNBOUNDED,
+            softcap: 0.0,
+            seqused: false,
+            splits: None,
+            inputs: Inputs::Normal,
+            deterministic: false,
+        }
+    }
+}
+
+/// The specs `add` makes at every point: bf16 and f16 (bf16 alone in smoke runs), the
+/// family's head dims (64 and 128 alone in quick and smoke runs), full and causal.
+pub(crate) fn sweep(family: KernelFamily, quick: bool, smoke: bool, mut add: impl FnMut(&Point, &mut Vec<VarlenSpec>)) -> Vec<VarlenSpec> {
+    let dims: Vec<usize> = family.head_dims().iter().copied().filter(|&d| !(quick || smoke) || d == 64 || d == 128).collect();
+    let mut out = Vec::new();
+    for &dtype in if smoke { &[DType::BF16][..] } else { &[DType::BF16, DType::F16][..] } {
+        for &head_dim in &dims {
+            for causal in [false, true] {
+                add(&Point { family, dtype, head_dim, causal }, &mut out);
+            }
+        }
+    }
+    out
+}
+
+/// A packed problem on the device, its cu_seqlens (and seqused_k) beside it.
+pub(crate) struct Packed {
+    pub q: DeviceTensor,
+    pub k: DeviceTensor,
+    pub v: DeviceTensor,
+    cu_q: CudaSlice<i32>,
+    cu_k: CudaSlice<i32>,
+    used: Option<CudaSlice<i32>>,
+    pub total_q: usize,
+}
+
+impl Packed {
+    /// The batch's view at these maxima, its device values checked against the contract.
+    pub fn batch(&self, ctx: &Context, max: (usize, usize)) -> Result<VarlenBatch<'_>> {
+        let batch = VarlenBatch {
+            cu_seqlens_q: SeqLensView::of(&self.cu_q),
+            cu_seqlens_k: SeqLensView::of(&self.cu_k),
+            seqused_k: self.used.as_ref().map(SeqLensView::of),
+            max_seqlen_q: max.0,
+            max_seqlen_k: max.1,
+        };
+        ctx.check_varlen(&batch, self.total_q, self.k.layout().shape[1])?;
+        Ok(batch)
+    }
+
+    /// `seqs`' host tensors (each `[1, S, H, D]`, keys with their slack) packed.
+    pub fn upload(ctx: &Context, spec: &VarlenSpec, parts: &[(&[f32], &[f32], &[f32])], seqs: &[Seq]) -> Result<Self> {
+        let cat = |i: usize| parts.iter().flat_map(|p| [p.0, p.1, p.2][i].iter().copied()).collect::<Vec<f32>>();
+        let (q, k, v) = (cat(0), cat(1), cat(2));
+        let total_q: usize = seqs.iter().map(|s| s.queries).sum();
+        let total_k: usize = seqs.iter().map(|s| s.keys + s.slack).sum();
+        let (d, hq, hkv) = (spec.head_dim, spec.heads_q, spec.heads_kv);
+        let up = |x: &[f32], rows, heads| DeviceTensor::from_f32(ctx, x, [1, rows, heads, d], spec.dtype);
+        let prefix = |f: fn(&Seq) -> usize| -> Vec<i32> {
+            let mut cu = vec![0i32];
+            seqs.iter().for_each(|s| cu.push(cu.last().unwrap() + f(s) as i32));
+            cu
+        };
+        let (cu_q, cu_k) = (prefix(|s| s.queries), prefix(|s| s.keys + s.slack));
+        let used: Vec<i32> = seqs.iter().map(|s| s.keys as i32).collect();
+        Ok(Self {
+            q: up(&q, total_q, hq)?,
+            k: up(&k, total_k, hkv)?,
+            v: up(&v, total_k, hkv)?,
+            cu_q: ctx.stream().clone_htod(&cu_q)?,
+            cu_k: ctx.stream().clone_htod(&cu_k)?,
+            used: if spec.seqused { Some(ctx.stream().clone_htod(&used)?) } else { None },
+            total_q,
+        })
+    }
+
+    /// Runs into NaN-poisoned o and lse, split `splits` ways when given (else as the spec
+    /// says); returns (o bits, lse `[Hq, total_q]`).
+    pub fn run(&self, ctx: &Context, spec: &VarlenSpec, max: (usize, usize), splits: Option<usize>) -> Result<(Vec<u16>, Vec<f32>)> {
+        let batch = self.batch(ctx, max)?;
+        let params = AttnParams { num_splits: splits.or(spec.splits), ..spec.params() };
+        poisoned_run(ctx, self.q.layout().shape, spec.dtype, spec.heads_q * self.total_q, |o, lse| {
+            ctx.attention_varlen_into(self.q.view(), self.k.view(), self.v.view(), o, Some(lse), &batch, &params)
+        })
+    }
+}
