@@ -2,9 +2,6 @@
 
 mod attn;
 mod bench;
-mod bench_bwd;
-mod bench_paged;
-mod bench_varlen;
 mod cases;
 mod check;
 mod compile;

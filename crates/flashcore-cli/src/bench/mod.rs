@@ -1,6 +1,10 @@
 //! `flashcore bench`: device time of a suite, as a table and JSON (schema 1, shared with
 //! `bench/anchors.py`), and the regression guard `--compare`.
 
+mod bwd;
+mod paged;
+mod varlen;
+
 use std::path::PathBuf;
 
 use anyhow::{anyhow, bail, Context as _, Result};
@@ -10,7 +14,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
 use crate::cases::{errors, random_qkv, Case, Inputs, Storage, Stored};
-use crate::{attn, bench_bwd, bench_paged, bench_varlen, suites};
+use crate::{attn, suites};
 
 /// Query rows checked against the GPU reference after timing (the last rows, which keep
 /// the bottom-right alignment of the causal mask and the window when the queries are
@@ -190,11 +194,11 @@ fn run_round(
     for case in cases {
         bar.set_message(case.name.clone());
         if suite_name == "paged" {
-            rows.extend(bench_paged::rows(ctx, case, args.samples)?);
+            rows.extend(paged::rows(ctx, case, args.samples)?);
         } else if suites::is_backward(suite_name) {
-            rows.push(bench_bwd::bench_case(ctx, case, args.samples, args.eager, args.inputs, args.deterministic, family)?);
+            rows.push(bwd::bench_case(ctx, case, args.samples, args.eager, args.inputs, args.deterministic, family)?);
         } else if case.packed.is_some() {
-            rows.push(bench_varlen::bench_case(ctx, case, family, args)?);
+            rows.push(varlen::bench_case(ctx, case, family, args)?);
         } else {
             rows.push(bench_case(ctx, case, family, args)?);
         }
