@@ -5,6 +5,7 @@ mod bench;
 mod cases;
 mod check;
 mod compile;
+mod errors;
 mod info;
 mod io;
 mod suites;
@@ -55,7 +56,7 @@ fn main() -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("flashcore: {e:#}");
+            eprintln!("flashcore: {}", errors::message(&e));
             ExitCode::FAILURE
         }
     }

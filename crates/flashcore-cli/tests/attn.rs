@@ -1,0 +1,117 @@
+//! `flashcore attn` end to end: the built binary on small safetensors files, in each of the
+//! input's forms (dense, packed, KV cache), on the CPU reference unless a test says otherwise.
+
+use std::process::Command;
+
+use safetensors::tensor::TensorView;
+use safetensors::Dtype;
+
+/// A tensor of the input file: f32 values (fixed, in [-1, 1)) of a shape, or int32 values.
+enum Tensor {
+    F32(Vec<usize>),
+    I32(Vec<i32>),
+}
+
+fn f32(shape: &[usize]) -> Tensor {
+    Tensor::F32(shape.to_vec())
+}
+
+fn i32(values: &[i32]) -> Tensor {
+    Tensor::I32(values.to_vec())
+}
+
+/// A dense batch: q [1, 4, 2, 8], k, v [1, 5, 2, 8].
+fn dense() -> Vec<(&'static str, Tensor)> {
+    vec![("q", f32(&[1, 4, 2, 8])), ("k", f32(&[1, 5, 2, 8])), ("v", f32(&[1, 5, 2, 8]))]
+}
+
+/// A packed batch of two sequences: q [5, 2, 8], k, v [7, 2, 8].
+fn packed() -> Vec<(&'static str, Tensor)> {
+    vec![
+        ("q", f32(&[5, 2, 8])),
+        ("k", f32(&[7, 2, 8])),
+        ("v", f32(&[7, 2, 8])),
+        ("cu_seqlens_q", i32(&[0, 2, 5])),
+        ("cu_seqlens_k", i32(&[0, 3, 7])),
+    ]
+}
+
+/// A contiguous KV cache of two sequences: q [2, 1, 2, 8], k_cache, v_cache [2, 16, 2, 8].
+fn cache() -> Vec<(&'static str, Tensor)> {
+    vec![("q", f32(&[2, 1, 2, 8])), ("k_cache", f32(&[2, 16, 2, 8])), ("v_cache", f32(&[2, 16, 2, 8])), ("cache_seqlens", i32(&[9, 16]))]
+}
+
+/// What a run of the binary printed, and whether it succeeded.
+struct Run {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+/// An input file of `tensors` in a temporary directory, and an output path beside it.
+struct Files {
+    dir: tempfile::TempDir,
+}
+
+impl Files {
+    fn new(tensors: &[(&str, Tensor)]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let bytes: Vec<(&str, Dtype, Vec<usize>, Vec<u8>)> = tensors
+            .iter()
+            .map(|(name, t)| match t {
+                Tensor::F32(shape) => {
+                    let n: usize = shape.iter().product();
+                    let values = (0..n).map(|i| ((i * 7 % 16) as f32 - 8.0) / 8.0);
+                    (*name, Dtype::F32, shape.clone(), values.flat_map(f32::to_le_bytes).collect())
+                }
+                Tensor::I32(values) => (*name, Dtype::I32, vec![values.len()], values.iter().flat_map(|x| x.to_le_bytes()).collect()),
+            })
+            .collect();
+        let views: Vec<_> =
+            bytes.iter().map(|(name, dtype, shape, b)| (*name, TensorView::new(*dtype, shape.clone(), b).unwrap())).collect();
+        std::fs::write(dir.path().join("in.safetensors"), safetensors::serialize(views, None).unwrap()).unwrap();
+        Self { dir }
+    }
+
+    fn input(&self) -> String {
+        self.dir.path().join("in.safetensors").to_str().unwrap().into()
+    }
+
+    fn output(&self) -> String {
+        self.dir.path().join("out.safetensors").to_str().unwrap().into()
+    }
+}
+
+/// `flashcore attn --input FILE --output OUT ARGS...` with `tensors` in FILE.
+fn attn(tensors: &[(&str, Tensor)], args: &[&str]) -> Run {
+    let files = Files::new(tensors);
+    run(&[&["attn", "--input", &files.input(), "--output", &files.output()], args].concat())
+}
+
+fn run(args: &[&str]) -> Run {
+    let out = Command::new(env!("CARGO_BIN_EXE_flashcore")).args(args).output().expect("the binary runs");
+    Run {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into(),
+        stderr: String::from_utf8_lossy(&out.stderr).into(),
+    }
+}
+
+#[test]
+fn every_form_runs_on_the_cpu() {
+    for form in [dense(), packed(), cache()] {
+        let r = attn(&form, &["--cpu"]);
+        assert!(r.ok && r.stdout.starts_with("wrote o, lse"), "{}{}", r.stdout, r.stderr);
+    }
+}
+
+#[test]
+fn a_file_error_names_its_cause_once() {
+    let r = run(&["attn", "--cpu", "--input", "/nonexistent/in.safetensors", "--output", "/nonexistent/out.safetensors"]);
+    assert!(!r.ok);
+    assert_eq!(r.stderr.matches("(os error 2)").count(), 1, "{}", r.stderr);
+    let files = Files::new(&dense());
+    let r = run(&["attn", "--cpu", "--input", &files.input(), "--output", "/nonexistent/out.safetensors"]);
+    assert!(!r.ok && r.stderr.contains("cannot write `/nonexistent/out.safetensors`"), "{}", r.stderr);
+    assert_eq!(r.stderr.matches("(os error 2)").count(), 1, "{}", r.stderr);
+}
