@@ -52,11 +52,16 @@ fn main() -> ExitCode {
         Command::Attn(a) => attn::run(a),
         Command::Compile(a) => compile::run(a),
     };
+    // What the command does without a GPU, named when it found none.
+    let no_gpu_hint = match &cli.command {
+        Command::Attn(_) => Some("run with --cpu for the CPU reference"),
+        _ => None,
+    };
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("flashcore: {}", errors::message(&e));
+            eprintln!("flashcore: {}", errors::message(&e, no_gpu_hint));
             ExitCode::FAILURE
         }
     }

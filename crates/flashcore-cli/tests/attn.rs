@@ -115,3 +115,12 @@ fn a_file_error_names_its_cause_once() {
     assert!(!r.ok && r.stderr.contains("cannot write `/nonexistent/out.safetensors`"), "{}", r.stderr);
     assert_eq!(r.stderr.matches("(os error 2)").count(), 1, "{}", r.stderr);
 }
+
+/// Asserted where the machine has no GPU (the run then fails for want of one).
+#[test]
+fn without_a_gpu_the_error_names_the_cpu_reference() {
+    let r = attn(&dense(), &["--dtype", "bf16"]);
+    if r.stderr.contains("no usable GPU") {
+        assert!(r.stderr.trim_end().ends_with("(run with --cpu for the CPU reference)"), "{}", r.stderr);
+    }
+}
