@@ -124,3 +124,21 @@ fn without_a_gpu_the_error_names_the_cpu_reference() {
         assert!(r.stderr.trim_end().ends_with("(run with --cpu for the CPU reference)"), "{}", r.stderr);
     }
 }
+
+#[test]
+fn the_cpu_refuses_the_parameters_the_gpu_refuses() {
+    let refused = [
+        ("--scale=nan", "softmax_scale"),
+        ("--scale=inf", "softmax_scale"),
+        ("--scale=-1", "softmax_scale"),
+        ("--softcap=-1", "softcap"),
+        ("--window=-2,0", "window"),
+    ];
+    for form in [dense(), packed(), cache()] {
+        for (arg, name) in refused {
+            let r = attn(&form, &["--cpu", arg]);
+            assert!(!r.ok && r.stderr.contains(&format!("parameter `{name}`: ")), "{arg}: {}", r.stderr);
+            assert!(r.stdout.is_empty(), "{arg}: nothing written, got {}", r.stdout);
+        }
+    }
+}

@@ -67,16 +67,27 @@ pub fn parse_window(text: Option<&str>) -> Result<Window> {
     }
 }
 
-/// The mask and score options (`--causal`, `--window`, `--softcap`), checked.
-pub(crate) fn mods(args: &AttnArgs) -> Result<AttnParams> {
-    let mods = AttnParams { causal: args.causal, window: window(args)?, softcap: args.softcap.unwrap_or(0.0), ..AttnParams::default() };
-    mods.check_window_and_softcap()?;
-    Ok(mods)
+/// The softmax scale: `--scale`, else 1/sqrt(D).
+pub(crate) fn softmax_scale(args: &AttnArgs, head_dim: usize) -> f64 {
+    args.scale.unwrap_or(1.0 / (head_dim as f64).sqrt())
 }
 
-/// A GPU run's parameters: the options, `scale`, and the family `--kernel` names.
-pub(crate) fn gpu_params(args: &AttnArgs, scale: f64) -> Result<AttnParams> {
-    Ok(AttnParams { softmax_scale: Some(scale as f32), kernel: kernel(args)?, ..mods(args)? })
+/// The options as the library's parameters for head dim `head_dim` (`--causal`, `--window`,
+/// `--softcap`, the scale and the family `--kernel` names), checked as every library call
+/// checks them (`AttnParams::check`: the scale finite and >= 0, the window's sides, the
+/// softcap). The f64 reference takes a scale and a mask unchecked, so this check is what makes
+/// `--cpu` refuse what the GPU refuses (`--scale nan` would write NaNs).
+pub(crate) fn attn_params(args: &AttnArgs, head_dim: usize) -> Result<AttnParams> {
+    let params = AttnParams {
+        softmax_scale: Some(softmax_scale(args, head_dim) as f32),
+        causal: args.causal,
+        window: window(args)?,
+        softcap: args.softcap.unwrap_or(0.0),
+        kernel: kernel(args)?,
+        ..AttnParams::default()
+    };
+    params.check(head_dim)?;
+    Ok(params)
 }
 
 /// The dtype the GPU runs: `--dtype`, else the file's (f16 or bf16).

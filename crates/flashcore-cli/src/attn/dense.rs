@@ -3,7 +3,7 @@
 use anyhow::{bail, Result};
 use flashcore::{reference, AttnParams, BwdInputs, Context, DeviceTensor, LseView, ProblemShape};
 
-use crate::attn::args::{gpu_dtype, gpu_params, mods, AttnArgs};
+use crate::attn::args::{attn_params, gpu_dtype, softmax_scale, AttnArgs};
 use crate::attn::tensors::{download, shape4, upload, Outputs};
 use crate::io::{read_dout, write_tensors, FileDType, HostTensor};
 
@@ -20,16 +20,15 @@ pub fn run(args: &AttnArgs, q: &HostTensor, k: &HostTensor, v: &HostTensor) -> R
         );
     }
     let shape = ProblemShape { batch: b, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d };
-    let scale = args.scale.unwrap_or(1.0 / (d as f64).sqrt());
+    let params = attn_params(args, d)?;
     let dout = read_dout(&args.input, q)?;
-    let mods = mods(args)?;
     let out = if args.cpu {
-        let mask = reference::RefMask::of(&mods);
+        let (scale, mask) = (softmax_scale(args, d), reference::RefMask::of(&params));
         let r = reference::attention_masked(&q.data, &k.data, &v.data, &shape, scale, &mask);
         let grads = dout.as_ref().map(|g| reference::attention_backward_masked(&q.data, &k.data, &v.data, &g.data, &shape, scale, &mask));
         Outputs { o: r.o, lse: r.lse, grads: grads.map(|g| [g.dq, g.dk, g.dv]) }
     } else {
-        gpu(args, q, k, v, dout.as_ref(), &shape, scale)?
+        gpu(args, q, k, v, dout.as_ref(), &shape, params)?
     };
     let data_dtype = if args.f64_out { FileDType::F64 } else { q.dtype };
     let lse_dtype = if args.f64_out { FileDType::F64 } else { FileDType::F32 };
@@ -56,13 +55,12 @@ fn gpu(
     v: &HostTensor,
     dout: Option<&HostTensor>,
     shape: &ProblemShape,
-    scale: f64,
+    params: AttnParams,
 ) -> Result<Outputs> {
     let dtype = gpu_dtype(args, q)?;
     let ctx = Context::new(0)?;
     let up = |t: &HostTensor| upload(&ctx, t, dtype);
     let (qd, kd, vd) = (up(q)?, up(k)?, up(v)?);
-    let params = gpu_params(args, scale)?;
     // A backward family named concerns the backward only (the forward takes its default).
     let forward_kernel = params.kernel.filter(|f| !f.is_backward());
     let out = ctx.attention(qd.view(), kd.view(), vd.view(), &AttnParams { kernel: forward_kernel, ..params })?;

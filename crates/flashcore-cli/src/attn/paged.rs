@@ -6,9 +6,9 @@
 
 use anyhow::{bail, Result};
 use flashcore::reference::{self, RefMask, RefPagedCache};
-use flashcore::{BlockTableView, Context, DeviceTensor, PagedKv, ProblemShape, SeqLensView, PAGE_SIZE_MULTIPLE};
+use flashcore::{AttnParams, BlockTableView, Context, DeviceTensor, PagedKv, ProblemShape, SeqLensView, PAGE_SIZE_MULTIPLE};
 
-use crate::attn::args::{gpu_dtype, gpu_params, mods, AttnArgs};
+use crate::attn::args::{attn_params, gpu_dtype, softmax_scale, AttnArgs};
 use crate::attn::tensors::{download, shape4, upload};
 use crate::io::{read_dout, write_tensors, FileDType, HostKvCache, HostTensor};
 
@@ -97,9 +97,8 @@ pub fn run(args: &AttnArgs, kv: &HostKvCache) -> Result<bool> {
     }
     let g = Geometry::of(kv)?;
     let [b, sq, hq, d] = g.q;
-    let scale = args.scale.unwrap_or(1.0 / (d as f64).sqrt());
-    let mask = RefMask::of(&mods(args)?); // the options checked before anything runs
-    let out = if args.cpu { cpu(kv, &g, scale, &mask)? } else { gpu(args, kv, &g, scale)? };
+    let params = attn_params(args, d)?; // the options checked before anything runs
+    let out = if args.cpu { cpu(kv, &g, softmax_scale(args, d), &RefMask::of(&params))? } else { gpu(args, kv, &g, params)? };
     let data_dtype = if args.f64_out { FileDType::F64 } else { kv.q.dtype };
     let lse_dtype = if args.f64_out { FileDType::F64 } else { FileDType::F32 };
     let like = |t: &HostTensor, data| HostTensor { shape: t.shape.clone(), dtype: data_dtype, data };
@@ -154,7 +153,7 @@ fn cpu(kv: &HostKvCache, g: &Geometry, scale: f64, mask: &RefMask) -> Result<Out
     Ok(Outputs { o: r.o, lse: r.lse, k_cache, v_cache })
 }
 
-fn gpu(args: &AttnArgs, kv: &HostKvCache, g: &Geometry, scale: f64) -> Result<Outputs> {
+fn gpu(args: &AttnArgs, kv: &HostKvCache, g: &Geometry, params: AttnParams) -> Result<Outputs> {
     let dtype = gpu_dtype(args, &kv.q)?;
     let ctx = Context::new(0)?;
     let up = |t: &HostTensor| upload(&ctx, t, dtype);
@@ -170,7 +169,7 @@ fn gpu(args: &AttnArgs, kv: &HostKvCache, g: &Geometry, scale: f64) -> Result<Ou
         v_new: v_new.as_ref().map(|t| t.view()),
     };
     ctx.check_paged(q.view(), k_cache.view(), v_cache.view(), &paged)?;
-    let out = ctx.attention_paged(q.view(), k_cache.view(), v_cache.view(), &paged, &gpu_params(args, scale)?)?;
+    let out = ctx.attention_paged(q.view(), k_cache.view(), v_cache.view(), &paged, &params)?;
     let wide = |t: &DeviceTensor| download(&ctx, t);
     let [b, sq, hq, _] = g.q;
     let lse = ctx.stream().clone_dtoh(&out.lse)?.into_iter().take(b * hq * sq).map(f64::from).collect();

@@ -4,7 +4,7 @@
 use anyhow::{bail, Result};
 use flashcore::{reference, AttnParams, BwdInputs, Context, DeviceTensor, LseView, ProblemShape, SeqLensView, VarlenBatch};
 
-use crate::attn::args::{gpu_dtype, gpu_params, mods, AttnArgs};
+use crate::attn::args::{attn_params, gpu_dtype, softmax_scale, AttnArgs};
 use crate::attn::tensors::{download, shape4, upload, Outputs};
 use crate::io::{read_dout, write_tensors, FileDType, HostSeqlens, HostTensor};
 
@@ -31,11 +31,10 @@ pub fn run(args: &AttnArgs, q: &HostTensor, k: &HostTensor, v: &HostTensor, seql
     };
     let queries: Vec<usize> = cu_q.windows(2).map(|w| (w[1] - w[0]).max(0) as usize).collect();
     let max = (queries.iter().copied().max().unwrap_or(0), keys.iter().copied().max().unwrap_or(0));
-    let scale = args.scale.unwrap_or(1.0 / (d as f64).sqrt());
-    let mods = mods(args)?;
+    let params = attn_params(args, d)?;
     let out = if args.cpu {
         flashcore::check_varlen_values(cu_q, cu_k, seqlens.seqused_k.as_deref(), (total_q, total_k), max)?;
-        let mask = reference::RefMask::of(&mods);
+        let (scale, mask) = (softmax_scale(args, d), reference::RefMask::of(&params));
         let mut o = Vec::with_capacity(total_q * hq * d);
         let mut lse = vec![f64::NEG_INFINITY; hq * total_q];
         let mut grads = dout.as_ref().map(|_| [vec![0.0; total_q * hq * d], vec![0.0; total_k * hkv * d], vec![0.0; total_k * hkv * d]]);
@@ -60,7 +59,7 @@ pub fn run(args: &AttnArgs, q: &HostTensor, k: &HostTensor, v: &HostTensor, seql
         }
         Outputs { o, lse, grads }
     } else {
-        gpu(args, [q, k, v], dout.as_ref(), seqlens, max, scale)?
+        gpu(args, [q, k, v], dout.as_ref(), seqlens, max, params)?
     };
     let data_dtype = if args.f64_out { FileDType::F64 } else { q.dtype };
     let lse_dtype = if args.f64_out { FileDType::F64 } else { FileDType::F32 };
@@ -84,7 +83,7 @@ fn gpu(
     dout: Option<&HostTensor>,
     seqlens: &HostSeqlens,
     max: (usize, usize),
-    scale: f64,
+    params: AttnParams,
 ) -> Result<Outputs> {
     let dtype = gpu_dtype(args, q)?;
     let ctx = Context::new(0)?;
@@ -101,7 +100,6 @@ fn gpu(
         max_seqlen_k: max.1,
     };
     ctx.check_varlen(&batch, q.shape[1], k.shape[1])?;
-    let params = gpu_params(args, scale)?;
     // As `gpu`: a backward family named concerns the backward only.
     let out = ctx.attention_varlen(
         qd.view(),
