@@ -142,3 +142,14 @@ fn the_cpu_refuses_the_parameters_the_gpu_refuses() {
         }
     }
 }
+
+/// As `--window` and `--softcap` do, `--scale` takes a value that starts with `-`, so that
+/// the library's check, not clap's parser, says what is wrong with it.
+#[test]
+fn a_negative_scale_reaches_the_check() {
+    for scale in ["-1", "-inf"] {
+        let r = attn(&dense(), &["--cpu", "--scale", scale]);
+        let want = format!("parameter `softmax_scale`: {scale} must be finite and >= 0");
+        assert!(!r.ok && r.stderr.contains(&want), "{}", r.stderr);
+    }
+}

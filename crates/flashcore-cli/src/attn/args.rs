@@ -30,7 +30,7 @@ pub struct AttnArgs {
     #[arg(long)]
     pub(crate) causal: bool,
     /// Softmax scale (default 1/sqrt(D)).
-    #[arg(long)]
+    #[arg(long, allow_hyphen_values = true)]
     pub(crate) scale: Option<f64>,
     /// Sliding window `LEFT,RIGHT` in keys around each query's (bottom-right aligned)
     /// diagonal, -1 for an unbounded side (flash_attn's window_size).
