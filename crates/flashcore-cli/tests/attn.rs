@@ -41,6 +41,17 @@ fn cache() -> Vec<(&'static str, Tensor)> {
     vec![("q", f32(&[2, 1, 2, 8])), ("k_cache", f32(&[2, 16, 2, 8])), ("v_cache", f32(&[2, 16, 2, 8])), ("cache_seqlens", i32(&[9, 16]))]
 }
 
+/// `tensors` with `changes`: each replaces the tensor of its name, or joins them.
+fn with(mut tensors: Vec<(&'static str, Tensor)>, changes: Vec<(&'static str, Tensor)>) -> Vec<(&'static str, Tensor)> {
+    for (name, tensor) in changes {
+        match tensors.iter_mut().find(|(n, _)| *n == name) {
+            Some(slot) => slot.1 = tensor,
+            None => tensors.push((name, tensor)),
+        }
+    }
+    tensors
+}
+
 /// What a run of the binary printed, and whether it succeeded.
 struct Run {
     ok: bool,
@@ -151,5 +162,38 @@ fn a_negative_scale_reaches_the_check() {
         let r = attn(&dense(), &["--cpu", "--scale", scale]);
         let want = format!("parameter `softmax_scale`: {scale} must be finite and >= 0");
         assert!(!r.ok && r.stderr.contains(&want), "{}", r.stderr);
+    }
+}
+
+/// The shapes the GPU path refuses, refused with `--cpu` in the library's words: the tensor,
+/// the dimension and both values.
+#[test]
+fn the_cpu_refuses_the_shapes_the_gpu_refuses() {
+    let refused = [
+        (with(dense(), vec![("v", f32(&[1, 6, 2, 8]))]), "shape of `v`: [1, 6, 2, 8] differs from k's [1, 5, 2, 8]"),
+        (with(dense(), vec![("q", f32(&[1, 4, 3, 8]))]), "shape of `k`: q heads (3) are not a multiple of k/v heads (2)"),
+        (with(dense(), vec![("q", f32(&[2, 4, 2, 8]))]), "shape of `k`: batch 1 differs from q's batch 2"),
+        (
+            with(dense(), vec![("k", f32(&[1, 5, 2, 16])), ("v", f32(&[1, 5, 2, 16]))]),
+            "shape of `k`: head dim 16 differs from q's head dim 8",
+        ),
+        (with(dense(), vec![("q", f32(&[1, 0, 2, 8]))]), "shape of `q`: [1, 0, 2, 8] is empty"),
+        (with(packed(), vec![("k", f32(&[7, 2, 16])), ("v", f32(&[7, 2, 16]))]), "shape of `k`: head dim 16 differs from q's head dim 8"),
+        (
+            with(packed(), vec![("q", f32(&[2, 5, 2, 8]))]),
+            "shape of `q`: a packed batch is [1, total, H, D] (or [total, H, D]); got batch 2",
+        ),
+        (with(cache(), vec![("v_cache", f32(&[2, 16, 1, 8]))]), "shape of `v_cache`: [2, 16, 1, 8] differs from k_cache's [2, 16, 2, 8]"),
+        (with(cache(), vec![("q", f32(&[3, 1, 2, 8]))]), "shape of `k_cache`: batch 2 differs from q's batch 3"),
+        (with(cache(), vec![("q", f32(&[2, 1, 3, 8]))]), "shape of `k_cache`: q heads (3) are not a multiple of k/v heads (2)"),
+        (
+            with(cache(), vec![("k_new", f32(&[2, 1, 1, 8])), ("v_new", f32(&[2, 1, 1, 8]))]),
+            "shape of `k_new`: heads 1 differs from k_cache's heads 2",
+        ),
+        (with(cache(), vec![("cache_seqlens", i32(&[9]))]), "shape of `cache_seqlens`: 1 entries, need B = 2"),
+    ];
+    for (tensors, want) in refused {
+        let r = attn(&tensors, &["--cpu"]);
+        assert!(!r.ok && r.stderr.contains(want), "want {want:?}, got {}", r.stderr);
     }
 }

@@ -1,23 +1,18 @@
 //! `flashcore attn` over a dense batch: `q [B, Sq, Hq, D]`, `k, v [B, Sk, Hkv, D]`.
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use flashcore::{reference, AttnParams, BwdInputs, Context, DeviceTensor, LseView, ProblemShape};
 
 use crate::attn::args::{attn_params, gpu_dtype, softmax_scale, AttnArgs};
-use crate::attn::tensors::{download, shape4, upload, Outputs};
+use crate::attn::tensors::{download, problem_shapes, shape_error, upload, Outputs};
 use crate::io::{read_dout, write_tensors, FileDType, HostTensor};
 
 /// Attention over a dense batch: writes `o` like `q`, `lse [B, Hq, Sq]` and, with `do` in the
 /// input, the gradients `dq`, `dk`, `dv` like `q`, `k`, `v`.
 pub fn run(args: &AttnArgs, q: &HostTensor, k: &HostTensor, v: &HostTensor) -> Result<bool> {
-    let ([b, sq, hq, d], [kb, sk, hkv, kd]) = (shape4(q, "q")?, shape4(k, "k")?);
-    if k.shape != v.shape || kb != b || kd != d || hkv == 0 || hq % hkv != 0 {
-        bail!(
-            "shapes do not form an attention problem: q {:?}, k {:?}, v {:?} (need k = v, same B and D, Hq % Hkv == 0)",
-            q.shape,
-            k.shape,
-            v.shape
-        );
+    let ([b, sq, hq, d], [kb, sk, hkv, _]) = problem_shapes(q, [("k", k), ("v", v)])?;
+    if kb != b {
+        return Err(shape_error("k", format!("batch {kb} differs from q's batch {b}")));
     }
     let shape = ProblemShape { batch: b, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d };
     let params = attn_params(args, d)?;

@@ -1,11 +1,11 @@
 //! `flashcore attn` over a packed (varlen) batch: `q [total_q, Hq, D]`, `k, v [total_k, Hkv,
 //! D]` with the file's `cu_seqlens_q`, `cu_seqlens_k` and optionally `seqused_k`.
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use flashcore::{reference, AttnParams, BwdInputs, Context, DeviceTensor, LseView, ProblemShape, SeqLensView, VarlenBatch};
 
 use crate::attn::args::{attn_params, gpu_dtype, softmax_scale, AttnArgs};
-use crate::attn::tensors::{download, shape4, upload, Outputs};
+use crate::attn::tensors::{download, problem_shapes, shape_error, upload, Outputs};
 use crate::io::{read_dout, write_tensors, FileDType, HostSeqlens, HostTensor};
 
 /// A packed batch (`cu_seqlens_q`, `cu_seqlens_k` and optionally `seqused_k` in the file,
@@ -14,14 +14,9 @@ use crate::io::{read_dout, write_tensors, FileDType, HostSeqlens, HostTensor};
 /// included). The vectors are checked first (`Context::check_varlen`'s checks; on the host
 /// with `--cpu`), by name.
 pub fn run(args: &AttnArgs, q: &HostTensor, k: &HostTensor, v: &HostTensor, seqlens: &HostSeqlens) -> Result<bool> {
-    let ([qb, total_q, hq, d], [kb, total_k, hkv, kd]) = (shape4(q, "q")?, shape4(k, "k")?);
-    if k.shape != v.shape || qb != 1 || kb != 1 || kd != d || hkv == 0 || hq % hkv != 0 {
-        bail!(
-            "shapes do not form a packed problem: q {:?}, k {:?}, v {:?} (need [total, H, D], k = v, same D, Hq % Hkv == 0)",
-            q.shape,
-            k.shape,
-            v.shape
-        );
+    let ([qb, total_q, hq, d], [kb, total_k, hkv, _]) = problem_shapes(q, [("k", k), ("v", v)])?;
+    if let Some((arg, batch)) = [("q", qb), ("k", kb)].into_iter().find(|&(_, batch)| batch != 1) {
+        return Err(shape_error(arg, format!("a packed batch is [1, total, H, D] (or [total, H, D]); got batch {batch}")));
     }
     let dout = read_dout(&args.input, q)?;
     let (cu_q, cu_k) = (&seqlens.cu_seqlens_q, &seqlens.cu_seqlens_k);
