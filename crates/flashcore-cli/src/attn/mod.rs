@@ -14,6 +14,8 @@ pub use args::AttnArgs;
 
 use crate::io::{read_kvcache, read_qkv, read_seqlens};
 
+/// Runs the form the input file holds; each form reads `args.rs` (the options, checked as
+/// the library's parameters) and `tensors.rs` (shapes, transfers), never this file.
 pub fn run(args: &AttnArgs) -> Result<bool> {
     if let Some(kv) = read_kvcache(&args.input)? {
         return paged::run(args, &kv);

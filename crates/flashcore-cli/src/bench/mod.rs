@@ -1,5 +1,9 @@
 //! `flashcore bench`: device time of a suite, as a table and JSON (schema 1, shared with
 //! `bench/anchors.py`), and the regression guard `--compare`.
+//!
+//! This file reads the options and sends each case to its kind (`dense`, `varlen`, `bwd`,
+//! `paged`); those share `report.rs` (rows, tables, JSON, `--compare`) and `options.rs` (what
+//! a dense or packed case takes from the command line), never this file.
 
 mod bwd;
 mod dense;

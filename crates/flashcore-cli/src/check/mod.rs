@@ -1,4 +1,9 @@
 //! `flashcore check`: the correctness suite (DESIGN §5) for every kernel on this GPU.
+//!
+//! This file reads the options, gathers each group's cases (`dense`, `varlen`, `paged`,
+//! `bwd`, `varlen_bwd`) and runs them; those share `outcome.rs` (a case's result and how it
+//! is judged), `poison.rs` (runs into NaN-poisoned buffers) and, for packed batches,
+//! `packed.rs`, never this file.
 
 mod bwd;
 mod dense;
