@@ -1,18 +1,11 @@
 //! The `flashcore` command: info, check, bench, attn, compile.
 
 mod attn;
-mod attn_paged;
 mod bench;
-mod bench_bwd;
-mod bench_paged;
-mod bench_varlen;
 mod cases;
 mod check;
-mod check_bwd;
-mod check_paged;
-mod check_varlen;
-mod check_varlen_bwd;
 mod compile;
+mod errors;
 mod info;
 mod io;
 mod suites;
@@ -59,11 +52,16 @@ fn main() -> ExitCode {
         Command::Attn(a) => attn::run(a),
         Command::Compile(a) => compile::run(a),
     };
+    // What the command does without a GPU, named when it found none.
+    let no_gpu_hint = match &cli.command {
+        Command::Attn(_) => Some("run with --cpu for the CPU reference"),
+        _ => None,
+    };
     match result {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("flashcore: {e:#}");
+            eprintln!("flashcore: {}", errors::message(&e, no_gpu_hint));
             ExitCode::FAILURE
         }
     }

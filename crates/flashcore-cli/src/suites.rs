@@ -61,7 +61,7 @@ fn varlen_suite() -> Vec<Case> {
     v
 }
 
-/// Whether suite `name` times the backward (`bench_bwd`) rather than the forward.
+/// Whether suite `name` times the backward (`bench::bwd`) rather than the forward.
 pub fn is_backward(name: &str) -> bool {
     matches!(name, "bwd" | "bwd-dims")
 }
@@ -135,7 +135,7 @@ pub fn suite(name: &str) -> Option<Vec<Case>> {
         }
         "varlen" => varlen_suite(),
         // Decode (B8 Hq32/Hkv8 D128) from 4k to 128k keys: each case's contiguous decode beside
-        // the same cache paged (`bench_paged`); then chunked prefill, chunks of 512, 1k and 2k
+        // the same cache paged (`bench::paged`); then chunked prefill, chunks of 512, 1k and 2k
         // queries ending a 16k-key cache (B2, causal), beside the dense attention of the shape.
         "paged" => {
             let decode = [4096, 8192, 16384, 32768, 65536, 131072].map(|s| decode_case(8, s));

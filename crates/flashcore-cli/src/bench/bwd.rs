@@ -8,7 +8,7 @@ use anyhow::Result;
 use flashcore::bench::{time, TimingOptions};
 use flashcore::{AttnOutput, AttnParams, BwdInputs, Context, DeviceTensor, Error, GradsMut, KernelFamily, LseView};
 
-use crate::bench::{unsupported, Row};
+use crate::bench::report::{unsupported, Row};
 use crate::cases::{normal, random_qkv, Case, Inputs, Storage, Stored};
 
 /// The backward's FLOPs over the forward's.

@@ -8,7 +8,8 @@ use flashcore::bench::{time, TimingOptions};
 use flashcore::dispatch::KeyLayout;
 use flashcore::{AttnParams, Context, DeviceTensor, Error, KernelFamily, SeqLensView, VarlenBatch};
 
-use crate::bench::{unsupported, BenchArgs, Row, VERIFY_ROWS};
+use crate::bench::options::{CaseOptions, VERIFY_ROWS};
+use crate::bench::report::{unsupported, Row};
 use crate::cases::{errors, random_qkv, Case, Packed, Storage, Stored};
 
 /// A packed batch's cu_seqlens (and seqused_k) on the device.
@@ -44,7 +45,7 @@ impl SeqLens {
 }
 
 /// One packed case (`case.packed` is set).
-pub fn bench_case(ctx: &Context, case: &Case, family: Option<KernelFamily>, args: &BenchArgs) -> Result<Row> {
+pub fn bench_case(ctx: &Context, case: &Case, family: Option<KernelFamily>, args: &CaseOptions) -> Result<Row> {
     let packed = case.packed.as_ref().expect("a packed case");
     let params = AttnParams { kernel: family, num_splits: args.splits, ..case.params() };
     let layout = KeyLayout::Varlen { total_k: packed.seqlens_k.iter().sum() };

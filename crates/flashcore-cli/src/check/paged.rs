@@ -12,7 +12,8 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
 use crate::cases::normal;
-use crate::check::{judge, nan_bits, poisoned_run, same_bits, Outcome};
+use crate::check::outcome::{judge, Outcome};
+use crate::check::poison::{nan_bits, poisoned_run, same_bits};
 
 #[derive(Debug, Clone)]
 pub struct PagedSpec {

@@ -20,7 +20,7 @@ use flashcore::reference::RefMask;
 use flashcore::{reference, AttnParams, BwdInputs, Context, DType, DeviceTensor, GradsMut, KernelFamily, LseView, Window};
 
 use crate::cases::{errors, normal, random_qkv, Case, Inputs, Storage, Stored};
-use crate::check::Outcome;
+use crate::check::outcome::{grad_tolerance, Outcome};
 
 /// A backward case: the kernels, the problem, its inputs and the storage of q, k, v and dout,
 /// and the score policies (a sliding window, `Window::UNBOUNDED` for none; a softcap, 0 off).
@@ -186,8 +186,8 @@ pub fn check_one(ctx: &Context, spec: &BwdSpec) -> Result<Outcome> {
         let (r, m) = errors(&got, want);
         if got.iter().any(|x| !x.is_finite()) {
             failure.get_or_insert(format!("NaN/Inf in {name} (unwritten or overflowed elements)"));
-        } else if r > tolerance(case.dtype, spec.inputs) {
-            failure.get_or_insert(format!("{name} rel error {r:.2e} > {:.1e}", tolerance(case.dtype, spec.inputs)));
+        } else if r > grad_tolerance(case.dtype, spec.inputs) {
+            failure.get_or_insert(format!("{name} rel error {r:.2e} > {:.1e}", grad_tolerance(case.dtype, spec.inputs)));
         }
         rel = rel.max(r);
         max_abs = max_abs.max(m);
@@ -211,12 +211,4 @@ pub fn check_one(ctx: &Context, spec: &BwdSpec) -> Result<Outcome> {
         deterministic,
         failure,
     })
-}
-
-pub(crate) fn tolerance(dtype: DType, inputs: Inputs) -> f64 {
-    match (dtype, inputs) {
-        (DType::BF16, Inputs::LargeLogits) => 1.5e-2,
-        (DType::BF16, _) => 1e-2,
-        (DType::F16, _) => 2e-3,
-    }
 }

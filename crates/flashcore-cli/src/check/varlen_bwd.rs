@@ -13,9 +13,9 @@ use cudarc::driver::CudaSlice;
 use flashcore::{reference, BwdInputs, Context, DType, DeviceTensor, GradsMut, KernelFamily, LseView, ProblemShape, VarlenBatch, Window};
 
 use crate::cases::{errors, normal, Inputs};
-use crate::check::{nan_bits, Outcome};
-use crate::check_bwd::tolerance;
-use crate::check_varlen::{seqs, sweep, Packed, Seq, VarlenSpec};
+use crate::check::outcome::{grad_tolerance, Outcome};
+use crate::check::packed::{seqs, sweep, Packed, Seq, VarlenSpec};
+use crate::check::poison::nan_bits;
 
 /// The lengths 0, 1, 7, 113, 1000 and 4097 in one batch (Sq ≠ Sk both ways, a
 /// sequence with keys but no queries and one with queries but no keys), at D64 and D128 (the
@@ -126,7 +126,7 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
         k0 += s.keys + s.slack;
     }
     let (mut rel, mut max_abs) = (0f64, 0f64);
-    let bound = tolerance(dtype, spec.inputs);
+    let bound = grad_tolerance(dtype, spec.inputs);
     for ((name, bits), want) in ["dq", "dk", "dv"].iter().zip(&first).zip(&want) {
         let got: Vec<f32> = bits.iter().map(|&b| dtype.decode(b)).collect();
         let (r, m) = errors(&got, want);

@@ -13,7 +13,7 @@ use flashcore::{AttnParams, BlockTableView, Context, DeviceTensor, KernelFamily,
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
-use crate::bench::{unsupported, Row};
+use crate::bench::report::{unsupported, Row};
 use crate::cases::Case;
 
 /// Page sizes timed, and whether the table is shuffled (ordered: page `i` of sequence `b` is

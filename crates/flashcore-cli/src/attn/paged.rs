@@ -6,10 +6,11 @@
 
 use anyhow::{bail, Result};
 use flashcore::reference::{self, RefMask, RefPagedCache};
-use flashcore::{BlockTableView, Context, DeviceTensor, PagedKv, ProblemShape, SeqLensView, PAGE_SIZE_MULTIPLE};
+use flashcore::{AttnParams, BlockTableView, Context, DeviceTensor, PagedKv, ProblemShape, SeqLensView, PAGE_SIZE_MULTIPLE};
 
-use crate::attn::{download, gpu_dtype, gpu_params, mods, shape4, upload, AttnArgs};
-use crate::io::{write_tensors, FileDType, HostKvCache, HostTensor};
+use crate::attn::args::{attn_params, gpu_dtype, softmax_scale, AttnArgs};
+use crate::attn::tensors::{download, problem_shapes, shape4, shape_error, upload};
+use crate::io::{read_dout, write_tensors, FileDType, HostKvCache, HostTensor};
 
 /// The cache's geometry as the input describes it, checked as the library checks it.
 struct Geometry {
@@ -27,37 +28,44 @@ struct Geometry {
 
 impl Geometry {
     fn of(kv: &HostKvCache) -> Result<Self> {
-        let ([b, sq, hq, d], [pages, rows, hkv, kd]) = (shape4(&kv.q, "q")?, shape4(&kv.k_cache, "k_cache")?);
-        if kv.v_cache.shape != kv.k_cache.shape || kd != d || hkv == 0 || hq % hkv != 0 {
-            bail!(
-                "shapes do not form a KV-cache problem: q {:?}, k_cache {:?}, v_cache {:?} (need k_cache = v_cache, same D, Hq % Hkv == 0)",
-                kv.q.shape,
-                kv.k_cache.shape,
-                kv.v_cache.shape
-            );
-        }
+        let ([b, sq, hq, d], [pages, rows, hkv, _]) = problem_shapes(&kv.q, [("k_cache", &kv.k_cache), ("v_cache", &kv.v_cache)])?;
         let max_pages = match &kv.block_table {
             Some((_, [tb, max_pages])) => {
-                if *tb != b || *max_pages == 0 {
-                    bail!("block_table is [{tb}, {max_pages}]: need [B, max_pages] with B = {b} (q's batch) and max_pages >= 1");
+                if *tb != b {
+                    return Err(shape_error("block_table", format!("{tb} rows, q's batch is {b}")));
+                }
+                if *max_pages == 0 {
+                    return Err(shape_error("block_table", "has no columns".into()));
                 }
                 if rows % PAGE_SIZE_MULTIPLE != 0 {
                     bail!("page size {rows} (k_cache's dim 1) is not supported: every multiple of {PAGE_SIZE_MULTIPLE} is");
                 }
                 *max_pages
             }
-            None if pages != b => bail!("k_cache has batch {pages}, q {b} (a contiguous cache: no block_table)"),
+            None if pages != b => {
+                return Err(shape_error(
+                    "k_cache",
+                    format!("batch {pages} differs from q's batch {b} (a contiguous cache: no block_table)"),
+                ))
+            }
             None => 1,
         };
-        if kv.cache_seqlens.as_ref().is_some_and(|l| l.len() != b) {
-            bail!("cache_seqlens has {} entries, need B = {b}", kv.cache_seqlens.as_ref().map_or(0, Vec::len));
+        if let Some(lens) = kv.cache_seqlens.as_ref().filter(|l| l.len() != b) {
+            return Err(shape_error("cache_seqlens", format!("{} entries, need B = {b}", lens.len())));
         }
         let new_keys = match (&kv.k_new, &kv.v_new) {
             (None, None) => 0,
             (Some(kn), Some(vn)) => {
                 let [nb, s_new, nh, nd] = shape4(kn, "k_new")?;
-                if [nb, nh, nd] != [b, hkv, d] || vn.shape != kn.shape {
-                    bail!("k_new {:?}, v_new {:?}: both must be [B, S_new, Hkv, D] = [{b}, S_new, {hkv}, {d}]", kn.shape, vn.shape);
+                let mismatch = [("batch", nb, "q's", b), ("heads", nh, "k_cache's", hkv), ("head dim", nd, "q's", d)];
+                if let Some((dim, got, of, want)) = mismatch.into_iter().find(|&(_, got, _, want)| got != want) {
+                    return Err(shape_error("k_new", format!("{dim} {got} differs from {of} {dim} {want}")));
+                }
+                if s_new == 0 {
+                    return Err(shape_error("k_new", format!("{:?} is empty", kn.shape)));
+                }
+                if vn.shape != kn.shape {
+                    return Err(shape_error("v_new", format!("{:?} differs from k_new's {:?}", vn.shape, kn.shape)));
                 }
                 if kv.cache_seqlens.is_none() {
                     bail!("k_new needs cache_seqlens (where the new keys go)");
@@ -91,14 +99,13 @@ impl Geometry {
 /// lengths are checked first (`Context::check_paged`'s checks; on the host with `--cpu`), and
 /// the error names the first bad entry.
 pub fn run(args: &AttnArgs, kv: &HostKvCache) -> Result<bool> {
-    if crate::io::read_dout(&args.input, &kv.q)?.is_some() {
+    if read_dout(&args.input, &kv.q)?.is_some() {
         bail!("the KV-cache form is forward only: remove `do` from the input");
     }
     let g = Geometry::of(kv)?;
     let [b, sq, hq, d] = g.q;
-    let scale = args.scale.unwrap_or(1.0 / (d as f64).sqrt());
-    let mask = RefMask::of(&mods(args)?); // the options checked before anything runs
-    let out = if args.cpu { cpu(kv, &g, scale, &mask)? } else { gpu(args, kv, &g, scale)? };
+    let params = attn_params(args, d)?; // the options checked before anything runs
+    let out = if args.cpu { cpu(kv, &g, softmax_scale(args, d), &RefMask::of(&params))? } else { gpu(args, kv, &g, params)? };
     let data_dtype = if args.f64_out { FileDType::F64 } else { kv.q.dtype };
     let lse_dtype = if args.f64_out { FileDType::F64 } else { FileDType::F32 };
     let like = |t: &HostTensor, data| HostTensor { shape: t.shape.clone(), dtype: data_dtype, data };
@@ -153,7 +160,7 @@ fn cpu(kv: &HostKvCache, g: &Geometry, scale: f64, mask: &RefMask) -> Result<Out
     Ok(Outputs { o: r.o, lse: r.lse, k_cache, v_cache })
 }
 
-fn gpu(args: &AttnArgs, kv: &HostKvCache, g: &Geometry, scale: f64) -> Result<Outputs> {
+fn gpu(args: &AttnArgs, kv: &HostKvCache, g: &Geometry, params: AttnParams) -> Result<Outputs> {
     let dtype = gpu_dtype(args, &kv.q)?;
     let ctx = Context::new(0)?;
     let up = |t: &HostTensor| upload(&ctx, t, dtype);
@@ -169,7 +176,7 @@ fn gpu(args: &AttnArgs, kv: &HostKvCache, g: &Geometry, scale: f64) -> Result<Ou
         v_new: v_new.as_ref().map(|t| t.view()),
     };
     ctx.check_paged(q.view(), k_cache.view(), v_cache.view(), &paged)?;
-    let out = ctx.attention_paged(q.view(), k_cache.view(), v_cache.view(), &paged, &gpu_params(args, scale)?)?;
+    let out = ctx.attention_paged(q.view(), k_cache.view(), v_cache.view(), &paged, &params)?;
     let wide = |t: &DeviceTensor| download(&ctx, t);
     let [b, sq, hq, _] = g.q;
     let lse = ctx.stream().clone_dtoh(&out.lse)?.into_iter().take(b * hq * sq).map(f64::from).collect();

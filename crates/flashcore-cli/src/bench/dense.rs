@@ -1,0 +1,87 @@
+//! `flashcore bench`'s dense cases: `Context::attention_into` timed (CUDA-graph replays, or
+//! eager launches), input sets rotated while one would stay in L2, then the last
+//! `VERIFY_ROWS` query rows checked against the GPU reference kernel.
+
+use anyhow::Result;
+use flashcore::bench::{time, TimingOptions};
+use flashcore::{AttnParams, Context, DeviceTensor, Error, KernelFamily};
+
+use crate::bench::options::{CaseOptions, VERIFY_ROWS};
+use crate::bench::report::{unsupported, Row};
+use crate::cases::{errors, random_qkv, Case, Storage, Stored};
+
+/// One dense case.
+pub fn bench_case(ctx: &Context, case: &Case, family: Option<KernelFamily>, args: &CaseOptions) -> Result<Row> {
+    let params = AttnParams { kernel: family, num_splits: args.splits, ..case.params() };
+    let plan = match ctx.plan(&case.shape(), case.dtype, &params) {
+        Ok(p) => p,
+        Err(e @ (Error::HeadDim { .. } | Error::Unsupported { .. })) => return Ok(unsupported(case, "unsupported", e.to_string())),
+        Err(e) => return Err(e.into()),
+    };
+    let shape = case.shape();
+    // Rotate input sets while one set would stay resident in L2.
+    let set_bytes = shape.min_bytes(case.dtype.size_bytes());
+    let sets = ((4.0 * ctx.info().l2_bytes as f64 / set_bytes).ceil() as usize).clamp(1, 8);
+    let mut inputs = Vec::new();
+    for s in 0..sets {
+        let h = random_qkv(case, args.inputs, 1000 + s as u64);
+        let up = |data: &[f32], sh| Stored::upload(ctx, data, sh, case.dtype, Storage::Bshd);
+        inputs.push((up(&h.q, case.q_shape())?, up(&h.k, case.kv_shape())?, up(&h.v, case.kv_shape())?));
+    }
+    let mut o = DeviceTensor::filled(ctx, 0x7fc0, case.q_shape(), case.dtype)?;
+    let mut lse = ctx.stream().alloc_zeros::<f32>(case.batch * case.heads_q * case.seqlen_q)?;
+    let mut timed = |graph: bool| {
+        let opts = TimingOptions { samples: args.samples, graph, ..Default::default() };
+        time(ctx, opts, |i| {
+            let (q, k, v) = &inputs[i % sets];
+            ctx.attention_into(q.view(), k.view(), v.view(), o.view_mut(), Some(&mut lse), &params)
+        })
+    };
+    let (timing, eager) = match timed(!args.eager).and_then(|t| Ok((t, timed(false)?))) {
+        Ok(t) => t,
+        Err(e @ Error::Unsupported { .. }) => return Ok(unsupported(case, "unsupported", e.to_string())),
+        Err(e) => return Ok(unsupported(case, "error", e.to_string())),
+    };
+    let rel_error = if args.no_verify { None } else { Some(verify(ctx, case, &inputs[0], &params)?) };
+    let secs = timing.median_ms * 1e-3;
+    let decode = case.seqlen_q == 1;
+    Ok(Row {
+        case: case.clone(),
+        kernel: Some(plan.describe()),
+        status: "ok".into(),
+        message: None,
+        median_ms: Some(timing.median_ms),
+        min_ms: Some(timing.min_ms),
+        max_ms: Some(timing.max_ms),
+        samples_ms: timing.samples_ms,
+        tflops: Some(case.flops() / secs * 1e-12),
+        gbps: decode.then(|| case.kv_bytes() / secs * 1e-9),
+        rel_error,
+        timing: Some(if args.eager { "eager" } else { "graph" }.into()),
+        eager_median_ms: Some(eager.median_ms),
+        fwd_bwd_median_ms: None,
+        round_medians_ms: vec![],
+    })
+}
+
+/// Relative error of the last `VERIFY_ROWS` query rows against the GPU reference kernel.
+fn verify(ctx: &Context, case: &Case, (q, k, v): &(Stored, Stored, Stored), params: &AttnParams) -> Result<f64> {
+    let rows = case.seqlen_q.min(VERIFY_ROWS);
+    let start = case.seqlen_q - rows;
+    let mut o = DeviceTensor::filled(ctx, 0x7fc0, case.q_shape(), case.dtype)?;
+    ctx.attention_into(q.view(), k.view(), v.view(), o.view_mut(), None, params)?;
+    let sliced_shape = [case.batch, rows, case.heads_q, case.head_dim];
+    let mut o_ref = DeviceTensor::filled(ctx, 0x7fc0, sliced_shape, case.dtype)?;
+    let q_rows = q.view().narrow_seq(start, rows).expect("rows are in range");
+    let ref_params = AttnParams { kernel: Some(KernelFamily::Reference), ..*params };
+    ctx.attention_into(q_rows, k.view(), v.view(), o_ref.view_mut(), None, &ref_params)?;
+    let got = o.to_f32(ctx)?;
+    let want: Vec<f64> = o_ref.to_f32(ctx)?.into_iter().map(f64::from).collect();
+    let row_len = case.heads_q * case.head_dim;
+    let mut picked = Vec::with_capacity(want.len());
+    for b in 0..case.batch {
+        let base = (b * case.seqlen_q + start) * row_len;
+        picked.extend_from_slice(&got[base..base + rows * row_len]);
+    }
+    Ok(errors(&picked, &want).0)
+}

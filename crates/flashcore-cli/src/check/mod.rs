@@ -1,0 +1,124 @@
+//! `flashcore check`: the correctness suite (DESIGN §5) for every kernel on this GPU.
+//!
+//! This file reads the options, gathers each group's cases (`dense`, `varlen`, `paged`,
+//! `bwd`, `varlen_bwd`) and runs them; those share `outcome.rs` (a case's result and how it
+//! is judged), `poison.rs` (runs into NaN-poisoned buffers) and, for packed batches,
+//! `packed.rs`, never this file.
+
+mod bwd;
+mod dense;
+mod outcome;
+mod packed;
+mod paged;
+mod part;
+mod poison;
+mod report;
+mod varlen;
+mod varlen_bwd;
+
+use anyhow::Result;
+use flashcore::{Context, KernelFamily};
+
+use crate::check::packed::VarlenSpec;
+use crate::check::part::{parse_part, Part, PartFilter};
+use crate::check::report::{print_table, Progress};
+
+#[derive(clap::Args)]
+pub struct CheckArgs {
+    /// A few cases per kernel.
+    #[arg(long, conflicts_with = "full")]
+    quick: bool,
+    /// One small case per variant (for compute-sanitizer runs).
+    #[arg(long, conflicts_with_all = ["full", "quick"])]
+    smoke: bool,
+    /// Every case (the default).
+    #[arg(long)]
+    full: bool,
+    /// Only this kernel family (reference, fwd_sm80, ...).
+    #[arg(long)]
+    kernel: Option<String>,
+    /// Only this group of cases: forward (dense), varlen, paged or backward.
+    #[arg(long, value_parser = ["forward", "varlen", "paged", "backward"])]
+    only: Option<String>,
+    /// Only part K of N of the cases (`K/N`, 1 <= K <= N: every N-th case from the K-th), so
+    /// that a long run can be split over several calls; parts 1..N of one N are the whole run.
+    #[arg(long, value_parser = parse_part)]
+    part: Option<Part>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Depth {
+    Smoke,
+    Quick,
+    Full,
+}
+
+pub fn run(args: &CheckArgs) -> Result<bool> {
+    let ctx = Context::new(0)?;
+    let arch = ctx.info().arch;
+    let families: Vec<KernelFamily> = match &args.kernel {
+        Some(name) => vec![KernelFamily::parse(name).ok_or_else(|| anyhow::anyhow!("unknown kernel {name:?}; known: {}", family_names()))?],
+        None => KernelFamily::ALL.into_iter().filter(|f| f.runs_on(arch)).collect(),
+    };
+    let depth = match (args.smoke, args.quick) {
+        (true, _) => Depth::Smoke,
+        (_, true) => Depth::Quick,
+        _ => Depth::Full,
+    };
+    let group = |name: &str| args.only.as_deref().map_or(true, |only| only == name);
+    let forward = families.iter().filter(|f| !f.is_backward() && group("forward"));
+    let (quick, smoke) = (depth == Depth::Quick, depth == Depth::Smoke);
+    let all: Vec<(KernelFamily, dense::Spec)> =
+        forward.flat_map(|&f| dense::specs(f, quick, smoke).into_iter().map(move |s| (f, s))).collect();
+    // The backward's kernels: bwd_sm80, bwd_sm90, and the reference (which has both passes).
+    let backward: Vec<bwd::BwdSpec> = families
+        .iter()
+        .filter(|f| (f.is_backward() || **f == KernelFamily::Reference) && group("backward"))
+        .flat_map(|&f| bwd::specs(f, quick, smoke))
+        .collect();
+    let packed: Vec<VarlenSpec> = families
+        .iter()
+        .filter(|_| group("varlen"))
+        .flat_map(|&f| if f.is_backward() { varlen_bwd::specs(f, quick, smoke) } else { varlen::specs(f, quick, smoke) })
+        .collect();
+    let cached: Vec<paged::PagedSpec> = families.iter().filter(|_| group("paged")).flat_map(|&f| paged::specs(f, quick, smoke)).collect();
+    // In the order they run (below), so that the parts of one N cover the run once.
+    let mut part = PartFilter { part: args.part, next: 0 };
+    let (all, packed, cached, backward) = (part.take(all), part.take(packed), part.take(cached), part.take(backward));
+    let label = match args.part {
+        Some(Part { k, n }) => format!("{} (part {k}/{n})", ["smoke", "quick", "full"][depth as usize]),
+        None => ["smoke", "quick", "full"][depth as usize].to_string(),
+    };
+    println!(
+        "{label} check on {} ({arch}): {} forward, {} packed (varlen), {} KV-cache (paged) and {} backward cases",
+        ctx.info().name,
+        all.len(),
+        packed.len(),
+        cached.len(),
+        backward.len()
+    );
+    let progress = Progress::new(all.len() + packed.len() + cached.len() + backward.len());
+    let mut outcomes = Vec::new();
+    for (family, spec) in &all {
+        outcomes.push(progress.case(&format!("{family} {}", spec.case.name), || dense::check_one(&ctx, *family, spec))?);
+    }
+    for spec in &packed {
+        let check_one = if spec.family.is_backward() { varlen_bwd::check_one } else { varlen::check_one };
+        outcomes.push(progress.case(&format!("{} varlen", spec.family), || check_one(&ctx, spec))?);
+    }
+    for spec in &cached {
+        outcomes.push(progress.case(&format!("{} paged", spec.kernel), || paged::check_one(&ctx, spec))?);
+    }
+    for spec in &backward {
+        outcomes.push(progress.case("backward", || bwd::check_one(&ctx, spec))?);
+    }
+    progress.bar.finish_and_clear();
+    print_table(&outcomes);
+    let failed = outcomes.iter().filter(|o| o.failure.is_some()).count();
+    println!("{} passed, {failed} failed", outcomes.len() - failed);
+    Ok(failed == 0)
+}
+
+fn family_names() -> String {
+    KernelFamily::ALL.map(|f| f.name()).join(", ")
+}

@@ -1,0 +1,70 @@
+//! A case's outcome, and how a result is judged against the oracle's.
+
+use flashcore::{DType, KernelFamily};
+
+use crate::cases::{errors, Inputs};
+
+/// One case's result (every group's: forward, varlen, paged, backward).
+pub struct Outcome {
+    pub spec_name: String,
+    pub kernel: KernelFamily,
+    pub oracle: &'static str,
+    pub rel: f64,
+    pub max_abs: f64,
+    pub lse_err: f64,
+    pub deterministic: bool,
+    pub failure: Option<String>,
+}
+
+/// The forward's bound on the relative L2 error of o (DESIGN §5).
+pub fn tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::BF16 => 1e-2,
+        DType::F16 => 2e-3,
+    }
+}
+
+/// The backward's bound on each gradient's relative L2 error (the measurements behind it:
+/// `bwd.rs`'s docs).
+pub fn grad_tolerance(dtype: DType, inputs: Inputs) -> f64 {
+    match (dtype, inputs) {
+        (DType::BF16, Inputs::LargeLogits) => 1.5e-2,
+        (DType::BF16, _) => 1e-2,
+        (DType::F16, _) => 2e-3,
+    }
+}
+
+/// A forward result against the oracle's: (relative L2 error, max abs error, max LSE error,
+/// the first failure: NaN/Inf in o, o beyond the dtype's tolerance, an LSE not -inf where the
+/// oracle's is (a row without keys) or not finite where it is finite, LSE error > 2e-3, two
+/// runs not bitwise equal).
+pub fn judge(o: &[f32], ref_o: &[f64], lse: &[f32], ref_lse: &[f64], dtype: DType, deterministic: bool) -> (f64, f64, f64, Option<String>) {
+    let (rel, max_abs) = errors(o, ref_o);
+    let mut lse_err = 0f64;
+    let mut lse_failure = None;
+    for (i, (&got, &want)) in lse.iter().zip(ref_lse).enumerate() {
+        if want == f64::NEG_INFINITY {
+            if got != f32::NEG_INFINITY {
+                lse_failure = Some(format!("lse[{i}] = {got} for a fully masked row, want -inf"));
+            }
+        } else if !got.is_finite() {
+            lse_failure = Some(format!("lse[{i}] = {got}, want {want:.4}"));
+        } else {
+            lse_err = lse_err.max((got as f64 - want).abs());
+        }
+    }
+    let failure = if o.iter().any(|x| !x.is_finite()) {
+        Some("NaN/Inf in the output (unwritten or overflowed elements)".into())
+    } else if rel > tolerance(dtype) {
+        Some(format!("rel error {rel:.2e} > {:.0e}", tolerance(dtype)))
+    } else if lse_failure.is_some() {
+        lse_failure
+    } else if lse_err > 2e-3 {
+        Some(format!("lse error {lse_err:.2e} > 2e-3"))
+    } else if !deterministic {
+        Some("two runs differ bitwise".into())
+    } else {
+        None
+    };
+    (rel, max_abs, lse_err, failure)
+}
