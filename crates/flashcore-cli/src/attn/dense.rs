@@ -1,7 +1,7 @@
 //! `flashcore attn` over a dense batch: `q [B, Sq, Hq, D]`, `k, v [B, Sk, Hkv, D]`.
 
 use anyhow::Result;
-use flashcore::{reference, AttnParams, BwdInputs, Context, DeviceTensor, LseView, ProblemShape};
+use flashcore::{reference, AttnParams, BwdInputs, Context, DeviceTensor, FwdInputs, KvLayout, LseView, ProblemShape};
 
 use crate::attn::args::{attn_params, gpu_dtype, softmax_scale, AttnArgs};
 use crate::attn::tensors::{download, problem_shapes, shape_error, upload, Outputs};
@@ -58,7 +58,7 @@ fn gpu(
     let (qd, kd, vd) = (up(q)?, up(k)?, up(v)?);
     // A backward family named concerns the backward only (the forward takes its default).
     let forward_kernel = params.kernel.filter(|f| !f.is_backward());
-    let out = ctx.attention(qd.view(), kd.view(), vd.view(), &AttnParams { kernel: forward_kernel, ..params })?;
+    let out = ctx.attention(&FwdInputs::dense(qd.view(), kd.view(), vd.view()), &AttnParams { kernel: forward_kernel, ..params })?;
     let wide = |t: &DeviceTensor| download(&ctx, t);
     let grads = match dout {
         Some(g) => {
@@ -66,8 +66,8 @@ fn gpu(
             // The backward's default kernels (bwd_sm90 on Hopper for its head dims, else
             // bwd_sm80), or the family named by `--kernel` if it is a backward one; a forward
             // family named concerns the forward only.
-            let inputs =
-                BwdInputs { q: qd.view(), k: kd.view(), v: vd.view(), o: out.o.view(), lse: LseView::of(&out.lse), dout: gd.view() };
+            let (o, lse) = (out.o.view(), LseView::of(&out.lse));
+            let inputs = BwdInputs { q: qd.view(), k: kd.view(), v: vd.view(), o, lse, dout: gd.view(), kv: KvLayout::Dense };
             let g = ctx.attention_backward(&inputs, &params)?;
             Some([wide(&g.dq)?, wide(&g.dk)?, wide(&g.dv)?])
         }

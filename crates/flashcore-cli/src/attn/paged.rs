@@ -6,7 +6,7 @@
 
 use anyhow::{bail, Result};
 use flashcore::reference::{self, RefMask, RefPagedCache};
-use flashcore::{AttnParams, BlockTableView, Context, DeviceTensor, PagedKv, ProblemShape, SeqLensView, PAGE_SIZE_MULTIPLE};
+use flashcore::{AttnParams, BlockTableView, Context, DeviceTensor, FwdInputs, PagedKv, ProblemShape, SeqLensView, PAGE_SIZE_MULTIPLE};
 
 use crate::attn::args::{attn_params, gpu_dtype, softmax_scale, AttnArgs};
 use crate::attn::tensors::{download, problem_shapes, shape4, shape_error, upload};
@@ -175,8 +175,9 @@ fn gpu(args: &AttnArgs, kv: &HostKvCache, g: &Geometry, params: AttnParams) -> R
         k_new: k_new.as_ref().map(|t| t.view()),
         v_new: v_new.as_ref().map(|t| t.view()),
     };
-    ctx.check_paged(q.view(), k_cache.view(), v_cache.view(), &paged)?;
-    let out = ctx.attention_paged(q.view(), k_cache.view(), v_cache.view(), &paged, &params)?;
+    let inputs = FwdInputs::paged(q.view(), k_cache.view(), v_cache.view(), paged);
+    ctx.check_values(&inputs)?;
+    let out = ctx.attention(&inputs, &params)?;
     let wide = |t: &DeviceTensor| download(&ctx, t);
     let [b, sq, hq, _] = g.q;
     let lse = ctx.stream().clone_dtoh(&out.lse)?.into_iter().take(b * hq * sq).map(f64::from).collect();

@@ -2,7 +2,9 @@
 //! D]` with the file's `cu_seqlens_q`, `cu_seqlens_k` and optionally `seqused_k`.
 
 use anyhow::Result;
-use flashcore::{reference, AttnParams, BwdInputs, Context, DeviceTensor, LseView, ProblemShape, SeqLensView, VarlenBatch};
+use flashcore::{
+    reference, AttnParams, BwdInputs, Context, DeviceTensor, FwdInputs, KvLayout, LseView, ProblemShape, SeqLensView, VarlenBatch,
+};
 
 use crate::attn::args::{attn_params, gpu_dtype, softmax_scale, AttnArgs};
 use crate::attn::tensors::{download, problem_shapes, shape_error, upload, Outputs};
@@ -94,22 +96,17 @@ fn gpu(
         max_seqlen_q: max.0,
         max_seqlen_k: max.1,
     };
-    ctx.check_varlen(&batch, q.shape[1], k.shape[1])?;
+    let inputs = FwdInputs::varlen(qd.view(), kd.view(), vd.view(), batch);
+    ctx.check_values(&inputs)?;
     // As `gpu`: a backward family named concerns the backward only.
-    let out = ctx.attention_varlen(
-        qd.view(),
-        kd.view(),
-        vd.view(),
-        &batch,
-        &AttnParams { kernel: params.kernel.filter(|f| !f.is_backward()), ..params },
-    )?;
+    let out = ctx.attention(&inputs, &AttnParams { kernel: params.kernel.filter(|f| !f.is_backward()), ..params })?;
     let wide = |t: &DeviceTensor| download(&ctx, t);
     let grads = match dout {
         Some(g) => {
             let gd = up(g)?;
-            let inputs =
-                BwdInputs { q: qd.view(), k: kd.view(), v: vd.view(), o: out.o.view(), lse: LseView::of(&out.lse), dout: gd.view() };
-            let g = ctx.attention_varlen_backward(&inputs, &batch, &params)?;
+            let (o, lse) = (out.o.view(), LseView::of(&out.lse));
+            let inputs = BwdInputs { q: qd.view(), k: kd.view(), v: vd.view(), o, lse, dout: gd.view(), kv: KvLayout::Varlen(batch) };
+            let g = ctx.attention_backward(&inputs, &params)?;
             Some([wide(&g.dq)?, wide(&g.dk)?, wide(&g.dv)?])
         }
         None => None,

@@ -6,7 +6,10 @@
 
 use anyhow::Result;
 use flashcore::bench::{time, TimingOptions};
-use flashcore::{AttnOutput, AttnParams, BwdInputs, Context, DeviceTensor, Error, GradsMut, KernelFamily, LseView};
+use flashcore::{
+    AttnOutput, AttnParams, BwdInputs, Context, DeviceTensor, Error, FwdInputs, FwdOutputs, GradsMut, KernelFamily, KvLayout, LseView,
+    LseViewMut,
+};
 
 use crate::bench::report::{unsupported, Row};
 use crate::cases::{normal, random_qkv, Case, Inputs, Storage, Stored};
@@ -51,7 +54,7 @@ pub fn bench_case(
         let up = |data: &[f32], sh| Stored::upload(ctx, data, sh, case.dtype, Storage::Bshd);
         let (q, k, v) = (up(&h.q, case.q_shape())?, up(&h.k, case.kv_shape())?, up(&h.v, case.kv_shape())?);
         let dout = up(&normal(h.q.len(), 1.0, case.dtype, seed ^ 0xd0), case.q_shape())?;
-        let fwd = ctx.attention(q.view(), k.view(), v.view(), &fwd_params)?;
+        let fwd = ctx.attention(&FwdInputs::dense(q.view(), k.view(), v.view()), &fwd_params)?;
         sets.push(Set { q, k, v, dout, fwd });
     }
     let mut dq = DeviceTensor::filled(ctx, 0, case.q_shape(), case.dtype)?;
@@ -71,6 +74,7 @@ pub fn bench_case(
                 o: s.fwd.o.view(),
                 lse: LseView::of(&s.fwd.lse),
                 dout: s.dout.view(),
+                kv: KvLayout::Dense,
             };
             ctx.attention_backward_into(&inputs, GradsMut { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut() }, &params)
         })
@@ -83,8 +87,13 @@ pub fn bench_case(
     };
     let fwd_bwd = time(ctx, opts(!eager_only), |i| {
         let s = &sets[i % n_sets];
-        ctx.attention_into(s.q.view(), s.k.view(), s.v.view(), o.view_mut(), Some(&mut lse), &fwd_params)?;
-        let inputs = BwdInputs { q: s.q.view(), k: s.k.view(), v: s.v.view(), o: o.view(), lse: LseView::of(&lse), dout: s.dout.view() };
+        ctx.attention_into(
+            &FwdInputs::dense(s.q.view(), s.k.view(), s.v.view()),
+            FwdOutputs { o: o.view_mut(), lse: Some(LseViewMut::of(&mut lse)) },
+            &fwd_params,
+        )?;
+        let (o, lse) = (o.view(), LseView::of(&lse));
+        let inputs = BwdInputs { q: s.q.view(), k: s.k.view(), v: s.v.view(), o, lse, dout: s.dout.view(), kv: KvLayout::Dense };
         ctx.attention_backward_into(&inputs, GradsMut { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut() }, &params)
     })?;
     let flops = case.flops();

@@ -4,7 +4,7 @@
 
 use anyhow::Result;
 use flashcore::bench::{time, TimingOptions};
-use flashcore::{AttnParams, Context, DeviceTensor, Error, KernelFamily};
+use flashcore::{AttnParams, Context, DeviceTensor, Error, FwdInputs, FwdOutputs, KernelFamily, LseViewMut};
 
 use crate::bench::options::{CaseOptions, VERIFY_ROWS};
 use crate::bench::report::{unsupported, Row};
@@ -34,7 +34,11 @@ pub fn bench_case(ctx: &Context, case: &Case, family: Option<KernelFamily>, args
         let opts = TimingOptions { samples: args.samples, graph, ..Default::default() };
         time(ctx, opts, |i| {
             let (q, k, v) = &inputs[i % sets];
-            ctx.attention_into(q.view(), k.view(), v.view(), o.view_mut(), Some(&mut lse), &params)
+            ctx.attention_into(
+                &FwdInputs::dense(q.view(), k.view(), v.view()),
+                FwdOutputs { o: o.view_mut(), lse: Some(LseViewMut::of(&mut lse)) },
+                &params,
+            )
         })
     };
     let (timing, eager) = match timed(!args.eager).and_then(|t| Ok((t, timed(false)?))) {
@@ -69,12 +73,12 @@ fn verify(ctx: &Context, case: &Case, (q, k, v): &(Stored, Stored, Stored), para
     let rows = case.seqlen_q.min(VERIFY_ROWS);
     let start = case.seqlen_q - rows;
     let mut o = DeviceTensor::filled(ctx, 0x7fc0, case.q_shape(), case.dtype)?;
-    ctx.attention_into(q.view(), k.view(), v.view(), o.view_mut(), None, params)?;
+    ctx.attention_into(&FwdInputs::dense(q.view(), k.view(), v.view()), FwdOutputs { o: o.view_mut(), lse: None }, params)?;
     let sliced_shape = [case.batch, rows, case.heads_q, case.head_dim];
     let mut o_ref = DeviceTensor::filled(ctx, 0x7fc0, sliced_shape, case.dtype)?;
     let q_rows = q.view().narrow_seq(start, rows).expect("rows are in range");
     let ref_params = AttnParams { kernel: Some(KernelFamily::Reference), ..*params };
-    ctx.attention_into(q_rows, k.view(), v.view(), o_ref.view_mut(), None, &ref_params)?;
+    ctx.attention_into(&FwdInputs::dense(q_rows, k.view(), v.view()), FwdOutputs { o: o_ref.view_mut(), lse: None }, &ref_params)?;
     let got = o.to_f32(ctx)?;
     let want: Vec<f64> = o_ref.to_f32(ctx)?.into_iter().map(f64::from).collect();
     let row_len = case.heads_q * case.head_dim;

@@ -9,7 +9,10 @@ use anyhow::Result;
 use cudarc::driver::DevicePtr;
 use flashcore::bench::{time, Timing, TimingOptions};
 use flashcore::dispatch::KeyLayout;
-use flashcore::{AttnParams, BlockTableView, Context, DeviceTensor, KernelFamily, Layout, PagedKv, SeqLensView, TensorView};
+use flashcore::{
+    AttnParams, BlockTableView, Context, DeviceTensor, FwdInputs, FwdOutputs, KernelFamily, Layout, LseViewMut, PagedKv, SeqLensView,
+    TensorView,
+};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
@@ -83,7 +86,13 @@ pub fn rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> {
                 unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, elems * dtype.size_bytes(), stream) }
                     .map_err(|source| flashcore::Error::Driver { context: "copying K (the HBM ceiling)".into(), source })
             })?,
-            Run::Dense => time(ctx, opts, |_| ctx.attention_into(q.view(), k.view(), v.view(), o.view_mut(), Some(&mut lse), &params))?,
+            Run::Dense => time(ctx, opts, |_| {
+                ctx.attention_into(
+                    &FwdInputs::dense(q.view(), k.view(), v.view()),
+                    FwdOutputs { o: o.view_mut(), lse: Some(LseViewMut::of(&mut lse)) },
+                    &params,
+                )
+            })?,
             Run::Paged { page, shuffled, append } => {
                 let table = &tables.iter().find(|t| (t.0, t.1) == (page, shuffled)).expect("a table per page size").2;
                 let pages = b * s / page;
@@ -96,7 +105,13 @@ pub fn rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> {
                     k_new: append.then(|| new.view()),
                     v_new: append.then(|| new.view()),
                 };
-                time(ctx, opts, |_| ctx.attention_paged_into(q.view(), pool(&k), pool(&v), o.view_mut(), Some(&mut lse), &kv, &params))?
+                time(ctx, opts, |_| {
+                    ctx.attention_into(
+                        &FwdInputs::paged(q.view(), pool(&k), pool(&v), kv),
+                        FwdOutputs { o: o.view_mut(), lse: Some(LseViewMut::of(&mut lse)) },
+                        &params,
+                    )
+                })?
             }
         })
     };
@@ -175,7 +190,13 @@ fn prefill_rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> 
     }
     let time_run = |run: &Option<(usize, bool, Option<KernelFamily>, cudarc::driver::CudaSlice<i32>)>| -> Result<Timing> {
         let Some((page, append, family, table)) = run else {
-            return Ok(time(ctx, opts, |_| ctx.attention_into(q.view(), k.view(), v.view(), o.view_mut(), Some(&mut lse), &params))?);
+            return Ok(time(ctx, opts, |_| {
+                ctx.attention_into(
+                    &FwdInputs::dense(q.view(), k.view(), v.view()),
+                    FwdOutputs { o: o.view_mut(), lse: Some(LseViewMut::of(&mut lse)) },
+                    &params,
+                )
+            })?);
         };
         let pages = b * s / page;
         // SAFETY: the pools are k's and v's buffers (b * s * hkv * d elements) seen as pages.
@@ -187,7 +208,13 @@ fn prefill_rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> 
             v_new: append.then(|| new.view()),
         };
         let params = AttnParams { kernel: *family, ..params };
-        Ok(time(ctx, opts, |_| ctx.attention_paged_into(q.view(), pool(&k), pool(&v), o.view_mut(), Some(&mut lse), &kv, &params))?)
+        Ok(time(ctx, opts, |_| {
+            ctx.attention_into(
+                &FwdInputs::paged(q.view(), pool(&k), pool(&v), kv),
+                FwdOutputs { o: o.view_mut(), lse: Some(LseViewMut::of(&mut lse)) },
+                &params,
+            )
+        })?)
     };
     let timings = in_rounds(&runs, time_run)?;
     let flops = case.flops();

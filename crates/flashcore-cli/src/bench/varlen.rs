@@ -6,7 +6,7 @@ use anyhow::Result;
 use cudarc::driver::CudaSlice;
 use flashcore::bench::{time, TimingOptions};
 use flashcore::dispatch::KeyLayout;
-use flashcore::{AttnParams, Context, DeviceTensor, Error, KernelFamily, SeqLensView, VarlenBatch};
+use flashcore::{AttnParams, Context, DeviceTensor, Error, FwdInputs, FwdOutputs, KernelFamily, LseViewMut, SeqLensView, VarlenBatch};
 
 use crate::bench::options::{CaseOptions, VERIFY_ROWS};
 use crate::bench::report::{unsupported, Row};
@@ -56,7 +56,6 @@ pub fn bench_case(ctx: &Context, case: &Case, family: Option<KernelFamily>, args
     };
     let lens = SeqLens::upload(ctx, packed)?;
     let batch = lens.batch(case);
-    ctx.check_varlen(&batch, case.q_shape()[1], case.kv_shape()[1])?;
     let set_bytes = case.storage_shape().min_bytes(case.dtype.size_bytes());
     let sets = ((4.0 * ctx.info().l2_bytes as f64 / set_bytes).ceil() as usize).clamp(1, 8);
     let mut inputs = Vec::new();
@@ -65,13 +64,19 @@ pub fn bench_case(ctx: &Context, case: &Case, family: Option<KernelFamily>, args
         let up = |data: &[f32], sh| Stored::upload(ctx, data, sh, case.dtype, Storage::Bshd);
         inputs.push((up(&h.q, case.q_shape())?, up(&h.k, case.kv_shape())?, up(&h.v, case.kv_shape())?));
     }
+    let (q, k, v) = &inputs[0];
+    ctx.check_values(&FwdInputs::varlen(q.view(), k.view(), v.view(), batch))?;
     let mut o = DeviceTensor::filled(ctx, 0x7fc0, case.q_shape(), case.dtype)?;
     let mut lse = ctx.stream().alloc_zeros::<f32>(case.heads_q * case.q_shape()[1])?;
     let mut timed = |graph: bool| {
         let opts = TimingOptions { samples: args.samples, graph, ..Default::default() };
         time(ctx, opts, |i| {
             let (q, k, v) = &inputs[i % sets];
-            ctx.attention_varlen_into(q.view(), k.view(), v.view(), o.view_mut(), Some(&mut lse), &batch, &params)
+            ctx.attention_into(
+                &FwdInputs::varlen(q.view(), k.view(), v.view(), batch),
+                FwdOutputs { o: o.view_mut(), lse: Some(LseViewMut::of(&mut lse)) },
+                &params,
+            )
         })
     };
     let (timing, eager) = match timed(!args.eager).and_then(|t| Ok((t, timed(false)?))) {
@@ -111,7 +116,7 @@ fn narrow(t: &Stored, start: usize, len: usize) -> flashcore::TensorView<'_> {
 fn verify(ctx: &Context, case: &Case, (q, k, v): &(Stored, Stored, Stored), batch: &VarlenBatch, params: &AttnParams) -> Result<f64> {
     let p = case.packed.as_ref().expect("a packed case");
     let mut o = DeviceTensor::filled(ctx, 0x7fc0, case.q_shape(), case.dtype)?;
-    ctx.attention_varlen_into(q.view(), k.view(), v.view(), o.view_mut(), None, batch, params)?;
+    ctx.attention_into(&FwdInputs::varlen(q.view(), k.view(), v.view(), *batch), FwdOutputs { o: o.view_mut(), lse: None }, params)?;
     let got = o.to_f32(ctx)?;
     let (cu_q, cu_k) = (Packed::cumulative(&p.seqlens_q), Packed::cumulative(&p.seqlens_k));
     let n = p.seqlens_q.len();
@@ -128,7 +133,7 @@ fn verify(ctx: &Context, case: &Case, (q, k, v): &(Stored, Stored, Stored), batc
         let first = cu_q[b] as usize + lq - rows;
         let mut o_ref = DeviceTensor::filled(ctx, 0x7fc0, [1, rows, case.heads_q, case.head_dim], case.dtype)?;
         let (kb, vb) = (narrow(k, cu_k[b] as usize, used), narrow(v, cu_k[b] as usize, used));
-        ctx.attention_into(narrow(q, first, rows), kb, vb, o_ref.view_mut(), None, &ref_params)?;
+        ctx.attention_into(&FwdInputs::dense(narrow(q, first, rows), kb, vb), FwdOutputs { o: o_ref.view_mut(), lse: None }, &ref_params)?;
         want.extend(o_ref.to_f32(ctx)?.into_iter().map(f64::from));
         picked.extend_from_slice(&got[first * row_len..(first + rows) * row_len]);
     }

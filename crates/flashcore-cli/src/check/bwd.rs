@@ -17,7 +17,9 @@
 
 use anyhow::Result;
 use flashcore::reference::RefMask;
-use flashcore::{reference, AttnParams, BwdInputs, Context, DType, DeviceTensor, GradsMut, KernelFamily, LseView, Window};
+use flashcore::{
+    reference, AttnParams, BwdInputs, Context, DType, DeviceTensor, FwdInputs, GradsMut, KernelFamily, KvLayout, LseView, Window,
+};
 
 use crate::cases::{errors, normal, random_qkv, Case, Inputs, Storage, Stored};
 use crate::check::outcome::{grad_tolerance, Outcome};
@@ -144,7 +146,7 @@ pub fn check_one(ctx: &Context, spec: &BwdSpec) -> Result<Outcome> {
     let up = |data: &[f32], shape| Stored::upload(ctx, data, shape, case.dtype, spec.storage);
     let (q, k, v, dout) =
         (up(&host.q, case.q_shape())?, up(&host.k, case.kv_shape())?, up(&host.v, case.kv_shape())?, up(&dout_host, case.q_shape())?);
-    let fwd = ctx.attention(q.view(), k.view(), v.view(), &spec.params())?;
+    let fwd = ctx.attention(&FwdInputs::dense(q.view(), k.view(), v.view()), &spec.params())?;
     let params = AttnParams { kernel: Some(spec.family), deterministic: spec.deterministic, ..spec.params() };
 
     let run = || -> Result<[Vec<u16>; 3]> {
@@ -155,7 +157,8 @@ pub fn check_one(ctx: &Context, spec: &BwdSpec) -> Result<Outcome> {
         let mut dq = DeviceTensor::filled(ctx, nan, case.q_shape(), case.dtype)?;
         let mut dk = DeviceTensor::filled(ctx, nan, case.kv_shape(), case.dtype)?;
         let mut dv = DeviceTensor::filled(ctx, nan, case.kv_shape(), case.dtype)?;
-        let inputs = BwdInputs { q: q.view(), k: k.view(), v: v.view(), o: fwd.o.view(), lse: LseView::of(&fwd.lse), dout: dout.view() };
+        let (o, lse) = (fwd.o.view(), LseView::of(&fwd.lse));
+        let inputs = BwdInputs { q: q.view(), k: k.view(), v: v.view(), o, lse, dout: dout.view(), kv: KvLayout::Dense };
         ctx.attention_backward_into(&inputs, GradsMut { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut() }, &params)?;
         Ok([dq.to_bits(ctx)?, dk.to_bits(ctx)?, dv.to_bits(ctx)?])
     };

@@ -5,7 +5,7 @@
 
 use anyhow::{bail, Result};
 use flashcore::reference::RefMask;
-use flashcore::{reference, AttnParams, Context, DType, KernelFamily, Window};
+use flashcore::{reference, AttnParams, Context, DType, FwdInputs, FwdOutputs, KernelFamily, LseViewMut, Window};
 
 use crate::cases::{random_qkv, Case, HostQkv, Inputs, Storage, Stored};
 use crate::check::outcome::{judge, Outcome};
@@ -180,7 +180,9 @@ fn run_poisoned(ctx: &Context, family: KernelFamily, spec: &Spec, q: &Stored, k:
         ..AttnParams::default()
     };
     let lse_len = case.batch * case.heads_q * case.seqlen_q;
-    poisoned_run(ctx, case.q_shape(), case.dtype, lse_len, |o, lse| ctx.attention_into(q.view(), k.view(), v.view(), o, Some(lse), &params))
+    poisoned_run(ctx, case.q_shape(), case.dtype, lse_len, |o, lse| {
+        ctx.attention_into(&FwdInputs::dense(q.view(), k.view(), v.view()), FwdOutputs { o, lse: Some(LseViewMut::of(lse)) }, &params)
+    })
 }
 
 pub fn check_one(ctx: &Context, family: KernelFamily, spec: &Spec) -> Result<Outcome> {

@@ -5,7 +5,9 @@
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
 use flashcore::reference::RefMask;
-use flashcore::{AttnParams, Context, DType, DeviceTensor, KernelFamily, SeqLensView, VarlenBatch, Window};
+use flashcore::{
+    AttnParams, Context, DType, DeviceTensor, FwdInputs, FwdOutputs, KernelFamily, LseViewMut, SeqLensView, VarlenBatch, Window,
+};
 
 use crate::cases::{random_qkv, Case, HostQkv, Inputs};
 use crate::check::poison::poisoned_run;
@@ -177,7 +179,7 @@ impl Packed {
             max_seqlen_q: max.0,
             max_seqlen_k: max.1,
         };
-        ctx.check_varlen(&batch, self.total_q, self.k.layout().shape[1])?;
+        ctx.check_values(&FwdInputs::varlen(self.q.view(), self.k.view(), self.v.view(), batch))?;
         Ok(batch)
     }
 
@@ -213,7 +215,11 @@ impl Packed {
         let batch = self.batch(ctx, max)?;
         let params = AttnParams { num_splits: splits.or(spec.splits), ..spec.params() };
         poisoned_run(ctx, self.q.layout().shape, spec.dtype, spec.heads_q * self.total_q, |o, lse| {
-            ctx.attention_varlen_into(self.q.view(), self.k.view(), self.v.view(), o, Some(lse), &batch, &params)
+            ctx.attention_into(
+                &FwdInputs::varlen(self.q.view(), self.k.view(), self.v.view(), batch),
+                FwdOutputs { o, lse: Some(LseViewMut::of(lse)) },
+                &params,
+            )
         })
     }
 }

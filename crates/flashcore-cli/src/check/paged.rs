@@ -7,7 +7,10 @@
 
 use anyhow::Result;
 use flashcore::reference::{self, RefMask, RefPagedCache};
-use flashcore::{AttnParams, BlockTableView, Context, DType, DeviceTensor, KernelFamily, PagedKv, ProblemShape, SeqLensView, Window};
+use flashcore::{
+    AttnParams, BlockTableView, Context, DType, DeviceTensor, FwdInputs, FwdOutputs, KernelFamily, LseViewMut, PagedKv, ProblemShape,
+    SeqLensView, Window,
+};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
@@ -33,7 +36,7 @@ pub struct PagedSpec {
     pub window: Window,
     pub softcap: f32,
     pub splits: Option<usize>,
-    /// A used table entry is set out of the pool: check_paged must name it, and the kernels
+    /// A used table entry is set out of the pool: check_values must name it, and the kernels
     /// (which clamp it) must still write finite output without faulting.
     pub corrupt_table: bool,
 }
@@ -276,7 +279,11 @@ impl Caches {
         let (k, v) = if paged { (&self.pool_k, &self.pool_v) } else { (&self.flat_k, &self.flat_v) };
         let shape = self.q.layout().shape;
         poisoned_run(ctx, shape, spec.dtype, shape[0] * shape[1] * shape[2], |o, lse| {
-            ctx.attention_paged_into(self.q.view(), k.view(), v.view(), o, Some(lse), &kv, &spec.params())
+            ctx.attention_into(
+                &FwdInputs::paged(self.q.view(), k.view(), v.view(), kv),
+                FwdOutputs { o, lse: Some(LseViewMut::of(lse)) },
+                &spec.params(),
+            )
         })
     }
 }
@@ -301,7 +308,7 @@ pub fn check_one(ctx: &Context, spec: &PagedSpec) -> Result<Outcome> {
         failure,
     };
 
-    let checked = ctx.check_paged(caches.q.view(), caches.pool_k.view(), caches.pool_v.view(), &caches.kv(spec, true)?);
+    let checked = ctx.check_values(&FwdInputs::paged(caches.q.view(), caches.pool_k.view(), caches.pool_v.view(), caches.kv(spec, true)?));
     if spec.corrupt_table {
         // The debug check names the entry; the kernels clamp it (wrong output, no fault).
         let named = matches!(&checked, Err(flashcore::Error::Param { arg: "block_table", msg }) if msg.contains("[4, 1]"));
@@ -310,7 +317,7 @@ pub fn check_one(ctx: &Context, spec: &PagedSpec) -> Result<Outcome> {
         let per_seq = spec.seqlen_q * spec.heads_q * spec.head_dim;
         let finite = o.iter().enumerate().all(|(i, &x)| i / per_seq == 4 || spec.dtype.decode(x).is_finite());
         let failure = match (named, finite) {
-            (false, _) => Some(format!("check_paged did not name entry [4, 1]: {checked:?}")),
+            (false, _) => Some(format!("check_values did not name entry [4, 1]: {checked:?}")),
             (_, false) => Some("NaN/Inf in another sequence's output beside a clamped bad table".into()),
             _ => None,
         };

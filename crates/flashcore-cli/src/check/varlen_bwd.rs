@@ -10,7 +10,10 @@
 
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
-use flashcore::{reference, BwdInputs, Context, DType, DeviceTensor, GradsMut, KernelFamily, LseView, ProblemShape, VarlenBatch, Window};
+use flashcore::{
+    reference, BwdInputs, Context, DType, DeviceTensor, FwdInputs, GradsMut, KernelFamily, KvLayout, LseView, ProblemShape, VarlenBatch,
+    Window,
+};
 
 use crate::cases::{errors, normal, Inputs};
 use crate::check::outcome::{grad_tolerance, Outcome};
@@ -63,10 +66,17 @@ fn gradients(
     let mut dq = DeviceTensor::filled(ctx, nan, packed.q.layout().shape, spec.dtype)?;
     let mut dk = DeviceTensor::filled(ctx, nan, packed.k.layout().shape, spec.dtype)?;
     let mut dv = DeviceTensor::filled(ctx, nan, packed.v.layout().shape, spec.dtype)?;
-    let inputs =
-        BwdInputs { q: packed.q.view(), k: packed.k.view(), v: packed.v.view(), o: o.view(), lse: LseView::of(lse), dout: dout.view() };
+    let inputs = BwdInputs {
+        q: packed.q.view(),
+        k: packed.k.view(),
+        v: packed.v.view(),
+        o: o.view(),
+        lse: LseView::of(lse),
+        dout: dout.view(),
+        kv: KvLayout::Varlen(*batch),
+    };
     let grads = GradsMut { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut() };
-    ctx.attention_varlen_backward_into(&inputs, grads, batch, &spec.params())?;
+    ctx.attention_backward_into(&inputs, grads, &spec.params())?;
     Ok([dq.to_bits(ctx)?, dk.to_bits(ctx)?, dv.to_bits(ctx)?])
 }
 
@@ -81,7 +91,7 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
     let batch = packed.batch(ctx, max)?;
     let dout = DeviceTensor::from_f32(ctx, &douts.concat(), [1, packed.total_q, hq, d], dtype)?;
     let forward = flashcore::AttnParams { kernel: None, num_splits: None, deterministic: false, ..spec.params() };
-    let fwd = ctx.attention_varlen(packed.q.view(), packed.k.view(), packed.v.view(), &batch, &forward)?;
+    let fwd = ctx.attention(&FwdInputs::varlen(packed.q.view(), packed.k.view(), packed.v.view(), batch), &forward)?;
     let first = gradients(ctx, spec, &packed, &batch, &fwd.o, &fwd.lse, &dout)?;
     let second = gradients(ctx, spec, &packed, &batch, &fwd.o, &fwd.lse, &dout)?;
     // dq adds with atomics in a varying order unless deterministic; dk and dv never do.
