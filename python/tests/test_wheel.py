@@ -1,5 +1,5 @@
-"""The wheel itself, on any machine (CI has no GPU and no torch): abi3 tag, contents, no link
-to libtorch / libpython / the CUDA runtime, the extension's argument and error handling,
+"""The wheel itself, on any machine (CI has no GPU and no torch): name, abi3 tag, contents, no
+link to libtorch / libpython / the CUDA runtime, the extension's argument and error handling,
 and the NVRTC discovery. Run: `pytest --noconftest python/tests/test_wheel.py`, with the
 wheel in $FLASHCORE_WHEEL (else the newest under target/wheels)."""
 
@@ -23,7 +23,7 @@ def wheel() -> Path:
     path = os.environ.get("FLASHCORE_WHEEL")
     if path:
         return Path(path)
-    found = sorted((ROOT / "target" / "wheels").glob("flashcore-*.whl"), key=lambda p: p.stat().st_mtime)
+    found = sorted((ROOT / "target" / "wheels").glob("flashcore_attn-*.whl"), key=lambda p: p.stat().st_mtime)
     assert found, "no wheel: build one with `maturin build -m python/Cargo.toml -o target/wheels`"
     return found[-1]
 
@@ -45,6 +45,15 @@ def ext(unpacked):
     module = importlib.util.module_from_spec(spec)
     loader.exec_module(module)
     return module
+
+
+def test_distribution_is_flashcore_attn_importing_as_flashcore(wheel):
+    assert wheel.name.startswith("flashcore_attn-"), wheel.name
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        assert metadata.startswith("flashcore_attn-") and "Name: flashcore-attn\n" in z.read(metadata).decode(), metadata
+    assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"flashcore"}
 
 
 def test_one_abi3_wheel_for_cpython_3_9_and_later(wheel):
