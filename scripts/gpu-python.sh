@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# On a GPU machine with PyTorch: installs a flashcore wheel (built anywhere with
-# `maturin build --release -m python/Cargo.toml -o target/wheels`), compiles the kernels
+# On a GPU machine with PyTorch: installs a flashcore-attn wheel (target/wheels/flashcore_attn-*.whl,
+# built anywhere with `maturin build --release -m python/Cargo.toml -o target/wheels`), compiles the kernels
 # ahead of time with the NVRTC the package picked (so no test waits on NVRTC), then runs the
 # Python GPU suite (pytest: API, bad input, torch.compile, CUDA graphs, transformers) and
 # the per-call overhead benchmark. Logs and JSON go to OUT_DIR.

@@ -20,8 +20,9 @@ from ._nvrtc import use_torch_nvrtc as _use_torch_nvrtc
 _use_torch_nvrtc()
 
 from . import integrations  # noqa: E402
+from ._device import device_info  # noqa: E402
 from ._flashcore import __version__  # noqa: E402
-from .interface import device_info, flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, kernel_plan, scaled_dot_product_attention  # noqa: E402
+from .interface import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, kernel_plan, scaled_dot_product_attention  # noqa: E402
 from .paging import block_table_from_indptr  # noqa: E402
 
 __all__ = [

@@ -1,6 +1,6 @@
 """The extension module: the Rust API as the Python layer calls it (see src/lib.rs)."""
 
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 __version__: str
 
@@ -87,5 +87,6 @@ def plan(
 ) -> str:
     """The kernel variant, tile and grid FlashCore would run for this problem."""
 
-def device_info(device: int) -> str:
-    """Device name, arch, SM count and the NVRTC library in use."""
+def device_info(device: int) -> Dict[str, Optional[str]]:
+    """`gpu` (name, arch, SMs), `nvrtc` (path), `nvrtc_version`, each None where there is
+    none, with the reason in `gpu_error` / `nvrtc_error`. Never raises for a missing GPU."""

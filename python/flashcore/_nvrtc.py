@@ -1,5 +1,5 @@
 """Points FlashCore at the NVRTC that PyTorch's CUDA wheels bring (nvidia-cuda-nvrtc),
-so that `pip install flashcore` next to torch needs nothing else. An explicit
+so that `pip install flashcore-attn` next to torch needs nothing else. An explicit
 `FLASHCORE_NVRTC` wins; without the wheels, the Rust library searches the CUDA toolkit
 and the loader path itself (`flashcore info` lists where)."""
 

@@ -398,13 +398,3 @@ def kernel_plan(q: Tensor, k: Tensor, causal: bool = False, window_size: Tuple[i
     left, right = _window(window_size)
     return _flashcore.plan(q.device.index, tuple(q.shape), tuple(k.shape), _ops.DTYPE_NAMES[q.dtype], causal, left, right, _softcap(softcap))
 
-
-def device_info(device: Union[int, torch.device, None] = None) -> str:
-    """The GPU as FlashCore sees it (name, arch, SMs) and the NVRTC it compiles with."""
-    if device is None:
-        index = torch.cuda.current_device()
-    elif isinstance(device, int):
-        index = device
-    else:
-        index = device.index if device.index is not None else torch.cuda.current_device()
-    return _flashcore.device_info(index)

@@ -302,14 +302,28 @@ fn plan(
     Ok(plan.describe())
 }
 
-/// The GPU `device` as FlashCore sees it: name, arch, SMs, the NVRTC in use.
+/// The GPU `device` as FlashCore sees it and the NVRTC it compiles with: `gpu` (name, arch,
+/// SMs), `nvrtc` (the library's path) and `nvrtc_version`, each `None` where there is none,
+/// with the error's text in `gpu_error` / `nvrtc_error`. No GPU is an answer here, not an
+/// exception, and NVRTC is looked for without one.
 #[pyfunction]
-fn device_info(device: usize) -> PyResult<String> {
-    let ctx = context(device)?;
-    let info = ctx.info();
-    let nvrtc = ctx.jit().nvrtc().map_err(to_py)?;
-    let (major, minor) = nvrtc.version();
-    Ok(format!("{} ({}, {} SMs); NVRTC {major}.{minor} from {}", info.name, info.arch, info.sm_count, nvrtc.path().display()))
+fn device_info(py: Python<'_>, device: usize) -> HashMap<&'static str, Option<String>> {
+    let ctx = context(device).map_err(|e| e.value(py).to_string());
+    let nvrtc = match &ctx {
+        Ok(ctx) => ctx.jit().nvrtc(),
+        Err(_) => flashcore::jit::Nvrtc::load().map(Arc::new),
+    };
+    let gpu = ctx.map(|ctx| {
+        let info = ctx.info();
+        format!("{} ({}, {} SMs)", info.name, info.arch, info.sm_count)
+    });
+    HashMap::from([
+        ("nvrtc", nvrtc.as_ref().ok().map(|n| n.path().display().to_string())),
+        ("nvrtc_version", nvrtc.as_ref().ok().map(|n| format!("{}.{}", n.version().0, n.version().1))),
+        ("nvrtc_error", nvrtc.err().map(|e| e.to_string())),
+        ("gpu", gpu.as_ref().ok().cloned()),
+        ("gpu_error", gpu.err()),
+    ])
 }
 
 #[pymodule]

@@ -151,4 +151,5 @@ def test_kernel_plan_and_device_info_describe_the_choice():
     plan = flashcore.kernel_plan(q, k, causal=True)
     info = flashcore.device_info()
     print(info, "|", plan)
-    assert "fwd_sm" in plan and "NVRTC" in info
+    assert "fwd_sm" in plan and "SMs" in info["gpu"] and info["nvrtc_version"], info
+    assert flashcore.device_info(q.device) == info

@@ -1,21 +1,26 @@
-"""The wheel itself, on any machine (CI has no GPU and no torch): abi3 tag, contents, no link
-to libtorch / libpython / the CUDA runtime, the extension's argument and error handling,
-and the NVRTC discovery. Run: `pytest --noconftest python/tests/test_wheel.py`, with the
-wheel in $FLASHCORE_WHEEL (else the newest under target/wheels)."""
+"""The wheel itself, on any machine (CI has no GPU and no torch): name, abi3 tag, contents, no
+link to libtorch / libpython / the CUDA runtime, the extension's argument and error handling,
+`device_info` without a GPU, and the NVRTC discovery. Run: `pytest --noconftest
+python/tests/test_wheel.py`, with the wheel in $FLASHCORE_WHEEL (else the newest under
+target/wheels)."""
 
 from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
 import os
+import re
 import subprocess
 import sys
+import types
 import zipfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# The NVRTC of the test run (scripts/test.sh sets it), read before any test changes the environment.
+NVRTC = os.environ.get("FLASHCORE_NVRTC")
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +28,7 @@ def wheel() -> Path:
     path = os.environ.get("FLASHCORE_WHEEL")
     if path:
         return Path(path)
-    found = sorted((ROOT / "target" / "wheels").glob("flashcore-*.whl"), key=lambda p: p.stat().st_mtime)
+    found = sorted((ROOT / "target" / "wheels").glob("flashcore_attn-*.whl"), key=lambda p: p.stat().st_mtime)
     assert found, "no wheel: build one with `maturin build -m python/Cargo.toml -o target/wheels`"
     return found[-1]
 
@@ -47,13 +52,70 @@ def ext(unpacked):
     return module
 
 
+@pytest.fixture
+def device(unpacked, ext, monkeypatch):
+    """`flashcore._device` as the package imports it, without the package's __init__ (which
+    needs torch) and with a torch whose CUDA sees no driver, as on a machine without a GPU."""
+    package = types.ModuleType("flashcore")
+    package.__path__ = [str(unpacked / "flashcore")]
+    monkeypatch.setitem(sys.modules, "flashcore", package)
+    monkeypatch.setitem(sys.modules, "flashcore._flashcore", ext)
+
+    def current_device():
+        raise RuntimeError("Found no NVIDIA driver on your system")
+
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(cuda=types.SimpleNamespace(is_available=lambda: False, current_device=current_device)))
+    spec = importlib.util.spec_from_file_location("flashcore._device", unpacked / "flashcore" / "_device.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def bare_machine(tmp_path, monkeypatch):
+    """An environment where the NVRTC search sees none of this test run's: no FLASHCORE_NVRTC,
+    CUDA_HOME or active environment, an empty home and working folder, and a PATH of only
+    `tmp_path/bin` (for a fake python3)."""
+    for var in ("FLASHCORE_NVRTC", "CUDA_HOME", "CUDA_PATH", "VIRTUAL_ENV", "CONDA_PREFIX"):
+        monkeypatch.delenv(var, raising=False)
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def fake_python3(bin_dir: Path, *sites: Path) -> None:
+    """A `python3` in `bin_dir` that reports `sites` as its site-packages."""
+    script = bin_dir / "python3"
+    script.write_text("#!/bin/sh\n" + "".join(f"echo '{s}'\n" for s in sites))
+    script.chmod(0o755)
+
+
+def nvrtc_wheel(site: Path) -> Path:
+    """Where the nvidia-cuda-nvrtc (CUDA 13) wheel puts libnvrtc in `site`, folders made."""
+    lib = site / "nvidia" / "cu13" / "lib" / "libnvrtc.so.13"
+    lib.parent.mkdir(parents=True)
+    return lib
+
+
+def test_distribution_is_flashcore_attn_importing_as_flashcore(wheel):
+    assert wheel.name.startswith("flashcore_attn-"), wheel.name
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        (metadata,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        assert metadata.startswith("flashcore_attn-") and "Name: flashcore-attn\n" in z.read(metadata).decode(), metadata
+    assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"flashcore"}
+
+
 def test_one_abi3_wheel_for_cpython_3_9_and_later(wheel):
     assert "-cp39-abi3-" in wheel.name and "manylinux" in wheel.name and wheel.name.endswith("x86_64.whl")
 
 
 def test_wheel_holds_the_package(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    for f in ("__init__.py", "_ops.py", "interface.py", "_nvrtc.py", "integrations/transformers.py", "py.typed", "_flashcore.pyi", "_flashcore.abi3.so"):
+    for f in ("__init__.py", "_ops.py", "interface.py", "_device.py", "_nvrtc.py", "integrations/transformers.py", "py.typed", "_flashcore.pyi", "_flashcore.abi3.so"):
         assert f"flashcore/{f}" in names, f
 
 
@@ -86,8 +148,51 @@ def test_no_gpu_is_a_runtime_error_not_a_crash(ext):
     t = (0x1000, (1, 16, 4, 64), (4096, 256, 64, 1), "bf16")
     with pytest.raises(RuntimeError, match="no usable GPU"):
         ext.attention_forward(0, 0, t, t, t, t, None, lambda n: 0, None, False)
-    with pytest.raises(RuntimeError, match="no usable GPU"):
-        ext.device_info(0)
+
+
+@pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="this machine has a GPU: the no-GPU answer cannot be seen")
+def test_device_info_without_a_gpu_says_so_and_names_the_nvrtc(device):
+    info = device.device_info()
+    assert list(info) == ["gpu", "gpu_error", "nvrtc", "nvrtc_version", "nvrtc_error"]
+    assert info["gpu"] is None and info["gpu_error"].startswith("no usable GPU: "), info
+    if NVRTC:
+        assert info["nvrtc"] == NVRTC and re.fullmatch(r"\d+\.\d+", info["nvrtc_version"]) and info["nvrtc_error"] is None, info
+    else:
+        assert info["nvrtc"] is not None or info["nvrtc_error"].startswith("NVRTC not found: "), info
+
+
+def test_nvrtc_not_found_names_every_place_searched_and_the_fix(device, bare_machine):
+    site, user = bare_machine / "site-packages", bare_machine / "user-site"
+    broken = nvrtc_wheel(site)
+    broken.write_bytes(b"not a library")
+    fake_python3(bare_machine / "bin", site, user)
+    info = device.device_info(99)
+    if info["nvrtc"] is not None:
+        pytest.skip(f"this machine has NVRTC in a system place: {info['nvrtc']}")
+    lines = info["nvrtc_error"].splitlines()
+    assert lines[0] == "NVRTC not found: no loadable libnvrtc in any of these places:", lines
+    for place in (
+        "/usr/local/cuda/{lib64,lib,targets/x86_64-linux/lib}",
+        "libnvrtc.so.13, libnvrtc.so.12, libnvrtc.so on the dynamic loader's path (LD_LIBRARY_PATH, /etc/ld.so.cache)",
+        f"{Path.cwd() / '.venv'}/lib/python3*/site-packages: no such folder",
+        f"{bare_machine / 'home' / '.local'}/lib/python3*/site-packages: no such folder",
+        f"{site}/nvidia/{{cu13,cuda_nvrtc,cu12}}/lib (python3 on PATH)",
+        f"{user}/nvidia/{{cu13,cuda_nvrtc,cu12}}/lib (python3 on PATH)",
+    ):
+        assert f"  {place}" in lines, (place, lines)
+    assert lines[lines.index("found but not loadable:") + 1].startswith(f"  {broken}: "), lines
+    assert lines[-1] == "fix: `pip install nvidia-cuda-nvrtc` (or install the CUDA toolkit), or set FLASHCORE_NVRTC=/path/to/libnvrtc.so"
+
+
+@pytest.mark.skipif(not NVRTC, reason="needs a real libnvrtc in FLASHCORE_NVRTC (scripts/test.sh sets it)")
+def test_nvrtc_in_the_site_packages_of_python3_on_path_is_found(device, bare_machine):
+    lib = nvrtc_wheel(bare_machine / "user-site")
+    lib.symlink_to(NVRTC)
+    fake_python3(bare_machine / "bin", bare_machine / "user-site")
+    info = device.device_info(99)
+    if info["nvrtc"] is not None and not info["nvrtc"].startswith(str(bare_machine)):
+        pytest.skip(f"this machine has NVRTC in a system place: {info['nvrtc']}")
+    assert info["nvrtc"] == str(lib) and info["nvrtc_error"] is None, info
 
 
 def test_nvrtc_of_torch_wheels_is_found(unpacked, tmp_path, monkeypatch):
