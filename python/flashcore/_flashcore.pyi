@@ -16,76 +16,54 @@ VarlenArg = Tuple[Vector, Vector, Optional[Vector], int, int]
 # contiguous caches [B, S_cache, Hkv, D])
 PagedArg = Tuple[Optional[TensorArg], Optional[TensorArg], Optional[Vector], Optional[Tuple[int, Tuple[int, int], int]]]
 
+# Where a call runs: device, stream (PyTorch's current stream of device, raw handle),
+# scratch(nbytes) -> device address of at least nbytes that stays allocated until the call
+# returns, check (first check a packed batch's or a KV cache's device values; synchronises)
+CallArg = Tuple[int, int, Callable[[int], int], bool]
+# The forward's inputs: q, k, v
+FwdInputsArg = Tuple[TensorArg, TensorArg, TensorArg]
+# The forward's outputs (written): o, lse (f32; None: not wanted)
+FwdOutputsArg = Tuple[TensorArg, Optional[Vector]]
+# The backward's inputs: q, k, v, the forward's o and lse (f32), dout
+BwdInputsArg = Tuple[TensorArg, TensorArg, TensorArg, TensorArg, Vector, TensorArg]
+# The backward's outputs (written): dq, dk, dv
+GradsArg = Tuple[TensorArg, TensorArg, TensorArg]
+# Every call's options: softmax_scale (None: 1/sqrt(D)), causal, window_left, window_right
+# (flash_attn's window_size, -1 unbounded), softcap (0: none), num_splits (None: FlashCore's
+# choice), deterministic (the backward's)
+OptionsArg = Tuple[Optional[float], bool, int, int, float, Optional[int], bool]
+
 def attention_forward(
-    device: int,
-    stream: int,
-    q: TensorArg,
-    k: TensorArg,
-    v: TensorArg,
-    o: TensorArg,
-    lse: Optional[Vector],
-    scratch: Callable[[int], int],
-    softmax_scale: Optional[float],
-    causal: bool,
-    window_left: int = -1,
-    window_right: int = -1,
-    softcap: float = 0.0,
-    num_splits: Optional[int] = None,
+    call: CallArg,
+    inputs: FwdInputsArg,
+    outputs: FwdOutputsArg,
+    options: OptionsArg,
     varlen: Optional[VarlenArg] = None,
     paged: Optional[PagedArg] = None,
-    check: bool = False,
 ) -> None:
-    """Attention forward on `stream` of `device` into `o` and `lse` ((address, elements), f32
-    [B, Hq, Sq]). `scratch(nbytes)` returns a device address of at least nbytes that stays
-    allocated until the call returns. `window_left`, `window_right`: flash_attn's window_size
-    (-1 unbounded); `softcap`: 0 for none. With `varlen`, a packed batch: q, o [1, total_q,
-    Hq, D], k, v [1, total_k, Hkv, D], lse [Hq, total_q]. With `paged`, a KV cache
-    (flashcore::PagedKv): k, v are the caches, pools [num_pages, page_size, Hkv, D] with a
-    block table. `check` first checks the batch's or the cache's device values (synchronises).
-    Raises ValueError / TypeError / NotImplementedError / RuntimeError with the Rust error's
-    text."""
+    """Attention forward on the call's stream into `outputs`' o and lse ((address, elements),
+    f32 [B, Hq, Sq]). With `varlen`, a packed batch: q, o [1, total_q, Hq, D], k, v [1,
+    total_k, Hkv, D], lse [Hq, total_q]. With `paged`, a KV cache (flashcore::PagedKv): k, v
+    are the caches, pools [num_pages, page_size, Hkv, D] with a block table. The call's
+    `check` first checks the batch's or the cache's device values (synchronises). Raises
+    ValueError / TypeError / NotImplementedError / RuntimeError with the Rust error's text."""
 
 def attention_backward(
-    device: int,
-    stream: int,
-    q: TensorArg,
-    k: TensorArg,
-    v: TensorArg,
-    o: TensorArg,
-    lse: Vector,
-    dout: TensorArg,
-    dq: TensorArg,
-    dk: TensorArg,
-    dv: TensorArg,
-    scratch: Callable[[int], int],
-    softmax_scale: Optional[float],
-    causal: bool,
-    deterministic: bool,
-    window_left: int = -1,
-    window_right: int = -1,
-    softcap: float = 0.0,
+    call: CallArg,
+    inputs: BwdInputsArg,
+    grads: GradsArg,
+    options: OptionsArg,
     varlen: Optional[VarlenArg] = None,
-    check: bool = False,
 ) -> Optional[str]:
-    """Gradients dq, dk, dv (written) of attention with the forward's o and lse (f32
-    [B, Hq, Sq]) given dout; scratch as for attention_forward. With `varlen`, a packed batch
-    (tensors with a leading 1 and lse [Hq, total_q], as in attention_forward; `check` as
-    there). Returns the kernel variant that ran for a dense batch (bwd_sm90_... on Hopper for
-    its head dims, else bwd_sm80_...; reference_... is the slow exact fallback), None for a
-    packed one."""
+    """Gradients dq, dk, dv (written) of attention under the forward's options, from its
+    inputs, o and lse (f32 [B, Hq, Sq]) given dout. With `varlen`, a packed batch (tensors with
+    a leading 1 and lse [Hq, total_q], as in attention_forward; the call's `check` as there).
+    Returns the kernel variant that ran for a dense batch (bwd_sm90_... on Hopper for its head
+    dims, else bwd_sm80_...; reference_... is the slow exact fallback), None for a packed
+    one."""
 
-def plan(
-    device: int,
-    q_shape: Sequence[int],
-    k_shape: Sequence[int],
-    dtype_name: str,
-    causal: bool,
-    window_left: int = -1,
-    window_right: int = -1,
-    softcap: float = 0.0,
-    num_splits: Optional[int] = None,
-) -> str:
-    """The kernel variant, tile and grid FlashCore would run for this problem."""
+def plan(device: int, q_shape: Sequence[int], k_shape: Sequence[int], dtype_name: str, options: OptionsArg) -> str:
+    """The kernel variant, tile and grid FlashCore would run for this problem under `options`."""
 
 def device_info(device: int) -> Dict[str, Optional[str]]:
     """`gpu` (name, arch, SMs), `nvrtc` (path), `nvrtc_version`, each None where there is

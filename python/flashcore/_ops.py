@@ -27,15 +27,20 @@ def _arg(t: Tensor) -> tuple:
     return (t.data_ptr(), t.shape, t.stride(), DTYPE_NAMES[t.dtype])
 
 
+def _vector(t: Tensor) -> Tuple[int, int]:
+    return (t.data_ptr(), t.numel())
+
+
 def _current_stream(device: torch.device) -> int:
     # The raw handle without building a torch.cuda.Stream object (a few microseconds less).
     return torch._C._cuda_getCurrentRawStream(device.index)
 
 
-def _scratch(device: torch.device, keep: List[Tensor]) -> Callable[[int], int]:
-    """The scratch allocator a call hands to Rust: buffers from the caching allocator, kept
-    in `keep` until the call returns; their reuse is then ordered after the work already
-    queued on this stream."""
+def _scratch(device: torch.device) -> Callable[[int], int]:
+    """The scratch allocator a call hands to Rust: buffers from the caching allocator, kept by
+    the allocator, which the call holds until it returns; their reuse is then ordered after the
+    work already queued on this stream."""
+    keep: List[Tensor] = []
 
     def allocate(nbytes: int) -> int:
         buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
@@ -43,6 +48,21 @@ def _scratch(device: torch.device, keep: List[Tensor]) -> Callable[[int], int]:
         return buf.data_ptr()
 
     return allocate
+
+
+def _call(device: torch.device, check: bool = False) -> _flashcore.CallArg:
+    """Where a call runs: PyTorch's current stream of `device`, with scratch memory from its
+    caching allocator; `check` first checks a packed batch's or a cache's device values."""
+    return (device.index, _current_stream(device), _scratch(device), check)
+
+
+def options_arg(
+    softmax_scale: Optional[float], causal: bool, window: Tuple[int, int], softcap: float, num_splits: int = 0, deterministic: bool = False
+) -> _flashcore.OptionsArg:
+    """Every call's options as the extension takes them. `window` is flash_attn's
+    `window_size` (-1 unbounded), `softcap` 0 for none, `num_splits` 0 for FlashCore's choice,
+    `deterministic` for a backward."""
+    return (softmax_scale, causal, window[0], window[1], softcap, num_splits if num_splits > 0 else None, deterministic)
 
 
 def _lse_for(q: Tensor) -> Tensor:
@@ -71,22 +91,11 @@ def forward_into(
 ) -> None:
     """Runs the kernel: `o` (BSHD, q's dtype) and, if given, `lse [B, Hq, Sq]` f32 are written.
     `window` is flash_attn's `window_size` (-1 unbounded), `softcap` 0 for none."""
-    keep: List[Tensor] = []
     _flashcore.attention_forward(
-        q.device.index,
-        _current_stream(q.device),
-        _arg(q),
-        _arg(k),
-        _arg(v),
-        _arg(o),
-        None if lse is None else (lse.data_ptr(), lse.numel()),
-        _scratch(q.device, keep),
-        softmax_scale,
-        causal,
-        window[0],
-        window[1],
-        softcap,
-        num_splits if num_splits > 0 else None,
+        _call(q.device),
+        (_arg(q), _arg(k), _arg(v)),
+        (_arg(o), None if lse is None else _vector(lse)),
+        options_arg(softmax_scale, causal, window, softcap, num_splits),
     )
 
 
@@ -129,26 +138,14 @@ def varlen_forward(
         return o, lse
     if k.shape[0] == 0:  # no sequence has a key: every row sees none (as the dense path)
         return o.zero_(), lse.fill_(-math.inf)
-    keep: List[Tensor] = []
     _flashcore.attention_forward(
-        q.device.index,
-        _current_stream(q.device),
-        *(_arg(t.unsqueeze(0)) for t in (q, k, v, o)),
-        (lse.data_ptr(), lse.numel()),
-        _scratch(q.device, keep),
-        softmax_scale,
-        causal,
-        window[0],
-        window[1],
-        softcap,
+        _call(q.device, _check_varlen()),
+        tuple(_arg(t.unsqueeze(0)) for t in (q, k, v)),
+        (_arg(o.unsqueeze(0)), _vector(lse)),
+        options_arg(softmax_scale, causal, window, softcap),
         varlen=_varlen_arg(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k),
-        check=_check_varlen(),
     )
     return o, lse
-
-
-def _vector(t: Tensor) -> Tuple[int, int]:
-    return (t.data_ptr(), t.numel())
 
 
 def _varlen_arg(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int) -> _flashcore.VarlenArg:
@@ -185,22 +182,12 @@ def varlen_backward(
         return dq.zero_(), dk.zero_(), dv.zero_()
     if dout.stride(-1) != 1:
         dout = dout.contiguous()  # autograd may hand over any layout; the kernels read rows
-    keep: List[Tensor] = []
     _flashcore.attention_backward(
-        q.device.index,
-        _current_stream(q.device),
-        *(_arg(t.unsqueeze(0)) for t in (q, k, v, o)),
-        (lse.data_ptr(), lse.numel()),
-        *(_arg(t.unsqueeze(0)) for t in (dout, dq, dk, dv)),
-        _scratch(q.device, keep),
-        softmax_scale,
-        causal,
-        deterministic,
-        window[0],
-        window[1],
-        softcap,
+        _call(q.device, _check_varlen()),
+        (*(_arg(t.unsqueeze(0)) for t in (q, k, v, o)), _vector(lse), _arg(dout.unsqueeze(0))),
+        tuple(_arg(t.unsqueeze(0)) for t in (dq, dk, dv)),
+        options_arg(softmax_scale, causal, window, softcap, deterministic=deterministic),
         varlen=_varlen_arg(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k),
-        check=_check_varlen(),
     )
     return dq, dk, dv
 
@@ -317,25 +304,13 @@ def kvcache_forward(
     lse = _lse_for(q) if want_lse else None
     if o.numel() == 0:
         return o, lse
-    keep: List[Tensor] = []
     table = None if block_table is None else (block_table.data_ptr(), (block_table.shape[0], block_table.shape[1]), block_table.stride(0))
     _flashcore.attention_forward(
-        q.device.index,
-        _current_stream(q.device),
-        _arg(q),
-        _arg(k_cache),
-        _arg(v_cache),
-        _arg(o),
-        None if lse is None else (lse.data_ptr(), lse.numel()),
-        _scratch(q.device, keep),
-        softmax_scale,
-        causal,
-        window[0],
-        window[1],
-        softcap,
-        num_splits if num_splits > 0 else None,
+        _call(q.device, os.environ.get("FLASHCORE_CHECK_PAGED", "") not in ("", "0")),
+        (_arg(q), _arg(k_cache), _arg(v_cache)),
+        (_arg(o), None if lse is None else _vector(lse)),
+        options_arg(softmax_scale, causal, window, softcap, num_splits),
         paged=(None if k is None else _arg(k), None if v is None else _arg(v), None if cache_seqlens is None else _vector(cache_seqlens), table),
-        check=os.environ.get("FLASHCORE_CHECK_PAGED", "") not in ("", "0"),
     )
     return o, lse
 
@@ -394,26 +369,11 @@ def backward(
         return dq.zero_(), dk.zero_(), dv.zero_()
     if dout.stride(-1) != 1:
         dout = dout.contiguous()  # autograd may hand over any layout; the kernels read rows
-    keep: List[Tensor] = []
     kernel = _flashcore.attention_backward(
-        q.device.index,
-        _current_stream(q.device),
-        _arg(q),
-        _arg(k),
-        _arg(v),
-        _arg(o),
-        (lse.data_ptr(), lse.numel()),
-        _arg(dout),
-        _arg(dq),
-        _arg(dk),
-        _arg(dv),
-        _scratch(q.device, keep),
-        softmax_scale,
-        causal,
-        deterministic,
-        window[0],
-        window[1],
-        softcap,
+        _call(q.device),
+        (_arg(q), _arg(k), _arg(v), _arg(o), _vector(lse), _arg(dout)),
+        (_arg(dq), _arg(dk), _arg(dv)),
+        options_arg(softmax_scale, causal, window, softcap, deterministic=deterministic),
     )
     if kernel is not None and kernel.startswith("reference"):
         warnings.warn(_SLOW_BACKWARD, stacklevel=3)  # once per call site, by Python's default filter

@@ -395,6 +395,6 @@ def scaled_dot_product_attention(
 def kernel_plan(q: Tensor, k: Tensor, causal: bool = False, window_size: Tuple[int, int] = NO_WINDOW, softcap: float = 0.0) -> str:
     """What FlashCore would run for BSHD `q`, `k` on their device: kernel, tile, grid."""
     _check((("q", q), ("k", k)), "[B, S, H, D]")
-    left, right = _window(window_size)
-    return _flashcore.plan(q.device.index, tuple(q.shape), tuple(k.shape), _ops.DTYPE_NAMES[q.dtype], causal, left, right, _softcap(softcap))
+    options = _ops.options_arg(None, causal, _window(window_size), _softcap(softcap))
+    return _flashcore.plan(q.device.index, tuple(q.shape), tuple(k.shape), _ops.DTYPE_NAMES[q.dtype], options)
 

@@ -58,10 +58,49 @@ fn context(device: usize) -> PyResult<Arc<Context>> {
     Ok(ctx)
 }
 
-/// The call's parameters: `window_left`, `window_right` are flash_attn's `window_size` (-1
-/// unbounded), `softcap` 0 for none; the Rust API validates them.
-fn params(softmax_scale: Option<f32>, causal: bool, window: (i32, i32), softcap: f32, num_splits: Option<usize>) -> AttnParams {
-    AttnParams { softmax_scale, causal, window: Window::new(window.0, window.1), softcap, num_splits, ..AttnParams::default() }
+/// Where a call runs, as the Python tuple `(device, stream, scratch, check)`: `stream` is
+/// PyTorch's current stream of `device` (its raw handle); `scratch(nbytes)` returns the address
+/// of at least `nbytes` of device memory the call may use (split-KV partials), is called at
+/// most once, and what it returns must stay allocated until the call returns (work queued on
+/// `stream` after that is ordered by the caller's allocator); with `check`, the batch's or the
+/// cache's device values are first checked against the contract (this synchronises: a
+/// debugging aid).
+#[derive(FromPyObject)]
+struct CallArg(usize, usize, Py<PyAny>, bool);
+
+/// The forward's inputs (`flashcore::FwdInputs`), as the Python tuple `(q, k, v)`.
+#[derive(FromPyObject)]
+struct FwdInputsArg(TensorArg, TensorArg, TensorArg);
+
+/// The forward's outputs (`flashcore::FwdOutputs`), as the Python tuple `(o, lse)`: `lse` the
+/// f32 log-sum-exp as `(address, elements)`, or `None` where it is not wanted.
+#[derive(FromPyObject)]
+struct FwdOutputsArg(TensorArg, Option<(u64, usize)>);
+
+/// The backward's inputs (`flashcore::BwdInputs`), as the Python tuple `(q, k, v, o, lse,
+/// dout)`: the forward's inputs, its `o` and f32 `lse` (`(address, elements)`), and `o`'s
+/// gradient.
+#[derive(FromPyObject)]
+struct BwdInputsArg(TensorArg, TensorArg, TensorArg, TensorArg, (u64, usize), TensorArg);
+
+/// The backward's outputs (`flashcore::GradsMut`, written), as the Python tuple `(dq, dk,
+/// dv)`.
+#[derive(FromPyObject)]
+struct GradsArg(TensorArg, TensorArg, TensorArg);
+
+/// A call's options (`flashcore::AttnParams`), as the Python tuple `(softmax_scale, causal,
+/// window_left, window_right, softcap, num_splits, deterministic)`: `softmax_scale` `None` for
+/// `1/sqrt(D)`, `window_left`, `window_right` flash_attn's `window_size` (-1 unbounded),
+/// `softcap` 0 for none, `num_splits` `None` for FlashCore's choice, `deterministic` for the
+/// backward. The Rust API validates them.
+#[derive(FromPyObject)]
+struct OptionsArg(Option<f32>, bool, i32, i32, f32, Option<usize>, bool);
+
+/// `options` as the Rust API takes them.
+fn params(options: OptionsArg) -> AttnParams {
+    let OptionsArg(softmax_scale, causal, window_left, window_right, softcap, num_splits, deterministic) = options;
+    let window = Window::new(window_left, window_right);
+    AttnParams { softmax_scale, causal, window, softcap, num_splits, deterministic, ..AttnParams::default() }
 }
 
 /// A packed batch's arguments (flash_attn's varlen form; `flashcore::VarlenBatch`):
@@ -117,42 +156,30 @@ unsafe fn keys(device: usize, varlen: Option<VarlenArg>, paged: Option<PagedArg>
     })
 }
 
-/// Attention forward on `stream` of `device`: `o = softmax(scale · q kᵀ [+ mask]) v` into `o`
-/// and, when given as `(address, elements)`, the f32 `lse`. `scratch(nbytes)` returns the
-/// address of at least `nbytes` of device memory the call may use (split-KV partials); it is
-/// called at most once, and what it returns must stay allocated until this call returns (work
-/// queued on `stream` after that is ordered by the caller's allocator).
+/// Attention forward on `call`'s stream ([`CallArg`]): `o = softmax(scale · q kᵀ [+ mask]) v`
+/// into `outputs`' `o` and, when given, its `lse` ([`FwdOutputsArg`]), under `options`
+/// ([`OptionsArg`]).
 ///
 /// The keys: dense (`q`, `o` `[B, Sq, Hq, D]`, `k`, `v` `[B, Sk, Hkv, D]`, `lse [B, Hq, Sq]`);
 /// with `varlen` ([`VarlenArg`]) a packed batch (`q`, `o` `[1, total_q, Hq, D]`, `k`, `v`
 /// `[1, total_k, Hkv, D]`: the Python side's 3-D tensors with a leading 1; `lse [Hq,
 /// total_q]`); with `paged` ([`PagedArg`]) a KV cache (`k`, `v` the caches: pools
-/// `[num_pages, page_size, Hkv, D]` with a block table). With `check`, the batch's or the
-/// cache's device values are first checked against the contract (this synchronises: a
-/// debugging aid).
+/// `[num_pages, page_size, Hkv, D]` with a block table). `call`'s `check` checks the batch's
+/// or the cache's device values first.
 #[pyfunction]
-#[pyo3(signature = (device, stream, q, k, v, o, lse, scratch, softmax_scale, causal, window_left=-1, window_right=-1, softcap=0.0, num_splits=None, varlen=None, paged=None, check=false))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (call, inputs, outputs, options, varlen=None, paged=None))]
 fn attention_forward(
     py: Python<'_>,
-    device: usize,
-    stream: usize,
-    q: TensorArg,
-    k: TensorArg,
-    v: TensorArg,
-    o: TensorArg,
-    lse: Option<(u64, usize)>,
-    scratch: Py<PyAny>,
-    softmax_scale: Option<f32>,
-    causal: bool,
-    window_left: i32,
-    window_right: i32,
-    softcap: f32,
-    num_splits: Option<usize>,
+    call: CallArg,
+    inputs: FwdInputsArg,
+    outputs: FwdOutputsArg,
+    options: OptionsArg,
     varlen: Option<VarlenArg>,
     paged: Option<PagedArg>,
-    check: bool,
 ) -> PyResult<()> {
+    let CallArg(device, stream, scratch, check) = call;
+    let FwdInputsArg(q, k, v) = inputs;
+    let FwdOutputsArg(o, lse) = outputs;
     let (k_name, v_name) = if paged.is_some() { ("k_cache", "v_cache") } else { ("k", "v") };
     let layouts = [layout(&q, "q")?, layout(&k, k_name)?, layout(&v, v_name)?, layout(&o, "o")?];
     // SAFETY: the Python side passes live CUDA tensors and int32 vectors of `device` with
@@ -161,7 +188,7 @@ fn attention_forward(
     // `device`.
     let keys = unsafe { keys(device, varlen, paged)? };
     let ctx = context(device)?;
-    let params = params(softmax_scale, causal, (window_left, window_right), softcap, num_splits);
+    let params = params(options);
     let mut scratch_error: Option<PyErr> = None;
     // Detached from the interpreter: the first call of a variant compiles it (seconds).
     let result = py.detach(|| {
@@ -184,37 +211,24 @@ fn attention_forward(
     finish(result, scratch_error, to_py)
 }
 
-/// The backward pass on `stream` of `device`: `dq`, `dk`, `dv` (written) from `q`, `k`, `v`,
-/// the forward's `o` and `lse` (`(address, elements)`, f32) and `dout`. Scratch as for
-/// `attention_forward`. With `varlen`, a packed batch (all tensors with a leading 1 as in
-/// `attention_forward`, `lse [Hq, total_q]`; `check` as there). Returns the name of the kernel
-/// variant that ran for a dense batch (`None` for a packed one).
+/// The backward pass on `call`'s stream ([`CallArg`]): `grads` ([`GradsArg`], written) from
+/// `inputs` ([`BwdInputsArg`]: the forward's inputs, `o` and `lse`, and `dout`) under the
+/// forward's `options` ([`OptionsArg`]). With `varlen`, a packed batch (all tensors with a
+/// leading 1 as in `attention_forward`, `lse [Hq, total_q]`; `check` as there). Returns the
+/// name of the kernel variant that ran for a dense batch (`None` for a packed one).
 #[pyfunction]
-#[pyo3(signature = (device, stream, q, k, v, o, lse, dout, dq, dk, dv, scratch, softmax_scale, causal, deterministic, window_left=-1, window_right=-1, softcap=0.0, varlen=None, check=false))]
-#[allow(clippy::too_many_arguments)]
+#[pyo3(signature = (call, inputs, grads, options, varlen=None))]
 fn attention_backward(
     py: Python<'_>,
-    device: usize,
-    stream: usize,
-    q: TensorArg,
-    k: TensorArg,
-    v: TensorArg,
-    o: TensorArg,
-    lse: (u64, usize),
-    dout: TensorArg,
-    dq: TensorArg,
-    dk: TensorArg,
-    dv: TensorArg,
-    scratch: Py<PyAny>,
-    softmax_scale: Option<f32>,
-    causal: bool,
-    deterministic: bool,
-    window_left: i32,
-    window_right: i32,
-    softcap: f32,
+    call: CallArg,
+    inputs: BwdInputsArg,
+    grads: GradsArg,
+    options: OptionsArg,
     varlen: Option<VarlenArg>,
-    check: bool,
 ) -> PyResult<Option<String>> {
+    let CallArg(device, stream, scratch, check) = call;
+    let BwdInputsArg(q, k, v, o, lse, dout) = inputs;
+    let GradsArg(dq, dk, dv) = grads;
     let names = ["q", "k", "v", "o", "dout", "dq", "dk", "dv"];
     let args = [&q, &k, &v, &o, &dout, &dq, &dk, &dv];
     let mut layouts = Vec::with_capacity(args.len());
@@ -222,7 +236,7 @@ fn attention_backward(
         layouts.push(layout(t, name)?);
     }
     let ctx = context(device)?;
-    let params = AttnParams { deterministic, ..params(softmax_scale, causal, (window_left, window_right), softcap, None) };
+    let params = params(options);
     // SAFETY: as in `attention_forward`.
     let batch = varlen.map(|b| unsafe { varlen_batch(b) });
     let kernel = match batch {
@@ -276,26 +290,15 @@ fn scratch_fn<'a>(scratch: &'a Py<PyAny>, error: &'a mut Option<PyErr>) -> impl 
     }
 }
 
-/// What would run for this problem on `device`: the kernel variant, its tile and grid (the
-/// dispatcher's own description). A window or softcap selects other variants.
+/// What would run for this problem on `device` under `options` ([`OptionsArg`]): the kernel
+/// variant, its tile and grid (the dispatcher's own description). A window or softcap selects
+/// other variants.
 #[pyfunction]
-#[pyo3(signature = (device, q_shape, k_shape, dtype_name, causal, window_left=-1, window_right=-1, softcap=0.0, num_splits=None))]
-#[allow(clippy::too_many_arguments)]
-fn plan(
-    device: usize,
-    q_shape: [usize; 4],
-    k_shape: [usize; 4],
-    dtype_name: &str,
-    causal: bool,
-    window_left: i32,
-    window_right: i32,
-    softcap: f32,
-    num_splits: Option<usize>,
-) -> PyResult<String> {
+fn plan(device: usize, q_shape: [usize; 4], k_shape: [usize; 4], dtype_name: &str, options: OptionsArg) -> PyResult<String> {
     let [batch, seqlen_q, heads_q, head_dim] = q_shape;
     let [_, seqlen_k, heads_kv, _] = k_shape;
     let shape = ProblemShape { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim };
-    let params = params(None, causal, (window_left, window_right), softcap, num_splits);
+    let params = params(options);
     params.check_window_and_softcap().map_err(to_py)?;
     let ctx = context(device)?;
     let plan = ctx.plan(&shape, dtype(dtype_name, "q")?, &params).map_err(to_py)?;

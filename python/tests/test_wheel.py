@@ -22,6 +22,10 @@ ROOT = Path(__file__).resolve().parents[2]
 # The NVRTC of the test run (scripts/test.sh sets it), read before any test changes the environment.
 NVRTC = os.environ.get("FLASHCORE_NVRTC")
 
+# The extension's call and options tuples for a dense call on device 0, default options.
+CALL = (0, 0, lambda n: 0, False)
+OPTIONS = (None, False, -1, -1, 0.0, None, False)
+
 
 @pytest.fixture(scope="module")
 def wheel() -> Path:
@@ -132,22 +136,22 @@ def test_bad_dtype_is_a_type_error_before_any_gpu_work(ext):
     t = (0x1000, (1, 16, 4, 64), (4096, 256, 64, 1), "bf16")
     bad = (0x1000, (1, 16, 4, 64), (4096, 256, 64, 1), "f32")
     with pytest.raises(TypeError, match=r"dtype of `k`: f32 is not supported"):
-        ext.attention_forward(0, 0, t, bad, t, t, None, lambda n: 0, None, False)
+        ext.attention_forward(CALL, (t, bad, t), (t, None), OPTIONS)
 
 
 def test_bad_window_and_softcap_are_value_errors_before_any_gpu_work(ext):
     shape = (1, 16, 4, 64)
     with pytest.raises(ValueError, match=r"parameter `window`: \(-2, 0\): each side must be -1"):
-        ext.plan(0, shape, shape, "bf16", False, -2, 0)
+        ext.plan(0, shape, shape, "bf16", (None, False, -2, 0, 0.0, None, False))
     with pytest.raises(ValueError, match=r"parameter `softcap`: NaN must be 0 \(off\), or finite and > 0"):
-        ext.plan(0, shape, shape, "bf16", True, window_left=127, window_right=0, softcap=float("nan"))
+        ext.plan(0, shape, shape, "bf16", (None, True, 127, 0, float("nan"), None, False))
 
 
 @pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="this machine has a GPU: the no-GPU error cannot be seen")
 def test_no_gpu_is_a_runtime_error_not_a_crash(ext):
     t = (0x1000, (1, 16, 4, 64), (4096, 256, 64, 1), "bf16")
     with pytest.raises(RuntimeError, match="no usable GPU"):
-        ext.attention_forward(0, 0, t, t, t, t, None, lambda n: 0, None, False)
+        ext.attention_forward(CALL, (t, t, t), (t, None), OPTIONS)
 
 
 @pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="this machine has a GPU: the no-GPU answer cannot be seen")
