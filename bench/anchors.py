@@ -10,7 +10,7 @@ file holding that output) and every backend
     flashcore-py    flashcore.flash_attn_func       (the Python package: same kernels as the
                                                      `flashcore` binary, plus the Python call)
 
-this times one forward pass the way `flashcore bench` does (DESIGN §6) and writes
+this times one forward pass the way `flashcore bench` does (docs/design.md §9) and writes
 `anchors-<suite>-<system>.json` in the schema of `flashcore bench --json` (schema 1).
 For the suite `bwd` it times the backward alone instead: eager `torch.autograd.grad` of
 one forward (graph retained), TFLOPS at 2.5x the forward's FLOPs.
@@ -466,7 +466,7 @@ def bench_case(torch, key, case, args, l2_bytes):
 
 def bench_backward_case(torch, key, case, args):
     """The backward alone: eager `torch.autograd.grad` of one forward (graph retained), the
-    backend forced for both passes, median of the samples (as DESIGN §7's anchors)."""
+    backend forced for both passes, median of the samples (docs/design.md §9's anchors)."""
     runner = Runner(torch, key, case)
     try:
         q, k, v = (t.detach().requires_grad_() for t in make_inputs(torch, case, 1000))

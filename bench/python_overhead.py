@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What a call from Python costs over the kernel it launches (DESIGN §7: ≤ 8 µs).
+"""What a call from Python costs over the kernel it launches (goal: docs/design.md §10).
 
 For a few small problems, where the kernel is short enough for the host to be the limit:
 - kernel: device time per call from CUDA-graph replays of 200 captured calls (no host work);

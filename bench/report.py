@@ -9,7 +9,7 @@ one PNG per head dim (`<gpu-slug>-d128.png`, ...: TFLOPS vs sequence length, a l
 system, solid non-causal, dashed causal).
 
 Every system's TFLOPS and GB/s are recomputed here from its median time with one formula
-(DESIGN §6: FLOPs = 4·B·Hq·Sq·Sk·D, half for causal Sq = Sk, exact bottom-right pairs for
+(docs/design.md §9: FLOPs = 4·B·Hq·Sq·Sk·D, half for causal Sq = Sk, exact bottom-right pairs for
 causal Sq != Sk; GB/s = bytes of K and V / time), so the columns are comparable whatever
 each tool wrote; the ratio is the best anchor's median time over flashcore's.
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Benchmarks FlashCore and the PyTorch SDPA anchors on this machine's GPU and writes the
-# results page (DESIGN §6): raw JSON under docs/results/raw/<gpu-slug>/ (or --out), the page
+# results page (docs/design.md §9): raw JSON under docs/results/raw/<gpu-slug>/ (or --out), the page
 # docs/results/<gpu-slug>.md and its plots.
 #
 #   bench/run-all.sh [--bin target/release/flashcore] [--out DIR] [--suites "seed sweep quick small"]

@@ -23,7 +23,7 @@ ELEM_BYTES = 2  # fp16 and bf16
 def visible_pairs(sq, sk, causal):
     """(query, key) pairs one head attends to. Causal is bottom-right aligned: row i sees keys
     0..=i+sk-sq, clamped to [0, sk]. Sq = Sk causal counts exactly half (the convention of
-    FlashAttention's benchmarks and DESIGN §6), not S(S+1)/2."""
+    FlashAttention's benchmarks and docs/design.md §9), not S(S+1)/2."""
     if not causal:
         return sq * sk
     if sq == sk:

@@ -18,7 +18,7 @@ wait above them in the non-causal variant, which is not checked.) The forward:
   The one exception is the slow softmax path that recomputes the scores by mma.sync
   (warp_qk), which waits for the P·V first by design: a wait followed by HMMA before any
   MUFU.EX2. ptxas hoists a plain wait above the softmax
-  (docs/perf-log.md, fifth session); this catches a kernel edit or a ptxas version that
+  (docs/kernels/fwd_sm90.md); this catches a kernel edit or a ptxas version that
   brings that back. Exits non-zero on any failure.
 """
 import argparse

@@ -70,8 +70,8 @@ fi
 tail -n 1 "$compile_cache/log"
 # The sliding-window and softcap forms of the forward and backward kernels, at the tiles the
 # dispatcher runs them with, bf16 only (CI's time: the f16 forms differ in conversions only;
-# docs/perf-log.md lists both dtypes' spills from a full local compile): they must compile;
-# spills are allowed only where docs/perf-log.md lists them (bwd_sm90 D64 with a window and a
+# docs/kernels/bwd_sm90.md and bwd_sm80.md list both dtypes' known spills): they must compile;
+# spills are allowed only where those notes list them (bwd_sm90 D64 with a window and a
 # softcap, 8 bytes in bf16; bwd_sm80 D64 causal with a softcap on sm_90a, not compiled here).
 echo "== flashcore compile --mods (sliding window, softcap) with NVRTC 13.0"
 # (bwd_sm80's forms on sm_80 only: on Hopper it runs D32 alone; CI's time.)
@@ -86,7 +86,7 @@ for target in "sm_80 fwd_sm80" "sm_90a fwd_sm90" "sm_80 bwd_sm80" "sm_90a bwd_sm
 done
 # The packed-batch (varlen) forms of every forward variant and of bwd_sm80's (on sm_80) and
 # bwd_sm90's, bf16 only as above: they must compile; fwd_sm80's and both backwards' must not
-# spill; fwd_sm90's producer spills in its tile search (docs/perf-log.md, varlen).
+# spill; fwd_sm90's producer spills in its tile search (docs/kernels/fwd_sm90.md, Tiles).
 echo "== flashcore compile --varlen (packed batches) with NVRTC 13.0"
 for target in "sm_80 fwd_sm80" "sm_90a fwd_sm90" "sm_80 bwd_sm80" "sm_90a bwd_sm90"; do
     set -- $target

@@ -17,7 +17,7 @@ pub const DQ_ENTRY: &str = "fc_bwd_sm80_dq";
 
 /// The tile for `head_dim` on `arch`: `block_m` query rows a step, `block_n` keys a CTA,
 /// `stages` query blocks in flight. FlashAttention-2's shapes where they fit, 8 warps: 128 x
-/// 128 at D64 (measured 15% faster than 64 x 128 on H100, docs/perf-log.md), 64 x 128 at D32,
+/// 128 at D64 (measured 15% faster than 64 x 128 on H100, docs/kernels/bwd_sm80.md), 64 x 128 at D32,
 /// D96 and D128, 64 x 64 above. sm_86/sm_89 give a block 99 KB: 64 x 64 (4 warps) up to D128,
 /// 64 x 32 for D192, and 32 x 32 for D256 (K, V, Q and dO of 32 rows: 72 KB), so every head
 /// dim runs there (not measured on those GPUs).

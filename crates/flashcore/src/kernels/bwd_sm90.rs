@@ -24,7 +24,7 @@ pub const DQ_ENTRY: &str = "fc_bwd_sm90_dq";
 /// The head dim of the kernel's tiles: whole 64-column panels, and past D128 (the wide
 /// layout, whose two consumer warpgroups split dK's and dV's columns into whole panels) 256:
 /// D192's 3 panels do not split in two. TMA zero-fills the padding columns; they cost
-/// D192 a quarter of its tensor-core time (see docs/perf-log.md).
+/// D192 a quarter of its tensor-core time (see docs/kernels/bwd_sm90.md).
 fn padded_head_dim(head_dim: usize) -> usize {
     if head_dim <= 128 {
         head_dim.div_ceil(64) * 64

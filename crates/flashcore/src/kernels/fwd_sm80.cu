@@ -33,7 +33,7 @@
 // K/V fragment, halving shared-memory reads per mma); on sm_86/89 tiles stay at or under
 // ~48 KB so that two CTAs share an SM. On H100 the wide tiles D64 128x128 and D128 128x64
 // (255 registers, no spill thanks to after_softmax) measured +3% and +11% over 128x64 /
-// 128x32, and D96 128x64 +9-18% over 128x32 (docs/perf-log.md); sm_80 keeps the narrower
+// 128x32, and D96 128x64 +9-18% over 128x32 (docs/kernels/fwd_sm80.md); sm_80 keeps the narrower
 // ones until measured on an A100. D192 is FlashAttention-2's 128x64 w8 tile. With
 // few keys, D256 on H100 runs 64x64 with one K and one V slot, two CTAs an SM: 64-row tiles
 // waste less of the causal diagonal and the second CTA hides each one's prologue (S512
@@ -163,7 +163,7 @@ constexpr bool kPerSequenceKeys = kVarlen || kPaged;
 constexpr bool kChunked = kPaged && kSplitKv;
 static_assert(!(kVarlen && kPaged), "a packed batch over a paged cache is not a form");
 // Causal tiles differ in length: taken longest first (in L2-sized sections of heads) the
-// last wave is not left with a few long tiles. Measured on H100 (docs/perf-log.md): +4-10%
+// last wave is not left with a few long tiles. Measured on H100 (docs/kernels/fwd_sm80.md): +4-10%
 // at D128/D256 from S = 1k, but -5% at D64 S <= 1k and -5% with the single-buffer D256
 // 64x64 tile at S512 (two CTAs an SM), where m blocks innermost share K/V.
 constexpr bool kLongestFirst = kCausal && !kSplitKv && kD > 64 && kStages > 1;

@@ -26,7 +26,7 @@ enum SmemClass {
     Hopper,
 }
 
-/// The tile for `head_dim` on `arch` (measured on H100, `docs/perf-log.md`). A warp owns
+/// The tile for `head_dim` on `arch` (measured on H100, `docs/kernels/fwd_sm80.md`). A warp owns
 /// 32 query rows where registers allow, so its two m16 tiles share every K/V fragment.
 fn tile(arch: Arch, head_dim: usize) -> Tile {
     let class = smem_class(arch);
@@ -65,7 +65,7 @@ fn short_max_keys(arch: Arch, head_dim: usize, causal: bool) -> usize {
 /// The tile for few keys: FlashAttention-2's D256 64x64 w4 with one K and one V slot (96 KB,
 /// two CTAs an SM, each hiding the other's loads and epilogue; 64-row tiles waste less on
 /// the causal diagonal than 128-row ones). Measured on H100 (bf16 TFLOPS, sweep, short /
-/// default tile, docs/perf-log.md): causal S512 217 / 191, 1k 255 / 242, 2k 276 / 278;
+/// default tile, docs/kernels/fwd_sm80.md): causal S512 217 / 191, 1k 255 / 242, 2k 276 / 278;
 /// full S512 285 / 281, 1k 315 / 312, 2k even (326 / 327).
 fn short_tile() -> Tile {
     Tile { block_m: 64, block_n: 64, warps: 4, stages: 1 }
@@ -136,7 +136,7 @@ pub fn split_variant(arch: Arch, dtype: DType, head_dim: usize, causal: bool) ->
 /// keeps its CTAs per SM) so that two tiles' copies are in flight while one computes: the
 /// latency of a tile's several scattered pages and the prologue's chain (cache_seqlens, then
 /// the block table, then the first copies) hide behind them. Measured on the H100 (docs/
-/// perf-log.md, "paged decode" of the seventh session): +1-1.5% at page 16 and +1% at 64, but
+/// kernels/fwd_sm80.md, the paged decode's third slot): +1-1.5% at page 16 and +1% at 64, but
 /// -2% at page 256, where a tile lies in one page: there, and for contiguous caches, the dense
 /// tile's two slots. sm_80 (163 KB) and sm_86/89 (99 KB) keep two slots: D128 would need
 /// 208 KB / 112 KB there.

@@ -121,7 +121,7 @@
 #ifndef FC_CAUSAL
 #define FC_CAUSAL 0
 #endif
-// Defaults per head dim, from the H100 sweep in docs/perf-log.md (bf16, 16k tokens).
+// Defaults per head dim, from the H100 sweep in docs/kernels/fwd_sm90.md (bf16, 16k tokens).
 #ifndef FC_BLOCK_N
 #if FC_HEAD_DIM == 64
 #define FC_BLOCK_N 128
@@ -338,7 +338,7 @@ __device__ __forceinline__ int batch_coord(const Tile& t) { return kVarlen ? 0 :
 // help_produce), each a run of box_span(p) keys of whole boxes. At page 16 D128's block is 12
 // boxes x 2 panels: the one producer thread, box after box (table entry, R2UR, clamp, page id
 // to shared memory, two UTMALDG), fell behind the consumers (0.47-0.57 of the contiguous rate;
-// 0.84-0.89 spread over four, H100: docs/perf-log.md). One warp's lanes would not share the
+// 0.84-0.89 spread over four, H100: docs/kernels/fwd_sm90.md). One warp's lanes would not share the
 // work: a TMA load takes its operands from uniform registers, one set a warp, so lanes with
 // different boxes issue one after another; the four warps sit on the SM's four
 // sub-partitions. A form of its own, so that the plain paged form's machine code stays as it

@@ -36,7 +36,7 @@ fn tile(head_dim: usize, short: bool) -> Tile {
 }
 
 /// Problems with at most this many keys take the short tiles (0: never). Measured on H100
-/// (bf16 TFLOPS, sweep, short / default tile, docs/perf-log.md): D64 causal S512 217 / 205,
+/// (bf16 TFLOPS, sweep, short / default tile, docs/kernels/fwd_sm90.md): D64 causal S512 217 / 205,
 /// 1k 310 / 281, 2k tie, then -5 to -10%; D64 full ties to 1k, then -5 to -10%; D128 causal
 /// S512 278 / 236, 1k 440 / 398, 2k 553 / 534, 4k 617 / 567 (median of three rounds),
 /// 8k-16k -5 to -8% (against 128 x 176); D128 full S512 513 / 498, 1k 587 / 566, 2k -1%; D256 causal S512
@@ -119,11 +119,11 @@ fn make_variant(dtype: DType, head_dim: usize, causal: bool, short: bool) -> Var
 /// `v`'s paged-KV form (`FC_PAGED`) for pages of `page_size` keys (0: a contiguous cache):
 /// where a page cuts a key block into more than 3 TMA boxes (D128's 192-key block at page 16:
 /// 12), the `FC_PAGE_SPREAD` form, whose boxes lane 0 of each of the producer warpgroup's four
-/// warps issue. H100 chunked prefill (docs/perf-log.md, eighth session): one thread issuing
+/// warps issue. H100 chunked prefill (docs/kernels/fwd_sm90.md): one thread issuing
 /// them ran at 0.47-0.57 of the contiguous rate at page 16, four at 0.84-0.89 (0.93-1.03
-/// timed at the power cap's clock, ninth session). At pages of 3 boxes (64, 256) one thread
+/// timed at the power cap's own clock). At pages of 3 boxes (64, 256) one thread
 /// keeps up; those keep the plain form, whose machine code the spread form leaves unchanged
-/// (the 8-13% the eighth session's first runs put on the four threads there was the order of
+/// (an 8-13% loss the first runs put on the four threads there was the order of
 /// the rows under the power cap).
 pub fn paged_form(v: &Variant, page_size: usize) -> Variant {
     let boxes = match page_size {
@@ -167,7 +167,7 @@ const SHORT_SECTION_BYTES: u64 = 8 << 20;
 /// still holds one tile for each CTA. With few keys a 32 MiB section spans hundreds of heads,
 /// whose K and V do not stay in L2 from a head's longest tile to its shortest (ncu, B32 H32
 /// S512 D64: 262 MB read from DRAM for 201 MB of Q, K and V). H100, against 32 MiB
-/// (docs/perf-log.md): S512 D64 +4%, D128 +19%; S1k D64 +6%, D128 +3%. D256 S1k lost 6% (its
+/// (docs/kernels/fwd_sm90.md): S512 D64 +4%, D128 +19%; S1k D64 +6%, D128 +3%. D256 S1k lost 6% (its
 /// eight tile lengths need more than a round a section to balance), and from 2k keys on
 /// smaller sections lost 1-10%: those keep the launch's section.
 pub(crate) fn section_heads(tile_section: i32, shape: &ProblemShape, block_m: u32, ctas: u32) -> i32 {
