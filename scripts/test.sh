@@ -114,6 +114,8 @@ if grep -E "FAILED" "$compile_cache/paged90.log" >&2 || grep SPILLS "$compile_ca
     exit 1
 fi
 grep -c "_paged " "$compile_cache/paged90.log" | sed "s/^/   fwd_sm90 paged variants compiled: /"
+echo "== README quick start without a GPU, as written (scripts/readme-quickstart.sh)"
+FLASHCORE_BIN=target/debug/flashcore bash scripts/readme-quickstart.sh
 echo "== bench/check_reference.py (flashcore attn --cpu vs NumPy float64)"
 .venv/bin/python bench/check_reference.py target/debug/flashcore
 echo "== bench self-tests"

@@ -8,7 +8,7 @@ import math
 import torch
 
 
-# DESIGN §5: relative L2 error bounds against the float64 reference.
+# docs/design.md §8: relative L2 error bounds against the float64 reference.
 REL_BOUND = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
 
 
@@ -90,7 +90,7 @@ def qkv(b, sq, sk, hq, hkv, d, dtype, scale=1.0, seed=0):
 
 
 def check_against_reference(q, k, v, out, lse, scale, causal, window=(-1, -1), softcap=0.0):
-    """out and lse of FlashCore against `reference` (DESIGN §5 bounds); rows that see no key
+    """out and lse of FlashCore against `reference` (docs/design.md §8 bounds); rows that see no key
     must give 0 and lse = -inf exactly."""
     ref_o, ref_lse = reference(q, k, v, scale, causal, window=window, softcap=softcap)
     assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()

@@ -1,6 +1,6 @@
 """Gradients through flash_attn_func / scaled_dot_product_attention against float64 autograd
 of the textbook attention (the math path), bitwise determinism, torch.compile of a training
-step. Bounds: relative L2 of each gradient, bf16 ≤ 1e-2 and fp16 ≤ 2e-3 (DESIGN §5), as for
+step. Bounds: relative L2 of each gradient, bf16 ≤ 1e-2 and fp16 ≤ 2e-3 (docs/design.md §8), as for
 the forward's output."""
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def _fused_sdpa_backend(q, k, v, dout):
 def test_peaked_softmax_gradients_are_as_accurate_as_flashattention(d, dtype):
     """Logits spread to about ±30 (q, k scaled by √30): a row's softmax is nearly one-hot and
     dS = P ∘ (dP − D_i) cancels, so the rounding of the stored o (D_i = rowsum(dO ∘ o), as in
-    FlashAttention) shows in dq and dk, past DESIGN §5's bound at bf16. The bound here is
+    FlashAttention) shows in dq and dk, past the bound of docs/design.md §8 at bf16. The bound here is
     twice the error of PyTorch's fused backward (the same algorithm) on the same inputs, and
     at most 1.5e-2 / 2e-3 (what `flashcore check` allows)."""
     b, sq, sk, hq, hkv = 1, 200, 300, 4, 2

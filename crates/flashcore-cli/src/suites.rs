@@ -1,4 +1,4 @@
-//! Benchmark suites: named lists of cases (DESIGN §7).
+//! Benchmark suites: named lists of cases (docs/design.md §10).
 
 use flashcore::DType;
 use rand::{Rng, SeedableRng};

@@ -37,7 +37,7 @@ pub struct TimingOptions {
     /// Launches run for at least this long (ms) after the warm-up and before the samples, so
     /// that the clock settles where the power cap holds it under this kernel's load: a row
     /// timed straight after a lighter one otherwise runs at the clock that one left (H100,
-    /// fwd_sm90 prefill after fwd_sm80 rows: 10-15% fast, docs/perf-log.md). 0: none.
+    /// fwd_sm90 prefill after fwd_sm80 rows: 10-15% fast, docs/kernels/fwd_sm90.md). 0: none.
     pub settle_ms: f64,
 }
 

@@ -33,7 +33,7 @@
 //! of the loss: runs of 16 measured 0.975 (page 16), 0.968 (64) and 0.989 (256). Larger pages
 //! are faster to read; smaller ones waste less memory. Chunked prefill is bound by compute
 //! and runs at 0.92-1.05 of the contiguous rate at every page size (the spread is the power
-//! cap's clock). Measurements: `docs/perf-log.md`.
+//! cap's clock). Measurements: `docs/kernels/fwd_sm80.md` (decode) and `docs/kernels/fwd_sm90.md` (chunked prefill).
 //!
 //! Decode shares out the key tiles of the whole batch in equal chunks, one a CTA, from the
 //! lengths on the device (the host never reads `cache_seqlens`: that would synchronise), so a

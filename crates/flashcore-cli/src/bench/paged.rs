@@ -153,7 +153,7 @@ const PREFILL_ROWS: [(usize, bool, Option<KernelFamily>); 6] = [
 /// twenty times a round's ~15 ms of samples. Without it the dense anchor, timed after the
 /// forced fwd_sm80 rows (half the power), ran at the clock they left and read 10-15% fast
 /// against the paged rows (H100, ninth session: paged / dense 0.84-0.91; settled, 0.93-1.05,
-/// as ncu and PyTorch at the cap's clock read it: 0.97-0.98; docs/perf-log.md).
+/// as ncu and PyTorch at the cap's clock read it: 0.97-0.98; docs/kernels/fwd_sm80.md).
 const PREFILL_SETTLE_MS: f64 = 300.0;
 
 /// Rows for one chunked-prefill `case` (`Sq` queries, the last `Sq` of `Sk` keys, causal

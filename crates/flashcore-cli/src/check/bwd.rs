@@ -4,7 +4,7 @@
 //! dk and dv otherwise, since dq's atomics add in a varying order).
 //!
 //! Tolerance: relative L2 error of each of dq, dk and dv, bf16 ≤ 1e-2 and fp16 ≤ 2e-3, as
-//! for the forward (DESIGN §5). The reference kernels compute in f32 from the rounded
+//! for the forward (docs/design.md §8). The reference kernels compute in f32 from the rounded
 //! inputs (D_i from P and dP, not from the stored o: see `kernels/reference.cu`), so what
 //! remains is the rounding of the gradients themselves, ~2^-9 (bf16) and ~2^-12 (fp16)
 //! relative per element: measured 1.7e-3 and 2.1e-4 on normal inputs. bwd_sm80 adds P and

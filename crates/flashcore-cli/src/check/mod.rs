@@ -1,4 +1,4 @@
-//! `flashcore check`: the correctness suite (DESIGN §5) for every kernel on this GPU.
+//! `flashcore check`: the correctness suite (docs/design.md §8) for every kernel on this GPU.
 //!
 //! This file reads the options, gathers each group's cases (`dense`, `varlen`, `paged`,
 //! `bwd`, `varlen_bwd`) and runs them; those share `outcome.rs` (a case's result and how it

@@ -16,7 +16,7 @@ pub struct Outcome {
     pub failure: Option<String>,
 }
 
-/// The forward's bound on the relative L2 error of o (DESIGN §5).
+/// The forward's bound on the relative L2 error of o (docs/design.md §8).
 pub fn tolerance(dtype: DType) -> f64 {
     match dtype {
         DType::BF16 => 1e-2,

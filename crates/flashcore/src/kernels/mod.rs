@@ -14,7 +14,7 @@ use crate::tensor::DType;
 
 /// Share of L2 the K and V of one longest-first section of heads should fit in (causal
 /// order: the CTAs running together work on one section, so they re-read its K and V from
-/// L2). 32 MiB of H100's 50 MB measured best (docs/perf-log.md).
+/// L2). 32 MiB of H100's 50 MB measured best (docs/kernels/fwd_sm90.md).
 const L2_SECTION_BYTES: u64 = 32 << 20;
 
 /// Heads (x batch) per longest-first section: as many as have K and V within
