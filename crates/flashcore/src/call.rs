@@ -198,3 +198,62 @@ impl BwdInputs<'_> {
         Ok(Checked { tensors, shape, cache: None })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tensor::{DType, Layout};
+    use crate::varlen::SeqLensView;
+
+    fn view(shape: [usize; 4], at: u64) -> TensorView<'static> {
+        // SAFETY: the checks never dereference the pointers.
+        unsafe { TensorView::from_raw(at, Layout::contiguous(shape, DType::BF16), 0) }
+    }
+
+    fn view_mut(shape: [usize; 4], at: u64) -> TensorViewMut<'static> {
+        // SAFETY: as above.
+        unsafe { TensorViewMut::from_raw(at, Layout::contiguous(shape, DType::BF16), 0) }
+    }
+
+    fn packed_batch() -> VarlenBatch<'static> {
+        // SAFETY: as above; three sequences.
+        let seqlens = |at| unsafe { SeqLensView::from_raw(at, 4) };
+        VarlenBatch { cu_seqlens_q: seqlens(0x9000), cu_seqlens_k: seqlens(0xa000), seqused_k: None, max_seqlen_q: 40, max_seqlen_k: 70 }
+    }
+
+    #[test]
+    fn a_packed_batch_is_checked_on_its_tensors_and_planned_on_its_longest_sequence() {
+        let (q, kv) = ([1, 100, 8, 64], [1, 150, 2, 64]);
+        let inputs = FwdInputs::varlen(view(q, 0x1000), view(kv, 0x100000), view(kv, 0x200000), packed_batch());
+        // SAFETY: as above: [Hq, total_q] f32.
+        let lse = unsafe { LseViewMut::from_raw(0x300000, 8 * 100) };
+        let checked = inputs.check(&view(q, 0x400000), Some(&lse), &AttnParams::default(), 0).unwrap();
+        assert_eq!((checked.tensors.batch, checked.tensors.seqlen_q, checked.tensors.seqlen_k), (1, 100, 150));
+        assert_eq!((checked.shape.batch, checked.shape.seqlen_q, checked.shape.seqlen_k), (3, 40, 70));
+        assert_eq!(inputs.kv.geometry(&checked), KeyLayout::Varlen { total_k: 150 });
+        // SAFETY: as above, one short.
+        let short = unsafe { LseViewMut::from_raw(0x300000, 8 * 100 - 1) };
+        let err = inputs.check(&view(q, 0x400000), Some(&short), &AttnParams::default(), 0).unwrap_err();
+        assert!(matches!(err, Error::Shape { arg: "lse", .. }), "{err}");
+    }
+
+    #[test]
+    fn a_kv_cache_has_no_backward() {
+        let (q, kv) = ([2, 16, 8, 64], [2, 64, 2, 64]);
+        let inputs = BwdInputs {
+            q: view(q, 0x1000),
+            k: view(kv, 0x100000),
+            v: view(kv, 0x200000),
+            o: view(q, 0x300000),
+            // SAFETY: as above.
+            lse: unsafe { LseView::from_raw(0x400000, 2 * 8 * 16) },
+            dout: view(q, 0x500000),
+            kv: KvLayout::Paged(PagedKv::default()),
+        };
+        let grads = GradsMut { dq: view_mut(q, 0x600000), dk: view_mut(kv, 0x700000), dv: view_mut(kv, 0x800000) };
+        let err = inputs.check(&grads, &AttnParams::default(), 0).unwrap_err();
+        assert!(matches!(err, Error::Param { arg: "kv", .. }), "{err}");
+        let dense = BwdInputs { kv: KvLayout::Dense, ..inputs };
+        assert!(dense.check(&grads, &AttnParams::default(), 0).is_ok());
+    }
+}

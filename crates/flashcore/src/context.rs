@@ -65,9 +65,9 @@ pub struct Context {
     /// The fwd_sm90 tile counter: zero between launches, used by one launch at a time (all
     /// launches go to `stream`).
     tile_counter: CudaSlice<u32>,
-    /// Split-KV partial results (O, then LSE), grown on demand; one launch at a time uses
-    /// it, in stream order.
-    split_workspace: Mutex<Option<CudaSlice<f32>>>,
+    /// Scratch of the calls on `stream` (split-KV partials; the backward's D_i and dQ
+    /// accumulator), grown on demand; one call at a time uses it, in stream order.
+    workspace: Mutex<Option<CudaSlice<f32>>>,
     /// Tile counters of callers' streams ([`Context::attention_on_stream`]).
     stream_counters: StreamCounters,
 }
@@ -107,7 +107,7 @@ impl Context {
             jit: Jit::new(cache),
             loaded: Mutex::new(HashMap::new()),
             tile_counter,
-            split_workspace: Mutex::new(None),
+            workspace: Mutex::new(None),
             stream_counters,
         })
     }
@@ -150,7 +150,7 @@ impl Context {
     /// Runs `call` on the context's own stream, its scratch from the context's workspace.
     pub(crate) fn on_own_stream(&self, call: impl FnOnce(&mut Lane) -> Result<()>) -> Result<()> {
         let (tile_counter, _sync) = self.tile_counter.device_ptr(&self.stream);
-        let mut workspace = self.split_workspace.lock().unwrap();
+        let mut workspace = self.workspace.lock().unwrap();
         let mut scratch = |bytes| self.grow_workspace(&mut workspace, bytes);
         call(&mut Lane { stream: &self.stream, tile_counter, scratch: &mut scratch })
     }
@@ -167,14 +167,14 @@ impl Context {
         call(&mut Lane { stream: &borrowed, tile_counter, scratch: caller.scratch })
     }
 
-    /// The device address of the own stream's split-KV workspace (partial O then LSE, f32),
-    /// grown first to at least `bytes`. Growing allocates, so it must not happen during a
+    /// The device address of the own stream's scratch workspace, grown first to at least
+    /// `bytes`. Growing allocates, so it must not happen during a
     /// graph capture: a warm-up call of the same shape before the capture sizes it.
     fn grow_workspace(&self, workspace: &mut Option<CudaSlice<f32>>, bytes: usize) -> Result<u64> {
         let need = bytes.div_ceil(std::mem::size_of::<f32>());
         if workspace.as_ref().map_or(true, |w| w.len() < need) {
             *workspace = None; // freed in stream order before the larger one is taken
-            *workspace = Some(self.stream.alloc_zeros::<f32>(need).ctx("allocating the split-KV workspace")?);
+            *workspace = Some(self.stream.alloc_zeros::<f32>(need).ctx("allocating the scratch workspace")?);
         }
         Ok(workspace.as_ref().unwrap().device_ptr(&self.stream).0)
     }

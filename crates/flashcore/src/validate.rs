@@ -208,6 +208,18 @@ mod tests {
     }
 
     #[test]
+    fn a_shape_mismatch_names_the_dimension_and_both_values() {
+        let mut t = qkv();
+        t[2] = view([2, 299, 2, 64], DType::BF16);
+        let msg = check(t).unwrap_err().to_string();
+        assert!(msg.contains("`v`") && msg.contains("sequence length (dim 1) 299 differs from k's 300"), "{msg}");
+        let mut t = qkv();
+        t[3] = view([2, 100, 4, 64], DType::BF16);
+        let msg = check(t).unwrap_err().to_string();
+        assert!(msg.contains("`o`") && msg.contains("heads (dim 2) 4 differs from q's 8"), "{msg}");
+    }
+
+    #[test]
     fn head_dim_mismatch_names_k() {
         let mut t = qkv();
         t[1] = view([2, 300, 2, 128], DType::BF16);
