@@ -12,8 +12,17 @@ file holding that output) and every backend
 
 this times one forward pass the way `flashcore bench` does (docs/design.md §9) and writes
 `anchors-<suite>-<system>.json` in the schema of `flashcore bench --json` (schema 1).
-For the suite `bwd` it times the backward alone instead: eager `torch.autograd.grad` of
-one forward (graph retained), TFLOPS at 2.5x the forward's FLOPs.
+For the backward suites (`bwd`, `bwd-dims`) it times the backward alone instead,
+`torch.autograd.grad` of one forward (graph retained; TFLOPS at 2.5x the forward's FLOPs),
+and a training step's attention (forward and backward: `fwd_bwd_median_ms`), both as
+CUDA-graph replays like the forward.
+
+One harness: run every backend of a comparison in ONE invocation (one process), e.g.
+`--backends cudnn,flash,flashcore-py`: each backend gets its own layout (SDPA contiguous
+BHSD, flashcore BSHD: `Runner.native`), every row of every backend is timed the same way,
+and with `--rounds R` each case's backends run back to back in each of R rounds, their
+samples pooled. Ratios between these rows are fair; a ratio against the `flashcore` binary's
+own `bench` (another process) is not: that column is a regression guard.
 
 Conventions, matching flashcore:
 - q [B, Sq, Hq, D], k, v [B, Sk, Hkv, D] (BSHD), handed to SDPA as the BHSD view
@@ -59,7 +68,8 @@ Conventions, matching flashcore:
   no key (causal, Sq > Sk) are left out: their output is a convention, not a result.
 
 Usage:
-    anchors.py --suite sweep [--flashcore target/release/flashcore] [--out-dir DIR]
+    anchors.py --suite sweep --backends cudnn,flash,flashcore-py --rounds 2 [--out-dir DIR]
+    anchors.py --suite bwd --backends cudnn,flash,flashcore-py --rounds 2
     anchors.py --suite varlen --backends flash,flashcore-py     # FA2 varlen on the same batch
     anchors.py --suite bwd --window 4096,0 --filter sk16384 --backends flash
     anchors.py --suite-json suite.json [--backends cudnn,flash,efficient] [--out-dir DIR]
@@ -245,6 +255,16 @@ class Runner:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, **kw)
         return F.scaled_dot_product_attention(q, k, v, is_causal=c["causal"], **kw)
 
+    def native(self, q, k, v):
+        """The inputs in this backend's own layout, from `make_inputs`' BHSD views of BSHD
+        storage: flashcore takes BSHD, so it keeps them (and transposes the views back);
+        PyTorch's SDPA takes contiguous BHSD, so it gets contiguous copies. Each side is timed on
+        the layout it is fastest on, as a user would call it. A packed batch is [total, H, D]
+        for every backend."""
+        if self.key == "flashcore-py" or self.packed:
+            return q, k, v
+        return tuple(t.contiguous() for t in (q, k, v))
+
     def forced(self, q, k, v):
         with self.ctx():
             return self(q, k, v)
@@ -361,6 +381,44 @@ def time_calls(torch, fn, sets, warmup, samples, target_ms, use_graph):
     return out, n
 
 
+def time_on_stream(torch, fn, stream, warmup, samples, target_ms, use_graph):
+    """`time_calls` for work that must stay on `stream`: autograd runs a backward on the
+    stream its forward ran on, so the forward, the warm-up, the capture and the replays all
+    use `stream` (a side stream: the legacy default stream cannot be captured). Returns
+    (samples_ms, calls_per_sample); with `use_graph`, N calls captured once and replayed."""
+    ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.cuda.stream(stream):
+
+        def eager(n):
+            ev0.record(stream)
+            for _ in range(n):
+                fn()
+            ev1.record(stream)
+            ev1.synchronize()
+            return ev0.elapsed_time(ev1)
+
+        eager(warmup)
+        one = max(eager(1), 1e-4)
+        n = int(min(1000, max(1, math.ceil(target_ms / one))))
+        if not use_graph:
+            return [eager(n) / n for _ in range(samples)], n
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=stream):
+            for _ in range(n):
+                fn()
+        for _ in range(3):
+            g.replay()
+        out = []
+        for _ in range(samples):
+            ev0.record(stream)
+            g.replay()
+            ev1.record(stream)
+            ev1.synchronize()
+            out.append(ev0.elapsed_time(ev1) / n)
+        del g
+        return out, n
+
+
 def exception_text(e, caught):
     msg = f"{type(e).__name__}: {str(e).strip()}"
     notes = []
@@ -409,7 +467,7 @@ def bench_case(torch, key, case, args, l2_bytes):
     n_sets = input_sets(case, l2_bytes)
     sets = []
     try:
-        sets = [make_inputs(torch, case, 1000 + s) for s in range(n_sets)]
+        sets = [runner.native(*make_inputs(torch, case, 1000 + s)) for s in range(n_sets)]
         # 1. Does the backend take it? Warnings (why a backend was skipped) go in the message.
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -465,52 +523,107 @@ def bench_case(torch, key, case, args, l2_bytes):
 
 
 def bench_backward_case(torch, key, case, args):
-    """The backward alone: eager `torch.autograd.grad` of one forward (graph retained), the
-    backend forced for both passes, median of the samples (docs/design.md §9's anchors)."""
+    """The backward alone (`torch.autograd.grad` of one forward, graph retained) and a
+    training step's attention (the forward and its backward), the backend forced for both
+    passes, each backend on its own layout (`Runner.native`). Timed as CUDA-graph replays of
+    back-to-back calls (`--timing graph`, the default: the same method for every backend of
+    the row, docs/design.md §9), the eager median beside; a backend whose capture fails is
+    timed eager and its row says so (a page forms no ratio with it)."""
     runner = Runner(torch, key, case)
+    flop_factor = BACKWARD_SUITES[args.suite_name]
+    stream = torch.cuda.Stream()
     try:
-        q, k, v = (t.detach().requires_grad_() for t in make_inputs(torch, case, 1000))
+        with torch.cuda.stream(stream):
+            q, k, v = (t.detach().requires_grad_() for t in runner.native(*make_inputs(torch, case, 1000)))
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                with runner.ctx():
+                with torch.cuda.stream(stream), runner.ctx():
                     o = runner(q, k, v)
                     dout = torch.randn_like(o)
                     torch.autograd.grad(o, (q, k, v), dout, retain_graph=True)
                 torch.cuda.synchronize()
             except Exception as e:  # noqa: BLE001 - recorded, not swallowed
                 status = "unsupported" if refusal(e) else "error"
-                return make_row(case, runner.kernel, status, exception_text(e, caught), flop_factor=BACKWARD_SUITES[args.suite_name])
+                return make_row(case, runner.kernel, status, exception_text(e, caught), flop_factor=flop_factor)
 
         def backward():
             with runner.ctx():
                 torch.autograd.grad(o, (q, k, v), dout, retain_graph=True)
 
-        # A training step's attention: the forward and its backward, as `flashcore bench`'s
-        # fwd_bwd_median_ms (there timed as graph replays; here eager, as the backward alone).
         def forward_backward():
             with runner.ctx():
                 torch.autograd.grad(runner(q, k, v), (q, k, v), dout)
 
-        samples, n = time_calls(torch, lambda *_: backward(), [()], args.warmup, args.samples, args.sample_ms, False)
-        both, _ = time_calls(torch, lambda *_: forward_backward(), [()], args.warmup, args.samples, args.sample_ms, False)
+        def timed(fn, use_graph):
+            return time_on_stream(torch, fn, stream, args.warmup, args.samples, args.sample_ms, use_graph)
+
+        timing, note = args.timing, None
+        if timing == "graph":
+            try:
+                samples, n = timed(backward, True)
+                both, _ = timed(forward_backward, True)
+            except Exception as e:  # noqa: BLE001
+                torch.cuda.synchronize()
+                timing, note = "eager", f"CUDA graph capture failed, eager timing: {type(e).__name__}: {str(e).strip()[:300]}"
+        eager, n_eager = timed(backward, False)
+        if timing == "eager":
+            samples, n = eager, n_eager
+            both, _ = timed(forward_backward, False)
+        median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
         return make_row(
             case,
             runner.kernel + " (backward)",
             "ok",
-            None,
+            note,
             samples,
             None,
-            flop_factor=BACKWARD_SUITES[args.suite_name],
-            timing="eager",
+            flop_factor=flop_factor,
+            timing=timing,
             calls_per_sample=n,
-            fwd_bwd_median_ms=sorted(both)[len(both) // 2],
+            eager_median_ms=median(eager),
+            fwd_bwd_samples_ms=both,
+            fwd_bwd_median_ms=median(both),
         )
     except torch.cuda.OutOfMemoryError as e:
-        return make_row(case, runner.kernel, "error", f"OutOfMemoryError: {str(e).strip()[:500]}")
+        return make_row(case, runner.kernel, "error", f"OutOfMemoryError: {str(e).strip()[:500]}", flop_factor=flop_factor)
     finally:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
+
+
+def pool_rounds(rows, flop_factor):
+    """One row from the same (backend, case) timed in several rounds: the samples of every
+    round pooled (median of all), the eager and forward + backward medians likewise. A round
+    that did not run ok makes the row that round's."""
+    bad = [r for r in rows if r["status"] != "ok"]
+    if bad or len(rows) == 1:
+        return (bad or rows)[0]
+    first = rows[0]
+    pooled = lambda field: [x for r in rows for x in (r.get(field) or [])]  # noqa: E731
+    median = lambda xs: sorted(xs)[len(xs) // 2] if xs else None  # noqa: E731
+    extra = {k: v for k, v in first.items() if k not in ROW_FIELDS}
+    timings = {r.get("timing") for r in rows}
+    extra["timing"] = timings.pop() if len(timings) == 1 else "mixed"
+    extra["rounds"] = len(rows)
+    if first.get("eager_median_ms") is not None:
+        extra["eager_median_ms"] = median([r["eager_median_ms"] for r in rows])
+    if first.get("fwd_bwd_samples_ms"):
+        extra["fwd_bwd_samples_ms"] = pooled("fwd_bwd_samples_ms")
+        extra["fwd_bwd_median_ms"] = median(extra["fwd_bwd_samples_ms"])
+    messages = sorted({r["message"] for r in rows if r["message"]})
+    return make_row(first["case"], first["kernel"], "ok", "; ".join(messages) or None, pooled("samples_ms"), first["rel_error"], flop_factor, **extra)
+
+
+def print_row(system, case, row, when):
+    if row["status"] != "ok":
+        print(f"{system:<15} {case['name']:<44} {row['status']}: {(row['message'] or '')[:160]}", flush=True)
+        return
+    val, unit = (row["gbps"], "GB/s") if row["gbps"] is not None else (row["tflops"], "TFLOPS")
+    rel = f"{row['rel_error']:.1e}" if row["rel_error"] is not None else "—"
+    eager = f"{row['eager_median_ms'] * 1e3:.1f} us" if row.get("eager_median_ms") is not None else "—"
+    both = f"  fwd+bwd {row['fwd_bwd_median_ms'] * 1e3:.1f} us" if row.get("fwd_bwd_median_ms") else ""
+    print(f"{system:<15} {case['name']:<44} {row['median_ms'] * 1e3:10.1f} us  {val:8.1f} {unit:<6} rel {rel}  eager {eager}{both}  ({when})", flush=True)
 
 
 def mods_args(args):
@@ -566,6 +679,7 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--sample-ms", type=float, default=2.0, help="target duration of one sample")
     ap.add_argument("--timing", choices=("graph", "eager"), default="graph")
+    ap.add_argument("--rounds", type=int, default=1, help="time every (case, backend) this many times, interleaved, and pool the samples")
     ap.add_argument("--max-rel-error", type=float, default=2e-2, help="rel_error above this marks the row 'error'")
     ap.add_argument("--filter", help="only cases whose name contains this")
     ap.add_argument("--window", help="LEFT,RIGHT: `flashcore bench --window` on every case (with --suite)")
@@ -592,29 +706,24 @@ def main(argv=None):
     env = torch_env(torch, " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]))
     l2 = env["l2_bytes"] or 50 << 20
     print(f"# {env['device']}  torch {env['torch']}  CUDA {env['cuda_runtime']}  cuDNN {env['cudnn']}  suite {suite}: {len(cases)} cases", flush=True)
+    # Rounds, and within a round each case's backends back to back: a clock step (the power
+    # cap) then moves every backend of a row alike instead of biasing their ratio.
+    backward = suite in BACKWARD_SUITES
+    flop_factor = BACKWARD_SUITES[suite] if backward else 1.0
+    timed = {key: [[] for _ in cases] for key in keys}
+    paths = {key: os.path.join(args.out_dir, f"anchors-{suite}{mods_tag(args)}-{SYSTEMS[key][0]}.json") for key in keys}
+    for r in range(args.rounds):
+        for i, case in enumerate(cases):
+            for key in keys:
+                t0 = time.time()
+                row = bench_backward_case(torch, key, case, args) if backward else bench_case(torch, key, case, args, l2)
+                timed[key][i].append(row)
+                print_row(SYSTEMS[key][0], case, row, f"round {r + 1}/{args.rounds}, {time.time() - t0:.1f}s")
+            for key in keys:  # after every case: partial results survive
+                rows = [pool_rounds(t, flop_factor) for t in timed[key] if t]
+                write_json(paths[key], make_report(SYSTEMS[key][0], suite, env, rows))
     for key in keys:
-        system = SYSTEMS[key][0]
-        path = os.path.join(args.out_dir, f"anchors-{suite}{mods_tag(args)}-{system}.json")
-        rows = []
-        for case in cases:
-            t0 = time.time()
-            row = bench_backward_case(torch, key, case, args) if suite in BACKWARD_SUITES else bench_case(torch, key, case, args, l2)
-            rows.append(row)
-            write_json(path, make_report(system, suite, env, rows))  # after every case: partial results survive
-            val = row["gbps"] if row["gbps"] is not None else row["tflops"]
-            unit = "GB/s" if row["gbps"] is not None else "TFLOPS"
-            if row["status"] == "ok":
-                eager = row.get("eager_median_ms")
-                rel = f"{row['rel_error']:.1e}" if row["rel_error"] is not None else "—"
-                eager = f"{eager * 1e3:.1f} us" if eager is not None else "—"
-                print(
-                    f"{system:<15} {case['name']:<44} {row['median_ms'] * 1e3:10.1f} us  {val:8.1f} {unit:<6}"
-                    f" rel {rel}  eager {eager}  ({time.time() - t0:.1f}s)",
-                    flush=True,
-                )
-            else:
-                print(f"{system:<15} {case['name']:<44} {row['status']}: {(row['message'] or '')[:160]}", flush=True)
-        print(f"wrote {path}", flush=True)
+        print(f"wrote {paths[key]}", flush=True)
     return 0
 
 

@@ -148,17 +148,30 @@ def case_cells(case):
     ]
 
 
+def comparable(row, anchor_row):
+    """Whether two rows may form a ratio: both ok and timed the same way (`timing`: CUDA-graph
+    replays or eager), which `bench/anchors.py` guarantees within one run."""
+    ok = row and anchor_row and row.get("status") == "ok" and anchor_row.get("status") == "ok"
+    return bool(ok) and row.get("timing", "graph") == anchor_row.get("timing", "graph")
+
+
 def suite_table(suite, suite_data, with_flashcore=False):
     """Markdown lines of one suite's table, and the notes (non-ok rows, errors, kernels).
-    with_flashcore: show a flashcore column (all —) even when this suite has no flashcore file."""
+    with_flashcore: show a flashcore column (all —) even when this suite has no flashcore file.
+
+    The ratio column is `flashcore-py` (the Python package, timed by `bench/anchors.py` in the
+    same process as the anchors, with their method) over the best anchor timed the same way.
+    The `flashcore` binary's column stays beside as a regression guard, in no ratio: it ran
+    in another process (docs/design.md §9)."""
     if with_flashcore and FC not in suite_data:
         suite_data = dict(suite_data, **{FC: {"env": {}, "rows": {}, "order": [], "files": []}})
     systems = systems_in(suite_data)
     anchor_systems = [s for s in systems if s not in (FC, FC_PY)]
+    subject = FC_PY if FC_PY in systems and anchor_systems else None
     head = ["B", "Sq", "Sk", "Hq(/Hkv)", "D", "mask", "dtype", "unit"] + [f"`{s}`" for s in systems]
-    if FC in systems and anchor_systems:
-        head.append("flashcore / best anchor")
-    head += (["flashcore µs"] if FC in systems else []) + (["best anchor µs"] if anchor_systems else [])
+    if subject:
+        head.append("flashcore-py / best anchor")
+    head += (["flashcore-py µs"] if subject else []) + (["best anchor µs"] if anchor_systems else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 7 + [":--"] + ["--:"] * (len(head) - 8)) + "|"]
     for name in case_order(suite_data, suite):
         rows = {s: suite_data[s]["rows"].get(name) for s in systems}
@@ -174,16 +187,14 @@ def suite_table(suite, suite_data, with_flashcore=False):
             if vals[s] is not None and best is not None and vals[s] == best and sum(v is not None for v in vals.values()) > 1:
                 c = f"**{c}**"
             cells.append(c)
-        if FC in systems and anchor_systems:
-            anchor_best = max((vals[s] for s in anchor_systems if vals[s] is not None), default=None)
-            if vals[FC] is not None and anchor_best:
-                ratio = vals[FC] / anchor_best
-                who = max((s for s in anchor_systems if vals[s] is not None), key=lambda s: vals[s])
-                cells.append(f"{ratio:.2f}× ({who.replace('sdpa-', '')})")
+        if subject:
+            peers = [s for s in anchor_systems if vals[s] is not None and comparable(rows[subject], rows[s])]
+            if vals[subject] is not None and peers:
+                who = max(peers, key=lambda s: vals[s])
+                cells.append(f"{vals[subject] / vals[who]:.2f}× ({who.replace('sdpa-', '')})")
             else:
                 cells.append("—")
-        if FC in systems:
-            cells.append(fmt_us(rows[FC]))
+            cells.append(fmt_us(rows[subject]))
         if anchor_systems:
             ok = [rows[s] for s in anchor_systems if rows[s] and value(rows[s], suite)[0] is not None]
             cells.append(fmt_us(min(ok, key=lambda r: r["median_ms"]) if ok else None))
@@ -211,20 +222,21 @@ def suite_table(suite, suite_data, with_flashcore=False):
 
 def training_step_table(suite, suite_data):
     """Markdown lines comparing forward + backward times (`fwd_bwd_median_ms`, backward suites),
-    or [] when no system has them: ms per system, and flashcore's speed-up over the fastest anchor."""
+    or [] when no system has them: ms per system, and flashcore-py's speed-up over the fastest
+    anchor timed the same way (the binary's column, from another process, in no ratio)."""
     systems = [s for s in systems_in(suite_data) if any(r.get("fwd_bwd_median_ms") for r in suite_data[s]["rows"].values())]
     anchor_systems = [s for s in systems if s not in (FC, FC_PY)]
-    if FC not in systems or not anchor_systems:
+    if FC_PY not in systems or not anchor_systems:
         return []
-    head = ["B", "Sq", "Sk", "Hq(/Hkv)", "D", "mask", "dtype"] + [f"`{s}` ms" for s in systems] + ["fastest anchor / flashcore"]
+    head = ["B", "Sq", "Sk", "Hq(/Hkv)", "D", "mask", "dtype"] + [f"`{s}` ms" for s in systems] + ["fastest anchor / flashcore-py"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 7 + ["--:"] * (len(head) - 7)) + "|"]
     for name in case_order(suite_data, suite):
         rows = {s: suite_data[s]["rows"].get(name) for s in systems}
         ms = {s: r.get("fwd_bwd_median_ms") if r and r.get("status") == "ok" else None for s, r in rows.items()}
         case = next(r["case"] for r in rows.values() if r)
         cells = case_cells(case) + [f"{ms[s]:.3f}" if ms[s] else "—" for s in systems]
-        anchor_best = min((ms[s] for s in anchor_systems if ms[s]), default=None)
-        cells.append(f"{anchor_best / ms[FC]:.2f}×" if anchor_best and ms[FC] else "—")
+        anchor_best = min((ms[s] for s in anchor_systems if ms[s] and comparable(rows[FC_PY], rows[s])), default=None)
+        cells.append(f"{anchor_best / ms[FC_PY]:.2f}×" if anchor_best and ms[FC_PY] else "—")
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
@@ -354,9 +366,12 @@ def render(data, out_dir, slug=None, command=None, warns=(), notes=()):
         f"while they fit in L2). TFLOPS = {flops} / time (half for causal Sq = Sk); decode rows",
         "(Sq = 1) in GB/s of K and V read. Anchors are PyTorch SDPA with one backend forced",
         "(`sdpa-cudnn` = cuDNN, `sdpa-flash` = FlashAttention-2, `sdpa-efficient` = memory-efficient),",
-        "timed as CUDA-graph replays of back-to-back calls (eager medians are in the raw JSON). The",
-        "winner of each row is in bold; the last column is flashcore over the best anchor (> 1: flashcore",
-        "faster). — : not run, unsupported or failed (see the notes under each table).",
+        "timed as CUDA-graph replays of back-to-back calls (eager medians are in the raw JSON), each on",
+        "its own layout (SDPA contiguous BHSD, flashcore BSHD). `flashcore-py` is FlashCore through its",
+        "Python package, timed by the same script in the same process, in rounds with the anchors: the",
+        "ratio column is `flashcore-py` over the best anchor timed the same way (> 1: flashcore faster).",
+        "The `flashcore` column is the binary's own `bench` (another process): a regression guard, in no",
+        "ratio. The winner of each row is in bold. — : not run, unsupported, failed, or no ratio.",
         "",
     ]
     md += header + [""]
@@ -436,21 +451,23 @@ def self_test():
         t_cu = 1.0 + 0.1 * i
         cu_rows.append(schema.make_row(c, "sdpa-cudnn", "ok", None, [t_cu] * 20, 2e-3))
         if i == 2:  # flashcore failed here: the table shows — and no ratio
-            fc_rows.append(schema.make_row(c, "fwd_sm90", "error", "launch failed: out of resources"))
+            fc_rows.append(schema.make_row(c, "flashcore.flash_attn_func", "error", "launch failed: out of resources"))
         else:  # flashcore 1.25x faster on even rows, 0.8x on odd rows
             t_fc = t_cu / 1.25 if i % 2 == 0 else t_cu / 0.8
-            fc_rows.append(schema.make_row(c, "fwd_sm90", "ok", None, [t_fc * 0.99, t_fc, t_fc * 1.02], 3e-3))
+            fc_rows.append(schema.make_row(c, "flashcore.flash_attn_func", "ok", None, [t_fc * 0.99, t_fc, t_fc * 1.02], 3e-3))
     dec = case(8, 1, 32, 128, False, sk=4096, hkv=8)
     seed_fc = [schema.make_row(dec, "decode", "ok", None, [0.05], 2e-3)]
+    seed_py = [schema.make_row(dec, "flashcore.flash_attn_func", "ok", None, [0.05], 2e-3)]
     seed_cu = [schema.make_row(dec, "sdpa-cudnn", "ok", None, [0.0512], 2e-3)]
     seed_ef = [schema.make_row(dec, "sdpa-efficient", "unsupported", "RuntimeError: No available kernel. Aborting execution.")]
     with tempfile.TemporaryDirectory() as tmp:
         raw = os.path.join(tmp, "raw")
         os.makedirs(raw)
         for name, doc in [
-            ("flashcore-sweep.json", _fake_doc(FC, "sweep", dev, fc_rows)),
+            ("anchors-sweep-flashcore-py.json", _fake_doc(FC_PY, "sweep", dev, fc_rows)),
             ("anchors-sweep-sdpa-cudnn.json", _fake_doc("sdpa-cudnn", "sweep", dev, cu_rows)),
             ("flashcore-seed.json", _fake_doc(FC, "seed", dev, seed_fc)),
+            ("anchors-seed-flashcore-py.json", _fake_doc(FC_PY, "seed", dev, seed_py)),
             ("anchors-seed-sdpa-cudnn.json", _fake_doc("sdpa-cudnn", "seed", dev, seed_cu)),
             ("anchors-seed-sdpa-efficient.json", _fake_doc("sdpa-efficient", "seed", dev, seed_ef)),
             ("suite-seed.json", {"suite": "seed", "cases": [dec]}),  # list-json files give the order only
@@ -459,7 +476,7 @@ def self_test():
             schema.write_json(os.path.join(raw, name), doc)
         data, warns = load([raw])
         assert not warns, warns
-        assert set(data) == {"sweep", "seed"} and systems_in(data["seed"]) == [FC, "sdpa-cudnn", "sdpa-efficient"]
+        assert set(data) == {"sweep", "seed"} and systems_in(data["seed"]) == [FC, FC_PY, "sdpa-cudnn", "sdpa-efficient"]
         out = os.path.join(tmp, "results")
         path = render(data, out, command="bench/run-all.sh --bin target/release/flashcore", notes=["a note line"])
         assert os.path.basename(path) == "h100-80gb-hbm3.md", path
@@ -474,7 +491,8 @@ def self_test():
 
         for i, c in enumerate(sweep):
             cells = row_of(c)
-            fc_cell, cu_cell, ratio = cells[8], cells[9], cells[10]
+            assert cells[8] == "—", cells  # the binary's column (its file covers the seed suite only)
+            fc_cell, cu_cell, ratio = cells[9], cells[10], cells[11]
             t_cu = 1.0 + 0.1 * i
             want_cu = schema.flops(c) / (t_cu * 1e-3) / 1e12
             if i == 2:
@@ -487,9 +505,10 @@ def self_test():
                 assert cu_cell == f"**{fmt(want_cu, 'TFLOPS')}**" and not fc_cell.startswith("**"), cells
         d = row_of(dec)
         assert d[7] == "GB/s", d
-        assert d[8] == f"**{schema.kv_bytes(dec) / 0.05e-3 / 1e9:.0f}**" and d[10] == "—" and d[11] == "1.02× (cudnn)", d
-        assert d[12] == "50.0" and d[13] == "51.2", d  # flashcore µs, best anchor µs
-        assert "`flashcore` error on `" + sweep[2]["name"] + "`: launch failed" in text
+        fast = f"**{schema.kv_bytes(dec) / 0.05e-3 / 1e9:.0f}**"
+        assert d[8] == fast and d[9] == fast and d[11] == "—" and d[12] == "1.02× (cudnn)", d  # the binary: in no ratio
+        assert d[13] == "50.0" and d[14] == "51.2", d  # flashcore-py µs, best anchor µs
+        assert "`flashcore-py` error on `" + sweep[2]["name"] + "`: launch failed" in text
         assert "`sdpa-efficient` unsupported on `" + dec["name"] + "`: RuntimeError: No available kernel" in text
         for must in ("| GPU | NVIDIA H100 80GB HBM3 (sm_90, 132 SMs) |", "| cuDNN | 9.19.0 |", "| FlashCore commit | abc1234 |", "| PyTorch | 2.11.0+cu130 |", "run-all.sh", "- a note line"):
             assert must in text, must
@@ -508,17 +527,27 @@ def self_test():
         except ImportError:
             plot_note = "plots skipped: no matplotlib"
         # A page with anchors only (no flashcore at all) still renders, without a ratio column.
-        only = {"seed": {k: v for k, v in data["seed"].items() if k != FC}}
+        only = {"seed": {k: v for k, v in data["seed"].items() if k not in (FC, FC_PY)}}
         text2 = open(render(only, os.path.join(tmp, "only"), slug="x")).read()
-        assert "flashcore / best anchor" not in text2 and "| FlashCore commit | — |" in text2
-        # flashcore present in one suite only: the other suite still gets a flashcore column of —.
-        mixed = {"seed": data["seed"], "sweep": {k: v for k, v in data["sweep"].items() if k != FC}}
-        text4 = open(render(mixed, os.path.join(tmp, "mixed"), slug="z")).read()
+        assert "/ best anchor" not in text2 and "| FlashCore commit | — |" in text2
+        # The binary alone beside anchors: its column, but no ratio (another process).
+        binary = {"seed": {k: v for k, v in data["seed"].items() if k != FC_PY}}
+        text5 = open(render(binary, os.path.join(tmp, "binary"), slug="b")).read()
+        assert "`flashcore`" in text5 and "/ best anchor" not in text5
+        # Rows timed differently (graph against eager) form no ratio.
+        eager = json.loads(json.dumps(data))
+        for r in eager["seed"]["sdpa-cudnn"]["rows"].values():
+            r["timing"] = "eager"
+        text6 = open(render(eager, os.path.join(tmp, "eager"), slug="e")).read()
+        d6 = [x.strip() for x in [l for l in text6.splitlines() if l.startswith("| " + " | ".join(case_cells(dec)) + " |")][0].strip("|").split("|")]
+        assert d6[12] == "—", d6
+        # The binary present in one suite only: the other suite still gets a flashcore column of —.
+        text4 = open(render(data, os.path.join(tmp, "mixed"), slug="z")).read()
         sweep_part = text4.split("## Suite `sweep`")[1]
-        assert "`flashcore`" in sweep_part and "flashcore / best anchor" in sweep_part
+        assert "`flashcore`" in sweep_part and "flashcore-py / best anchor" in sweep_part
         row1 = [l for l in sweep_part.splitlines() if l.startswith("| " + " | ".join(case_cells(sweep[1])) + " |")][0]
         c1 = [x.strip() for x in row1.strip().strip("|").split("|")]
-        assert c1[8] == "—" and c1[9] not in ("—", "") and c1[10] == "—" and c1[11] == "—", c1
+        assert c1[8] == "—" and c1[9] not in ("—", "") and c1[11] == "0.80× (cudnn)", c1
         # Messages that differ only in shapes are grouped into one note.
         g = {"seed": {"sdpa-efficient": {"env": {}, "files": [], "order": ["a", "b"], "rows": {
             "a": schema.make_row(dict(dec, name="a"), "k", "unsupported", "needs same heads, sizes [1, 32, 1, 128]"),
@@ -527,16 +556,16 @@ def self_test():
         assert any("`a`, `b`" in n for n in gnotes), gnotes
         # A partial flashcore file (a case missing) shows — for that case.
         part = json.loads(json.dumps(data))
-        part["sweep"][FC]["order"] = part["sweep"][FC]["order"][1:]
-        del part["sweep"][FC]["rows"][sweep[0]["name"]]
+        part["sweep"][FC_PY]["order"] = part["sweep"][FC_PY]["order"][1:]
+        del part["sweep"][FC_PY]["rows"][sweep[0]["name"]]
         text3 = open(render(part, os.path.join(tmp, "part"), slug="y")).read()
         row0 = [l for l in text3.splitlines() if l.startswith("| " + " | ".join(case_cells(sweep[0])) + " |")][0]
         cells0 = [x.strip() for x in row0.strip().strip("|").split("|")]
-        assert cells0[8] == "—" and cells0[10] == "—" and cells0[11] == "—" and cells0[12] == "1000", cells0
+        assert cells0[9] == "—" and cells0[11] == "—" and cells0[12] == "—" and cells0[13] == "1000", cells0
         # Forward + backward times (backward suites): flashcore 2 ms, cuDNN 3 ms -> 1.50x; none: no table.
         c0 = sweep[0]
         step = {"bwd": {
-            FC: {"env": {}, "files": [], "order": [c0["name"]], "rows": {c0["name"]: schema.make_row(c0, "bwd_sm90", "ok", None, [1.0], fwd_bwd_median_ms=2.0)}},
+            FC_PY: {"env": {}, "files": [], "order": [c0["name"]], "rows": {c0["name"]: schema.make_row(c0, "bwd", "ok", None, [1.0], fwd_bwd_median_ms=2.0)}},
             "sdpa-cudnn": {"env": {}, "files": [], "order": [c0["name"]], "rows": {c0["name"]: schema.make_row(c0, "cudnn", "ok", None, [1.5], fwd_bwd_median_ms=3.0)}}}}
         lines = training_step_table("bwd", step["bwd"])
         assert len(lines) == 3 and lines[2].endswith("| 2.000 | 3.000 | 1.50× |"), lines
