@@ -310,7 +310,7 @@ pub(crate) fn backward(lane: &mut Lane, kernel: &LoadedKernel, plan: &BwdPlan, m
     p.dq_accum = if accum_bytes > 0 { base + dsum_bytes as u64 } else { 0 };
     match kernel.variant.family {
         KernelFamily::BwdSm80 => backward_sm80(lane.stream, kernel, &p, call),
-        KernelFamily::BwdSm90 => backward_sm90(lane.stream, kernel, &p, call, accum_bytes),
+        KernelFamily::BwdSm90 => backward_sm90(lane.stream, kernel, &p, call),
         _ => backward_reference(lane.stream, kernel, &p, &call.shape),
     }
 }
@@ -348,15 +348,14 @@ fn backward_sm80(stream: &CudaStream, kernel: &LoadedKernel, p: &BwdParams, call
     Ok(())
 }
 
-/// The prep kernel (D_i and lse·log2e), the main one and the dQ conversion; dQ's accumulator
-/// zeroed first. Packed, prep and the conversion run a CTA row per query block of the longest
+/// The prep kernel (D_i and lse·log2e; it zeroes dQ's accumulator too), the main one and the
+/// dQ conversion. Packed, prep and the conversion run a CTA row per query block of the longest
 /// sequence, and the main kernel at least one key block (key block 0's CTAs zero dK and dV
 /// past seqused_k). A launch of an empty grid (a packed batch without queries) is left out.
-fn backward_sm90(stream: &CudaStream, kernel: &LoadedKernel, p: &BwdParams, call: &BwdLaunch, accum_bytes: usize) -> Result<()> {
+fn backward_sm90(stream: &CudaStream, kernel: &LoadedKernel, p: &BwdParams, call: &BwdLaunch) -> Result<()> {
     let [prep, dq] = kernel.aux.as_slice() else {
         return Err(Error::Unsupported { kernel: kernel.variant.name(), msg: "lacks its prep and dQ entry points".into() });
     };
-    zero(stream, p.dq_accum, accum_bytes / 4, "zeroing dQ's accumulator")?;
     let (variant, shape) = (&kernel.variant, &call.shape);
     let tile = variant.tile;
     let (m, seqs, heads_q) = (tile.block_m as usize, shape.batch as u32, shape.heads_q as u32);

@@ -41,7 +41,8 @@ impl BwdPlan {
     ///   `dq_splits`. Packed, `B·Sq` is `total_q`.
     /// - bwd_sm90: `8·B·Hq·Sq'` bytes and `4·B·Hq·Sq'·D'`, Sq' being Sq rounded up to whole
     ///   query blocks and D' the head dim of the kernel's tiles (D96: 128, D192: 256); in
-    ///   deterministic mode also 4 bytes per query block. Packed, `B·Sq'` is
+    ///   deterministic mode also 4 bytes per query block. Its prep kernel zeroes the
+    ///   accumulator; bwd_sm80's is zeroed by a memset. Packed, `B·Sq'` is
     ///   `total_q + B·block_m` rounded down to whole blocks.
     pub fn scratch_bytes(&self, shape: &ProblemShape, tensors: &ProblemShape, total_q: Option<usize>) -> (usize, usize) {
         if self.variant.family == KernelFamily::BwdSm90 {

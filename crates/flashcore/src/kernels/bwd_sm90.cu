@@ -17,7 +17,8 @@
 //   p.dq_accum by the writer thread with one bulk reduce-add (cp.reduce.async.bulk) each.
 // D192 and D256 (consume_wide): both warpgroups on one 64-key block, each half of dK's and dV's
 // columns and half of the query block's Sᵀ and dPᵀ; Pᵀ and dSᵀ meet in shared memory.
-// fc_bwd_sm90_prep (before) writes D_i and lse·log2e per row, padded to whole query blocks;
+// fc_bwd_sm90_prep (before) writes D_i and lse·log2e per row, padded to whole query blocks, and
+// zeroes dQ's accumulator (and the deterministic counters);
 // fc_bwd_sm90_dq (after) scales and converts dq_accum into dq.
 //
 // Variants (queries x keys a step): D64 128 x 128, D96 and D128 64 x 128 (D96 as D128 with
@@ -31,12 +32,13 @@
 // HOST CONTRACT
 // fc_bwd_sm90_prep(BwdParams): grid (m_blocks * kBlockM / 4, Hq, B), 128 threads; writes
 //   per query block t = (b * Hq + h) * m_blocks + m, at p.dsum + 2 * kBlockM * t, D_i of its
-//   kBlockM rows then their lse·log2e (+inf where lse = -inf and in the padding rows).
+//   kBlockM rows then their lse·log2e (+inf where lse = -inf and in the padding rows); zeroes
+//   block t's part of p.dq_accum and, deterministic, its counter.
 // fc_bwd_sm90(BwdParams, TmaDescriptor tma_q, tma_k, tma_v, tma_do): grid (ceil(Sk /
 //   kBlockN), Hkv, B), kThreads threads, dynamic smem FC_SMEM_BYTES (one CTA an SM; with
 //   p.spread_walks only if ceil(Sk / kBlockN) <= the SM count); tensor maps as
 //   fwd_sm90's (4-D {D, S, H, B}, 128-byte swizzle, box {64, rows}: kBlockM rows for Q and
-//   dO, kBlockN for K and V); p.dq_accum [B, Hq, m_blocks, kBlockM * kHeadDim] f32, zeroed,
+//   dO, kBlockN for K and V); p.dq_accum [B, Hq, m_blocks, kBlockM * kHeadDim] f32, zeroed by prep,
 //   each query block's part in the consumers' accumulator order (see dq_index).
 // fc_bwd_sm90_dq(BwdParams): grid (ceil(B * Hq * m_blocks * kBlockM * kHeadDim / 512)), 256
 //   threads.
@@ -353,7 +355,7 @@ __device__ __forceinline__ void stage_dq(SharedStorage& smem, PipelineState<1>& 
 //
 // Deterministic (p.deterministic): the key blocks add to a query block in a fixed order
 // (dq_order: the order in which their walks come to it), so every sum has one order. A
-// counter per query block (after the accumulator, zeroed) says how many key blocks have
+// counter per query block (after the accumulator, zeroed by prep) says how many key blocks have
 // added; this CTA adds once it reads its order, waits for its reduces to complete, and
 // counts itself. Every CTA a query block waits for comes to it earlier in its own walk and
 // waits only for CTAs that come earlier still, and can start (see key_block in
@@ -582,9 +584,23 @@ __device__ __forceinline__ void dq_index(int wg, int j, int t, int& row, int& co
 using namespace fc;
 using namespace fc::bwd_sm90;
 
+// dQ's accumulator starts at zero: prep's warp of row r of query block `block` zeroes the
+// r-th kHeadDim floats of the block's part (the kBlockM rows cover it whole; the order inside
+// a block does not matter for zeros), and row 0's lane 0 the block's deterministic counter.
+// In place of a memset of the whole accumulator: its bytes are written alongside prep's own
+// traffic, one launch fewer.
+__device__ __forceinline__ void zero_dq_share(const BwdParams& p, i64 block, int row_in_block, int lane) {
+    constexpr int kVectors = kHeadDim / 4;  // 16-byte stores of a row's share
+    float4* share = reinterpret_cast<float4*>(p.dq_accum + (block * kBlockM + row_in_block) * kHeadDim);
+    for (int i = lane; i < kVectors; i += 32) share[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (p.deterministic && row_in_block == 0 && lane == 0) {
+        reinterpret_cast<u32*>(p.dq_accum + Schedule::padded_rows(p) * kHeadDim)[block] = 0;
+    }
+}
+
 // Packed, rows are the sequence's own (prep's and the dQ conversion's grids run over the
 // longest sequence's query blocks); blocks past the sequence's own are left alone (they are
-// the next sequence's, or padding).
+// the next sequence's, or padding: the main kernel and the conversion never touch them).
 extern "C" __global__ void __launch_bounds__(128) fc_bwd_sm90_prep(const BwdParams p) {
     const int lane = threadIdx.x % 32, row = blockIdx.x * 4 + threadIdx.x / 32;
     const int head = blockIdx.y, batch = blockIdx.z;
@@ -600,11 +616,13 @@ extern "C" __global__ void __launch_bounds__(128) fc_bwd_sm90_prep(const BwdPara
         const float lse = p.lse[lse_offset<kVarlen>(p, s, batch, head) + row];
         if (lse != math::neg_inf()) lse_log2 = lse * kLog2e;  // a row with no key: P = exp2(-inf) = 0
     }
+    const i64 block = Schedule::query_block(p, s, batch, head, row / kBlockM);
     if (lane == 0) {
-        float* stats = Schedule::block_stats(p, Schedule::query_block(p, s, batch, head, row / kBlockM));
+        float* stats = Schedule::block_stats(p, block);
         stats[row % kBlockM] = sum;
         stats[kBlockM + row % kBlockM] = lse_log2;
     }
+    zero_dq_share(p, block, row % kBlockM, lane);
 }
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
