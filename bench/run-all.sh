@@ -5,8 +5,11 @@
 #
 #   bench/run-all.sh [--bin target/release/flashcore] [--out DIR] [--suites "seed sweep quick small"]
 #                    [--results-dir docs/results] [--python python3] [--no-anchors] [--no-flashcore]
-#                    [--backends cudnn,flash,efficient[,flashcore-py]]
+#                    [--backends cudnn,flash,flashcore-py] [--rounds 2]
 #
+# The ratios on the page are flashcore-py's against the anchors, all timed by anchors.py in one
+# process (the one harness: docs/design.md §9); the binary's own bench is a column beside them,
+# a regression guard. Without flashcore-py among the backends the page has no ratio.
 # Needs: an NVIDIA GPU, the flashcore binary (cargo build --release), and for the anchors and
 # plots a Python with PyTorch (CUDA) and matplotlib. Run from anywhere; paths are relative to
 # the repository root.
@@ -21,7 +24,8 @@ results="docs/results"
 py="${PYTHON:-python3}"
 do_anchors=1
 do_flashcore=1
-backends="cudnn,flash,efficient"
+backends="cudnn,flash,flashcore-py"
+rounds=2
 
 die() { echo "run-all.sh: $*" >&2; exit 1; }
 say() { echo "== $*"; }
@@ -36,7 +40,8 @@ while [[ $# -gt 0 ]]; do
     --no-anchors) do_anchors=0; shift ;;
     --no-flashcore) do_flashcore=0; shift ;;
     --backends) backends="${2:?--backends needs a comma list}"; shift 2 ;;
-    -h|--help) sed -n '2,13p' "${BASH_SOURCE[0]}"; exit 0 ;;
+    --rounds) rounds="${2:?--rounds needs a count}"; shift 2 ;;
+    -h|--help) sed -n '2,17p' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
@@ -58,7 +63,7 @@ mkdir -p "$out" "$results"
 cmd="bench/run-all.sh --bin $bin --suites \"$suites\""
 if [[ $do_anchors == 0 ]]; then cmd+=" --no-anchors"; fi
 if [[ $do_flashcore == 0 ]]; then cmd+=" --no-flashcore"; fi
-cmd+=" --backends $backends"
+cmd+=" --backends $backends --rounds $rounds"
 say "GPU: $gpu -> $out (page $results/$slug.md)"
 
 say "flashcore info"
@@ -82,7 +87,7 @@ for s in $suites; do
   fi
   if [[ $do_anchors == 1 ]]; then
     say "anchors (PyTorch SDPA) --suite $s"
-    "$py" "$here/anchors.py" --suite-json "$out/suite-$s.json" --out-dir "$out" --backends "$backends" || { echo "run-all.sh: anchors.py failed on suite $s" >&2; failed+=("anchors:$s"); }
+    "$py" "$here/anchors.py" --suite-json "$out/suite-$s.json" --out-dir "$out" --backends "$backends" --rounds "$rounds" || { echo "run-all.sh: anchors.py failed on suite $s" >&2; failed+=("anchors:$s"); }
   fi
 done
 
