@@ -96,7 +96,7 @@ impl Geometry {
 
 /// Attention over the input's KV cache: writes `o [B, Sq, Hq, D]`, `lse [B, Hq, Sq]` and, when
 /// keys were appended, the caches after the append (`k_cache`, `v_cache`). The table and the
-/// lengths are checked first (`Context::check_paged`'s checks; on the host with `--cpu`), and
+/// lengths are checked first (`Context::check_values`' checks; on the host with `--cpu`), and
 /// the error names the first bad entry.
 pub fn run(args: &AttnArgs, kv: &HostKvCache) -> Result<bool> {
     if read_dout(&args.input, &kv.q)?.is_some() {

@@ -13,7 +13,7 @@ use crate::io::{read_dout, write_tensors, FileDType, HostSeqlens, HostTensor};
 /// A packed batch (`cu_seqlens_q`, `cu_seqlens_k` and optionally `seqused_k` in the file,
 /// int32; `q [total_q, Hq, D]`, `k, v [total_k, Hkv, D]`): `o` like `q` and `lse [Hq,
 /// total_q]`, and with `do` the gradients (zero for keys no query sees, past seqused_k
-/// included). The vectors are checked first (`Context::check_varlen`'s checks; on the host
+/// included). The vectors are checked first (`Context::check_values`' checks; on the host
 /// with `--cpu`), by name.
 pub fn run(args: &AttnArgs, q: &HostTensor, k: &HostTensor, v: &HostTensor, seqlens: &HostSeqlens) -> Result<bool> {
     let ([qb, total_q, hq, d], [kb, total_k, hkv, _]) = problem_shapes(q, [("k", k), ("v", v)])?;

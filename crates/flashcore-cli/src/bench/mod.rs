@@ -28,7 +28,7 @@ use crate::suites;
 pub struct BenchArgs {
     /// Suite to run: quick, seed, sweep, small, dims; bwd (the sweep's cases, backward alone
     /// and forward + backward), bwd-dims (the same for the dims suite's cases); varlen
-    /// (packed batches of mixed lengths through attention_varlen, each beside the dense batch
+    /// (packed batches of mixed lengths, each beside the dense batch
     /// of the same tokens, and a decode batch with seqused_k); paged (decode over a paged KV
     /// cache beside the contiguous decode and the HBM copy ceiling, rows timed in alternating
     /// rounds).

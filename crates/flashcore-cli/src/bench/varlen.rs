@@ -1,4 +1,4 @@
-//! `flashcore bench`'s packed (varlen) cases: `Context::attention_varlen` timed as the dense
+//! `flashcore bench`'s packed (varlen) cases: `Context::attention` over a packed batch (`FwdInputs::varlen`) timed as the dense
 //! cases are (NaN-poisoned output, fresh random input sets rotated while they fit in L2,
 //! warm-up, median of the samples), FLOPs counted per sequence on its visible pairs.
 
