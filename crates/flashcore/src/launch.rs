@@ -349,7 +349,8 @@ fn backward_sm80(stream: &CudaStream, kernel: &LoadedKernel, p: &BwdParams, call
 }
 
 /// The prep kernel (D_i and lse·log2e; it zeroes dQ's accumulator too), the main one and the
-/// dQ conversion. Packed, prep and the conversion run a CTA row per query block of the longest
+/// dQ conversion, the last two programmatic dependents of the launch before them (they wait
+/// for it where they first read its output, so their launches overlap its tail). Packed, prep and the conversion run a CTA row per query block of the longest
 /// sequence, and the main kernel at least one key block (key block 0's CTAs zero dK and dV
 /// past seqused_k). A launch of an empty grid (a packed batch without queries) is left out.
 fn backward_sm90(stream: &CudaStream, kernel: &LoadedKernel, p: &BwdParams, call: &BwdLaunch) -> Result<()> {
@@ -370,7 +371,8 @@ fn backward_sm90(stream: &CudaStream, kernel: &LoadedKernel, p: &BwdParams, call
     let [q, k, v, dout] = &call.qkv_do;
     let maps = [tensor_map(q, tile.block_m)?, tensor_map(k, tile.block_n)?, tensor_map(v, tile.block_n)?, tensor_map(dout, tile.block_m)?];
     let key_blocks = shape.seqlen_k.div_ceil(tile.block_n as usize).max(usize::from(call.packed)) as u32;
-    let main = launch(&kernel.function, (key_blocks, shape.heads_kv as u32, seqs), 32 * tile.warps, variant.smem_bytes);
+    let dependent = |function, grid, block, smem| Launch { function, grid, block, smem, dependent: true };
+    let main = dependent(&kernel.function, (key_blocks, shape.heads_kv as u32, seqs), 32 * tile.warps, variant.smem_bytes);
     if !main.is_empty() {
         let [tq, tk, tv, tdo] = &maps;
         // SAFETY: the arguments match `fc_bwd_sm90(BwdParams, CUtensorMap x4)`.
@@ -380,7 +382,7 @@ fn backward_sm90(stream: &CudaStream, kernel: &LoadedKernel, p: &BwdParams, call
         true => (m_blocks, heads_q, seqs),
         false => (bwd_sm90::dq_conversion_blocks(variant, shape), 1, 1),
     };
-    let dq_launch = launch(dq, dq_grid, 256, 0);
+    let dq_launch = dependent(dq, dq_grid, 256, 0);
     if !dq_launch.is_empty() {
         // SAFETY: `fc_bwd_sm90_dq(BwdParams)`, after the main kernel in stream order.
         unsafe { dq_launch.run(stream, &[Arg::Bwd(p)], what("dQ"))? };

@@ -42,6 +42,8 @@
 //   each query block's part in the consumers' accumulator order (see dq_index).
 // fc_bwd_sm90_dq(BwdParams): grid (ceil(B * Hq * m_blocks * kBlockM * kHeadDim / 512)), 256
 //   threads.
+// The main kernel and the conversion are launched as programmatic dependents of the launch
+// before them (griddepcontrol.wait where they first read its output).
 // Causal is the compile-time FC_CAUSAL (bottom-right aligned). FC_LOCAL: a sliding window
 // (p.window_left/right, causal folded in: the walks visit only the query blocks that see the
 // CTA's keys, and start unspread); FC_SOFTCAP: logit softcapping (p.softcap,
@@ -62,6 +64,7 @@
 #include "common/types.cuh"
 #include "ptx/atomic.cuh"
 #include "ptx/barrier.cuh"
+#include "ptx/griddep.cuh"
 #include "ptx/math.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/tma.cuh"
@@ -646,8 +649,16 @@ fc_bwd_sm90(const __grid_constant__ BwdParams p, const __grid_constant__ TmaDesc
     __syncthreads();
     if (warpgroup::index() == 0) {
         warpgroup::decrease_registers<kProducerRegs>();
-        if (threadIdx.x == 0) produce(shared_storage(), p, s, &tma_q, &tma_k, &tma_v, &tma_do);
-        if (threadIdx.x == 32) write_dq(shared_storage(), p);
+        // Launched early after prep (programmatic dependent launch): the two threads that touch
+        // its output (the statistics; the zeroed accumulator) wait for it here.
+        if (threadIdx.x == 0) {
+            griddep::wait();
+            produce(shared_storage(), p, s, &tma_q, &tma_k, &tma_v, &tma_do);
+        }
+        if (threadIdx.x == 32) {
+            griddep::wait();
+            write_dq(shared_storage(), p);
+        }
     } else {
         warpgroup::increase_registers<kConsumerRegs>();
         run_consumer<kWide>(shared_storage(), p, s, warpgroup::index_in_role() - 1);
@@ -672,6 +683,7 @@ __device__ __forceinline__ void convert_dq_pair(const BwdParams& p, float2 v, in
 // the dense kernel, a thread a pair: 0.45 and 0.18).
 extern "C" __global__ void __launch_bounds__(256) fc_bwd_sm90_dq(const BwdParams p) {
     constexpr int kPairs = kBlockM * kHeadDim / 2;
+    griddep::wait();  // launched early after the main kernel: its sums are complete now
     if constexpr (kVarlen) {
         constexpr int kPerThread = kPairs / 256;
         static_assert(kPairs % 256 == 0, "a query block is whole rounds of the CTA's threads");
