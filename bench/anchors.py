@@ -42,9 +42,10 @@ Conventions, matching flashcore:
   efficient kernel's custom_mask_type=2 does not (rel_error 0.52 on the rows that see keys),
   so those rows come out "error". The efficient backend takes no GQA (-> "unsupported").
 - Timing: input sets rotated while 4 sets would fit in L2 (up to 8 sets); 10 warm-up calls;
-  one call timed to choose N calls per sample (~2 ms a sample, 1..1000); >= 20 samples
-  (default 30), each the mean of N back-to-back calls between two CUDA events; median, min,
-  max. By default the N calls are captured once in a CUDA graph and the graph is replayed
+  one call timed to choose N calls per sample (~2 ms a sample, 1..1000); the graph replayed
+  for 300 ms to settle the clock at this row's load; >= 20 samples (default 30), each the
+  mean of N back-to-back calls between two CUDA events; median, min, max; the backends'
+  order rotated per round and row. By default the N calls are captured once in a CUDA graph and the graph is replayed
   (Python's per-call overhead of ~10-30 us would otherwise dominate the short cases); the
   plain eager median is recorded beside it (`eager_median_ms`). `--timing eager` times eager
   calls only.
@@ -339,7 +340,19 @@ def reference_rel_error(torch, case, q, k, v, o):
     return math.sqrt(num / den) if den > 0 else math.sqrt(num)
 
 
-def time_calls(torch, fn, sets, warmup, samples, target_ms, use_graph):
+def settle(torch, g, stream, settle_ms):
+    """Replays `g` for `settle_ms` before the samples, so that they see the SM clock this
+    row's own load holds under the power cap, not the clock the previous row left (on an H100
+    a 16k forward read 3.1 ms settled and 3.4 ms right after FlashAttention-2's rows)."""
+    t0 = time.perf_counter()
+    while True:
+        g.replay()
+        stream.synchronize()
+        if (time.perf_counter() - t0) * 1e3 >= settle_ms:
+            return
+
+
+def time_calls(torch, fn, sets, warmup, samples, target_ms, use_graph, settle_ms=300.0):
     """Returns (samples_ms, calls_per_sample): each sample the mean of N back-to-back calls."""
     stream = torch.cuda.current_stream()
     ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -368,8 +381,7 @@ def time_calls(torch, fn, sets, warmup, samples, target_ms, use_graph):
     with torch.cuda.graph(g):
         for i in range(n):
             fn(*sets[i % n_sets])
-    for _ in range(3):
-        g.replay()
+    settle(torch, g, stream, settle_ms)
     out = []
     for _ in range(samples):
         ev0.record(stream)
@@ -381,7 +393,7 @@ def time_calls(torch, fn, sets, warmup, samples, target_ms, use_graph):
     return out, n
 
 
-def time_on_stream(torch, fn, stream, warmup, samples, target_ms, use_graph):
+def time_on_stream(torch, fn, stream, warmup, samples, target_ms, use_graph, settle_ms=300.0):
     """`time_calls` for work that must stay on `stream`: autograd runs a backward on the
     stream its forward ran on, so the forward, the warm-up, the capture and the replays all
     use `stream` (a side stream: the legacy default stream cannot be captured). Returns
@@ -406,8 +418,7 @@ def time_on_stream(torch, fn, stream, warmup, samples, target_ms, use_graph):
         with torch.cuda.graph(g, stream=stream):
             for _ in range(n):
                 fn()
-        for _ in range(3):
-            g.replay()
+        settle(torch, g, stream, settle_ms)
         out = []
         for _ in range(samples):
             ev0.record(stream)
@@ -714,7 +725,10 @@ def main(argv=None):
     paths = {key: os.path.join(args.out_dir, f"anchors-{suite}{mods_tag(args)}-{SYSTEMS[key][0]}.json") for key in keys}
     for r in range(args.rounds):
         for i, case in enumerate(cases):
-            for key in keys:
+            # The backends' order rotates from round to round and row to row, so that none
+            # always follows the same one (the clock a row inherits depends on it).
+            turn = (r + i) % len(keys)
+            for key in keys[turn:] + keys[:turn]:
                 t0 = time.time()
                 row = bench_backward_case(torch, key, case, args) if backward else bench_case(torch, key, case, args, l2)
                 timed[key][i].append(row)
