@@ -340,16 +340,33 @@ def reference_rel_error(torch, case, q, k, v, o):
     return math.sqrt(num / den) if den > 0 else math.sqrt(num)
 
 
-def settle(torch, g, stream, settle_ms):
-    """Replays `g` for `settle_ms` before the samples, so that they see the SM clock this
-    row's own load holds under the power cap, not the clock the previous row left (on an H100
-    a 16k forward read 3.1 ms settled and 3.4 ms right after FlashAttention-2's rows)."""
+def calls_per_sample(one_ms, target_ms):
+    """N back-to-back calls a sample: about `target_ms` of work, 1..1000 calls."""
+    return int(min(1000, max(1, math.ceil(target_ms / max(one_ms, 1e-4)))))
+
+
+def replay_samples(g, stream, n, samples, settle_ms):
+    """Samples of graph `g` (N calls) on `stream`, in ms a call. First `g` is replayed for
+    `settle_ms`, so that the samples see the SM clock this row's own load holds under the power
+    cap, not the clock the previous row left (on an H100 a 16k forward read 3.1 ms settled and
+    3.4 ms right after FlashAttention-2's rows)."""
+    import torch
+
     t0 = time.perf_counter()
     while True:
         g.replay()
         stream.synchronize()
         if (time.perf_counter() - t0) * 1e3 >= settle_ms:
-            return
+            break
+    ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    out = []
+    for _ in range(samples):
+        ev0.record(stream)
+        g.replay()
+        ev1.record(stream)
+        ev1.synchronize()
+        out.append(ev0.elapsed_time(ev1) / n)
+    return out
 
 
 def time_calls(torch, fn, sets, warmup, samples, target_ms, use_graph, settle_ms=300.0):
@@ -367,8 +384,7 @@ def time_calls(torch, fn, sets, warmup, samples, target_ms, use_graph, settle_ms
         return ev0.elapsed_time(ev1)
 
     eager(warmup)
-    one = max(eager(1), 1e-4)
-    n = int(min(1000, max(1, math.ceil(target_ms / one))))
+    n = calls_per_sample(eager(1), target_ms)
     if not use_graph:
         return [eager(n) / n for _ in range(samples)], n
     g = torch.cuda.CUDAGraph()
@@ -381,16 +397,7 @@ def time_calls(torch, fn, sets, warmup, samples, target_ms, use_graph, settle_ms
     with torch.cuda.graph(g):
         for i in range(n):
             fn(*sets[i % n_sets])
-    settle(torch, g, stream, settle_ms)
-    out = []
-    for _ in range(samples):
-        ev0.record(stream)
-        g.replay()
-        ev1.record(stream)
-        ev1.synchronize()
-        out.append(ev0.elapsed_time(ev1) / n)
-    del g
-    return out, n
+    return replay_samples(g, stream, n, samples, settle_ms), n
 
 
 def time_on_stream(torch, fn, stream, warmup, samples, target_ms, use_graph, settle_ms=300.0):
@@ -410,24 +417,14 @@ def time_on_stream(torch, fn, stream, warmup, samples, target_ms, use_graph, set
             return ev0.elapsed_time(ev1)
 
         eager(warmup)
-        one = max(eager(1), 1e-4)
-        n = int(min(1000, max(1, math.ceil(target_ms / one))))
+        n = calls_per_sample(eager(1), target_ms)
         if not use_graph:
             return [eager(n) / n for _ in range(samples)], n
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, stream=stream):
             for _ in range(n):
                 fn()
-        settle(torch, g, stream, settle_ms)
-        out = []
-        for _ in range(samples):
-            ev0.record(stream)
-            g.replay()
-            ev1.record(stream)
-            ev1.synchronize()
-            out.append(ev0.elapsed_time(ev1) / n)
-        del g
-        return out, n
+        return replay_samples(g, stream, n, samples, settle_ms), n
 
 
 def exception_text(e, caught):
@@ -746,6 +743,8 @@ def main(argv=None):
 
 
 def self_test():
+    # Calls a sample: ~2 ms of work, 1..1000 calls, a zero-time call counts as 0.1 us.
+    assert (calls_per_sample(0.5, 2.0), calls_per_sample(5.0, 2.0), calls_per_sample(0.0, 2.0)) == (4, 1, 1000)
     # FLOPs: dense, causal Sq = Sk exactly half, bottom-right counts by brute force.
     c = {"name": "x", "batch": 2, "seqlen_q": 8, "seqlen_k": 8, "heads_q": 4, "heads_kv": 2, "head_dim": 64, "causal": False, "dtype": "bf16"}
     assert flops(c) == 4 * 2 * 4 * 8 * 8 * 64
