@@ -251,10 +251,19 @@ def _varlen_setup_context(ctx, inputs, output) -> None:
     ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seqused_k)
     ctx.max_seqlen_q, ctx.max_seqlen_k, ctx.softmax_scale, ctx.causal, ctx.deterministic = max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic
     ctx.window_left, ctx.window_right, ctx.softcap = window_left, window_right, softcap
+    _lse_has_no_gradient(ctx, lse)
+
+
+def _lse_has_no_gradient(ctx, lse: Tensor) -> None:
+    """lse is not differentiable, and autograd is told not to fill a zero gradient for it (or
+    for an `o` the loss did not use): a kernel launch fewer each backward."""
     ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)
 
 
 def _varlen_backward(ctx, grad_o, grad_lse):
+    if grad_o is None:  # the loss did not use o
+        return (None,) * 14
     q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seqused_k = ctx.saved_tensors
     dq, dk, dv = varlen_bwd(
         q,
@@ -408,10 +417,12 @@ def _fwd_setup_context(ctx, inputs, output) -> None:
     ctx.save_for_backward(q, k, v, o, lse)
     ctx.softmax_scale, ctx.causal, ctx.deterministic = softmax_scale, causal, deterministic
     ctx.window_left, ctx.window_right, ctx.softcap = window_left, window_right, softcap
-    ctx.mark_non_differentiable(lse)
+    _lse_has_no_gradient(ctx, lse)
 
 
 def _fwd_backward(ctx, grad_o, grad_lse):
+    if grad_o is None:  # the loss did not use o
+        return (None,) * 10
     q, k, v, o, lse = ctx.saved_tensors
     dq, dk, dv = bwd(q, k, v, o, lse, grad_o, ctx.softmax_scale, ctx.causal, ctx.deterministic, ctx.window_left, ctx.window_right, ctx.softcap)
     return dq, dk, dv, None, None, None, None, None, None, None

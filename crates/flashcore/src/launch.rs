@@ -350,9 +350,9 @@ fn backward_sm80(stream: &CudaStream, kernel: &LoadedKernel, p: &BwdParams, call
 
 /// The prep kernel (D_i and lse·log2e; it zeroes dQ's accumulator too), the main one and the
 /// dQ conversion, the last two programmatic dependents of the launch before them (they wait
-/// for it where they first read its output, so their launches overlap its tail). Packed, prep and the conversion run a CTA row per query block of the longest
-/// sequence, and the main kernel at least one key block (key block 0's CTAs zero dK and dV
-/// past seqused_k). A launch of an empty grid (a packed batch without queries) is left out.
+/// for it where they first read its output, so their launches overlap its tail). Prep and the
+/// conversion run over the query blocks (packed: the longest sequence's), the main kernel over
+/// at least one key block (packed, key block 0's CTAs zero dK and dV past seqused_k). A launch of an empty grid (a packed batch without queries) is left out.
 fn backward_sm90(stream: &CudaStream, kernel: &LoadedKernel, p: &BwdParams, call: &BwdLaunch) -> Result<()> {
     let [prep, dq] = kernel.aux.as_slice() else {
         return Err(Error::Unsupported { kernel: kernel.variant.name(), msg: "lacks its prep and dQ entry points".into() });
@@ -363,7 +363,7 @@ fn backward_sm90(stream: &CudaStream, kernel: &LoadedKernel, p: &BwdParams, call
     let m_blocks = shape.seqlen_q.div_ceil(m) as u32;
     let what = |w: &'static str| move || format!("launching {} ({w})", variant.name());
     let launch = |function, grid, block, smem| Launch { function, grid, block, smem, dependent: false };
-    let prep_launch = launch(prep, (m_blocks * m as u32 / 4, heads_q, seqs), 128, 0);
+    let prep_launch = launch(prep, (m_blocks * m as u32 / bwd_sm90::PREP_ROWS, heads_q, seqs), 128, 0);
     if !prep_launch.is_empty() {
         // SAFETY: `fc_bwd_sm90_prep(BwdParams)`; the pointers were validated against their layouts.
         unsafe { prep_launch.run(stream, &[Arg::Bwd(p)], what("D_i"))? };
@@ -378,11 +378,7 @@ fn backward_sm90(stream: &CudaStream, kernel: &LoadedKernel, p: &BwdParams, call
         // SAFETY: the arguments match `fc_bwd_sm90(BwdParams, CUtensorMap x4)`.
         unsafe { main.run(stream, &[Arg::Bwd(p), Arg::Map(tq), Arg::Map(tk), Arg::Map(tv), Arg::Map(tdo)], what("dK, dV"))? };
     }
-    let dq_grid = match call.packed {
-        true => (m_blocks, heads_q, seqs),
-        false => (bwd_sm90::dq_conversion_blocks(variant, shape), 1, 1),
-    };
-    let dq_launch = dependent(dq, dq_grid, 256, 0);
+    let dq_launch = dependent(dq, (m_blocks * bwd_sm90::dq_slices(tile, shape.head_dim), heads_q, seqs), 256, 0);
     if !dq_launch.is_empty() {
         // SAFETY: `fc_bwd_sm90_dq(BwdParams)`, after the main kernel in stream order.
         unsafe { dq_launch.run(stream, &[Arg::Bwd(p)], what("dQ"))? };

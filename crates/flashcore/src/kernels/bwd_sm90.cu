@@ -30,7 +30,7 @@
 //   dQ hand-over: D64 200704 B, D96 and D128 199680 B, D192 and D256 231424 B.
 //
 // HOST CONTRACT
-// fc_bwd_sm90_prep(BwdParams): grid (m_blocks * kBlockM / 4, Hq, B), 128 threads; writes
+// fc_bwd_sm90_prep(BwdParams): grid (m_blocks * kBlockM / 16, Hq, B), 128 threads; writes
 //   per query block t = (b * Hq + h) * m_blocks + m, at p.dsum + 2 * kBlockM * t, D_i of its
 //   kBlockM rows then their lse·log2e (+inf where lse = -inf and in the padding rows); zeroes
 //   block t's part of p.dq_accum and, deterministic, its counter.
@@ -40,8 +40,7 @@
 //   fwd_sm90's (4-D {D, S, H, B}, 128-byte swizzle, box {64, rows}: kBlockM rows for Q and
 //   dO, kBlockN for K and V); p.dq_accum [B, Hq, m_blocks, kBlockM * kHeadDim] f32, zeroed by prep,
 //   each query block's part in the consumers' accumulator order (see dq_index).
-// fc_bwd_sm90_dq(BwdParams): grid (ceil(B * Hq * m_blocks * kBlockM * kHeadDim / 512)), 256
-//   threads.
+// fc_bwd_sm90_dq(BwdParams): grid (m_blocks * kBlockM * kHeadDim / 1024, Hq, B), 256 threads.
 // The main kernel and the conversion are launched as programmatic dependents of the launch
 // before them (griddepcontrol.wait where they first read its output).
 // Causal is the compile-time FC_CAUSAL (bottom-right aligned). FC_LOCAL: a sliding window
@@ -52,8 +51,8 @@
 // optional p.seqused_k, p.total_q/k; q, o, dout, dq [total_q, Hq, D], k, v, dk, dv [total_k,
 // Hkv, D], every *_stride_b 0, lse [Hq, total_q]; p.seqlen_q / p.seqlen_k the longest
 // sequence's; tensor maps over the packed tensors (B = 1). Grids as above with B sequences and
-// those maxima: prep (m_blocks * kBlockM / 4, Hq, B), the main kernel (max(1, key blocks), Hkv,
-// B), fc_bwd_sm90_dq (m_blocks, Hq, B); each CTA works on its own sequence's lengths, CTAs past
+// those maxima: prep and fc_bwd_sm90_dq as above, the main kernel (max(1, key blocks), Hkv,
+// B); each CTA works on its own sequence's lengths, CTAs past
 // them exit. dq_accum, the statistics and the counters by per-sequence padded query blocks:
 // Hq * ((total_q + B * kBlockM) / kBlockM) blocks (Schedule::query_block).
 #include "common/bwd_params.cuh"
@@ -581,51 +580,95 @@ __device__ __forceinline__ void dq_index(int wg, int j, int t, int& row, int& co
     col = 8 * (j / 2) + 2 * (lane % 4) + (kDqByRows ? 0 : kDqCols * wg);
 }
 
+// Prep's threads: kPrepLanes of them a row, each on 8 columns (one 16-byte load of o and one
+// of dO), kPrepRows rows a CTA of 128 threads (all in one query block), in kPrepPasses passes
+// whose loads are all issued before the first sum. It was a warp a row on 2-byte loads: 95 us
+// at B16 S1k H16 D128 and 134 at H32 D64 on an H100, against cuDNN's 95 for the same work.
+constexpr int kPrepLanes = kHeadDim / 8;
+constexpr int kPrepRows = 16;
+constexpr int kPrepPasses = kPrepRows * kPrepLanes / 128;
+static_assert(kPrepPasses >= 1 && kBlockM % kPrepRows == 0, "a prep CTA's rows lie in one query block");
+
+// dQ's accumulator starts at zero: the lanes of row r of query block `block` zero the r-th
+// kHeadDim floats of the block's part (the kBlockM rows cover it whole; the order inside a
+// block does not matter for zeros), and row 0's first lane the block's deterministic counter.
+// In place of a memset of the whole accumulator: its bytes are written alongside prep's own
+// traffic, one launch fewer.
+__device__ __forceinline__ void zero_dq_share(const BwdParams& p, i64 block, int row_in_block, int lane) {
+    constexpr int kVectors = kHeadDim / 4;  // 16-byte stores of a row's share
+    float4* share = reinterpret_cast<float4*>(p.dq_accum + (block * kBlockM + row_in_block) * kHeadDim);
+#pragma unroll
+    for (int i = lane; i < kVectors; i += kPrepLanes) share[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (p.deterministic && row_in_block == 0 && lane == 0) {
+        reinterpret_cast<u32*>(p.dq_accum + Schedule::padded_rows(p) * kHeadDim)[block] = 0;
+    }
+}
+
+// The dot product of 8 elements of o and 8 of dO, in f32.
+__device__ __forceinline__ float dot8(const u32x4& a, const u32x4& b) {
+    const elem_t* x = reinterpret_cast<const elem_t*>(&a);
+    const elem_t* y = reinterpret_cast<const elem_t*>(&b);
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) sum += to_float(x[i]) * to_float(y[i]);
+    return sum;
+}
+
+// Packed, rows are the sequence's own (prep's and the dQ conversion's grids run over the
+// longest sequence's query blocks); blocks past the sequence's own are left alone (they are
+// the next sequence's, or padding: the main kernel and the conversion never touch them).
+
+// Where run `vec` of a query block's accumulator (four floats, 16 bytes) lands in its
+// kBlockM x kHeadDim dQ: dq_index puts an even element pair and the next one at lanes 2i and
+// 2i + 1 of a quad, the same row and columns col .. col + 3.
+__device__ __forceinline__ void dq_run_index(int vec, int& row, int& col) {
+    constexpr int kPairsPerWg = kDqTile / 2;
+    const int pair = 2 * vec;
+    dq_index(pair / kPairsPerWg, (pair % kPairsPerWg) / 128, pair % 128, row, col);
+}
+
 }  // namespace bwd_sm90
 }  // namespace fc
 
 using namespace fc;
 using namespace fc::bwd_sm90;
 
-// dQ's accumulator starts at zero: prep's warp of row r of query block `block` zeroes the
-// r-th kHeadDim floats of the block's part (the kBlockM rows cover it whole; the order inside
-// a block does not matter for zeros), and row 0's lane 0 the block's deterministic counter.
-// In place of a memset of the whole accumulator: its bytes are written alongside prep's own
-// traffic, one launch fewer.
-__device__ __forceinline__ void zero_dq_share(const BwdParams& p, i64 block, int row_in_block, int lane) {
-    constexpr int kVectors = kHeadDim / 4;  // 16-byte stores of a row's share
-    float4* share = reinterpret_cast<float4*>(p.dq_accum + (block * kBlockM + row_in_block) * kHeadDim);
-    for (int i = lane; i < kVectors; i += 32) share[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-    if (p.deterministic && row_in_block == 0 && lane == 0) {
-        reinterpret_cast<u32*>(p.dq_accum + Schedule::padded_rows(p) * kHeadDim)[block] = 0;
-    }
-}
-
-// Packed, rows are the sequence's own (prep's and the dQ conversion's grids run over the
-// longest sequence's query blocks); blocks past the sequence's own are left alone (they are
-// the next sequence's, or padding: the main kernel and the conversion never touch them).
 extern "C" __global__ void __launch_bounds__(128) fc_bwd_sm90_prep(const BwdParams p) {
-    const int lane = threadIdx.x % 32, row = blockIdx.x * 4 + threadIdx.x / 32;
+    const int lane = threadIdx.x % kPrepLanes, first = blockIdx.x * kPrepRows;
     const int head = blockIdx.y, batch = blockIdx.z;
     const Sequence s = Schedule::sequence_of(p);
-    if (kVarlen && row >= ceil_div(s.seqlen_q, kBlockM) * kBlockM) return;
-    float sum = 0.f, lse_log2 = math::inf();
-    if (row < s.seqlen_q) {
-        const i64 at = s.q_start + row;
-        const elem_t* o = static_cast<const elem_t*>(p.o) + batch * p.o_stride_b + at * p.o_stride_s + head * p.o_stride_h;
-        const elem_t* dout = static_cast<const elem_t*>(p.dout) + batch * p.do_stride_b + at * p.do_stride_s + head * p.do_stride_h;
-        for (int d = lane; d < kHeadDimReal; d += 32) sum += to_float(o[d]) * to_float(dout[d]);
-        for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-        const float lse = p.lse[lse_offset<kVarlen>(p, s, batch, head) + row];
-        if (lse != math::neg_inf()) lse_log2 = lse * kLog2e;  // a row with no key: P = exp2(-inf) = 0
+    if (kVarlen && first >= ceil_div(s.seqlen_q, kBlockM) * kBlockM) return;  // the whole CTA: one query block
+    const i64 o_head = batch * p.o_stride_b + s.q_start * p.o_stride_s + head * p.o_stride_h;
+    const i64 do_head = batch * p.do_stride_b + s.q_start * p.do_stride_s + head * p.do_stride_h;
+    u32x4 o[kPrepPasses], dout[kPrepPasses];
+#pragma unroll
+    for (int pass = 0; pass < kPrepPasses; ++pass) {
+        const int row = first + pass * (128 / kPrepLanes) + threadIdx.x / kPrepLanes, col = 8 * lane;
+        o[pass] = dout[pass] = u32x4{0, 0, 0, 0};
+        if (row < s.seqlen_q && col < kHeadDimReal) {
+            o[pass] = *reinterpret_cast<const u32x4*>(static_cast<const elem_t*>(p.o) + o_head + row * p.o_stride_s + col);
+            dout[pass] = *reinterpret_cast<const u32x4*>(static_cast<const elem_t*>(p.dout) + do_head + row * p.do_stride_s + col);
+        }
     }
-    const i64 block = Schedule::query_block(p, s, batch, head, row / kBlockM);
-    if (lane == 0) {
-        float* stats = Schedule::block_stats(p, block);
-        stats[row % kBlockM] = sum;
-        stats[kBlockM + row % kBlockM] = lse_log2;
+    const i64 block = Schedule::query_block(p, s, batch, head, first / kBlockM);
+    float* stats = Schedule::block_stats(p, block);
+#pragma unroll
+    for (int pass = 0; pass < kPrepPasses; ++pass) {
+        const int row = first + pass * (128 / kPrepLanes) + threadIdx.x / kPrepLanes;
+        float sum = dot8(o[pass], dout[pass]);
+#pragma unroll
+        for (int offset = kPrepLanes / 2; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+        if (lane == 0) {
+            float lse_log2 = math::inf();  // padding rows: P = exp2(-inf) = 0
+            if (row < s.seqlen_q) {
+                const float lse = p.lse[lse_offset<kVarlen>(p, s, batch, head) + row];
+                if (lse != math::neg_inf()) lse_log2 = lse * kLog2e;  // a row with no key: P = 0
+            }
+            stats[row % kBlockM] = sum;  // 0 past the rows: their loads were zeros
+            stats[kBlockM + row % kBlockM] = lse_log2;
+        }
+        zero_dq_share(p, block, row % kBlockM, lane);
     }
-    zero_dq_share(p, block, row % kBlockM, lane);
 }
 
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
@@ -665,47 +708,33 @@ fc_bwd_sm90(const __grid_constant__ BwdParams p, const __grid_constant__ TmaDesc
     }
 }
 
-// dq = softmax_scale · dq_accum of one element pair (index `within` of query block m_block, in
-// the accumulator's order: see dq_index), `rows` pointing at the sequence's row 0 of the head.
-__device__ __forceinline__ void convert_dq_pair(const BwdParams& p, float2 v, int within, int m_block, int seqlen_q, elem_t* rows) {
-    constexpr int kPairsPerWg = kDqTile / 2;
-    int row, col;
-    dq_index(within / kPairsPerWg, (within % kPairsPerWg) / 128, within % 128, row, col);
-    row += m_block * kBlockM;
-    if (row >= seqlen_q || col >= kHeadDimReal) return;
-    *reinterpret_cast<u32*>(rows + row * p.dq_stride_s + col) = pack2<elem_t>(v.x * p.softmax_scale, v.y * p.softmax_scale);
-}
-
-// Dense: a thread per element pair of all query blocks. Packed: a CTA per (query block of the
-// longest sequence, head, sequence), those past the sequence's own exit; each thread loads all
-// its kPairs / 256 pairs before it converts one, so that their loads are in flight together
-// (H100, 64k tokens, H16: D128 0.705 -> 0.521 ms, D64 0.350 -> 0.247, one pair at a time before;
-// the dense kernel, a thread a pair: 0.45 and 0.18).
+// kDqSlices CTAs of 256 threads a (query block, head, batch; packed: query block of the
+// longest sequence, those past the sequence's own exit), a thread a run of four floats. The
+// 256 runs of a CTA are a 64-row x 16-column tile of dQ (dq_index: the two j that differ in
+// bit 1, all 128 threads of a warpgroup): each thread converts its run into shared memory,
+// then 128 threads store the tile's rows, 32 bytes each, whole 32-byte sectors. Stored
+// straight from the registers (8 bytes a thread, half sectors), dQ's 33.5 MB cost 55 MB of
+// DRAM writes at B16 S1k H16 D128.
+constexpr int kDqVectors = kBlockM * kHeadDim / 4, kDqSlices = kDqVectors / 256;
+static_assert(kDqVectors % 256 == 0 && kDqTile % 1024 == 0, "a query block is whole CTAs of 64 x 16 tiles");
 extern "C" __global__ void __launch_bounds__(256) fc_bwd_sm90_dq(const BwdParams p) {
-    constexpr int kPairs = kBlockM * kHeadDim / 2;
+    __shared__ uint2 tile[64][4];  // 64 rows of 16 columns, four elements an entry
     griddep::wait();  // launched early after the main kernel: its sums are complete now
-    if constexpr (kVarlen) {
-        constexpr int kPerThread = kPairs / 256;
-        static_assert(kPairs % 256 == 0, "a query block is whole rounds of the CTA's threads");
-        const Sequence s = Schedule::sequence_of(p);
-        const int m_block = blockIdx.x, head = blockIdx.y;
-        if (m_block * kBlockM >= s.seqlen_q) return;
-        const float2* src =
-            reinterpret_cast<const float2*>(p.dq_accum) + Schedule::query_block(p, s, blockIdx.z, head, m_block) * kPairs;
-        elem_t* rows = static_cast<elem_t*>(p.dq) + s.q_start * p.dq_stride_s + head * p.dq_stride_h;
-        float2 pairs[kPerThread];
-#pragma unroll
-        for (int i = 0; i < kPerThread; ++i) pairs[i] = src[threadIdx.x + 256 * i];
-#pragma unroll
-        for (int i = 0; i < kPerThread; ++i) convert_dq_pair(p, pairs[i], threadIdx.x + 256 * i, m_block, s.seqlen_q, rows);
-    } else {
-        const int m_blocks = ceil_div(p.seqlen_q, kBlockM);
-        const i64 e = static_cast<i64>(blockIdx.x) * 256 + threadIdx.x;
-        if (e >= static_cast<i64>(p.batch) * p.heads_q * m_blocks * kPairs) return;
-        const i64 tile = e / kPairs, bh = tile / m_blocks;
-        const int head = static_cast<int>(bh % p.heads_q), batch = static_cast<int>(bh / p.heads_q);
-        elem_t* rows = static_cast<elem_t*>(p.dq) + batch * p.dq_stride_b + head * p.dq_stride_h;
-        convert_dq_pair(p, reinterpret_cast<const float2*>(p.dq_accum)[e], static_cast<int>(e % kPairs), static_cast<int>(tile % m_blocks),
-                        p.seqlen_q, rows);
-    }
+    const Sequence s = Schedule::sequence_of(p);
+    const int m_block = blockIdx.x / kDqSlices, head = blockIdx.y, batch = blockIdx.z;
+    if (kVarlen && m_block * kBlockM >= s.seqlen_q) return;
+    const int vec = blockIdx.x % kDqSlices * 256 + threadIdx.x;
+    const float4 v = reinterpret_cast<const float4*>(p.dq_accum)[Schedule::query_block(p, s, batch, head, m_block) * kDqVectors + vec];
+    int row, col;
+    dq_run_index(vec, row, col);
+    const float scale = p.softmax_scale;
+    tile[row % 64][col % 16 / 4] = make_uint2(pack2<elem_t>(v.x * scale, v.y * scale), pack2<elem_t>(v.z * scale, v.w * scale));
+    __syncthreads();
+    if (threadIdx.x >= 128) return;
+    // The tile's corner is every thread's (row, col) rounded down; a thread a half row.
+    const int out_row = m_block * kBlockM + row / 64 * 64 + threadIdx.x / 2, out_col = col / 16 * 16 + 8 * (threadIdx.x % 2);
+    if (out_row >= s.seqlen_q || out_col >= kHeadDimReal) return;
+    elem_t* rows = static_cast<elem_t*>(p.dq) + batch * p.dq_stride_b + s.q_start * p.dq_stride_s + head * p.dq_stride_h;
+    const uint2 lo = tile[threadIdx.x / 2][2 * (threadIdx.x % 2)], hi = tile[threadIdx.x / 2][2 * (threadIdx.x % 2) + 1];
+    *reinterpret_cast<u32x4*>(rows + static_cast<i64>(out_row) * p.dq_stride_s + out_col) = u32x4{lo.x, lo.y, hi.x, hi.y};
 }

@@ -20,6 +20,13 @@ pub const HEAD_DIMS: &[usize] = &[64, 96, 128, 192, 256];
 pub const PREP_ENTRY: &str = "fc_bwd_sm90_prep";
 /// See [`PREP_ENTRY`].
 pub const DQ_ENTRY: &str = "fc_bwd_sm90_dq";
+/// Query rows a CTA of [`PREP_ENTRY`] takes (`kPrepRows`; 128 threads).
+pub const PREP_ROWS: u32 = 16;
+
+/// CTAs of [`DQ_ENTRY`] a query block (`kDqSlices`: 256 threads, four floats a thread).
+pub fn dq_slices(tile: Tile, head_dim: usize) -> u32 {
+    tile.block_m * padded_head_dim(head_dim) as u32 / 1024
+}
 
 /// The head dim of the kernel's tiles: whole 64-column panels, and past D128 (the wide
 /// layout, whose two consumer warpgroups split dK's and dV's columns into whole panels) 256:
@@ -104,12 +111,6 @@ pub fn scratch_layout(variant: &Variant, shape: &ProblemShape, total_q: Option<u
     let head_dim = padded_head_dim(shape.head_dim);
     let counters = if deterministic { rows / variant.tile.block_m as usize * 4 } else { 0 };
     ((2 * rows * 4).next_multiple_of(256), rows * head_dim * 4 + counters)
-}
-
-/// Blocks of dQ's conversion over a dense batch's padded rows (256 threads, two columns a
-/// thread).
-pub fn dq_conversion_blocks(variant: &Variant, shape: &ProblemShape) -> u32 {
-    (padded_rows(variant, shape, None) * padded_head_dim(shape.head_dim) / 2).div_ceil(256) as u32
 }
 
 #[cfg(test)]
