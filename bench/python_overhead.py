@@ -11,12 +11,20 @@ Median of 15 samples each, for `flashcore.flash_attn_func` (the public function:
 fast path skips the dispatcher), `torch.ops.flashcore.fwd` (the registered op), and
 PyTorch's SDPA (cuDNN and FA2 backends) on the same tensors.
 
+Then training mode (docs/design.md §10's goals), on B1 S128 H8 D64 bf16 causal: the host
+time per call of 500 calls in a row, median of 5 repeats, of the forward without grad, the
+forward on inputs that require grad (autograd records it), and the backward
+(`torch.autograd.grad` of one forward's output, graph retained), for flashcore (BSHD) and
+SDPA (contiguous BHSD) with cuDNN forced, FA2 forced and PyTorch's default dispatch; a
+backend is forced once around the loop, not per call. The ratio is over SDPA-cuDNN's.
+
     python3 bench/python_overhead.py [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 
@@ -99,6 +107,60 @@ def calls(case):
     }
 
 
+TRAIN_CASE = (1, 128, 8, 64)  # B, S, H, D; causal
+TRAIN_CALLS, TRAIN_REPEATS = 500, 5
+GOALS = {"forward, no grad": 1.0, "forward, grad": 1.2, "backward": 1.0}  # flashcore / SDPA-cuDNN host time
+
+
+def host_per_call(fn, backend):
+    """Host µs per call of TRAIN_CALLS calls in a row, median of TRAIN_REPEATS; `backend`
+    (an SDPBackend or None) forced around the whole loop."""
+    times = []
+    for _ in range(TRAIN_REPEATS):
+        with sdpa_kernel([backend]) if backend is not None else contextlib.nullcontext():
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(TRAIN_CALLS):
+                fn()
+            t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        times.append((t1 - t0) * 1e6 / TRAIN_CALLS)
+    return median(times)
+
+
+def training_rows():
+    b, s, h, d = TRAIN_CASE
+    bshd = [torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    bhsd = [torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    grads = [t.detach().clone().requires_grad_() for t in bshd], [t.detach().clone().requires_grad_() for t in bhsd]
+    calls = {
+        "flashcore.flash_attn_func": (lambda q, k, v: flashcore.flash_attn_func(q, k, v, causal=True), False, None),
+        "sdpa-cudnn": (lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), True, SDPBackend.CUDNN_ATTENTION),
+        "sdpa-flash": (lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), True, SDPBackend.FLASH_ATTENTION),
+        "sdpa (default dispatch)": (lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), True, None),
+    }
+    rows = []
+    for label, (f, sdpa_layout, backend) in calls.items():
+        plain, needs_grad = (bhsd, grads[1]) if sdpa_layout else (bshd, grads[0])
+        with sdpa_kernel([backend]) if backend is not None else contextlib.nullcontext():
+            o = f(*needs_grad)
+        do = torch.randn_like(o)
+        times = {
+            "forward, no grad": host_per_call(lambda: f(*plain), backend),
+            "forward, grad": host_per_call(lambda: f(*needs_grad), backend),
+            "backward": host_per_call(lambda: torch.autograd.grad(o, needs_grad, do, retain_graph=True), backend),
+        }
+        rows += [dict(case="B{} S{} H{} D{} causal".format(*TRAIN_CASE), mode=m, call=label, host_us=t) for m, t in times.items()]
+    base = {r["mode"]: r["host_us"] for r in rows if r["call"] == "sdpa-cudnn"}
+    print(f"\ntraining mode, {'B{} S{} H{} D{} causal'.format(*TRAIN_CASE)}: host µs per call ({TRAIN_CALLS} in a row, median of {TRAIN_REPEATS})")
+    print(f"{'mode':18} {'call':28} {'host µs':>8} {'/ sdpa-cudnn':>12} {'goal':>6}")
+    for r in rows:
+        r["over_sdpa_cudnn"] = r["host_us"] / base[r["mode"]]
+        goal = f"<= {GOALS[r['mode']]}" if r["call"] == "flashcore.flash_attn_func" else ""
+        print(f"{r['mode']:18} {r['call']:28} {r['host_us']:8.1f} {r['over_sdpa_cudnn']:12.2f} {goal:>6}")
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json")
@@ -117,6 +179,7 @@ def main():
                 continue
             rows.append(dict(case=name, call=label, kernel_us=kernel, eager_us=eager, host_us=host, over_us=max(0.0, eager - kernel)))
             print(f"{name:34} {label:28} {kernel:10.2f} {eager:9.2f} {host:8.2f} {max(0.0, eager - kernel):8.2f}")
+    rows += training_rows()
     if args.json:
         env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, flashcore=flashcore.__version__, calls=CALLS, samples=SAMPLES)
         with open(args.json, "w") as f:

@@ -7,10 +7,12 @@
     table, lens = flashcore.block_table_from_indptr(kv_indptr, kv_indices, kv_last_page_len, page_size)  # FlashInfer's pages
     out = flashcore.scaled_dot_product_attention(q, k, v, is_causal=True)   # SDPA's
     attn = flashcore.integrations.transformers.register()         # attn_implementation=attn
+    from flashcore.flash_attn_interface import _flash_attn_forward   # flash_attn's low-level API
 
-The functions are `torch.library` ops (`torch.ops.flashcore.fwd`) with fake
-implementations, so `torch.compile(fullgraph=True)` traces them and CUDA graphs capture
-them. Kernels run on PyTorch's current stream; the first call of each kernel variant
+Eager calls go to the extension directly (through a `torch.autograd.Function` when autograd
+records); under torch.compile the functions are `torch.library` ops
+(`torch.ops.flashcore.fwd`) with fake implementations, so `torch.compile(fullgraph=True)`
+traces them. CUDA graphs capture either path. Kernels run on PyTorch's current stream; the first call of each kernel variant
 compiles it (seconds), later calls and later processes load it from the disk cache
 (`$FLASHCORE_CACHE_DIR`, else `~/.cache/flashcore`).
 """

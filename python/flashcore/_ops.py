@@ -178,8 +178,38 @@ def varlen_backward(
     D]`), from the forward's `o` and `lse [Hq, total_q]`: every element written (zero for rows
     that saw no key and keys no row saw, those past seqused_k included)."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    varlen_backward_into(
+        q, k, v, o, lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic, window, softcap
+    )
+    return dq, dk, dv
+
+
+def varlen_backward_into(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    lse: Tensor,
+    dout: Tensor,
+    dq: Tensor,
+    dk: Tensor,
+    dv: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    seqused_k: Optional[Tensor],
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float,
+    causal: bool,
+    deterministic: bool,
+    window: Tuple[int, int],
+    softcap: float,
+) -> None:
+    """`varlen_backward` into the given `dq`, `dk`, `dv` (packed like q, k, v; every element
+    written)."""
     if q.shape[0] == 0 or k.shape[0] == 0:
-        return dq.zero_(), dk.zero_(), dv.zero_()
+        dq.zero_(), dk.zero_(), dv.zero_()
+        return
     if dout.stride(-1) != 1:
         dout = dout.contiguous()  # autograd may hand over any layout; the kernels read rows
     _flashcore.attention_backward(
@@ -189,7 +219,6 @@ def varlen_backward(
         options_arg(softmax_scale, causal, window, softcap, deterministic=deterministic),
         varlen=_varlen_arg(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k),
     )
-    return dq, dk, dv
 
 
 @torch.library.custom_op("flashcore::varlen_fwd", mutates_args=(), device_types="cuda")
@@ -374,8 +403,30 @@ def backward(
     heads that share a KV head), under the forward's `window` and `softcap` (the backward
     kernels' window and softcap forms)."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    backward_into(q, k, v, o, lse, dout, dq, dk, dv, softmax_scale, causal, deterministic, window, softcap)
+    return dq, dk, dv
+
+
+def backward_into(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    lse: Tensor,
+    dout: Tensor,
+    dq: Tensor,
+    dk: Tensor,
+    dv: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    deterministic: bool,
+    window: Tuple[int, int],
+    softcap: float,
+) -> None:
+    """`backward` into the given `dq`, `dk`, `dv` (BSHD like q, k, v; every element written)."""
     if o.numel() == 0 or k.shape[1] == 0:
-        return dq.zero_(), dk.zero_(), dv.zero_()
+        dq.zero_(), dk.zero_(), dv.zero_()
+        return
     if dout.stride(-1) != 1:
         dout = dout.contiguous()  # autograd may hand over any layout; the kernels read rows
     kernel = _flashcore.attention_backward(
@@ -385,8 +436,7 @@ def backward(
         options_arg(softmax_scale, causal, window, softcap, deterministic=deterministic),
     )
     if kernel is not None and kernel.startswith("reference"):
-        warnings.warn(_SLOW_BACKWARD, stacklevel=3)  # once per call site, by Python's default filter
-    return dq, dk, dv
+        warnings.warn(_SLOW_BACKWARD, stacklevel=4)  # once per call site, by Python's default filter
 
 
 @torch.library.custom_op("flashcore::bwd", mutates_args=(), device_types="cuda")
@@ -429,3 +479,52 @@ def _fwd_backward(ctx, grad_o, grad_lse):
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
+
+
+# The eager path with autograd. torch.library's Python autograd layer (the op's dispatch,
+# its default filling and its autograd wrapper) cost ~80 µs a call in training mode on the
+# H100 host, five times SDPA's whole call; outside torch.compile the public functions call
+# the extension through these instead (the ops above stay for torch.compile and export).
+# Both go through `forward` / `backward` and their packed forms: one implementation.
+
+
+class Attention(torch.autograd.Function):
+    """`forward` with `backward` as its gradient, for eager calls that record autograd."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, softmax_scale, causal, window, softcap, num_splits, deterministic):
+        o, lse = forward(q, k, v, softmax_scale, causal, window, softcap, num_splits)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.options = (softmax_scale, causal, deterministic, window, softcap)
+        _lse_has_no_gradient(ctx, lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, grad_o, grad_lse):
+        if grad_o is None:  # the loss did not use o
+            return (None,) * 9
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = backward(q, k, v, o, lse, grad_o, *ctx.options)
+        return dq, dk, dv, None, None, None, None, None, None
+
+
+class VarlenAttention(torch.autograd.Function):
+    """`varlen_forward` with `varlen_backward` as its gradient, for eager calls that record
+    autograd."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window, softcap, deterministic):
+        o, lse = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window, softcap)
+        ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seqused_k)
+        ctx.options = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic, window, softcap)
+        _lse_has_no_gradient(ctx, lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, grad_o, grad_lse):
+        if grad_o is None:  # the loss did not use o
+            return (None,) * 13
+        q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seqused_k = ctx.saved_tensors
+        dq, dk, dv = varlen_backward(q, k, v, o, lse, grad_o, cu_seqlens_q, cu_seqlens_k, seqused_k, *ctx.options)
+        return (dq, dk, dv) + (None,) * 10
+

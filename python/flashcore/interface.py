@@ -55,14 +55,15 @@ def _scale(softmax_scale: Optional[float], head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
 
 
-def _fast_path(*tensors: Tensor) -> bool:
-    """Whether the op can be skipped for a direct call: plain tensors (no fake or subclass),
-    no tracing, and no autograd graph to record. Saves the dispatcher's few microseconds."""
-    if torch.compiler.is_compiling():
-        return False
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
-        return False
-    return all(type(t) is Tensor for t in tensors)
+def _eager(*tensors: Tensor) -> bool:
+    """Whether the call can skip the registered op and call the extension directly: plain
+    tensors (no fake or subclass) and no tracing. The op's dispatch costs a few microseconds,
+    and with autograd tens of microseconds (see `_ops.Attention`)."""
+    return not torch.compiler.is_compiling() and all(type(t) is Tensor for t in tensors)
+
+
+def _records_grad(*tensors: Tensor) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
 NO_WINDOW = (-1, -1)
@@ -80,9 +81,12 @@ def _attention(
     window: Tuple[int, int] = NO_WINDOW,
     softcap: float = 0.0,
 ) -> Tuple[Tensor, Optional[Tensor]]:
-    """(o, lse) through the op, or directly where nothing needs the op; lse may then be None
-    when not wanted (it is neither allocated nor written)."""
-    if _fast_path(q, k, v):
+    """(o, lse): eager, the extension directly (through `_ops.Attention` when autograd
+    records, else without autograd, lse then None when not wanted: neither allocated nor
+    written); traced or compiled, the registered op."""
+    if _eager(q, k, v):
+        if _records_grad(q, k, v):
+            return _ops.Attention.apply(q, k, v, scale, causal, window, softcap, num_splits, deterministic)
         return _ops.forward(q, k, v, scale, causal, window, softcap, num_splits, want_lse)
     return _ops.fwd(q, k, v, scale, causal, window[0], window[1], softcap, num_splits, deterministic)
 
@@ -243,9 +247,14 @@ def flash_attn_varlen_func(
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if not isinstance(value, numbers.Integral) or value < 0:
             raise ValueError(f"`{name}` must be an int >= 0, got {value!r}")
-    out, lse = _ops.varlen_fwd(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), int(max_seqlen_k), scale, bool(causal), window[0], window[1], softcap, bool(deterministic)
-    )
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), int(max_seqlen_k), scale, bool(causal))
+    if _eager(q, k, v):
+        if _records_grad(q, k, v):
+            out, lse = _ops.VarlenAttention.apply(*args, window, softcap, bool(deterministic))
+        else:
+            out, lse = _ops.varlen_forward(*args, window, softcap)
+    else:
+        out, lse = _ops.varlen_fwd(*args, window[0], window[1], softcap, bool(deterministic))
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -335,7 +344,7 @@ def flash_attn_with_kvcache(
     if not isinstance(num_splits, numbers.Integral) or num_splits < 0:
         raise ValueError(f"`num_splits` must be an int >= 0, got {num_splits!r}")
     scale, window, softcap = _score_args(q, softmax_scale, window_size, softcap)
-    if _fast_path(q, k_cache, v_cache):
+    if _eager(q, k_cache, v_cache):  # no autograd: the op has none either
         out, lse = _ops.kvcache_forward(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, bool(causal), window, softcap, int(num_splits), return_softmax_lse)
     else:
         out, lse = _ops.fwd_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, bool(causal), window[0], window[1], softcap, int(num_splits))

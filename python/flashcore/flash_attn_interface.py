@@ -1,0 +1,211 @@
+"""flash_attn's low-level functions, as the libraries built on FlashAttention call them
+(ring and sequence-parallel attention, serving engines): `_flash_attn_forward`,
+`_flash_attn_backward`, `_flash_attn_varlen_forward`, `_flash_attn_varlen_backward`, with
+flash-attn 2.8's parameter names, order, defaults and return values (libraries read them by
+name, e.g. with `inspect.getfullargspec`).
+
+- The forwards return `(out, softmax_lse, S_dmask, rng_state)`: `softmax_lse` `[B, Hq, Sq]`
+  (packed: `[Hq, total_q]`) f32, natural log; `S_dmask` an empty tensor (no dropout, so no
+  mask to return) and `rng_state` two int64 zeros, both only so that the tuple unpacks.
+- The backwards write `dq`, `dk`, `dv` into the caller's buffers (allocated here when None,
+  as flash-attn does, and then lost to the caller) and return `softmax_d`, rowsum(dO ∘ O) in
+  f32 laid out as flash-attn lays it out: `[B, Hq, round_up(Sq, 128)]`, packed `[Hq, total_q
+  + 128·B]` with sequence b's rows from `cu_seqlens_q[b] + 128·b`. FlashCore's kernels keep
+  their D_i internally; this one is computed by PyTorch after the kernel (a pass over dO and
+  O), since few callers read it.
+
+Plain eager functions (not registered ops): under torch.compile they run as a graph break.
+What FlashCore does not have raises `NotImplementedError` naming the argument: `dropout_p`
+other than 0, `alibi_slopes`, and for the packed forward `block_table` and `leftpad_k`.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _ops
+from .interface import _check, _check_int32, _score_args, _unsupported
+
+
+def _last_dim_contiguous(*tensors: Tensor) -> Tuple[Tensor, ...]:
+    return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in tensors)
+
+
+def _placeholders(q: Tensor) -> Tuple[Tensor, Tensor]:
+    """flash-attn's `S_dmask` (empty without dropout) and `rng_state` (seed and offset)."""
+    return torch.empty((0,), dtype=q.dtype, device=q.device), torch.zeros((2,), dtype=torch.int64, device=q.device)
+
+
+def _rowsum_do_o(dout: Tensor, out: Tensor) -> Tensor:
+    """rowsum(dO ∘ O) in f32 over the last dim: `[..., S, H]`."""
+    return torch.einsum("...d,...d->...", dout.float(), out.float())
+
+
+def _flash_attn_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    dropout_p: float,
+    softmax_scale: float,
+    causal: bool,
+    window_size_left: int,
+    window_size_right: int,
+    softcap: float,
+    alibi_slopes: Optional[Tensor],
+    return_softmax: bool,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Attention on BSHD `q [B, Sq, Hq, D]`, `k`, `v [B, Sk, Hkv, D]`: `(out, softmax_lse,
+    S_dmask, rng_state)` (see the module). `return_softmax` asks for the dropout mask, which
+    without dropout is empty."""
+    q, k, v = _last_dim_contiguous(q, k, v)
+    _check((("q", q), ("k", k), ("v", v)), "[B, S, H, D]")
+    scale, window, cap = _score_args(q, softmax_scale, (window_size_left, window_size_right), softcap, dropout_p, alibi_slopes)
+    out, lse = _ops.forward(q, k, v, scale, bool(causal), window, cap, 0, True)
+    return (out, lse, *_placeholders(q))
+
+
+def _flash_attn_varlen_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float,
+    softmax_scale: float,
+    causal: bool,
+    window_size_left: int = -1,
+    window_size_right: int = -1,
+    softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None,
+    return_softmax: bool = False,
+    block_table: Optional[Tensor] = None,
+    leftpad_k: Optional[Tensor] = None,
+    seqused_k: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Attention over a packed batch (`q [total_q, Hq, D]`, `k`, `v [total_k, Hkv, D]`, int32
+    `cu_seqlens_*` on q's device): `(out, softmax_lse [Hq, total_q], S_dmask, rng_state)`."""
+    for name, value in (("block_table", block_table), ("leftpad_k", leftpad_k)):
+        if value is not None:
+            raise _unsupported(name, "<tensor>")
+    q, k, v = _last_dim_contiguous(q, k, v)
+    _check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    scale, window, cap = _score_args(q, softmax_scale, (window_size_left, window_size_right), softcap, dropout_p, alibi_slopes)
+    out, lse = _ops.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), int(max_seqlen_k), scale, bool(causal), window, cap)
+    return (out, lse, *_placeholders(q))
+
+
+def _check_packed(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_k: Optional[Tensor]) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if isinstance(t, Tensor) and t.dim() != 3:
+            raise ValueError(f"`{name}` must have 3 dims [total, H, D], got shape {tuple(t.shape)}")
+    _check((("q", q.unsqueeze(0)), ("k", k.unsqueeze(0)), ("v", v.unsqueeze(0))), "[total, H, D]")
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)) + ((("seqused_k", seqused_k),) if seqused_k is not None else ()):
+        _check_int32(name, t, q, 1)
+
+
+def _grad_buffers(q: Tensor, k: Tensor, v: Tensor, dq: Optional[Tensor], dk: Optional[Tensor], dv: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+    """The caller's gradient buffers, each like its input, or new ones where None."""
+    out = []
+    for name, like, buf in (("dq", q, dq), ("dk", k, dk), ("dv", v, dv)):
+        if buf is None:
+            buf = torch.empty_like(like)
+        elif not isinstance(buf, Tensor) or buf.shape != like.shape or buf.dtype != like.dtype or buf.device != like.device:
+            got = f"{tuple(buf.shape)} {buf.dtype} on {buf.device}" if isinstance(buf, Tensor) else type(buf).__name__
+            raise ValueError(f"`{name}` must be shaped, typed and placed like its input ({tuple(like.shape)} {like.dtype} on {like.device}), got {got}")
+        out.append(buf)
+    return out[0], out[1], out[2]
+
+
+def _flash_attn_backward(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    softmax_lse: Tensor,
+    dq: Optional[Tensor],
+    dk: Optional[Tensor],
+    dv: Optional[Tensor],
+    dropout_p: float,
+    softmax_scale: float,
+    causal: bool,
+    window_size_left: int,
+    window_size_right: int,
+    softcap: float,
+    alibi_slopes: Optional[Tensor],
+    deterministic: bool,
+    rng_state: Optional[Tensor] = None,
+) -> Tensor:
+    """Gradients of attention on BSHD tensors into `dq`, `dk`, `dv`, from the forward's `out`
+    and `softmax_lse [B, Hq, Sq]`; returns `softmax_d [B, Hq, round_up(Sq, 128)]`. The
+    `softmax_lse` and `out` may be a merge of several calls (ring attention's): the gradient
+    is that of the attention they describe."""
+    dout, q, k, v, out = _last_dim_contiguous(dout, q, k, v, out)
+    _check((("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout)), "[B, S, H, D]")
+    scale, window, cap = _score_args(q, softmax_scale, (window_size_left, window_size_right), softcap, dropout_p, alibi_slopes)
+    softmax_lse = _lse_arg(softmax_lse, (q.shape[0], q.shape[2], q.shape[1]), q)
+    dq, dk, dv = _grad_buffers(q, k, v, dq, dk, dv)
+    _ops.backward_into(q, k, v, out, softmax_lse, dout, dq, dk, dv, scale, bool(causal), bool(deterministic), window, cap)
+    b, sq, h, _ = q.shape
+    softmax_d = torch.zeros((b, h, (sq + 127) // 128 * 128), dtype=torch.float32, device=q.device)
+    softmax_d[:, :, :sq] = _rowsum_do_o(dout, out).transpose(1, 2)
+    return softmax_d
+
+
+def _flash_attn_varlen_backward(
+    dout: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    softmax_lse: Tensor,
+    dq: Optional[Tensor],
+    dk: Optional[Tensor],
+    dv: Optional[Tensor],
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float,
+    softmax_scale: float,
+    causal: bool,
+    window_size_left: int,
+    window_size_right: int,
+    softcap: float,
+    alibi_slopes: Optional[Tensor],
+    deterministic: bool,
+    rng_state: Optional[Tensor] = None,
+) -> Tensor:
+    """Gradients of attention over a packed batch into `dq`, `dk`, `dv`, from `out` and
+    `softmax_lse [Hq, total_q]`; returns `softmax_d [Hq, total_q + 128·B]` (sequence b's rows
+    from `cu_seqlens_q[b] + 128·b`)."""
+    dout, q, k, v, out = _last_dim_contiguous(dout, q, k, v, out)
+    _check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, None)
+    _check((("q", q.unsqueeze(0)), ("out", out.unsqueeze(0)), ("dout", dout.unsqueeze(0))), "[total, H, D]")
+    scale, window, cap = _score_args(q, softmax_scale, (window_size_left, window_size_right), softcap, dropout_p, alibi_slopes)
+    softmax_lse = _lse_arg(softmax_lse, (q.shape[1], q.shape[0]), q)
+    dq, dk, dv = _grad_buffers(q, k, v, dq, dk, dv)
+    _ops.varlen_backward_into(
+        q, k, v, out, softmax_lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, None, int(max_seqlen_q), int(max_seqlen_k), scale, bool(causal), bool(deterministic), window, cap
+    )
+    total, h = q.shape[0], q.shape[1]
+    batch = cu_seqlens_q.shape[0] - 1
+    softmax_d = torch.zeros((h, total + 128 * batch), dtype=torch.float32, device=q.device)
+    rows = torch.arange(total, device=q.device)
+    sequence = torch.searchsorted(cu_seqlens_q[1:], rows.to(torch.int32), right=True)  # no host sync
+    softmax_d[:, rows + 128 * sequence] = _rowsum_do_o(dout, out).transpose(0, 1)
+    return softmax_d
+
+
+def _lse_arg(lse: object, shape: Tuple[int, ...], q: Tensor) -> Tensor:
+    """`softmax_lse` checked, contiguous (a merged LSE often arrives as a transposed view)."""
+    if not isinstance(lse, Tensor):
+        raise TypeError(f"`softmax_lse` must be a torch.Tensor, got {type(lse).__name__}")
+    if lse.dtype != torch.float32 or tuple(lse.shape) != shape or lse.device != q.device:
+        raise ValueError(f"`softmax_lse` must be a float32 tensor of shape {shape} on {q.device}, got {tuple(lse.shape)} {lse.dtype} on {lse.device}")
+    return lse.contiguous()
