@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from . import _ops
-from .interface import _check, _check_int32, _score_args, _unsupported
+from .interface import _check, _check_packed, _score_args, _unsupported
 
 
 def _last_dim_contiguous(*tensors: Tensor) -> Tuple[Tensor, ...]:
@@ -97,15 +97,6 @@ def _flash_attn_varlen_forward(
     scale, window, cap = _score_args(q, softmax_scale, (window_size_left, window_size_right), softcap, dropout_p, alibi_slopes)
     out, lse = _ops.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), int(max_seqlen_k), scale, bool(causal), window, cap)
     return (out, lse, *_placeholders(q))
-
-
-def _check_packed(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_k: Optional[Tensor]) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if isinstance(t, Tensor) and t.dim() != 3:
-            raise ValueError(f"`{name}` must have 3 dims [total, H, D], got shape {tuple(t.shape)}")
-    _check((("q", q.unsqueeze(0)), ("k", k.unsqueeze(0)), ("v", v.unsqueeze(0))), "[total, H, D]")
-    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)) + ((("seqused_k", seqused_k),) if seqused_k is not None else ()):
-        _check_int32(name, t, q, 1)
 
 
 def _grad_buffers(q: Tensor, k: Tensor, v: Tensor, dq: Optional[Tensor], dk: Optional[Tensor], dv: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:

@@ -187,6 +187,16 @@ def _check_int32(name: str, t: object, q: Tensor, dims: int) -> None:
         raise ValueError(f"`{name}` must have a contiguous last dim")
 
 
+def _check_packed(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_k: Optional[Tensor]) -> None:
+    """A packed batch's tensors (`[total, H, D]`) and int32 vectors, or the named error."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if isinstance(t, Tensor) and t.dim() != 3:
+            raise ValueError(f"`{name}` must have 3 dims [total, H, D], got shape {tuple(t.shape)}")
+    _check((("q", q.unsqueeze(0)), ("k", k.unsqueeze(0)), ("v", v.unsqueeze(0))), "[total, H, D]")
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)) + ((("seqused_k", seqused_k),) if seqused_k is not None else ()):
+        _check_int32(name, t, q, 1)
+
+
 def flash_attn_varlen_func(
     q: Tensor,
     k: Tensor,
@@ -237,12 +247,7 @@ def flash_attn_varlen_func(
     windows, softcaps and seqused_k included: keys past seqused_k get zero gradients).
     torch.compile traces both passes.
     """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if isinstance(t, Tensor) and t.dim() != 3:
-            raise ValueError(f"`{name}` must have 3 dims [total, H, D], got shape {tuple(t.shape)}")
-    _check((("q", q.unsqueeze(0)), ("k", k.unsqueeze(0)), ("v", v.unsqueeze(0))), "[total, H, D]")
-    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)) + ((("seqused_k", seqused_k),) if seqused_k is not None else ()):
-        _check_int32(name, t, q, 1)
+    _check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
     scale, window, softcap = _score_args(q, softmax_scale, window_size, softcap, dropout_p, alibi_slopes)
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if not isinstance(value, numbers.Integral) or value < 0:

@@ -112,24 +112,25 @@ def model_rel_l2(x, ref):
     return ((x - ref).norm() / ref.norm()).item()
 
 
-def training_step_gradients(model, impl, ids):
-    """Every parameter's gradient of one `loss.backward()` of the causal-LM loss on `ids`, with
-    attention implementation `impl` (float32 copies, by parameter name); the model's gradients
-    are cleared before and after."""
+def training_step_gradients(model, impl, **inputs):
+    """Every parameter's gradient of one `loss.backward()` of the model's loss on `inputs`
+    (`input_ids` and `labels` at least), with attention implementation `impl` (float32
+    copies, by parameter name); the model's gradients are cleared before and after."""
     model.set_attn_implementation(impl)
     model.zero_grad(set_to_none=True)
-    model(ids, labels=ids).loss.backward()
-    out = {n: p.grad.detach().float().clone() for n, p in model.named_parameters()}
+    model(**inputs).loss.backward()
+    out = {n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
     return out
 
 
-def check_training_step(label, fp32, bf16, ids, flashcore_impl, baseline):
+def check_training_step(label, fp32, bf16, flashcore_impl, baseline, **inputs):
     """One training step's gradients of the bf16 model with FlashCore's attention against the
     float32 model's with `baseline` (the reference), within the yardstick of the logits: 1.5x
-    the bf16 model's own error with `baseline`, plus 1e-3, for every parameter."""
-    ref, theirs = training_step_gradients(fp32, baseline, ids), training_step_gradients(bf16, baseline, ids)
-    ours = training_step_gradients(bf16, flashcore_impl, ids)
+    the bf16 model's own error with `baseline`, plus 1e-3, for every parameter. `inputs` go
+    to the model (`input_ids`, `labels`, and an `attention_mask` or `position_ids`)."""
+    ref, theirs = training_step_gradients(fp32, baseline, **inputs), training_step_gradients(bf16, baseline, **inputs)
+    ours = training_step_gradients(bf16, flashcore_impl, **inputs)
     assert ref.keys() == ours.keys() and len(ours) > 0
     rows = [(model_rel_l2(ours[n], ref[n]), model_rel_l2(theirs[n], ref[n]), n) for n in ref]
     worst = max(rows, key=lambda r: r[0] - 1.5 * r[1])

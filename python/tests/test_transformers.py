@@ -79,7 +79,7 @@ def test_training_step_gradients_agree_with_sdpa(models):
     name, fp32, bf16 = models
     g = torch.Generator(device="cuda").manual_seed(7)
     ids = torch.randint(0, 32000, (1, 512), device="cuda", generator=g)
-    check_training_step(name, fp32, bf16, ids, FLASHCORE, "sdpa")
+    check_training_step(name, fp32, bf16, FLASHCORE, "sdpa", input_ids=ids, labels=ids)
 
 
 def test_a_4d_mask_is_refused_not_ignored(models):

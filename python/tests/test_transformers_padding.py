@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch", reason="needs PyTorch")
 transformers = pytest.importorskip("transformers", reason="needs transformers")
 import flashcore  # noqa: E402
 from flashcore.integrations.transformers import attention_forward  # noqa: E402
-from helpers import model_rel_l2 as rel_l2  # noqa: E402
+from helpers import check_training_step, model_rel_l2 as rel_l2  # noqa: E402
 
 FLASHCORE = flashcore.integrations.transformers.register()
 VOCAB = 4096
@@ -133,25 +133,6 @@ def test_left_padded_greedy_generate_matches_each_prompt_alone(name):
         assert margin <= spread, f"{name} prompt {i} diverges at step {t}: SDPA's margin {margin:.3e} > the runs' difference {spread:.3e}"
 
 
-def gradients(model, impl, **inputs):
-    model.set_attn_implementation(impl)
-    model.zero_grad(set_to_none=True)
-    model(**inputs).loss.backward()
-    out = {n: p.grad.detach().float().clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-    return out
-
-
-def check_gradients(label, fp32, bf16, **inputs):
-    ref, theirs, ours = gradients(fp32, BASELINE, **inputs), gradients(bf16, BASELINE, **inputs), gradients(bf16, FLASHCORE, **inputs)
-    assert ref.keys() == ours.keys() and len(ours) > 0
-    rows = [(rel_l2(ours[n], ref[n]), rel_l2(theirs[n], ref[n]), n) for n in ref]
-    worst = max(rows, key=lambda r: r[0] - 1.5 * r[1])
-    print(f"{label}: {len(rows)} parameters, worst against fp32 {worst[2]}: flashcore {worst[0]:.3e}, {BASELINE} {worst[1]:.3e}")
-    for err_ours, err_theirs, n in rows:
-        assert err_ours <= 1.5 * err_theirs + 1e-3, f"{n}: flashcore {err_ours:.3e}, {BASELINE} {err_theirs:.3e}"
-
-
 @pytest.mark.parametrize("left", [False, True], ids=["right", "left"])
 def test_training_step_with_padding(models, left):
     name, fp32, bf16 = models
@@ -165,7 +146,7 @@ def test_training_step_with_padding(models, left):
         # FlashCore: 0), so its prediction is left out, as a collator leaves it out.
         labels[torch.arange(len(lengths)), 64 - torch.tensor(lengths)] = -100
     side = "left" if left else "right"
-    check_gradients(f"{name} {side}-padded training step", fp32, bf16, input_ids=ids, attention_mask=mask.long(), labels=labels, use_cache=False)
+    check_training_step(f"{name} {side}-padded", fp32, bf16, FLASHCORE, BASELINE, input_ids=ids, attention_mask=mask.long(), labels=labels, use_cache=False)
 
 
 def packed_inputs(lengths, seed):
@@ -180,7 +161,7 @@ def packed_inputs(lengths, seed):
 def test_training_step_with_packed_sequences(models):
     name, fp32, bf16 = models
     ids, position_ids, labels = packed_inputs([40, 70, 18], 3)
-    check_gradients(f"{name} packed training step", fp32, bf16, input_ids=ids, position_ids=position_ids, labels=labels, use_cache=False)
+    check_training_step(f"{name} packed", fp32, bf16, FLASHCORE, BASELINE, input_ids=ids, position_ids=position_ids, labels=labels, use_cache=False)
 
 
 def test_packed_logits_follow_the_sequences(models):

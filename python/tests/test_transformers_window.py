@@ -147,4 +147,5 @@ def test_training_through_windows_and_softcaps_matches_eager(models):
     # attention (window in its mask, softcap in PyTorch), within 1.5x eager bf16's own error
     # plus 1e-3: the yardstick of the logits.
     name, fp32, bf16 = models
-    check_training_step(name, fp32, bf16, ids_of(1, 512, 11), FLASHCORE, "eager")
+    ids = ids_of(1, 512, 11)
+    check_training_step(name, fp32, bf16, FLASHCORE, "eager", input_ids=ids, labels=ids)
