@@ -18,7 +18,10 @@ forward on inputs that require grad (autograd records it), and the backward
 SDPA (contiguous BHSD) with cuDNN forced, FA2 forced and PyTorch's default dispatch; a
 backend is forced once around the loop, not per call. The ratio is over SDPA-cuDNN's.
 
-    python3 bench/python_overhead.py [--json out.json]
+    python3 bench/python_overhead.py [--json out.json] [--profile MODE]
+
+`--profile MODE` ("forward, no grad", "forward, grad" or "backward") runs flashcore's calls
+of that mode under cProfile instead and prints where the host time goes, by function.
 """
 
 from __future__ import annotations
@@ -161,10 +164,43 @@ def training_rows():
     return rows
 
 
+def profile(mode):
+    """cProfile of TRAIN_CALLS flashcore calls of `mode` on the training problem: the 20
+    functions with the most time of their own."""
+    import cProfile
+    import pstats
+
+    b, s, h, d = TRAIN_CASE
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=mode != "forward, no grad") for _ in range(3))
+    o = flashcore.flash_attn_func(q, k, v, causal=True)
+    do = torch.randn_like(o)
+    calls = {
+        "forward, no grad": lambda: flashcore.flash_attn_func(q, k, v, causal=True),
+        "forward, grad": lambda: flashcore.flash_attn_func(q, k, v, causal=True),
+        "backward": lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True),
+    }
+    fn = calls[mode]
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(TRAIN_CALLS):
+        fn()
+    prof.disable()
+    torch.cuda.synchronize()
+    print(f"{mode}: {TRAIN_CALLS} calls under cProfile (times include the profiler's own cost)")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(20)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json")
+    ap.add_argument("--profile", choices=sorted(GOALS), help="cProfile flashcore's calls of this mode instead")
     args = ap.parse_args()
+    if args.profile:
+        profile(args.profile)
+        return
     rows = []
     print(f"{'case':34} {'call':28} {'kernel µs':>10} {'eager µs':>9} {'host µs':>8} {'over µs':>8}")
     for case in CASES:
