@@ -9,6 +9,8 @@ file holding that output) and every backend
     sdpa-efficient  SDPBackend.EFFICIENT_ATTENTION  (xFormers' memory-efficient kernel)
     flashcore-py    flashcore.flash_attn_func       (the Python package: same kernels as the
                                                      `flashcore` binary, plus the Python call)
+    flashcore-py-det  flashcore-py with deterministic=True (the backward's bitwise mode; timed
+                      beside flashcore-py, its ratio on the page is over the default's)
 
 this times one forward pass the way `flashcore bench` does (docs/design.md §9) and writes
 `anchors-<suite>-<system>.json` in the schema of `flashcore bench --json` (schema 1).
@@ -188,7 +190,8 @@ class Runner:
         self.mask = None
         self.refuse = None
         self.kernel = self.system
-        if key == "flashcore-py":
+        self.flashcore = key in ("flashcore-py", "flashcore-py-det")
+        if self.flashcore:
             self.kernel = "flashcore.flash_attn_varlen_func" if self.packed else "flashcore.flash_attn_func"
         elif self.softcap:
             self.refuse = "logit softcap not supported by PyTorch's SDPA backends"
@@ -223,10 +226,11 @@ class Runner:
         F = self.torch.nn.functional
         ops = self.torch.ops.aten
         c = self.case
-        if self.key == "flashcore-py":
+        if self.flashcore:
             import flashcore
 
             kw = dict(softmax_scale=self.scale, causal=c["causal"], window_size=self.window or (-1, -1), softcap=self.softcap)
+            kw["deterministic"] = self.key == "flashcore-py-det"
             if self.packed:
                 return flashcore.flash_attn_varlen_func(q, k, v, self.cu_q, self.cu_k, c["seqlen_q"], c["seqlen_k"], seqused_k=self.used, **kw)
             bshd = (t.transpose(1, 2) for t in (q, k, v))
@@ -262,7 +266,7 @@ class Runner:
         PyTorch's SDPA takes contiguous BHSD, so it gets contiguous copies. Each side is timed on
         the layout it is fastest on, as a user would call it. A packed batch is [total, H, D]
         for every backend."""
-        if self.key == "flashcore-py" or self.packed:
+        if self.flashcore or self.packed:
             return q, k, v
         return tuple(t.contiguous() for t in (q, k, v))
 
@@ -682,7 +686,7 @@ def main(argv=None):
     ap.add_argument("--suite-json", help="a file holding `flashcore bench --suite NAME --list-json` output")
     ap.add_argument("--flashcore", default=os.environ.get("FLASHCORE_BIN", "target/release/flashcore"), help="flashcore binary for --list-json")
     ap.add_argument("--out-dir", default=".", help="writes anchors-<suite>-<system>.json here")
-    ap.add_argument("--backends", default="cudnn,flash,efficient", help="comma list of cudnn, flash, efficient, flashcore-py")
+    ap.add_argument("--backends", default="cudnn,flash,efficient", help="comma list of cudnn, flash, efficient, flashcore-py, flashcore-py-det")
     ap.add_argument("--samples", type=int, default=30, help="timed samples per case (>= 20 for reported numbers)")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--sample-ms", type=float, default=2.0, help="target duration of one sample")

@@ -35,9 +35,12 @@ import schema  # noqa: E402  (pure functions; torch stays unimported)
 FC = "flashcore"
 # The same kernels through the Python package: a column of its own, never an anchor.
 FC_PY = "flashcore-py"
-KNOWN_ORDER = [FC, FC_PY, "sdpa-cudnn", "sdpa-flash", "sdpa-efficient"]
+# The package in deterministic mode: a column of its own, its ratio over flashcore-py's.
+FC_PY_DET = "flashcore-py-det"
+OURS = (FC, FC_PY, FC_PY_DET)  # never anchors
+KNOWN_ORDER = [FC, FC_PY, FC_PY_DET, "sdpa-cudnn", "sdpa-flash", "sdpa-efficient"]
 SUITE_ORDER = ["seed", "sweep", "quick"]
-COLORS = {FC: "#d62728", FC_PY: "#ff7f0e", "sdpa-cudnn": "#1f77b4", "sdpa-flash": "#2ca02c", "sdpa-efficient": "#9467bd"}
+COLORS = {FC: "#d62728", FC_PY: "#ff7f0e", FC_PY_DET: "#8c564b", "sdpa-cudnn": "#1f77b4", "sdpa-flash": "#2ca02c", "sdpa-efficient": "#9467bd"}
 SWEEP_TOKENS, SWEEP_HIDDEN = 16384, 2048
 
 
@@ -166,11 +169,14 @@ def suite_table(suite, suite_data, with_flashcore=False):
     if with_flashcore and FC not in suite_data:
         suite_data = dict(suite_data, **{FC: {"env": {}, "rows": {}, "order": [], "files": []}})
     systems = systems_in(suite_data)
-    anchor_systems = [s for s in systems if s not in (FC, FC_PY)]
+    anchor_systems = [s for s in systems if s not in OURS]
     subject = FC_PY if FC_PY in systems and anchor_systems else None
+    deterministic = FC_PY in systems and FC_PY_DET in systems
     head = ["B", "Sq", "Sk", "Hq(/Hkv)", "D", "mask", "dtype", "unit"] + [f"`{s}`" for s in systems]
     if subject:
         head.append("flashcore-py / best anchor")
+    if deterministic:
+        head.append("deterministic / default")
     head += (["flashcore-py µs"] if subject else []) + (["best anchor µs"] if anchor_systems else [])
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] * 7 + [":--"] + ["--:"] * (len(head) - 8)) + "|"]
     for name in case_order(suite_data, suite):
@@ -195,6 +201,10 @@ def suite_table(suite, suite_data, with_flashcore=False):
             else:
                 cells.append("—")
             cells.append(fmt_us(rows[subject]))
+        if deterministic:
+            det, default = vals[FC_PY_DET], vals[FC_PY]
+            same_method = det is not None and default is not None and comparable(rows[FC_PY_DET], rows[FC_PY])
+            cells.insert(len(cells) - (1 if subject else 0), f"{det / default:.2f}" if same_method else "—")
         if anchor_systems:
             ok = [rows[s] for s in anchor_systems if rows[s] and value(rows[s], suite)[0] is not None]
             cells.append(fmt_us(min(ok, key=lambda r: r["median_ms"]) if ok else None))
@@ -225,7 +235,7 @@ def training_step_table(suite, suite_data):
     or [] when no system has them: ms per system, and flashcore-py's speed-up over the fastest
     anchor timed the same way (the binary's column, from another process, in no ratio)."""
     systems = [s for s in systems_in(suite_data) if any(r.get("fwd_bwd_median_ms") for r in suite_data[s]["rows"].values())]
-    anchor_systems = [s for s in systems if s not in (FC, FC_PY)]
+    anchor_systems = [s for s in systems if s not in OURS]
     if FC_PY not in systems or not anchor_systems:
         return []
     head = ["B", "Sq", "Sk", "Hq(/Hkv)", "D", "mask", "dtype"] + [f"`{s}` ms" for s in systems] + ["fastest anchor / flashcore-py"]
@@ -569,6 +579,13 @@ def self_test():
             "sdpa-cudnn": {"env": {}, "files": [], "order": [c0["name"]], "rows": {c0["name"]: schema.make_row(c0, "cudnn", "ok", None, [1.5], fwd_bwd_median_ms=3.0)}}}}
         lines = training_step_table("bwd", step["bwd"])
         assert len(lines) == 3 and lines[2].endswith("| 2.000 | 3.000 | 1.50× |"), lines
+        # Deterministic mode beside the default: its own column and ratio, never an anchor
+        # (cuDNN at 1.5 ms stays the best anchor though the deterministic row is 1.2 ms).
+        det = dict(step["bwd"], **{FC_PY_DET: {"env": {}, "files": [], "order": [c0["name"]], "rows": {c0["name"]: schema.make_row(c0, "bwd", "ok", None, [1.2])}}})
+        dlines, _ = suite_table("bwd", det)
+        assert dlines[0].split("|")[-5:-1] == [" flashcore-py / best anchor ", " deterministic / default ", " flashcore-py µs ", " best anchor µs "], dlines[0]
+        dcells = [x.strip() for x in dlines[2].strip().strip("|").split("|")]
+        assert dcells[-4:] == ["1.50× (cudnn)", "0.83", "1000", "1500"], dcells
         assert training_step_table("sweep", data["sweep"]) == []
     print(f"report.py self-test: ok ({plot_note})")
     return 0

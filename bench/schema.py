@@ -11,6 +11,7 @@ import os
 SCHEMA = 1
 SYSTEMS = {
     "flashcore-py": ("flashcore-py", None),
+    "flashcore-py-det": ("flashcore-py-det", None),  # deterministic=True: the backward's bitwise mode
     "cudnn": ("sdpa-cudnn", "CUDNN_ATTENTION"),
     "flash": ("sdpa-flash", "FLASH_ATTENTION"),
     "efficient": ("sdpa-efficient", "EFFICIENT_ATTENTION"),
