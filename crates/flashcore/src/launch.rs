@@ -352,7 +352,8 @@ fn backward_sm80(stream: &CudaStream, kernel: &LoadedKernel, p: &BwdParams, call
 /// dQ conversion, the last two programmatic dependents of the launch before them (they wait
 /// for it where they first read its output, so their launches overlap its tail). Prep and the
 /// conversion run over the query blocks (packed: the longest sequence's), the main kernel over
-/// at least one key block (packed, key block 0's CTAs zero dK and dV past seqused_k). A launch of an empty grid (a packed batch without queries) is left out.
+/// at least one key block (packed, key block 0's CTAs zero dK and dV past seqused_k). A launch
+/// of an empty grid (a packed batch without queries) is left out.
 fn backward_sm90(stream: &CudaStream, kernel: &LoadedKernel, p: &BwdParams, call: &BwdLaunch) -> Result<()> {
     let [prep, dq] = kernel.aux.as_slice() else {
         return Err(Error::Unsupported { kernel: kernel.variant.name(), msg: "lacks its prep and dQ entry points".into() });
