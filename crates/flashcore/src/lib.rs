@@ -67,5 +67,5 @@ pub use launch::LoadedKernel;
 pub use paged::{check_values as check_paged_values, BlockTableView, PagedKv, PAGE_SIZE_MULTIPLE};
 pub use params::{AttnParams, Window};
 pub use shape::ProblemShape;
-pub use tensor::{DType, Layout, LseView, LseViewMut, TensorView, TensorViewMut};
+pub use tensor::{DType, DeviceVec, DeviceVecMut, Layout, LseView, LseViewMut, TensorView, TensorViewMut};
 pub use varlen::{check_values as check_varlen_values, SeqLensView, VarlenBatch};

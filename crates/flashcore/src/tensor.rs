@@ -177,18 +177,18 @@ impl Layout {
     }
 }
 
-/// A borrowed log-sum-exp buffer on the device: `[B, Hq, Sq]` f32, contiguous, as the
-/// forward writes it (the backward reads it).
+/// A borrowed 1-D vector of `T` on the device (read by the kernels): the log-sum-exp the
+/// backward reads ([`LseView`]), `cu_seqlens` and `seqused_k` ([`SeqLensView`](crate::SeqLensView)).
 #[derive(Debug, Clone, Copy)]
-pub struct LseView<'a> {
+pub struct DeviceVec<'a, T> {
     pub(crate) ptr: u64,
     pub(crate) len: usize,
-    _borrow: PhantomData<&'a ()>,
+    _borrow: PhantomData<&'a T>,
 }
 
-impl<'a> LseView<'a> {
-    /// A view of `slice` (e.g. [`AttnOutput::lse`](crate::AttnOutput)).
-    pub fn of(slice: &'a CudaSlice<f32>) -> Self {
+impl<'a, T> DeviceVec<'a, T> {
+    /// A view of `slice`.
+    pub fn of(slice: &'a CudaSlice<T>) -> Self {
         let (ptr, _sync) = slice.device_ptr(slice.stream());
         Self { ptr, len: slice.len(), _borrow: PhantomData }
     }
@@ -196,40 +196,12 @@ impl<'a> LseView<'a> {
     /// A view of caller-owned memory.
     ///
     /// # Safety
-    /// `ptr` is device memory of `len` f32 values that outlives the view's use.
-    pub unsafe fn from_raw(ptr: u64, len: usize) -> Self {
-        Self { ptr, len, _borrow: PhantomData }
-    }
-}
-
-/// A writable log-sum-exp buffer on the device: `[B, Hq, Sq]` f32, contiguous (packed:
-/// `[Hq, total_q]`), where the forward writes it.
-#[derive(Debug)]
-pub struct LseViewMut<'a> {
-    pub(crate) ptr: u64,
-    pub(crate) len: usize,
-    _borrow: PhantomData<&'a mut ()>,
-}
-
-impl<'a> LseViewMut<'a> {
-    /// A writable view of `slice` (e.g. [`AttnOutput::lse`](crate::AttnOutput)).
-    pub fn of(slice: &'a mut CudaSlice<f32>) -> Self {
-        let stream = slice.stream().clone();
-        let len = slice.len();
-        let (ptr, _sync) = slice.device_ptr_mut(&stream);
-        Self { ptr, len, _borrow: PhantomData }
-    }
-
-    /// A writable view of caller-owned memory.
-    ///
-    /// # Safety
-    /// `ptr` is device memory of `len` f32 values that outlives the view's use and that
-    /// nothing else reads or writes meanwhile.
+    /// `ptr` is device memory of `len` values of `T` that outlives the view's use.
     pub unsafe fn from_raw(ptr: u64, len: usize) -> Self {
         Self { ptr, len, _borrow: PhantomData }
     }
 
-    /// Its length in f32 values.
+    /// Its length in values of `T`.
     pub fn len(&self) -> usize {
         self.len
     }
@@ -239,6 +211,53 @@ impl<'a> LseViewMut<'a> {
         self.len == 0
     }
 }
+
+/// A borrowed 1-D vector of `T` on the device that the kernels write: the forward's
+/// log-sum-exp ([`LseViewMut`]).
+#[derive(Debug)]
+pub struct DeviceVecMut<'a, T> {
+    pub(crate) ptr: u64,
+    pub(crate) len: usize,
+    _borrow: PhantomData<&'a mut T>,
+}
+
+impl<'a, T> DeviceVecMut<'a, T> {
+    /// A writable view of `slice`.
+    pub fn of(slice: &'a mut CudaSlice<T>) -> Self {
+        let stream = slice.stream().clone();
+        let len = slice.len();
+        let (ptr, _sync) = slice.device_ptr_mut(&stream);
+        Self { ptr, len, _borrow: PhantomData }
+    }
+
+    /// A writable view of caller-owned memory.
+    ///
+    /// # Safety
+    /// `ptr` is device memory of `len` values of `T` that outlives the view's use and that
+    /// nothing else reads or writes meanwhile.
+    pub unsafe fn from_raw(ptr: u64, len: usize) -> Self {
+        Self { ptr, len, _borrow: PhantomData }
+    }
+
+    /// Its length in values of `T`.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// A borrowed log-sum-exp buffer on the device: `[B, Hq, Sq]` f32, contiguous (packed:
+/// `[Hq, total_q]`), as the forward writes it (the backward reads it). A view of
+/// [`AttnOutput::lse`](crate::AttnOutput) with [`DeviceVec::of`].
+pub type LseView<'a> = DeviceVec<'a, f32>;
+
+/// A writable log-sum-exp buffer on the device: `[B, Hq, Sq]` f32, contiguous (packed:
+/// `[Hq, total_q]`), where the forward writes it.
+pub type LseViewMut<'a> = DeviceVecMut<'a, f32>;
 
 #[cfg(test)]
 mod tests {

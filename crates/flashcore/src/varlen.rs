@@ -1,46 +1,13 @@
 //! Packed (varlen) batches: sequences of their own lengths in one tensor, without padding,
 //! as flash_attn's `flash_attn_varlen_func`.
 
-use std::marker::PhantomData;
-
-use cudarc::driver::{CudaSlice, DevicePtr};
-
 use crate::error::{Error, Result};
 use crate::shape::ProblemShape;
+use crate::tensor::DeviceVec;
 
-/// A borrowed int32 vector on the device: `cu_seqlens` or `seqused_k`.
-#[derive(Debug, Clone, Copy)]
-pub struct SeqLensView<'a> {
-    pub(crate) ptr: u64,
-    pub(crate) len: usize,
-    _borrow: PhantomData<&'a ()>,
-}
-
-impl<'a> SeqLensView<'a> {
-    /// A view of `slice`.
-    pub fn of(slice: &'a CudaSlice<i32>) -> Self {
-        let (ptr, _sync) = slice.device_ptr(slice.stream());
-        Self { ptr, len: slice.len(), _borrow: PhantomData }
-    }
-
-    /// A view of caller-owned memory.
-    ///
-    /// # Safety
-    /// `ptr` is device memory of `len` int32 values that outlives the view's use.
-    pub unsafe fn from_raw(ptr: u64, len: usize) -> Self {
-        Self { ptr, len, _borrow: PhantomData }
-    }
-
-    /// Its length.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether it is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-}
+/// A borrowed int32 vector on the device: `cu_seqlens` or `seqused_k` (and a KV cache's
+/// `cache_seqlens`).
+pub type SeqLensView<'a> = DeviceVec<'a, i32>;
 
 /// A packed batch of `B` sequences (flash_attn's varlen convention).
 ///
