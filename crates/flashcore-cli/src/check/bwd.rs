@@ -202,10 +202,9 @@ pub fn check_one(ctx: &Context, spec: &BwdSpec) -> Result<Outcome> {
     let bhsd = if spec.storage == Storage::Bhsd { "_bhsd" } else { "" };
     let large = if spec.inputs == Inputs::LargeLogits { "_large-logits" } else { "" };
     let det = if spec.deterministic { "_deterministic" } else { "" };
-    let window = if spec.window == Window::UNBOUNDED { String::new() } else { format!("_w{},{}", spec.window.left, spec.window.right) };
-    let softcap = if spec.softcap > 0.0 { format!("_cap{}", spec.softcap) } else { String::new() };
+    let score = super::score_suffix(spec.window, spec.softcap);
     Ok(Outcome {
-        spec_name: format!("bwd_{}{bhsd}{large}{window}{softcap}{det}", case.name),
+        spec_name: format!("bwd_{}{bhsd}{large}{score}{det}", case.name),
         kernel: spec.family,
         oracle: "cpu-f64",
         rel,

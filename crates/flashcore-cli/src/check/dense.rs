@@ -201,9 +201,8 @@ pub fn check_one(ctx: &Context, family: KernelFamily, spec: &Spec) -> Result<Out
     let splits = spec.splits.map(|n| format!("_split{n}")).unwrap_or_default();
     let scale = spec.scale.map(|s| format!("_scale{s}")).unwrap_or_default();
     let bhsd = if spec.storage == Storage::Bhsd { "_bhsd" } else { "" };
-    let window = if spec.window == Window::UNBOUNDED { String::new() } else { format!("_w{},{}", spec.window.left, spec.window.right) };
-    let softcap = if spec.softcap > 0.0 { format!("_cap{}", spec.softcap) } else { String::new() };
-    let name = format!("{}{}{bhsd}{splits}{scale}{window}{softcap}", case.name, inputs_suffix(spec.inputs));
+    let score = super::score_suffix(spec.window, spec.softcap);
+    let name = format!("{}{}{bhsd}{splits}{scale}{score}", case.name, inputs_suffix(spec.inputs));
     Ok(Outcome { spec_name: name, kernel: family, oracle, rel, max_abs, lse_err, deterministic, failure })
 }
 

@@ -122,3 +122,30 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
 fn family_names() -> String {
     KernelFamily::ALL.map(|f| f.name()).join(", ")
 }
+
+/// The case-name suffix of the score options, one spelling for every family's cases:
+/// `_w{left},{right}` for a window, then `_cap{x}` for a softcap (empty when both are off).
+pub(crate) fn score_suffix(window: flashcore::Window, softcap: f32) -> String {
+    let mut suffix = String::new();
+    if window != flashcore::Window::UNBOUNDED {
+        suffix += &format!("_w{},{}", window.left, window.right);
+    }
+    if softcap > 0.0 {
+        suffix += &format!("_cap{softcap}");
+    }
+    suffix
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::score_suffix;
+    use flashcore::Window;
+
+    #[test]
+    fn score_options_spell_as_the_case_names_always_have() {
+        assert_eq!(score_suffix(Window::UNBOUNDED, 0.0), "");
+        assert_eq!(score_suffix(Window::new(4096, 0), 0.0), "_w4096,0");
+        assert_eq!(score_suffix(Window::new(-1, 7), 30.0), "_w-1,7_cap30");
+        assert_eq!(score_suffix(Window::UNBOUNDED, 1.5), "_cap1.5");
+    }
+}

@@ -57,12 +57,7 @@ impl VarlenSpec {
         if self.seqused {
             name += "_seqused";
         }
-        if self.window != Window::UNBOUNDED {
-            name += &format!("_w{},{}", self.window.left, self.window.right);
-        }
-        if self.softcap > 0.0 {
-            name += &format!("_cap{}", self.softcap);
-        }
+        name += &super::score_suffix(self.window, self.softcap);
         if let Some(n) = self.splits {
             name += &format!("_split{n}");
         }

@@ -56,12 +56,7 @@ impl PagedSpec {
             if self.causal { "causal" } else { "full" },
             self.dtype.name()
         );
-        if self.window != Window::UNBOUNDED {
-            name += &format!("_w{},{}", self.window.left, self.window.right);
-        }
-        if self.softcap > 0.0 {
-            name += &format!("_cap{}", self.softcap);
-        }
+        name += &super::score_suffix(self.window, self.softcap);
         if let Some(n) = self.splits {
             name += &format!("_split{n}");
         }
