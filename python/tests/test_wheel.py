@@ -119,7 +119,7 @@ def test_one_abi3_wheel_for_cpython_3_9_and_later(wheel):
 
 def test_wheel_holds_the_package(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    for f in ("__init__.py", "_ops.py", "interface.py", "_device.py", "_nvrtc.py", "integrations/transformers.py", "py.typed", "_flashcore.pyi", "_flashcore.abi3.so"):
+    for f in ("__init__.py", "_ops.py", "interface.py", "flash_attn_interface.py", "paging.py", "_device.py", "_nvrtc.py", "integrations/transformers.py", "py.typed", "_flashcore.pyi", "_flashcore.abi3.so"):
         assert f"flashcore/{f}" in names, f
 
 
