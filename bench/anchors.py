@@ -344,16 +344,55 @@ def reference_rel_error(torch, case, q, k, v, o):
     return math.sqrt(num / den) if den > 0 else math.sqrt(num)
 
 
+class SmClock:
+    """The GPU's current SM clock in MHz through NVML (the driver's libnvidia-ml, by ctypes:
+    no package needed), for the rows' `sm_clock_mhz`: the clock right after the settle and
+    right after the samples, so that a page can say at what clock each backend ran (the H100's
+    follows its power cap). `read()` is None where NVML is not there (`why` says so); the
+    device is found by its PCI bus id, so CUDA_VISIBLE_DEVICES cannot swap it."""
+
+    NVML_CLOCK_SM = 1
+
+    def __init__(self, torch=None, device=0):
+        import ctypes
+
+        self.handle, self.why = None, None
+        try:
+            self.nvml = ctypes.CDLL("libnvidia-ml.so.1")
+            if self.nvml.nvmlInit_v2() != 0:
+                raise OSError("nvmlInit_v2 failed")
+            handle = ctypes.c_void_p()
+            if torch is not None and hasattr(torch.cuda.get_device_properties(device), "pci_bus_id"):
+                props = torch.cuda.get_device_properties(device)
+                bus = f"{props.pci_domain_id:08X}:{props.pci_bus_id:02X}:{props.pci_device_id:02X}.0".encode()
+                rc = self.nvml.nvmlDeviceGetHandleByPciBusId_v2(ctypes.c_char_p(bus), ctypes.byref(handle))
+            else:
+                rc = self.nvml.nvmlDeviceGetHandleByIndex_v2(ctypes.c_uint(device), ctypes.byref(handle))
+            if rc != 0:
+                raise OSError(f"no NVML handle for the device (NVML error {rc})")
+            self.handle, self.ctypes = handle, ctypes
+        except OSError as e:
+            self.why = f"SM clock not recorded: {e}"
+
+    def read(self):
+        if self.handle is None:
+            return None
+        mhz = self.ctypes.c_uint()
+        rc = self.nvml.nvmlDeviceGetClockInfo(self.handle, self.ctypes.c_uint(self.NVML_CLOCK_SM), self.ctypes.byref(mhz))
+        return int(mhz.value) if rc == 0 else None
+
+
 def calls_per_sample(one_ms, target_ms):
     """N back-to-back calls a sample: about `target_ms` of work, 1..1000 calls."""
     return int(min(1000, max(1, math.ceil(target_ms / max(one_ms, 1e-4)))))
 
 
-def replay_samples(g, stream, n, samples, settle_ms):
+def replay_samples(g, stream, n, samples, settle_ms, clocks=None):
     """Samples of graph `g` (N calls) on `stream`, in ms a call. First `g` is replayed for
     `settle_ms`, so that the samples see the SM clock this row's own load holds under the power
     cap, not the clock the previous row left (on an H100 a 16k forward read 3.1 ms settled and
-    3.4 ms right after FlashAttention-2's rows)."""
+    3.4 ms right after FlashAttention-2's rows). With `clocks` = (an `SmClock`, a list), the
+    SM clock after the settle and after the samples is appended to the list."""
     import torch
 
     t0 = time.perf_counter()
@@ -362,6 +401,8 @@ def replay_samples(g, stream, n, samples, settle_ms):
         stream.synchronize()
         if (time.perf_counter() - t0) * 1e3 >= settle_ms:
             break
+    if clocks is not None:
+        clocks[1].append(clocks[0].read())
     ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     out = []
     for _ in range(samples):
@@ -370,11 +411,14 @@ def replay_samples(g, stream, n, samples, settle_ms):
         ev1.record(stream)
         ev1.synchronize()
         out.append(ev0.elapsed_time(ev1) / n)
+    if clocks is not None:
+        clocks[1].append(clocks[0].read())
     return out
 
 
-def time_calls(torch, fn, sets, warmup, samples, target_ms, use_graph, settle_ms=300.0):
-    """Returns (samples_ms, calls_per_sample): each sample the mean of N back-to-back calls."""
+def time_calls(torch, fn, sets, warmup, samples, target_ms, use_graph, settle_ms=300.0, clocks=None):
+    """Returns (samples_ms, calls_per_sample): each sample the mean of N back-to-back calls;
+    `clocks` as in `replay_samples`."""
     stream = torch.cuda.current_stream()
     ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     n_sets = len(sets)
@@ -401,10 +445,10 @@ def time_calls(torch, fn, sets, warmup, samples, target_ms, use_graph, settle_ms
     with torch.cuda.graph(g):
         for i in range(n):
             fn(*sets[i % n_sets])
-    return replay_samples(g, stream, n, samples, settle_ms), n
+    return replay_samples(g, stream, n, samples, settle_ms, clocks), n
 
 
-def time_on_stream(torch, fn, stream, warmup, samples, target_ms, use_graph, settle_ms=300.0):
+def time_on_stream(torch, fn, stream, warmup, samples, target_ms, use_graph, settle_ms=300.0, clocks=None):
     """`time_calls` for work that must stay on `stream`: autograd runs a backward on the
     stream its forward ran on, so the forward, the warm-up, the capture and the replays all
     use `stream` (a side stream: the legacy default stream cannot be captured). Returns
@@ -428,7 +472,7 @@ def time_on_stream(torch, fn, stream, warmup, samples, target_ms, use_graph, set
         with torch.cuda.graph(g, stream=stream):
             for _ in range(n):
                 fn()
-        return replay_samples(g, stream, n, samples, settle_ms), n
+        return replay_samples(g, stream, n, samples, settle_ms, clocks), n
 
 
 def exception_text(e, caught):
@@ -496,9 +540,10 @@ def bench_case(torch, key, case, args, l2_bytes):
         with runner.ctx():
             timing = "graph" if args.timing == "graph" else "eager"
             graph_note = None
+            clocks = []
             if timing == "graph":
                 try:
-                    samples, n = time_calls(torch, runner, sets, args.warmup, args.samples, args.sample_ms, True)
+                    samples, n = time_calls(torch, runner, sets, args.warmup, args.samples, args.sample_ms, True, clocks=(args.sm_clock, clocks))
                 except Exception as e:  # noqa: BLE001
                     torch.cuda.synchronize()
                     graph_note = f"CUDA graph capture failed, eager timing: {type(e).__name__}: {str(e).strip()[:300]}"
@@ -522,6 +567,7 @@ def bench_case(torch, key, case, args, l2_bytes):
             calls_per_sample=n,
             input_sets=n_sets,
             eager_median_ms=eager_sorted[len(eager_sorted) // 2],
+            sm_clock_mhz=clocks,
         )
     except torch.cuda.OutOfMemoryError as e:
         return make_row(case, runner.kernel, "error", f"OutOfMemoryError: {str(e).strip()[:500]}")
@@ -567,8 +613,10 @@ def bench_backward_case(torch, key, case, args):
             with runner.ctx():
                 torch.autograd.grad(runner(q, k, v), (q, k, v), dout)
 
+        clocks = []
+
         def timed(fn, use_graph):
-            return time_on_stream(torch, fn, stream, args.warmup, args.samples, args.sample_ms, use_graph)
+            return time_on_stream(torch, fn, stream, args.warmup, args.samples, args.sample_ms, use_graph, clocks=(args.sm_clock, clocks))
 
         timing, note = args.timing, None
         if timing == "graph":
@@ -596,6 +644,7 @@ def bench_backward_case(torch, key, case, args):
             eager_median_ms=median(eager),
             fwd_bwd_samples_ms=both,
             fwd_bwd_median_ms=median(both),
+            sm_clock_mhz=clocks,
         )
     except torch.cuda.OutOfMemoryError as e:
         return make_row(case, runner.kernel, "error", f"OutOfMemoryError: {str(e).strip()[:500]}", flop_factor=flop_factor)
@@ -623,6 +672,8 @@ def pool_rounds(rows, flop_factor):
     if first.get("fwd_bwd_samples_ms"):
         extra["fwd_bwd_samples_ms"] = pooled("fwd_bwd_samples_ms")
         extra["fwd_bwd_median_ms"] = median(extra["fwd_bwd_samples_ms"])
+    if "sm_clock_mhz" in first:
+        extra["sm_clock_mhz"] = pooled("sm_clock_mhz")
     messages = sorted({r["message"] for r in rows if r["message"]})
     return make_row(first["case"], first["kernel"], "ok", "; ".join(messages) or None, pooled("samples_ms"), first["rel_error"], flop_factor, **extra)
 
@@ -635,6 +686,8 @@ def print_row(system, case, row, when):
     rel = f"{row['rel_error']:.1e}" if row["rel_error"] is not None else "—"
     eager = f"{row['eager_median_ms'] * 1e3:.1f} us" if row.get("eager_median_ms") is not None else "—"
     both = f"  fwd+bwd {row['fwd_bwd_median_ms'] * 1e3:.1f} us" if row.get("fwd_bwd_median_ms") else ""
+    mhz = [c for c in row.get("sm_clock_mhz") or [] if c is not None]
+    both += f"  SM {min(mhz)}-{max(mhz)} MHz" if mhz else ""
     print(f"{system:<15} {case['name']:<44} {row['median_ms'] * 1e3:10.1f} us  {val:8.1f} {unit:<6} rel {rel}  eager {eager}{both}  ({when})", flush=True)
 
 
@@ -716,6 +769,8 @@ def main(argv=None):
     torch.backends.cudnn.allow_tf32 = False
     os.makedirs(args.out_dir, exist_ok=True)
     env = torch_env(torch, " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]))
+    args.sm_clock = SmClock(torch)
+    env["sm_clock"] = args.sm_clock.why or "NVML, after each graph's settle and after its samples (sm_clock_mhz)"
     l2 = env["l2_bytes"] or 50 << 20
     print(f"# {env['device']}  torch {env['torch']}  CUDA {env['cuda_runtime']}  cuDNN {env['cudnn']}  suite {suite}: {len(cases)} cases", flush=True)
     # Rounds, and within a round each case's backends back to back: a clock step (the power
@@ -747,6 +802,10 @@ def main(argv=None):
 
 
 def self_test():
+    # The SM clock: an int from NVML where a GPU and its driver are, else None and the reason.
+    clock = SmClock()
+    mhz = clock.read()
+    assert (mhz is None and clock.why) or (isinstance(mhz, int) and mhz > 0 and clock.why is None), (mhz, clock.why)
     # Calls a sample: ~2 ms of work, 1..1000 calls, a zero-time call counts as 0.1 us.
     assert (calls_per_sample(0.5, 2.0), calls_per_sample(5.0, 2.0), calls_per_sample(0.0, 2.0)) == (4, 1, 1000)
     # FLOPs: dense, causal Sq = Sk exactly half, bottom-right counts by brute force.

@@ -224,6 +224,9 @@ def suite_table(suite, suite_data, with_flashcore=False):
         errs = [r["rel_error"] for r in suite_data[s]["rows"].values() if r.get("status") == "ok" and isinstance(r.get("rel_error"), (int, float))]
         if errs:
             notes.append(f"- `{s}`: max rel. error vs reference {max(errs):.1e} over {len(errs)} ok rows")
+        mhz = [c for r in suite_data[s]["rows"].values() for c in (r.get("sm_clock_mhz") or []) if isinstance(c, int)]
+        if mhz:
+            notes.append(f"- `{s}`: SM clock {min(mhz)}–{max(mhz)} MHz (NVML, after each row's settle and after its samples)")
     fc_kernels = sorted({r.get("kernel") for r in suite_data.get(FC, {}).get("rows", {}).values() if r.get("kernel")})
     if fc_kernels:
         notes.append(f"- flashcore kernels: {', '.join(f'`{k}`' for k in fc_kernels)}")
@@ -586,6 +589,10 @@ def self_test():
         assert dlines[0].split("|")[-5:-1] == [" flashcore-py / best anchor ", " deterministic / default ", " flashcore-py µs ", " best anchor µs "], dlines[0]
         dcells = [x.strip() for x in dlines[2].strip().strip("|").split("|")]
         assert dcells[-4:] == ["1.50× (cudnn)", "0.83", "1000", "1500"], dcells
+        # The SM clock the rows recorded becomes a note per system (None readings left out).
+        step["bwd"][FC_PY]["rows"][c0["name"]]["sm_clock_mhz"] = [1980, None, 1755]
+        _, cnotes = suite_table("bwd", step["bwd"])
+        assert "- `flashcore-py`: SM clock 1755–1980 MHz (NVML, after each row's settle and after its samples)" in cnotes, cnotes
         assert training_step_table("sweep", data["sweep"]) == []
     print(f"report.py self-test: ok ({plot_note})")
     return 0
