@@ -128,6 +128,16 @@ fn utc_date(unix_secs: u64) -> String {
     format!("{year:04}-{month:02}-{day:02}")
 }
 
+/// A forward case timed twice, the way `--eager` asks (`graph`) and eager (the row's
+/// `eager_median_ms`), or, where the library refused or failed, the case's row saying so
+/// ("unsupported" for what FlashCore does not run, else "error").
+pub fn timed_and_eager<T>(case: &Case, graph: bool, mut timed: impl FnMut(bool) -> flashcore::Result<T>) -> Result<(T, T), Box<Row>> {
+    timed(graph).and_then(|t| Ok((t, timed(false)?))).map_err(|e| {
+        let status = if matches!(e, flashcore::Error::Unsupported { .. }) { "unsupported" } else { "error" };
+        Box::new(unsupported(case, status, e.to_string()))
+    })
+}
+
 /// The row of a case that did not run: `status` ("unsupported" or "error") and why.
 pub fn unsupported(case: &Case, status: &str, message: String) -> Row {
     Row {

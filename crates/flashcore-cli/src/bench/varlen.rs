@@ -9,7 +9,7 @@ use flashcore::dispatch::KeyLayout;
 use flashcore::{AttnParams, Context, DeviceTensor, Error, FwdInputs, FwdOutputs, KernelFamily, LseViewMut, SeqLensView, VarlenBatch};
 
 use crate::bench::options::{CaseOptions, VERIFY_ROWS};
-use crate::bench::report::{unsupported, Row};
+use crate::bench::report::{timed_and_eager, unsupported, Row};
 use crate::cases::{errors, random_qkv, Case, Packed, Storage, Stored};
 
 /// A packed batch's cu_seqlens (and seqused_k) on the device.
@@ -68,7 +68,7 @@ pub fn bench_case(ctx: &Context, case: &Case, family: Option<KernelFamily>, args
     ctx.check_values(&FwdInputs::varlen(q.view(), k.view(), v.view(), batch))?;
     let mut o = DeviceTensor::filled(ctx, 0x7fc0, case.q_shape(), case.dtype)?;
     let mut lse = ctx.stream().alloc_zeros::<f32>(case.heads_q * case.q_shape()[1])?;
-    let mut timed = |graph: bool| {
+    let timed = |graph: bool| {
         let opts = TimingOptions { samples: args.samples, graph, ..Default::default() };
         time(ctx, opts, |i| {
             let (q, k, v) = &inputs[i % sets];
@@ -79,10 +79,9 @@ pub fn bench_case(ctx: &Context, case: &Case, family: Option<KernelFamily>, args
             )
         })
     };
-    let (timing, eager) = match timed(!args.eager).and_then(|t| Ok((t, timed(false)?))) {
+    let (timing, eager) = match timed_and_eager(case, !args.eager, timed) {
         Ok(t) => t,
-        Err(e @ Error::Unsupported { .. }) => return Ok(unsupported(case, "unsupported", e.to_string())),
-        Err(e) => return Ok(unsupported(case, "error", e.to_string())),
+        Err(row) => return Ok(*row),
     };
     let rel_error = if args.no_verify { None } else { Some(verify(ctx, case, &inputs[0], &batch, &params)?) };
     let secs = timing.median_ms * 1e-3;
