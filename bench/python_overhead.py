@@ -12,11 +12,12 @@ fast path skips the dispatcher), `torch.ops.flashcore.fwd` (the registered op), 
 PyTorch's SDPA (cuDNN and FA2 backends) on the same tensors.
 
 Then training mode (docs/design.md §10's goals), on B1 S128 H8 D64 bf16 causal: the host
-time per call of 500 calls in a row, median of 5 repeats, of the forward without grad, the
-forward on inputs that require grad (autograd records it), and the backward
-(`torch.autograd.grad` of one forward's output, graph retained), for flashcore (BSHD) and
-SDPA (contiguous BHSD) with cuDNN forced, FA2 forced and PyTorch's default dispatch; a
-backend is forced once around the loop, not per call. The ratio is over SDPA-cuDNN's.
+time per call of 500 calls in a row, median of 5 rounds (every row once a round, in turn),
+of the forward without grad, the forward on inputs that require grad (autograd records it),
+and the backward (`torch.autograd.grad` of one forward's output, graph retained), for
+flashcore (BSHD) and SDPA (contiguous BHSD) with cuDNN forced, FA2 forced and PyTorch's
+default dispatch; a backend is forced once around the loop, not per call. The ratio is over
+SDPA-cuDNN's.
 
     python3 bench/python_overhead.py [--json out.json] [--profile MODE]
 
@@ -116,22 +117,22 @@ GOALS = {"forward, no grad": 1.0, "forward, grad": 1.2, "backward": 1.0}  # flas
 
 
 def host_per_call(fn, backend):
-    """Host µs per call of TRAIN_CALLS calls in a row, median of TRAIN_REPEATS; `backend`
-    (an SDPBackend or None) forced around the whole loop."""
-    times = []
-    for _ in range(TRAIN_REPEATS):
-        with sdpa_kernel([backend]) if backend is not None else contextlib.nullcontext():
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(TRAIN_CALLS):
-                fn()
-            t1 = time.perf_counter()
+    """Host µs per call of TRAIN_CALLS calls in a row; `backend` (an SDPBackend or None)
+    forced around the whole loop."""
+    with sdpa_kernel([backend]) if backend is not None else contextlib.nullcontext():
         torch.cuda.synchronize()
-        times.append((t1 - t0) * 1e6 / TRAIN_CALLS)
-    return median(times)
+        t0 = time.perf_counter()
+        for _ in range(TRAIN_CALLS):
+            fn()
+        t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) * 1e6 / TRAIN_CALLS
 
 
 def training_rows():
+    """Every (call, mode) row timed once a round, the rows in turn, TRAIN_REPEATS rounds; the
+    median of a row's rounds. Interleaved, so that a host busy for a while (other processes,
+    the CPU's clock) weighs on every row alike, not on whichever ran then."""
     b, s, h, d = TRAIN_CASE
     bshd = [torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
     bhsd = [torch.randn(b, h, s, d, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
@@ -142,20 +143,30 @@ def training_rows():
         "sdpa-flash": (lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), True, SDPBackend.FLASH_ATTENTION),
         "sdpa (default dispatch)": (lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), True, None),
     }
-    rows = []
+    timed = []  # (label, mode, fn, backend)
     for label, (f, sdpa_layout, backend) in calls.items():
         plain, needs_grad = (bhsd, grads[1]) if sdpa_layout else (bshd, grads[0])
         with sdpa_kernel([backend]) if backend is not None else contextlib.nullcontext():
             o = f(*needs_grad)
         do = torch.randn_like(o)
-        times = {
-            "forward, no grad": host_per_call(lambda: f(*plain), backend),
-            "forward, grad": host_per_call(lambda: f(*needs_grad), backend),
-            "backward": host_per_call(lambda: torch.autograd.grad(o, needs_grad, do, retain_graph=True), backend),
+        modes = {
+            "forward, no grad": lambda f=f, plain=plain: f(*plain),
+            "forward, grad": lambda f=f, needs_grad=needs_grad: f(*needs_grad),
+            "backward": lambda o=o, needs_grad=needs_grad, do=do: torch.autograd.grad(o, needs_grad, do, retain_graph=True),
         }
-        rows += [dict(case="B{} S{} H{} D{} causal".format(*TRAIN_CASE), mode=m, call=label, host_us=t) for m, t in times.items()]
+        timed += [(label, mode, fn, backend) for mode, fn in modes.items()]
+    for _, _, fn, backend in timed:  # warm-up
+        host_per_call(fn, backend)
+    samples = {(label, mode): [] for label, mode, _, _ in timed}
+    for _ in range(TRAIN_REPEATS):
+        for label, mode, fn, backend in timed:
+            samples[(label, mode)].append(host_per_call(fn, backend))
+    rows = [
+        dict(case="B{} S{} H{} D{} causal".format(*TRAIN_CASE), mode=mode, call=label, host_us=median(samples[(label, mode)]), rounds=samples[(label, mode)])
+        for label, mode, _, _ in timed
+    ]
     base = {r["mode"]: r["host_us"] for r in rows if r["call"] == "sdpa-cudnn"}
-    print(f"\ntraining mode, {'B{} S{} H{} D{} causal'.format(*TRAIN_CASE)}: host µs per call ({TRAIN_CALLS} in a row, median of {TRAIN_REPEATS})")
+    print(f"\ntraining mode, {'B{} S{} H{} D{} causal'.format(*TRAIN_CASE)}: host µs per call ({TRAIN_CALLS} in a row, median of {TRAIN_REPEATS} interleaved rounds)")
     print(f"{'mode':18} {'call':28} {'host µs':>8} {'/ sdpa-cudnn':>12} {'goal':>6}")
     for r in rows:
         r["over_sdpa_cudnn"] = r["host_us"] / base[r["mode"]]

@@ -24,7 +24,10 @@ def _check(tensors: Tuple[Tuple[str, object], ...], layout: str) -> None:
     first = tensors[0][1]
     if isinstance(first, Tensor) and first.is_cuda and first.dim() == 4 and first.dtype in _ops.DTYPE_NAMES:
         dtype, device = first.dtype, first.get_device()
-        if all(isinstance(t, Tensor) and t.dtype is dtype and t.is_cuda and t.dim() == 4 and t.get_device() == device for _, t in tensors[1:]):
+        for _, t in tensors[1:]:
+            if not (isinstance(t, Tensor) and t.dtype is dtype and t.is_cuda and t.dim() == 4 and t.get_device() == device):
+                break
+        else:
             return  # the common case, in few attribute reads: this runs on every call
     _diagnose(tensors, layout)
 
@@ -55,15 +58,16 @@ def _scale(softmax_scale: Optional[float], head_dim: int) -> float:
     return 1.0 / math.sqrt(head_dim) if softmax_scale is None else float(softmax_scale)
 
 
-def _eager(*tensors: Tensor) -> bool:
+def _eager(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """Whether the call can skip the registered op and call the extension directly: plain
     tensors (no fake or subclass) and no tracing. The op's dispatch costs a few microseconds,
-    and with autograd tens of microseconds (see `_ops.Attention`)."""
-    return not torch.compiler.is_compiling() and all(type(t) is Tensor for t in tensors)
+    and with autograd tens of microseconds (see `_ops.Attention`). Spelled out for three
+    tensors rather than a generator: this runs on every call."""
+    return type(q) is Tensor and type(k) is Tensor and type(v) is Tensor and not torch.compiler.is_compiling()
 
 
-def _records_grad(*tensors: Tensor) -> bool:
-    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+def _records_grad(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    return (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled()
 
 
 NO_WINDOW = (-1, -1)
@@ -86,7 +90,9 @@ def _attention(
     written); traced or compiled, the registered op."""
     if _eager(q, k, v):
         if _records_grad(q, k, v):
-            return _ops.Attention.apply(q, k, v, scale, causal, window, softcap, num_splits, deterministic)
+            if want_lse:
+                return _ops.Attention.apply(q, k, v, (scale, causal, window, softcap, num_splits, deterministic, True))
+            return _ops.Attention.apply(q, k, v, (scale, causal, window, softcap, num_splits, deterministic, False)), None
         return _ops.forward(q, k, v, scale, causal, window, softcap, num_splits, want_lse)
     return _ops.fwd(q, k, v, scale, causal, window[0], window[1], softcap, num_splits, deterministic)
 
@@ -255,7 +261,7 @@ def flash_attn_varlen_func(
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), int(max_seqlen_k), scale, bool(causal))
     if _eager(q, k, v):
         if _records_grad(q, k, v):
-            out, lse = _ops.VarlenAttention.apply(*args, window, softcap, bool(deterministic))
+            out, lse = _ops.VarlenAttention.apply(q, k, v, args[3:8], (scale, bool(causal), window, softcap, bool(deterministic)))
         else:
             out, lse = _ops.varlen_forward(*args, window, softcap)
     else:
