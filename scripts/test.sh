@@ -84,6 +84,18 @@ for target in "sm_80 fwd_sm80" "sm_90a fwd_sm90" "sm_80 bwd_sm80" "sm_90a bwd_sm
     fi
     grep -c "$2" "$compile_cache/mods.log" | sed "s/^/   $2 variants compiled: /"
 done
+# Head dims without a variant of their own (`check`'s PADDED_CHECK_DIMS), which the Hopper
+# families run as the next size with zero-filled columns: they must compile without spills,
+# bf16 only (CI's time).
+echo "== flashcore compile --head-dims (padded head dims) with NVRTC 13.0"
+for kernel in fwd_sm90 bwd_sm90; do
+    if ! FLASHCORE_NVRTC="$(realpath "$nvrtc_13_0")" FLASHCORE_CACHE_DIR="$compile_cache" target/debug/flashcore compile --arch sm_90a --kernel "$kernel" --head-dims 8,40,80,104,160,224 --dtype bf16 > "$compile_cache/padded.log"; then
+        grep -E "SPILLS|FAILED|error" "$compile_cache/padded.log" >&2 || cat "$compile_cache/padded.log" >&2
+        echo "error: a $kernel variant of a padded head dim spills or fails to compile" >&2
+        exit 1
+    fi
+    tail -n 1 "$compile_cache/padded.log" | sed "s/^/   $kernel: /"
+done
 # The packed-batch (varlen) forms of every forward variant and of bwd_sm80's (on sm_80) and
 # bwd_sm90's, bf16 only as above: they must compile; fwd_sm80's and both backwards' must not
 # spill; fwd_sm90's producer spills in its tile search (docs/kernels/fwd_sm90.md, Tiles).

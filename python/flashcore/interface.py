@@ -87,7 +87,12 @@ def _attention(
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """(o, lse): eager, the extension directly (through `_ops.Attention` when autograd
     records, else without autograd, lse then None when not wanted: neither allocated nor
-    written); traced or compiled, the registered op."""
+    written); traced or compiled, the registered op. A head dim that is not a multiple of 8
+    runs zero-padded to one (`_padded`)."""
+    d = q.shape[-1]
+    if d % 8 and d < 256 and k.shape[-1] == d and v.shape[-1] == d:
+        out, lse = _attention(*_padded(q, k, v), scale, causal, num_splits, want_lse, deterministic, window, softcap)
+        return out[..., :d], lse
     if _eager(q, k, v):
         if _records_grad(q, k, v):
             if want_lse:
@@ -95,6 +100,15 @@ def _attention(
             return _ops.Attention.apply(q, k, v, (scale, causal, window, softcap, num_splits, deterministic, False)), None
         return _ops.forward(q, k, v, scale, causal, window, softcap, num_splits, want_lse)
     return _ops.fwd(q, k, v, scale, causal, window[0], window[1], softcap, num_splits, deterministic)
+
+
+def _padded(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+    """q, k, v with their head dim zero-padded to a multiple of 8, as flash_attn pads them
+    (the kernels move rows 16 bytes at a time): the zeros add nothing to q·kᵀ and give output
+    columns that the caller slices off; autograd sees the pad and the slice. The softmax scale
+    stays the caller's, from the real head dim."""
+    pad = -q.shape[-1] % 8
+    return tuple(torch.nn.functional.pad(t, (0, pad)) for t in (q, k, v))  # type: ignore[return-value]
 
 
 def _window(window_size: object) -> Tuple[int, int]:
@@ -147,7 +161,9 @@ def flash_attn_func(
         k, v: `[B, Sk, Hkv, D]`, same dtype and device; `Hq % Hkv == 0` (GQA/MQA).
             The last dim must be contiguous; other strides are free (multiples of 8
             elements), so BHSD tensors transposed to BSHD need no copy.
-            D is 32, 64, 96, 128, 192 or 256.
+            D: on Hopper any size up to 256 (every multiple of 8 runs, as the next size the
+            kernels have where it has none of its own; others are zero-padded to a multiple
+            of 8 first, as flash_attn does); elsewhere 32, 64, 96, 128, 192 or 256.
         dropout_p: must be 0.0 (dropout is not supported).
         softmax_scale: multiplies `q·kᵀ`; default `1/sqrt(D)`.
         causal: causal mask aligned to the bottom-right corner when Sq != Sk (query i sees
@@ -169,7 +185,7 @@ def flash_attn_func(
         `softmax_lse [B, Hq, Sq]` float32 (natural log) when `return_attn_probs`.
 
     Runs on the current CUDA stream without synchronising. Differentiable: every head dim runs
-    a FlashCore tensor-core backward (bwd_sm90 on Hopper for D 64/96/128/192/256, else bwd_sm80);
+    a FlashCore tensor-core backward (bwd_sm80 for D32 and on other GPUs, else bwd_sm90);
     deterministic=True makes its gradients bitwise repeatable; windows and softcaps included.
     """
     _check((("q", q), ("k", k), ("v", v)), "[B, S, H, D]")
@@ -258,6 +274,10 @@ def flash_attn_varlen_func(
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if not isinstance(value, numbers.Integral) or value < 0:
             raise ValueError(f"`{name}` must be an int >= 0, got {value!r}")
+    d = q.shape[-1]
+    padded = d % 8 != 0 and d < 256 and k.shape[-1] == d and v.shape[-1] == d
+    if padded:
+        q, k, v = _padded(q, k, v)
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), int(max_seqlen_k), scale, bool(causal))
     if _eager(q, k, v):
         if _records_grad(q, k, v):
@@ -266,6 +286,8 @@ def flash_attn_varlen_func(
             out, lse = _ops.varlen_forward(*args, window, softcap)
     else:
         out, lse = _ops.varlen_fwd(*args, window[0], window[1], softcap, bool(deterministic))
+    if padded:
+        out = out[..., :d]
     return (out, lse, None) if return_attn_probs else out
 
 

@@ -55,6 +55,40 @@ def test_gradients_match_float64_autograd(shape, causal, dtype):
         assert err <= REL_BOUND[dtype], f"{name}: rel L2 error {err:.3g} over {REL_BOUND[dtype]:g}"
 
 
+# Head dims without a variant of their own (B, Sq, Sk, Hq, Hkv, D): multiples of 8 the Hopper
+# kernels run as the next size with zero-filled columns, and others that the package pads to
+# a multiple of 8 first, as flash_attn does (20 -> 24, 36 -> 40, 100 -> 104).
+PADDED_SHAPES = [
+    (1, 113, 200, 4, 2, 80),
+    (2, 65, 129, 4, 4, 40),
+    (1, 100, 90, 2, 1, 160),
+    (1, 77, 77, 2, 2, 224),
+    (1, 33, 60, 2, 2, 8),
+    (1, 50, 70, 4, 2, 36),
+    (1, 31, 31, 2, 2, 20),
+    (1, 90, 45, 2, 2, 100),
+]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", PADDED_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_head_dims_without_a_variant_match_float64(shape, causal):
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("head dims other than 32/64/96/128/192/256 run on Hopper (fwd_sm90, bwd_sm90) alone")
+    b, sq, sk, hq, hkv, d = shape
+    q, k, v = randn(b, sq, hq, d, seed=1), randn(b, sk, hkv, d, seed=2), randn(b, sk, hkv, d, seed=3)
+    dout = randn(b, sq, hq, d, seed=4)
+    out, ours = grads(lambda q, k, v: flashcore.flash_attn_func(q, k, v, causal=causal), q, k, v, dout=dout)
+    ref_out, ref = grads(lambda q, k, v: reference_autograd(q, k, v, d**-0.5, causal), q.double(), k.double(), v.double(), dout=dout.double())
+    assert out.shape == (b, sq, hq, d)
+    assert rel_l2(out, ref_out) <= REL_BOUND[torch.bfloat16], f"out: {rel_l2(out, ref_out):.3g}"
+    floor = 1e-3 * dout.double().norm().item()
+    for name, g, r in zip(("dq", "dk", "dv"), ours, ref):
+        assert g.shape == r.shape
+        err = rel_l2(g, r, floor)
+        assert err <= REL_BOUND[torch.bfloat16], f"{name}: rel L2 error {err:.3g}"
+
+
 def _fused_sdpa_backend(q, k, v, dout):
     """The gradients of PyTorch's fused SDPA backward (FlashAttention-2, else the memory-
     efficient kernel), with its name; None where neither runs on this GPU."""

@@ -71,12 +71,15 @@ def test_heads_not_a_multiple():
 
 
 def test_unsupported_head_dims():
-    q, k, v = good(d=48)
-    with pytest.raises(NotImplementedError, match="head dim 48 is not supported"):
+    # Past 256 nothing runs it; below, Hopper runs every size (test_backward's padded shapes)
+    # and other GPUs their kernels' own sizes.
+    q, k, v = good(d=264)
+    with pytest.raises(NotImplementedError, match="head dim 264 is not supported"):
         flashcore.flash_attn_func(q, k, v)
-    q, k, v = good(d=20)
-    with pytest.raises(ValueError, match="head dim 20 must be a multiple of 8"):
-        flashcore.flash_attn_func(q, k, v)
+    if torch.cuda.get_device_capability() != (9, 0):
+        q, k, v = good(d=48)
+        with pytest.raises(NotImplementedError, match=r"head dim 48 is not supported \(supported: 32, 64"):
+            flashcore.flash_attn_func(q, k, v)
     torch_still_works()
 
 

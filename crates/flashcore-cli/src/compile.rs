@@ -37,6 +37,11 @@ pub struct CompileArgs {
     /// Only the variants whose name contains one of these (comma-separated).
     #[arg(long, value_delimiter = ',')]
     filter: Vec<String>,
+    /// The variants of these head dims (comma-separated) instead of each family's own sizes:
+    /// the Hopper families take every multiple of 8 up to 256 (as the next of their sizes),
+    /// fwd_sm80 and bwd_sm80 only their own.
+    #[arg(long, value_delimiter = ',')]
+    head_dims: Vec<usize>,
 }
 
 /// `v`, and with `mods` its sliding-window, softcap and combined forms where the dispatcher
@@ -75,7 +80,12 @@ pub fn run(args: &CompileArgs) -> Result<bool> {
     jit.nvrtc()?;
     let jobs: Vec<(Arch, Variant)> = archs
         .iter()
-        .flat_map(|&a| families.iter().filter(move |f| f.runs_on(a)).flat_map(move |f| f.variants(a).into_iter().map(move |v| (a, v))))
+        .flat_map(|&a| {
+            families.iter().filter(move |f| f.runs_on(a)).flat_map(move |f| {
+                let variants = if args.head_dims.is_empty() { f.variants(a) } else { f.variants_of(a, &args.head_dims) };
+                variants.into_iter().map(move |v| (a, v))
+            })
+        })
         .filter(|(_, v)| dtype.map_or(true, |d| v.dtype == d))
         .flat_map(|(a, v)| with_mods(a, v, args.mods, args.varlen, args.paged).into_iter().map(move |v| (a, v)))
         .filter(|(_, v)| args.filter.is_empty() || args.filter.iter().any(|f| v.name().contains(f.as_str())))

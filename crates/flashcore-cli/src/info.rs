@@ -33,7 +33,10 @@ pub fn run() -> Result<bool> {
         Some(device) => {
             let arch = device.arch;
             for family in KernelFamily::ALL.into_iter().filter(|f| f.runs_on(arch)) {
-                let dims = family.head_dims().iter().map(|d| d.to_string()).collect::<Vec<_>>().join("/");
+                let mut dims = family.head_dims().iter().map(|d| d.to_string()).collect::<Vec<_>>().join("/");
+                if family.takes_head_dim(8) {
+                    dims.push_str(", and the other multiples of 8 up to 256 as the next of these");
+                }
                 let default: Vec<String> = family
                     .head_dims()
                     .iter()

@@ -81,10 +81,8 @@ pub(crate) fn backward(
             }
         }
     }
-    let supported = crate::kernels::KernelFamily::Reference.head_dims();
-    if !supported.contains(&shape.head_dim) {
-        let list = supported.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ");
-        return Err(Error::HeadDim { head_dim: shape.head_dim, supported: list });
+    if !crate::kernels::is_head_dim(shape.head_dim) {
+        return Err(Error::HeadDim { head_dim: shape.head_dim, supported: crate::kernels::KernelFamily::Reference.head_dims_text() });
     }
     Ok(())
 }

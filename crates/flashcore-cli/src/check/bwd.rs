@@ -37,6 +37,12 @@ pub struct BwdSpec {
 }
 
 impl BwdSpec {
+    pub fn head_dim(&self) -> usize {
+        self.case.head_dim
+    }
+}
+
+impl BwdSpec {
     fn new(family: KernelFamily, deterministic: bool, case: Case, inputs: Inputs, storage: Storage) -> Self {
         Self { family, deterministic, case, inputs, storage, window: Window::UNBOUNDED, softcap: 0.0 }
     }
@@ -80,6 +86,40 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<BwdSpec> {
                     out.push(BwdSpec::new(family, false, case, Inputs::LargeLogits, Storage::Bshd));
                 }
                 out.extend(mods_specs(family, d, causal, dtype, quick, smoke));
+            }
+        }
+    }
+    // The head dims run as the next size (`check::padded_dims`): odd lengths, GQA, BHSD
+    // strides, deterministic mode, large logits, a window with a softcap; bf16, f16 once.
+    for d in crate::check::padded_dims(family, quick, smoke) {
+        for causal in [false, true] {
+            let lengths: &[(usize, usize)] = if smoke { &[(130, 200)] } else { &[(1, 1), (113, 113), (1000, 113), (7, 300)] };
+            for (i, &(sq, sk)) in lengths.iter().enumerate() {
+                let (hkv, ratio) = [(2, 1), (1, 4), (1, 8)][i % 3];
+                let storage = if i == 2 { Storage::Bhsd } else { Storage::Bshd };
+                let dtype = if i == 3 { DType::F16 } else { DType::BF16 };
+                out.push(BwdSpec::new(
+                    family,
+                    i % 2 == 1,
+                    Case::new(2, sq, sk, hkv * ratio, hkv, d, causal, dtype),
+                    Inputs::Normal,
+                    storage,
+                ));
+            }
+            if !smoke {
+                out.push(BwdSpec::new(
+                    family,
+                    false,
+                    Case::new(1, 200, 300, 4, 2, d, causal, DType::BF16),
+                    Inputs::LargeLogits,
+                    Storage::Bshd,
+                ));
+                let case = Case::new(1, 1000, 300, 4, 2, d, causal, DType::BF16);
+                out.push(BwdSpec {
+                    window: Window::new(64, 64),
+                    softcap: 30.0,
+                    ..BwdSpec::new(family, false, case, Inputs::LargeLogits, Storage::Bshd)
+                });
             }
         }
     }

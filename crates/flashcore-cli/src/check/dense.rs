@@ -66,6 +66,11 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<Spec> {
                     out.push(Spec::with_mods(case(), Inputs::LargeLogits, Window::new(50, -1), 50.0));
                 }
             }
+            for d in crate::check::padded_dims(family, false, true) {
+                for causal in [false, true] {
+                    out.push(Spec::new(Case::new(1, 130, 200, 4, 2, d, causal, dtype), Inputs::Normal, Storage::Bshd));
+                }
+            }
         }
         return out;
     }
@@ -116,6 +121,28 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<Spec> {
                 out.extend(decode_specs(family, d, causal, dtype, quick));
                 out.extend(mods_specs(d, causal, dtype, quick));
             }
+        }
+    }
+    out.extend(padded_specs(family, quick));
+    out
+}
+
+/// The head dims run as the next size (`check::padded_dims`): odd lengths, GQA, BHSD
+/// strides, large logits, decode and a window with a softcap, bf16 (f16 on one shape).
+fn padded_specs(family: KernelFamily, quick: bool) -> Vec<Spec> {
+    let mut out = Vec::new();
+    for d in crate::check::padded_dims(family, quick, false) {
+        for causal in [false, true] {
+            let dtype = DType::BF16;
+            for (i, &(sq, sk)) in [(1, 1), (113, 113), (1000, 113), (7, 1000), (300, 300)].iter().enumerate() {
+                let (hkv, ratio) = [(2, 1), (1, 4), (1, 8)][i % 3];
+                let storage = if i == 4 { Storage::Bhsd } else { Storage::Bshd };
+                out.push(Spec::new(Case::new(2, sq, sk, hkv * ratio, hkv, d, causal, dtype), Inputs::Normal, storage));
+            }
+            out.push(Spec::new(Case::new(1, 113, 300, 4, 2, d, causal, DType::F16), Inputs::Normal, Storage::Bshd));
+            out.push(Spec::new(Case::new(1, 200, 300, 4, 2, d, causal, dtype), Inputs::LargeLogits, Storage::Bshd));
+            out.push(Spec::new(Case::new(2, 1, 1000, 8, 2, d, causal, dtype), Inputs::Normal, Storage::Bshd));
+            out.push(Spec::with_mods(Case::new(1, 1000, 300, 4, 2, d, causal, dtype), Inputs::LargeLogits, Window::new(64, 64), 30.0));
         }
     }
     out

@@ -20,6 +20,23 @@ use anyhow::Result;
 use flashcore::{Context, KernelFamily};
 
 use crate::check::packed::VarlenSpec;
+
+/// The head dims without a variant of their own that `family` runs as the next of its sizes
+/// (the Hopper families), which its groups check besides its own sizes: D80 in quick runs,
+/// D40, D80 and D160 in smoke runs, `flashcore::kernels::PADDED_CHECK_DIMS` in full runs.
+pub(crate) fn padded_dims(family: KernelFamily, quick: bool, smoke: bool) -> Vec<usize> {
+    if family == KernelFamily::Reference {
+        return Vec::new(); // the oracle: its head dim is a run-time argument
+    }
+    let dims: &[usize] = if quick {
+        &[80]
+    } else if smoke {
+        &[40, 80, 160]
+    } else {
+        flashcore::kernels::PADDED_CHECK_DIMS
+    };
+    dims.iter().copied().filter(|&d| family.takes_head_dim(d) && !family.head_dims().contains(&d)).collect()
+}
 use crate::check::part::{parse_part, Part, PartFilter};
 use crate::check::report::{print_table, Progress};
 
@@ -44,6 +61,10 @@ pub struct CheckArgs {
     /// that a long run can be split over several calls; parts 1..N of one N are the whole run.
     #[arg(long, value_parser = parse_part)]
     part: Option<Part>,
+    /// Only the cases of these head dims (comma-separated), e.g. the padded ones a family runs
+    /// as the next size.
+    #[arg(long, value_delimiter = ',')]
+    head_dims: Vec<usize>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -82,6 +103,11 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
         .flat_map(|&f| if f.is_backward() { varlen_bwd::specs(f, quick, smoke) } else { varlen::specs(f, quick, smoke) })
         .collect();
     let cached: Vec<paged::PagedSpec> = families.iter().filter(|_| group("paged")).flat_map(|&f| paged::specs(f, quick, smoke)).collect();
+    let dim = |d: usize| args.head_dims.is_empty() || args.head_dims.contains(&d);
+    let all: Vec<_> = all.into_iter().filter(|(_, s)| dim(s.case.head_dim)).collect();
+    let backward: Vec<_> = backward.into_iter().filter(|s| dim(s.head_dim())).collect();
+    let packed: Vec<_> = packed.into_iter().filter(|s| dim(s.head_dim)).collect();
+    let cached: Vec<_> = cached.into_iter().filter(|s| dim(s.head_dim)).collect();
     // In the order they run (below), so that the parts of one N cover the run once.
     let mut part = PartFilter { part: args.part, next: 0 };
     let (all, packed, cached, backward) = (part.take(all), part.take(packed), part.take(cached), part.take(backward));

@@ -139,9 +139,13 @@ impl Point {
 }
 
 /// The specs `add` makes at every point: bf16 and f16 (bf16 alone in smoke runs), the
-/// family's head dims (64 and 128 alone in quick and smoke runs), full and causal.
+/// family's head dims (64 and 128 alone in quick and smoke runs) and, in full runs, D80 where
+/// the family runs it as the next size (`check::padded_dims`), full and causal.
 pub(crate) fn sweep(family: KernelFamily, quick: bool, smoke: bool, mut add: impl FnMut(&Point, &mut Vec<VarlenSpec>)) -> Vec<VarlenSpec> {
-    let dims: Vec<usize> = family.head_dims().iter().copied().filter(|&d| !(quick || smoke) || d == 64 || d == 128).collect();
+    let mut dims: Vec<usize> = family.head_dims().iter().copied().filter(|&d| !(quick || smoke) || d == 64 || d == 128).collect();
+    if !(quick || smoke) {
+        dims.extend(crate::check::padded_dims(family, true, false));
+    }
     let mut out = Vec::new();
     for &dtype in if smoke { &[DType::BF16][..] } else { &[DType::BF16, DType::F16][..] } {
         for &head_dim in &dims {

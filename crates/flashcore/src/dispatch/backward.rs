@@ -2,8 +2,9 @@
 //! choices that go with it (bwd_sm80's deterministic dQ slices, bwd_sm90's spread walks).
 //!
 //! On Hopper (sm_90a) `bwd_sm90` (wgmma, TMA, warp specialized) for head dims 64, 96, 128,
-//! 192 and 256; else `bwd_sm80` (FlashAttention-2's algorithm, mma.sync), every head dim of
-//! the forward; the naive reference kernels (exact f32 gradients, slow) when `params.kernel`
+//! 192 and 256, and for every multiple of 8 up to 256 that bwd_sm80 has no tile for (run as
+//! the next of those sizes, the columns past it zero-filled); else `bwd_sm80`
+//! (FlashAttention-2's algorithm, mma.sync), every head dim of its forward; the naive reference kernels (exact f32 gradients, slow) when `params.kernel`
 //! names the reference. `params.kernel` may also name bwd_sm80 or bwd_sm90; a forward family
 //! named there concerns the forward only. A sliding window and a softcap select the kernels'
 //! `_local` and `_softcap` variants (the reference kernels take both at run time). A packed
@@ -99,23 +100,32 @@ pub(crate) fn backward_variant(shape: &ProblemShape, dtype: DType, params: &Attn
 /// `params.kernel` if it can.
 fn backward_family(shape: &ProblemShape, params: &AttnParams, arch: Arch, varlen: bool) -> Result<KernelFamily> {
     let unsupported = |family: KernelFamily, msg: String| Err(Error::Unsupported { kernel: family.name().into(), msg });
-    let takes = |family: KernelFamily| family.head_dims().contains(&shape.head_dim);
+    let takes = |family: KernelFamily| family.takes_head_dim(shape.head_dim);
+    let native = |family: KernelFamily| family.head_dims().contains(&shape.head_dim);
     match params.kernel {
         Some(KernelFamily::Reference) if varlen => {
             unsupported(KernelFamily::Reference, "takes no packed batch (it is the oracle: run each sequence alone)".into())
         }
         Some(KernelFamily::Reference) => Ok(KernelFamily::Reference),
         Some(family @ (KernelFamily::BwdSm80 | KernelFamily::BwdSm90)) if !takes(family) => {
-            unsupported(family, format!("takes head dims {:?} (head dim {})", family.head_dims(), shape.head_dim))
+            unsupported(family, format!("takes head dims {} (head dim {})", family.head_dims_text(), shape.head_dim))
         }
         Some(KernelFamily::BwdSm90) if !KernelFamily::BwdSm90.runs_on(arch) => {
             unsupported(KernelFamily::BwdSm90, format!("needs sm_90a (this GPU is {arch})"))
         }
         Some(KernelFamily::BwdSm80) => Ok(KernelFamily::BwdSm80),
         Some(KernelFamily::BwdSm90) => Ok(KernelFamily::BwdSm90),
-        _ if takes(KernelFamily::BwdSm90) && KernelFamily::BwdSm90.runs_on(arch) => Ok(KernelFamily::BwdSm90),
+        _ if native(KernelFamily::BwdSm90) && KernelFamily::BwdSm90.runs_on(arch) => Ok(KernelFamily::BwdSm90),
         _ if takes(KernelFamily::BwdSm80) => Ok(KernelFamily::BwdSm80),
-        _ => Ok(KernelFamily::Reference),
+        _ if takes(KernelFamily::BwdSm90) && KernelFamily::BwdSm90.runs_on(arch) => Ok(KernelFamily::BwdSm90),
+        _ => unsupported(
+            KernelFamily::BwdSm80,
+            format!(
+                "takes head dims {} (head dim {}; bwd_sm90 takes the other multiples of 8 on Hopper)",
+                KernelFamily::BwdSm80.head_dims_text(),
+                shape.head_dim
+            ),
+        ),
     }
 }
 
@@ -138,6 +148,11 @@ mod tests {
                 assert_eq!(backward_family(&shape(d), &params, AMPERE, false).unwrap(), KernelFamily::BwdSm80, "D{d} on sm_80");
             }
             assert_eq!(backward_family(&shape(32), &params, HOPPER, false).unwrap(), KernelFamily::BwdSm80, "D32");
+            for d in [8, 40, 80, 104, 160, 224] {
+                assert_eq!(backward_family(&shape(d), &params, HOPPER, false).unwrap(), KernelFamily::BwdSm90, "D{d}");
+                let err = backward_family(&shape(d), &params, AMPERE, false).unwrap_err().to_string();
+                assert!(err.contains("head dim") && err.contains("bwd_sm80"), "D{d} on sm_80: {err}");
+            }
         }
     }
 
@@ -151,7 +166,8 @@ mod tests {
             Err(Error::Unsupported { kernel, msg }) => format!("{kernel}: {msg}"),
             other => panic!("expected Unsupported, got {other:?}"),
         };
-        assert!(refused(32, HOPPER).contains("head dims"), "{}", refused(32, HOPPER));
+        assert!(refused(36, HOPPER).contains("head dims"), "{}", refused(36, HOPPER));
+        assert_eq!(backward_family(&shape(32), &named(KernelFamily::BwdSm90), HOPPER, false).unwrap(), KernelFamily::BwdSm90, "D32 as D64");
         assert!(refused(128, AMPERE).contains("sm_90a"), "{}", refused(128, AMPERE));
     }
 

@@ -77,15 +77,21 @@ fn kernel_rows(shape: &ProblemShape) -> usize {
 }
 
 /// The family FlashCore runs on `device` for `shape` when the caller does not force one:
-/// the Hopper kernel where it exists for the head dim, except for decode and, up to D128,
-/// where its grid would leave most SMs idle and the split-KV kernel can spread the keys
-/// over the GPU instead; else the Ampere-class one. Measured on H100 (`bench --suite
-/// small`): B1 H8 S512 D64 8.5 us split vs 9.8, B1 H4 S1k D128 14.3 vs 15.9; but D256's
-/// split tile is slower than the Hopper kernel (B2 H8 S512: 21.4 us with 64x64, vs 17.1).
+/// the Hopper kernel where it has a variant for the head dim, except for decode and, up to
+/// D128, where its grid would leave most SMs idle and the split-KV kernel can spread the keys
+/// over the GPU instead; else the Ampere-class one, or, on Hopper, for a head dim it lacks
+/// (which the Hopper kernel runs zero-filled to its next size), the Hopper kernel for every
+/// shape. Measured on H100
+/// (`bench --suite small`): B1 H8 S512 D64 8.5 us split vs 9.8, B1 H4 S1k D128 14.3 vs 15.9;
+/// but D256's split tile is slower than the Hopper kernel (B2 H8 S512: 21.4 us with 64x64,
+/// vs 17.1).
 pub fn default_family(device: &Device, shape: &ProblemShape) -> KernelFamily {
     let arch = device.arch;
-    if !KernelFamily::FwdSm90.runs_on(arch) || !fwd_sm90::HEAD_DIMS.contains(&shape.head_dim) {
-        return KernelFamily::FwdSm80;
+    let d = shape.head_dim;
+    if !KernelFamily::FwdSm90.runs_on(arch) || !fwd_sm90::HEAD_DIMS.contains(&d) {
+        // On Hopper a head dim fwd_sm80 lacks goes to fwd_sm90, which runs it or says what it takes.
+        let hopper_only = KernelFamily::FwdSm90.runs_on(arch) && !KernelFamily::FwdSm80.takes_head_dim(d);
+        return if hopper_only { KernelFamily::FwdSm90 } else { KernelFamily::FwdSm80 };
     }
     let decode_like = kernel_rows(shape) <= fwd_sm80::SPLIT_KV_MAX_ROWS;
     let hopper = fwd_sm90::variant(DType::BF16, shape.head_dim, false, shape.seqlen_k);
@@ -152,9 +158,8 @@ pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &At
         return Err(Error::Unsupported { kernel: family.name().into(), msg: format!("does not run on {arch}") });
     }
     let d = shape.head_dim;
-    if !family.head_dims().contains(&d) {
-        let supported = family.head_dims().iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ");
-        return Err(Error::HeadDim { head_dim: d, supported: format!("{supported} for {family}") });
+    if !family.takes_head_dim(d) {
+        return Err(Error::HeadDim { head_dim: d, supported: format!("{} for {family}", family.head_dims_text()) });
     }
     if params.num_splits == Some(0) {
         return Err(Error::Param { arg: "num_splits", msg: "must be at least 1 (None picks it)".into() });
@@ -300,6 +305,22 @@ mod tests {
         assert_eq!(family(&h100(), 96), KernelFamily::FwdSm90, "as D128, padded");
         assert_eq!(family(&h100(), 32), KernelFamily::FwdSm80);
         assert_eq!(family(&on("sm_89"), 128), KernelFamily::FwdSm80);
+    }
+
+    #[test]
+    fn head_dims_without_a_variant_run_on_hopper_as_the_next_size() {
+        for d in [8, 40, 80, 104, 160, 224] {
+            for s in [shape(d), ProblemShape { head_dim: d, ..decode(8, 4096) }] {
+                let p = pick(&h100(), &s, &AttnParams::default());
+                assert_eq!((p.variant.family, p.variant.head_dim), (KernelFamily::FwdSm90, Some(d)), "D{d}: {}", p.describe());
+            }
+            let err = plan(&on("sm_80"), &shape(d), DType::BF16, &AttnParams::default()).unwrap_err();
+            assert!(matches!(err, Error::HeadDim { head_dim, .. } if head_dim == d), "{err}");
+            let forced = AttnParams { kernel: Some(KernelFamily::FwdSm80), ..AttnParams::default() };
+            assert!(matches!(plan(&h100(), &shape(d), DType::BF16, &forced), Err(Error::HeadDim { .. })), "fwd_sm80 has no D{d}");
+        }
+        let err = plan(&h100(), &shape(264), DType::BF16, &AttnParams::default()).unwrap_err();
+        assert!(err.to_string().contains("multiples of 8 up to 256"), "{err}");
     }
 
     #[test]

@@ -89,8 +89,10 @@ namespace bwd_sm90 {
 constexpr int kHeadDimReal = FC_HEAD_DIM;
 // Whole 64-column panels; past D128 the wide layout, whose two warpgroups split dK's and dV's
 // columns into whole panels: D192 runs as D256 (TMA zero-fills the missing columns; they are
-// never stored), as D96 runs as D128.
+// never stored), as D96 runs as D128, and every other multiple of 8 as the next of these
+// (D40 as D64, D80 as D128, D160 as D256).
 constexpr int kHeadDim = kHeadDimReal <= 128 ? (kHeadDimReal + 63) / 64 * 64 : 256;
+static_assert(kHeadDimReal % 8 == 0 && kHeadDimReal >= 8 && kHeadDimReal <= 256, "head dim: a multiple of 8 up to 256");
 constexpr bool kCausal = FC_CAUSAL != 0;
 constexpr bool kLocal = FC_LOCAL != 0;      // sliding window (common/mask.cuh)
 constexpr bool kSoftcap = FC_SOFTCAP != 0;  // logit softcapping (common/mask.cuh)

@@ -72,7 +72,8 @@ pub fn smem_bytes(tile: Tile, head_dim: usize) -> u32 {
     (tiles + small + 1024) as u32
 }
 
-/// The variant for `dtype`, `head_dim` (one of [`HEAD_DIMS`]) and the mask.
+/// The variant for `dtype`, `head_dim` (one of [`HEAD_DIMS`], or any other multiple of 8 up to
+/// 256, run as the next of them, the columns past it zero) and the mask.
 pub fn variant(dtype: DType, head_dim: usize, causal: bool) -> Variant {
     let tile = tile(head_dim);
     Variant {

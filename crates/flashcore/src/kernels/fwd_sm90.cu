@@ -152,8 +152,9 @@
 namespace fc {
 namespace fwd_sm90 {
 
-// A head dim that is not whole 64-column panels (D96) runs as the next whole number of
-// panels: TMA zero-fills the columns past D on every load (they add 0 to Q·K^T, and give
+// A head dim that is not whole 64-column panels (D96, and any multiple of 8 without a
+// variant of its own: D40 as D64, D80 as D128, D160 as D192) runs as the next whole number
+// of panels: TMA zero-fills the columns past D on every load (they add 0 to Q·K^T, and give
 // O columns that are 0) and clips them on the store of O, so only shared memory and the
 // tensor cores see the padding (D96 does 4/3 of its useful work).
 constexpr int kHeadDimReal = FC_HEAD_DIM;
@@ -179,9 +180,7 @@ constexpr int kThreads = warpgroup::kThreads * (kConsumerWG + 1);
 // lookups fit in 24 only as written (see per_tile, load_pages and produce's kept claim).
 constexpr int kProducerRegs = kConsumerWG == 2 ? 24 : 32;
 constexpr int kConsumerRegs = kConsumerWG == 2 ? 240 : 160;
-static_assert(kHeadDimReal == 64 || kHeadDimReal == 96 || kHeadDimReal == 128 || kHeadDimReal == 192 ||
-                  kHeadDimReal == 256,
-              "head dim");
+static_assert(kHeadDimReal % 8 == 0 && kHeadDimReal >= 8 && kHeadDimReal <= 256, "head dim: a multiple of 8 up to 256");
 static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "key block: whole k16 steps, one wgmma N");
 static_assert(kConsumerWG == 2 || kConsumerWG == 3, "consumer warpgroups");
 #ifdef FC_BLOCK_M

@@ -47,6 +47,20 @@ pub enum KernelFamily {
     BwdSm90,
 }
 
+/// The largest head dim any kernel takes.
+pub const MAX_HEAD_DIM: usize = 256;
+
+/// Whether `d` is a head dim the Hopper families run, natively or as the next native size
+/// with the columns past `d` zero-filled (a multiple of 8, for 16-byte rows, up to 256).
+/// flash_attn pads other sizes to a multiple of 8 itself; the Python package does the same.
+pub fn is_head_dim(d: usize) -> bool {
+    d % 8 == 0 && (8..=MAX_HEAD_DIM).contains(&d)
+}
+
+/// Head dims without a variant of their own that `check` runs on the families that take
+/// them: one in each padded range (below 64, 64-128, 128-192, 192-256) and the smallest.
+pub const PADDED_CHECK_DIMS: &[usize] = &[8, 40, 80, 104, 160, 224];
+
 impl KernelFamily {
     /// Every family.
     pub const ALL: [KernelFamily; 5] =
@@ -83,7 +97,8 @@ impl KernelFamily {
         }
     }
 
-    /// Head dims the family supports.
+    /// Head dims with a compiled variant of their own (D96 and D192 among them on the Hopper
+    /// families, which run them as D128 and D256).
     pub fn head_dims(self) -> &'static [usize] {
         match self {
             KernelFamily::Reference => reference::HEAD_DIMS,
@@ -94,37 +109,55 @@ impl KernelFamily {
         }
     }
 
-    /// Every variant the family compiles for `arch`.
-    pub fn variants(self, arch: Arch) -> Vec<Variant> {
-        let dtypes = [DType::F16, DType::BF16];
+    /// Whether the family runs head dim `d`: the sizes of [`Self::head_dims`], and on the Hopper
+    /// families and the reference every multiple of 8 up to 256 (see [`is_head_dim`]);
+    /// the Ampere-class families only their own sizes (their mma.sync tiles take whole
+    /// 16-column steps and no zero-filled columns).
+    pub fn takes_head_dim(self, d: usize) -> bool {
         match self {
-            KernelFamily::Reference => dtypes.iter().map(|&d| reference::variant(d)).collect(),
-            KernelFamily::BwdSm80 => bwd_sm80::HEAD_DIMS
-                .iter()
-                .flat_map(|&d| dtypes.into_iter().flat_map(move |t| [false, true].map(|c| bwd_sm80::variant(arch, t, d, c))))
-                .collect(),
-            KernelFamily::BwdSm90 => bwd_sm90::HEAD_DIMS
-                .iter()
-                .flat_map(|&d| dtypes.into_iter().flat_map(move |t| [false, true].map(|c| bwd_sm90::variant(t, d, c))))
-                .collect(),
-            KernelFamily::FwdSm80 | KernelFamily::FwdSm90 => {
-                let mut out = Vec::new();
-                for &head_dim in self.head_dims() {
-                    for dtype in dtypes {
-                        for causal in [false, true] {
-                            match self {
-                                KernelFamily::FwdSm90 => out.extend(fwd_sm90::variants(dtype, head_dim, causal)),
-                                _ => {
-                                    out.extend(fwd_sm80::variants(arch, dtype, head_dim, causal));
-                                    out.push(fwd_sm80::split_variant(arch, dtype, head_dim, causal));
-                                }
-                            }
+            KernelFamily::FwdSm80 | KernelFamily::BwdSm80 => self.head_dims().contains(&d),
+            KernelFamily::Reference | KernelFamily::FwdSm90 | KernelFamily::BwdSm90 => is_head_dim(d),
+        }
+    }
+
+    /// The head dims [`Self::takes_head_dim`] accepts, for an error message.
+    pub fn head_dims_text(self) -> String {
+        match self {
+            KernelFamily::FwdSm80 | KernelFamily::BwdSm80 => self.head_dims().iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "),
+            _ => format!("multiples of 8 up to {MAX_HEAD_DIM}"),
+        }
+    }
+
+    /// Every variant the family compiles for `arch`: those of its own head dims.
+    pub fn variants(self, arch: Arch) -> Vec<Variant> {
+        self.variants_of(arch, self.head_dims())
+    }
+
+    /// The family's variants for `arch` at `head_dims` (each one it takes; the reference has
+    /// one variant for every head dim).
+    pub fn variants_of(self, arch: Arch, head_dims: &[usize]) -> Vec<Variant> {
+        let dtypes = [DType::F16, DType::BF16];
+        if self == KernelFamily::Reference {
+            return dtypes.iter().map(|&d| reference::variant(d)).collect();
+        }
+        let mut out = Vec::new();
+        for &head_dim in head_dims.iter().filter(|&&d| self.takes_head_dim(d)) {
+            for dtype in dtypes {
+                for causal in [false, true] {
+                    match self {
+                        KernelFamily::BwdSm80 => out.push(bwd_sm80::variant(arch, dtype, head_dim, causal)),
+                        KernelFamily::BwdSm90 => out.push(bwd_sm90::variant(dtype, head_dim, causal)),
+                        KernelFamily::FwdSm90 => out.extend(fwd_sm90::variants(dtype, head_dim, causal)),
+                        KernelFamily::FwdSm80 => {
+                            out.extend(fwd_sm80::variants(arch, dtype, head_dim, causal));
+                            out.push(fwd_sm80::split_variant(arch, dtype, head_dim, causal));
                         }
+                        KernelFamily::Reference => unreachable!("returned above"),
                     }
                 }
-                out
             }
         }
+        out
     }
 }
 
