@@ -8,6 +8,7 @@
     out = flashcore.scaled_dot_product_attention(q, k, v, is_causal=True)   # SDPA's
     attn = flashcore.integrations.transformers.register()         # attn_implementation=attn
     from flashcore.flash_attn_interface import _flash_attn_forward   # flash_attn's low-level API
+    import flashcore.compat; flashcore.compat.use_as_flash_attn()    # `import flash_attn` gives FlashCore's
 
 Eager calls go to the extension directly (through a `torch.autograd.Function` when autograd
 records); under torch.compile the functions are `torch.library` ops

@@ -377,6 +377,21 @@ def flash_attn_with_kvcache(
     if not isinstance(num_splits, numbers.Integral) or num_splits < 0:
         raise ValueError(f"`num_splits` must be an int >= 0, got {num_splits!r}")
     scale, window, softcap = _score_args(q, softmax_scale, window_size, softcap)
+    d = q.shape[-1]
+    if d % 8 and d < 256 and all(t.shape[-1] == d for _, t in tensors):
+        # flash_attn's way with such a head dim: the caches run zero-padded to a multiple of 8
+        # (a copy of each), and the appended keys are copied back into the caller's caches.
+        padded = [torch.nn.functional.pad(t, (0, -d % 8)) for _, t in tensors]
+        q_p, k_cache_p, v_cache_p = padded[:3]
+        k_p, v_p = padded[3:] if k is not None else (None, None)
+        out, lse = flash_attn_with_kvcache(
+            q_p, k_cache_p, v_cache_p, k_p, v_p, cache_seqlens=cache_seqlens, block_table=block_table, softmax_scale=scale,
+            causal=causal, window_size=window, softcap=softcap, num_splits=num_splits, return_softmax_lse=True,
+        )
+        if k is not None:
+            k_cache.copy_(k_cache_p[..., :d])
+            v_cache.copy_(v_cache_p[..., :d])
+        return (out[..., :d], lse) if return_softmax_lse else out[..., :d]
     if _eager(q, k_cache, v_cache):  # no autograd: the op has none either
         out, lse = _ops.kvcache_forward(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, bool(causal), window, softcap, int(num_splits), return_softmax_lse)
     else:

@@ -1,0 +1,1 @@
+"""flash_attn.layers on FlashCore: `rotary` alone (see `flashcore.compat`)."""
