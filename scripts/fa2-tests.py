@@ -26,8 +26,6 @@ def unsupported(params: dict, test: str, hopper: bool) -> str | None:
         return "alibi_slopes (ALiBi)"
     if params.get("dropout_p", 0.0) > 0.0:
         return "dropout_p > 0"
-    if params.get("rotary_fraction", 0.0) > 0.0:
-        return "rotary_cos / rotary_sin in flash_attn_with_kvcache"
     if params.get("has_leftpad"):
         return "cache_leftpad"
     if params.get("has_batch_idx"):

@@ -336,8 +336,15 @@ def flash_attn_with_kvcache(
             `j <= i + cache_seqlens[b] + S_new - Sq` when causal).
         num_splits: split-KV count (0: FlashCore picks it).
         return_softmax_lse: also return the log-sum-exp `[B, Hq, Sq]` float32.
-        rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad, alibi_slopes: not supported
-            (NotImplementedError unless None); rotary_interleaved is then ignored.
+        rotary_cos, rotary_sin: `[seqlen_rotary, rotary_dim / 2]` (rotary_dim a multiple of 16,
+            at most D; with `k` and `v` alone): q and the appended keys are rotated first, as
+            flash_attn does: the keys at their cache positions `cache_seqlens[b] + j`, the
+            queries at `cache_seqlens[b] + i` when causal or windowed, else all at
+            `cache_seqlens[b]`; `rotary_interleaved` pairs columns (0, 1), (2, 3), ... (its
+            default) instead of i with i + rotary_dim / 2. Done by PyTorch before the kernel
+            (`flashcore.rotary`), not fused into it.
+        cache_batch_idx, cache_leftpad, alibi_slopes: not supported (NotImplementedError
+            unless None).
 
     Returns:
         `out [B, Sq, Hq, D]`, or `(out, softmax_lse)` with `return_softmax_lse`.
@@ -352,8 +359,6 @@ def flash_attn_with_kvcache(
     autograd).
     """
     for name, value in (
-        ("rotary_cos", rotary_cos),
-        ("rotary_sin", rotary_sin),
         ("cache_batch_idx", cache_batch_idx),
         ("cache_leftpad", cache_leftpad),
         ("alibi_slopes", alibi_slopes),
@@ -377,11 +382,14 @@ def flash_attn_with_kvcache(
     if not isinstance(num_splits, numbers.Integral) or num_splits < 0:
         raise ValueError(f"`num_splits` must be an int >= 0, got {num_splits!r}")
     scale, window, softcap = _score_args(q, softmax_scale, window_size, softcap)
+    if rotary_cos is not None or rotary_sin is not None:
+        q, k = _rotated_for_cache(q, k, rotary_cos, rotary_sin, cache_seqlens, bool(rotary_interleaved), bool(causal) or window != NO_WINDOW)
     d = q.shape[-1]
-    if d % 8 and d < 256 and all(t.shape[-1] == d for _, t in tensors):
+    present = [t for t in (q, k_cache, v_cache, k, v) if t is not None]  # q and k rotated by now
+    if d % 8 and d < 256 and all(t.shape[-1] == d for t in present):
         # flash_attn's way with such a head dim: the caches run zero-padded to a multiple of 8
         # (a copy of each), and the appended keys are copied back into the caller's caches.
-        padded = [torch.nn.functional.pad(t, (0, -d % 8)) for _, t in tensors]
+        padded = [torch.nn.functional.pad(t, (0, -d % 8)) for t in present]
         q_p, k_cache_p, v_cache_p = padded[:3]
         k_p, v_p = padded[3:] if k is not None else (None, None)
         out, lse = flash_attn_with_kvcache(
@@ -397,6 +405,29 @@ def flash_attn_with_kvcache(
     else:
         out, lse = _ops.fwd_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, bool(causal), window[0], window[1], softcap, int(num_splits))
     return (out, lse) if return_softmax_lse else out
+
+
+def _rotated_for_cache(q: Tensor, k: Optional[Tensor], cos: object, sin: object, cache_seqlens: Optional[Tensor], interleaved: bool, per_row: bool) -> Tuple[Tensor, Tensor]:
+    """`flash_attn_with_kvcache`'s rotary embedding (see its docstring): `(q, k)` rotated, or
+    the error naming the argument."""
+    from .rotary import apply_rotary_emb
+
+    if k is None:
+        raise ValueError("`rotary_cos` and `rotary_sin` rotate the appended keys: pass `k` and `v` too")
+    for name, t in (("rotary_cos", cos), ("rotary_sin", sin)):
+        if not isinstance(t, Tensor) or t.dim() != 2 or t.device != q.device:
+            raise ValueError(f"`{name}` must be a 2-D tensor [seqlen_rotary, rotary_dim / 2] on q's device, got {t if not isinstance(t, Tensor) else tuple(t.shape)}")
+    if cos.shape != sin.shape:
+        raise ValueError(f"`rotary_cos` {tuple(cos.shape)} and `rotary_sin` {tuple(sin.shape)} differ")
+    rotary_dim = 2 * cos.shape[1]
+    if rotary_dim % 16 or rotary_dim > q.shape[-1]:
+        raise ValueError(f"rotary dim {rotary_dim} (2 x rotary_cos.shape[1]) must be a multiple of 16 and at most the head dim {q.shape[-1]}")
+    offsets = 0 if cache_seqlens is None else cache_seqlens
+    k = apply_rotary_emb(k, cos, sin, interleaved=interleaved, seqlen_offsets=offsets)
+    if per_row:
+        return apply_rotary_emb(q, cos, sin, interleaved=interleaved, seqlen_offsets=offsets), k
+    b, sq, h, d = q.shape  # every query at the first new position: as one row of Sq·H heads
+    return apply_rotary_emb(q.reshape(b, 1, sq * h, d), cos, sin, interleaved=interleaved, seqlen_offsets=offsets).reshape(b, sq, h, d), k
 
 
 def scaled_dot_product_attention(

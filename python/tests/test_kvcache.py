@@ -179,8 +179,11 @@ def test_bad_input_is_named(monkeypatch):
     q = randn(2, 1, 8, 64, seed=6)
     args = (q, cache.k_pool, cache.v_pool)
     kw = dict(cache_seqlens=cache.cache_seqlens, block_table=cache.block_table)
-    with pytest.raises(NotImplementedError, match="rotary_cos"):
-        flashcore.flash_attn_with_kvcache(*args, rotary_cos=q, rotary_sin=q, **kw)
+    with pytest.raises(ValueError, match="pass `k` and `v`"):
+        flashcore.flash_attn_with_kvcache(*args, rotary_cos=q[0, 0], rotary_sin=q[0, 0], **kw)
+    cos = torch.ones(64, 4, device="cuda")  # rotary dim 8
+    with pytest.raises(ValueError, match="multiple of 16"):
+        flashcore.flash_attn_with_kvcache(*args, cache.k_new, cache.v_new, rotary_cos=cos, rotary_sin=cos, **kw)
     with pytest.raises(TypeError, match="block_table"):
         flashcore.flash_attn_with_kvcache(*args, cache_seqlens=cache.cache_seqlens, block_table=cache.block_table.long())
     with pytest.raises(TypeError, match="cache_seqlens"):
@@ -211,3 +214,56 @@ def test_bad_input_is_named(monkeypatch):
     out = flashcore.flash_attn_with_kvcache(*args, cache_seqlens=cache.cache_seqlens, block_table=bad)
     torch.cuda.synchronize()
     assert torch.isfinite(out[0]).all()
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rotary_rotates_q_and_the_appended_keys_at_their_cache_positions(interleaved, causal):
+    """flash_attn's rotary_cos / rotary_sin: the call equals rotating q and the new keys first
+    (flashcore.rotary, tested against the textbook rotation in test_compat) at positions
+    cache_seqlens + j (q: + i when causal, else every query at cache_seqlens), then the call
+    without them; the cache holds the rotated keys."""
+    from flashcore.rotary import apply_rotary_emb
+
+    lens = [20, 33]
+    rotary_dim, table = 32, 64
+    angles = torch.arange(table, device="cuda", dtype=torch.float32)[:, None] * torch.rand(rotary_dim // 2, device="cuda")
+    cos, sin = angles.cos(), angles.sin()
+    outs, pools = [], []
+    for rotate_first in (False, True):
+        cache = Cache(lens, 3, 2, 64, 16, torch.bfloat16, seed=7)
+        q = randn(2, 3, 4, 64, seed=8)
+        k_new, v_new = cache.k_new, cache.v_new
+        kw = dict(cache_seqlens=cache.cache_seqlens, block_table=cache.block_table, causal=causal)
+        if rotate_first:
+            offsets = cache.cache_seqlens
+            k_new = apply_rotary_emb(k_new, cos, sin, interleaved=interleaved, seqlen_offsets=offsets)
+            if causal:
+                q = apply_rotary_emb(q, cos, sin, interleaved=interleaved, seqlen_offsets=offsets)
+            else:
+                q = apply_rotary_emb(q.reshape(2, 1, 12, 64), cos, sin, interleaved=interleaved, seqlen_offsets=offsets).reshape(2, 3, 4, 64)
+            outs.append(flashcore.flash_attn_with_kvcache(q, cache.k_pool, cache.v_pool, k_new, v_new, **kw))
+        else:
+            outs.append(flashcore.flash_attn_with_kvcache(q, cache.k_pool, cache.v_pool, k_new, v_new, rotary_cos=cos, rotary_sin=sin, rotary_interleaved=interleaved, **kw))
+        pools.append(cache.k_pool)
+    assert not outs[0].isnan().any() and torch.equal(outs[0], outs[1])
+    torch.testing.assert_close(pools[0], pools[1], rtol=0, atol=0, equal_nan=True)
+
+
+def test_an_odd_head_dim_runs_padded_and_appends_into_the_callers_cache():
+    """flash_attn's way with a head dim that is not a multiple of 8 (here 59, with rotary):
+    the same output as the call on caches padded by hand, and the new keys in the caller's
+    cache."""
+    cache = Cache([20, 33], 3, 2, 64, 16, torch.bfloat16, seed=9)
+    k_pool, v_pool = (t[..., :59].contiguous() for t in (cache.k_pool, cache.v_pool))
+    k_new, v_new = cache.k_new[..., :59], cache.v_new[..., :59]
+    q = randn(2, 3, 4, 59, seed=10)
+    angles = torch.arange(64, device="cuda", dtype=torch.float32)[:, None] * torch.rand(24, device="cuda")
+    kw = dict(cache_seqlens=cache.cache_seqlens, block_table=cache.block_table, causal=True, rotary_cos=angles.cos(), rotary_sin=angles.sin())
+    out = flashcore.flash_attn_with_kvcache(q, k_pool, v_pool, k_new, v_new, **kw)
+    pad = lambda t: torch.nn.functional.pad(t, (0, 5))  # noqa: E731
+    k_ref, v_ref = pad(k_pool), pad(v_pool)
+    ref = flashcore.flash_attn_with_kvcache(pad(q), k_ref, v_ref, pad(k_new), pad(v_new), softmax_scale=59**-0.5, **kw)
+    assert out.shape == q.shape and not out.isnan().any()
+    assert torch.equal(out, ref[..., :59])
+    torch.testing.assert_close(k_pool, k_ref[..., :59], rtol=0, atol=0, equal_nan=True)

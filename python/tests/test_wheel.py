@@ -121,7 +121,7 @@ def test_wheel_holds_the_package(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     compat = ("compat/__init__.py", "compat/flash_attn/__init__.py", "compat/flash_attn/flash_attn_interface.py", "compat/flash_attn/bert_padding.py")
     compat += ("compat/flash_attn/layers/__init__.py", "compat/flash_attn/layers/rotary.py")
-    for f in ("__init__.py", "_ops.py", "interface.py", "flash_attn_interface.py", "paging.py", "_device.py", "_nvrtc.py", "integrations/transformers.py", *compat, "py.typed", "_flashcore.pyi", "_flashcore.abi3.so"):
+    for f in ("__init__.py", "_ops.py", "interface.py", "flash_attn_interface.py", "paging.py", "rotary.py", "_device.py", "_nvrtc.py", "integrations/transformers.py", *compat, "py.typed", "_flashcore.pyi", "_flashcore.abi3.so"):
         assert f"flashcore/{f}" in names, f
 
 
