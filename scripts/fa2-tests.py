@@ -26,8 +26,6 @@ import sys
 
 def unsupported(params: dict, test: str, hopper: bool) -> str | None:
     """Why FlashCore cannot run a parametrization yet (`item.callspec.params`), or None."""
-    if params.get("alibi"):
-        return "alibi_slopes (ALiBi)"
     if params.get("dropout_p", 0.0) > 0.0:
         return "dropout_p > 0"
     if params.get("has_leftpad"):

@@ -15,6 +15,9 @@ VarlenArg = Tuple[Vector, Vector, Optional[Vector], int, int]
 # cache_seqlens [B], block_table (address, (B, max_pages), row stride) of int32 (None:
 # contiguous caches [B, S_cache, Hkv, D])
 PagedArg = Tuple[Optional[TensorArg], Optional[TensorArg], Optional[Vector], Optional[Tuple[int, Tuple[int, int], int]]]
+# ALiBi's slopes: (address, elements) of an f32 device vector, [Hq] (every sequence's) or
+# [B, Hq] (one row a sequence; packed, B is the sequences), contiguous
+AlibiArg = Tuple[int, int]
 
 # Where a call runs: device, stream (PyTorch's current stream of device, raw handle),
 # scratch(nbytes) -> device address of at least nbytes that stays allocated until the call
@@ -40,13 +43,16 @@ def attention_forward(
     options: OptionsArg,
     varlen: Optional[VarlenArg] = None,
     paged: Optional[PagedArg] = None,
+    alibi: Optional[AlibiArg] = None,
 ) -> None:
     """Attention forward on the call's stream into `outputs`' o and lse ((address, elements),
     f32 [B, Hq, Sq]). With `varlen`, a packed batch: q, o [1, total_q, Hq, D], k, v [1,
     total_k, Hkv, D], lse [Hq, total_q]. With `paged`, a KV cache (flashcore::PagedKv): k, v
-    are the caches, pools [num_pages, page_size, Hkv, D] with a block table. The call's
-    `check` first checks the batch's or the cache's device values (synchronises). Raises
-    ValueError / TypeError / NotImplementedError / RuntimeError with the Rust error's text."""
+    are the caches, pools [num_pages, page_size, Hkv, D] with a block table. With `alibi`,
+    ALiBi's slopes (flashcore::AlibiSlopes; a count that is neither Hq nor B·Hq raises
+    ValueError naming `alibi_slopes`). The call's `check` first checks the batch's or the
+    cache's device values (synchronises). Raises ValueError / TypeError / NotImplementedError
+    / RuntimeError with the Rust error's text."""
 
 def attention_backward(
     call: CallArg,
@@ -54,10 +60,12 @@ def attention_backward(
     grads: GradsArg,
     options: OptionsArg,
     varlen: Optional[VarlenArg] = None,
+    alibi: Optional[AlibiArg] = None,
 ) -> Optional[str]:
     """Gradients dq, dk, dv (written) of attention under the forward's options, from its
     inputs, o and lse (f32 [B, Hq, Sq]) given dout. With `varlen`, a packed batch (tensors with
-    a leading 1 and lse [Hq, total_q], as in attention_forward; the call's `check` as there).
+    a leading 1 and lse [Hq, total_q], as in attention_forward; the call's `check` as there);
+    `alibi` the forward's slopes.
     Returns the kernel variant that ran for a dense batch (bwd_sm90_... on Hopper for its head
     dims, else bwd_sm80_...; reference_... is the slow exact fallback), None for a packed
     one."""

@@ -3,6 +3,10 @@
 registered once with torch.library (fakes for torch.compile; each forward's autograd rule calls
 its backward), and the calls into the extension.
 
+Every function and op here takes ALiBi's slopes as its last argument, `alibi_slopes`: None, or
+the f32 tensor `[Hq]` or `[B, Hq]` that `interface` checked (contiguous, on q's device). Last
+and None by default, so that calls written before ALiBi keep their meaning.
+
 Tensors cross into Rust as (data pointer, shape, strides, dtype name); the kernel runs on
 PyTorch's current stream of the tensors' device; outputs and scratch memory come from
 PyTorch's caching allocator. Nothing here synchronises.
@@ -29,6 +33,11 @@ def _arg(t: Tensor) -> tuple:
 
 def _vector(t: Tensor) -> Tuple[int, int]:
     return (t.data_ptr(), t.numel())
+
+
+def _alibi_arg(alibi_slopes: Optional[Tensor]) -> Optional[_flashcore.AlibiArg]:
+    """ALiBi's slopes as the extension takes them: `(address, elements)` of the f32 vector, or None."""
+    return None if alibi_slopes is None else _vector(alibi_slopes)
 
 
 def _current_stream(device: torch.device) -> int:
@@ -87,7 +96,17 @@ def _grads_fake(q: Tensor, k: Tensor, v: Tensor, *_: object) -> Tuple[Tensor, Te
 
 
 def forward_into(
-    q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Optional[Tensor], softmax_scale: float, causal: bool, window: Tuple[int, int], softcap: float, num_splits: int
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    lse: Optional[Tensor],
+    softmax_scale: float,
+    causal: bool,
+    window: Tuple[int, int],
+    softcap: float,
+    num_splits: int,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> None:
     """Runs the kernel: `o` (BSHD, q's dtype) and, if given, `lse [B, Hq, Sq]` f32 are written.
     `window` is flash_attn's `window_size` (-1 unbounded), `softcap` 0 for none."""
@@ -96,11 +115,21 @@ def forward_into(
         (_arg(q), _arg(k), _arg(v)),
         (_arg(o), None if lse is None else _vector(lse)),
         options_arg(softmax_scale, causal, window, softcap, num_splits),
+        alibi=_alibi_arg(alibi_slopes),
     )
 
 
 def forward(
-    q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window: Tuple[int, int], softcap: float, num_splits: int, want_lse: bool = True
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    window: Tuple[int, int],
+    softcap: float,
+    num_splits: int,
+    want_lse: bool = True,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """Attention on BSHD tensors: `(o [B, Sq, Hq, D], lse [B, Hq, Sq] f32)`, lse None unless
     `want_lse`. Rows that see no key (no keys at all, or a causal mask or window that leaves
@@ -111,7 +140,7 @@ def forward(
         return o, lse  # an empty batch, as SDPA: nothing to compute
     if k.shape[1] == 0:
         return o.zero_(), (lse.fill_(-math.inf) if lse is not None else None)
-    forward_into(q, k, v, o, lse, softmax_scale, causal, window, softcap, num_splits)
+    forward_into(q, k, v, o, lse, softmax_scale, causal, window, softcap, num_splits, alibi_slopes)
     return o, lse
 
 
@@ -128,6 +157,7 @@ def varlen_forward(
     causal: bool,
     window: Tuple[int, int],
     softcap: float,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Attention over a packed batch (q [total_q, Hq, D], k, v [total_k, Hkv, D], int32
     cu_seqlens on q's device): `(o [total_q, Hq, D], lse [Hq, total_q] f32)`. With the
@@ -144,6 +174,7 @@ def varlen_forward(
         (_arg(o.unsqueeze(0)), _vector(lse)),
         options_arg(softmax_scale, causal, window, softcap),
         varlen=_varlen_arg(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k),
+        alibi=_alibi_arg(alibi_slopes),
     )
     return o, lse
 
@@ -173,13 +204,14 @@ def varlen_backward(
     deterministic: bool,
     window: Tuple[int, int],
     softcap: float,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients `(dq, dk, dv)` of a packed batch, laid out like `q`, `k`, `v` (`[total, H,
     D]`), from the forward's `o` and `lse [Hq, total_q]`: every element written (zero for rows
     that saw no key and keys no row saw, those past seqused_k included)."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     varlen_backward_into(
-        q, k, v, o, lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic, window, softcap
+        q, k, v, o, lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic, window, softcap, alibi_slopes
     )
     return dq, dk, dv
 
@@ -204,6 +236,7 @@ def varlen_backward_into(
     deterministic: bool,
     window: Tuple[int, int],
     softcap: float,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> None:
     """`varlen_backward` into the given `dq`, `dk`, `dv` (packed like q, k, v; every element
     written)."""
@@ -218,6 +251,7 @@ def varlen_backward_into(
         tuple(_arg(t.unsqueeze(0)) for t in (dq, dk, dv)),
         options_arg(softmax_scale, causal, window, softcap, deterministic=deterministic),
         varlen=_varlen_arg(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k),
+        alibi=_alibi_arg(alibi_slopes),
     )
 
 
@@ -237,9 +271,12 @@ def varlen_fwd(
     window_right: int,
     softcap: float,
     deterministic: bool,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """The registered packed-batch op: see `varlen_forward`. `deterministic` is for its backward."""
-    return varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, (window_left, window_right), softcap)
+    return varlen_forward(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, (window_left, window_right), softcap, alibi_slopes
+    )
 
 
 varlen_fwd.register_fake(_empty_outputs)
@@ -264,10 +301,12 @@ def varlen_bwd(
     window_left: int,
     window_right: int,
     softcap: float,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """The registered packed-batch backward op: see `varlen_backward`."""
+    window = (window_left, window_right)
     return varlen_backward(
-        q, k, v, o, lse, dout, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic, (window_left, window_right), softcap
+        q, k, v, o, lse, dout, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic, window, softcap, alibi_slopes
     )
 
 
@@ -275,9 +314,9 @@ varlen_bwd.register_fake(_grads_fake)
 
 
 def _varlen_setup_context(ctx, inputs, output) -> None:
-    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, deterministic = inputs
+    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, deterministic, alibi_slopes = inputs
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes)
     ctx.max_seqlen_q, ctx.max_seqlen_k, ctx.softmax_scale, ctx.causal, ctx.deterministic = max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic
     ctx.window_left, ctx.window_right, ctx.softcap = window_left, window_right, softcap
     _lse_has_no_gradient(ctx, lse)
@@ -292,8 +331,8 @@ def _lse_has_no_gradient(ctx, lse: Tensor) -> None:
 
 def _varlen_backward(ctx, grad_o, grad_lse):
     if grad_o is None:  # the loss did not use o
-        return (None,) * 14
-    q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seqused_k = ctx.saved_tensors
+        return (None,) * 15
+    q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes = ctx.saved_tensors
     dq, dk, dv = varlen_bwd(
         q,
         k,
@@ -312,8 +351,9 @@ def _varlen_backward(ctx, grad_o, grad_lse):
         ctx.window_left,
         ctx.window_right,
         ctx.softcap,
+        alibi_slopes,
     )
-    return (dq, dk, dv) + (None,) * 11
+    return (dq, dk, dv) + (None,) * 12
 
 
 varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
@@ -333,6 +373,7 @@ def kvcache_forward(
     softcap: float,
     num_splits: int,
     want_lse: bool,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """Attention over a KV cache (see `flash_attn_with_kvcache`): `(o [B, Sq, Hq, D], lse
     [B, Hq, Sq] f32 or None)`; `k`, `v` are first written into the caches at
@@ -349,6 +390,7 @@ def kvcache_forward(
         (_arg(o), None if lse is None else _vector(lse)),
         options_arg(softmax_scale, causal, window, softcap, num_splits),
         paged=(None if k is None else _arg(k), None if v is None else _arg(v), None if cache_seqlens is None else _vector(cache_seqlens), table),
+        alibi=_alibi_arg(alibi_slopes),
     )
     return o, lse
 
@@ -369,9 +411,11 @@ def fwd_kvcache(
     window_right: int,
     softcap: float,
     num_splits: int,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """The registered KV-cache op: see `kvcache_forward`."""
-    o, lse = kvcache_forward(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, (window_left, window_right), softcap, num_splits, True)
+    window = (window_left, window_right)
+    o, lse = kvcache_forward(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window, softcap, num_splits, True, alibi_slopes)
     return o, lse
 
 
@@ -381,10 +425,20 @@ fwd_kvcache.register_fake(_empty_outputs)
 # The op's schema holds only tensors and scalars: the window travels as its two sides.
 @torch.library.custom_op("flashcore::fwd", mutates_args=(), device_types="cuda")
 def fwd(
-    q: Tensor, k: Tensor, v: Tensor, softmax_scale: float, causal: bool, window_left: int, window_right: int, softcap: float, num_splits: int, deterministic: bool
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    num_splits: int,
+    deterministic: bool,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """The registered op: see `forward`. `deterministic` is for its backward."""
-    return forward(q, k, v, softmax_scale, causal, (window_left, window_right), softcap, num_splits)
+    return forward(q, k, v, softmax_scale, causal, (window_left, window_right), softcap, num_splits, True, alibi_slopes)
 
 
 fwd.register_fake(_empty_outputs)
@@ -397,13 +451,24 @@ _SLOW_BACKWARD = (
 
 
 def backward(
-    q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, dout: Tensor, softmax_scale: float, causal: bool, deterministic: bool, window: Tuple[int, int], softcap: float
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    lse: Tensor,
+    dout: Tensor,
+    softmax_scale: float,
+    causal: bool,
+    deterministic: bool,
+    window: Tuple[int, int],
+    softcap: float,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients `(dq, dk, dv)`, laid out like `q`, `k`, `v` (dk and dv summed over the query
-    heads that share a KV head), under the forward's `window` and `softcap` (the backward
-    kernels' window and softcap forms)."""
+    heads that share a KV head), under the forward's `window`, `softcap` and `alibi_slopes`
+    (the backward kernels' forms of them; the slopes get no gradient)."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    backward_into(q, k, v, o, lse, dout, dq, dk, dv, softmax_scale, causal, deterministic, window, softcap)
+    backward_into(q, k, v, o, lse, dout, dq, dk, dv, softmax_scale, causal, deterministic, window, softcap, alibi_slopes)
     return dq, dk, dv
 
 
@@ -422,6 +487,7 @@ def backward_into(
     deterministic: bool,
     window: Tuple[int, int],
     softcap: float,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> None:
     """`backward` into the given `dq`, `dk`, `dv` (BSHD like q, k, v; every element written)."""
     if o.numel() == 0 or k.shape[1] == 0:
@@ -434,6 +500,7 @@ def backward_into(
         (_arg(q), _arg(k), _arg(v), _arg(o), _vector(lse), _arg(dout)),
         (_arg(dq), _arg(dk), _arg(dv)),
         options_arg(softmax_scale, causal, window, softcap, deterministic=deterministic),
+        alibi=_alibi_arg(alibi_slopes),
     )
     if kernel is not None and kernel.startswith("reference"):
         warnings.warn(_SLOW_BACKWARD, stacklevel=4)  # once per call site, by Python's default filter
@@ -453,18 +520,19 @@ def bwd(
     window_left: int,
     window_right: int,
     softcap: float,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """The registered backward op: see `backward`."""
-    return backward(q, k, v, o, lse, dout, softmax_scale, causal, deterministic, (window_left, window_right), softcap)
+    return backward(q, k, v, o, lse, dout, softmax_scale, causal, deterministic, (window_left, window_right), softcap, alibi_slopes)
 
 
 bwd.register_fake(_grads_fake)
 
 
 def _fwd_setup_context(ctx, inputs, output) -> None:
-    q, k, v, softmax_scale, causal, window_left, window_right, softcap, _, deterministic = inputs
+    q, k, v, softmax_scale, causal, window_left, window_right, softcap, _, deterministic, alibi_slopes = inputs
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse)
+    ctx.save_for_backward(q, k, v, o, lse, alibi_slopes)
     ctx.softmax_scale, ctx.causal, ctx.deterministic = softmax_scale, causal, deterministic
     ctx.window_left, ctx.window_right, ctx.softcap = window_left, window_right, softcap
     _lse_has_no_gradient(ctx, lse)
@@ -472,10 +540,10 @@ def _fwd_setup_context(ctx, inputs, output) -> None:
 
 def _fwd_backward(ctx, grad_o, grad_lse):
     if grad_o is None:  # the loss did not use o
-        return (None,) * 10
-    q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = bwd(q, k, v, o, lse, grad_o, ctx.softmax_scale, ctx.causal, ctx.deterministic, ctx.window_left, ctx.window_right, ctx.softcap)
-    return dq, dk, dv, None, None, None, None, None, None, None
+        return (None,) * 11
+    q, k, v, o, lse, alibi_slopes = ctx.saved_tensors
+    dq, dk, dv = bwd(q, k, v, o, lse, grad_o, ctx.softmax_scale, ctx.causal, ctx.deterministic, ctx.window_left, ctx.window_right, ctx.softcap, alibi_slopes)
+    return (dq, dk, dv) + (None,) * 8
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
@@ -493,14 +561,16 @@ class Attention(torch.autograd.Function):
     takes q, k, v and one tuple of options, and gives `o` alone unless the caller wants lse:
     `Function.apply`'s own host cost grows with each argument and output (on the H100 host, B1
     S128: 12 µs with three tensors in and one out, 22 with nine arguments in, two out and lse
-    marked non-differentiable)."""
+    marked non-differentiable). The ALiBi slopes ride in the options too: they get no gradient,
+    so they need not be an argument of `apply` of their own, and `ctx.options` keeps them alive
+    for the backward."""
 
     @staticmethod
     def forward(ctx, q, k, v, options):
-        softmax_scale, causal, window, softcap, num_splits, deterministic, want_lse = options
-        o, lse = forward(q, k, v, softmax_scale, causal, window, softcap, num_splits)
+        softmax_scale, causal, window, softcap, num_splits, deterministic, want_lse, alibi_slopes = options
+        o, lse = forward(q, k, v, softmax_scale, causal, window, softcap, num_splits, True, alibi_slopes)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.options = (softmax_scale, causal, deterministic, window, softcap)
+        ctx.options = (softmax_scale, causal, deterministic, window, softcap, alibi_slopes)
         if want_lse:
             _lse_has_no_gradient(ctx, lse)
             return o, lse
@@ -518,15 +588,16 @@ class Attention(torch.autograd.Function):
 class VarlenAttention(torch.autograd.Function):
     """`varlen_forward` with `varlen_backward` as its gradient, for eager calls that record
     autograd: q, k, v, the batch `(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
-    max_seqlen_k)` and the options in a tuple each, `(o, lse)` out (see `Attention`)."""
+    max_seqlen_k)` and the options (the ALiBi slopes among them) in a tuple each, `(o, lse)`
+    out (see `Attention`)."""
 
     @staticmethod
     def forward(ctx, q, k, v, batch, options):
         cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k = batch
-        softmax_scale, causal, window, softcap, deterministic = options
-        o, lse = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window, softcap)
+        softmax_scale, causal, window, softcap, deterministic, alibi_slopes = options
+        o, lse = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window, softcap, alibi_slopes)
         ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seqused_k)
-        ctx.options = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic, window, softcap)
+        ctx.options = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic, window, softcap, alibi_slopes)
         _lse_has_no_gradient(ctx, lse)
         return o, lse
 

@@ -7,6 +7,10 @@ name, e.g. with `inspect.getfullargspec`).
 - The forwards return `(out, softmax_lse, S_dmask, rng_state)`: `softmax_lse` `[B, Hq, Sq]`
   (packed: `[Hq, total_q]`) f32, natural log; `S_dmask` an empty tensor (no dropout, so no
   mask to return) and `rng_state` two int64 zeros, both only so that the tuple unpacks.
+- `alibi_slopes` (f32 `[Hq]` or `[B, Hq]`) as in `flashcore.flash_attn_func`. Under a causal
+  mask with no left window, flash-attn's causal kernels add `slope · j` to the scores where
+  FlashCore adds `slope · (j - i - Sk + Sq)`: the same output, and flash-attn's `softmax_lse`
+  is FlashCore's plus `slope · (i + Sk - Sq)` on row i. The backwards take FlashCore's.
 - The backwards write `dq`, `dk`, `dv` into the caller's buffers (allocated here when None,
   as flash-attn does, and then lost to the caller) and return `softmax_d`, rowsum(dO ∘ O) in
   f32 laid out as flash-attn lays it out: `[B, Hq, round_up(Sq, 128)]`, packed `[Hq, total_q
@@ -16,7 +20,7 @@ name, e.g. with `inspect.getfullargspec`).
 
 Plain eager functions (not registered ops): under torch.compile they run as a graph break.
 What FlashCore does not have raises `NotImplementedError` naming the argument: `dropout_p`
-other than 0, `alibi_slopes`, and for the packed forward `block_table` and `leftpad_k`.
+other than 0, and for the packed forward `block_table` and `leftpad_k`.
 """
 
 from __future__ import annotations
@@ -62,8 +66,8 @@ def _flash_attn_forward(
     without dropout is empty."""
     q, k, v = _last_dim_contiguous(q, k, v)
     _check((("q", q), ("k", k), ("v", v)), "[B, S, H, D]")
-    scale, window, cap = _score_args(q, softmax_scale, (window_size_left, window_size_right), softcap, dropout_p, alibi_slopes)
-    out, lse = _ops.forward(q, k, v, scale, bool(causal), window, cap, 0, True)
+    scale, window, cap, alibi_slopes = _score_args(q, softmax_scale, (window_size_left, window_size_right), softcap, dropout_p, alibi_slopes)
+    out, lse = _ops.forward(q, k, v, scale, bool(causal), window, cap, 0, True, alibi_slopes)
     return (out, lse, *_placeholders(q))
 
 
@@ -94,8 +98,10 @@ def _flash_attn_varlen_forward(
             raise _unsupported(name, "<tensor>")
     q, k, v = _last_dim_contiguous(q, k, v)
     _check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
-    scale, window, cap = _score_args(q, softmax_scale, (window_size_left, window_size_right), softcap, dropout_p, alibi_slopes)
-    out, lse = _ops.varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), int(max_seqlen_k), scale, bool(causal), window, cap)
+    scale, window, cap, alibi_slopes = _score_args(q, softmax_scale, (window_size_left, window_size_right), softcap, dropout_p, alibi_slopes)
+    out, lse = _ops.varlen_forward(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), int(max_seqlen_k), scale, bool(causal), window, cap, alibi_slopes
+    )
     return (out, lse, *_placeholders(q))
 
 
@@ -138,10 +144,10 @@ def _flash_attn_backward(
     is that of the attention they describe."""
     dout, q, k, v, out = _last_dim_contiguous(dout, q, k, v, out)
     _check((("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout)), "[B, S, H, D]")
-    scale, window, cap = _score_args(q, softmax_scale, (window_size_left, window_size_right), softcap, dropout_p, alibi_slopes)
+    scale, window, cap, alibi_slopes = _score_args(q, softmax_scale, (window_size_left, window_size_right), softcap, dropout_p, alibi_slopes)
     softmax_lse = _lse_arg(softmax_lse, (q.shape[0], q.shape[2], q.shape[1]), q)
     dq, dk, dv = _grad_buffers(q, k, v, dq, dk, dv)
-    _ops.backward_into(q, k, v, out, softmax_lse, dout, dq, dk, dv, scale, bool(causal), bool(deterministic), window, cap)
+    _ops.backward_into(q, k, v, out, softmax_lse, dout, dq, dk, dv, scale, bool(causal), bool(deterministic), window, cap, alibi_slopes)
     b, sq, h, _ = q.shape
     softmax_d = torch.zeros((b, h, (sq + 127) // 128 * 128), dtype=torch.float32, device=q.device)
     softmax_d[:, :, :sq] = _rowsum_do_o(dout, out).transpose(1, 2)
@@ -178,11 +184,12 @@ def _flash_attn_varlen_backward(
     dout, q, k, v, out = _last_dim_contiguous(dout, q, k, v, out)
     _check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, None)
     _check((("q", q.unsqueeze(0)), ("out", out.unsqueeze(0)), ("dout", dout.unsqueeze(0))), "[total, H, D]")
-    scale, window, cap = _score_args(q, softmax_scale, (window_size_left, window_size_right), softcap, dropout_p, alibi_slopes)
+    scale, window, cap, alibi_slopes = _score_args(q, softmax_scale, (window_size_left, window_size_right), softcap, dropout_p, alibi_slopes)
     softmax_lse = _lse_arg(softmax_lse, (q.shape[1], q.shape[0]), q)
     dq, dk, dv = _grad_buffers(q, k, v, dq, dk, dv)
     _ops.varlen_backward_into(
-        q, k, v, out, softmax_lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, None, int(max_seqlen_q), int(max_seqlen_k), scale, bool(causal), bool(deterministic), window, cap
+        q, k, v, out, softmax_lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, None, int(max_seqlen_q), int(max_seqlen_k),
+        scale, bool(causal), bool(deterministic), window, cap, alibi_slopes,
     )
     total, h = q.shape[0], q.shape[1]
     batch = cu_seqlens_q.shape[0] - 1

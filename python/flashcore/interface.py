@@ -84,22 +84,23 @@ def _attention(
     deterministic: bool = False,
     window: Tuple[int, int] = NO_WINDOW,
     softcap: float = 0.0,
+    alibi_slopes: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """(o, lse): eager, the extension directly (through `_ops.Attention` when autograd
     records, else without autograd, lse then None when not wanted: neither allocated nor
     written); traced or compiled, the registered op. A head dim that is not a multiple of 8
-    runs zero-padded to one (`_padded`)."""
+    runs zero-padded to one (`_padded`; the slopes, one a head, are the same)."""
     d = q.shape[-1]
     if d % 8 and d < 256 and k.shape[-1] == d and v.shape[-1] == d:
-        out, lse = _attention(*_padded(q, k, v), scale, causal, num_splits, want_lse, deterministic, window, softcap)
+        out, lse = _attention(*_padded(q, k, v), scale, causal, num_splits, want_lse, deterministic, window, softcap, alibi_slopes)
         return out[..., :d], lse
     if _eager(q, k, v):
         if _records_grad(q, k, v):
             if want_lse:
-                return _ops.Attention.apply(q, k, v, (scale, causal, window, softcap, num_splits, deterministic, True))
-            return _ops.Attention.apply(q, k, v, (scale, causal, window, softcap, num_splits, deterministic, False)), None
-        return _ops.forward(q, k, v, scale, causal, window, softcap, num_splits, want_lse)
-    return _ops.fwd(q, k, v, scale, causal, window[0], window[1], softcap, num_splits, deterministic)
+                return _ops.Attention.apply(q, k, v, (scale, causal, window, softcap, num_splits, deterministic, True, alibi_slopes))
+            return _ops.Attention.apply(q, k, v, (scale, causal, window, softcap, num_splits, deterministic, False, alibi_slopes)), None
+        return _ops.forward(q, k, v, scale, causal, window, softcap, num_splits, want_lse, alibi_slopes)
+    return _ops.fwd(q, k, v, scale, causal, window[0], window[1], softcap, num_splits, deterministic, alibi_slopes)
 
 
 def _padded(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
@@ -128,17 +129,35 @@ def _softcap(softcap: object) -> float:
     return float(softcap)
 
 
+def _alibi(alibi_slopes: object, q: Tensor) -> Optional[Tensor]:
+    """`alibi_slopes` checked: None, or a float32 tensor on q's device shaped `[Hq]` or `[B,
+    Hq]`, contiguous (a copy if it was not); else the TypeError / ValueError naming it. The
+    shape is checked here, the count of rows by the Rust library: it takes a flat vector (so
+    it cannot tell `[Hq, B]` from `[B, Hq]`), and it alone knows B for every layout (a packed
+    batch's sequences, a cache's), its ValueError naming `alibi_slopes` too."""
+    if alibi_slopes is None:
+        return None
+    if not isinstance(alibi_slopes, Tensor):
+        raise TypeError(f"`alibi_slopes` must be a torch.Tensor, got {type(alibi_slopes).__name__}")
+    if alibi_slopes.dtype is not torch.float32:
+        raise TypeError(f"`alibi_slopes` has dtype {alibi_slopes.dtype}: it must be torch.float32")
+    if alibi_slopes.device != q.device:
+        raise ValueError(f"`alibi_slopes` is on {alibi_slopes.device} and `q` on {q.device}: it must live on q's device")
+    heads = q.shape[-2]
+    if alibi_slopes.dim() not in (1, 2) or alibi_slopes.shape[-1] != heads:
+        raise ValueError(f"`alibi_slopes` must be [Hq] or [B, Hq] with Hq = {heads}, q's heads; got shape {tuple(alibi_slopes.shape)}")
+    return alibi_slopes.contiguous()
+
+
 def _score_args(
-    q: Tensor, softmax_scale: Optional[float], window_size: object, softcap: object, dropout_p: float = 0.0, alibi_slopes: Optional[Tensor] = None
-) -> Tuple[float, Tuple[int, int], float]:
+    q: Tensor, softmax_scale: Optional[float], window_size: object, softcap: object, dropout_p: float = 0.0, alibi_slopes: object = None
+) -> Tuple[float, Tuple[int, int], float, Optional[Tensor]]:
     """flash_attn's score arguments, which its functions share, checked: `(scale, window,
-    softcap)`; dropout and ALiBi refused (NotImplementedError)."""
+    softcap, alibi_slopes)`; dropout refused (NotImplementedError)."""
     if dropout_p != 0.0:
         raise _unsupported("dropout_p", dropout_p)
-    if alibi_slopes is not None:
-        raise _unsupported("alibi_slopes", "<tensor>")
     window = NO_WINDOW if window_size == NO_WINDOW else _window(window_size)
-    return _scale(softmax_scale, q.shape[-1]), window, 0.0 if softcap == 0.0 else _softcap(softcap)
+    return _scale(softmax_scale, q.shape[-1]), window, 0.0 if softcap == 0.0 else _softcap(softcap), _alibi(alibi_slopes, q)
 
 
 def flash_attn_func(
@@ -175,22 +194,29 @@ def flash_attn_func(
         softcap: logit softcapping (Gemma 2): each score `s = q·k * softmax_scale` becomes
             `softcap * tanh(s / softcap)` before the softmax; 0.0 is off, else finite and > 0
             (else ValueError naming `softcap`).
-        alibi_slopes: not supported yet; anything but None raises NotImplementedError.
+        alibi_slopes: ALiBi: float32 `[Hq]` (every sequence's) or `[B, Hq]` on q's device.
+            Score `(i, j)` of head h gains `-slope * |i + Sk - Sq - j|` (bottom-right aligned,
+            as the causal mask) after the softcap, before the softmax; the backward uses the
+            same slopes (they get no gradient). Under a causal mask with no left window,
+            flash_attn's kernels add `slope * j` instead: the same output, and flash_attn's lse
+            is this one plus `slope * (i + Sk - Sq)` on row i.
         deterministic: bitwise-reproducible gradients in the backward, run to run on one GPU
             model (the forward is always deterministic).
         return_attn_probs: also return the log-sum-exp.
 
     Returns:
         `out [B, Sq, Hq, D]` (contiguous, q's dtype), or `(out, softmax_lse, None)` with
-        `softmax_lse [B, Hq, Sq]` float32 (natural log) when `return_attn_probs`.
+        `softmax_lse [B, Hq, Sq]` float32 (natural log) when `return_attn_probs` (with ALiBi
+        under a causal mask, flash_attn's minus a constant a row: see `alibi_slopes`).
 
     Runs on the current CUDA stream without synchronising. Differentiable: every head dim runs
     a FlashCore tensor-core backward (bwd_sm80 for D32 and on other GPUs, else bwd_sm90);
-    deterministic=True makes its gradients bitwise repeatable; windows and softcaps included.
+    deterministic=True makes its gradients bitwise repeatable; windows, softcaps and ALiBi
+    included.
     """
     _check((("q", q), ("k", k), ("v", v)), "[B, S, H, D]")
-    scale, window, softcap = _score_args(q, softmax_scale, window_size, softcap, dropout_p, alibi_slopes)
-    out, lse = _attention(q, k, v, scale, bool(causal), 0, return_attn_probs, bool(deterministic), window, softcap)
+    scale, window, softcap, alibi_slopes = _score_args(q, softmax_scale, window_size, softcap, dropout_p, alibi_slopes)
+    out, lse = _attention(q, k, v, scale, bool(causal), 0, return_attn_probs, bool(deterministic), window, softcap, alibi_slopes)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -252,7 +278,9 @@ def flash_attn_varlen_func(
             (bottom-right aligned on each sequence's own lengths).
         seqused_k: optional int32 `[B]`: the keys each sequence uses, from its start (a KV cache
             with room after each sequence's keys).
-        dropout_p, alibi_slopes: as in `flash_attn_func` (0.0 and None only).
+        alibi_slopes: as in `flash_attn_func`, `[B, Hq]` one row a sequence (B the number of
+            sequences), Sq and Sk each sequence's own lengths; lse likewise.
+        dropout_p: as in `flash_attn_func` (0.0 only).
         deterministic: bitwise-reproducible gradients in the backward, run to run on one GPU
             model (the forward is always deterministic). A sequence's dk and dv are bitwise
             what it gives alone, in any mode; its dq is not in general (its dQ sums are split
@@ -266,11 +294,11 @@ def flash_attn_varlen_func(
 
     Differentiable: the backward runs FlashCore's tensor-core backward, bwd_sm90's packed form
     on Hopper for D 64/96/128/192/256, else bwd_sm80's (each sequence its own problem;
-    windows, softcaps and seqused_k included: keys past seqused_k get zero gradients).
+    windows, softcaps, ALiBi and seqused_k included: keys past seqused_k get zero gradients).
     torch.compile traces both passes.
     """
     _check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
-    scale, window, softcap = _score_args(q, softmax_scale, window_size, softcap, dropout_p, alibi_slopes)
+    scale, window, softcap, alibi_slopes = _score_args(q, softmax_scale, window_size, softcap, dropout_p, alibi_slopes)
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if not isinstance(value, numbers.Integral) or value < 0:
             raise ValueError(f"`{name}` must be an int >= 0, got {value!r}")
@@ -281,11 +309,11 @@ def flash_attn_varlen_func(
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), int(max_seqlen_k), scale, bool(causal))
     if _eager(q, k, v):
         if _records_grad(q, k, v):
-            out, lse = _ops.VarlenAttention.apply(q, k, v, args[3:8], (scale, bool(causal), window, softcap, bool(deterministic)))
+            out, lse = _ops.VarlenAttention.apply(q, k, v, args[3:8], (scale, bool(causal), window, softcap, bool(deterministic), alibi_slopes))
         else:
-            out, lse = _ops.varlen_forward(*args, window, softcap)
+            out, lse = _ops.varlen_forward(*args, window, softcap, alibi_slopes)
     else:
-        out, lse = _ops.varlen_fwd(*args, window[0], window[1], softcap, bool(deterministic))
+        out, lse = _ops.varlen_fwd(*args, window[0], window[1], softcap, bool(deterministic), alibi_slopes)
     if padded:
         out = out[..., :d]
     return (out, lse, None) if return_attn_probs else out
@@ -334,6 +362,8 @@ def flash_attn_with_kvcache(
         softmax_scale, causal, window_size, softcap: as in `flash_attn_func`, aligned to the
             bottom-right of each sequence's own keys (query i of Sq sees key j iff
             `j <= i + cache_seqlens[b] + S_new - Sq` when causal).
+        alibi_slopes: as in `flash_attn_func`, `[B, Hq]` one row a sequence; Sk is each
+            sequence's keys, `cache_seqlens[b] + S_new`.
         num_splits: split-KV count (0: FlashCore picks it).
         return_softmax_lse: also return the log-sum-exp `[B, Hq, Sq]` float32.
         rotary_cos, rotary_sin: `[seqlen_rotary, rotary_dim / 2]` (rotary_dim a multiple of 16,
@@ -343,8 +373,7 @@ def flash_attn_with_kvcache(
             `cache_seqlens[b]`; `rotary_interleaved` pairs columns (0, 1), (2, 3), ... (its
             default) instead of i with i + rotary_dim / 2. Done by PyTorch before the kernel
             (`flashcore.rotary`), not fused into it.
-        cache_batch_idx, cache_leftpad, alibi_slopes: not supported (NotImplementedError
-            unless None).
+        cache_batch_idx, cache_leftpad: not supported (NotImplementedError unless None).
 
     Returns:
         `out [B, Sq, Hq, D]`, or `(out, softmax_lse)` with `return_softmax_lse`.
@@ -358,11 +387,7 @@ def flash_attn_with_kvcache(
     loads per page) on sm_90, on the Ampere-class kernel elsewhere. Forward only (no
     autograd).
     """
-    for name, value in (
-        ("cache_batch_idx", cache_batch_idx),
-        ("cache_leftpad", cache_leftpad),
-        ("alibi_slopes", alibi_slopes),
-    ):
+    for name, value in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
         if value is not None:
             raise _unsupported(name, "<tensor>")
     tensors = (("q", q), ("k_cache", k_cache), ("v_cache", v_cache))
@@ -381,7 +406,7 @@ def flash_attn_with_kvcache(
         _check_int32("block_table", block_table, q, 2)
     if not isinstance(num_splits, numbers.Integral) or num_splits < 0:
         raise ValueError(f"`num_splits` must be an int >= 0, got {num_splits!r}")
-    scale, window, softcap = _score_args(q, softmax_scale, window_size, softcap)
+    scale, window, softcap, alibi_slopes = _score_args(q, softmax_scale, window_size, softcap, alibi_slopes=alibi_slopes)
     if rotary_cos is not None or rotary_sin is not None:
         q, k = _rotated_for_cache(q, k, rotary_cos, rotary_sin, cache_seqlens, bool(rotary_interleaved), bool(causal) or window != NO_WINDOW)
     d = q.shape[-1]
@@ -394,16 +419,18 @@ def flash_attn_with_kvcache(
         k_p, v_p = padded[3:] if k is not None else (None, None)
         out, lse = flash_attn_with_kvcache(
             q_p, k_cache_p, v_cache_p, k_p, v_p, cache_seqlens=cache_seqlens, block_table=block_table, softmax_scale=scale,
-            causal=causal, window_size=window, softcap=softcap, num_splits=num_splits, return_softmax_lse=True,
+            causal=causal, window_size=window, softcap=softcap, alibi_slopes=alibi_slopes, num_splits=num_splits, return_softmax_lse=True,
         )
         if k is not None:
             k_cache.copy_(k_cache_p[..., :d])
             v_cache.copy_(v_cache_p[..., :d])
         return (out[..., :d], lse) if return_softmax_lse else out[..., :d]
     if _eager(q, k_cache, v_cache):  # no autograd: the op has none either
-        out, lse = _ops.kvcache_forward(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, bool(causal), window, softcap, int(num_splits), return_softmax_lse)
+        out, lse = _ops.kvcache_forward(
+            q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, bool(causal), window, softcap, int(num_splits), return_softmax_lse, alibi_slopes
+        )
     else:
-        out, lse = _ops.fwd_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, bool(causal), window[0], window[1], softcap, int(num_splits))
+        out, lse = _ops.fwd_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, bool(causal), window[0], window[1], softcap, int(num_splits), alibi_slopes)
     return (out, lse) if return_softmax_lse else out
 
 

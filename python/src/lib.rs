@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use flashcore::{
-    AttnParams, BlockTableView, BwdInputs, CallerStream, Context, DType, Error, ExternalStream, FwdInputs, FwdOutputs, GradsMut, KvLayout,
-    Layout, LseView, LseViewMut, PagedKv, ProblemShape, SeqLensView, TensorView, TensorViewMut, VarlenBatch, Window,
+    AlibiSlopes, AttnParams, BlockTableView, BwdInputs, CallerStream, Context, DType, Error, ExternalStream, FwdInputs, FwdOutputs,
+    GradsMut, KvLayout, Layout, LseView, LseViewMut, PagedKv, ProblemShape, SeqLensView, TensorView, TensorViewMut, VarlenBatch, Window,
 };
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -114,6 +114,19 @@ type VarlenArg = ((u64, usize), (u64, usize), Option<(u64, usize)>, usize, usize
 /// stride)` int32 (`None`: contiguous caches `[B, S_cache, Hkv, D]`).
 type PagedArg = (Option<TensorArg>, Option<TensorArg>, Option<(u64, usize)>, Option<(u64, [usize; 2], usize)>);
 
+/// ALiBi's slopes (`flashcore::AlibiSlopes`), as `(address, elements)` of an f32 device
+/// vector: `[Hq]` or `[B, Hq]` contiguous (packed, B is the sequences).
+type AlibiArg = (u64, usize);
+
+/// `alibi` as the Rust API takes it.
+///
+/// # Safety
+/// The vector is f32 CUDA memory of the call's device of this length, alive across the call.
+unsafe fn alibi_slopes(alibi: Option<AlibiArg>) -> Option<AlibiSlopes<'static>> {
+    // SAFETY: this function's contract.
+    alibi.map(|(ptr, len)| unsafe { AlibiSlopes::from_raw(ptr, len) })
+}
+
 /// `varlen` as the Rust API takes it.
 ///
 /// # Safety
@@ -165,9 +178,10 @@ unsafe fn keys(device: usize, varlen: Option<VarlenArg>, paged: Option<PagedArg>
 /// `[1, total_k, Hkv, D]`: the Python side's 3-D tensors with a leading 1; `lse [Hq,
 /// total_q]`); with `paged` ([`PagedArg`]) a KV cache (`k`, `v` the caches: pools
 /// `[num_pages, page_size, Hkv, D]` with a block table). `call`'s `check` checks the batch's
-/// or the cache's device values first.
+/// or the cache's device values first. With `alibi` ([`AlibiArg`]), ALiBi's slopes.
 #[pyfunction]
-#[pyo3(signature = (call, inputs, outputs, options, varlen=None, paged=None))]
+#[pyo3(signature = (call, inputs, outputs, options, varlen=None, paged=None, alibi=None))]
+#[allow(clippy::too_many_arguments)] // the Python signature: one tuple per concern
 fn attention_forward(
     py: Python<'_>,
     call: CallArg,
@@ -176,6 +190,7 @@ fn attention_forward(
     options: OptionsArg,
     varlen: Option<VarlenArg>,
     paged: Option<PagedArg>,
+    alibi: Option<AlibiArg>,
 ) -> PyResult<()> {
     let CallArg(device, stream, scratch, check) = call;
     let FwdInputsArg(q, k, v) = inputs;
@@ -187,6 +202,8 @@ fn attention_forward(
     // `stream` through PyTorch's caching allocator; `stream` is PyTorch's current stream of
     // `device`.
     let keys = unsafe { keys(device, varlen, paged)? };
+    // SAFETY: as for `keys`.
+    let alibi_slopes = unsafe { alibi_slopes(alibi) };
     let ctx = context(device)?;
     let params = params(options);
     let mut scratch_error: Option<PyErr> = None;
@@ -195,7 +212,7 @@ fn attention_forward(
         // SAFETY: as for `keys` above.
         unsafe {
             let view = |t: &TensorArg, l: Layout| TensorView::from_raw(t.0, l, device);
-            let inputs = FwdInputs { q: view(&q, layouts[0]), k: view(&k, layouts[1]), v: view(&v, layouts[2]), kv: keys };
+            let inputs = FwdInputs { q: view(&q, layouts[0]), k: view(&k, layouts[1]), v: view(&v, layouts[2]), kv: keys, alibi_slopes };
             if check {
                 ctx.check_values(&inputs)?;
             }
@@ -214,10 +231,11 @@ fn attention_forward(
 /// The backward pass on `call`'s stream ([`CallArg`]): `grads` ([`GradsArg`], written) from
 /// `inputs` ([`BwdInputsArg`]: the forward's inputs, `o` and `lse`, and `dout`) under the
 /// forward's `options` ([`OptionsArg`]). With `varlen`, a packed batch (all tensors with a
-/// leading 1 as in `attention_forward`, `lse [Hq, total_q]`; `check` as there). Returns the
-/// name of the kernel variant that ran for a dense batch (`None` for a packed one).
+/// leading 1 as in `attention_forward`, `lse [Hq, total_q]`; `check` as there); `alibi` the
+/// forward's slopes. Returns the name of the kernel variant that ran for a dense batch (`None`
+/// for a packed one).
 #[pyfunction]
-#[pyo3(signature = (call, inputs, grads, options, varlen=None))]
+#[pyo3(signature = (call, inputs, grads, options, varlen=None, alibi=None))]
 fn attention_backward(
     py: Python<'_>,
     call: CallArg,
@@ -225,6 +243,7 @@ fn attention_backward(
     grads: GradsArg,
     options: OptionsArg,
     varlen: Option<VarlenArg>,
+    alibi: Option<AlibiArg>,
 ) -> PyResult<Option<String>> {
     let CallArg(device, stream, scratch, check) = call;
     let BwdInputsArg(q, k, v, o, lse, dout) = inputs;
@@ -239,6 +258,8 @@ fn attention_backward(
     let params = params(options);
     // SAFETY: as in `attention_forward`.
     let batch = varlen.map(|b| unsafe { varlen_batch(b) });
+    // SAFETY: as in `attention_forward`.
+    let alibi_slopes = unsafe { alibi_slopes(alibi) };
     let kernel = match batch {
         Some(_) => None,
         None => {
@@ -260,7 +281,7 @@ fn attention_backward(
                 ctx.check_values(&FwdInputs::varlen(view(0), view(1), view(2), batch))?;
             }
             let lse = LseView::from_raw(lse.0, lse.1);
-            let inputs = BwdInputs { q: view(0), k: view(1), v: view(2), o: view(3), lse, dout: view(4), kv };
+            let inputs = BwdInputs { q: view(0), k: view(1), v: view(2), o: view(3), lse, dout: view(4), kv, alibi_slopes };
             let grads = GradsMut { dq: grad(5), dk: grad(6), dv: grad(7) };
             let mut scratch = scratch_fn(&scratch, &mut scratch_error);
             let caller = CallerStream { stream: ExternalStream::from_raw(stream), scratch: &mut scratch };

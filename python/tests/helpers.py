@@ -31,16 +31,28 @@ def visible(sq, sk, causal, top_left=False, window=(-1, -1), device="cuda"):
     return seen
 
 
-def reference(q, k, v, scale, causal, top_left=False, window=(-1, -1), softcap=0.0):
+def alibi_bias(slopes, sq, sk):
+    """float64 ALiBi bias of `slopes` (`[Hq]` or `[B, Hq]`), `[Hq, Sq, Sk]` or `[B, Hq, Sq,
+    Sk]`: -slope·|i + Sk - Sq - j|, bottom-right aligned as the causal mask (flash_attn's
+    non-causal form; its causal kernels' slope·j differs by a constant a row)."""
+    i = torch.arange(sq, device=slopes.device)[:, None]
+    j = torch.arange(sk, device=slopes.device)[None, :]
+    return -slopes.double()[..., None, None] * (i + sk - sq - j).abs().double()
+
+
+def reference(q, k, v, scale, causal, top_left=False, window=(-1, -1), softcap=0.0, alibi=None):
     """float64 attention on BSHD tensors: (o [B, Sq, Hq, D], lse [B, Hq, Sq]); the mask as in
-    `visible`; softcap: scores s = q·k·scale become softcap·tanh(s / softcap) first. Rows
-    that see no key give o = 0, lse = -inf."""
+    `visible`; softcap: scores s = q·k·scale become softcap·tanh(s / softcap) first; alibi
+    (slopes `[Hq]` or `[B, Hq]`): `alibi_bias` added after the softcap. Rows that see no key
+    give o = 0, lse = -inf."""
     q, k, v = (t.double().transpose(1, 2) for t in (q, k, v))  # BHSD
     group = q.shape[1] // k.shape[1]
     k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
     s = torch.matmul(q, k.transpose(-1, -2)) * scale
     if softcap:
         s = softcap * torch.tanh(s / softcap)
+    if alibi is not None:
+        s = s + alibi_bias(alibi, q.shape[2], k.shape[2])
     s = s.masked_fill(~visible(q.shape[2], k.shape[2], causal, top_left, window, q.device), -math.inf)
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse[..., None]).nan_to_num(0.0)  # rows with no key: exp(-inf - -inf)
@@ -64,16 +76,18 @@ def randn(*shape, dtype=torch.bfloat16, scale=1.0, seed=0):
     return torch.randn(*shape, device="cuda", dtype=torch.float32, generator=g).mul_(scale).to(dtype)
 
 
-def reference_autograd(q, k, v, scale, causal, top_left=False, window=(-1, -1), softcap=0.0):
+def reference_autograd(q, k, v, scale, causal, top_left=False, window=(-1, -1), softcap=0.0, alibi=None):
     """float64 attention on BSHD tensors that autograd can differentiate, rows that see no
-    key included (their output is 0 and their gradient 0, with no NaN on the way); window and
-    softcap as in `reference`."""
+    key included (their output is 0 and their gradient 0, with no NaN on the way); window,
+    softcap and alibi as in `reference`."""
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # BHSD
     group = q.shape[1] // k.shape[1]
     k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
     s = torch.matmul(q, k.transpose(-1, -2)) * scale
     if softcap:
         s = softcap * torch.tanh(s / softcap)
+    if alibi is not None:
+        s = s + alibi_bias(alibi, q.shape[2], k.shape[2])
     mask = visible(q.shape[2], k.shape[2], causal, top_left, window, q.device)
     seen = mask.any(-1, keepdim=True)
     s = s.masked_fill(~mask, -math.inf).masked_fill(~seen, 0.0)
@@ -89,10 +103,10 @@ def qkv(b, sq, sk, hq, hkv, d, dtype, scale=1.0, seed=0):
     )
 
 
-def check_against_reference(q, k, v, out, lse, scale, causal, window=(-1, -1), softcap=0.0):
+def check_against_reference(q, k, v, out, lse, scale, causal, window=(-1, -1), softcap=0.0, alibi=None):
     """out and lse of FlashCore against `reference` (docs/design.md §8 bounds); rows that see no key
     must give 0 and lse = -inf exactly."""
-    ref_o, ref_lse = reference(q, k, v, scale, causal, window=window, softcap=softcap)
+    ref_o, ref_lse = reference(q, k, v, scale, causal, window=window, softcap=softcap, alibi=alibi)
     assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
     err = rel_l2(out, ref_o)
     assert err <= REL_BOUND[q.dtype], f"rel L2 error of o {err:.3g} over {REL_BOUND[q.dtype]:g}"

@@ -83,15 +83,44 @@ def test_unsupported_head_dims():
     torch_still_works()
 
 
+def test_dropout_is_refused_by_name():
+    raises(NotImplementedError, "`dropout_p=", dropout_p=0.1)
+
+
+def slopes(*shape, **kw):
+    """ALiBi slopes of `shape`, all 0.25, on the GPU (float32 unless `dtype`)."""
+    return torch.full(shape, 0.25, device="cuda", **kw)
+
+
 @pytest.mark.parametrize(
-    "kw,name",
+    "exc,match,alibi",
     [
-        (dict(dropout_p=0.1), "dropout_p"),
-        (dict(alibi_slopes=torch.ones(4)), "alibi_slopes"),
+        (TypeError, r"`alibi_slopes` has dtype torch.float16: it must be torch.float32", lambda: slopes(4, dtype=torch.float16)),
+        (TypeError, r"`alibi_slopes` must be a torch.Tensor, got list", lambda: [0.25] * 4),
+        (ValueError, r"`alibi_slopes` is on cpu and `q` on cuda", lambda: slopes(4).cpu()),
+        (ValueError, r"`alibi_slopes` must be \[Hq\] or \[B, Hq\] with Hq = 4, q's heads; got shape \(5,\)", lambda: slopes(5)),
+        (ValueError, r"`alibi_slopes` must be \[Hq\] or \[B, Hq\].*got shape \(4, 1\)", lambda: slopes(1, 4).t()),
+        (ValueError, r"`alibi_slopes` must be \[Hq\] or \[B, Hq\].*got shape \(1, 1, 4\)", lambda: slopes(1, 1, 4)),
+        # A row count that is not the batch's (B = 1 here): the Rust library's check, by name.
+        (ValueError, r"shape of `alibi_slopes`", lambda: slopes(3, 4)),
     ],
+    ids=["float16", "list", "cpu", "heads-5", "transposed", "3-dims", "rows-3"],
 )
-def test_unsupported_arguments_are_named(kw, name):
-    raises(NotImplementedError, f"`{name}=", **kw)
+def test_bad_alibi_slopes_are_named(exc, match, alibi):
+    raises(exc, match, alibi_slopes=alibi())
+
+
+def test_bad_alibi_slopes_are_named_in_every_call():
+    # The autograd path, a packed batch (B = its sequences) and a KV cache check them alike.
+    q, k, v = (t.requires_grad_() for t in good())
+    with pytest.raises(ValueError, match=r"shape of `alibi_slopes`"):
+        flashcore.flash_attn_func(q, k, v, alibi_slopes=slopes(2, 4))
+    cu = torch.tensor([0, 30, 64], dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match=r"shape of `alibi_slopes`"):
+        flashcore.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 34, 34, alibi_slopes=slopes(3, 4))
+    with pytest.raises(TypeError, match=r"`alibi_slopes` has dtype torch.bfloat16"):
+        flashcore.flash_attn_with_kvcache(q.detach(), k.detach(), v.detach(), alibi_slopes=slopes(4, dtype=torch.bfloat16))
+    torch_still_works()
 
 
 @pytest.mark.parametrize(

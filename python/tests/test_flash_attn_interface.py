@@ -137,7 +137,6 @@ def test_varlen_forward_and_backward_match_each_sequence_alone():
     "call, name",
     [
         (lambda q: fai._flash_attn_forward(q, q, q, 0.1, 1.0, False, -1, -1, 0.0, None, False), "dropout_p"),
-        (lambda q: fai._flash_attn_forward(q, q, q, 0.0, 1.0, False, -1, -1, 0.0, torch.ones(4, device="cuda"), False), "alibi_slopes"),
         (lambda q: fai._flash_attn_varlen_forward(q[0], q[0], q[0], *_cu(), 8, 8, 0.0, 1.0, False, block_table=torch.zeros(1, 1, dtype=torch.int32, device="cuda")), "block_table"),
         (lambda q: fai._flash_attn_varlen_forward(q[0], q[0], q[0], *_cu(), 8, 8, 0.0, 1.0, False, leftpad_k=torch.zeros(1, dtype=torch.int32, device="cuda")), "leftpad_k"),
     ],
@@ -146,6 +145,34 @@ def test_what_flashcore_lacks_is_refused_by_name(call, name):
     q = randn(1, 8, 4, 64)
     with pytest.raises(NotImplementedError, match=name):
         call(q)
+
+
+def test_low_level_functions_take_alibi_slopes():
+    """`alibi_slopes` through the four functions: the forwards are the public functions'
+    (bitwise), the backwards write their gradients (deterministic: bitwise)."""
+    b, s, hq, hkv, d = 2, 150, 4, 2, 64
+    scale = d**-0.5
+    q, k, v, dout = randn(b, s, hq, d, seed=30), randn(b, s, hkv, d, seed=31), randn(b, s, hkv, d, seed=32), randn(b, s, hq, d, seed=33)
+    alibi = torch.rand(b, hq, device="cuda") * 0.3
+    o, lse, _, _ = fai._flash_attn_forward(q, k, v, 0.0, scale, True, -1, -1, 0.0, alibi, False)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o_ref, lse_ref, _ = flashcore.flash_attn_func(*leaves, causal=True, alibi_slopes=alibi, deterministic=True, return_attn_probs=True)
+    assert torch.equal(o, o_ref) and torch.equal(lse, lse_ref)
+    o_ref.backward(dout)
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))  # every element must be written
+    fai._flash_attn_backward(dout, q, k, v, o, lse, dq, dk, dv, 0.0, scale, True, -1, -1, 0.0, alibi, True)
+    assert all(torch.equal(a, t.grad) for a, t in zip((dq, dk, dv), leaves))
+    # Packed: the two sequences of the batch, one row of slopes each.
+    cu = torch.tensor([0, s, 2 * s], dtype=torch.int32, device="cuda")
+    flat = [t.reshape(b * s, *t.shape[2:]) for t in (q, k, v, dout)]
+    o, lse, _, _ = fai._flash_attn_varlen_forward(*flat[:3], cu, cu, s, s, 0.0, scale, True, alibi_slopes=alibi)
+    leaves = [t.clone().requires_grad_() for t in flat[:3]]
+    o_ref, lse_ref, _ = flashcore.flash_attn_varlen_func(*leaves, cu, cu, s, s, causal=True, alibi_slopes=alibi, deterministic=True, return_attn_probs=True)
+    assert torch.equal(o, o_ref) and torch.equal(lse, lse_ref)
+    o_ref.backward(flat[3])
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in flat[:3])
+    fai._flash_attn_varlen_backward(flat[3], *flat[:3], o, lse, dq, dk, dv, cu, cu, s, s, 0.0, scale, True, -1, -1, 0.0, alibi, True)
+    assert all(torch.equal(a, t.grad) for a, t in zip((dq, dk, dv), leaves))
 
 
 def _cu():

@@ -70,16 +70,17 @@ impl Context {
         unsafe { self.on_caller_stream(caller, |lane| self.backward(lane, inputs, grads, params)) }
     }
 
-    /// The kernel variant the backward of a dense `shape` runs.
+    /// The kernel variant the backward of a dense `shape` without ALiBi runs.
     pub fn backward_variant(&self, shape: &ProblemShape, dtype: DType, params: &AttnParams) -> Result<Variant> {
-        Ok(dispatch::plan_backward(&self.info().device(), shape, dtype, params, false)?.variant)
+        Ok(dispatch::plan_backward(&self.info().device(), shape, dtype, params, false, false)?.variant)
     }
 
     /// The layers of one backward call on `lane`.
     fn backward(&self, lane: &mut Lane, inputs: &BwdInputs, grads: GradsMut, params: &AttnParams) -> Result<()> {
         let checked = inputs.check(&grads, params, self.ordinal())?;
         let batch = inputs.batch();
-        let plan = dispatch::plan_backward(&self.info().device(), &checked.shape, inputs.q.layout.dtype, params, batch.is_some())?;
+        let (dtype, alibi) = (inputs.q.layout.dtype, checked.alibi.is_some());
+        let plan = dispatch::plan_backward(&self.info().device(), &checked.shape, dtype, params, batch.is_some(), alibi)?;
         let kernel = self.load(&plan.variant)?;
         let BwdInputs { q, k, v, o, lse, dout, .. } = *inputs;
         let views = BwdViews { inputs: [q, k, v, o, dout], lse, grads: [grads.dq.as_view(), grads.dk.as_view(), grads.dv.as_view()] };

@@ -8,9 +8,17 @@ use crate::error::{Error, Result};
 use crate::paged::{CacheGeometry, PagedKv};
 use crate::params::AttnParams;
 use crate::shape::ProblemShape;
-use crate::tensor::{LseView, LseViewMut, TensorView, TensorViewMut};
+use crate::tensor::{DeviceVec, LseView, LseViewMut, TensorView, TensorViewMut};
 use crate::validate;
 use crate::varlen::VarlenBatch;
+
+/// ALiBi slopes (flash_attn's `alibi_slopes`): f32 on the device, one a query head (`[Hq]`,
+/// every sequence's) or one a sequence and query head (`[B, Hq]` row-major; packed, B is the
+/// sequences). Score `(i, j)` of head `h` gains `-slope · |i + Sk - Sq - j|` (bottom-right
+/// aligned as the causal mask), after the softcap and before the softmax; the backward takes
+/// the same slopes. Under a causal mask this is flash_attn's bias up to a constant per row
+/// (flash_attn's causal kernels add `slope · j`): the same output, an LSE that differs by it.
+pub type AlibiSlopes<'a> = DeviceVec<'a, f32>;
 
 /// How a call's keys (and, packed, its queries) are laid out.
 #[derive(Debug, Clone, Copy, Default)]
@@ -55,24 +63,31 @@ pub struct FwdInputs<'a> {
     pub v: TensorView<'a>,
     /// How the keys are laid out.
     pub kv: KvLayout<'a>,
+    /// ALiBi's slopes, or none.
+    pub alibi_slopes: Option<AlibiSlopes<'a>>,
 }
 
 impl<'a> FwdInputs<'a> {
     /// Dense tensors: `q [B, Sq, Hq, D]`, `k, v [B, Sk, Hkv, D]`.
     pub fn dense(q: TensorView<'a>, k: TensorView<'a>, v: TensorView<'a>) -> Self {
-        Self { q, k, v, kv: KvLayout::Dense }
+        Self { q, k, v, kv: KvLayout::Dense, alibi_slopes: None }
     }
 
     /// A packed batch: `q [1, total_q, Hq, D]`, `k, v [1, total_k, Hkv, D]` (see [`VarlenBatch`]).
     pub fn varlen(q: TensorView<'a>, k: TensorView<'a>, v: TensorView<'a>, batch: VarlenBatch<'a>) -> Self {
-        Self { q, k, v, kv: KvLayout::Varlen(batch) }
+        Self { q, k, v, kv: KvLayout::Varlen(batch), alibi_slopes: None }
+    }
+
+    /// These inputs with ALiBi `slopes` (see [`AlibiSlopes`]).
+    pub fn with_alibi(self, slopes: AlibiSlopes<'a>) -> Self {
+        Self { alibi_slopes: Some(slopes), ..self }
     }
 
     /// A KV cache: `q [B, Sq, Hq, D]`, `k_cache`, `v_cache` the pools `[num_pages, page_size,
     /// Hkv, D]` (with a block table) or `[B, S_cache, Hkv, D]`; `cache.k_new`, `cache.v_new`
     /// are appended first (see [`PagedKv`]).
     pub fn paged(q: TensorView<'a>, k_cache: TensorView<'a>, v_cache: TensorView<'a>, cache: PagedKv<'a>) -> Self {
-        Self { q, k: k_cache, v: v_cache, kv: KvLayout::Paged(cache) }
+        Self { q, k: k_cache, v: v_cache, kv: KvLayout::Paged(cache), alibi_slopes: None }
     }
 }
 
@@ -105,6 +120,8 @@ pub struct BwdInputs<'a> {
     pub dout: TensorView<'a>,
     /// How the keys are laid out: as the forward's.
     pub kv: KvLayout<'a>,
+    /// ALiBi's slopes, as the forward's.
+    pub alibi_slopes: Option<AlibiSlopes<'a>>,
 }
 
 /// Where the gradients go: `dq` shaped like `q`, `dk` and `dv` like `k` (the query heads
@@ -120,12 +137,27 @@ pub struct GradsMut<'a> {
 }
 
 /// A checked call: the tensors' own shape (packed: `[1, total, H, D]`; a cache: `Sk` its
-/// capacity), the kernels' (packed: B sequences of the longest lengths), a cache's geometry.
+/// capacity), the kernels' (packed: B sequences of the longest lengths), a cache's geometry,
+/// ALiBi's slopes (their address and batch stride).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Checked {
     pub tensors: ProblemShape,
     pub shape: ProblemShape,
     pub cache: Option<CacheGeometry>,
+    pub alibi: Option<Alibi>,
+}
+
+/// Checked ALiBi slopes: their address and batch stride (0: one slope a head for every
+/// sequence).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Alibi {
+    pub ptr: u64,
+    pub batch_stride: usize,
+}
+
+/// Checks `slopes` against the kernels' `shape` (see [`AlibiSlopes`]).
+fn check_alibi(slopes: Option<&AlibiSlopes>, shape: &ProblemShape) -> Result<Option<Alibi>> {
+    slopes.map(|s| Ok(Alibi { ptr: s.ptr, batch_stride: validate::alibi_slopes(s.ptr, s.len, shape)? })).transpose()
 }
 
 impl FwdInputs<'_> {
@@ -135,19 +167,20 @@ impl FwdInputs<'_> {
         let checked = match &self.kv {
             KvLayout::Paged(cache) => {
                 let g = cache.validate(q, k, v, o, device)?;
-                Checked { tensors: g.shape, shape: g.shape, cache: Some(g) }
+                Checked { tensors: g.shape, shape: g.shape, cache: Some(g), alibi: None }
             }
             KvLayout::Varlen(batch) => {
                 let tensors = validate::problem(q, k, v, o, device)?;
                 batch.validate(&tensors)?;
-                Checked { tensors, shape: batch.kernel_shape(&tensors), cache: None }
+                Checked { tensors, shape: batch.kernel_shape(&tensors), cache: None, alibi: None }
             }
             KvLayout::Dense => {
                 let tensors = validate::problem(q, k, v, o, device)?;
-                Checked { tensors, shape: tensors, cache: None }
+                Checked { tensors, shape: tensors, cache: None, alibi: None }
             }
         };
         params.check(checked.shape.head_dim)?;
+        let checked = Checked { alibi: check_alibi(self.alibi_slopes.as_ref(), &checked.shape)?, ..checked };
         if let Some(lse) = lse {
             // Packed, [Hq, total_q]: the shape of one sequence of all the rows.
             validate::lse(lse.len, if self.kv.batch().is_some() { &checked.tensors } else { &checked.shape })?;
@@ -165,7 +198,7 @@ impl BwdInputs<'_> {
 
     /// Checks everything the host can see of a backward call into `grads` on `device`.
     pub(crate) fn check(&self, grads: &GradsMut, params: &AttnParams, device: usize) -> Result<Checked> {
-        let BwdInputs { q, k, v, o, lse, dout, kv } = self;
+        let BwdInputs { q, k, v, o, lse, dout, kv, alibi_slopes } = self;
         if let KvLayout::Paged(_) = kv {
             return Err(Error::Param { arg: "kv", msg: "a KV cache has no backward: dense or packed (varlen) batches do".into() });
         }
@@ -195,7 +228,7 @@ impl BwdInputs<'_> {
         validate::lse(lse.len, &tensors)?;
         validate::lse_alignment(lse.ptr)?;
         params.check(shape.head_dim)?;
-        Ok(Checked { tensors, shape, cache: None })
+        Ok(Checked { tensors, shape, cache: None, alibi: check_alibi(alibi_slopes.as_ref(), &shape)? })
     }
 }
 
@@ -238,6 +271,28 @@ mod tests {
     }
 
     #[test]
+    fn alibi_slopes_are_one_a_head_or_one_a_sequence_and_head() {
+        let (q, kv) = ([2, 16, 8, 64], [2, 64, 2, 64]);
+        let inputs = FwdInputs::dense(view(q, 0x1000), view(kv, 0x100000), view(kv, 0x200000));
+        // SAFETY: as above.
+        let slopes = |at, len| unsafe { AlibiSlopes::from_raw(at, len) };
+        let check = |s| inputs.with_alibi(s).check(&view(q, 0x400000), None, &AttnParams::default(), 0);
+        assert_eq!(check(slopes(0x9000, 8)).unwrap().alibi, Some(Alibi { ptr: 0x9000, batch_stride: 0 }));
+        assert_eq!(check(slopes(0x9000, 16)).unwrap().alibi, Some(Alibi { ptr: 0x9000, batch_stride: 8 }));
+        for (at, len) in [(0x9000, 4), (0x9000, 24), (0x9002, 8)] {
+            let err = check(slopes(at, len)).unwrap_err();
+            assert!(err.to_string().contains("alibi_slopes"), "{err}");
+        }
+        // Packed, one row a sequence: three sequences.
+        let (q, kv) = ([1, 100, 8, 64], [1, 150, 2, 64]);
+        let packed = FwdInputs::varlen(view(q, 0x1000), view(kv, 0x100000), view(kv, 0x200000), packed_batch());
+        let checked = packed.with_alibi(slopes(0x9000, 24)).check(&view(q, 0x400000), None, &AttnParams::default(), 0).unwrap();
+        assert_eq!(checked.alibi, Some(Alibi { ptr: 0x9000, batch_stride: 8 }));
+        assert!(packed.with_alibi(slopes(0x9000, 16)).check(&view(q, 0x400000), None, &AttnParams::default(), 0).is_err());
+        assert!(inputs.check(&view([2, 16, 8, 64], 0x400000), None, &AttnParams::default(), 0).unwrap().alibi.is_none());
+    }
+
+    #[test]
     fn a_kv_cache_has_no_backward() {
         let (q, kv) = ([2, 16, 8, 64], [2, 64, 2, 64]);
         let inputs = BwdInputs {
@@ -249,6 +304,7 @@ mod tests {
             lse: unsafe { LseView::from_raw(0x400000, 2 * 8 * 16) },
             dout: view(q, 0x500000),
             kv: KvLayout::Paged(PagedKv::default()),
+            alibi_slopes: None,
         };
         let grads = GradsMut { dq: view_mut(q, 0x600000), dk: view_mut(kv, 0x700000), dv: view_mut(kv, 0x800000) };
         let err = inputs.check(&grads, &AttnParams::default(), 0).unwrap_err();

@@ -84,7 +84,8 @@ impl Context {
             return Ok(()); // packed, every sequence empty: nothing to write
         }
         let device = self.info().device();
-        let plan = dispatch::plan_for(&device, &checked.shape, inputs.q.layout.dtype, params, inputs.kv.geometry(&checked))?;
+        let (dtype, layout) = (inputs.q.layout.dtype, inputs.kv.geometry(&checked));
+        let plan = dispatch::plan_for(&device, &checked.shape, dtype, params, layout, checked.alibi.is_some())?;
         let kernel = self.load(&plan.variant)?;
         let call = pack::forward(&plan, &checked, inputs, o, out.lse.map_or(0, |l| l.ptr), params);
         launch::forward(lane, &kernel, &plan, call, device.sm_count, device.arch)

@@ -56,7 +56,7 @@ mod validate;
 mod varlen;
 
 pub use backward::AttnGrads;
-pub use call::{BwdInputs, FwdInputs, FwdOutputs, GradsMut, KvLayout};
+pub use call::{AlibiSlopes, BwdInputs, FwdInputs, FwdOutputs, GradsMut, KvLayout};
 pub use context::{Context, DeviceInfo};
 pub use device_tensor::DeviceTensor;
 pub use error::{Error, Result};

@@ -9,7 +9,7 @@
 
 use cudarc::driver::DeviceRepr;
 
-use crate::call::{Checked, FwdInputs, KvLayout};
+use crate::call::{Alibi, Checked, FwdInputs, KvLayout};
 use crate::dispatch::{BwdPlan, Plan};
 use crate::kernels::{fwd_sm80, fwd_sm90, section_heads, KernelFamily};
 use crate::params::{AttnParams, Window};
@@ -32,15 +32,19 @@ pub(crate) struct ProblemArgs {
     pub causal: i32,
 }
 
-/// The score policies' run-time values (`FC_SCORE_MOD_FIELDS`): the window's sides (causal
-/// folded in) and the softcap.
+/// The score policies' run-time values (`FC_SCORE_MOD_FIELDS`): ALiBi's slopes (first: the
+/// group starts 8-aligned on both sides), the window's sides (causal folded in), the softcap,
+/// ALiBi's scale and batch stride.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct ScoreModArgs {
+    pub alibi_slopes: u64,
     pub window_left: i32,
     pub window_right: i32,
     pub softcap: f32,
     pub softcap_scale: f32,
+    pub alibi_scale: f32,
+    pub alibi_batch_stride: i32,
 }
 
 /// A packed batch (`FC_VARLEN_FIELDS`); the paged forward reuses `seqused_k` as the cache
@@ -96,9 +100,9 @@ pub(crate) struct FwdParams {
     pub page_box_rows: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<ProblemArgs>() == 36 && std::mem::size_of::<ScoreModArgs>() == 16);
+const _: () = assert!(std::mem::size_of::<ProblemArgs>() == 36 && std::mem::size_of::<ScoreModArgs>() == 32);
 const _: () = assert!(std::mem::size_of::<VarlenArgs>() == 32);
-const _: () = assert!(std::mem::size_of::<FwdParams>() == 376);
+const _: () = assert!(std::mem::size_of::<FwdParams>() == 392);
 
 // SAFETY: plain old data with the C layout the kernels expect.
 unsafe impl DeviceRepr for FwdParams {}
@@ -134,7 +138,7 @@ pub(crate) struct BwdParams {
     pub varlen: VarlenArgs,
 }
 
-const _: () = assert!(std::mem::size_of::<BwdParams>() == 88 + 8 * 24 + 64 + 32);
+const _: () = assert!(std::mem::size_of::<BwdParams>() == 88 + 8 * 24 + 80 + 32);
 
 // SAFETY: plain old data with the C layout the kernels expect.
 unsafe impl DeviceRepr for BwdParams {}
@@ -163,15 +167,22 @@ fn problem_args(shape: &ProblemShape, params: &AttnParams) -> ProblemArgs {
     }
 }
 
-/// The window the kernels see (causal folded in: see [`AttnParams::mask`]) and the softcap.
-fn score_mod_args(params: &AttnParams, head_dim: usize) -> ScoreModArgs {
+/// The window the kernels see (causal folded in: see [`AttnParams::mask`]), the softcap, and
+/// ALiBi's slopes with the factor that takes a slope (in logit units) to the units of the
+/// scores the fast kernels hold, which their softmax multiplies by `softmax_scale_log2`:
+/// `log2(e) / softmax_scale_log2` (`1 / scale`; 1 under a softcap, whose scores are logits).
+fn score_mod_args(shape: &ProblemShape, params: &AttnParams, alibi: Option<Alibi>) -> ScoreModArgs {
     let window = params.mask().1.unwrap_or(Window::UNBOUNDED);
-    let scale = params.scale_for(head_dim);
+    let scale = params.scale_for(shape.head_dim);
+    let scale_log2 = problem_args(shape, params).softmax_scale_log2;
     ScoreModArgs {
+        alibi_slopes: alibi.map_or(0, |a| a.ptr),
         window_left: window.left,
         window_right: window.right,
         softcap: params.softcap,
         softcap_scale: if params.has_softcap() { scale / params.softcap } else { 0.0 },
+        alibi_scale: std::f32::consts::LOG2_E / scale_log2,
+        alibi_batch_stride: alibi.map_or(0, |a| a.batch_stride as i32),
     }
 }
 
@@ -219,7 +230,7 @@ pub(crate) fn forward<'a>(
     lse: u64,
     params: &AttnParams,
 ) -> FwdCall<'a> {
-    let FwdInputs { q, k, v, kv } = *inputs;
+    let FwdInputs { q, k, v, kv, .. } = *inputs;
     let (varlen, paged) = match kv {
         KvLayout::Dense => (None, None),
         KvLayout::Varlen(batch) => (Some(batch), None),
@@ -248,7 +259,7 @@ pub(crate) fn forward<'a>(
         tile_section: section_heads(&shape),
         num_splits: plan.splits as i32,
         split_tiles: plan.split_tiles as i32,
-        score: score_mod_args(params, shape.head_dim),
+        score: score_mod_args(&shape, params, checked.alibi),
         varlen: varlen_args(varlen.as_ref(), &checked.tensors),
         gqa_packed: i32::from(plan.packed_gqa && varlen.is_some()),
         q_stride_token,
@@ -341,7 +352,7 @@ pub(crate) fn backward(
         deterministic: i32::from(params.deterministic),
         dq_splits: plan.dq_splits as i32,
         spread_walks: i32::from(plan.spread_walks),
-        score: score_mod_args(params, checked.shape.head_dim),
+        score: score_mod_args(&checked.shape, params, checked.alibi),
         varlen: varlen_args(varlen, &checked.tensors),
     }
 }
@@ -357,15 +368,28 @@ mod tests {
         assert_eq!(problem_args(&shape, &zero).softmax_scale_log2, f32::MIN_POSITIVE);
         let capped = AttnParams { softcap: 30.0, ..zero };
         assert_eq!(problem_args(&shape, &capped).softmax_scale_log2, std::f32::consts::LOG2_E);
-        assert_eq!(score_mod_args(&capped, 64).softcap_scale, 0.0);
+        assert_eq!(score_mod_args(&shape, &capped, None).softcap_scale, 0.0);
+    }
+
+    #[test]
+    fn alibi_slopes_reach_the_kernels_in_the_units_of_their_scores() {
+        let shape = ProblemShape { batch: 2, seqlen_q: 4, seqlen_k: 4, heads_q: 8, heads_kv: 1, head_dim: 64 };
+        let alibi = Some(Alibi { ptr: 0x1000, batch_stride: 8 });
+        let plain = score_mod_args(&shape, &AttnParams::default(), alibi);
+        assert_eq!((plain.alibi_slopes, plain.alibi_batch_stride), (0x1000, 8));
+        // q·k times alibi_scale·slope, then times softmax_scale_log2: slope·log2(e) a key.
+        assert!((plain.alibi_scale - 8.0).abs() < 1e-5, "1 / scale at D64: {}", plain.alibi_scale);
+        let capped = score_mod_args(&shape, &AttnParams { softcap: 30.0, ..AttnParams::default() }, alibi);
+        assert_eq!(capped.alibi_scale, 1.0, "capped scores are logits");
+        assert_eq!(score_mod_args(&shape, &AttnParams::default(), None).alibi_slopes, 0);
     }
 
     #[test]
     fn causal_is_folded_into_a_window_as_the_kernels_read_it() {
         let p = AttnParams { causal: true, window: Window::new(127, 5), ..AttnParams::default() };
-        let score = score_mod_args(&p, 128);
-        assert_eq!((score.window_left, score.window_right), (127, 0));
         let shape = ProblemShape { batch: 1, seqlen_q: 4, seqlen_k: 4, heads_q: 1, heads_kv: 1, head_dim: 128 };
+        let score = score_mod_args(&shape, &p, None);
+        assert_eq!((score.window_left, score.window_right), (127, 0));
         assert_eq!(problem_args(&shape, &p).causal, 0, "a window carries the causal side itself");
         assert_eq!(problem_args(&shape, &AttnParams::causal()).causal, 1);
     }

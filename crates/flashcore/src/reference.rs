@@ -10,6 +10,7 @@
 //! - a sliding window (`RefMask::window`) keeps keys `i + Sk - Sq - left <= j <= i + Sk - Sq
 //!   + right` (`-1`: that side unbounded);
 //! - softcap `c > 0` replaces `s_ij` by `c · tanh(s_ij / c)` before the softmax;
+//! - ALiBi adds `-slope_bh · |i + Sk - Sq - j|` to the (capped) score (`RefMask::alibi_slopes`);
 //! - `lse_i = ln Σ_j exp(s_ij)` over the visible keys; a row that sees no key (causal with
 //!   `Sq > Sk`, or outside its window) gives `o = 0` and `lse = -inf`, never NaN.
 
@@ -30,20 +31,44 @@ pub struct ReferenceOutput {
 
 /// Which keys each row sees and how its scores are transformed (see the module's rules).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub struct RefMask {
+pub struct RefMask<'a> {
     /// Causal, bottom-right aligned.
     pub causal: bool,
     /// A sliding window, or none.
     pub window: Option<Window>,
     /// Logit softcap; 0 is off.
     pub softcap: f64,
+    /// ALiBi slopes: `[Hq]` (every sequence's) or `[B, Hq]` row-major; empty is off. Score
+    /// `(i, j)` of sequence `b`, head `h` gains `-slope · |i + Sk - Sq - j|` after the softcap.
+    pub alibi_slopes: &'a [f64],
 }
 
-impl RefMask {
-    /// The mask and softcap of `params` (its window as given, causal besides).
+impl<'a> RefMask<'a> {
+    /// The mask and softcap of `params` (its window as given, causal besides); no ALiBi.
     pub fn of(params: &AttnParams) -> Self {
         let window = (params.window != Window::UNBOUNDED).then_some(params.window);
-        RefMask { causal: params.causal, window, softcap: params.softcap as f64 }
+        RefMask { causal: params.causal, window, softcap: params.softcap as f64, alibi_slopes: &[] }
+    }
+
+    /// This mask with ALiBi `slopes` (`[Hq]` or `[B, Hq]`).
+    pub fn with_alibi(self, slopes: &'a [f64]) -> Self {
+        RefMask { alibi_slopes: slopes, ..self }
+    }
+
+    /// The mask of sequence `b` alone (of `heads_q` heads): its row of `[B, Hq]` slopes.
+    pub fn for_sequence(&self, b: usize, heads_q: usize) -> Self {
+        let slopes = if self.alibi_slopes.len() > heads_q { &self.alibi_slopes[b * heads_q..][..heads_q] } else { self.alibi_slopes };
+        RefMask { alibi_slopes: slopes, ..*self }
+    }
+
+    /// ALiBi's bias of score `(i, j)` of sequence `b`, head `h` (of `hq`), `sq` queries over
+    /// `sk` keys: 0 without slopes.
+    fn bias(&self, (b, h, hq): (usize, usize, usize), i: usize, j: usize, (sq, sk): (usize, usize)) -> f64 {
+        if self.alibi_slopes.is_empty() {
+            return 0.0;
+        }
+        let slope = if self.alibi_slopes.len() == hq { self.alibi_slopes[h] } else { self.alibi_slopes[b * hq + h] };
+        -slope * (i as f64 + sk as f64 - sq as f64 - j as f64).abs()
     }
 
     /// Keys `[first, last)` query row `i` of `sq` sees among `sk` (empty: none).
@@ -121,7 +146,8 @@ pub fn attention_masked(q: &[f64], k: &[f64], v: &[f64], shape: &ProblemShape, s
                 if first == last {
                     continue;
                 }
-                let s: Vec<f64> = (first..last).map(|j| mask.score(softmax_scale * dot(q_row(i), &k[kv_at(j)..][..d]))).collect();
+                let bias = |j| mask.bias((b, h, hq), i, j, (sq, sk));
+                let s: Vec<f64> = (first..last).map(|j| mask.score(softmax_scale * dot(q_row(i), &k[kv_at(j)..][..d])) + bias(j)).collect();
                 let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let p: Vec<f64> = s.iter().map(|&s| (s - max).exp()).collect();
                 let sum: f64 = p.iter().sum();
@@ -197,7 +223,7 @@ pub fn attention_paged(q: &[f64], cache: &RefPagedCache, shape: &ProblemShape, s
     for b in 0..batch {
         let (k, v) = cache.gather(b, hkv * d);
         let one = ProblemShape { batch: 1, seqlen_k: cache.seqlens[b], ..*shape };
-        let r = attention_masked(&q[b * sq * hq * d..][..sq * hq * d], &k, &v, &one, softmax_scale, mask);
+        let r = attention_masked(&q[b * sq * hq * d..][..sq * hq * d], &k, &v, &one, softmax_scale, &mask.for_sequence(b, hq));
         out.o.extend(r.o);
         out.lse.extend(r.lse);
     }
@@ -239,7 +265,8 @@ pub fn attention_backward(
 /// [`attention_backward`] under any [`RefMask`]: the visible keys are the window's, and a
 /// softcapped score `c = cap · tanh(s / cap)` (`s = scale · q·k`) passes its gradient on times
 /// `dc/ds = 1 − (c / cap)²`: `dS = P ∘ (dP − rowsum(dO ∘ O)) ∘ (1 − (C / cap)²)`, then
-/// `dQ = scale · dS K` and `dK = scale · dSᵀ Q` as without one.
+/// `dQ = scale · dS K` and `dK = scale · dSᵀ Q` as without one. ALiBi's bias, a constant of
+/// the score, changes `P` alone.
 ///
 /// # Panics
 /// As [`attention_backward`].
@@ -273,7 +300,7 @@ pub fn attention_backward_masked(
                 for j in first..last {
                     let (k_j, v_j) = (&k[kv_at(b, j, h)..][..d], &v[kv_at(b, j, h)..][..d]);
                     let c = mask.score(softmax_scale * dot(q_i, k_j));
-                    let p = (c - lse).exp();
+                    let p = (c + mask.bias((b, h, hq), i, j, (sq, sk)) - lse).exp();
                     let ds = p * (dot(do_i, v_j) - d_i) * mask.score_grad(c);
                     for c in 0..d {
                         dv[j * d + c] += p * do_i[c];
@@ -418,7 +445,7 @@ mod tests {
             let (q, k, v) = qkv(&s, 11);
             for (left, right, causal) in [(0, 0, false), (1, 0, false), (2, 3, false), (-1, 1, false), (2, -1, true), (3, 5, true)] {
                 for softcap in [0.0, 1.5] {
-                    let mask = RefMask { causal, window: Some(Window::new(left, right)), softcap };
+                    let mask = RefMask { causal, window: Some(Window::new(left, right)), softcap, ..RefMask::default() };
                     let got = attention_masked(&q, &k, &v, &s, 0.9, &mask);
                     let (mut o, mut lse) = (vec![0.0; got.o.len()], vec![f64::NEG_INFINITY; got.lse.len()]);
                     for b in 0..2 {
@@ -637,9 +664,13 @@ mod tests {
         let cases = [
             (3, 6, RefMask { softcap: 1.5, ..RefMask::default() }),
             (5, 3, RefMask { causal: true, softcap: 4.0, ..RefMask::default() }),
-            (4, 7, RefMask { causal: false, window: Some(Window::new(1, 0)), softcap: 0.0 }),
-            (6, 4, RefMask { causal: false, window: Some(Window::new(0, 2)), softcap: 1.5 }),
-            (5, 5, RefMask { causal: true, window: Some(Window::new(2, -1)), softcap: 4.0 }),
+            (4, 7, RefMask { causal: false, window: Some(Window::new(1, 0)), ..RefMask::default() }),
+            (6, 4, RefMask { causal: false, window: Some(Window::new(0, 2)), softcap: 1.5, ..RefMask::default() }),
+            (5, 5, RefMask { causal: true, window: Some(Window::new(2, -1)), softcap: 4.0, ..RefMask::default() }),
+            // ALiBi, per head and per (batch, head), with a softcap and a window.
+            (4, 7, RefMask { alibi_slopes: &[0.5, 0.25, 1.0, 2.0], ..RefMask::default() }),
+            (6, 3, RefMask { causal: true, softcap: 4.0, alibi_slopes: &[0.3, 0.1, 0.7, 1.1, 0.2, 0.9, 0.4, 0.6], ..RefMask::default() }),
+            (5, 5, RefMask { window: Some(Window::new(1, 2)), alibi_slopes: &[1.5, 0.5, 0.25, 0.125], ..RefMask::default() }),
         ];
         for (sq, sk, mask) in cases {
             let s = shape(2, sq, sk, 4, 2, 3);
@@ -664,6 +695,60 @@ mod tests {
                 }
             }
             assert!(grads.dq.iter().any(|&x| x.abs() > 1e-3), "{mask:?}: a gradient worth testing");
+        }
+    }
+
+    #[test]
+    fn alibi_matches_the_brute_force() {
+        // The bias -slope · |i + Sk - Sq - j| added to each (capped) logit, slopes per head and
+        // per (batch, head), causal or not, Sq < Sk and Sq > Sk; per-sequence slopes equal the
+        // sequence run alone with its row of them.
+        let per_head = [0.5, 0.0, 1.25, 0.3];
+        let per_batch = [0.5, 0.0, 1.25, 0.3, 2.0, 0.1, 0.7, 0.05];
+        for (sq, sk) in [(5, 9), (9, 4)] {
+            let s = shape(2, sq, sk, 4, 2, 3);
+            let (q, k, v) = qkv(&s, 17);
+            for (causal, softcap, slopes) in [(false, 0.0, &per_head[..]), (true, 0.0, &per_batch[..]), (false, 1.5, &per_batch[..])] {
+                let mask = RefMask { causal, softcap, alibi_slopes: slopes, ..RefMask::default() };
+                let got = attention_masked(&q, &k, &v, &s, 0.9, &mask);
+                let (mut o, mut lse) = (vec![0.0; got.o.len()], vec![f64::NEG_INFINITY; got.lse.len()]);
+                for b in 0..2 {
+                    for h in 0..4 {
+                        let slope = if slopes.len() == 4 { slopes[h] } else { slopes[b * 4 + h] };
+                        for i in 0..sq {
+                            let diag = i as i64 + sk as i64 - sq as i64;
+                            let w: Vec<f64> = (0..sk)
+                                .map(|j| {
+                                    if causal && j as i64 > diag {
+                                        return 0.0;
+                                    }
+                                    let logit = 0.9 * dot(&q[((b * sq + i) * 4 + h) * 3..][..3], &k[((b * sk + j) * 2 + h / 2) * 3..][..3]);
+                                    let capped = if softcap > 0.0 { softcap * (logit / softcap).tanh() } else { logit };
+                                    (capped - slope * (diag - j as i64).abs() as f64).exp()
+                                })
+                                .collect();
+                            let sum: f64 = w.iter().sum();
+                            if sum > 0.0 {
+                                lse[(b * 4 + h) * sq + i] = sum.ln();
+                                for (j, w) in w.iter().enumerate() {
+                                    for c in 0..3 {
+                                        o[((b * sq + i) * 4 + h) * 3 + c] += w / sum * v[((b * sk + j) * 2 + h / 2) * 3 + c];
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+                assert_close(&got.o, &o, 1e-12);
+                assert_close(&got.lse, &lse, 1e-12);
+                let plain = attention_masked(&q, &k, &v, &s, 0.9, &RefMask { alibi_slopes: &[], ..mask });
+                assert!(plain.lse.iter().zip(&got.lse).any(|(a, b)| (a - b).abs() > 0.1), "the bias changes the result");
+                // Sequence 1 alone, with its row of the slopes.
+                let one = shape(1, sq, sk, 4, 2, 3);
+                let (qn, kn) = (sq * 4 * 3, sk * 2 * 3);
+                let alone = attention_masked(&q[qn..], &k[kn..], &v[kn..], &one, 0.9, &mask.for_sequence(1, 4));
+                assert_close(&alone.o, &got.o[qn..], 1e-12);
+            }
         }
     }
 

@@ -115,6 +115,22 @@ pub(crate) fn lse_alignment(ptr: u64) -> Result<()> {
     Ok(())
 }
 
+/// The batch stride of ALiBi slopes of `len` f32 values at `ptr` for `shape` (the kernels'
+/// shape: packed, B is the sequences): 0 for `[Hq]` (every sequence's), Hq for `[B, Hq]`.
+pub(crate) fn alibi_slopes(ptr: u64, len: usize, shape: &ProblemShape) -> Result<usize> {
+    let (b, h) = (shape.batch, shape.heads_q);
+    if ptr % 4 != 0 {
+        return Err(Error::Param { arg: "alibi_slopes", msg: format!("device pointer {ptr:#x} is not 4-byte aligned") });
+    }
+    if len == h {
+        Ok(0)
+    } else if len == b * h {
+        Ok(h)
+    } else {
+        Err(shape_err("alibi_slopes", format!("{len} values: need [Hq] = {h} or [B, Hq] = {} (B = {b} sequences)", b * h)))
+    }
+}
+
 /// Validates the scratch memory a caller's allocator returned (read as float4 rows).
 pub(crate) fn scratch_alignment(ptr: u64) -> Result<()> {
     if ptr == 0 || ptr % 16 != 0 {

@@ -9,8 +9,8 @@ run unmodified (its own test suite among it).
 `flash_attn.bert_padding`, `flash_attn.layers.rotary`); `use_as_flash_attn` registers them
 under flash_attn's names. It refuses when a real flash-attn is installed (FlashCore never
 shadows it silently): `force=True` then says the caller means it. Every attention call is
-FlashCore's; what flash-attn 2.8.3 has and FlashCore does not yet (dropout, ALiBi, ...)
-raises `NotImplementedError` naming the argument.
+FlashCore's; what flash-attn 2.8.3 has and FlashCore does not yet (dropout,
+`cache_leftpad`, ...) raises `NotImplementedError` naming the argument.
 """
 
 from __future__ import annotations

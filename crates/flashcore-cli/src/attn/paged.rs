@@ -216,7 +216,7 @@ mod tests {
             cache_seqlens: Some(cached.iter().map(|&c| c as i32).collect()),
         };
         let g = Geometry::of(&kv).unwrap();
-        let mask = RefMask { causal: true, window: None, softcap: 0.0 };
+        let mask = RefMask { causal: true, ..RefMask::default() };
         let out = cpu(&kv, &g, 0.3, &mask).unwrap();
         let key_at = |pool: &[f64], s: usize, j: usize| {
             let at = (table[s * max_pages + j / page] as usize * page + j % page) * row;
@@ -252,7 +252,7 @@ mod tests {
             block_table: Some((table, [2, 2])),
             cache_seqlens: Some(lens),
         };
-        let mask = RefMask { causal: false, window: None, softcap: 0.0 };
+        let mask = RefMask::default();
         let run = |kv: &HostKvCache| cpu(kv, &Geometry::of(kv).unwrap(), 0.5, &mask).err().map(|e| e.to_string()).unwrap_or_default();
         assert!(run(&kv(vec![0, 1, 9, 2], vec![20, 17])).contains("block_table"), "a page out of the pool");
         assert!(run(&kv(vec![0, 1, 2, 3], vec![20, 33])).contains("cache_seqlens"), "a length over the capacity");

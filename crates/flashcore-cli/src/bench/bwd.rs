@@ -75,6 +75,7 @@ pub fn bench_case(
                 lse: LseView::of(&s.fwd.lse),
                 dout: s.dout.view(),
                 kv: KvLayout::Dense,
+                alibi_slopes: None,
             };
             ctx.attention_backward_into(&inputs, GradsMut { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut() }, &params)
         })
@@ -93,7 +94,8 @@ pub fn bench_case(
             &fwd_params,
         )?;
         let (o, lse) = (o.view(), LseView::of(&lse));
-        let inputs = BwdInputs { q: s.q.view(), k: s.k.view(), v: s.v.view(), o, lse, dout: s.dout.view(), kv: KvLayout::Dense };
+        let inputs =
+            BwdInputs { q: s.q.view(), k: s.k.view(), v: s.v.view(), o, lse, dout: s.dout.view(), kv: KvLayout::Dense, alibi_slopes: None };
         ctx.attention_backward_into(&inputs, GradsMut { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut() }, &params)
     })?;
     let flops = case.flops();

@@ -18,14 +18,17 @@
 use anyhow::Result;
 use flashcore::reference::RefMask;
 use flashcore::{
-    reference, AttnParams, BwdInputs, Context, DType, DeviceTensor, FwdInputs, GradsMut, KernelFamily, KvLayout, LseView, Window,
+    reference, AlibiSlopes, AttnParams, BwdInputs, Context, DType, DeviceTensor, FwdInputs, GradsMut, KernelFamily, KvLayout, LseView,
+    Window,
 };
 
 use crate::cases::{errors, normal, random_qkv, Case, Inputs, Storage, Stored};
 use crate::check::outcome::{grad_tolerance, Outcome};
+use crate::check::{upload_slopes, wide_slopes, Alibi};
 
 /// A backward case: the kernels, the problem, its inputs and the storage of q, k, v and dout,
-/// and the score policies (a sliding window, `Window::UNBOUNDED` for none; a softcap, 0 off).
+/// and the score policies (a sliding window, `Window::UNBOUNDED` for none; a softcap, 0 off;
+/// ALiBi).
 pub struct BwdSpec {
     family: KernelFamily,
     deterministic: bool,
@@ -34,6 +37,7 @@ pub struct BwdSpec {
     storage: Storage,
     window: Window,
     softcap: f32,
+    pub alibi: Alibi,
 }
 
 impl BwdSpec {
@@ -44,7 +48,7 @@ impl BwdSpec {
 
 impl BwdSpec {
     fn new(family: KernelFamily, deterministic: bool, case: Case, inputs: Inputs, storage: Storage) -> Self {
-        Self { family, deterministic, case, inputs, storage, window: Window::UNBOUNDED, softcap: 0.0 }
+        Self { family, deterministic, case, inputs, storage, window: Window::UNBOUNDED, softcap: 0.0, alibi: Alibi::Off }
     }
 
     fn params(&self) -> AttnParams {
@@ -120,6 +124,8 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<BwdSpec> {
                     softcap: 30.0,
                     ..BwdSpec::new(family, false, case, Inputs::LargeLogits, Storage::Bshd)
                 });
+                let case = Case::new(2, 300, 1000, 8, 2, d, causal, DType::BF16);
+                out.push(BwdSpec { alibi: Alibi::PerSequence, ..BwdSpec::new(family, true, case, Inputs::Normal, Storage::Bshd) });
             }
         }
     }
@@ -144,19 +150,23 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<BwdSpec> {
 /// Sliding windows (one key, two, 128 back, ±256, 64 ahead and all back) on square, taller
 /// and wider shapes of odd lengths (rows that see no key among them) and GQA 1/4/4, every
 /// other one deterministic (the fast kernels); softcaps 30 and 50 on logits that reach about
-/// ±30, alone and with a window. Smoke: one window, one softcap, both.
+/// ±30, alone and with a window; ALiBi per head and per sequence, Sq ≠ Sk both ways, alone
+/// and with a window and a softcap. Smoke: one window, one softcap, both, ALiBi, all three.
 fn mods_specs(family: KernelFamily, d: usize, causal: bool, dtype: DType, quick: bool, smoke: bool) -> Vec<BwdSpec> {
     let with = |case, inputs, window, softcap, deterministic| BwdSpec {
         window,
         softcap,
         ..BwdSpec::new(family, deterministic && family != KernelFamily::Reference, case, inputs, Storage::Bshd)
     };
+    let alibi = |alibi, spec: BwdSpec| BwdSpec { alibi, ..spec };
     if smoke {
         let case = || Case::new(1, 130, 200, 4, 2, d, causal, dtype);
         return vec![
             with(case(), Inputs::Normal, Window::new(100, 20), 0.0, true),
             with(case(), Inputs::LargeLogits, Window::UNBOUNDED, 30.0, false),
             with(case(), Inputs::LargeLogits, Window::new(50, -1), 50.0, false),
+            alibi(Alibi::PerSequence, with(Case::new(2, 130, 200, 4, 2, d, causal, dtype), Inputs::Normal, Window::UNBOUNDED, 0.0, true)),
+            alibi(Alibi::PerHead, with(case(), Inputs::LargeLogits, Window::new(50, -1), 50.0, false)),
         ];
     }
     let windows: &[(i32, i32)] = if quick { &[(127, 0), (-1, 64)] } else { &[(0, 0), (1, 0), (127, 0), (256, 256), (-1, 64)] };
@@ -174,6 +184,15 @@ fn mods_specs(family: KernelFamily, d: usize, causal: bool, dtype: DType, quick:
     }
     let case = Case::new(2, 1000, 300, 4, 2, d, causal, dtype);
     out.push(with(case, Inputs::LargeLogits, Window::new(64, 64), 30.0, false));
+    out.push(alibi(Alibi::PerHead, with(Case::new(2, 1000, 257, 8, 2, d, causal, dtype), Inputs::Normal, Window::UNBOUNDED, 0.0, false)));
+    out.push(alibi(
+        Alibi::PerSequence,
+        with(Case::new(2, 257, 1000, 4, 1, d, causal, dtype), Inputs::Normal, Window::UNBOUNDED, 0.0, true),
+    ));
+    if !quick {
+        let case = Case::new(2, 1000, 300, 4, 2, d, causal, dtype);
+        out.push(alibi(Alibi::PerSequence, with(case, Inputs::LargeLogits, Window::new(64, 64), 30.0, true)));
+    }
     out
 }
 
@@ -186,7 +205,10 @@ pub fn check_one(ctx: &Context, spec: &BwdSpec) -> Result<Outcome> {
     let up = |data: &[f32], shape| Stored::upload(ctx, data, shape, case.dtype, spec.storage);
     let (q, k, v, dout) =
         (up(&host.q, case.q_shape())?, up(&host.k, case.kv_shape())?, up(&host.v, case.kv_shape())?, up(&dout_host, case.q_shape())?);
-    let fwd = ctx.attention(&FwdInputs::dense(q.view(), k.view(), v.view()), &spec.params())?;
+    let slopes_host = spec.alibi.slopes(case.batch, case.heads_q);
+    let slopes = upload_slopes(ctx, &slopes_host)?;
+    let alibi_slopes = slopes.as_ref().map(AlibiSlopes::of);
+    let fwd = ctx.attention(&FwdInputs { alibi_slopes, ..FwdInputs::dense(q.view(), k.view(), v.view()) }, &spec.params())?;
     let params = AttnParams { kernel: Some(spec.family), deterministic: spec.deterministic, ..spec.params() };
 
     let run = || -> Result<[Vec<u16>; 3]> {
@@ -198,7 +220,7 @@ pub fn check_one(ctx: &Context, spec: &BwdSpec) -> Result<Outcome> {
         let mut dk = DeviceTensor::filled(ctx, nan, case.kv_shape(), case.dtype)?;
         let mut dv = DeviceTensor::filled(ctx, nan, case.kv_shape(), case.dtype)?;
         let (o, lse) = (fwd.o.view(), LseView::of(&fwd.lse));
-        let inputs = BwdInputs { q: q.view(), k: k.view(), v: v.view(), o, lse, dout: dout.view(), kv: KvLayout::Dense };
+        let inputs = BwdInputs { q: q.view(), k: k.view(), v: v.view(), o, lse, dout: dout.view(), kv: KvLayout::Dense, alibi_slopes };
         ctx.attention_backward_into(&inputs, GradsMut { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut() }, &params)?;
         Ok([dq.to_bits(ctx)?, dk.to_bits(ctx)?, dv.to_bits(ctx)?])
     };
@@ -213,7 +235,8 @@ pub fn check_one(ctx: &Context, spec: &BwdSpec) -> Result<Outcome> {
 
     let wide = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
     let scale = 1.0 / (case.head_dim as f64).sqrt();
-    let mask = RefMask::of(&spec.params());
+    let wide_slopes = wide_slopes(&slopes_host);
+    let mask = RefMask::of(&spec.params()).with_alibi(&wide_slopes);
     let want = reference::attention_backward_masked(
         &wide(&host.q),
         &wide(&host.k),
@@ -244,7 +267,7 @@ pub fn check_one(ctx: &Context, spec: &BwdSpec) -> Result<Outcome> {
     let det = if spec.deterministic { "_deterministic" } else { "" };
     let score = super::score_suffix(spec.window, spec.softcap);
     Ok(Outcome {
-        spec_name: format!("bwd_{}{bhsd}{large}{score}{det}", case.name),
+        spec_name: format!("bwd_{}{bhsd}{large}{score}{}{det}", case.name, spec.alibi.suffix()),
         kernel: spec.family,
         oracle: "cpu-f64",
         rel,

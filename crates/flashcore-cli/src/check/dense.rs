@@ -1,15 +1,16 @@
 //! `flashcore check`'s dense forward cases: every head dim, dtype and mask over odd lengths,
-//! GQA, BHSD strides, adversarial inputs, decode and forced splits, windows and softcaps; each
+//! GQA, BHSD strides, adversarial inputs, decode and forced splits, windows, softcaps and ALiBi; each
 //! into NaN-poisoned buffers, twice (bitwise), against the f64 CPU oracle or, past its reach,
 //! the GPU reference kernel.
 
 use anyhow::{bail, Result};
 use flashcore::reference::RefMask;
-use flashcore::{reference, AttnParams, Context, DType, FwdInputs, FwdOutputs, KernelFamily, LseViewMut, Window};
+use flashcore::{reference, AlibiSlopes, AttnParams, Context, DType, FwdInputs, FwdOutputs, KernelFamily, LseViewMut, Window};
 
 use crate::cases::{random_qkv, Case, HostQkv, Inputs, Storage, Stored};
 use crate::check::outcome::{judge, Outcome};
 use crate::check::poison::{poisoned_run, same_bits};
+use crate::check::{upload_slopes, wide_slopes, Alibi};
 
 /// Above this many multiply-adds the f64 CPU oracle is too slow; the GPU reference kernel
 /// (itself checked against the CPU oracle on the small cases) takes over.
@@ -28,11 +29,21 @@ pub struct Spec {
     window: Window,
     /// Logit softcap (0: off).
     softcap: f32,
+    /// ALiBi's slopes.
+    pub alibi: Alibi,
 }
 
 impl Spec {
     fn new(case: Case, inputs: Inputs, storage: Storage) -> Self {
-        Self { case, inputs, storage, splits: None, scale: None, window: Window::UNBOUNDED, softcap: 0.0 }
+        Self { case, inputs, storage, splits: None, scale: None, window: Window::UNBOUNDED, softcap: 0.0, alibi: Alibi::Off }
+    }
+
+    fn with_alibi(self, alibi: Alibi) -> Self {
+        Self { alibi, ..self }
+    }
+
+    fn slopes(&self) -> Vec<f32> {
+        self.alibi.slopes(self.case.batch, self.case.heads_q)
     }
 
     fn with_mods(case: Case, inputs: Inputs, window: Window, softcap: f32) -> Self {
@@ -59,16 +70,20 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<Spec> {
                     out.push(Spec { scale: Some(1.0), ..Spec::new(case, Inputs::LargeLogits, Storage::Bshd) });
                     // Decode: GQA packing and, in fwd_sm80, split-KV with its combine pass.
                     out.push(Spec::new(Case::new(2, 1, 1000, 8, 2, d, causal, dtype), Inputs::Normal, Storage::Bshd));
-                    // The score policies' variants: a window, a softcap, both.
+                    // The score policies' variants: a window, a softcap, both, ALiBi, all three.
                     let case = || Case::new(1, 130, 600, 4, 2, d, causal, dtype);
                     out.push(Spec::with_mods(case(), Inputs::Normal, Window::new(100, 20), 0.0));
                     out.push(Spec::with_mods(case(), Inputs::LargeLogits, Window::UNBOUNDED, 30.0));
                     out.push(Spec::with_mods(case(), Inputs::LargeLogits, Window::new(50, -1), 50.0));
+                    out.push(Spec::new(case(), Inputs::Normal, Storage::Bshd).with_alibi(Alibi::PerHead));
+                    out.push(Spec::with_mods(case(), Inputs::LargeLogits, Window::new(50, -1), 50.0).with_alibi(Alibi::PerHead));
                 }
             }
             for d in crate::check::padded_dims(family, false, true) {
                 for causal in [false, true] {
                     out.push(Spec::new(Case::new(1, 130, 200, 4, 2, d, causal, dtype), Inputs::Normal, Storage::Bshd));
+                    let case = Case::new(2, 130, 200, 4, 2, d, causal, dtype);
+                    out.push(Spec::new(case, Inputs::Normal, Storage::Bshd).with_alibi(Alibi::PerSequence));
                 }
             }
         }
@@ -143,6 +158,9 @@ fn padded_specs(family: KernelFamily, quick: bool) -> Vec<Spec> {
             out.push(Spec::new(Case::new(1, 200, 300, 4, 2, d, causal, dtype), Inputs::LargeLogits, Storage::Bshd));
             out.push(Spec::new(Case::new(2, 1, 1000, 8, 2, d, causal, dtype), Inputs::Normal, Storage::Bshd));
             out.push(Spec::with_mods(Case::new(1, 1000, 300, 4, 2, d, causal, dtype), Inputs::LargeLogits, Window::new(64, 64), 30.0));
+            out.push(
+                Spec::new(Case::new(2, 300, 1000, 8, 2, d, causal, dtype), Inputs::Normal, Storage::Bshd).with_alibi(Alibi::PerSequence),
+            );
         }
     }
     out
@@ -151,7 +169,8 @@ fn padded_specs(family: KernelFamily, quick: bool) -> Vec<Spec> {
 /// Sliding windows (the list: a window of one key, of two, 128 keys back, ±256, 64
 /// ahead and the rest back) on square, wider and taller shapes; decode under a window (no
 /// GQA packing; fwd_sm80 splits the window's keys); softcaps 30 and 50 on logits that reach
-/// about ±30, alone and with a window.
+/// about ±30, alone and with a window; ALiBi per head and per sequence on taller and wider
+/// shapes, in decode (no GQA packing), on BHSD strides, with a window and a softcap.
 fn mods_specs(d: usize, causal: bool, dtype: DType, quick: bool) -> Vec<Spec> {
     let windows: &[(i32, i32)] = if quick { &[(127, 0), (-1, 64)] } else { &[(0, 0), (1, 0), (127, 0), (256, 256), (-1, 64)] };
     let shapes = [(1000, 1000), (257, 1000), (1000, 257)];
@@ -165,6 +184,13 @@ fn mods_specs(d: usize, causal: bool, dtype: DType, quick: bool) -> Vec<Spec> {
         out.push(Spec::with_mods(Case::new(1, 200, 1000, 4, 2, d, causal, dtype), Inputs::LargeLogits, Window::UNBOUNDED, *softcap));
     }
     out.push(Spec::with_mods(Case::new(1, 1000, 300, 4, 2, d, causal, dtype), Inputs::LargeLogits, Window::new(64, 64), 30.0));
+    out.push(Spec::new(Case::new(2, 1000, 257, 8, 2, d, causal, dtype), Inputs::Normal, Storage::Bshd).with_alibi(Alibi::PerHead));
+    out.push(Spec::new(Case::new(3, 1, 4097, 8, 2, d, causal, dtype), Inputs::Normal, Storage::Bshd).with_alibi(Alibi::PerSequence));
+    if !quick {
+        out.push(Spec::new(Case::new(2, 257, 1000, 4, 4, d, causal, dtype), Inputs::Normal, Storage::Bhsd).with_alibi(Alibi::PerSequence));
+        let case = Case::new(1, 1000, 300, 4, 2, d, causal, dtype);
+        out.push(Spec::with_mods(case, Inputs::LargeLogits, Window::new(64, 64), 30.0).with_alibi(Alibi::PerHead));
+    }
     out
 }
 
@@ -207,8 +233,10 @@ fn run_poisoned(ctx: &Context, family: KernelFamily, spec: &Spec, q: &Stored, k:
         ..AttnParams::default()
     };
     let lse_len = case.batch * case.heads_q * case.seqlen_q;
+    let slopes = upload_slopes(ctx, &spec.slopes())?;
+    let inputs = FwdInputs { alibi_slopes: slopes.as_ref().map(AlibiSlopes::of), ..FwdInputs::dense(q.view(), k.view(), v.view()) };
     poisoned_run(ctx, case.q_shape(), case.dtype, lse_len, |o, lse| {
-        ctx.attention_into(&FwdInputs::dense(q.view(), k.view(), v.view()), FwdOutputs { o, lse: Some(LseViewMut::of(lse)) }, &params)
+        ctx.attention_into(&inputs, FwdOutputs { o, lse: Some(LseViewMut::of(lse)) }, &params)
     })
 }
 
@@ -229,7 +257,7 @@ pub fn check_one(ctx: &Context, family: KernelFamily, spec: &Spec) -> Result<Out
     let scale = spec.scale.map(|s| format!("_scale{s}")).unwrap_or_default();
     let bhsd = if spec.storage == Storage::Bhsd { "_bhsd" } else { "" };
     let score = super::score_suffix(spec.window, spec.softcap);
-    let name = format!("{}{}{bhsd}{splits}{scale}{score}", case.name, inputs_suffix(spec.inputs));
+    let name = format!("{}{}{bhsd}{splits}{scale}{score}{}", case.name, inputs_suffix(spec.inputs), spec.alibi.suffix());
     Ok(Outcome { spec_name: name, kernel: family, oracle, rel, max_abs, lse_err, deterministic, failure })
 }
 
@@ -256,10 +284,12 @@ fn oracle(
     let work = case.batch * case.heads_q * case.seqlen_q * case.seqlen_k * case.head_dim;
     if work <= CPU_REFERENCE_MAX_WORK {
         let wide = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
+        let slopes = wide_slopes(&spec.slopes());
         let mask = RefMask {
             causal: case.causal,
             window: (spec.window != Window::UNBOUNDED).then_some(spec.window),
             softcap: spec.softcap as f64,
+            alibi_slopes: &slopes,
         };
         let r = reference::attention_masked(&wide(&host.q), &wide(&host.k), &wide(&host.v), &case.shape(), spec.scale() as f64, &mask);
         return Ok(("cpu-f64", r.o, r.lse));

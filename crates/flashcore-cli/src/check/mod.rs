@@ -65,6 +65,9 @@ pub struct CheckArgs {
     /// as the next size.
     #[arg(long, value_delimiter = ',')]
     head_dims: Vec<usize>,
+    /// Only the cases with ALiBi (slopes per head or per sequence).
+    #[arg(long)]
+    alibi: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -104,10 +107,11 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
         .collect();
     let cached: Vec<paged::PagedSpec> = families.iter().filter(|_| group("paged")).flat_map(|&f| paged::specs(f, quick, smoke)).collect();
     let dim = |d: usize| args.head_dims.is_empty() || args.head_dims.contains(&d);
-    let all: Vec<_> = all.into_iter().filter(|(_, s)| dim(s.case.head_dim)).collect();
-    let backward: Vec<_> = backward.into_iter().filter(|s| dim(s.head_dim())).collect();
-    let packed: Vec<_> = packed.into_iter().filter(|s| dim(s.head_dim)).collect();
-    let cached: Vec<_> = cached.into_iter().filter(|s| dim(s.head_dim)).collect();
+    let alibi = |a: Alibi| !args.alibi || a != Alibi::Off;
+    let all: Vec<_> = all.into_iter().filter(|(_, s)| dim(s.case.head_dim) && alibi(s.alibi)).collect();
+    let backward: Vec<_> = backward.into_iter().filter(|s| dim(s.head_dim()) && alibi(s.alibi)).collect();
+    let packed: Vec<_> = packed.into_iter().filter(|s| dim(s.head_dim) && alibi(s.alibi)).collect();
+    let cached: Vec<_> = cached.into_iter().filter(|s| dim(s.head_dim) && alibi(s.alibi)).collect();
     // In the order they run (below), so that the parts of one N cover the run once.
     let mut part = PartFilter { part: args.part, next: 0 };
     let (all, packed, cached, backward) = (part.take(all), part.take(packed), part.take(cached), part.take(backward));
@@ -162,10 +166,72 @@ pub(crate) fn score_suffix(window: flashcore::Window, softcap: f32) -> String {
     suffix
 }
 
+/// ALiBi in a check case: off, one slope a query head, or one a sequence and query head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Alibi {
+    #[default]
+    Off,
+    PerHead,
+    PerSequence,
+}
+
+impl Alibi {
+    /// The slopes of `batch` sequences of `heads` query heads (empty when off): ALiBi's own
+    /// geometric ones, `2^(-8 (h + 1) / H)`, per head; per sequence, those times `1 + b / 2`, so
+    /// that no two rows are alike.
+    pub(crate) fn slopes(self, batch: usize, heads: usize) -> Vec<f32> {
+        let geometric = |h: usize| 2f32.powf(-8.0 * (h + 1) as f32 / heads as f32);
+        match self {
+            Alibi::Off => Vec::new(),
+            Alibi::PerHead => (0..heads).map(geometric).collect(),
+            Alibi::PerSequence => (0..batch * heads).map(|i| geometric(i % heads) * (1.0 + (i / heads) as f32 / 2.0)).collect(),
+        }
+    }
+
+    /// The case-name suffix: `_alibi` per head, `_alibi-seq` per sequence.
+    pub(crate) fn suffix(self) -> &'static str {
+        match self {
+            Alibi::Off => "",
+            Alibi::PerHead => "_alibi",
+            Alibi::PerSequence => "_alibi-seq",
+        }
+    }
+}
+
+/// Sequence `b`'s slopes among `slopes` (`[Hq]`: all of them; `[B, Hq]`: its row), as the
+/// sequence alone takes them.
+pub(crate) fn slopes_of(slopes: &[f32], b: usize, heads: usize) -> &[f32] {
+    if slopes.len() > heads {
+        &slopes[b * heads..][..heads]
+    } else {
+        slopes
+    }
+}
+
+/// `slopes` on the device (`None` when empty: ALiBi off).
+pub(crate) fn upload_slopes(ctx: &flashcore::Context, slopes: &[f32]) -> anyhow::Result<Option<cudarc::driver::CudaSlice<f32>>> {
+    Ok(if slopes.is_empty() { None } else { Some(ctx.stream().clone_htod(slopes)?) })
+}
+
+/// `slopes` widened for the f64 oracle.
+pub(crate) fn wide_slopes(slopes: &[f32]) -> Vec<f64> {
+    slopes.iter().map(|&x| x as f64).collect()
+}
+
 #[cfg(test)]
 mod name_tests {
     use super::score_suffix;
     use flashcore::Window;
+
+    #[test]
+    fn alibi_slopes_are_alibis_own_per_head_and_differ_per_sequence() {
+        use super::{slopes_of, Alibi};
+        assert_eq!(Alibi::PerHead.slopes(3, 4), vec![0.25, 0.0625, 0.015625, 0.00390625]);
+        let per_seq = Alibi::PerSequence.slopes(2, 4);
+        assert_eq!(slopes_of(&per_seq, 1, 4), &[0.375, 0.09375, 0.0234375, 0.005859375]);
+        assert_eq!(slopes_of(&Alibi::PerHead.slopes(2, 4), 1, 4), &Alibi::PerHead.slopes(2, 4)[..]);
+        assert!(Alibi::Off.slopes(2, 4).is_empty());
+    }
 
     #[test]
     fn score_options_spell_as_the_case_names_always_have() {

@@ -6,11 +6,13 @@ use anyhow::Result;
 use cudarc::driver::CudaSlice;
 use flashcore::reference::RefMask;
 use flashcore::{
-    AttnParams, Context, DType, DeviceTensor, FwdInputs, FwdOutputs, KernelFamily, LseViewMut, SeqLensView, VarlenBatch, Window,
+    AlibiSlopes, AttnParams, Context, DType, DeviceTensor, FwdInputs, FwdOutputs, KernelFamily, LseViewMut, SeqLensView, VarlenBatch,
+    Window,
 };
 
 use crate::cases::{random_qkv, Case, HostQkv, Inputs};
 use crate::check::poison::poisoned_run;
+use crate::check::{upload_slopes, Alibi};
 
 /// One sequence of a packed batch: its queries, the keys it uses, and the keys after those
 /// it holds but does not use (`seqused_k`'s slack; 0 without seqused_k).
@@ -32,6 +34,8 @@ pub struct VarlenSpec {
     pub dtype: DType,
     pub window: Window,
     pub softcap: f32,
+    /// ALiBi's slopes (per sequence: a row for each of the batch's sequences).
+    pub alibi: Alibi,
     /// Whether seqused_k is given (else every slack is 0).
     pub seqused: bool,
     /// Forced splits: fwd_sm80's split-KV, or bwd_sm80's deterministic dQ slices.
@@ -58,6 +62,7 @@ impl VarlenSpec {
             name += "_seqused";
         }
         name += &super::score_suffix(self.window, self.softcap);
+        name += self.alibi.suffix();
         if let Some(n) = self.splits {
             name += &format!("_split{n}");
         }
@@ -95,8 +100,14 @@ impl VarlenSpec {
         .collect()
     }
 
-    pub(crate) fn mask(&self) -> RefMask {
-        RefMask::of(&self.params())
+    /// The mask of sequence `b` under ALiBi `slopes` (the batch's, widened: [`VarlenSpec::slopes`]).
+    pub(crate) fn mask<'a>(&self, slopes: &'a [f64], b: usize) -> RefMask<'a> {
+        RefMask::of(&self.params()).with_alibi(slopes).for_sequence(b, self.heads_q)
+    }
+
+    /// ALiBi's slopes of the batch (empty when off).
+    pub(crate) fn slopes(&self) -> Vec<f32> {
+        self.alibi.slopes(self.seqs.len(), self.heads_q)
     }
 
     fn max(&self, f: impl Fn(&Seq) -> usize) -> usize {
@@ -130,6 +141,7 @@ impl Point {
             dtype: self.dtype,
             window: Window::UNBOUNDED,
             softcap: 0.0,
+            alibi: Alibi::Off,
             seqused: false,
             splits: None,
             inputs: Inputs::Normal,
@@ -165,6 +177,7 @@ pub(crate) struct Packed {
     cu_q: CudaSlice<i32>,
     cu_k: CudaSlice<i32>,
     used: Option<CudaSlice<i32>>,
+    slopes: Option<CudaSlice<f32>>,
     pub total_q: usize,
 }
 
@@ -182,8 +195,14 @@ impl Packed {
         Ok(batch)
     }
 
-    /// `seqs`' host tensors (each `[1, S, H, D]`, keys with their slack) packed.
-    pub fn upload(ctx: &Context, spec: &VarlenSpec, parts: &[(&[f32], &[f32], &[f32])], seqs: &[Seq]) -> Result<Self> {
+    /// ALiBi's slopes on the device, if any.
+    pub fn alibi_slopes(&self) -> Option<AlibiSlopes<'_>> {
+        self.slopes.as_ref().map(AlibiSlopes::of)
+    }
+
+    /// `seqs`' host tensors (each `[1, S, H, D]`, keys with their slack) packed, with ALiBi's
+    /// `slopes` for them (empty: none).
+    pub fn upload(ctx: &Context, spec: &VarlenSpec, parts: &[(&[f32], &[f32], &[f32])], seqs: &[Seq], slopes: &[f32]) -> Result<Self> {
         let cat = |i: usize| parts.iter().flat_map(|p| [p.0, p.1, p.2][i].iter().copied()).collect::<Vec<f32>>();
         let (q, k, v) = (cat(0), cat(1), cat(2));
         let total_q: usize = seqs.iter().map(|s| s.queries).sum();
@@ -204,6 +223,7 @@ impl Packed {
             cu_q: ctx.stream().clone_htod(&cu_q)?,
             cu_k: ctx.stream().clone_htod(&cu_k)?,
             used: if spec.seqused { Some(ctx.stream().clone_htod(&used)?) } else { None },
+            slopes: upload_slopes(ctx, slopes)?,
             total_q,
         })
     }
@@ -215,7 +235,7 @@ impl Packed {
         let params = AttnParams { num_splits: splits.or(spec.splits), ..spec.params() };
         poisoned_run(ctx, self.q.layout().shape, spec.dtype, spec.heads_q * self.total_q, |o, lse| {
             ctx.attention_into(
-                &FwdInputs::varlen(self.q.view(), self.k.view(), self.v.view(), batch),
+                &FwdInputs { alibi_slopes: self.alibi_slopes(), ..FwdInputs::varlen(self.q.view(), self.k.view(), self.v.view(), batch) },
                 FwdOutputs { o, lse: Some(LseViewMut::of(lse)) },
                 &params,
             )

@@ -8,8 +8,8 @@
 use anyhow::Result;
 use flashcore::reference::{self, RefMask, RefPagedCache};
 use flashcore::{
-    AttnParams, BlockTableView, Context, DType, DeviceTensor, FwdInputs, FwdOutputs, KernelFamily, LseViewMut, PagedKv, ProblemShape,
-    SeqLensView, Window,
+    AlibiSlopes, AttnParams, BlockTableView, Context, DType, DeviceTensor, FwdInputs, FwdOutputs, KernelFamily, LseViewMut, PagedKv,
+    ProblemShape, SeqLensView, Window,
 };
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -17,6 +17,7 @@ use rand::SeedableRng;
 use crate::cases::normal;
 use crate::check::outcome::{judge, Outcome};
 use crate::check::poison::{nan_bits, poisoned_run, same_bits};
+use crate::check::{upload_slopes, wide_slopes, Alibi};
 
 #[derive(Debug, Clone)]
 pub struct PagedSpec {
@@ -35,6 +36,7 @@ pub struct PagedSpec {
     pub dtype: DType,
     pub window: Window,
     pub softcap: f32,
+    pub alibi: Alibi,
     pub splits: Option<usize>,
     /// A used table entry is set out of the pool: check_values must name it, and the kernels
     /// (which clamp it) must still write finite output without faulting.
@@ -57,6 +59,7 @@ impl PagedSpec {
             self.dtype.name()
         );
         name += &super::score_suffix(self.window, self.softcap);
+        name += self.alibi.suffix();
         if let Some(n) = self.splits {
             name += &format!("_split{n}");
         }
@@ -94,8 +97,9 @@ impl PagedSpec {
 /// The lengths (1, 15, 16, 17, 1000, 4097 in one batch) at page sizes 16, 64 and 256,
 /// GQA 1/4/8 and D 64/128/256: decode, decode appending one key (16 -> 17 crosses a page
 /// boundary at page size 16), speculative decode appending 4, chunked prefill appending 300
-/// (bottom-right causal); a window with a softcap, forced splits (fwd_sm80: fwd_sm90 does
-/// not split), fp16, and a corrupt table. For fwd_sm80 and fwd_sm90, the two with paged forms.
+/// (bottom-right causal); a window with a softcap, ALiBi (per sequence; in decode, GQA heads
+/// are then not packed as rows), forced splits (fwd_sm80: fwd_sm90 does not split), fp16, and
+/// a corrupt table. For fwd_sm80 and fwd_sm90, the two with paged forms.
 /// On fwd_sm90 the key blocks (D64 128, D128 192, D256 80 keys) take 1 to 12 page boxes
 /// (gcd(page, block)), and a block of 192 straddles two pages of 256.
 pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<PagedSpec> {
@@ -122,6 +126,7 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<PagedSpec> {
                 dtype: DType::BF16,
                 window: Window::UNBOUNDED,
                 softcap: 0.0,
+                alibi: Alibi::Off,
                 splits: None,
                 corrupt_table: false,
             };
@@ -143,6 +148,8 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<PagedSpec> {
     let base = out[0].clone();
     out.push(PagedSpec { dtype: DType::F16, head_dim: 128, ..base.clone() });
     out.push(PagedSpec { window: Window::new(127, 0), softcap: 30.0, page_size: 64, head_dim: 128, ..base.clone() });
+    out.push(PagedSpec { alibi: Alibi::PerSequence, head_dim: 128, ..base.clone() });
+    out.push(PagedSpec { alibi: Alibi::PerHead, new_keys: 300, seqlen_q: 300, page_size: 64, head_dim: 128, ..base.clone() });
     if family == KernelFamily::FwdSm80 {
         out.push(PagedSpec { splits: Some(5), page_size: 64, ..base.clone() });
         // The split tiles' chunks (fwd_sm80.cu, start_chunk): sequences without keys (the
@@ -190,6 +197,7 @@ struct Caches {
     v_new: Option<DeviceTensor>,
     table: cudarc::driver::CudaSlice<i32>,
     lens: cudarc::driver::CudaSlice<i32>,
+    slopes: Option<cudarc::driver::CudaSlice<f32>>,
     /// The pools as the append must leave them.
     want_k: Vec<u16>,
     want_v: Vec<u16>,
@@ -251,6 +259,7 @@ fn build(ctx: &Context, spec: &PagedSpec, host_k: &[Vec<f32>], host_v: &[Vec<f32
         v_new: if spec.new_keys > 0 { Some(up(&new(host_v), new_shape)?) } else { None },
         table: ctx.stream().clone_htod(&device_table)?,
         lens: ctx.stream().clone_htod(&spec.cached.iter().map(|&l| l as i32).collect::<Vec<i32>>())?,
+        slopes: upload_slopes(ctx, &spec.alibi.slopes(b, spec.heads_q))?,
         want_k,
         want_v,
         table_host: table,
@@ -274,8 +283,9 @@ impl Caches {
         let (k, v) = if paged { (&self.pool_k, &self.pool_v) } else { (&self.flat_k, &self.flat_v) };
         let shape = self.q.layout().shape;
         poisoned_run(ctx, shape, spec.dtype, shape[0] * shape[1] * shape[2], |o, lse| {
+            let alibi_slopes = self.slopes.as_ref().map(AlibiSlopes::of);
             ctx.attention_into(
-                &FwdInputs::paged(self.q.view(), k.view(), v.view(), kv),
+                &FwdInputs { alibi_slopes, ..FwdInputs::paged(self.q.view(), k.view(), v.view(), kv) },
                 FwdOutputs { o, lse: Some(LseViewMut::of(lse)) },
                 &spec.params(),
             )
@@ -343,7 +353,8 @@ pub fn check_one(ctx: &Context, spec: &PagedSpec) -> Result<Outcome> {
         seqlens: &seqlens,
     };
     let shape = ProblemShape { batch: b, seqlen_q: sq, seqlen_k: 0, heads_q: hq, heads_kv: hkv, head_dim: d };
-    let mask = RefMask::of(&spec.params());
+    let slopes = wide_slopes(&spec.alibi.slopes(b, hq));
+    let mask = RefMask::of(&spec.params()).with_alibi(&slopes);
     let q64: Vec<f64> = q.iter().map(|&x| x as f64).collect();
     let r = reference::attention_paged(&q64, &cache, &shape, 1.0 / (d as f64).sqrt(), &mask);
     let o: Vec<f32> = o_bits.iter().map(|&x| spec.dtype.decode(x)).collect();

@@ -11,10 +11,12 @@ use crate::cases::Inputs;
 use crate::check::outcome::{judge, Outcome};
 use crate::check::packed::{seqs, sweep, Packed, Seq, VarlenSpec};
 use crate::check::poison::same_bits;
+use crate::check::{slopes_of, wide_slopes, Alibi};
 
 /// The batch (lengths 0, 1, 7, 113, 1000 and 4097 together, Sq ≠ Sk, a sequence with
 /// no keys), GQA; serving decode (one query per sequence over keys with slack: seqused_k)
-/// at the dispatcher's split count and forced splits; a window and a softcap on a packed batch.
+/// at the dispatcher's split count and forced splits; a window, a softcap and ALiBi (per
+/// sequence, and with both others) on a packed batch.
 pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<VarlenSpec> {
     if !matches!(family, KernelFamily::FwdSm80 | KernelFamily::FwdSm90) {
         return Vec::new();
@@ -27,9 +29,11 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<VarlenSpec> 
     sweep(family, quick, smoke, |p, out| {
         out.push(p.spec(&mixed, (8, 2)));
         out.push(VarlenSpec { seqused: true, ..p.spec(&decode, (8, 2)) });
+        out.push(VarlenSpec { alibi: Alibi::PerSequence, ..p.spec(&mixed, (4, 2)) });
         if smoke {
             return;
         }
+        out.push(VarlenSpec { alibi: Alibi::PerHead, seqused: true, ..p.spec(&decode, (8, 2)) });
         if p.head_dim == 64 || p.head_dim == 128 {
             out.push(p.spec(&long, (4, 2)));
         }
@@ -38,6 +42,8 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<VarlenSpec> 
         if !quick {
             out.push(VarlenSpec { window: Window::new(-1, 64), softcap: 50.0, inputs: Inputs::LargeLogits, ..p.spec(&mixed, (4, 4)) });
             out.push(VarlenSpec { window: Window::new(256, 256), ..p.spec(&long, (2, 1)) });
+            let all = VarlenSpec { window: Window::new(-1, 64), softcap: 50.0, inputs: Inputs::LargeLogits, ..p.spec(&policies, (4, 2)) };
+            out.push(VarlenSpec { alibi: Alibi::PerSequence, ..all });
         }
         if family == KernelFamily::FwdSm80 {
             out.push(VarlenSpec { seqused: true, splits: Some(5), ..p.spec(&decode, (8, 1)) });
@@ -52,7 +58,9 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
     let host = spec.host_inputs();
     let parts: Vec<_> = host.iter().map(|h| (&h.q[..], &h.k[..], &h.v[..])).collect();
     let max = spec.maxima();
-    let packed = Packed::upload(ctx, spec, &parts, &spec.seqs)?;
+    let slopes = spec.slopes();
+    let packed = Packed::upload(ctx, spec, &parts, &spec.seqs, &slopes)?;
+    let wide_slopes = wide_slopes(&slopes);
     let first = packed.run(ctx, spec, max, None)?;
     let deterministic = same_bits(&first, &packed.run(ctx, spec, max, None)?);
     let (o_bits, lse) = first;
@@ -60,7 +68,8 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
     // picks splits from the whole grid, and another count sums a row's keys in other parts.
     let kernel_shape = ProblemShape { batch: spec.seqs.len(), seqlen_q: max.0, seqlen_k: max.1, heads_q: hq, heads_kv: hkv, head_dim: d };
     let layout = KeyLayout::Varlen { total_k: spec.seqs.iter().map(|s| s.keys + s.slack).sum() };
-    let splits = flashcore::dispatch::plan_for(&ctx.info().device(), &kernel_shape, spec.dtype, &spec.params(), layout)?.splits;
+    let alibi = !slopes.is_empty();
+    let splits = flashcore::dispatch::plan_for(&ctx.info().device(), &kernel_shape, spec.dtype, &spec.params(), layout, alibi)?.splits;
 
     // The oracle per sequence, and each sequence alone (a batch of one) against its rows of
     // the packed result.
@@ -74,7 +83,8 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
         let (o, l) = if s.keys == 0 {
             (vec![0.0; s.queries * hq * d], vec![f64::NEG_INFINITY; hq * s.queries])
         } else {
-            let r = reference::attention_masked(&wide(&h.q), &wide(&h.k[..used]), &wide(&h.v[..used]), &shape, scale, &spec.mask());
+            let mask = spec.mask(&wide_slopes, b);
+            let r = reference::attention_masked(&wide(&h.q), &wide(&h.k[..used]), &wide(&h.v[..used]), &shape, scale, &mask);
             (r.o, r.lse)
         };
         ref_o.extend(o);
@@ -85,7 +95,7 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
         }
         // Alone, a sequence without keys would be an empty k (refused): the oracle checks it.
         if s.queries > 0 && s.keys + s.slack > 0 && failure.is_none() {
-            let alone = Packed::upload(ctx, spec, &parts[b..b + 1], &spec.seqs[b..b + 1])?;
+            let alone = Packed::upload(ctx, spec, &parts[b..b + 1], &spec.seqs[b..b + 1], slopes_of(&slopes, b, hq))?;
             let (o_alone, lse_alone) = alone.run(ctx, spec, max, Some(splits))?;
             let rows = row0 * hq * d..(row0 + s.queries) * hq * d;
             let lse_same = (0..hq).all(|head| {

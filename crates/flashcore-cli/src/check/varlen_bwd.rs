@@ -19,12 +19,15 @@ use crate::cases::{errors, normal, Inputs};
 use crate::check::outcome::{grad_tolerance, Outcome};
 use crate::check::packed::{seqs, sweep, Packed, Seq, VarlenSpec};
 use crate::check::poison::nan_bits;
+use crate::check::{slopes_of, wide_slopes, Alibi};
 
 /// The issue's lengths 0, 1, 7, 113, 1000 and 4097 in one batch (Sq ≠ Sk both ways, a
 /// sequence with keys but no queries and one with queries but no keys), at D64 and D128 (the
 /// oracle's time); a mixed batch with GQA 4, also deterministic at a forced and at the
 /// dispatcher's split count (bwd_sm80; bwd_sm90 has no split count); keys past seqused_k; a
-/// window, a softcap, both. Every head dim of `family` in a full check; D64 and D128 otherwise.
+/// window, a softcap, both; ALiBi per sequence (deterministic: each sequence bitwise alone,
+/// with its row of slopes), and with a window and a softcap. Every head dim of `family` in a
+/// full check; D64 and D128 otherwise.
 pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<VarlenSpec> {
     let issue = seqs(&[(0, 5), (1, 1), (7, 300), (113, 113), (1000, 1200), (4097, 4097), (3, 0), (250, 90)]);
     let mixed = seqs(&[(0, 5), (1, 1), (7, 300), (113, 113), (1000, 1200), (3, 0), (250, 90)]);
@@ -36,6 +39,7 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<VarlenSpec> 
     sweep(family, quick, smoke, |p, out| {
         out.push(p.spec(&mixed, (8, 2)));
         out.push(VarlenSpec { deterministic: true, splits: forced(3), ..p.spec(&mixed, (4, 2)) });
+        out.push(VarlenSpec { alibi: Alibi::PerSequence, deterministic: true, splits: forced(3), ..p.spec(&mixed, (4, 2)) });
         if smoke {
             return;
         }
@@ -48,6 +52,8 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<VarlenSpec> 
         if !quick {
             out.push(VarlenSpec { window: Window::new(-1, 64), softcap: 50.0, inputs: Inputs::LargeLogits, ..p.spec(&mixed, (4, 4)) });
             out.push(VarlenSpec { window: Window::new(256, 256), deterministic: true, splits: forced(2), ..p.spec(&policies, (2, 1)) });
+            let all = VarlenSpec { window: Window::new(-1, 64), softcap: 50.0, inputs: Inputs::LargeLogits, ..p.spec(&policies, (4, 2)) };
+            out.push(VarlenSpec { alibi: Alibi::PerHead, ..all });
         }
     })
 }
@@ -74,6 +80,7 @@ fn gradients(
         lse: LseView::of(lse),
         dout: dout.view(),
         kv: KvLayout::Varlen(*batch),
+        alibi_slopes: packed.alibi_slopes(),
     };
     let grads = GradsMut { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut() };
     ctx.attention_backward_into(&inputs, grads, &spec.params())?;
@@ -87,11 +94,15 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
         spec.seqs.iter().enumerate().map(|(i, s)| normal(s.queries * hq * d, 1.0, dtype, 0xd0 ^ (i as u64) << 8 ^ d as u64)).collect();
     let parts: Vec<_> = host.iter().map(|h| (&h.q[..], &h.k[..], &h.v[..])).collect();
     let max = spec.maxima();
-    let packed = Packed::upload(ctx, spec, &parts, &spec.seqs)?;
+    let slopes = spec.slopes();
+    let wide_slopes = wide_slopes(&slopes);
+    let packed = Packed::upload(ctx, spec, &parts, &spec.seqs, &slopes)?;
     let batch = packed.batch(ctx, max)?;
     let dout = DeviceTensor::from_f32(ctx, &douts.concat(), [1, packed.total_q, hq, d], dtype)?;
     let forward = flashcore::AttnParams { kernel: None, num_splits: None, deterministic: false, ..spec.params() };
-    let fwd = ctx.attention(&FwdInputs::varlen(packed.q.view(), packed.k.view(), packed.v.view(), batch), &forward)?;
+    let inputs =
+        FwdInputs { alibi_slopes: packed.alibi_slopes(), ..FwdInputs::varlen(packed.q.view(), packed.k.view(), packed.v.view(), batch) };
+    let fwd = ctx.attention(&inputs, &forward)?;
     let first = gradients(ctx, spec, &packed, &batch, &fwd.o, &fwd.lse, &dout)?;
     let second = gradients(ctx, spec, &packed, &batch, &fwd.o, &fwd.lse, &dout)?;
     // dq adds with atomics in a varying order unless deterministic; dk and dv never do.
@@ -110,8 +121,8 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
             let shape = ProblemShape { batch: 1, seqlen_q: s.queries, seqlen_k: s.keys, heads_q: hq, heads_kv: hkv, head_dim: d };
             let used = s.keys * hkv * d;
             let (k, v) = (wide(&h.k[..used]), wide(&h.v[..used]));
-            let r =
-                reference::attention_backward_masked(&wide(&h.q), &k, &v, &wide(&douts[b]), &shape, 1.0 / (d as f64).sqrt(), &spec.mask());
+            let (scale, mask) = (1.0 / (d as f64).sqrt(), spec.mask(&wide_slopes, b));
+            let r = reference::attention_backward_masked(&wide(&h.q), &k, &v, &wide(&douts[b]), &shape, scale, &mask);
             want[0][q_rows.clone()].copy_from_slice(&r.dq);
             want[1][k_rows.start..][..used].copy_from_slice(&r.dk);
             want[2][k_rows.start..][..used].copy_from_slice(&r.dv);
@@ -119,7 +130,7 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
         // Alone: a batch of one at the same maxima, from the packed forward's rows (a sequence
         // without queries or keys would be an empty tensor: the oracle's zeros check it).
         if s.queries > 0 && s.keys + s.slack > 0 && failure.is_none() {
-            let alone = Packed::upload(ctx, spec, &parts[b..b + 1], &spec.seqs[b..b + 1])?;
+            let alone = Packed::upload(ctx, spec, &parts[b..b + 1], &spec.seqs[b..b + 1], slopes_of(&slopes, b, hq))?;
             let o = DeviceTensor::from_bits(ctx, &o_bits[q_rows.clone()], [1, s.queries, hq, d], dtype)?;
             let rows: Vec<f32> = (0..hq).flat_map(|head| lse[head * packed.total_q + q0..][..s.queries].iter().copied()).collect();
             let lse_alone = ctx.stream().clone_htod(&rows)?;

@@ -55,9 +55,17 @@ impl BwdPlan {
     }
 }
 
-/// The backward plan for `shape` (packed: `varlen`, B sequences of the longest lengths).
-pub fn plan_backward(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnParams, varlen: bool) -> Result<BwdPlan> {
-    let variant = backward_variant(shape, dtype, params, device.arch, varlen)?;
+/// The backward plan for `shape` (packed: `varlen`, B sequences of the longest lengths; with
+/// ALiBi: `alibi`).
+pub fn plan_backward(
+    device: &Device,
+    shape: &ProblemShape,
+    dtype: DType,
+    params: &AttnParams,
+    varlen: bool,
+    alibi: bool,
+) -> Result<BwdPlan> {
+    let variant = backward_variant(shape, dtype, params, device.arch, varlen, alibi)?;
     let dq_splits = if variant.family == KernelFamily::BwdSm80 && params.deterministic {
         let key_blocks = shape.seqlen_k.div_ceil(variant.tile.block_n as usize);
         match params.num_splits {
@@ -81,16 +89,23 @@ fn spread_walks(variant: &Variant, shape: &ProblemShape, sm_count: u32) -> bool 
 }
 
 /// The variant of the family [`backward_family`] picks, with the score policies of `params`
-/// (the forward's choices: a window, causal folded in, is `_local`; a softcap `_softcap`) and,
-/// for a packed batch (`varlen`), the `_varlen` form.
-pub(crate) fn backward_variant(shape: &ProblemShape, dtype: DType, params: &AttnParams, arch: Arch, varlen: bool) -> Result<Variant> {
+/// (the forward's choices: a window, causal folded in, is `_local`; a softcap `_softcap`;
+/// ALiBi `_alibi`) and, for a packed batch (`varlen`), the `_varlen` form.
+pub(crate) fn backward_variant(
+    shape: &ProblemShape,
+    dtype: DType,
+    params: &AttnParams,
+    arch: Arch,
+    varlen: bool,
+    alibi: bool,
+) -> Result<Variant> {
     let (causal, window) = params.mask();
-    let mut variant = match backward_family(shape, params, arch, varlen)? {
+    let variant = match backward_family(shape, params, arch, varlen)? {
         KernelFamily::BwdSm80 => bwd_sm80::variant(arch, dtype, shape.head_dim, causal),
         KernelFamily::BwdSm90 => bwd_sm90::variant(dtype, shape.head_dim, causal),
         _ => return Ok(reference::variant(dtype)),
     };
-    variant.mods = ScoreMods { local: window.is_some(), softcap: params.has_softcap() };
+    let mut variant = crate::kernels::with_mods(&variant, ScoreMods { local: window.is_some(), softcap: params.has_softcap(), alibi });
     variant.varlen = varlen;
     Ok(variant)
 }
@@ -173,18 +188,29 @@ mod tests {
 
     #[test]
     fn windows_and_softcaps_pick_the_mods_variants() {
-        let pick = |params: AttnParams, arch| backward_variant(&shape(128), DType::BF16, &params, arch, false).unwrap();
+        let pick = |params: AttnParams, arch| backward_variant(&shape(128), DType::BF16, &params, arch, false, false).unwrap();
         for arch in [HOPPER, AMPERE] {
             let local = pick(AttnParams { causal: true, window: crate::params::Window::new(127, 0), ..AttnParams::default() }, arch);
-            assert_eq!((local.causal, local.mods), (Some(false), ScoreMods { local: true, softcap: false }), "causal folded in");
+            assert_eq!(
+                (local.causal, local.mods),
+                (Some(false), ScoreMods { local: true, softcap: false, alibi: false }),
+                "causal folded in"
+            );
             assert!(local.name().ends_with("_local"), "{}", local.name());
             let capped = pick(AttnParams { causal: true, softcap: 30.0, deterministic: true, ..AttnParams::default() }, arch);
-            assert_eq!((capped.causal, capped.mods), (Some(true), ScoreMods { local: false, softcap: true }));
+            assert_eq!((capped.causal, capped.mods), (Some(true), ScoreMods { local: false, softcap: true, alibi: false }));
             let only_causal = pick(AttnParams { window: crate::params::Window::new(-1, 0), ..AttnParams::default() }, arch);
             assert_eq!((only_causal.causal, only_causal.mods), (Some(true), ScoreMods::default()), "(-1, 0) is causal");
         }
         let named = AttnParams { kernel: Some(KernelFamily::Reference), softcap: 30.0, ..AttnParams::default() };
         assert_eq!(pick(named, HOPPER).mods, ScoreMods::default(), "the reference takes both at run time");
+        for arch in [HOPPER, AMPERE] {
+            let alibi = backward_variant(&shape(128), DType::BF16, &AttnParams::causal(), arch, false, true).unwrap();
+            assert_eq!(alibi.mods, ScoreMods { local: false, softcap: false, alibi: true });
+            assert!(alibi.name().ends_with("_alibi"), "{}", alibi.name());
+        }
+        let reference = backward_variant(&shape(128), DType::BF16, &named, HOPPER, false, true).unwrap();
+        assert_eq!(reference.mods, ScoreMods::default(), "the reference takes the slopes at run time");
     }
 
     #[test]
@@ -197,7 +223,7 @@ mod tests {
             }
             for family in [KernelFamily::BwdSm80, KernelFamily::BwdSm90].into_iter().filter(|f| f.runs_on(arch)) {
                 let named = AttnParams { kernel: Some(family), causal: true, softcap: 30.0, ..AttnParams::default() };
-                let v = backward_variant(&shape(128), DType::BF16, &named, arch, true).unwrap();
+                let v = backward_variant(&shape(128), DType::BF16, &named, arch, true, false).unwrap();
                 assert!(v.family == family && v.name().ends_with("_softcap_varlen"), "{}", v.name());
             }
         }

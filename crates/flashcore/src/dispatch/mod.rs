@@ -103,9 +103,9 @@ pub fn default_family(device: &Device, shape: &ProblemShape) -> KernelFamily {
     }
 }
 
-/// Picks the variant and launch plan for a validated problem.
+/// Picks the variant and launch plan for a validated dense problem without ALiBi.
 pub fn plan(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnParams) -> Result<Plan> {
-    plan_for(device, shape, dtype, params, KeyLayout::Dense)
+    plan_for(device, shape, dtype, params, KeyLayout::Dense, false)
 }
 
 /// How a problem's keys are laid out, beyond the dense `[B, Sk, Hkv, D]`.
@@ -135,8 +135,10 @@ pub enum KeyLayout {
 /// (`shape.seqlen_k` its capacity) runs the paged form of the family a dense problem of that
 /// many keys would: on Hopper fwd_sm90 for prefill and chunked prefill, fwd_sm80's split-KV
 /// kernel for decode (and small grids), with GQA heads packed as rows for decode as dense;
-/// fwd_sm80 elsewhere.
-pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnParams, layout: KeyLayout) -> Result<Plan> {
+/// fwd_sm80 elsewhere. `alibi`: the call adds ALiBi's bias (the `_alibi` form; the reference
+/// takes slopes at run time), which keeps GQA heads of a decode step from being packed as
+/// rows (each row would need its own head's slope).
+pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnParams, layout: KeyLayout, alibi: bool) -> Result<Plan> {
     let varlen = matches!(layout, KeyLayout::Varlen { .. });
     let page_size = match layout {
         KeyLayout::Paged { page_size } => Some(page_size),
@@ -167,7 +169,7 @@ pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &At
     let (causal, window) = params.mask();
     // Packed rows of one query position would each take their own row's window: not packed.
     // A packed batch packs on fwd_sm80 alone (the only kernel with the row mapping for it).
-    let packed_gqa = packs_gqa(shape, family) && window.is_none() && (!varlen || family == KernelFamily::FwdSm80);
+    let packed_gqa = packs_gqa(shape, family) && window.is_none() && !alibi && (!varlen || family == KernelFamily::FwdSm80);
     if varlen && family == KernelFamily::Reference {
         return Err(Error::Unsupported {
             kernel: family.name().into(),
@@ -176,7 +178,7 @@ pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &At
     }
     let kshape = if packed_gqa { packed(shape) } else { *shape };
     let causal = causal && !packed_gqa;
-    let mods = ScoreMods { local: window.is_some(), softcap: params.has_softcap() };
+    let mods = ScoreMods { local: window.is_some(), softcap: params.has_softcap(), alibi };
     // Keys one query tile visits at most: the window's span and the tile's height, or all.
     let visited = |block_m: u32| match window {
         Some(w) if w.left >= 0 && w.right >= 0 => kshape.seqlen_k.min(w.left as usize + w.right as usize + block_m as usize),
@@ -191,7 +193,11 @@ pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &At
         KernelFamily::BwdSm80 | KernelFamily::BwdSm90 => return Err(not_a_forward(family)),
     };
     if family != KernelFamily::Reference {
-        plan.variant.mods = mods;
+        // The policies may take a smaller tile (fwd_sm90, never split: its key tiles again).
+        plan.variant = crate::kernels::with_mods(&plan.variant, mods);
+        if plan.splits == 1 {
+            plan.split_tiles = kshape.seqlen_k.div_ceil(plan.variant.tile.block_n as usize);
+        }
         plan.variant.varlen = varlen;
         plan.variant.paged = paged;
     }
@@ -340,7 +346,7 @@ mod tests {
     #[test]
     fn varlen_decode_packs_gqa_heads_as_rows_on_fwd_sm80_alone() {
         let varlen = |shape: &ProblemShape, params: &AttnParams| {
-            plan_for(&h100(), shape, DType::BF16, params, KeyLayout::Varlen { total_k: 8 * 4096 }).unwrap()
+            plan_for(&h100(), shape, DType::BF16, params, KeyLayout::Varlen { total_k: 8 * 4096 }, false).unwrap()
         };
         // B 8 sequences of one query token over at most 4096 keys (max_seqlen_q 1).
         let p = varlen(&decode(8, 4096), &AttnParams::causal());
@@ -395,7 +401,7 @@ mod tests {
     #[test]
     fn a_kv_cache_decodes_on_fwd_sm80_split_and_prefills_on_fwd_sm90_as_dense() {
         let paged16 = KeyLayout::Paged { page_size: 16 };
-        let paged = plan_for(&h100(), &decode(8, 4096), DType::BF16, &AttnParams::default(), paged16).unwrap();
+        let paged = plan_for(&h100(), &decode(8, 4096), DType::BF16, &AttnParams::default(), paged16, false).unwrap();
         let dense = pick(&h100(), &decode(8, 4096), &AttnParams::default());
         assert!(paged.variant.paged && paged.variant.name().ends_with("_paged"));
         assert_eq!(paged.variant.family, KernelFamily::FwdSm80);
@@ -403,26 +409,47 @@ mod tests {
         assert_eq!(paged.variant, fwd_sm80::paged_form(h100().arch, &dense.variant, 16));
         assert_eq!(paged.variant.tile.stages, 3);
         // Pages holding whole key blocks: the dense ring.
-        let paged256 = plan_for(&h100(), &decode(8, 4096), DType::BF16, &AttnParams::default(), KeyLayout::Paged { page_size: 256 });
+        let paged256 = plan_for(&h100(), &decode(8, 4096), DType::BF16, &AttnParams::default(), KeyLayout::Paged { page_size: 256 }, false);
         assert_eq!(paged256.unwrap().variant, Variant { paged: true, ..dense.variant.clone() });
         assert_eq!((paged.splits, paged.split_tiles, paged.packed_gqa), (dense.splits, dense.split_tiles, true));
         // Chunked prefill on Hopper: fwd_sm90's paged form of the dense tile, its boxes spread
         // over four producer threads at page 16 (12 boxes a block), not at 64 (3).
         let prefill = ProblemShape { batch: 4, seqlen_q: 2048, seqlen_k: 16384, heads_q: 32, heads_kv: 8, head_dim: 128 };
-        let p = plan_for(&h100(), &prefill, DType::BF16, &AttnParams::causal(), paged16).unwrap();
+        let p = plan_for(&h100(), &prefill, DType::BF16, &AttnParams::causal(), paged16, false).unwrap();
         assert!(p.variant.paged && p.variant.spread_pages && p.variant.family == KernelFamily::FwdSm90);
         let dense_prefill = pick(&h100(), &prefill, &AttnParams::causal()).variant;
         assert_eq!(Variant { paged: false, spread_pages: false, ..p.variant.clone() }, dense_prefill);
-        let p64 = plan_for(&h100(), &prefill, DType::BF16, &AttnParams::causal(), KeyLayout::Paged { page_size: 64 }).unwrap();
+        let p64 = plan_for(&h100(), &prefill, DType::BF16, &AttnParams::causal(), KeyLayout::Paged { page_size: 64 }, false).unwrap();
         assert_eq!(p64.variant, Variant { paged: true, ..dense_prefill });
         // Elsewhere fwd_sm80, unsplit; forced, either; the reference takes no cache.
-        let p = plan_for(&on("sm_89"), &prefill, DType::BF16, &AttnParams::causal(), paged16).unwrap();
+        let p = plan_for(&on("sm_89"), &prefill, DType::BF16, &AttnParams::causal(), paged16, false).unwrap();
         assert!(p.variant.paged && !p.variant.split_kv && p.variant.family == KernelFamily::FwdSm80);
         let force = |kernel| AttnParams { kernel: Some(kernel), ..AttnParams::default() };
-        let p = plan_for(&h100(), &decode(8, 4096), DType::BF16, &force(KernelFamily::FwdSm90), paged16).unwrap();
+        let p = plan_for(&h100(), &decode(8, 4096), DType::BF16, &force(KernelFamily::FwdSm90), paged16, false).unwrap();
         assert!(p.variant.paged && p.variant.family == KernelFamily::FwdSm90 && p.packed_gqa);
-        let reference = plan_for(&h100(), &prefill, DType::BF16, &force(KernelFamily::Reference), paged16);
+        let reference = plan_for(&h100(), &prefill, DType::BF16, &force(KernelFamily::Reference), paged16, false);
         assert!(matches!(reference, Err(Error::Unsupported { .. })));
+    }
+
+    #[test]
+    fn alibi_picks_the_alibi_form_and_never_packs_gqa_heads_as_rows() {
+        for layout in [KeyLayout::Dense, KeyLayout::Paged { page_size: 16 }, KeyLayout::Varlen { total_k: 8 * 4096 }] {
+            let plain = plan_for(&h100(), &decode(8, 4096), DType::BF16, &AttnParams::default(), layout, false).unwrap();
+            let alibi = plan_for(&h100(), &decode(8, 4096), DType::BF16, &AttnParams::default(), layout, true).unwrap();
+            assert!(plain.packed_gqa && !alibi.packed_gqa, "{layout:?}: rows of one head each take its slope");
+            assert!(alibi.variant.mods.alibi && alibi.variant.name().contains("_alibi"), "{}", alibi.variant.name());
+        }
+        // With a softcap too, fwd_sm90 takes its short tile (the default one spills).
+        let prefill = ProblemShape { batch: 4, seqlen_q: 8192, seqlen_k: 8192, heads_q: 16, heads_kv: 16, head_dim: 128 };
+        let capped = AttnParams { softcap: 30.0, ..AttnParams::default() };
+        let plain = plan_for(&h100(), &prefill, DType::BF16, &capped, KeyLayout::Dense, false).unwrap();
+        let both = plan_for(&h100(), &prefill, DType::BF16, &capped, KeyLayout::Dense, true).unwrap();
+        assert_eq!(plain.variant.family, KernelFamily::FwdSm90);
+        assert_eq!((plain.variant.tile.block_n, both.variant.tile.block_n), (192, 128));
+        assert_eq!(both.split_tiles, 8192 / 128, "the key tiles of the tile that runs");
+        let force = AttnParams { kernel: Some(KernelFamily::Reference), ..AttnParams::default() };
+        let reference = plan_for(&h100(), &shape(64), DType::BF16, &force, KeyLayout::Dense, true).unwrap();
+        assert!(!reference.variant.mods.alibi, "the reference takes the slopes at run time");
     }
 
     #[test]

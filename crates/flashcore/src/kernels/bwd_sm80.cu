@@ -35,7 +35,8 @@
 // Pointers 16-byte aligned, strides multiples of 8 elements, last dim contiguous; causal is
 // the compile-time FC_CAUSAL (bottom-right aligned). FC_LOCAL: a sliding window
 // (p.window_left/right, causal folded in); FC_SOFTCAP: logit softcapping (p.softcap,
-// p.softcap_scale; p.softmax_scale_log2 = log2 e). See common/mask.cuh.
+// p.softcap_scale; p.softmax_scale_log2 = log2 e); FC_ALIBI: ALiBi (p.alibi_slopes,
+// p.alibi_scale, p.alibi_batch_stride). See common/mask.cuh.
 // FC_VARLEN=1 (a packed batch, common/sequence.cuh): p.cu_seqlens_q/k (int32 [B + 1], device),
 // optional p.seqused_k, p.total_q/k; q, o, dout, dq [total_q, Hq, D], k, v, dk, dv [total_k,
 // Hkv, D], every *_stride_b 0; p.seqlen_q / p.seqlen_k the longest sequence's. The main
@@ -83,6 +84,7 @@ constexpr int kD = FC_HEAD_DIM;
 constexpr bool kCausal = FC_CAUSAL != 0;
 constexpr bool kLocal = FC_LOCAL != 0;      // sliding window (common/mask.cuh)
 constexpr bool kSoftcap = FC_SOFTCAP != 0;  // logit softcapping (common/mask.cuh)
+constexpr bool kAlibi = FC_ALIBI != 0;      // ALiBi (common/mask.cuh)
 constexpr bool kVarlen = FC_VARLEN != 0;    // a packed batch of sequences (common/sequence.cuh)
 using Mask = KeyMask<kCausal, kLocal>;
 constexpr int kBlockM = FC_BLOCK_M, kBlockN = FC_BLOCK_N, kWarps = FC_NUM_WARPS, kStages = FC_STAGES;
@@ -268,11 +270,12 @@ __device__ __forceinline__ void load_step(Smem& sm, const BwdParams& p, const Se
 
 // P and dS of the warp's S tile: P = exp2(S·scale·log2e − lse·log2e), 0 where the key is
 // masked or past Sk and in rows past Sq or that see no key (lse = -inf); dS = P ∘ (dP − D_i).
-// Softcapped, S is capped first and dS is times softcap_grad. S and dP come from one k loop
+// Softcapped, S is capped first and dS is times softcap_grad (of the capped score: ALiBi's
+// bias, added next as in the forward, is a constant of the score). S and dP come from one k loop
 // (warp_gemm_pair); P and dS go to shared memory as elem_t. With a window, `block_masked`
 // says whether the query block needs the mask (KeyMask::query_block_masked).
 __device__ __forceinline__ void scores_to_p_ds(Smem& sm, const BwdParams& p, const Sequence& seq, int stage, int m0, int n0,
-                                               bool block_masked, int lane, int warp) {
+                                               bool block_masked, const AlibiBias& alibi, int lane, int warp) {
     constexpr int kMT = GridS::kMT, kNT = GridS::kNT;
     const int g = lane / 4, t = lane % 4;
     const int r0 = GridS::row0(warp), c0 = GridS::col0(warp);
@@ -299,6 +302,8 @@ __device__ __forceinline__ void scores_to_p_ds(Smem& sm, const BwdParams& p, con
                                       lane);
     if constexpr (kSoftcap) softcap_scores(sc, p.softcap, p.softcap_scale);
     const float inv_softcap = kSoftcap ? math::rcp(p.softcap) : 0.f;
+    // ALiBi: the (query, key) distance of this lane's first score; the others' differ by constants.
+    const float distance0 = kAlibi ? alibi.distance(m0 + r0 + g, n0 + c0 + 2 * t) : 0.f;
 #pragma unroll
     for (int mi = 0; mi < kMT; ++mi)
 #pragma unroll
@@ -313,7 +318,8 @@ __device__ __forceinline__ void scores_to_p_ds(Smem& sm, const BwdParams& p, con
                     const bool seen = !masked || (kLocal ? sequence_mask(seq, p).visible(m0 + row, key)
                                                          : key < seq.seqlen_k && (!kCausal || key <= m0 + row + offset));
                     const float s = sc[mi][nj][2 * half + e];
-                    pv[e] = seen ? math::ex2(s * p.softmax_scale_log2 - lse_log2[mi][half]) : 0.f;
+                    const float biased = kAlibi ? s + alibi.at(distance0 + static_cast<float>(16 * mi + 8 * half - 8 * nj - e)) : s;
+                    pv[e] = seen ? math::ex2(biased * p.softmax_scale_log2 - lse_log2[mi][half]) : 0.f;
                     dsv[e] = pv[e] * (dp[mi][nj][2 * half + e] - dsum[mi][half]);
                     if constexpr (kSoftcap) dsv[e] *= softcap_grad(s, inv_softcap);
                 }
@@ -469,7 +475,8 @@ extern "C" __global__ void __launch_bounds__(fc::bwd_sm80::kThreads, 1) fc_bwd_s
             __syncthreads();  // this step's Q, dO, lse, D_i (and K, V) are visible
 
             const bool block_masked = kLocal && Mask::query_block_masked(blocks, s.m0 / kBlockM);
-            scores_to_p_ds(sm, p, seq, stage, s.m0, n0, block_masked, lane, warp);
+            const AlibiBias alibi = kAlibi ? alibi_of(p, batch, s.head, seq.seqlen_q, seq.seqlen_k) : AlibiBias{};
+            scores_to_p_ds(sm, p, seq, stage, s.m0, n0, block_masked, alibi, lane, warp);
             __syncthreads();  // P and dS are visible
 
             constexpr int kKV = kBlockM / 16;

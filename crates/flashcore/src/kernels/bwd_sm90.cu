@@ -46,7 +46,8 @@
 // Causal is the compile-time FC_CAUSAL (bottom-right aligned). FC_LOCAL: a sliding window
 // (p.window_left/right, causal folded in: the walks visit only the query blocks that see the
 // CTA's keys, and start unspread); FC_SOFTCAP: logit softcapping (p.softcap,
-// p.softcap_scale; p.softmax_scale_log2 = log2 e). See common/mask.cuh.
+// p.softcap_scale; p.softmax_scale_log2 = log2 e); FC_ALIBI: ALiBi (p.alibi_slopes,
+// p.alibi_scale, p.alibi_batch_stride). See common/mask.cuh.
 // FC_VARLEN=1 (a packed batch, common/sequence.cuh): p.cu_seqlens_q/k (int32 [B + 1], device),
 // optional p.seqused_k, p.total_q/k; q, o, dout, dq [total_q, Hq, D], k, v, dk, dv [total_k,
 // Hkv, D], every *_stride_b 0, lse [Hq, total_q]; p.seqlen_q / p.seqlen_k the longest
@@ -96,6 +97,7 @@ static_assert(kHeadDimReal % 8 == 0 && kHeadDimReal >= 8 && kHeadDimReal <= 256,
 constexpr bool kCausal = FC_CAUSAL != 0;
 constexpr bool kLocal = FC_LOCAL != 0;      // sliding window (common/mask.cuh)
 constexpr bool kSoftcap = FC_SOFTCAP != 0;  // logit softcapping (common/mask.cuh)
+constexpr bool kAlibi = FC_ALIBI != 0;      // ALiBi (common/mask.cuh)
 constexpr bool kVarlen = FC_VARLEN != 0;    // a packed batch of sequences (common/sequence.cuh)
 constexpr int kConsumerWG = 2;
 // Wide heads (D256): a warpgroup's dK and dV over all columns would need 256 registers, so
@@ -225,8 +227,10 @@ __device__ __forceinline__ Fragment fragment() {
 // operand, and `pg` gets P ∘ softcap_grad, what dSᵀ needs (score_gradients), from the capped
 // value that P replaces: both 16-bit, so that they take the registers of the f32 Pᵀ they
 // replace (D64's 128 queries have none to spare); pg's rounding adds ~2^-9 (bf16) to dSᵀ's.
+// With ALiBi, `alibi`'s bias is added after the cap (softcap_grad takes the capped score).
 __device__ __forceinline__ void probabilities(float (&s)[kScoreN / 2], u32 (&pk)[kScoreN / 4], u32 (&pg)[kSoftcap ? kScoreN / 4 : 1],
-                                              const float* lse_log2, int k0, int m0, bool masked, const Mask& mask, const BwdParams& p) {
+                                              const float* lse_log2, int k0, int m0, bool masked, const Mask& mask, const AlibiBias& alibi,
+                                              const BwdParams& p) {
     const Fragment f = fragment();
     // Per key row r, the first column (8c + e, relative to this thread's) that sees it:
     // the query key - offset under the causal mask; none for a key past Sk. Each score then
@@ -242,6 +246,8 @@ __device__ __forceinline__ void probabilities(float (&s)[kScoreN / 2], u32 (&pk)
         last_seen[r] = kLocal && masked ? mask.last_row(key) - m0 - f.col : kNone;
     }
     const float inv_softcap = kSoftcap ? math::rcp(p.softcap) : 0.f;
+    // ALiBi: the (query, key) distance of this thread's first score; the others' differ by constants.
+    const float distance0 = kAlibi ? alibi.distance(m0 + f.col, k0 + f.row) : 0.f;
 #pragma unroll
     for (int c = 0; c < kScoreN / 8; ++c) {
         const float2 l = *reinterpret_cast<const float2*>(lse_log2 + 8 * c + f.col);
@@ -254,6 +260,7 @@ __device__ __forceinline__ void probabilities(float (&s)[kScoreN / 2], u32 (&pk)
                 softcap_scores(s[4 * c + i], p.softcap, p.softcap_scale);  // a score at a time (the whole tile first: more spills)
                 g[i] = softcap_grad(s[4 * c + i], inv_softcap);
             }
+            if constexpr (kAlibi) s[4 * c + i] += alibi.at(distance0 + static_cast<float>(8 * c + e - 8 * (i / 2)));
             s[4 * c + i] = seen ? math::ex2(fmaf(s[4 * c + i], p.softmax_scale_log2, -(e ? l.y : l.x))) : 0.f;
         }
         if constexpr (kSoftcap) {
@@ -446,7 +453,8 @@ template <class Smem> __device__ __forceinline__ void consume(Smem& smem, const 
         const bool masked =
             kLocal ? Mask::query_block_masked(w.blocks, c.m_block) : k0 + 64 > s.seqlen_k || (kCausal && k0 + 63 > m0 + offset);
         u32 pk[kBlockM / 4], dsk[kBlockM / 4], pg[kSoftcap ? kBlockM / 4 : 1];
-        probabilities(sc, pk, pg, smem.stats[stage][1], k0, m0, masked, Schedule::mask(p, s), p);
+        const AlibiBias alibi = kAlibi ? alibi_of(p, batch, c.head, s.seqlen_q, s.seqlen_k) : AlibiBias{};
+        probabilities(sc, pk, pg, smem.stats[stage][1], k0, m0, masked, Schedule::mask(p, s), alibi, p);
         wgmma::wait<0>();
         wgmma::fence_operands(dp);
         if constexpr (kSoftcap) {
@@ -513,7 +521,8 @@ template <class Smem> __device__ __forceinline__ void consume_wide(Smem& smem, c
         const bool masked =
             kLocal ? Mask::query_block_masked(w.blocks, c.m_block) : n0 + 64 > s.seqlen_k || (kCausal && n0 + 63 > m0 + q0 + offset);
         u32 pk[kScoreN / 4], dsk[kScoreN / 4], pg[kSoftcap ? kScoreN / 4 : 1];
-        probabilities(sc, pk, pg, smem.stats[stage][1] + q0, n0, m0 + q0, masked, Schedule::mask(p, s), p);
+        const AlibiBias alibi = kAlibi ? alibi_of(p, batch, c.head, s.seqlen_q, s.seqlen_k) : AlibiBias{};
+        probabilities(sc, pk, pg, smem.stats[stage][1] + q0, n0, m0 + q0, masked, Schedule::mask(p, s), alibi, p);
         wgmma::wait<0>();
         wgmma::fence_operands(dp);
         if constexpr (kSoftcap) {

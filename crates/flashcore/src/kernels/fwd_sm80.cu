@@ -63,8 +63,9 @@
 // the compile-time FC_CAUSAL (bottom-right aligned); p.causal is ignored. FC_LOCAL: a
 // sliding window (p.window_left/right, causal folded in; key tiles outside it are skipped,
 // and the splits of FC_SPLIT_KV share out the window's tiles); FC_SOFTCAP: logit softcapping
-// (p.softcap, p.softcap_scale; softmax_scale_log2 = log2 e). See common/mask.cuh. lse [B,
-// Hq, Sq] f32, natural log, written when p.lse != nullptr.
+// (p.softcap, p.softcap_scale; softmax_scale_log2 = log2 e); FC_ALIBI: ALiBi (p.alibi_slopes,
+// p.alibi_scale, p.alibi_batch_stride; never with GQA packed as rows). See common/mask.cuh.
+// lse [B, Hq, Sq] f32, natural log, written when p.lse != nullptr.
 // Entry fc_split_combine(FwdParams p) (FC_SPLIT_KV=1 only; after fc_fwd_sm80 when
 // p.num_splits > 1): grid (ceil(B * Hq * Sq / 4)), block 128 threads, no shared memory; on
 // sm_90+ it may be launched with programmatic stream serialization (it waits for
@@ -153,6 +154,7 @@ constexpr int kStages = FC_STAGES;
 constexpr bool kCausal = FC_CAUSAL != 0;
 constexpr bool kLocal = FC_LOCAL != 0;      // sliding window (common/mask.cuh)
 constexpr bool kSoftcap = FC_SOFTCAP != 0;  // logit softcapping (common/mask.cuh)
+constexpr bool kAlibi = FC_ALIBI != 0;      // ALiBi (common/mask.cuh)
 constexpr bool kSplitKv = FC_SPLIT_KV != 0;
 constexpr bool kVarlen = FC_VARLEN != 0;  // a packed batch of sequences (common/sequence.cuh)
 constexpr bool kPaged = FC_PAGED != 0;    // keys from a paged (or contiguous) cache (common/paged.cuh)
@@ -517,6 +519,21 @@ __device__ __forceinline__ void apply_mask(float (&s)[kMTiles][kNTiles][4], int 
         }
 }
 
+// Adds the ALiBi bias to the scores of rows row0... x keys key0... (every key tile: the bias
+// is not a mask), laid out as apply_mask's.
+__device__ __forceinline__ void add_alibi(float (&s)[kMTiles][kNTiles][4], int key0, int row0, const AlibiBias& bias, int lane) {
+    const float distance0 = bias.distance(row0 + lane / 4, key0 + 2 * (lane % 4));
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m)
+#pragma unroll
+        for (int r = 0; r < 2; ++r)
+#pragma unroll
+            for (int j = 0; j < kNTiles; ++j)
+#pragma unroll
+                for (int c = 0; c < 2; ++c)
+                    s[m][j][2 * r + c] += bias.at(distance0 + static_cast<float>(16 * m + 8 * r - 8 * j - c));
+}
+
 template <int R, int C>
 __device__ __forceinline__ void scale_rows(float (&o)[R][C][4], const float (&f)[R][2]) {
 #pragma unroll
@@ -864,6 +881,11 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
             float s[kMTiles][kNTiles][4];
             gemm_qk(s, q_i, q_row0, k_i);
             if constexpr (kSoftcap) softcap_scores(s, p);
+            if constexpr (kAlibi) {  // the slope read again each tile (an L1 hit): held, it would take a register
+                const QueryTile t = where();
+                const Sequence seq = sequence_of(t);
+                add_alibi(s, tile * kBlockN, t.m0 + q_row0, alibi_of(p, t.batch, t.head, seq.seqlen_q, seq.seqlen_k), lane);
+            }
             if (Mask::masked(keys, tile)) {
                 const QueryTile t = where();
                 apply_mask(s, tile * kBlockN, t.m0 + q_row0, sequence_of(t), p, lane);

@@ -82,7 +82,8 @@
 //   FC_CAUSAL, bottom-right aligned; p.causal is ignored. FC_LOCAL: a sliding window
 //   (p.window_left/right, causal folded in; key blocks outside it are neither loaded nor
 //   computed); FC_SOFTCAP: logit softcapping (p.softcap, p.softcap_scale; softmax_scale_log2
-//   = log2 e). See common/mask.cuh.
+//   = log2 e); FC_ALIBI: ALiBi (p.alibi_slopes, p.alibi_scale, p.alibi_batch_stride). See
+//   common/mask.cuh.
 //   FC_VARLEN: a packed batch (common/sequence.cuh): the tensor maps are over the packed
 //   tensors ({D, total, H, 1}; batch coordinate 0), p.cu_seqlens_q/k (+ seqused_k), total_q/k
 //   set, p.seqlen_q/k the longest sequence's (the grid's extent, as above with B sequences),
@@ -166,6 +167,7 @@ constexpr int kStages = FC_STAGES;
 constexpr bool kCausal = FC_CAUSAL != 0;
 constexpr bool kLocal = FC_LOCAL != 0;      // sliding window (common/mask.cuh)
 constexpr bool kSoftcap = FC_SOFTCAP != 0;  // logit softcapping (common/mask.cuh)
+constexpr bool kAlibi = FC_ALIBI != 0;      // ALiBi (common/mask.cuh)
 constexpr bool kVarlen = FC_VARLEN != 0;    // a packed batch (common/sequence.cuh)
 constexpr bool kPaged = FC_PAGED != 0;      // keys from a paged (or contiguous) cache (common/paged.cuh)
 constexpr bool kSpread = FC_PAGE_SPREAD != 0;  // paged: a key block's page boxes from four threads (kBoxIssuers)
@@ -280,6 +282,16 @@ __device__ __forceinline__ void apply_mask(float (&s)[R], int m0, int n0, const 
     }
 }
 
+// Adds the ALiBi bias to the scores of rows [m0, m0 + 64) x keys [n0, n0 + N) (every key
+// block: the bias is not a mask).
+template <int R>
+__device__ __forceinline__ void add_alibi(float (&s)[R], int m0, int n0, const AlibiBias& bias) {
+    const Fragment f = fragment();
+    const float distance0 = bias.distance(m0 + f.row, n0 + f.col);
+#pragma unroll
+    for (int i = 0; i < R; ++i) s[i] += bias.at(distance0 + static_cast<float>(8 * ((i / 2) % 2) - 8 * (i / 4) - (i % 2)));
+}
+
 // Packed, the rows of a sequence's last tile past its end hold the next sequence's queries;
 // their scores become 0, those of the zero-filled rows a sequence run alone has, so that the
 // warp-wide choices of the softmax (softmax_under_pv) and hence every bit of the sequence's
@@ -297,13 +309,16 @@ struct Tile {
     int m0, head, kv_head, batch;
     Sequence seq;
     KeyBlocks blocks;
+    AlibiBias alibi;  // FC_ALIBI only (unread otherwise, so never loaded)
 };
 
-// The scores' transform and mask for key block n (softcapping first: it needs the raw scores).
+// The scores' transform and mask for key block n (softcapping first: it needs the raw scores;
+// then ALiBi's bias, in logit units, then the mask).
 template <int R>
 __device__ __forceinline__ void finish_scores(float (&s)[R], int m0, int n, bool masked, const FwdParams& p, const Tile& t) {
     if (kVarlen && m0 + 64 > t.seq.seqlen_q) zero_rows_past(s, m0, t.seq.seqlen_q);
     if constexpr (kSoftcap) softcap_scores(s, p);
+    if constexpr (kAlibi) add_alibi(s, m0, n * kBlockN, t.alibi);
     if (masked) apply_mask(s, m0, n * kBlockN, mask_of(p, t.seq));
 }
 
@@ -326,6 +341,7 @@ __device__ __forceinline__ Tile make_tile(const FwdParams& p, const WorkTile& w,
     t.kv_head = t.head / (per_tile(p.heads_q) / per_tile(p.heads_kv));
     t.seq = seq;
     t.blocks = key_blocks(p, seq, t.m0, kBlockM);
+    if (kAlibi) t.alibi = alibi_of(p, t.batch, t.head, seq.seqlen_q, seq.seqlen_k);
     return t;
 }
 // The tensors' batch coordinate of a tile (packed: one batch entry, the sequences' rows).

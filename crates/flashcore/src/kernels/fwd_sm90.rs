@@ -89,6 +89,16 @@ pub fn variant_for(dtype: DType, shape: &ProblemShape, causal: bool, sm_count: u
     }
 }
 
+/// `v` under the score policies `mods`: with a softcap and ALiBi both, D64 to D128 take the
+/// short tile: their default tiles hold too many scores a thread for the two transforms'
+/// temporaries (NVRTC 13.0 spills 32 bytes at D64's 192 x 128, 192 to 240 at D128's 128 x 192;
+/// the 128 x 128 tiles none).
+pub fn with_mods(v: &Variant, mods: ScoreMods) -> Variant {
+    let d = v.head_dim.unwrap_or(128);
+    let tile = if mods.softcap && mods.alibi && d <= 128 { tile(d, true) } else { v.tile };
+    Variant { mods, tile, smem_bytes: smem_bytes(tile, d), ..v.clone() }
+}
+
 /// Every variant for one (dtype, head dim, mask): the default tile, and the short one where
 /// it is used.
 pub fn variants(dtype: DType, head_dim: usize, causal: bool) -> Vec<Variant> {

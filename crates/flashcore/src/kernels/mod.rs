@@ -212,18 +212,36 @@ pub struct Variant {
     pub spread_pages: bool,
 }
 
-/// `v`'s forms with a sliding window, a softcap and both, where the dispatcher runs them:
-/// every tile of the forward and backward kernels; none for the reference (it takes both at
-/// run time).
+/// `v`'s forms with a sliding window, a softcap, both, ALiBi, and all three, where the
+/// dispatcher runs them: every tile of the forward and backward kernels; none for the
+/// reference (it takes them all at run time). (Any other combination compiles on demand
+/// like these; ALiBi alone and with both others bound its cost in registers.)
 pub fn mods_forms(v: &Variant) -> Vec<Variant> {
-    let forms: &[(bool, bool)] = match v.family {
+    let forms: &[(bool, bool, bool)] = match v.family {
         _ if v.mods != ScoreMods::default() => &[],
         KernelFamily::FwdSm80 | KernelFamily::FwdSm90 | KernelFamily::BwdSm80 | KernelFamily::BwdSm90 => {
-            &[(true, false), (false, true), (true, true)]
+            &[(true, false, false), (false, true, false), (true, true, false), (false, false, true), (true, true, true)]
         }
         _ => &[],
     };
-    forms.iter().map(|&(local, softcap)| Variant { mods: ScoreMods { local, softcap }, ..v.clone() }).collect()
+    let mut out: Vec<Variant> = Vec::new();
+    for &(local, softcap, alibi) in forms {
+        let form = with_mods(v, ScoreMods { local, softcap, alibi });
+        if !out.contains(&form) {
+            out.push(form);
+        }
+    }
+    out
+}
+
+/// `v` under the score policies `mods`, as the dispatcher runs it: its own tile, except where
+/// the policies together take registers the tile lacks and the family has a smaller one
+/// (fwd_sm90 with a softcap and ALiBi: [`fwd_sm90::with_mods`]).
+pub fn with_mods(v: &Variant, mods: ScoreMods) -> Variant {
+    match v.family {
+        KernelFamily::FwdSm90 => fwd_sm90::with_mods(v, mods),
+        _ => Variant { mods, ..v.clone() },
+    }
 }
 
 /// `v`'s paged-KV forms (`FC_PAGED`) on `arch`, where the dispatcher runs them: every fwd_sm80
@@ -266,19 +284,21 @@ pub struct Entries {
 }
 
 /// Compile-time score policies of a variant (`kernels/common/mask.cuh`): a sliding window
-/// (its sides are run-time values) and logit softcapping. The reference kernels take both
-/// at run time and never set them.
+/// (its sides are run-time values), logit softcapping and ALiBi (its slopes are run-time
+/// values). The reference kernels take them all at run time and never set them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct ScoreMods {
     /// `FC_LOCAL`: the sliding-window mask (causal folded in).
     pub local: bool,
     /// `FC_SOFTCAP`: `softcap · tanh(s / softcap)` on every score.
     pub softcap: bool,
+    /// `FC_ALIBI`: `-slope · |i + Sk - Sq - j|` added to every score.
+    pub alibi: bool,
 }
 
 impl Variant {
     /// A name unique per compiled binary, e.g. `fwd_sm80_bf16_d128_causal_128x64w4s2`
-    /// (`..._splitkv` for a split-KV variant, `_local`, `_softcap` for [`ScoreMods`], `_varlen`,
+    /// (`..._splitkv` for a split-KV variant, `_local`, `_softcap`, `_alibi` for [`ScoreMods`], `_varlen`,
     /// `_paged`, `_spread`).
     pub fn name(&self) -> String {
         let mut name = format!("{}_{}", self.family.name(), self.dtype.name());
@@ -298,6 +318,9 @@ impl Variant {
         }
         if self.mods.softcap {
             name += "_softcap";
+        }
+        if self.mods.alibi {
+            name += "_alibi";
         }
         if self.varlen {
             name += "_varlen";
@@ -330,6 +353,7 @@ impl Variant {
         for (define, on) in [
             ("FC_LOCAL", self.mods.local),
             ("FC_SOFTCAP", self.mods.softcap),
+            ("FC_ALIBI", self.mods.alibi),
             ("FC_VARLEN", self.varlen),
             ("FC_PAGED", self.paged),
             ("FC_PAGE_SPREAD", self.spread_pages),

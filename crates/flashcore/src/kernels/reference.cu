@@ -42,6 +42,15 @@ template <class Params> __device__ __forceinline__ float softcapped(const Params
     return p.softcap > 0.f ? p.softcap * tanhf(s / p.softcap) : s;
 }
 
+// ALiBi's bias of score (row, key) in logit units, after the softcap: -slope · |row + Sk - Sq -
+// key|, 0 without slopes (p.alibi_slopes null). The slope as given (p.alibi_scale converts it
+// to the fast kernels' units; these scores are already logits).
+template <class Params> __device__ __forceinline__ float alibi_bias(const Params& p, int batch, int head, int row, int key) {
+    if (p.alibi_slopes == nullptr) return 0.f;
+    const float slope = p.alibi_slopes[(long long)batch * p.alibi_batch_stride + head];
+    return -slope * fabsf(static_cast<float>(row + p.seqlen_k - p.seqlen_q - key));
+}
+
 }  // namespace fc
 
 extern "C" __global__ void __launch_bounds__(32 * fc::kRefWarps) fc_reference(const FwdParams p) {
@@ -61,8 +70,9 @@ extern "C" __global__ void __launch_bounds__(32 * fc::kRefWarps) fc_reference(co
         acc[c] = 0.f;
     }
 
-    // Keys first..last are visible (first > last: a fully masked row); the mask and the
-    // softcap are run-time here (p.causal, p.window_left/right, p.softcap), exact tanhf.
+    // Keys first..last are visible (first > last: a fully masked row); the mask, the softcap
+    // and ALiBi are run-time here (p.causal, p.window_left/right, p.softcap, p.alibi_slopes),
+    // exact tanhf.
     const int first = visible_first(p, row), last = visible_last(p, row);
     float row_max = -__int_as_float(0x7f800000), row_sum = 0.f;
     for (int j = first; j <= last; ++j) {
@@ -74,7 +84,7 @@ extern "C" __global__ void __launch_bounds__(32 * fc::kRefWarps) fc_reference(co
             const int d = lane + 32 * c;
             if (d < p.head_dim) partial += q[c] * to_float(k_row[d]);
         }
-        const float s = softcapped(p, warp_sum(partial));
+        const float s = softcapped(p, warp_sum(partial)) + alibi_bias(p, batch, head, row, j);
         const float new_max = fmaxf(row_max, s);
         const float correction = expf(row_max - new_max);  // expf(-inf) = 0 on the first key
         const float weight = expf(s - new_max);
@@ -106,8 +116,9 @@ extern "C" __global__ void __launch_bounds__(32 * fc::kRefWarps) fc_reference(co
 // second reads D_i and writes dK and dV, looping over every query of the query heads that
 // share the KV head (no atomics: deterministic). P is recomputed from q, k and the saved
 // lse; a row with lse = -inf saw no key and contributes nothing. The window (p.causal and
-// p.window_left/right) and the softcap are run-time, as in the forward: dS of a softcapped
-// score is P ∘ (dP − D_i) times 1 − tanh² (see softcap_grad in common/mask.cuh).
+// p.window_left/right), the softcap and ALiBi are run-time, as in the forward: dS of a
+// softcapped score is P ∘ (dP − D_i) times 1 − tanh² (see softcap_grad in common/mask.cuh),
+// ALiBi's bias (a constant of the score) changes P alone.
 namespace fc {
 
 // The gradient factor of a softcapped score c = capped(s) with respect to s (1 without).
@@ -183,7 +194,7 @@ extern "C" __global__ void __launch_bounds__(32 * fc::kRefWarps) fc_reference_bw
         float k[kRefMaxDimPerLane], v[kRefMaxDimPerLane];
         load_row(k, row_ptr(p.k, p.k_stride_b, p.k_stride_s, p.k_stride_h, batch, j, kv_head), p.head_dim, lane);
         load_row(v, row_ptr(p.v, p.v_stride_b, p.v_stride_s, p.v_stride_h, batch, j, kv_head), p.head_dim, lane);
-        dsum += expf(softcapped(p, p.softmax_scale * row_dot(q, k)) - lse) * row_dot(dout, v);
+        dsum += expf(softcapped(p, p.softmax_scale * row_dot(q, k)) + alibi_bias(p, batch, head, row, j) - lse) * row_dot(dout, v);
     }
     if (lane == 0) p.dsum[stat] = dsum;
 
@@ -194,7 +205,7 @@ extern "C" __global__ void __launch_bounds__(32 * fc::kRefWarps) fc_reference_bw
         load_row(k, row_ptr(p.k, p.k_stride_b, p.k_stride_s, p.k_stride_h, batch, j, kv_head), p.head_dim, lane);
         load_row(v, row_ptr(p.v, p.v_stride_b, p.v_stride_s, p.v_stride_h, batch, j, kv_head), p.head_dim, lane);
         const float c = softcapped(p, p.softmax_scale * row_dot(q, k));
-        const float prob = expf(c - lse);
+        const float prob = expf(c + alibi_bias(p, batch, head, row, j) - lse);
         const float ds = prob * (row_dot(dout, v) - dsum) * capped_grad(p, c);
 #pragma unroll
         for (int c = 0; c < kRefMaxDimPerLane; ++c) dq[c] += ds * k[c];
@@ -225,7 +236,7 @@ extern "C" __global__ void __launch_bounds__(32 * fc::kRefWarps) fc_reference_bw
             load_row(q, row_ptr(p.q, p.q_stride_b, p.q_stride_s, p.q_stride_h, batch, i, head), p.head_dim, lane);
             load_row(dout, row_ptr(p.dout, p.do_stride_b, p.do_stride_s, p.do_stride_h, batch, i, head), p.head_dim, lane);
             const float c = softcapped(p, p.softmax_scale * row_dot(q, k));
-            const float prob = expf(c - lse);
+            const float prob = expf(c + alibi_bias(p, batch, head, i, key) - lse);
             const float ds = prob * (row_dot(dout, v) - p.dsum[stat]) * capped_grad(p, c);
 #pragma unroll
             for (int c = 0; c < kRefMaxDimPerLane; ++c) {

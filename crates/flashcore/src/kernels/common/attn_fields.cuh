@@ -31,12 +31,21 @@
 //   Logit softcapping (kernels built with FC_SOFTCAP=1): the scores become
 //     softcap * tanh(q·k * softcap_scale), softcap_scale = softmax_scale / softcap, before the
 //     softmax, whose softmax_scale_log2 is then log2(e). softcap = 0: off.
-//   The reference kernels take both at run time.
-#define FC_SCORE_MOD_FIELDS \
-    int window_left;        \
-    int window_right;       \
-    float softcap;          \
-    float softcap_scale;
+//   ALiBi (kernels built with FC_ALIBI=1): each score gains -slope · |i + Sk - Sq - j|, slope =
+//     alibi_slopes[b * alibi_batch_stride + h] (f32 on the device; stride 0: one slope a head for
+//     every sequence), in logit units (after the softcap, before the softmax), as flash_attn;
+//     alibi_scale = log2(e) / softmax_scale_log2 converts a slope to the units of the scores the
+//     kernels hold (q·k, or the capped score). alibi_slopes is null without ALiBi.
+//   The reference kernels take them all at run time. The pointer leads the group, so that the
+//   group starts 8-aligned in C as in its Rust mirror.
+#define FC_SCORE_MOD_FIELDS       \
+    const float* alibi_slopes;    \
+    int window_left;              \
+    int window_right;             \
+    float softcap;                \
+    float softcap_scale;          \
+    float alibi_scale;            \
+    int alibi_batch_stride;
 
 // Varlen (kernels built with FC_VARLEN=1; see common/sequence.cuh): one packed batch of
 // sequences, q, o (and dout, dq) [total_q, Hq, D], k, v (and dk, dv) [total_k, Hkv, D], every

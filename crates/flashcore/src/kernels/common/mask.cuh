@@ -1,9 +1,10 @@
 // Which keys each query row sees, and the transform of its scores: the policy pieces the
 // forward and backward kernels share. A kernel holds one KeyMask<kCausal, kLocal> (its
 // compile-time FC_CAUSAL and FC_LOCAL) and calls softcap_scores (the backward also
-// softcap_grad) when FC_SOFTCAP is set; none of its loops changes with the policy, only their
-// bounds and which blocks are masked. The forward walks the key blocks of a query block
-// (blocks); the backward the query blocks of a key block (query_blocks).
+// softcap_grad) when FC_SOFTCAP is set, and adds an AlibiBias when FC_ALIBI is; none of its
+// loops changes with the policy, only their bounds and which blocks are masked. The forward
+// walks the key blocks of a query block (blocks); the backward the query blocks of a key
+// block (query_blocks).
 #pragma once
 
 #include "ptx/math.cuh"
@@ -16,6 +17,9 @@
 #endif
 #ifndef FC_SOFTCAP
 #define FC_SOFTCAP 0
+#endif
+#ifndef FC_ALIBI
+#define FC_ALIBI 0
 #endif
 
 namespace fc {
@@ -155,6 +159,31 @@ template <class Scores> __device__ __forceinline__ void softcap_scores(Scores& s
 __device__ __forceinline__ float softcap_grad(float capped, float inv_softcap) {
     const float t = capped * inv_softcap;
     return fmaf(-t, t, 1.f);
+}
+
+// ALiBi (FC_ALIBI): score (row, key) gains -slope · |row + offset - key|, its distance from the
+// row's bottom-right-aligned diagonal (offset = Sk - Sq of the sequence, as KeyMask's), added
+// after the softcap and before the softmax, on every key block (not only the masked ones).
+// The slope is in the units of the scores the kernel holds (alibi_of). Under a causal mask the
+// visible keys are left of the diagonal, where this is flash_attn's causal bias up to a
+// constant per row (flash_attn adds slope · key): the same softmax, an LSE that differs by that
+// constant (here the LSE is the one of the scores with this bias, causal or not).
+struct AlibiBias {
+    float slope;
+    int offset;
+    __device__ __forceinline__ float operator()(int row, int key) const { return at(distance(row, key)); }
+    // Row (row + offset) minus key, as a float: exact below 2^24. A kernel takes it once for a
+    // fragment's first score and adds the constant offsets of the others (one FADD a score,
+    // no integer work or conversion, one register live across the tile).
+    __device__ __forceinline__ float distance(int row, int key) const { return static_cast<float>(row + offset - key); }
+    // The bias at a (row, key) distance from the diagonal.
+    __device__ __forceinline__ float at(float distance) const { return -slope * fabsf(distance); }
+};
+// The bias of (sequence `batch`, query head `head`), a sequence of seqlen_q queries over
+// seqlen_k keys. Params: FwdParams or BwdParams.
+template <class Params>
+__device__ __forceinline__ AlibiBias alibi_of(const Params& p, int batch, int head, int seqlen_q, int seqlen_k) {
+    return AlibiBias{p.alibi_slopes[static_cast<long long>(batch) * p.alibi_batch_stride + head] * p.alibi_scale, seqlen_k - seqlen_q};
 }
 
 }  // namespace fc
