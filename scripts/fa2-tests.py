@@ -28,12 +28,6 @@ def unsupported(params: dict, test: str, hopper: bool) -> str | None:
     """Why FlashCore cannot run a parametrization yet (`item.callspec.params`), or None."""
     if params.get("dropout_p", 0.0) > 0.0:
         return "dropout_p > 0"
-    if params.get("has_leftpad"):
-        return "cache_leftpad"
-    if params.get("has_batch_idx"):
-        return "cache_batch_idx"
-    if params.get("paged_kv_block_size") is not None and "varlen" in test:
-        return "block_table in flash_attn_varlen_func (a packed batch over a paged cache)"
     d = params.get("d")
     if d is not None and not hopper and d not in (32, 64, 96, 128, 192, 256):
         return f"head dim {d} (other than 32/64/96/128/192/256 on Hopper alone)"

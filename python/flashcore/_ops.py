@@ -158,18 +158,21 @@ def varlen_forward(
     window: Tuple[int, int],
     softcap: float,
     alibi_slopes: Optional[Tensor] = None,
+    checkable: bool = True,
 ) -> Tuple[Tensor, Tensor]:
     """Attention over a packed batch (q [total_q, Hq, D], k, v [total_k, Hkv, D], int32
     cu_seqlens on q's device): `(o [total_q, Hq, D], lse [Hq, total_q] f32)`. With the
     environment variable FLASHCORE_CHECK_VARLEN=1 the cu_seqlens values are checked first
-    (this synchronises)."""
+    (this synchronises), unless not `checkable`: sequences placed anywhere in the keys by
+    cu_seqlens_k and seqused_k, which the packed-batch contract (starting at 0, rising) does
+    not describe (a KV cache's rows: `interface._kvcache_rows`)."""
     o, lse = _empty_outputs(q)
     if q.shape[0] == 0:
         return o, lse
     if k.shape[0] == 0:  # no sequence has a key: every row sees none (as the dense path)
         return o.zero_(), lse.fill_(-math.inf)
     _flashcore.attention_forward(
-        _call(q.device, _check_varlen()),
+        _call(q.device, checkable and _check_varlen()),
         tuple(_arg(t.unsqueeze(0)) for t in (q, k, v)),
         (_arg(o.unsqueeze(0)), _vector(lse)),
         options_arg(softmax_scale, causal, window, softcap),
@@ -389,10 +392,70 @@ def kvcache_forward(
         (_arg(q), _arg(k_cache), _arg(v_cache)),
         (_arg(o), None if lse is None else _vector(lse)),
         options_arg(softmax_scale, causal, window, softcap, num_splits),
-        paged=(None if k is None else _arg(k), None if v is None else _arg(v), None if cache_seqlens is None else _vector(cache_seqlens), table),
+        paged=(None if k is None else _arg(k), None if v is None else _arg(v), None if cache_seqlens is None else _vector(cache_seqlens), table, None),
         alibi=_alibi_arg(alibi_slopes),
     )
     return o, lse
+
+
+def _table_arg(block_table: Tensor) -> tuple:
+    return (block_table.data_ptr(), (block_table.shape[0], block_table.shape[1]), block_table.stride(0))
+
+
+def paged_varlen_forward(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    cu_seqlens_q: Tensor,
+    seqlens_k: Tensor,
+    block_table: Tensor,
+    max_seqlen_q: int,
+    softmax_scale: float,
+    causal: bool,
+    window: Tuple[int, int],
+    softcap: float,
+    alibi_slopes: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
+    """Packed queries over a paged cache (flash_attn's varlen call with a block table):
+    `(o [total_q, Hq, D], lse [Hq, total_q] f32)`; sequence b's queries rows
+    `cu_seqlens_q[b]...` of q, its keys the first `seqlens_k[b]` of its table row. With
+    FLASHCORE_CHECK_PAGED=1 the vectors and the table are checked first (this synchronises)."""
+    o, lse = _empty_outputs(q)
+    if q.shape[0] == 0:
+        return o, lse
+    _flashcore.attention_forward(
+        _call(q.device, os.environ.get("FLASHCORE_CHECK_PAGED", "") not in ("", "0")),
+        (_arg(q.unsqueeze(0)), _arg(k_cache), _arg(v_cache)),
+        (_arg(o.unsqueeze(0)), _vector(lse)),
+        options_arg(softmax_scale, causal, window, softcap),
+        paged=(None, None, _vector(seqlens_k), _table_arg(block_table), (_vector(cu_seqlens_q), max_seqlen_q)),
+        alibi=_alibi_arg(alibi_slopes),
+    )
+    return o, lse
+
+
+@torch.library.custom_op("flashcore::varlen_fwd_paged", mutates_args=(), device_types="cuda")
+def varlen_fwd_paged(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    cu_seqlens_q: Tensor,
+    seqlens_k: Tensor,
+    block_table: Tensor,
+    max_seqlen_q: int,
+    softmax_scale: float,
+    causal: bool,
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    alibi_slopes: Optional[Tensor] = None,
+) -> Tuple[Tensor, Tensor]:
+    """The registered op of packed queries over a paged cache: see `paged_varlen_forward`."""
+    window = (window_left, window_right)
+    return paged_varlen_forward(q, k_cache, v_cache, cu_seqlens_q, seqlens_k, block_table, max_seqlen_q, softmax_scale, causal, window, softcap, alibi_slopes)
+
+
+varlen_fwd_paged.register_fake(_empty_outputs)
 
 
 # The caches are written (the appended keys): the op says so, so that torch.compile orders it.

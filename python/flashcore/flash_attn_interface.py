@@ -20,7 +20,7 @@ name, e.g. with `inspect.getfullargspec`).
 
 Plain eager functions (not registered ops): under torch.compile they run as a graph break.
 What FlashCore does not have raises `NotImplementedError` naming the argument: `dropout_p`
-other than 0, and for the packed forward `block_table` and `leftpad_k`.
+other than 0, and for the packed forward `leftpad_k`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from . import _ops
-from .interface import _check, _check_packed, _score_args, _unsupported
+from .interface import _check, _check_packed, _paged_varlen, _score_args, _unsupported
 
 
 def _last_dim_contiguous(*tensors: Tensor) -> Tuple[Tensor, ...]:
@@ -93,9 +93,12 @@ def _flash_attn_varlen_forward(
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """Attention over a packed batch (`q [total_q, Hq, D]`, `k`, `v [total_k, Hkv, D]`, int32
     `cu_seqlens_*` on q's device): `(out, softmax_lse [Hq, total_q], S_dmask, rng_state)`."""
-    for name, value in (("block_table", block_table), ("leftpad_k", leftpad_k)):
-        if value is not None:
-            raise _unsupported(name, "<tensor>")
+    if leftpad_k is not None:
+        raise _unsupported("leftpad_k", "<tensor>")
+    if block_table is not None:
+        window = (window_size_left, window_size_right)
+        out, lse = _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_k, block_table, softmax_scale, causal, window, softcap, alibi_slopes, dropout_p)
+        return (out, lse, *_placeholders(q))
     q, k, v = _last_dim_contiguous(q, k, v)
     _check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
     scale, window, cap, alibi_slopes = _score_args(q, softmax_scale, (window_size_left, window_size_right), softcap, dropout_p, alibi_slopes)

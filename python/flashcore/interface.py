@@ -262,6 +262,7 @@ def flash_attn_varlen_func(
     deterministic: bool = False,
     return_attn_probs: bool = False,
     seqused_k: Optional[Tensor] = None,
+    block_table: Optional[Tensor] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor, None]]:
     """Attention over a packed batch of sequences of their own lengths, flash_attn 2.x's
     `flash_attn_varlen_func` (no padding: each sequence is its own attention problem).
@@ -286,6 +287,15 @@ def flash_attn_varlen_func(
             what it gives alone, in any mode; its dq is not in general (its dQ sums are split
             by a count that depends on the number of sequences).
         return_attn_probs: also return the log-sum-exp `[Hq, total_q]`.
+        block_table: int32 `[B, max_pages]` on q's device: the keys are a paged cache, `k` and
+            `v` its pools `[num_pages, page_size, Hkv, D]` (page_size a multiple of 16), key j
+            of sequence b row `j % page_size` of page `block_table[b, j // page_size]`;
+            sequence b has `seqused_k[b]` keys, or `cu_seqlens_k[b + 1] - cu_seqlens_k[b]`
+            without seqused_k (flash_attn's serving call: chunked prefill and decode rows in
+            one launch). Runs on fwd_sm80's packed paged form (unsplit; decode with GQA heads
+            packed as rows; a head dim other than 32, 64, 96, 128, 192, 256 zero-padded to the
+            next of them, the pools copied); forward only (flash_attn has no backward for it either: the
+            result records no autograd). FLASHCORE_CHECK_PAGED=1 checks the table.
 
     The cu_seqlens values are the caller's contract: they are read only by the kernels, which
     clamp every offset to the tensors (a bad vector gives wrong output, never a bad memory
@@ -297,6 +307,10 @@ def flash_attn_varlen_func(
     windows, softcaps, ALiBi and seqused_k included: keys past seqused_k get zero gradients).
     torch.compile traces both passes.
     """
+    if block_table is not None:
+        args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_k, block_table, softmax_scale, causal, window_size, softcap, alibi_slopes, dropout_p)
+        out, lse = _paged_varlen(*args)
+        return (out, lse, None) if return_attn_probs else out
     _check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
     scale, window, softcap, alibi_slopes = _score_args(q, softmax_scale, window_size, softcap, dropout_p, alibi_slopes)
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
@@ -317,6 +331,53 @@ def flash_attn_varlen_func(
     if padded:
         out = out[..., :d]
     return (out, lse, None) if return_attn_probs else out
+
+
+_PAGED_VARLEN_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+
+
+def _paged_varlen(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: object,
+    seqused_k: Optional[Tensor],
+    block_table: Tensor,
+    softmax_scale: Optional[float],
+    causal: bool,
+    window_size: object,
+    softcap: object,
+    alibi_slopes: object,
+    dropout_p: float = 0.0,
+) -> Tuple[Tensor, Tensor]:
+    """`flash_attn_varlen_func` with a block table (see there): `(out, lse [Hq, total_q])`,
+    without autograd."""
+    if isinstance(q, Tensor) and q.dim() != 3:
+        raise ValueError(f"`q` must have 3 dims [total, H, D], got shape {tuple(q.shape)}")
+    _check((("q", q.unsqueeze(0)), ("k", k_cache), ("v", v_cache)), "[1, total, H, D] and the pools [num_pages, page_size, H, D]")
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k), ("seqused_k", seqused_k)):
+        if t is not None:
+            _check_int32(name, t, q, 1)
+    _check_int32("block_table", block_table, q, 2)
+    if not isinstance(max_seqlen_q, numbers.Integral) or max_seqlen_q < 0:
+        raise ValueError(f"`max_seqlen_q` must be an int >= 0, got {max_seqlen_q!r}")
+    scale, window, softcap, alibi_slopes = _score_args(q, softmax_scale, window_size, softcap, dropout_p, alibi_slopes)
+    # The keys each sequence has: seqused_k, else its cu_seqlens_k span (on the device).
+    seqlens_k = seqused_k if seqused_k is not None else (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
+    d = q.shape[-1]
+    # The packed paged form is fwd_sm80's, whose head dims are 32, 64, 96, 128, 192, 256:
+    # another runs zero-padded to the next of them (copies of q and of the pools).
+    size = next((n for n in _PAGED_VARLEN_HEAD_DIMS if n >= d), d)
+    if size != d and k_cache.shape[-1] == d and v_cache.shape[-1] == d:
+        q, k_cache, v_cache = (torch.nn.functional.pad(t, (0, size - d)) for t in (q, k_cache, v_cache))
+    args = (q, k_cache, v_cache, cu_seqlens_q, seqlens_k, block_table, int(max_seqlen_q), scale, bool(causal))
+    if _eager(q, k_cache, v_cache):
+        out, lse = _ops.paged_varlen_forward(*args, window, softcap, alibi_slopes)
+    else:
+        out, lse = _ops.varlen_fwd_paged(*args, window[0], window[1], softcap, alibi_slopes)
+    return out[..., :d], lse
 
 
 def flash_attn_with_kvcache(
@@ -373,7 +434,14 @@ def flash_attn_with_kvcache(
             `cache_seqlens[b]`; `rotary_interleaved` pairs columns (0, 1), (2, 3), ... (its
             default) instead of i with i + rotary_dim / 2. Done by PyTorch before the kernel
             (`flashcore.rotary`), not fused into it.
-        cache_batch_idx, cache_leftpad: not supported (NotImplementedError unless None).
+        cache_batch_idx: optional int32 `[B]` on q's device (contiguous caches only): sequence
+            b is entry `cache_batch_idx[b]` of caches with any number of entries.
+        cache_leftpad: optional int32 `[B]` on q's device (contiguous caches only): sequence
+            b's keys start at row `cache_leftpad[b]` (left padding; the keys are rows
+            `cache_leftpad[b] ... cache_seqlens[b] + S_new - 1`, positions, masks and ALiBi
+            counted from it; new keys still go at `cache_seqlens[b]`).
+            Either runs as a packed batch over the cache's rows (see `_kvcache_rows`): no copy
+            of the caches; the new keys are written by PyTorch first.
 
     Returns:
         `out [B, Sq, Hq, D]`, or `(out, softmax_lse)` with `return_softmax_lse`.
@@ -387,9 +455,6 @@ def flash_attn_with_kvcache(
     loads per page) on sm_90, on the Ampere-class kernel elsewhere. Forward only (no
     autograd).
     """
-    for name, value in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
-        if value is not None:
-            raise _unsupported(name, "<tensor>")
     tensors = (("q", q), ("k_cache", k_cache), ("v_cache", v_cache))
     if k is not None and v is not None and k.dim() == 4 and k.shape[1] == 0 and v.shape[1] == 0:
         k = v = None  # nothing to append
@@ -404,6 +469,13 @@ def flash_attn_with_kvcache(
         _check_int32("cache_seqlens", cache_seqlens, q, 1)
     if block_table is not None:
         _check_int32("block_table", block_table, q, 2)
+    for name, t in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
+        if t is not None:
+            _check_int32(name, t, q, 1)
+            if block_table is not None:
+                raise _unsupported(name, "<tensor>", "with a block table is not supported (as in flash_attn): contiguous caches only")
+            if t.shape[0] != q.shape[0]:
+                raise ValueError(f"`{name}` has {t.shape[0]} entries, q's batch is {q.shape[0]}")
     if not isinstance(num_splits, numbers.Integral) or num_splits < 0:
         raise ValueError(f"`num_splits` must be an int >= 0, got {num_splits!r}")
     scale, window, softcap, alibi_slopes = _score_args(q, softmax_scale, window_size, softcap, alibi_slopes=alibi_slopes)
@@ -418,13 +490,17 @@ def flash_attn_with_kvcache(
         q_p, k_cache_p, v_cache_p = padded[:3]
         k_p, v_p = padded[3:] if k is not None else (None, None)
         out, lse = flash_attn_with_kvcache(
-            q_p, k_cache_p, v_cache_p, k_p, v_p, cache_seqlens=cache_seqlens, block_table=block_table, softmax_scale=scale,
-            causal=causal, window_size=window, softcap=softcap, alibi_slopes=alibi_slopes, num_splits=num_splits, return_softmax_lse=True,
+            q_p, k_cache_p, v_cache_p, k_p, v_p, cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
+            block_table=block_table, softmax_scale=scale, causal=causal, window_size=window, softcap=softcap, alibi_slopes=alibi_slopes,
+            num_splits=num_splits, return_softmax_lse=True,
         )
         if k is not None:
             k_cache.copy_(k_cache_p[..., :d])
             v_cache.copy_(v_cache_p[..., :d])
         return (out[..., :d], lse) if return_softmax_lse else out[..., :d]
+    if cache_batch_idx is not None or cache_leftpad is not None:
+        out, lse = _kvcache_rows(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, scale, bool(causal), window, softcap, alibi_slopes)
+        return (out, lse) if return_softmax_lse else out
     if _eager(q, k_cache, v_cache):  # no autograd: the op has none either
         out, lse = _ops.kvcache_forward(
             q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, bool(causal), window, softcap, int(num_splits), return_softmax_lse, alibi_slopes
@@ -432,6 +508,57 @@ def flash_attn_with_kvcache(
     else:
         out, lse = _ops.fwd_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, bool(causal), window[0], window[1], softcap, int(num_splits), alibi_slopes)
     return (out, lse) if return_softmax_lse else out
+
+
+def _kvcache_rows(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k: Optional[Tensor],
+    v: Optional[Tensor],
+    cache_seqlens: Optional[Tensor],
+    batch_idx: Optional[Tensor],
+    leftpad: Optional[Tensor],
+    scale: float,
+    causal: bool,
+    window: Tuple[int, int],
+    softcap: float,
+    alibi_slopes: Optional[Tensor],
+) -> Tuple[Tensor, Tensor]:
+    """`flash_attn_with_kvcache` with `cache_batch_idx` or `cache_leftpad` (contiguous caches):
+    `(out, lse [B, Hq, Sq])`. The new keys are written at `cache_seqlens[b]...` of entry
+    `batch_idx[b]` by PyTorch (their positions clamped into the cache, as the kernels clamp a
+    table: bad lengths give wrong output, never an access outside the cache); then each
+    sequence's keys, rows `leftpad[b] ... cache_seqlens[b] + S_new - 1` of its entry, are a
+    packed batch's sequence over the caches viewed as `[entries · S_cache, Hkv, D]`
+    (`cu_seqlens_k[b]` its first row, `seqused_k[b]` its count: the varlen kernels take
+    sequences anywhere in the keys), and q's rows `[B · Sq, Hq, D]` its queries: no copy of
+    the caches (unless their entries are not evenly strided), no host synchronisation, and
+    masks, positions and ALiBi counted from each sequence's first key, as flash_attn."""
+    b, sq, hq, d = q.shape
+    entries, capacity, hkv = k_cache.shape[0], k_cache.shape[1], k_cache.shape[2]
+    if entries == 0 or capacity == 0:
+        raise ValueError(f"`k_cache` {tuple(k_cache.shape)} holds no keys")
+    index = torch.arange(b, dtype=torch.int32, device=q.device) if batch_idx is None else batch_idx
+    lens = torch.full((b,), capacity, dtype=torch.int32, device=q.device) if cache_seqlens is None else cache_seqlens
+    new = 0 if k is None else k.shape[1]
+    if k is not None:
+        positions = (lens.long()[:, None] + torch.arange(new, device=q.device)).clamp_(0, capacity - 1)
+        rows = index.long()[:, None].clamp(0, entries - 1)
+        k_cache[rows, positions] = k
+        v_cache[rows, positions] = v
+    first = torch.zeros_like(lens) if leftpad is None else leftpad.clamp(0, capacity)
+    used = (lens + new).clamp(0, capacity) - first
+    starts = index.clamp(0, entries - 1) * capacity + first
+    cu_seqlens_k = torch.cat([starts, starts.new_full((1,), entries * capacity)]).to(torch.int32)
+    cu_seqlens_q = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32, device=q.device)
+    packed = (q.reshape(b * sq, hq, d), k_cache.reshape(entries * capacity, hkv, d), v_cache.reshape(entries * capacity, hkv, d))
+    seqused_k = used.clamp(min=0).to(torch.int32)
+    if _eager(q, k_cache, v_cache):
+        out, lse = _ops.varlen_forward(*packed, cu_seqlens_q, cu_seqlens_k, seqused_k, sq, capacity, scale, causal, window, softcap, alibi_slopes, False)
+    else:
+        out, lse = _ops.varlen_fwd(*packed, cu_seqlens_q, cu_seqlens_k, seqused_k, sq, capacity, scale, causal, window[0], window[1], softcap, False, alibi_slopes)
+    return out.view(b, sq, hq, d), lse.view(hq, b, sq).transpose(0, 1).contiguous()
 
 
 def _rotated_for_cache(q: Tensor, k: Optional[Tensor], cos: object, sin: object, cache_seqlens: Optional[Tensor], interleaved: bool, per_row: bool) -> Tuple[Tensor, Tensor]:

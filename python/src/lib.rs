@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use flashcore::{
     AlibiSlopes, AttnParams, BlockTableView, BwdInputs, CallerStream, Context, DType, Error, ExternalStream, FwdInputs, FwdOutputs,
-    GradsMut, KvLayout, Layout, LseView, LseViewMut, PagedKv, ProblemShape, SeqLensView, TensorView, TensorViewMut, VarlenBatch, Window,
+    GradsMut, KvLayout, Layout, LseView, LseViewMut, PackedQueries, PagedKv, ProblemShape, SeqLensView, TensorView, TensorViewMut,
+    VarlenBatch, Window,
 };
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -111,8 +112,11 @@ type VarlenArg = ((u64, usize), (u64, usize), Option<(u64, usize)>, usize, usize
 /// A KV cache's arguments (flash_attn's `flash_attn_with_kvcache`; `flashcore::PagedKv`):
 /// `k_new`, `v_new` `[B, S_new, Hkv, D]` (appended first: the caches are written),
 /// `cache_seqlens` `(address, B)` int32, `block_table` `(address, [B, max_pages], row
-/// stride)` int32 (`None`: contiguous caches `[B, S_cache, Hkv, D]`).
-type PagedArg = (Option<TensorArg>, Option<TensorArg>, Option<(u64, usize)>, Option<(u64, [usize; 2], usize)>);
+/// stride)` int32 (`None`: contiguous caches `[B, S_cache, Hkv, D]`), and packed queries
+/// (`flashcore::PackedQueries`: `q` and `o` `[1, total_q, Hq, D]`) as `(cu_seqlens_q
+/// (address, B + 1), max_seqlen_q)`, or `None` for dense ones.
+type PagedArg =
+    (Option<TensorArg>, Option<TensorArg>, Option<(u64, usize)>, Option<(u64, [usize; 2], usize)>, Option<((u64, usize), usize)>);
 
 /// ALiBi's slopes (`flashcore::AlibiSlopes`), as `(address, elements)` of an f32 device
 /// vector: `[Hq]` or `[B, Hq]` contiguous (packed, B is the sequences).
@@ -148,7 +152,7 @@ unsafe fn keys(device: usize, varlen: Option<VarlenArg>, paged: Option<PagedArg>
         (None, None) => KvLayout::Dense,
         // SAFETY: this function's contract.
         (Some(batch), None) => KvLayout::Varlen(unsafe { varlen_batch(batch) }),
-        (None, Some((k_new, v_new, cache_seqlens, block_table))) => {
+        (None, Some((k_new, v_new, cache_seqlens, block_table, queries))) => {
             let new = |t: Option<TensorArg>, name| -> PyResult<Option<TensorView<'static>>> {
                 // SAFETY: this function's contract.
                 t.map(|t| Ok(unsafe { TensorView::from_raw(t.0, layout(&t, name)?, device) })).transpose()
@@ -160,6 +164,8 @@ unsafe fn keys(device: usize, varlen: Option<VarlenArg>, paged: Option<PagedArg>
                     cache_seqlens: cache_seqlens.map(|(ptr, len)| SeqLensView::from_raw(ptr, len)),
                     k_new: new(k_new, "k")?,
                     v_new: new(v_new, "v")?,
+                    queries: queries
+                        .map(|((ptr, len), max_seqlen_q)| PackedQueries { cu_seqlens_q: SeqLensView::from_raw(ptr, len), max_seqlen_q }),
                 }
             })
         }

@@ -267,3 +267,94 @@ def test_an_odd_head_dim_runs_padded_and_appends_into_the_callers_cache():
     assert out.shape == q.shape and not out.isnan().any()
     assert torch.equal(out, ref[..., :59])
     torch.testing.assert_close(k_pool, k_ref[..., :59], rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("sq,new,causal", [(1, 1, True), (1, 0, False), (5, 5, True), (200, 200, True)])
+@pytest.mark.parametrize("alibi", [False, True], ids=["plain", "alibi"])
+def test_left_padding_and_batch_indices_attend_to_each_sequences_own_rows(sq, new, causal, alibi):
+    # Sequence b is entry idx[b] of a 5-entry cache, its keys rows [leftpad[b], lens[b] + new):
+    # masks, ALiBi and the bottom-right alignment count from its first key; the new keys go
+    # in at lens[b]; other entries and rows are untouched.
+    dtype, hq, hkv, d, capacity = torch.bfloat16, 8, 2, 128, 1200
+    lens, leftpad, idx = [600, 3, 1000], [100, 0, 999], [4, 0, 2]
+    k_cache = randn(5, capacity, hkv, d, dtype=dtype, seed=31)
+    v_cache = randn(5, capacity, hkv, d, dtype=dtype, seed=32)
+    k_new = randn(3, new, hkv, d, dtype=dtype, seed=33) if new else None
+    v_new = randn(3, new, hkv, d, dtype=dtype, seed=34) if new else None
+    q = randn(3, sq, hq, d, dtype=dtype, seed=35)
+    slopes = torch.rand(3, hq, device="cuda") * 0.3 if alibi else None
+    before = (k_cache.clone(), v_cache.clone())
+    int32 = lambda x: torch.tensor(x, dtype=torch.int32, device="cuda")  # noqa: E731
+    out, lse = flashcore.flash_attn_with_kvcache(
+        q, k_cache, v_cache, k_new, v_new, cache_seqlens=int32(lens), cache_batch_idx=int32(idx), cache_leftpad=int32(leftpad),
+        causal=causal, alibi_slopes=slopes, return_softmax_lse=True,
+    )
+    assert lse.shape == (3, hq, sq) and lse.is_contiguous()
+    want_k, want_v = before[0].clone(), before[1].clone()
+    for b in range(3):
+        if new:
+            want_k[idx[b], lens[b] : lens[b] + new] = k_new[b]
+            want_v[idx[b], lens[b] : lens[b] + new] = v_new[b]
+        keys = slice(leftpad[b], lens[b] + new)
+        alibi_b = None if slopes is None else slopes[b]
+        check_against_reference(
+            q[b : b + 1], want_k[idx[b] : idx[b] + 1, keys], want_v[idx[b] : idx[b] + 1, keys], out[b : b + 1].contiguous(),
+            lse[b : b + 1], d**-0.5, causal, alibi=alibi_b,
+        )
+    assert torch.equal(k_cache, want_k) and torch.equal(v_cache, want_v), "the new keys, and nothing else, were written"
+    # Without padding or indices: the plain call's result, bitwise the same kernel or not, close.
+    plain = flashcore.flash_attn_with_kvcache(q, k_cache[[4, 0, 2]], v_cache[[4, 0, 2]], cache_seqlens=int32([n + new for n in lens]), causal=causal)
+    rows = flashcore.flash_attn_with_kvcache(
+        q, k_cache, v_cache, cache_seqlens=int32([n + new for n in lens]), cache_batch_idx=int32(idx), causal=causal
+    )
+    assert (plain.float() - rows.float()).abs().max().item() < 2e-2
+
+
+def test_left_padding_and_batch_indices_are_refused_with_a_block_table_and_checked():
+    cache = Cache([20, 33], 1, 2, 64, 16, torch.bfloat16, seed=5)
+    q = randn(2, 1, 8, 64, seed=6)
+    lens = cache.cache_seqlens
+    for name in ("cache_leftpad", "cache_batch_idx"):
+        with pytest.raises(NotImplementedError, match=name):
+            flashcore.flash_attn_with_kvcache(q, cache.k_pool, cache.v_pool, cache_seqlens=lens, block_table=cache.block_table, **{name: torch.zeros_like(lens)})
+        with pytest.raises(TypeError, match=name):
+            flashcore.flash_attn_with_kvcache(q, cache.k_flat, cache.v_flat, cache_seqlens=lens, **{name: lens.long()})
+        with pytest.raises(ValueError, match=name):
+            flashcore.flash_attn_with_kvcache(q, cache.k_flat, cache.v_flat, cache_seqlens=lens, **{name: lens[:1]})
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("page,d", [(16, 128), (256, 128), (64, 80)])
+def test_packed_queries_over_a_paged_cache(page, d, causal):
+    # flash_attn_varlen_func with a block table: chunked prefill and decode rows in one call,
+    # each sequence against float64 over its own keys (from key 0 of its table row); D80 runs
+    # zero-padded to fwd_sm80's D96.
+    dtype, hq, hkv = torch.bfloat16, 8, 2
+    cache = Cache(LENGTHS, 0, hkv, d, page, dtype, seed=41)
+    queries = [1, 15, 1, 17, 300, 1]
+    q = randn(1, sum(queries), hq, d, dtype=dtype, seed=42)[0]
+    cu_q = torch.tensor([0] + list(torch.tensor(queries).cumsum(0)), dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0] + list(torch.tensor(LENGTHS).cumsum(0)), dtype=torch.int32, device="cuda")
+    out, lse, _ = flashcore.flash_attn_varlen_func(
+        q, cache.k_pool, cache.v_pool, cu_q, cu_k, max(queries), max(LENGTHS), causal=causal, return_attn_probs=True, block_table=cache.block_table
+    )
+    assert out.shape == q.shape and lse.shape == (hq, q.shape[0])
+    row = 0
+    for b, n in enumerate(queries):
+        q_b = q[row : row + n][None]
+        lse_b = lse[:, row : row + n][None]
+        check_against_reference(q_b, cache.keys[b], cache.values[b], out[row : row + n][None].contiguous(), lse_b, d**-0.5, causal)
+        row += n
+    # seqused_k instead of the cu_seqlens_k spans: the same keys, the same bits.
+    used = flashcore.flash_attn_varlen_func(
+        q, cache.k_pool, cache.v_pool, cu_q, torch.zeros_like(cu_k), max(queries), max(LENGTHS), causal=causal,
+        seqused_k=cache.cache_seqlens, block_table=cache.block_table,
+    )
+    assert torch.equal(used, out)
+    # flash-attn's low-level call and the compat namespace's argument order give the same.
+    from flashcore import flash_attn_interface
+
+    low, low_lse, *_ = flash_attn_interface._flash_attn_varlen_forward(
+        q, cache.k_pool, cache.v_pool, cu_q, cu_k, max(queries), max(LENGTHS), 0.0, d**-0.5, causal, block_table=cache.block_table
+    )
+    assert torch.equal(low, out) and torch.equal(low_lse, lse)

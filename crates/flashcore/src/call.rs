@@ -38,7 +38,7 @@ impl KvLayout<'_> {
     /// What the planner needs to know of the layout (sizes, not device memory).
     pub(crate) fn geometry(&self, checked: &Checked) -> KeyLayout {
         match (self, checked.cache) {
-            (KvLayout::Paged(_), Some(g)) => KeyLayout::Paged { page_size: g.page_size },
+            (KvLayout::Paged(_), Some(g)) => KeyLayout::Paged { page_size: g.page_size, packed_queries: g.total_q.is_some() },
             (KvLayout::Varlen(_), _) => KeyLayout::Varlen { total_k: checked.tensors.seqlen_k },
             _ => KeyLayout::Dense,
         }
@@ -167,7 +167,9 @@ impl FwdInputs<'_> {
         let checked = match &self.kv {
             KvLayout::Paged(cache) => {
                 let g = cache.validate(q, k, v, o, device)?;
-                Checked { tensors: g.shape, shape: g.shape, cache: Some(g), alibi: None }
+                // Packed queries: the tensors are one batch of all the rows.
+                let tensors = g.total_q.map_or(g.shape, |total_q| ProblemShape { batch: 1, seqlen_q: total_q, ..g.shape });
+                Checked { tensors, shape: g.shape, cache: Some(g), alibi: None }
             }
             KvLayout::Varlen(batch) => {
                 let tensors = validate::problem(q, k, v, o, device)?;
@@ -182,8 +184,9 @@ impl FwdInputs<'_> {
         params.check(checked.shape.head_dim)?;
         let checked = Checked { alibi: check_alibi(self.alibi_slopes.as_ref(), &checked.shape)?, ..checked };
         if let Some(lse) = lse {
-            // Packed, [Hq, total_q]: the shape of one sequence of all the rows.
-            validate::lse(lse.len, if self.kv.batch().is_some() { &checked.tensors } else { &checked.shape })?;
+            // [B, Hq, Sq] as the tensors are shaped; packed, [Hq, total_q]: one sequence of all
+            // the rows (a cache's tensors are its kernels' shape, packed queries aside).
+            validate::lse(lse.len, &checked.tensors)?;
             validate::lse_alignment(lse.ptr)?;
         }
         Ok(checked)

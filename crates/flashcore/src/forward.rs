@@ -129,6 +129,10 @@ impl Context {
                     }
                     None => None,
                 };
+                if let (Some(queries), Some(total_q)) = (&cache.queries, g.total_q) {
+                    let cu = read(queries.cu_seqlens_q.ptr, queries.cu_seqlens_q.len, "cu_seqlens_q")?;
+                    varlen::check_offsets("cu_seqlens_q", &cu, total_q, Some(queries.max_seqlen_q))?;
+                }
                 let pool = if g.page_size > 0 { (g.page_size, g.num_pages) } else { (g.shape.seqlen_k, 0) };
                 paged::check_values(table.as_deref(), lens.as_deref(), pool, (g.shape.batch, g.shape.seqlen_k), g.new_keys)
             }

@@ -64,7 +64,7 @@ pub use external::{CallerStream, ExternalStream};
 pub use forward::AttnOutput;
 pub use kernels::{Entries, KernelFamily, ScoreMods, Tile, Variant};
 pub use launch::LoadedKernel;
-pub use paged::{check_values as check_paged_values, BlockTableView, PagedKv, PAGE_SIZE_MULTIPLE};
+pub use paged::{check_values as check_paged_values, BlockTableView, PackedQueries, PagedKv, PAGE_SIZE_MULTIPLE};
 pub use params::{AttnParams, Window};
 pub use shape::ProblemShape;
 pub use tensor::{DType, DeviceVec, DeviceVecMut, Layout, LseView, LseViewMut, TensorView, TensorViewMut};

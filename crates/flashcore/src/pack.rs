@@ -241,9 +241,11 @@ pub(crate) fn forward<'a>(
     let (q_stride_token, o_stride_token) = (q.layout.strides[1] as i64, o.layout.strides[1] as i64);
     let (q, o) = (gqa(&q), gqa(&o));
     let shape = plan.shape;
+    // Packed queries over a paged cache: q's rows as a packed batch's, the keys the cache's.
+    let packed_queries = paged.and_then(|cache| cache.queries);
     // Packed, the sequences' rows are found from cu_seqlens, not from a batch stride; paged,
     // the keys' from the block table.
-    let dense_rows = varlen.is_none();
+    let dense_rows = varlen.is_none() && packed_queries.is_none();
     let pooled = paged.is_some_and(|cache| cache.block_table.is_some());
     let mut p = FwdParams {
         q: q.ptr,
@@ -261,7 +263,7 @@ pub(crate) fn forward<'a>(
         split_tiles: plan.split_tiles as i32,
         score: score_mod_args(&shape, params, checked.alibi),
         varlen: varlen_args(varlen.as_ref(), &checked.tensors),
-        gqa_packed: i32::from(plan.packed_gqa && varlen.is_some()),
+        gqa_packed: i32::from(plan.packed_gqa && !dense_rows),
         q_stride_token,
         o_stride_token,
         ..FwdParams::default()
@@ -269,6 +271,9 @@ pub(crate) fn forward<'a>(
     let mut append = false;
     if let (Some(cache), Some(g)) = (paged, checked.cache) {
         p.varlen.seqused_k = cache.cache_seqlens.map_or(0, |l| l.ptr);
+        if let Some(queries) = &packed_queries {
+            p.varlen.cu_seqlens_q = queries.cu_seqlens_q.ptr;
+        }
         if let Some(table) = &cache.block_table {
             p.block_table = table.ptr;
             p.block_table_stride = table.row_stride as i64;

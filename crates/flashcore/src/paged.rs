@@ -118,9 +118,22 @@ impl<'a> BlockTableView<'a> {
     }
 }
 
+/// Packed queries over a paged cache (flash_attn's `flash_attn_varlen_func` with a
+/// `block_table`: chunked prefill and decode rows of a serving batch in one launch): `q` and
+/// the output `[1, total_q, Hq, D]`, sequence `b`'s queries rows `cu_seqlens_q[b] ..
+/// cu_seqlens_q[b + 1]`, `lse [Hq, total_q]`; its keys the cache's (`cache_seqlens[b]` of them,
+/// from key 0 of its table row). Runs on fwd_sm80's packed paged form (unsplit).
+#[derive(Debug, Clone, Copy)]
+pub struct PackedQueries<'a> {
+    /// `[B + 1]` int32 on the device, from 0, rising, to `total_q`.
+    pub cu_seqlens_q: SeqLensView<'a>,
+    /// The longest sequence's queries (the grid's extent).
+    pub max_seqlen_q: usize,
+}
+
 /// A KV cache as attention reads it (see the module's layout and contract): paged with a
 /// block table, or contiguous without one; each sequence's cached length; new keys to
-/// append first.
+/// append first; or packed queries over it ([`PackedQueries`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PagedKv<'a> {
     /// The block table; `None`: `k_cache` and `v_cache` are contiguous `[B, S_cache, Hkv, D]`.
@@ -131,6 +144,8 @@ pub struct PagedKv<'a> {
     pub k_new: Option<TensorView<'a>>,
     /// `[B, S_new, Hkv, D]`: the values of `k_new`'s keys.
     pub v_new: Option<TensorView<'a>>,
+    /// Packed queries (a block table, and no new keys, with them); `None`: dense `q`.
+    pub queries: Option<PackedQueries<'a>>,
 }
 
 /// A validated cache: the problem as the kernels see it (`seqlen_k` the capacity) and the
@@ -144,6 +159,8 @@ pub(crate) struct CacheGeometry {
     /// Pool rows from one page to the next.
     pub page_rows: usize,
     pub new_keys: usize,
+    /// With packed queries, the rows of `q` (`shape` then has B sequences of the longest).
+    pub total_q: Option<usize>,
 }
 
 impl PagedKv<'_> {
@@ -153,8 +170,38 @@ impl PagedKv<'_> {
         for (arg, t) in [("q", q), ("o", o), ("k_cache", k), ("v_cache", v)] {
             validate::tensor(arg, t, device)?;
         }
-        let [b, sq, hq, d] = q.layout.shape;
+        let [q_batch, q_rows, hq, d] = q.layout.shape;
         let [pages, rows, hkv, kd] = k.layout.shape;
+        // Packed queries: B sequences (the table's rows) of at most max_seqlen_q.
+        let (b, sq, total_q) = match &self.queries {
+            None => (q_batch, q_rows, None),
+            Some(packed) => {
+                let Some(table) = &self.block_table else {
+                    let msg = "packed queries read a paged cache: a block table is required (without one, a packed batch)".into();
+                    return Err(Error::Param { arg: "block_table", msg });
+                };
+                if q_batch != 1 {
+                    return Err(shape_err("q", format!("{:?}: packed queries are [1, total_q, Hq, D]", q.layout.shape)));
+                }
+                if self.k_new.is_some() || self.v_new.is_some() {
+                    return Err(Error::Param { arg: "k_new", msg: "packed queries append no keys".into() });
+                }
+                let cu = &packed.cu_seqlens_q;
+                if cu.len != table.batch + 1 {
+                    return Err(shape_err(
+                        "cu_seqlens_q",
+                        format!("{} entries, need B + 1 = {} (the block table's rows + 1)", cu.len, table.batch + 1),
+                    ));
+                }
+                if cu.ptr == 0 || cu.ptr % 4 != 0 {
+                    return Err(Error::Alignment { arg: "cu_seqlens_q", ptr: cu.ptr });
+                }
+                if packed.max_seqlen_q > i32::MAX as usize {
+                    return Err(Error::Param { arg: "max_seqlen_q", msg: format!("{} does not fit int32", packed.max_seqlen_q) });
+                }
+                (table.batch, packed.max_seqlen_q, Some(q_rows))
+            }
+        };
         if o.layout.shape != q.layout.shape {
             return Err(shape_err("o", format!("{:?} differs from q's {:?}", o.layout.shape, q.layout.shape)));
         }
@@ -270,7 +317,7 @@ impl PagedKv<'_> {
             }
         };
         let shape = ProblemShape { batch: b, seqlen_q: sq, seqlen_k: capacity, heads_q: hq, heads_kv: hkv, head_dim: d };
-        Ok(CacheGeometry { shape, page_size, num_pages: pages, page_rows, new_keys })
+        Ok(CacheGeometry { shape, page_size, num_pages: pages, page_rows, new_keys, total_q })
     }
 }
 

@@ -91,24 +91,9 @@ impl VarlenBatch<'_> {
 /// `totals` (query rows, keys) and `maxima` (max_seqlen_q, max_seqlen_k): each error names
 /// the argument. [`crate::Context::check_values`] runs it on the device's values.
 pub fn check_values(cu_q: &[i32], cu_k: &[i32], used: Option<&[i32]>, totals: (usize, usize), maxima: (usize, usize)) -> Result<()> {
-    for (arg, cu, total, max) in [("cu_seqlens_q", cu_q, totals.0, maxima.0), ("cu_seqlens_k", cu_k, totals.1, maxima.1)] {
-        if cu[0] != 0 {
-            return Err(Error::Param { arg, msg: format!("starts at {}, not 0", cu[0]) });
-        }
-        if let Some(b) = cu.windows(2).position(|w| w[1] < w[0]) {
-            return Err(Error::Param { arg, msg: format!("decreases at entry {}: {} then {}", b + 1, cu[b], cu[b + 1]) });
-        }
-        let last = *cu.last().unwrap();
-        if last as i64 != total as i64 {
-            return Err(Error::Param { arg, msg: format!("ends at {last}, but the tensor has {total} packed rows") });
-        }
-        let max_arg = if arg == "cu_seqlens_q" { "max_seqlen_q" } else { "max_seqlen_k" };
-        if let Some((b, len)) = cu.windows(2).map(|w| (w[1] - w[0]) as usize).enumerate().find(|&(_, len)| len > max) {
-            if used.is_none() || arg == "cu_seqlens_q" {
-                return Err(Error::Param { arg: max_arg, msg: format!("{max}, but sequence {b} has {len}") });
-            }
-        }
-    }
+    check_offsets("cu_seqlens_q", cu_q, totals.0, Some(maxima.0))?;
+    // With seqused_k, a sequence may hold more keys than it uses (and than max_seqlen_k).
+    check_offsets("cu_seqlens_k", cu_k, totals.1, used.is_none().then_some(maxima.1))?;
     if let Some(used) = used {
         for (b, (&u, w)) in used.iter().zip(cu_k.windows(2)).enumerate() {
             if u < 0 || u > w[1] - w[0] {
@@ -117,6 +102,28 @@ pub fn check_values(cu_q: &[i32], cu_k: &[i32], used: Option<&[i32]>, totals: (u
             if u as usize > maxima.1 {
                 return Err(Error::Param { arg: "max_seqlen_k", msg: format!("{}, but sequence {b} uses {u} keys", maxima.1) });
             }
+        }
+    }
+    Ok(())
+}
+
+/// Checks one `cu_seqlens` vector's values: from 0, never decreasing, to `total` rows, and,
+/// given `max`, no sequence longer (the error names `max_seqlen_q` / `max_seqlen_k`).
+pub(crate) fn check_offsets(arg: &'static str, cu: &[i32], total: usize, max: Option<usize>) -> Result<()> {
+    if cu[0] != 0 {
+        return Err(Error::Param { arg, msg: format!("starts at {}, not 0", cu[0]) });
+    }
+    if let Some(b) = cu.windows(2).position(|w| w[1] < w[0]) {
+        return Err(Error::Param { arg, msg: format!("decreases at entry {}: {} then {}", b + 1, cu[b], cu[b + 1]) });
+    }
+    let last = *cu.last().unwrap();
+    if last as i64 != total as i64 {
+        return Err(Error::Param { arg, msg: format!("ends at {last}, but the tensor has {total} packed rows") });
+    }
+    let max_arg = if arg == "cu_seqlens_q" { "max_seqlen_q" } else { "max_seqlen_k" };
+    if let Some(max) = max {
+        if let Some((b, len)) = cu.windows(2).map(|w| (w[1] - w[0]) as usize).enumerate().find(|&(_, len)| len > max) {
+            return Err(Error::Param { arg: max_arg, msg: format!("{max}, but sequence {b} has {len}") });
         }
     }
     Ok(())

@@ -174,6 +174,7 @@ fn gpu(args: &AttnArgs, kv: &HostKvCache, g: &Geometry, params: AttnParams) -> R
         cache_seqlens: lens.as_ref().map(SeqLensView::of),
         k_new: k_new.as_ref().map(|t| t.view()),
         v_new: v_new.as_ref().map(|t| t.view()),
+        queries: None,
     };
     let inputs = FwdInputs::paged(q.view(), k_cache.view(), v_cache.view(), paged);
     ctx.check_values(&inputs)?;

@@ -104,6 +104,7 @@ pub fn rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> {
                     cache_seqlens: Some(SeqLensView::of(if append { &short } else { &full })),
                     k_new: append.then(|| new.view()),
                     v_new: append.then(|| new.view()),
+                    queries: None,
                 };
                 time(ctx, opts, |_| {
                     ctx.attention_into(
@@ -134,7 +135,7 @@ pub fn rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> {
 /// What a paged row of `case` runs: the plan of a cache of `page`-key pages (the paged form the
 /// page size picks: fwd_sm80's ring depth, fwd_sm90's page-box spread).
 fn paged_plan(ctx: &Context, case: &Case, params: &AttnParams, page: usize) -> Result<String> {
-    let layout = KeyLayout::Paged { page_size: page };
+    let layout = KeyLayout::Paged { page_size: page, packed_queries: false };
     Ok(flashcore::dispatch::plan_for(&ctx.info().device(), &case.shape(), case.dtype, params, layout, false)?.describe())
 }
 
@@ -206,6 +207,7 @@ fn prefill_rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> 
             cache_seqlens: Some(SeqLensView::of(if *append { &before } else { &full })),
             k_new: append.then(|| new.view()),
             v_new: append.then(|| new.view()),
+            queries: None,
         };
         let params = AttnParams { kernel: *family, ..params };
         Ok(time(ctx, opts, |_| {

@@ -10,6 +10,7 @@ mod dense;
 mod outcome;
 mod packed;
 mod paged;
+mod paged_packed;
 mod part;
 mod poison;
 mod report;

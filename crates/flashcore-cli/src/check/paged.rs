@@ -38,13 +38,16 @@ pub struct PagedSpec {
     pub softcap: f32,
     pub alibi: Alibi,
     pub splits: Option<usize>,
+    /// Packed queries over the paged cache (`check::paged_packed`): each sequence's query
+    /// count (`seqlen_q` their longest; no new keys).
+    pub packed_queries: Option<Vec<usize>>,
     /// A used table entry is set out of the pool: check_values must name it, and the kernels
     /// (which clamp it) must still write finite output without faulting.
     pub corrupt_table: bool,
 }
 
 impl PagedSpec {
-    fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         let lens: Vec<String> = self.cached.iter().map(|l| l.to_string()).collect();
         let mut name = format!(
             "paged{}[{}]+{}_sq{}_h{}kv{}_d{}_{}_{}",
@@ -60,6 +63,10 @@ impl PagedSpec {
         );
         name += &super::score_suffix(self.window, self.softcap);
         name += self.alibi.suffix();
+        if let Some(queries) = &self.packed_queries {
+            let rows: Vec<String> = queries.iter().map(|n| n.to_string()).collect();
+            name += &format!("_packed[{}]", rows.join(","));
+        }
         if let Some(n) = self.splits {
             name += &format!("_split{n}");
         }
@@ -69,7 +76,7 @@ impl PagedSpec {
         name
     }
 
-    fn params(&self) -> AttnParams {
+    pub(crate) fn params(&self) -> AttnParams {
         AttnParams {
             causal: self.causal,
             kernel: Some(self.kernel),
@@ -80,16 +87,16 @@ impl PagedSpec {
         }
     }
 
-    fn batch(&self) -> usize {
+    pub(crate) fn batch(&self) -> usize {
         self.cached.len()
     }
 
-    fn keys(&self, b: usize) -> usize {
+    pub(crate) fn keys(&self, b: usize) -> usize {
         self.cached[b] + self.new_keys
     }
 
     /// Page slots a sequence may use: the longest one's, and one spare (unused, -1).
-    fn max_pages(&self) -> usize {
+    pub(crate) fn max_pages(&self) -> usize {
         (0..self.batch()).map(|b| self.keys(b).div_ceil(self.page_size)).max().unwrap_or(0) + 1
     }
 }
@@ -128,6 +135,7 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<PagedSpec> {
                 softcap: 0.0,
                 alibi: Alibi::Off,
                 splits: None,
+                packed_queries: None,
                 corrupt_table: false,
             };
             out.push(spec(1, 1, true));
@@ -141,6 +149,9 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<PagedSpec> {
             out.push(spec(1, 0, false));
             out.push(spec(4, 4, true));
         }
+    }
+    if family == KernelFamily::FwdSm80 {
+        out.extend(packed_specs(&out[0], smoke));
     }
     if smoke {
         return out;
@@ -186,9 +197,37 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<PagedSpec> {
     out
 }
 
+/// Packed queries over a paged cache (fwd_sm80's packed paged form, from `base`, a spec of
+/// the lengths): chunked prefill and decode rows together (GQA 4, page 16), decode
+/// alone (GQA heads packed as rows, page 64), ALiBi per sequence with a window and a softcap
+/// (page 256), a sequence without keys beside one without queries, D256 f16.
+fn packed_specs(base: &PagedSpec, smoke: bool) -> Vec<PagedSpec> {
+    let mixed = vec![1, 15, 1, 17, 300, 1];
+    let spec = |queries: Vec<usize>, page_size, head_dim| PagedSpec {
+        seqlen_q: queries.iter().copied().max().unwrap_or(0),
+        packed_queries: Some(queries),
+        new_keys: 0,
+        page_size,
+        head_dim,
+        heads_q: 8,
+        heads_kv: 2,
+        causal: true,
+        kernel: KernelFamily::FwdSm80,
+        ..base.clone()
+    };
+    let mut out = vec![spec(mixed.clone(), 16, 128)];
+    if smoke {
+        return out;
+    }
+    out.push(spec(vec![1; 6], 64, 128));
+    out.push(PagedSpec { window: Window::new(127, 0), softcap: 30.0, alibi: Alibi::PerSequence, ..spec(mixed.clone(), 256, 64) });
+    out.push(PagedSpec { cached: vec![0, 31, 700], causal: false, ..spec(vec![3, 0, 100], 16, 128) });
+    out.push(PagedSpec { dtype: DType::F16, ..spec(mixed, 64, 256) });
+    out
+}
+
 /// The spec's cache in both forms on the device, with what the host expects of it.
-struct Caches {
-    q: DeviceTensor,
+pub(crate) struct Caches {
     pool_k: DeviceTensor,
     pool_v: DeviceTensor,
     flat_k: DeviceTensor,
@@ -199,12 +238,12 @@ struct Caches {
     lens: cudarc::driver::CudaSlice<i32>,
     slopes: Option<cudarc::driver::CudaSlice<f32>>,
     /// The pools as the append must leave them.
-    want_k: Vec<u16>,
-    want_v: Vec<u16>,
-    table_host: Vec<i32>,
+    pub want_k: Vec<u16>,
+    pub want_v: Vec<u16>,
+    pub table_host: Vec<i32>,
 }
 
-fn build(ctx: &Context, spec: &PagedSpec, host_k: &[Vec<f32>], host_v: &[Vec<f32>], q: &[f32]) -> Result<Caches> {
+pub(crate) fn build(ctx: &Context, spec: &PagedSpec, host_k: &[Vec<f32>], host_v: &[Vec<f32>]) -> Result<Caches> {
     let (b, page, row) = (spec.batch(), spec.page_size, spec.heads_kv * spec.head_dim);
     let max_pages = spec.max_pages();
     let used: Vec<usize> = (0..b).map(|i| spec.keys(i).div_ceil(page)).collect();
@@ -250,7 +289,6 @@ fn build(ctx: &Context, spec: &PagedSpec, host_k: &[Vec<f32>], host_v: &[Vec<f32
         device_table[4 * max_pages + 1] = num_pages as i32 + 5; // sequence 4 (1000 keys), slot 1
     }
     Ok(Caches {
-        q: DeviceTensor::from_f32(ctx, q, [b, spec.seqlen_q, spec.heads_q, d], spec.dtype)?,
         pool_k: up(&pool_k, [num_pages, page, spec.heads_kv, d])?,
         pool_v: up(&pool_v, [num_pages, page, spec.heads_kv, d])?,
         flat_k: up(&flat_k, [b, capacity, spec.heads_kv, d])?,
@@ -274,18 +312,37 @@ impl Caches {
             cache_seqlens: Some(SeqLensView::of(&self.lens)),
             k_new: self.k_new.as_ref().map(|t| t.view()),
             v_new: self.v_new.as_ref().map(|t| t.view()),
+            queries: None,
         })
     }
 
-    /// Runs into NaN-poisoned o and lse, through the table or from the contiguous caches.
-    fn run(&self, ctx: &Context, spec: &PagedSpec, paged: bool) -> Result<(Vec<u16>, Vec<f32>)> {
+    /// The pools, as attention reads them.
+    pub(crate) fn pools(&self) -> (&DeviceTensor, &DeviceTensor) {
+        (&self.pool_k, &self.pool_v)
+    }
+
+    /// Runs `q` into NaN-poisoned o and lse, through the table or from the contiguous caches.
+    fn run(&self, ctx: &Context, spec: &PagedSpec, q: &DeviceTensor, paged: bool) -> Result<(Vec<u16>, Vec<f32>)> {
         let kv = self.kv(spec, paged)?;
         let (k, v) = if paged { (&self.pool_k, &self.pool_v) } else { (&self.flat_k, &self.flat_v) };
-        let shape = self.q.layout().shape;
+        self.run_over(ctx, spec, q, (k, v), kv, self.slopes.as_ref())
+    }
+
+    /// Runs `q` over `kv` (the cache's pools `k`, `v` or its contiguous form) with ALiBi's
+    /// `slopes`, into NaN-poisoned o and lse (`[B, Hq, Sq]`, or packed `[Hq, total_q]`: as many).
+    pub(crate) fn run_over(
+        &self,
+        ctx: &Context,
+        spec: &PagedSpec,
+        q: &DeviceTensor,
+        (k, v): (&DeviceTensor, &DeviceTensor),
+        kv: PagedKv,
+        slopes: Option<&cudarc::driver::CudaSlice<f32>>,
+    ) -> Result<(Vec<u16>, Vec<f32>)> {
+        let shape = q.layout().shape;
         poisoned_run(ctx, shape, spec.dtype, shape[0] * shape[1] * shape[2], |o, lse| {
-            let alibi_slopes = self.slopes.as_ref().map(AlibiSlopes::of);
             ctx.attention_into(
-                &FwdInputs { alibi_slopes, ..FwdInputs::paged(self.q.view(), k.view(), v.view(), kv) },
+                &FwdInputs { alibi_slopes: slopes.map(AlibiSlopes::of), ..FwdInputs::paged(q.view(), k.view(), v.view(), kv) },
                 FwdOutputs { o, lse: Some(LseViewMut::of(lse)) },
                 &spec.params(),
             )
@@ -293,14 +350,25 @@ impl Caches {
     }
 }
 
-pub fn check_one(ctx: &Context, spec: &PagedSpec) -> Result<Outcome> {
-    let (b, hq, hkv, d, sq) = (spec.batch(), spec.heads_q, spec.heads_kv, spec.head_dim, spec.seqlen_q);
+/// The spec's keys and values per sequence (`keys(b)` rows of `[Hkv, D]` each) and its
+/// queries (`rows` of `[Hq, D]`), random and rounded to the dtype.
+pub(crate) fn host_data(spec: &PagedSpec, rows: usize) -> (Vec<Vec<f32>>, Vec<Vec<f32>>, Vec<f32>) {
+    let (b, hq, hkv, d) = (spec.batch(), spec.heads_q, spec.heads_kv, spec.head_dim);
     let seed = 0x9a6e ^ (d as u64) << 8 ^ spec.page_size as u64;
     let host_k: Vec<Vec<f32>> = (0..b).map(|i| normal(spec.keys(i) * hkv * d, 1.0, spec.dtype, seed ^ (i as u64) << 20)).collect();
     let host_v: Vec<Vec<f32>> = (0..b).map(|i| normal(spec.keys(i) * hkv * d, 1.0, spec.dtype, seed ^ 0x76 ^ (i as u64) << 20)).collect();
     let qk_scale = if spec.softcap > 0.0 { 30f32.sqrt() } else { 1.0 };
-    let q = normal(b * sq * hq * d, qk_scale, spec.dtype, seed ^ 0x71);
-    let caches = build(ctx, spec, &host_k, &host_v, &q)?;
+    (host_k, host_v, normal(rows * hq * d, qk_scale, spec.dtype, seed ^ 0x71))
+}
+
+pub fn check_one(ctx: &Context, spec: &PagedSpec) -> Result<Outcome> {
+    if spec.packed_queries.is_some() {
+        return super::paged_packed::check_one(ctx, spec);
+    }
+    let (b, hq, hkv, d, sq) = (spec.batch(), spec.heads_q, spec.heads_kv, spec.head_dim, spec.seqlen_q);
+    let (host_k, host_v, q) = host_data(spec, b * sq);
+    let caches = build(ctx, spec, &host_k, &host_v)?;
+    let q_dev = DeviceTensor::from_f32(ctx, &q, [b, sq, hq, d], spec.dtype)?;
     let name = spec.name();
     let outcome = |rel, max_abs, lse_err, deterministic, failure| Outcome {
         spec_name: name.clone(),
@@ -313,11 +381,11 @@ pub fn check_one(ctx: &Context, spec: &PagedSpec) -> Result<Outcome> {
         failure,
     };
 
-    let checked = ctx.check_values(&FwdInputs::paged(caches.q.view(), caches.pool_k.view(), caches.pool_v.view(), caches.kv(spec, true)?));
+    let checked = ctx.check_values(&FwdInputs::paged(q_dev.view(), caches.pool_k.view(), caches.pool_v.view(), caches.kv(spec, true)?));
     if spec.corrupt_table {
         // The debug check names the entry; the kernels clamp it (wrong output, no fault).
         let named = matches!(&checked, Err(flashcore::Error::Param { arg: "block_table", msg }) if msg.contains("[4, 1]"));
-        let (o, _) = caches.run(ctx, spec, true)?;
+        let (o, _) = caches.run(ctx, spec, &q_dev, true)?;
         // Sequence 4 may read a spare (NaN) page now; the others must be untouched by it.
         let per_seq = spec.seqlen_q * spec.heads_q * spec.head_dim;
         let finite = o.iter().enumerate().all(|(i, &x)| i / per_seq == 4 || spec.dtype.decode(x).is_finite());
@@ -329,9 +397,9 @@ pub fn check_one(ctx: &Context, spec: &PagedSpec) -> Result<Outcome> {
         return Ok(outcome(0.0, 0.0, 0.0, true, failure));
     }
     checked?;
-    let first = caches.run(ctx, spec, true)?;
-    let deterministic = same_bits(&first, &caches.run(ctx, spec, true)?);
-    let contiguous_same = same_bits(&first, &caches.run(ctx, spec, false)?);
+    let first = caches.run(ctx, spec, &q_dev, true)?;
+    let deterministic = same_bits(&first, &caches.run(ctx, spec, &q_dev, true)?);
+    let contiguous_same = same_bits(&first, &caches.run(ctx, spec, &q_dev, false)?);
     let (o_bits, lse) = first;
 
     let mut failure = None;

@@ -125,6 +125,9 @@ pub enum KeyLayout {
         /// Keys a page (0: a contiguous cache); sets the depth of fwd_sm80's K/V ring on
         /// Hopper (`fwd_sm80::paged_form`) and fwd_sm90's form (`fwd_sm90::paged_form`).
         page_size: usize,
+        /// Packed queries over the cache ([`crate::PackedQueries`]): fwd_sm80's packed paged
+        /// form, unsplit.
+        packed_queries: bool,
     },
 }
 
@@ -135,18 +138,33 @@ pub enum KeyLayout {
 /// (`shape.seqlen_k` its capacity) runs the paged form of the family a dense problem of that
 /// many keys would: on Hopper fwd_sm90 for prefill and chunked prefill, fwd_sm80's split-KV
 /// kernel for decode (and small grids), with GQA heads packed as rows for decode as dense;
-/// fwd_sm80 elsewhere. `alibi`: the call adds ALiBi's bias (the `_alibi` form; the reference
+/// fwd_sm80 elsewhere. Packed queries over a paged cache run fwd_sm80's form with both (varlen
+/// and paged), unsplit (its chunked split tiles count a head's query tiles as a dense batch's),
+/// GQA-packed for decode. `alibi`: the call adds ALiBi's bias (the `_alibi` form; the reference
 /// takes slopes at run time), which keeps GQA heads of a decode step from being packed as
 /// rows (each row would need its own head's slope).
 pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnParams, layout: KeyLayout, alibi: bool) -> Result<Plan> {
-    let varlen = matches!(layout, KeyLayout::Varlen { .. });
-    let page_size = match layout {
-        KeyLayout::Paged { page_size } => Some(page_size),
-        _ => None,
+    let (page_size, packed_queries) = match layout {
+        KeyLayout::Paged { page_size, packed_queries } => (Some(page_size), packed_queries),
+        _ => (None, false),
     };
+    let varlen = matches!(layout, KeyLayout::Varlen { .. }) || packed_queries;
     let paged = page_size.is_some();
     let arch = device.arch;
-    let family = params.kernel.unwrap_or_else(|| default_family(device, shape));
+    let family = match params.kernel {
+        Some(family) => family,
+        None if packed_queries => KernelFamily::FwdSm80,
+        None => default_family(device, shape),
+    };
+    if packed_queries && family != KernelFamily::FwdSm80 {
+        let msg = "takes no packed queries over a paged cache: fwd_sm80 does".into();
+        return Err(Error::Unsupported { kernel: family.name().into(), msg });
+    }
+    if packed_queries && params.num_splits.is_some_and(|n| n > 1) {
+        let msg = "packed queries over a paged cache run unsplit: None or 1".into();
+        return Err(Error::Param { arg: "num_splits", msg });
+    }
+    let num_splits = if packed_queries { Some(1) } else { params.num_splits };
     if paged && family == KernelFamily::Reference {
         return Err(Error::Unsupported {
             kernel: family.name().into(),
@@ -189,12 +207,15 @@ pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &At
         // A window's tiles by the keys a query tile visits (its cost scales with them).
         KernelFamily::FwdSm90 if window.is_some() => unsplit(fwd_sm90::variant(dtype, kshape.head_dim, causal, visited(128)), &kshape),
         KernelFamily::FwdSm90 => unsplit(fwd_sm90::variant_for(dtype, &kshape, causal, device.sm_count as usize), &kshape),
-        KernelFamily::FwdSm80 => sm80_plan(device, &kshape, dtype, causal, params.num_splits, layout, visited),
+        KernelFamily::FwdSm80 => sm80_plan(device, &kshape, dtype, causal, num_splits, layout, visited),
         KernelFamily::BwdSm80 | KernelFamily::BwdSm90 => return Err(not_a_forward(family)),
     };
     if family != KernelFamily::Reference {
         // The policies may take a smaller tile (fwd_sm90, never split: its key tiles again).
         plan.variant = crate::kernels::with_mods(&plan.variant, mods);
+        if packed_queries {
+            plan.variant = fwd_sm80::packed_paged_form(arch, &plan.variant);
+        }
         if plan.splits == 1 {
             plan.split_tiles = kshape.seqlen_k.div_ceil(plan.variant.tile.block_n as usize);
         }
@@ -244,7 +265,7 @@ fn sm80_plan(
     }
     let split = fwd_sm80::split_variant(device.arch, dtype, d, causal);
     let variant = match layout {
-        KeyLayout::Paged { page_size } => fwd_sm80::paged_form(device.arch, &split, page_size),
+        KeyLayout::Paged { page_size, .. } => fwd_sm80::paged_form(device.arch, &split, page_size),
         _ => split,
     };
     let block_n = variant.tile.block_n as usize;
@@ -400,7 +421,7 @@ mod tests {
 
     #[test]
     fn a_kv_cache_decodes_on_fwd_sm80_split_and_prefills_on_fwd_sm90_as_dense() {
-        let paged16 = KeyLayout::Paged { page_size: 16 };
+        let paged16 = KeyLayout::Paged { page_size: 16, packed_queries: false };
         let paged = plan_for(&h100(), &decode(8, 4096), DType::BF16, &AttnParams::default(), paged16, false).unwrap();
         let dense = pick(&h100(), &decode(8, 4096), &AttnParams::default());
         assert!(paged.variant.paged && paged.variant.name().ends_with("_paged"));
@@ -409,7 +430,14 @@ mod tests {
         assert_eq!(paged.variant, fwd_sm80::paged_form(h100().arch, &dense.variant, 16));
         assert_eq!(paged.variant.tile.stages, 3);
         // Pages holding whole key blocks: the dense ring.
-        let paged256 = plan_for(&h100(), &decode(8, 4096), DType::BF16, &AttnParams::default(), KeyLayout::Paged { page_size: 256 }, false);
+        let paged256 = plan_for(
+            &h100(),
+            &decode(8, 4096),
+            DType::BF16,
+            &AttnParams::default(),
+            KeyLayout::Paged { page_size: 256, packed_queries: false },
+            false,
+        );
         assert_eq!(paged256.unwrap().variant, Variant { paged: true, ..dense.variant.clone() });
         assert_eq!((paged.splits, paged.split_tiles, paged.packed_gqa), (dense.splits, dense.split_tiles, true));
         // Chunked prefill on Hopper: fwd_sm90's paged form of the dense tile, its boxes spread
@@ -419,7 +447,15 @@ mod tests {
         assert!(p.variant.paged && p.variant.spread_pages && p.variant.family == KernelFamily::FwdSm90);
         let dense_prefill = pick(&h100(), &prefill, &AttnParams::causal()).variant;
         assert_eq!(Variant { paged: false, spread_pages: false, ..p.variant.clone() }, dense_prefill);
-        let p64 = plan_for(&h100(), &prefill, DType::BF16, &AttnParams::causal(), KeyLayout::Paged { page_size: 64 }, false).unwrap();
+        let p64 = plan_for(
+            &h100(),
+            &prefill,
+            DType::BF16,
+            &AttnParams::causal(),
+            KeyLayout::Paged { page_size: 64, packed_queries: false },
+            false,
+        )
+        .unwrap();
         assert_eq!(p64.variant, Variant { paged: true, ..dense_prefill });
         // Elsewhere fwd_sm80, unsplit; forced, either; the reference takes no cache.
         let p = plan_for(&on("sm_89"), &prefill, DType::BF16, &AttnParams::causal(), paged16, false).unwrap();
@@ -433,7 +469,8 @@ mod tests {
 
     #[test]
     fn alibi_picks_the_alibi_form_and_never_packs_gqa_heads_as_rows() {
-        for layout in [KeyLayout::Dense, KeyLayout::Paged { page_size: 16 }, KeyLayout::Varlen { total_k: 8 * 4096 }] {
+        for layout in [KeyLayout::Dense, KeyLayout::Paged { page_size: 16, packed_queries: false }, KeyLayout::Varlen { total_k: 8 * 4096 }]
+        {
             let plain = plan_for(&h100(), &decode(8, 4096), DType::BF16, &AttnParams::default(), layout, false).unwrap();
             let alibi = plan_for(&h100(), &decode(8, 4096), DType::BF16, &AttnParams::default(), layout, true).unwrap();
             assert!(plain.packed_gqa && !alibi.packed_gqa, "{layout:?}: rows of one head each take its slope");
@@ -450,6 +487,29 @@ mod tests {
         let force = AttnParams { kernel: Some(KernelFamily::Reference), ..AttnParams::default() };
         let reference = plan_for(&h100(), &shape(64), DType::BF16, &force, KeyLayout::Dense, true).unwrap();
         assert!(!reference.variant.mods.alibi, "the reference takes the slopes at run time");
+    }
+
+    #[test]
+    fn packed_queries_over_a_paged_cache_run_fwd_sm80s_packed_paged_form_unsplit() {
+        let layout = KeyLayout::Paged { page_size: 16, packed_queries: true };
+        for shape in [decode(8, 4096), ProblemShape { batch: 4, seqlen_q: 2048, seqlen_k: 16384, heads_q: 32, heads_kv: 8, head_dim: 128 }]
+        {
+            let p = plan_for(&h100(), &shape, DType::BF16, &AttnParams::causal(), layout, false).unwrap();
+            assert_eq!(
+                (p.variant.family, p.variant.varlen, p.variant.paged, p.variant.split_kv),
+                (KernelFamily::FwdSm80, true, true, false)
+            );
+            assert!(p.variant.name().ends_with("_varlen_paged"), "{}", p.variant.name());
+            assert_eq!((p.splits, p.packed_gqa), (1, shape.seqlen_q == 1), "decode packs GQA heads as rows");
+        }
+        let force = |kernel| AttnParams { kernel: Some(kernel), ..AttnParams::default() };
+        let hopper = plan_for(&h100(), &decode(8, 4096), DType::BF16, &force(KernelFamily::FwdSm90), layout, false);
+        assert!(matches!(hopper, Err(Error::Unsupported { .. })), "{hopper:?}");
+        let split = AttnParams { num_splits: Some(4), ..AttnParams::default() };
+        assert!(matches!(
+            plan_for(&h100(), &decode(8, 4096), DType::BF16, &split, layout, false),
+            Err(Error::Param { arg: "num_splits", .. })
+        ));
     }
 
     #[test]

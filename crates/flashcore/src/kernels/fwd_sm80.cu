@@ -106,6 +106,10 @@
 // 13.0 NVRTC, bf16 = f16, 0 spills at every tile, sm_80/86/90a): on sm_90a the unsplit tiles
 // within -2 / +8 of the dense form's, the split tiles with their third slot +0 to +16 (D128
 // 64x128: 238 / 240 against 222 / 225; D256 64x64: 252 / 255 against 244 / 255).
+// FC_VARLEN with FC_PAGED (unsplit only): packed queries over a paged cache (flash_attn's
+// varlen call with a block table): q, o, lse as FC_VARLEN's (cu_seqlens_q, total_q; p.seqlen_q
+// the longest), keys as FC_PAGED's (pools through p.block_table, p.seqused_k the key counts,
+// no append; p.cu_seqlens_k unread): paged::packed_sequence.
 #include "common/mask.cuh"
 #include "common/paged.cuh"
 #include "common/params.cuh"
@@ -163,7 +167,9 @@ constexpr bool kPerSequenceKeys = kVarlen || kPaged;
 // The paged split tiles share out key tiles by chunks of the whole batch's (start_chunk): the
 // host cannot see a cache's lengths, so it cannot size each sequence's splits to them.
 constexpr bool kChunked = kPaged && kSplitKv;
-static_assert(!(kVarlen && kPaged), "a packed batch over a paged cache is not a form");
+// A packed batch over a paged cache (FC_VARLEN with FC_PAGED: paged::packed_sequence) is a
+// form unsplit only: the chunked split tiles share a head's query tiles by the dense count.
+static_assert(!(kVarlen && kPaged && kSplitKv), "a packed batch over a paged cache is not a split form");
 // Causal tiles differ in length: taken longest first (in L2-sized sections of heads) the
 // last wave is not left with a few long tiles. Measured on H100 (docs/kernels/fwd_sm80.md): +4-10%
 // at D128/D256 from S = 1k, but -5% at D64 S <= 1k and -5% with the single-buffer D256
@@ -383,7 +389,7 @@ __device__ __forceinline__ bool packs_gqa(const FwdParams& p) { return kVarlen &
 // Batch entry `batch`'s lengths and offsets (common/sequence.cuh, common/paged.cuh); packed
 // GQA, its query rows are its token's heads of a KV head.
 __device__ __forceinline__ Sequence sequence_at(const FwdParams& p, int batch) {
-    Sequence s = kPaged ? paged::sequence(p, batch) : sequence<kVarlen>(p, batch);
+    Sequence s = kPaged ? (kVarlen ? paged::packed_sequence(p, batch) : paged::sequence(p, batch)) : sequence<kVarlen>(p, batch);
     if (packs_gqa(p)) s.seqlen_q = s.seqlen_q > 0 ? p.seqlen_q : 0;
     return s;
 }

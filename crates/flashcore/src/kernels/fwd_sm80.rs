@@ -148,6 +148,17 @@ pub fn paged_form(arch: Arch, v: &Variant, page_size: usize) -> Variant {
     Variant { paged: true, tile, smem_bytes: smem_bytes(tile, head_dim), ..v.clone() }
 }
 
+/// `v`'s (unsplit) packed-queries form (`FC_VARLEN` with `FC_PAGED`: packed queries over a
+/// paged cache) on `arch`: the same tile, but at D33-D64 on Hopper 128x64 instead of the wide
+/// 128x128, whose 255 registers hold no room for both forms' indexing (NVRTC 13.0 spills 68
+/// bytes there; 128x64 none).
+pub fn packed_paged_form(arch: Arch, v: &Variant) -> Variant {
+    let head_dim = v.head_dim.unwrap_or(128);
+    let narrow = (33..=64).contains(&head_dim) && smem_class(arch) == SmemClass::Hopper && v.tile.block_n == 128;
+    let tile = if narrow { Tile { block_n: 64, ..v.tile } } else { v.tile };
+    Variant { paged: true, varlen: true, tile, smem_bytes: smem_bytes(tile, head_dim), ..v.clone() }
+}
+
 /// Query rows (after GQA packing) up to which the split-KV variant runs: decode and short
 /// speculative-decode chunks, one 64-row tile.
 pub const SPLIT_KV_MAX_ROWS: usize = 64;

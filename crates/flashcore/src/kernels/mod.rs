@@ -246,18 +246,22 @@ pub fn with_mods(v: &Variant, mods: ScoreMods) -> Variant {
 
 /// `v`'s paged-KV forms (`FC_PAGED`) on `arch`, where the dispatcher runs them: every fwd_sm80
 /// forward variant (decode, and every arch; its split-KV tile over pages smaller than a key
-/// block takes a third K/V slot on sm_90, so it has two forms there: `fwd_sm80::paged_form`)
-/// and every fwd_sm90 variant (prefill and chunked prefill on Hopper).
+/// block takes a third K/V slot on sm_90, so it has two forms there: `fwd_sm80::paged_form`;
+/// its unsplit tiles also the packed-queries form, `FC_VARLEN` with `FC_PAGED`) and every
+/// fwd_sm90 variant (prefill and chunked prefill on Hopper).
 pub fn paged_forms(arch: Arch, v: &Variant) -> Vec<Variant> {
     match v.family {
         _ if v.varlen || v.paged => Vec::new(),
         KernelFamily::FwdSm80 => {
             let (small_pages, whole_blocks) = (fwd_sm80::paged_form(arch, v, 16), fwd_sm80::paged_form(arch, v, 0));
-            if small_pages == whole_blocks {
-                vec![small_pages]
-            } else {
-                vec![small_pages, whole_blocks]
+            let mut forms = vec![small_pages.clone()];
+            if small_pages != whole_blocks {
+                forms.push(whole_blocks);
             }
+            if !v.split_kv {
+                forms.push(fwd_sm80::packed_paged_form(arch, v));
+            }
+            forms
         }
         KernelFamily::FwdSm90 => vec![fwd_sm90::paged_form(v, 16), fwd_sm90::paged_form(v, 0)],
         _ => Vec::new(),

@@ -97,12 +97,11 @@ def flash_attn_varlen_func(
     return_attn_probs: bool = False,
     block_table: Optional[Tensor] = None,
 ):
-    """`flashcore.flash_attn_varlen_func` with flash-attn's last argument, `block_table` (a
-    packed batch over a paged cache), which FlashCore does not take yet."""
-    if block_table is not None:
-        raise interface._unsupported("block_table", "<tensor>", "(a packed batch over a paged KV cache) is not supported yet")
+    """`flashcore.flash_attn_varlen_func` with flash-attn's argument order (its last,
+    `block_table`, a packed batch over a paged cache, after FlashCore's `seqused_k`)."""
     return interface.flash_attn_varlen_func(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+        deterministic, return_attn_probs, block_table=block_table,
     )
 
 

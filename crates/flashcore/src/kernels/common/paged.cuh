@@ -34,6 +34,19 @@ __device__ __forceinline__ Sequence sequence(const FwdParams& p, int batch) {
     return Sequence{0, 0, p.seqlen_q, min(cached_keys(p, batch) + p.new_keys, p.seqlen_k)};
 }
 
+// Sequence `batch` of packed queries over a paged cache (FC_VARLEN with FC_PAGED, flash_attn's
+// varlen call with a block table): its queries a packed batch's (cu_seqlens_q, clamped to
+// total_q and the longest), its keys its cache's cached ones (seqused_k; none appended), from
+// key 0 of its table row.
+__device__ __forceinline__ Sequence packed_sequence(const FwdParams& p, int batch) {
+    Sequence s;
+    s.q_start = clamp_to(p.cu_seqlens_q[batch], 0, p.total_q);
+    s.seqlen_q = min(clamp_to(p.cu_seqlens_q[batch + 1], s.q_start, p.total_q) - s.q_start, p.seqlen_q);
+    s.k_start = 0;
+    s.seqlen_k = cached_keys(p, batch);
+    return s;
+}
+
 // Pool row of key `key` of sequence `batch` minus `key`, for the kGroupKeys keys of its
 // group. Slot and page are clamped to the table's columns and to the pool: a bad entry reads
 // (or, appending, writes) a wrong page, never outside the pool.
