@@ -35,6 +35,13 @@ def _vector(t: Tensor) -> Tuple[int, int]:
     return (t.data_ptr(), t.numel())
 
 
+# Attention dropout as the extension takes it: `(p, seed, offset)`, p in (0, 1), the mask a
+# function of the generator state (seed, offset) and the score's place (flashcore::Dropout);
+# None: no dropout. With it, `probs` (or None) is where a forward stores each probability,
+# negated where dropped (flash_attn's S_dmask, `[B, Hq, rows, cols]` in q's dtype).
+Dropout = Tuple[float, int, int]
+
+
 def _alibi_arg(alibi_slopes: Optional[Tensor]) -> Optional[_flashcore.AlibiArg]:
     """ALiBi's slopes as the extension takes them: `(address, elements)` of the f32 vector, or None."""
     return None if alibi_slopes is None else _vector(alibi_slopes)
@@ -107,15 +114,20 @@ def forward_into(
     softcap: float,
     num_splits: int,
     alibi_slopes: Optional[Tensor] = None,
+    dropout: Optional[Dropout] = None,
+    probs: Optional[Tensor] = None,
 ) -> None:
     """Runs the kernel: `o` (BSHD, q's dtype) and, if given, `lse [B, Hq, Sq]` f32 are written.
-    `window` is flash_attn's `window_size` (-1 unbounded), `softcap` 0 for none."""
+    `window` is flash_attn's `window_size` (-1 unbounded), `softcap` 0 for none; `dropout`
+    `(p, seed, offset)` or None, `probs` where its probabilities go (see `Dropout`)."""
     _flashcore.attention_forward(
         _call(q.device),
         (_arg(q), _arg(k), _arg(v)),
         (_arg(o), None if lse is None else _vector(lse)),
         options_arg(softmax_scale, causal, window, softcap, num_splits),
         alibi=_alibi_arg(alibi_slopes),
+        dropout=dropout,
+        probs=None if probs is None else _arg(probs),
     )
 
 
@@ -130,6 +142,8 @@ def forward(
     num_splits: int,
     want_lse: bool = True,
     alibi_slopes: Optional[Tensor] = None,
+    dropout: Optional[Dropout] = None,
+    probs: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """Attention on BSHD tensors: `(o [B, Sq, Hq, D], lse [B, Hq, Sq] f32)`, lse None unless
     `want_lse`. Rows that see no key (no keys at all, or a causal mask or window that leaves
@@ -140,7 +154,7 @@ def forward(
         return o, lse  # an empty batch, as SDPA: nothing to compute
     if k.shape[1] == 0:
         return o.zero_(), (lse.fill_(-math.inf) if lse is not None else None)
-    forward_into(q, k, v, o, lse, softmax_scale, causal, window, softcap, num_splits, alibi_slopes)
+    forward_into(q, k, v, o, lse, softmax_scale, causal, window, softcap, num_splits, alibi_slopes, dropout, probs)
     return o, lse
 
 
@@ -159,6 +173,8 @@ def varlen_forward(
     softcap: float,
     alibi_slopes: Optional[Tensor] = None,
     checkable: bool = True,
+    dropout: Optional[Dropout] = None,
+    probs: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
     """Attention over a packed batch (q [total_q, Hq, D], k, v [total_k, Hkv, D], int32
     cu_seqlens on q's device): `(o [total_q, Hq, D], lse [Hq, total_q] f32)`. With the
@@ -178,6 +194,8 @@ def varlen_forward(
         options_arg(softmax_scale, causal, window, softcap),
         varlen=_varlen_arg(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k),
         alibi=_alibi_arg(alibi_slopes),
+        dropout=dropout,
+        probs=None if probs is None else _arg(probs),
     )
     return o, lse
 
@@ -208,13 +226,15 @@ def varlen_backward(
     window: Tuple[int, int],
     softcap: float,
     alibi_slopes: Optional[Tensor] = None,
+    dropout: Optional[Dropout] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients `(dq, dk, dv)` of a packed batch, laid out like `q`, `k`, `v` (`[total, H,
     D]`), from the forward's `o` and `lse [Hq, total_q]`: every element written (zero for rows
     that saw no key and keys no row saw, those past seqused_k included)."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     varlen_backward_into(
-        q, k, v, o, lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic, window, softcap, alibi_slopes
+        q, k, v, o, lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic, window, softcap, alibi_slopes,
+        dropout,
     )
     return dq, dk, dv
 
@@ -240,6 +260,7 @@ def varlen_backward_into(
     window: Tuple[int, int],
     softcap: float,
     alibi_slopes: Optional[Tensor] = None,
+    dropout: Optional[Dropout] = None,
 ) -> None:
     """`varlen_backward` into the given `dq`, `dk`, `dv` (packed like q, k, v; every element
     written)."""
@@ -255,6 +276,7 @@ def varlen_backward_into(
         options_arg(softmax_scale, causal, window, softcap, deterministic=deterministic),
         varlen=_varlen_arg(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k),
         alibi=_alibi_arg(alibi_slopes),
+        dropout=dropout,
     )
 
 
@@ -526,12 +548,13 @@ def backward(
     window: Tuple[int, int],
     softcap: float,
     alibi_slopes: Optional[Tensor] = None,
+    dropout: Optional[Dropout] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients `(dq, dk, dv)`, laid out like `q`, `k`, `v` (dk and dv summed over the query
     heads that share a KV head), under the forward's `window`, `softcap` and `alibi_slopes`
     (the backward kernels' forms of them; the slopes get no gradient)."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    backward_into(q, k, v, o, lse, dout, dq, dk, dv, softmax_scale, causal, deterministic, window, softcap, alibi_slopes)
+    backward_into(q, k, v, o, lse, dout, dq, dk, dv, softmax_scale, causal, deterministic, window, softcap, alibi_slopes, dropout)
     return dq, dk, dv
 
 
@@ -551,6 +574,7 @@ def backward_into(
     window: Tuple[int, int],
     softcap: float,
     alibi_slopes: Optional[Tensor] = None,
+    dropout: Optional[Dropout] = None,
 ) -> None:
     """`backward` into the given `dq`, `dk`, `dv` (BSHD like q, k, v; every element written)."""
     if o.numel() == 0 or k.shape[1] == 0:
@@ -564,6 +588,7 @@ def backward_into(
         (_arg(dq), _arg(dk), _arg(dv)),
         options_arg(softmax_scale, causal, window, softcap, deterministic=deterministic),
         alibi=_alibi_arg(alibi_slopes),
+        dropout=dropout,
     )
     if kernel is not None and kernel.startswith("reference"):
         warnings.warn(_SLOW_BACKWARD, stacklevel=4)  # once per call site, by Python's default filter
@@ -630,10 +655,10 @@ class Attention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, options):
-        softmax_scale, causal, window, softcap, num_splits, deterministic, want_lse, alibi_slopes = options
-        o, lse = forward(q, k, v, softmax_scale, causal, window, softcap, num_splits, True, alibi_slopes)
+        softmax_scale, causal, window, softcap, num_splits, deterministic, want_lse, alibi_slopes, dropout, probs = options
+        o, lse = forward(q, k, v, softmax_scale, causal, window, softcap, num_splits, True, alibi_slopes, dropout, probs)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.options = (softmax_scale, causal, deterministic, window, softcap, alibi_slopes)
+        ctx.options = (softmax_scale, causal, deterministic, window, softcap, alibi_slopes, dropout)
         if want_lse:
             _lse_has_no_gradient(ctx, lse)
             return o, lse
@@ -657,10 +682,11 @@ class VarlenAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, batch, options):
         cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k = batch
-        softmax_scale, causal, window, softcap, deterministic, alibi_slopes = options
-        o, lse = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window, softcap, alibi_slopes)
+        softmax_scale, causal, window, softcap, deterministic, alibi_slopes, dropout, probs = options
+        args = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window, softcap, alibi_slopes, True, dropout, probs)
+        o, lse = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, *args)
         ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seqused_k)
-        ctx.options = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic, window, softcap, alibi_slopes)
+        ctx.options = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic, window, softcap, alibi_slopes, dropout)
         _lse_has_no_gradient(ctx, lse)
         return o, lse
 

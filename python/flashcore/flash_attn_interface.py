@@ -19,8 +19,9 @@ name, e.g. with `inspect.getfullargspec`).
   O), since few callers read it.
 
 Plain eager functions (not registered ops): under torch.compile they run as a graph break.
-What FlashCore does not have raises `NotImplementedError` naming the argument: `dropout_p`
-other than 0, and for the packed forward `leftpad_k`.
+What FlashCore does not have raises `NotImplementedError` naming the argument: the packed
+forward's `leftpad_k`. With `dropout_p > 0`, `rng_state` is the (seed, offset) pair on the host
+the backward needs, and `return_softmax` returns the probabilities (see `flash_attn_func`).
 """
 
 from __future__ import annotations
@@ -31,16 +32,31 @@ import torch
 from torch import Tensor
 
 from . import _ops
-from .interface import _check, _check_packed, _paged_varlen, _score_args, _unsupported
+from .interface import _check, _check_packed, _dropout, _paged_varlen, _probs_for, _score_args, _unsupported
 
 
 def _last_dim_contiguous(*tensors: Tensor) -> Tuple[Tensor, ...]:
     return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in tensors)
 
 
-def _placeholders(q: Tensor) -> Tuple[Tensor, Tensor]:
-    """flash-attn's `S_dmask` (empty without dropout) and `rng_state` (seed and offset)."""
-    return torch.empty((0,), dtype=q.dtype, device=q.device), torch.zeros((2,), dtype=torch.int64, device=q.device)
+def _placeholders(q: Tensor, dropout: Optional[_ops.Dropout] = None, probs: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """flash-attn's `S_dmask` (the probabilities with dropout and return_softmax, else empty)
+    and `rng_state`: the dropout's seed and offset, an int64 pair on the host (flash-attn's is
+    on the device; the backward reads it without a synchronisation), zeros without dropout."""
+    seed, offset = (dropout[1], dropout[2]) if dropout is not None else (0, 0)
+    state = torch.tensor([seed - 2**64 if seed >= 2**63 else seed, offset], dtype=torch.int64)
+    return (probs if probs is not None else torch.empty((0,), dtype=q.dtype, device=q.device)), state
+
+
+def _dropout_from(dropout_p: float, rng_state: Optional[Tensor]) -> Optional[_ops.Dropout]:
+    """The forward's dropout from `dropout_p` and its `rng_state` (`_placeholders`), or the
+    ValueError naming `rng_state` when dropout has none."""
+    if dropout_p == 0.0:
+        return None
+    if not isinstance(rng_state, Tensor) or rng_state.numel() != 2:
+        raise ValueError("`rng_state`: the forward's (seed, offset) pair is required with dropout_p > 0")
+    seed, offset = (int(x) for x in rng_state.tolist())
+    return (float(dropout_p), seed & (2**64 - 1), offset)
 
 
 def _rowsum_do_o(dout: Tensor, out: Tensor) -> Tensor:
@@ -66,9 +82,11 @@ def _flash_attn_forward(
     without dropout is empty."""
     q, k, v = _last_dim_contiguous(q, k, v)
     _check((("q", q), ("k", k), ("v", v)), "[B, S, H, D]")
-    scale, window, cap, alibi_slopes = _score_args(q, softmax_scale, (window_size_left, window_size_right), softcap, dropout_p, alibi_slopes)
-    out, lse = _ops.forward(q, k, v, scale, bool(causal), window, cap, 0, True, alibi_slopes)
-    return (out, lse, *_placeholders(q))
+    scale, window, cap, alibi_slopes = _score_args(q, softmax_scale, (window_size_left, window_size_right), softcap, alibi_slopes=alibi_slopes)
+    dropout = _dropout(q, dropout_p)
+    probs = _probs_for(q.shape, q.shape[0], q.shape[1], k.shape[1], q) if dropout is not None and return_softmax else None
+    out, lse = _ops.forward(q, k, v, scale, bool(causal), window, cap, 0, True, alibi_slopes, dropout, probs)
+    return (out, lse, *_placeholders(q, dropout, probs))
 
 
 def _flash_attn_varlen_forward(
@@ -101,11 +119,15 @@ def _flash_attn_varlen_forward(
         return (out, lse, *_placeholders(q))
     q, k, v = _last_dim_contiguous(q, k, v)
     _check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
-    scale, window, cap, alibi_slopes = _score_args(q, softmax_scale, (window_size_left, window_size_right), softcap, dropout_p, alibi_slopes)
+    scale, window, cap, alibi_slopes = _score_args(q, softmax_scale, (window_size_left, window_size_right), softcap, alibi_slopes=alibi_slopes)
+    dropout = _dropout(q, dropout_p)
+    batch = cu_seqlens_q.shape[0] - 1
+    probs = _probs_for(q.shape, batch, int(max_seqlen_q), int(max_seqlen_k), q) if dropout is not None and return_softmax else None
     out, lse = _ops.varlen_forward(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), int(max_seqlen_k), scale, bool(causal), window, cap, alibi_slopes
+        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), int(max_seqlen_k), scale, bool(causal), window, cap, alibi_slopes,
+        True, dropout, probs,
     )
-    return (out, lse, *_placeholders(q))
+    return (out, lse, *_placeholders(q, dropout, probs))
 
 
 def _grad_buffers(q: Tensor, k: Tensor, v: Tensor, dq: Optional[Tensor], dk: Optional[Tensor], dv: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
@@ -147,10 +169,11 @@ def _flash_attn_backward(
     is that of the attention they describe."""
     dout, q, k, v, out = _last_dim_contiguous(dout, q, k, v, out)
     _check((("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout)), "[B, S, H, D]")
-    scale, window, cap, alibi_slopes = _score_args(q, softmax_scale, (window_size_left, window_size_right), softcap, dropout_p, alibi_slopes)
+    scale, window, cap, alibi_slopes = _score_args(q, softmax_scale, (window_size_left, window_size_right), softcap, alibi_slopes=alibi_slopes)
+    dropout = _dropout_from(dropout_p, rng_state)
     softmax_lse = _lse_arg(softmax_lse, (q.shape[0], q.shape[2], q.shape[1]), q)
     dq, dk, dv = _grad_buffers(q, k, v, dq, dk, dv)
-    _ops.backward_into(q, k, v, out, softmax_lse, dout, dq, dk, dv, scale, bool(causal), bool(deterministic), window, cap, alibi_slopes)
+    _ops.backward_into(q, k, v, out, softmax_lse, dout, dq, dk, dv, scale, bool(causal), bool(deterministic), window, cap, alibi_slopes, dropout)
     b, sq, h, _ = q.shape
     softmax_d = torch.zeros((b, h, (sq + 127) // 128 * 128), dtype=torch.float32, device=q.device)
     softmax_d[:, :, :sq] = _rowsum_do_o(dout, out).transpose(1, 2)
@@ -187,12 +210,13 @@ def _flash_attn_varlen_backward(
     dout, q, k, v, out = _last_dim_contiguous(dout, q, k, v, out)
     _check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, None)
     _check((("q", q.unsqueeze(0)), ("out", out.unsqueeze(0)), ("dout", dout.unsqueeze(0))), "[total, H, D]")
-    scale, window, cap, alibi_slopes = _score_args(q, softmax_scale, (window_size_left, window_size_right), softcap, dropout_p, alibi_slopes)
+    scale, window, cap, alibi_slopes = _score_args(q, softmax_scale, (window_size_left, window_size_right), softcap, alibi_slopes=alibi_slopes)
+    dropout = _dropout_from(dropout_p, rng_state)
     softmax_lse = _lse_arg(softmax_lse, (q.shape[1], q.shape[0]), q)
     dq, dk, dv = _grad_buffers(q, k, v, dq, dk, dv)
     _ops.varlen_backward_into(
         q, k, v, out, softmax_lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, None, int(max_seqlen_q), int(max_seqlen_k),
-        scale, bool(causal), bool(deterministic), window, cap, alibi_slopes,
+        scale, bool(causal), bool(deterministic), window, cap, alibi_slopes, dropout,
     )
     total, h = q.shape[0], q.shape[1]
     batch = cu_seqlens_q.shape[0] - 1

@@ -85,30 +85,74 @@ def _attention(
     window: Tuple[int, int] = NO_WINDOW,
     softcap: float = 0.0,
     alibi_slopes: Optional[Tensor] = None,
+    dropout: Optional[_ops.Dropout] = None,
+    probs: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Optional[Tensor]]:
     """(o, lse): eager, the extension directly (through `_ops.Attention` when autograd
     records, else without autograd, lse then None when not wanted: neither allocated nor
     written); traced or compiled, the registered op. A head dim that is not a multiple of 8
-    runs zero-padded to one (`_padded`; the slopes, one a head, are the same)."""
+    runs zero-padded to one (`_padded`; the slopes, one a head, are the same); with dropout,
+    one fwd_sm80 lacks to its next size. Dropout (`_dropout`) runs eagerly only."""
     d = q.shape[-1]
-    if d % 8 and d < 256 and k.shape[-1] == d and v.shape[-1] == d:
-        out, lse = _attention(*_padded(q, k, v), scale, causal, num_splits, want_lse, deterministic, window, softcap, alibi_slopes)
+    size = _dropout_head_dim(d) if dropout is not None else d + (-d % 8 if d < 256 else 0)
+    if size != d and k.shape[-1] == d and v.shape[-1] == d:
+        padded = _padded(q, k, v, size)
+        out, lse = _attention(*padded, scale, causal, num_splits, want_lse, deterministic, window, softcap, alibi_slopes, dropout, probs)
         return out[..., :d], lse
     if _eager(q, k, v):
+        options = (scale, causal, window, softcap, num_splits, deterministic, want_lse, alibi_slopes, dropout, probs)
         if _records_grad(q, k, v):
             if want_lse:
-                return _ops.Attention.apply(q, k, v, (scale, causal, window, softcap, num_splits, deterministic, True, alibi_slopes))
-            return _ops.Attention.apply(q, k, v, (scale, causal, window, softcap, num_splits, deterministic, False, alibi_slopes)), None
-        return _ops.forward(q, k, v, scale, causal, window, softcap, num_splits, want_lse, alibi_slopes)
+                return _ops.Attention.apply(q, k, v, options)
+            return _ops.Attention.apply(q, k, v, options), None
+        return _ops.forward(q, k, v, scale, causal, window, softcap, num_splits, want_lse, alibi_slopes, dropout, probs)
+    if dropout is not None:
+        raise _unsupported("dropout_p", dropout[0], "under torch.compile or tracing is not supported yet (eager calls take it)")
     return _ops.fwd(q, k, v, scale, causal, window[0], window[1], softcap, num_splits, deterministic, alibi_slopes)
 
 
-def _padded(q: Tensor, k: Tensor, v: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-    """q, k, v with their head dim zero-padded to a multiple of 8, as flash_attn pads them
-    (the kernels move rows 16 bytes at a time): the zeros add nothing to q·kᵀ and give output
+# Head dims of fwd_sm80 and bwd_sm80, which run dropout (another runs zero-padded to the next).
+_SM80_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+
+
+def _dropout_head_dim(d: int) -> int:
+    return next((n for n in _SM80_HEAD_DIMS if n >= d), d)
+
+
+def _dropout(q: Tensor, dropout_p: object) -> Optional[_ops.Dropout]:
+    """`dropout_p` checked (a float in [0, 1), else ValueError naming it) and, when not 0, the
+    call's dropout `(p, seed, offset)`: the seed of PyTorch's CUDA generator of q's device and
+    its Philox offset, which this call advances by 4 (as PyTorch's own random ops do), so that
+    `torch.manual_seed` reproduces the masks and each call draws a new one. Not under CUDA
+    graph capture (NotImplementedError: the host-side offset would repeat the mask on every
+    replay)."""
+    if not isinstance(dropout_p, numbers.Real) or isinstance(dropout_p, bool) or not 0.0 <= float(dropout_p) < 1.0:
+        raise ValueError(f"`dropout_p` must be a float in [0, 1), got {dropout_p!r}")
+    if dropout_p == 0.0:
+        return None
+    if torch.compiler.is_compiling():
+        raise _unsupported("dropout_p", dropout_p, "under torch.compile or tracing is not supported yet (eager calls take it)")
+    if torch.cuda.is_current_stream_capturing():
+        raise _unsupported("dropout_p", dropout_p, "under CUDA graph capture is not supported yet")
+    generator = torch.cuda.default_generators[q.device.index]
+    offset = generator.get_offset()
+    generator.set_offset(offset + 4)
+    return (float(dropout_p), generator.initial_seed() & (2**64 - 1), offset)
+
+
+def _probs_for(q_shape: Tuple[int, ...], batch: int, seqlen_q: int, seqlen_k: int, q: Tensor) -> Tensor:
+    """Zeros for dropout's probabilities, flash_attn's S_dmask: `[B, Hq, Sq, Sk]` each rounded
+    up to 128, in q's dtype."""
+    round_up = lambda n: -(-n // 128) * 128  # noqa: E731
+    return q.new_zeros((batch, q_shape[-2], round_up(seqlen_q), round_up(seqlen_k)))
+
+
+def _padded(q: Tensor, k: Tensor, v: Tensor, size: Optional[int] = None) -> Tuple[Tensor, Tensor, Tensor]:
+    """q, k, v with their head dim zero-padded to `size` (default: a multiple of 8, as flash_attn
+    pads them; the kernels move rows 16 bytes at a time): the zeros add nothing to q·kᵀ and give output
     columns that the caller slices off; autograd sees the pad and the slice. The softmax scale
     stays the caller's, from the real head dim."""
-    pad = -q.shape[-1] % 8
+    pad = -q.shape[-1] % 8 if size is None else size - q.shape[-1]
     return tuple(torch.nn.functional.pad(t, (0, pad)) for t in (q, k, v))  # type: ignore[return-value]
 
 
@@ -183,7 +227,12 @@ def flash_attn_func(
             D: on Hopper any size up to 256 (every multiple of 8 runs, as the next size the
             kernels have where it has none of its own; others are zero-padded to a multiple
             of 8 first, as flash_attn does); elsewhere 32, 64, 96, 128, 192 or 256.
-        dropout_p: must be 0.0 (dropout is not supported).
+        dropout_p: attention dropout, in [0, 1): each probability kept with probability 1 - p
+            and scaled by 1 / (1 - p), the mask from PyTorch's CUDA generator (seed and Philox
+            offset; `torch.manual_seed` reproduces it) and regenerated by the backward. Runs on
+            FlashCore's Ampere-class kernels on every GPU (head dims other than 32, 64, 96, 128,
+            192, 256 zero-padded to the next); eager calls only (not under torch.compile or
+            CUDA graph capture: NotImplementedError).
         softmax_scale: multiplies `q·kᵀ`; default `1/sqrt(D)`.
         causal: causal mask aligned to the bottom-right corner when Sq != Sk (query i sees
             key j iff j <= i + Sk - Sq); rows that see no key give 0 (lse -inf).
@@ -202,7 +251,11 @@ def flash_attn_func(
             is this one plus `slope * (i + Sk - Sq)` on row i.
         deterministic: bitwise-reproducible gradients in the backward, run to run on one GPU
             model (the forward is always deterministic).
-        return_attn_probs: also return the log-sum-exp.
+        return_attn_probs: also return the log-sum-exp and, with dropout, its probabilities
+            (flash_attn's S_dmask, `[B, Hq, Sq, Sk]` each rounded up to 128, q's dtype): each
+            score's exp(s·scale − m), m the row's running max at its key block (the kernel
+            walks 64-key blocks from the last: `flash_attn_interface._get_block_size_n`),
+            negated where dropped; 0 where no block visited.
 
     Returns:
         `out [B, Sq, Hq, D]` (contiguous, q's dtype), or `(out, softmax_lse, None)` with
@@ -215,9 +268,11 @@ def flash_attn_func(
     included.
     """
     _check((("q", q), ("k", k), ("v", v)), "[B, S, H, D]")
-    scale, window, softcap, alibi_slopes = _score_args(q, softmax_scale, window_size, softcap, dropout_p, alibi_slopes)
-    out, lse = _attention(q, k, v, scale, bool(causal), 0, return_attn_probs, bool(deterministic), window, softcap, alibi_slopes)
-    return (out, lse, None) if return_attn_probs else out
+    scale, window, softcap, alibi_slopes = _score_args(q, softmax_scale, window_size, softcap, alibi_slopes=alibi_slopes)
+    dropout = _dropout(q, dropout_p)
+    probs = _probs_for(q.shape, q.shape[0], q.shape[1], k.shape[1], q) if dropout is not None and return_attn_probs else None
+    out, lse = _attention(q, k, v, scale, bool(causal), 0, return_attn_probs, bool(deterministic), window, softcap, alibi_slopes, dropout, probs)
+    return (out, lse, probs) if return_attn_probs else out
 
 
 def _check_int32(name: str, t: object, q: Tensor, dims: int) -> None:
@@ -312,25 +367,32 @@ def flash_attn_varlen_func(
         out, lse = _paged_varlen(*args)
         return (out, lse, None) if return_attn_probs else out
     _check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
-    scale, window, softcap, alibi_slopes = _score_args(q, softmax_scale, window_size, softcap, dropout_p, alibi_slopes)
+    scale, window, softcap, alibi_slopes = _score_args(q, softmax_scale, window_size, softcap, alibi_slopes=alibi_slopes)
+    dropout = _dropout(q, dropout_p)
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if not isinstance(value, numbers.Integral) or value < 0:
             raise ValueError(f"`{name}` must be an int >= 0, got {value!r}")
     d = q.shape[-1]
-    padded = d % 8 != 0 and d < 256 and k.shape[-1] == d and v.shape[-1] == d
+    size = _dropout_head_dim(d) if dropout is not None else d + (-d % 8 if d < 256 else 0)
+    padded = size != d and k.shape[-1] == d and v.shape[-1] == d
     if padded:
-        q, k, v = _padded(q, k, v)
+        q, k, v = _padded(q, k, v, size)
+    batch = cu_seqlens_q.shape[0] - 1
+    probs = _probs_for(q.shape, batch, int(max_seqlen_q), int(max_seqlen_k), q) if dropout is not None and return_attn_probs else None
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), int(max_seqlen_k), scale, bool(causal))
     if _eager(q, k, v):
         if _records_grad(q, k, v):
-            out, lse = _ops.VarlenAttention.apply(q, k, v, args[3:8], (scale, bool(causal), window, softcap, bool(deterministic), alibi_slopes))
+            options = (scale, bool(causal), window, softcap, bool(deterministic), alibi_slopes, dropout, probs)
+            out, lse = _ops.VarlenAttention.apply(q, k, v, args[3:8], options)
         else:
-            out, lse = _ops.varlen_forward(*args, window, softcap, alibi_slopes)
+            out, lse = _ops.varlen_forward(*args, window, softcap, alibi_slopes, True, dropout, probs)
+    elif dropout is not None:
+        raise _unsupported("dropout_p", dropout[0], "under torch.compile or tracing is not supported yet (eager calls take it)")
     else:
         out, lse = _ops.varlen_fwd(*args, window[0], window[1], softcap, bool(deterministic), alibi_slopes)
     if padded:
         out = out[..., :d]
-    return (out, lse, None) if return_attn_probs else out
+    return (out, lse, probs) if return_attn_probs else out
 
 
 _PAGED_VARLEN_HEAD_DIMS = (32, 64, 96, 128, 192, 256)

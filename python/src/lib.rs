@@ -8,9 +8,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use flashcore::{
-    AlibiSlopes, AttnParams, BlockTableView, BwdInputs, CallerStream, Context, DType, Error, ExternalStream, FwdInputs, FwdOutputs,
-    GradsMut, KvLayout, Layout, LseView, LseViewMut, PackedQueries, PagedKv, ProblemShape, SeqLensView, TensorView, TensorViewMut,
-    VarlenBatch, Window,
+    AlibiSlopes, AttnParams, BlockTableView, BwdInputs, CallerStream, Context, DType, Dropout, Error, ExternalStream, FwdInputs,
+    FwdOutputs, GradsMut, KvLayout, Layout, LseView, LseViewMut, PackedQueries, PagedKv, ProblemShape, SeqLensView, TensorView,
+    TensorViewMut, VarlenBatch, Window,
 };
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -122,6 +122,15 @@ type PagedArg =
 /// vector: `[Hq]` or `[B, Hq]` contiguous (packed, B is the sequences).
 type AlibiArg = (u64, usize);
 
+/// Dropout (`flashcore::Dropout`) as the Python tuple `(p, seed, offset)`.
+type DropoutArg = (f32, u64, u64);
+
+/// `options` with `dropout`, as the Rust API takes them.
+fn params_with(options: OptionsArg, dropout: Option<DropoutArg>) -> AttnParams {
+    let dropout = dropout.map(|(p, seed, offset)| Dropout { p, seed, offset });
+    AttnParams { dropout, ..params(options) }
+}
+
 /// `alibi` as the Rust API takes it.
 ///
 /// # Safety
@@ -184,9 +193,11 @@ unsafe fn keys(device: usize, varlen: Option<VarlenArg>, paged: Option<PagedArg>
 /// `[1, total_k, Hkv, D]`: the Python side's 3-D tensors with a leading 1; `lse [Hq,
 /// total_q]`); with `paged` ([`PagedArg`]) a KV cache (`k`, `v` the caches: pools
 /// `[num_pages, page_size, Hkv, D]` with a block table). `call`'s `check` checks the batch's
-/// or the cache's device values first. With `alibi` ([`AlibiArg`]), ALiBi's slopes.
+/// or the cache's device values first. With `alibi` ([`AlibiArg`]), ALiBi's slopes; with
+/// `dropout` ([`DropoutArg`]), attention dropout, and `probs` the tensor `[B, Hq, rows, cols]`
+/// its probabilities go to (`flashcore::FwdOutputs::probs`).
 #[pyfunction]
-#[pyo3(signature = (call, inputs, outputs, options, varlen=None, paged=None, alibi=None))]
+#[pyo3(signature = (call, inputs, outputs, options, varlen=None, paged=None, alibi=None, dropout=None, probs=None))]
 #[allow(clippy::too_many_arguments)] // the Python signature: one tuple per concern
 fn attention_forward(
     py: Python<'_>,
@@ -197,12 +208,15 @@ fn attention_forward(
     varlen: Option<VarlenArg>,
     paged: Option<PagedArg>,
     alibi: Option<AlibiArg>,
+    dropout: Option<DropoutArg>,
+    probs: Option<TensorArg>,
 ) -> PyResult<()> {
     let CallArg(device, stream, scratch, check) = call;
     let FwdInputsArg(q, k, v) = inputs;
     let FwdOutputsArg(o, lse) = outputs;
     let (k_name, v_name) = if paged.is_some() { ("k_cache", "v_cache") } else { ("k", "v") };
     let layouts = [layout(&q, "q")?, layout(&k, k_name)?, layout(&v, v_name)?, layout(&o, "o")?];
+    let probs = probs.map(|t| Ok::<_, PyErr>((layout(&t, "probs")?, t))).transpose()?.map(|(l, t)| (t, l));
     // SAFETY: the Python side passes live CUDA tensors and int32 vectors of `device` with
     // these layouts and extents, keeps them alive across this call, and orders their reuse on
     // `stream` through PyTorch's caching allocator; `stream` is PyTorch's current stream of
@@ -211,7 +225,7 @@ fn attention_forward(
     // SAFETY: as for `keys`.
     let alibi_slopes = unsafe { alibi_slopes(alibi) };
     let ctx = context(device)?;
-    let params = params(options);
+    let params = params_with(options, dropout);
     let mut scratch_error: Option<PyErr> = None;
     // Detached from the interpreter: the first call of a variant compiles it (seconds).
     let result = py.detach(|| {
@@ -225,6 +239,7 @@ fn attention_forward(
             let out = FwdOutputs {
                 o: TensorViewMut::from_raw(o.0, layouts[3], device),
                 lse: lse.map(|(ptr, len)| LseViewMut::from_raw(ptr, len)),
+                probs: probs.as_ref().map(|(t, l)| TensorViewMut::from_raw(t.0, *l, device)),
             };
             let mut scratch = scratch_fn(&scratch, &mut scratch_error);
             let caller = CallerStream { stream: ExternalStream::from_raw(stream), scratch: &mut scratch };
@@ -238,10 +253,11 @@ fn attention_forward(
 /// `inputs` ([`BwdInputsArg`]: the forward's inputs, `o` and `lse`, and `dout`) under the
 /// forward's `options` ([`OptionsArg`]). With `varlen`, a packed batch (all tensors with a
 /// leading 1 as in `attention_forward`, `lse [Hq, total_q]`; `check` as there); `alibi` the
-/// forward's slopes. Returns the name of the kernel variant that ran for a dense batch (`None`
-/// for a packed one).
+/// forward's slopes, `dropout` its dropout ([`DropoutArg`]). Returns the name of the kernel
+/// variant that ran for a dense batch (`None` for a packed one).
 #[pyfunction]
-#[pyo3(signature = (call, inputs, grads, options, varlen=None, alibi=None))]
+#[pyo3(signature = (call, inputs, grads, options, varlen=None, alibi=None, dropout=None))]
+#[allow(clippy::too_many_arguments)] // the Python signature: one tuple per concern
 fn attention_backward(
     py: Python<'_>,
     call: CallArg,
@@ -250,6 +266,7 @@ fn attention_backward(
     options: OptionsArg,
     varlen: Option<VarlenArg>,
     alibi: Option<AlibiArg>,
+    dropout: Option<DropoutArg>,
 ) -> PyResult<Option<String>> {
     let CallArg(device, stream, scratch, check) = call;
     let BwdInputsArg(q, k, v, o, lse, dout) = inputs;
@@ -261,7 +278,7 @@ fn attention_backward(
         layouts.push(layout(t, name)?);
     }
     let ctx = context(device)?;
-    let params = params(options);
+    let params = params_with(options, dropout);
     // SAFETY: as in `attention_forward`.
     let batch = varlen.map(|b| unsafe { varlen_batch(b) });
     // SAFETY: as in `attention_forward`.
@@ -319,13 +336,14 @@ fn scratch_fn<'a>(scratch: &'a Py<PyAny>, error: &'a mut Option<PyErr>) -> impl 
 
 /// What would run for this problem on `device` under `options` ([`OptionsArg`]): the kernel
 /// variant, its tile and grid (the dispatcher's own description). A window or softcap selects
-/// other variants.
+/// other variants; `dropout` (p) the dropout forms.
 #[pyfunction]
-fn plan(device: usize, q_shape: [usize; 4], k_shape: [usize; 4], dtype_name: &str, options: OptionsArg) -> PyResult<String> {
+#[pyo3(signature = (device, q_shape, k_shape, dtype_name, options, dropout=0.0))]
+fn plan(device: usize, q_shape: [usize; 4], k_shape: [usize; 4], dtype_name: &str, options: OptionsArg, dropout: f32) -> PyResult<String> {
     let [batch, seqlen_q, heads_q, head_dim] = q_shape;
     let [_, seqlen_k, heads_kv, _] = k_shape;
     let shape = ProblemShape { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim };
-    let params = params(options);
+    let params = params_with(options, (dropout > 0.0).then_some((dropout, 0, 0)));
     params.check_window_and_softcap().map_err(to_py)?;
     let ctx = context(device)?;
     let plan = ctx.plan(&shape, dtype(dtype_name, "q")?, &params).map_err(to_py)?;

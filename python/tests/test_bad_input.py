@@ -83,8 +83,9 @@ def test_unsupported_head_dims():
     torch_still_works()
 
 
-def test_dropout_is_refused_by_name():
-    raises(NotImplementedError, "`dropout_p=", dropout_p=0.1)
+def test_bad_dropout_is_named():
+    raises(ValueError, "`dropout_p`", dropout_p=1.0)
+    raises(ValueError, "`dropout_p`", dropout_p=-0.1)
 
 
 def slopes(*shape, **kw):

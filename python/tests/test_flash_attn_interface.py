@@ -136,7 +136,6 @@ def test_varlen_forward_and_backward_match_each_sequence_alone():
 @pytest.mark.parametrize(
     "call, name",
     [
-        (lambda q: fai._flash_attn_forward(q, q, q, 0.1, 1.0, False, -1, -1, 0.0, None, False), "dropout_p"),
         (lambda q: fai._flash_attn_varlen_forward(q[0], q[0], q[0], *_cu(), 8, 8, 0.0, 1.0, False, leftpad_k=torch.zeros(1, dtype=torch.int32, device="cuda")), "leftpad_k"),
     ],
 )

@@ -99,6 +99,12 @@ pub struct FwdOutputs<'a> {
     pub o: TensorViewMut<'a>,
     /// The log-sum-exp, when wanted (the backward needs it).
     pub lse: Option<LseViewMut<'a>>,
+    /// With dropout, where to store each visited probability, negated where dropped
+    /// (flash_attn's `S_dmask`): `[B, Hq, rows, cols]` in q's dtype, contiguous, `rows >= Sq`,
+    /// `cols >= Sk` (flash_attn's: both rounded up to 128), relative to the running row max
+    /// at each key tile (fwd_sm80's, walking its key tiles last to first: see
+    /// `kernels::fwd_sm80::DROPOUT_BLOCK_N`); elements no tile visits are not written.
+    pub probs: Option<TensorViewMut<'a>>,
 }
 
 /// What the backward reads: the forward's inputs and outputs and the output's gradient.

@@ -13,7 +13,7 @@ use crate::external::{CallerStream, CurrentContextGuard};
 use crate::launch::{self, Lane};
 use crate::params::AttnParams;
 use crate::tensor::LseViewMut;
-use crate::{dispatch, pack, paged, varlen};
+use crate::{dispatch, pack, paged, validate, varlen};
 
 /// Output and log-sum-exp of one attention call, in fresh buffers.
 #[derive(Debug)]
@@ -44,7 +44,7 @@ impl Context {
         // [B, Hq, Sq]; packed, [Hq, total_q]: the same count, as q is [1, total_q, Hq, D].
         let [b, sq, hq, _] = inputs.q.layout.shape;
         let mut lse = self.stream().alloc_zeros::<f32>((b * hq * sq).max(1)).ctx("allocating lse")?;
-        self.attention_into(inputs, FwdOutputs { o: o.view_mut(), lse: Some(LseViewMut::of(&mut lse)) }, params)?;
+        self.attention_into(inputs, FwdOutputs { o: o.view_mut(), lse: Some(LseViewMut::of(&mut lse)), probs: None }, params)?;
         Ok(AttnOutput { o, lse })
     }
 
@@ -85,9 +85,19 @@ impl Context {
         }
         let device = self.info().device();
         let (dtype, layout) = (inputs.q.layout.dtype, inputs.kv.geometry(&checked));
+        let probs = match &out.probs {
+            Some(p) => {
+                let (rows, cols) = validate::dropout_probs(&p.as_view(), &checked.shape, dtype, params.dropout.is_some(), self.ordinal())?;
+                Some((p.as_view().ptr, rows, cols))
+            }
+            None => None,
+        };
         let plan = dispatch::plan_for(&device, &checked.shape, dtype, params, layout, checked.alibi.is_some())?;
         let kernel = self.load(&plan.variant)?;
-        let call = pack::forward(&plan, &checked, inputs, o, out.lse.map_or(0, |l| l.ptr), params);
+        let mut call = pack::forward(&plan, &checked, inputs, o, out.lse.map_or(0, |l| l.ptr), params);
+        if let Some((ptr, rows, cols)) = probs {
+            (call.params.dropout_probs, call.params.probs_rows, call.params.probs_cols) = (ptr, rows as i32, cols as i32);
+        }
         launch::forward(lane, &kernel, &plan, call, device.sm_count, device.arch)
     }
 

@@ -45,6 +45,10 @@ pub(crate) struct ScoreModArgs {
     pub softcap_scale: f32,
     pub alibi_scale: f32,
     pub alibi_batch_stride: i32,
+    pub dropout_seed: u64,
+    pub dropout_offset: u64,
+    pub dropout_threshold: u32,
+    pub dropout_scale: f32,
 }
 
 /// A packed batch (`FC_VARLEN_FIELDS`); the paged forward reuses `seqused_k` as the cache
@@ -98,11 +102,15 @@ pub(crate) struct FwdParams {
     pub new_keys: i32,
     /// fwd_sm90 paged with a block table: rows of one K/V TMA box (`fwd_sm90::page_box_rows`).
     pub page_box_rows: i32,
+    /// Dropout's probabilities (`FwdOutputs::probs`; 0: not stored) and their extents.
+    pub dropout_probs: u64,
+    pub probs_rows: i32,
+    pub probs_cols: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<ProblemArgs>() == 36 && std::mem::size_of::<ScoreModArgs>() == 32);
+const _: () = assert!(std::mem::size_of::<ProblemArgs>() == 36 && std::mem::size_of::<ScoreModArgs>() == 56);
 const _: () = assert!(std::mem::size_of::<VarlenArgs>() == 32);
-const _: () = assert!(std::mem::size_of::<FwdParams>() == 392);
+const _: () = assert!(std::mem::size_of::<FwdParams>() == 432);
 
 // SAFETY: plain old data with the C layout the kernels expect.
 unsafe impl DeviceRepr for FwdParams {}
@@ -138,7 +146,7 @@ pub(crate) struct BwdParams {
     pub varlen: VarlenArgs,
 }
 
-const _: () = assert!(std::mem::size_of::<BwdParams>() == 88 + 8 * 24 + 80 + 32);
+const _: () = assert!(std::mem::size_of::<BwdParams>() == 88 + 8 * 24 + 104 + 32);
 
 // SAFETY: plain old data with the C layout the kernels expect.
 unsafe impl DeviceRepr for BwdParams {}
@@ -183,6 +191,10 @@ fn score_mod_args(shape: &ProblemShape, params: &AttnParams, alibi: Option<Alibi
         softcap_scale: if params.has_softcap() { scale / params.softcap } else { 0.0 },
         alibi_scale: std::f32::consts::LOG2_E / scale_log2,
         alibi_batch_stride: alibi.map_or(0, |a| a.batch_stride as i32),
+        dropout_seed: params.dropout.map_or(0, |d| d.seed),
+        dropout_offset: params.dropout.map_or(0, |d| d.offset),
+        dropout_threshold: params.dropout.map_or(0, |d| d.threshold()),
+        dropout_scale: params.dropout.map_or(1.0, |d| d.scale()),
     }
 }
 

@@ -56,6 +56,10 @@ pub struct AttnParams {
     /// `softcap · tanh(s / softcap)` before the softmax (the scale applies inside the tanh,
     /// as in flash_attn). `0` is off; otherwise finite and > 0. The backward takes it too.
     pub softcap: f32,
+    /// Attention dropout ([`crate::Dropout`]: the probability and the generator state), or
+    /// none. Runs on the Ampere-class kernels (fwd_sm80, bwd_sm80) on every GPU; the backward
+    /// takes the forward's, to regenerate its mask.
+    pub dropout: Option<crate::Dropout>,
 }
 
 /// A sliding window's sides, in keys: `-1` is unbounded (see [`AttnParams::window`]).
@@ -143,7 +147,7 @@ impl AttnParams {
         if !self.softcap.is_finite() || self.softcap < 0.0 {
             return Err(Error::Param { arg: "softcap", msg: format!("{} must be 0 (off), or finite and > 0", self.softcap) });
         }
-        Ok(())
+        self.dropout.as_ref().map_or(Ok(()), crate::Dropout::check)
     }
 
     /// Whether scores are softcapped.

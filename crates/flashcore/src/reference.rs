@@ -11,6 +11,9 @@
 //!   + right` (`-1`: that side unbounded);
 //! - softcap `c > 0` replaces `s_ij` by `c · tanh(s_ij / c)` before the softmax;
 //! - ALiBi adds `-slope_bh · |i + Sk - Sq - j|` to the (capped) score (`RefMask::alibi_slopes`);
+//! - dropout (`RefMask::dropout`) keeps `P_ij` where the kernels' mask keeps it
+//!   ([`crate::Dropout::keeps`]), scaled by `1 / (1 - p)`, in the output and the gradients
+//!   (the LSE is the undropped softmax's);
 //! - `lse_i = ln Σ_j exp(s_ij)` over the visible keys; a row that sees no key (causal with
 //!   `Sq > Sk`, or outside its window) gives `o = 0` and `lse = -inf`, never NaN.
 
@@ -41,13 +44,25 @@ pub struct RefMask<'a> {
     /// ALiBi slopes: `[Hq]` (every sequence's) or `[B, Hq]` row-major; empty is off. Score
     /// `(i, j)` of sequence `b`, head `h` gains `-slope · |i + Sk - Sq - j|` after the softcap.
     pub alibi_slopes: &'a [f64],
+    /// Dropout, its mask the kernels' ([`crate::Dropout::keeps`]) for batch entry
+    /// `first_batch + b` (a sequence run alone keeps its place in the batch's mask).
+    pub dropout: Option<crate::Dropout>,
+    /// See `dropout`.
+    pub first_batch: usize,
 }
 
 impl<'a> RefMask<'a> {
     /// The mask and softcap of `params` (its window as given, causal besides); no ALiBi.
     pub fn of(params: &AttnParams) -> Self {
         let window = (params.window != Window::UNBOUNDED).then_some(params.window);
-        RefMask { causal: params.causal, window, softcap: params.softcap as f64, alibi_slopes: &[] }
+        RefMask {
+            causal: params.causal,
+            window,
+            softcap: params.softcap as f64,
+            alibi_slopes: &[],
+            dropout: params.dropout,
+            first_batch: 0,
+        }
     }
 
     /// This mask with ALiBi `slopes` (`[Hq]` or `[B, Hq]`).
@@ -58,7 +73,17 @@ impl<'a> RefMask<'a> {
     /// The mask of sequence `b` alone (of `heads_q` heads): its row of `[B, Hq]` slopes.
     pub fn for_sequence(&self, b: usize, heads_q: usize) -> Self {
         let slopes = if self.alibi_slopes.len() > heads_q { &self.alibi_slopes[b * heads_q..][..heads_q] } else { self.alibi_slopes };
-        RefMask { alibi_slopes: slopes, ..*self }
+        RefMask { alibi_slopes: slopes, first_batch: self.first_batch + b, ..*self }
+    }
+
+    /// Dropout's factor for score `(i, j)` of batch entry `b`, head `h` (of `hq`): `1 / (1 -
+    /// p)` where kept, 0 where dropped, 1 without dropout.
+    fn kept(&self, (b, h, hq): (usize, usize, usize), i: usize, j: usize) -> f64 {
+        match &self.dropout {
+            None => 1.0,
+            Some(d) if d.keeps(self.first_batch + b, h, hq, i, j) => 1.0 / (1.0 - d.p as f64),
+            Some(_) => 0.0,
+        }
     }
 
     /// ALiBi's bias of score `(i, j)` of sequence `b`, head `h` (of `hq`), `sq` queries over
@@ -153,7 +178,7 @@ pub fn attention_masked(q: &[f64], k: &[f64], v: &[f64], shape: &ProblemShape, s
                 let sum: f64 = p.iter().sum();
                 let o_i = &mut o[i * d..][..d];
                 for (j, &p) in (first..last).zip(&p) {
-                    let weight = p / sum;
+                    let weight = p / sum * mask.kept((b, h, hq), i, j);
                     for (o, &v) in o_i.iter_mut().zip(&v[kv_at(j)..][..d]) {
                         *o += weight * v;
                     }
@@ -301,9 +326,10 @@ pub fn attention_backward_masked(
                     let (k_j, v_j) = (&k[kv_at(b, j, h)..][..d], &v[kv_at(b, j, h)..][..d]);
                     let c = mask.score(softmax_scale * dot(q_i, k_j));
                     let p = (c + mask.bias((b, h, hq), i, j, (sq, sk)) - lse).exp();
-                    let ds = p * (dot(do_i, v_j) - d_i) * mask.score_grad(c);
+                    let kept = mask.kept((b, h, hq), i, j);
+                    let ds = p * (kept * dot(do_i, v_j) - d_i) * mask.score_grad(c);
                     for c in 0..d {
-                        dv[j * d + c] += p * do_i[c];
+                        dv[j * d + c] += p * kept * do_i[c];
                         dq[i * d + c] += softmax_scale * ds * k_j[c];
                         dk[j * d + c] += softmax_scale * ds * q_i[c];
                     }
@@ -671,6 +697,13 @@ mod tests {
             (4, 7, RefMask { alibi_slopes: &[0.5, 0.25, 1.0, 2.0], ..RefMask::default() }),
             (6, 3, RefMask { causal: true, softcap: 4.0, alibi_slopes: &[0.3, 0.1, 0.7, 1.1, 0.2, 0.9, 0.4, 0.6], ..RefMask::default() }),
             (5, 5, RefMask { window: Some(Window::new(1, 2)), alibi_slopes: &[1.5, 0.5, 0.25, 0.125], ..RefMask::default() }),
+            // Dropout: a fixed mask (seed, offset), with a softcap and causal besides.
+            (6, 9, RefMask { dropout: Some(crate::Dropout { p: 0.3, seed: 7, offset: 1 }), ..RefMask::default() }),
+            (
+                7,
+                5,
+                RefMask { causal: true, softcap: 4.0, dropout: Some(crate::Dropout { p: 0.5, seed: 9, offset: 3 }), ..RefMask::default() },
+            ),
         ];
         for (sq, sk, mask) in cases {
             let s = shape(2, sq, sk, 4, 2, 3);

@@ -131,6 +131,38 @@ pub(crate) fn alibi_slopes(ptr: u64, len: usize, shape: &ProblemShape) -> Result
     }
 }
 
+/// Validates dropout's probabilities (`FwdOutputs::probs`) for the kernels' `shape` (B
+/// sequences of the longest lengths) in q's `dtype`: a call with dropout, `[B, Hq, rows,
+/// cols]` contiguous with `rows >= Sq`, `cols >= Sk` (flash_attn rounds both up to 128), on
+/// `device`. Returns `(rows, cols)`.
+pub(crate) fn dropout_probs(t: &TensorView, shape: &ProblemShape, dtype: DType, dropout: bool, device: usize) -> Result<(usize, usize)> {
+    if !dropout {
+        return Err(Error::Param { arg: "probs", msg: "the dropout mask's probabilities exist only with dropout".into() });
+    }
+    if t.device != device {
+        return Err(Error::DeviceMismatch { arg: "probs", tensor_device: t.device, context_device: device });
+    }
+    if t.layout.dtype != dtype {
+        return Err(Error::DType { arg: "probs", msg: format!("{} differs from q's {dtype}", t.layout.dtype) });
+    }
+    let [b, h, rows, cols] = t.layout.shape;
+    if b != shape.batch || h != shape.heads_q || rows < shape.seqlen_q || cols < shape.seqlen_k || cols % 2 != 0 {
+        let want =
+            format!("[B, Hq, >= Sq, >= Sk (even)] = [{}, {}, >= {}, >= {}]", shape.batch, shape.heads_q, shape.seqlen_q, shape.seqlen_k);
+        return Err(shape_err("probs", format!("{:?}, need {want}", t.layout.shape)));
+    }
+    if t.layout.strides != [h * rows * cols, rows * cols, cols, 1] || t.ptr % 4 != 0 {
+        return Err(Error::Stride {
+            arg: "probs",
+            msg: format!("must be contiguous and 4-byte aligned, got strides {:?}", t.layout.strides),
+        });
+    }
+    if b * h * rows * cols > i64::MAX as usize / 2 || rows > i32::MAX as usize || cols > i32::MAX as usize {
+        return Err(shape_err("probs", "too large".into()));
+    }
+    Ok((rows, cols))
+}
+
 /// Validates the scratch memory a caller's allocator returned (read as float4 rows).
 pub(crate) fn scratch_alignment(ptr: u64) -> Result<()> {
     if ptr == 0 || ptr % 16 != 0 {

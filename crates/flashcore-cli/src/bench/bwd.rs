@@ -90,7 +90,7 @@ pub fn bench_case(
         let s = &sets[i % n_sets];
         ctx.attention_into(
             &FwdInputs::dense(s.q.view(), s.k.view(), s.v.view()),
-            FwdOutputs { o: o.view_mut(), lse: Some(LseViewMut::of(&mut lse)) },
+            FwdOutputs { o: o.view_mut(), lse: Some(LseViewMut::of(&mut lse)), probs: None },
             &fwd_params,
         )?;
         let (o, lse) = (o.view(), LseView::of(&lse));

@@ -36,7 +36,7 @@ pub fn bench_case(ctx: &Context, case: &Case, family: Option<KernelFamily>, args
             let (q, k, v) = &inputs[i % sets];
             ctx.attention_into(
                 &FwdInputs::dense(q.view(), k.view(), v.view()),
-                FwdOutputs { o: o.view_mut(), lse: Some(LseViewMut::of(&mut lse)) },
+                FwdOutputs { o: o.view_mut(), lse: Some(LseViewMut::of(&mut lse)), probs: None },
                 &params,
             )
         })
@@ -72,12 +72,16 @@ fn verify(ctx: &Context, case: &Case, (q, k, v): &(Stored, Stored, Stored), para
     let rows = case.seqlen_q.min(VERIFY_ROWS);
     let start = case.seqlen_q - rows;
     let mut o = DeviceTensor::filled(ctx, 0x7fc0, case.q_shape(), case.dtype)?;
-    ctx.attention_into(&FwdInputs::dense(q.view(), k.view(), v.view()), FwdOutputs { o: o.view_mut(), lse: None }, params)?;
+    ctx.attention_into(&FwdInputs::dense(q.view(), k.view(), v.view()), FwdOutputs { o: o.view_mut(), lse: None, probs: None }, params)?;
     let sliced_shape = [case.batch, rows, case.heads_q, case.head_dim];
     let mut o_ref = DeviceTensor::filled(ctx, 0x7fc0, sliced_shape, case.dtype)?;
     let q_rows = q.view().narrow_seq(start, rows).expect("rows are in range");
     let ref_params = AttnParams { kernel: Some(KernelFamily::Reference), ..*params };
-    ctx.attention_into(&FwdInputs::dense(q_rows, k.view(), v.view()), FwdOutputs { o: o_ref.view_mut(), lse: None }, &ref_params)?;
+    ctx.attention_into(
+        &FwdInputs::dense(q_rows, k.view(), v.view()),
+        FwdOutputs { o: o_ref.view_mut(), lse: None, probs: None },
+        &ref_params,
+    )?;
     let got = o.to_f32(ctx)?;
     let want: Vec<f64> = o_ref.to_f32(ctx)?.into_iter().map(f64::from).collect();
     let row_len = case.heads_q * case.head_dim;

@@ -89,7 +89,7 @@ pub fn rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> {
             Run::Dense => time(ctx, opts, |_| {
                 ctx.attention_into(
                     &FwdInputs::dense(q.view(), k.view(), v.view()),
-                    FwdOutputs { o: o.view_mut(), lse: Some(LseViewMut::of(&mut lse)) },
+                    FwdOutputs { o: o.view_mut(), lse: Some(LseViewMut::of(&mut lse)), probs: None },
                     &params,
                 )
             })?,
@@ -109,7 +109,7 @@ pub fn rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> {
                 time(ctx, opts, |_| {
                     ctx.attention_into(
                         &FwdInputs::paged(q.view(), pool(&k), pool(&v), kv),
-                        FwdOutputs { o: o.view_mut(), lse: Some(LseViewMut::of(&mut lse)) },
+                        FwdOutputs { o: o.view_mut(), lse: Some(LseViewMut::of(&mut lse)), probs: None },
                         &params,
                     )
                 })?
@@ -194,7 +194,7 @@ fn prefill_rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> 
             return Ok(time(ctx, opts, |_| {
                 ctx.attention_into(
                     &FwdInputs::dense(q.view(), k.view(), v.view()),
-                    FwdOutputs { o: o.view_mut(), lse: Some(LseViewMut::of(&mut lse)) },
+                    FwdOutputs { o: o.view_mut(), lse: Some(LseViewMut::of(&mut lse)), probs: None },
                     &params,
                 )
             })?);
@@ -213,7 +213,7 @@ fn prefill_rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> 
         Ok(time(ctx, opts, |_| {
             ctx.attention_into(
                 &FwdInputs::paged(q.view(), pool(&k), pool(&v), kv),
-                FwdOutputs { o: o.view_mut(), lse: Some(LseViewMut::of(&mut lse)) },
+                FwdOutputs { o: o.view_mut(), lse: Some(LseViewMut::of(&mut lse)), probs: None },
                 &params,
             )
         })?)

@@ -74,7 +74,7 @@ pub fn bench_case(ctx: &Context, case: &Case, family: Option<KernelFamily>, args
             let (q, k, v) = &inputs[i % sets];
             ctx.attention_into(
                 &FwdInputs::varlen(q.view(), k.view(), v.view(), batch),
-                FwdOutputs { o: o.view_mut(), lse: Some(LseViewMut::of(&mut lse)) },
+                FwdOutputs { o: o.view_mut(), lse: Some(LseViewMut::of(&mut lse)), probs: None },
                 &params,
             )
         })
@@ -115,7 +115,11 @@ fn narrow(t: &Stored, start: usize, len: usize) -> flashcore::TensorView<'_> {
 fn verify(ctx: &Context, case: &Case, (q, k, v): &(Stored, Stored, Stored), batch: &VarlenBatch, params: &AttnParams) -> Result<f64> {
     let p = case.packed.as_ref().expect("a packed case");
     let mut o = DeviceTensor::filled(ctx, 0x7fc0, case.q_shape(), case.dtype)?;
-    ctx.attention_into(&FwdInputs::varlen(q.view(), k.view(), v.view(), *batch), FwdOutputs { o: o.view_mut(), lse: None }, params)?;
+    ctx.attention_into(
+        &FwdInputs::varlen(q.view(), k.view(), v.view(), *batch),
+        FwdOutputs { o: o.view_mut(), lse: None, probs: None },
+        params,
+    )?;
     let got = o.to_f32(ctx)?;
     let (cu_q, cu_k) = (Packed::cumulative(&p.seqlens_q), Packed::cumulative(&p.seqlens_k));
     let n = p.seqlens_q.len();
@@ -132,7 +136,11 @@ fn verify(ctx: &Context, case: &Case, (q, k, v): &(Stored, Stored, Stored), batc
         let first = cu_q[b] as usize + lq - rows;
         let mut o_ref = DeviceTensor::filled(ctx, 0x7fc0, [1, rows, case.heads_q, case.head_dim], case.dtype)?;
         let (kb, vb) = (narrow(k, cu_k[b] as usize, used), narrow(v, cu_k[b] as usize, used));
-        ctx.attention_into(&FwdInputs::dense(narrow(q, first, rows), kb, vb), FwdOutputs { o: o_ref.view_mut(), lse: None }, &ref_params)?;
+        ctx.attention_into(
+            &FwdInputs::dense(narrow(q, first, rows), kb, vb),
+            FwdOutputs { o: o_ref.view_mut(), lse: None, probs: None },
+            &ref_params,
+        )?;
         want.extend(o_ref.to_f32(ctx)?.into_iter().map(f64::from));
         picked.extend_from_slice(&got[first * row_len..(first + rows) * row_len]);
     }

@@ -38,21 +38,26 @@ pub struct BwdSpec {
     window: Window,
     softcap: f32,
     pub alibi: Alibi,
+    dropout: Option<flashcore::Dropout>,
 }
 
 impl BwdSpec {
     pub fn head_dim(&self) -> usize {
         self.case.head_dim
     }
+
+    pub fn has_dropout(&self) -> bool {
+        self.dropout.is_some()
+    }
 }
 
 impl BwdSpec {
     fn new(family: KernelFamily, deterministic: bool, case: Case, inputs: Inputs, storage: Storage) -> Self {
-        Self { family, deterministic, case, inputs, storage, window: Window::UNBOUNDED, softcap: 0.0, alibi: Alibi::Off }
+        Self { family, deterministic, case, inputs, storage, window: Window::UNBOUNDED, softcap: 0.0, alibi: Alibi::Off, dropout: None }
     }
 
     fn params(&self) -> AttnParams {
-        AttnParams { causal: self.case.causal, window: self.window, softcap: self.softcap, ..AttnParams::default() }
+        AttnParams { causal: self.case.causal, window: self.window, softcap: self.softcap, dropout: self.dropout, ..AttnParams::default() }
     }
 }
 
@@ -90,6 +95,20 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<BwdSpec> {
                     out.push(BwdSpec::new(family, false, case, Inputs::LargeLogits, Storage::Bshd));
                 }
                 out.extend(mods_specs(family, d, causal, dtype, quick, smoke));
+                if family == KernelFamily::BwdSm80 && !smoke {
+                    // Dropout (bwd_sm80's form): the forward's mask regenerated, deterministic or not.
+                    let drop = |p, offset| Some(flashcore::Dropout { p, seed: 0xd0d0 ^ d as u64, offset });
+                    let case = Case::new(2, 113, 300, 4, 2, d, causal, dtype);
+                    out.push(BwdSpec { dropout: drop(0.17, 0), ..BwdSpec::new(family, false, case, Inputs::Normal, Storage::Bshd) });
+                    let case = Case::new(2, 300, 257, 8, 2, d, causal, dtype);
+                    out.push(BwdSpec {
+                        dropout: drop(0.5, 9),
+                        window: Window::new(100, 20),
+                        softcap: 30.0,
+                        alibi: Alibi::PerSequence,
+                        ..BwdSpec::new(family, true, case, Inputs::LargeLogits, Storage::Bshd)
+                    });
+                }
             }
         }
     }
@@ -267,7 +286,12 @@ pub fn check_one(ctx: &Context, spec: &BwdSpec) -> Result<Outcome> {
     let det = if spec.deterministic { "_deterministic" } else { "" };
     let score = super::score_suffix(spec.window, spec.softcap);
     Ok(Outcome {
-        spec_name: format!("bwd_{}{bhsd}{large}{score}{}{det}", case.name, spec.alibi.suffix()),
+        spec_name: format!(
+            "bwd_{}{bhsd}{large}{score}{}{}{det}",
+            case.name,
+            spec.alibi.suffix(),
+            spec.dropout.map(|d| format!("_dropout{}", d.p)).unwrap_or_default()
+        ),
         kernel: spec.family,
         oracle: "cpu-f64",
         rel,

@@ -31,11 +31,13 @@ pub struct Spec {
     softcap: f32,
     /// ALiBi's slopes.
     pub alibi: Alibi,
+    /// Dropout (fwd_sm80's form), its mask from the spec's fixed generator state.
+    pub dropout: Option<flashcore::Dropout>,
 }
 
 impl Spec {
     fn new(case: Case, inputs: Inputs, storage: Storage) -> Self {
-        Self { case, inputs, storage, splits: None, scale: None, window: Window::UNBOUNDED, softcap: 0.0, alibi: Alibi::Off }
+        Self { case, inputs, storage, splits: None, scale: None, window: Window::UNBOUNDED, softcap: 0.0, alibi: Alibi::Off, dropout: None }
     }
 
     fn with_alibi(self, alibi: Alibi) -> Self {
@@ -135,6 +137,9 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<Spec> {
                 }
                 out.extend(decode_specs(family, d, causal, dtype, quick));
                 out.extend(mods_specs(d, causal, dtype, quick));
+                if family == KernelFamily::FwdSm80 {
+                    out.extend(dropout_specs(d, causal, dtype, quick));
+                }
             }
         }
     }
@@ -194,6 +199,23 @@ fn mods_specs(d: usize, causal: bool, dtype: DType, quick: bool) -> Vec<Spec> {
     out
 }
 
+/// Dropout (fwd_sm80's form): p 0.17 on Sq < Sk with GQA, 0.5 with a window and ALiBi per
+/// sequence on Sq > Sk, 0.1 in decode (no GQA packing under dropout).
+fn dropout_specs(d: usize, causal: bool, dtype: DType, quick: bool) -> Vec<Spec> {
+    let drop = |p, offset| Some(flashcore::Dropout { p, seed: 0x5eed_d0d0 ^ d as u64, offset });
+    let mut out =
+        vec![Spec { dropout: drop(0.17, 0), ..Spec::new(Case::new(1, 200, 1000, 4, 2, d, causal, dtype), Inputs::Normal, Storage::Bshd) }];
+    if !quick {
+        let case = Case::new(2, 300, 257, 8, 2, d, causal, dtype);
+        out.push(Spec {
+            dropout: drop(0.5, 7),
+            ..Spec::with_mods(case, Inputs::Normal, Window::new(100, 20), 0.0).with_alibi(Alibi::PerSequence)
+        });
+        out.push(Spec { dropout: drop(0.1, 3), ..Spec::new(Case::new(2, 1, 1000, 8, 2, d, causal, dtype), Inputs::Normal, Storage::Bshd) });
+    }
+    out
+}
+
 /// Decode (GQA packed as rows, MQA, plain MHA) at the dispatcher's split count, and for
 /// the family that splits, forced splits: with Sq > 1 under the causal mask, with rows that
 /// every split finds empty (Sq > Sk), with more splits than some tiles' visible keys, and
@@ -230,13 +252,14 @@ fn run_poisoned(ctx: &Context, family: KernelFamily, spec: &Spec, q: &Stored, k:
         softmax_scale: Some(spec.scale()),
         window: spec.window,
         softcap: spec.softcap,
+        dropout: spec.dropout,
         ..AttnParams::default()
     };
     let lse_len = case.batch * case.heads_q * case.seqlen_q;
     let slopes = upload_slopes(ctx, &spec.slopes())?;
     let inputs = FwdInputs { alibi_slopes: slopes.as_ref().map(AlibiSlopes::of), ..FwdInputs::dense(q.view(), k.view(), v.view()) };
     poisoned_run(ctx, case.q_shape(), case.dtype, lse_len, |o, lse| {
-        ctx.attention_into(&inputs, FwdOutputs { o, lse: Some(LseViewMut::of(lse)) }, &params)
+        ctx.attention_into(&inputs, FwdOutputs { o, lse: Some(LseViewMut::of(lse)), probs: None }, &params)
     })
 }
 
@@ -257,7 +280,8 @@ pub fn check_one(ctx: &Context, family: KernelFamily, spec: &Spec) -> Result<Out
     let scale = spec.scale.map(|s| format!("_scale{s}")).unwrap_or_default();
     let bhsd = if spec.storage == Storage::Bhsd { "_bhsd" } else { "" };
     let score = super::score_suffix(spec.window, spec.softcap);
-    let name = format!("{}{}{bhsd}{splits}{scale}{score}{}", case.name, inputs_suffix(spec.inputs), spec.alibi.suffix());
+    let drop = spec.dropout.map(|d| format!("_dropout{}", d.p)).unwrap_or_default();
+    let name = format!("{}{}{bhsd}{splits}{scale}{score}{}{drop}", case.name, inputs_suffix(spec.inputs), spec.alibi.suffix());
     Ok(Outcome { spec_name: name, kernel: family, oracle, rel, max_abs, lse_err, deterministic, failure })
 }
 
@@ -290,6 +314,8 @@ fn oracle(
             window: (spec.window != Window::UNBOUNDED).then_some(spec.window),
             softcap: spec.softcap as f64,
             alibi_slopes: &slopes,
+            dropout: spec.dropout,
+            ..RefMask::default()
         };
         let r = reference::attention_masked(&wide(&host.q), &wide(&host.k), &wide(&host.v), &case.shape(), spec.scale() as f64, &mask);
         return Ok(("cpu-f64", r.o, r.lse));

@@ -69,6 +69,9 @@ pub struct CheckArgs {
     /// Only the cases with ALiBi (slopes per head or per sequence).
     #[arg(long)]
     alibi: bool,
+    /// Only the cases with dropout (fwd_sm80's and bwd_sm80's forms).
+    #[arg(long)]
+    dropout: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -109,10 +112,11 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     let cached: Vec<paged::PagedSpec> = families.iter().filter(|_| group("paged")).flat_map(|&f| paged::specs(f, quick, smoke)).collect();
     let dim = |d: usize| args.head_dims.is_empty() || args.head_dims.contains(&d);
     let alibi = |a: Alibi| !args.alibi || a != Alibi::Off;
-    let all: Vec<_> = all.into_iter().filter(|(_, s)| dim(s.case.head_dim) && alibi(s.alibi)).collect();
-    let backward: Vec<_> = backward.into_iter().filter(|s| dim(s.head_dim()) && alibi(s.alibi)).collect();
-    let packed: Vec<_> = packed.into_iter().filter(|s| dim(s.head_dim) && alibi(s.alibi)).collect();
-    let cached: Vec<_> = cached.into_iter().filter(|s| dim(s.head_dim) && alibi(s.alibi)).collect();
+    let dropped = |d: bool| !args.dropout || d;
+    let all: Vec<_> = all.into_iter().filter(|(_, s)| dim(s.case.head_dim) && alibi(s.alibi) && dropped(s.dropout.is_some())).collect();
+    let backward: Vec<_> = backward.into_iter().filter(|s| dim(s.head_dim()) && alibi(s.alibi) && dropped(s.has_dropout())).collect();
+    let packed: Vec<_> = packed.into_iter().filter(|s| dim(s.head_dim) && alibi(s.alibi) && dropped(false)).collect();
+    let cached: Vec<_> = cached.into_iter().filter(|s| dim(s.head_dim) && alibi(s.alibi) && dropped(false)).collect();
     // In the order they run (below), so that the parts of one N cover the run once.
     let mut part = PartFilter { part: args.part, next: 0 };
     let (all, packed, cached, backward) = (part.take(all), part.take(packed), part.take(cached), part.take(backward));

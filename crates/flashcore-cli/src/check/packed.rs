@@ -236,7 +236,7 @@ impl Packed {
         poisoned_run(ctx, self.q.layout().shape, spec.dtype, spec.heads_q * self.total_q, |o, lse| {
             ctx.attention_into(
                 &FwdInputs { alibi_slopes: self.alibi_slopes(), ..FwdInputs::varlen(self.q.view(), self.k.view(), self.v.view(), batch) },
-                FwdOutputs { o, lse: Some(LseViewMut::of(lse)) },
+                FwdOutputs { o, lse: Some(LseViewMut::of(lse)), probs: None },
                 &params,
             )
         })

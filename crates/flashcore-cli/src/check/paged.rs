@@ -343,7 +343,7 @@ impl Caches {
         poisoned_run(ctx, shape, spec.dtype, shape[0] * shape[1] * shape[2], |o, lse| {
             ctx.attention_into(
                 &FwdInputs { alibi_slopes: slopes.map(AlibiSlopes::of), ..FwdInputs::paged(q.view(), k.view(), v.view(), kv) },
-                FwdOutputs { o, lse: Some(LseViewMut::of(lse)) },
+                FwdOutputs { o, lse: Some(LseViewMut::of(lse)), probs: None },
                 &spec.params(),
             )
         })

@@ -105,7 +105,9 @@ pub(crate) fn backward_variant(
         KernelFamily::BwdSm90 => bwd_sm90::variant(dtype, shape.head_dim, causal),
         _ => return Ok(reference::variant(dtype)),
     };
-    let mut variant = crate::kernels::with_mods(&variant, ScoreMods { local: window.is_some(), softcap: params.has_softcap(), alibi });
+    let dropout = params.dropout.is_some();
+    let mut variant =
+        crate::kernels::with_mods(&variant, ScoreMods { local: window.is_some(), softcap: params.has_softcap(), alibi, dropout });
     variant.varlen = varlen;
     Ok(variant)
 }
@@ -117,6 +119,17 @@ fn backward_family(shape: &ProblemShape, params: &AttnParams, arch: Arch, varlen
     let unsupported = |family: KernelFamily, msg: String| Err(Error::Unsupported { kernel: family.name().into(), msg });
     let takes = |family: KernelFamily| family.takes_head_dim(shape.head_dim);
     let native = |family: KernelFamily| family.head_dims().contains(&shape.head_dim);
+    if params.dropout.is_some() {
+        // Dropout's mask has a form in the Ampere-class kernels alone (common/dropout.cuh).
+        return match params.kernel {
+            None | Some(KernelFamily::BwdSm80) if takes(KernelFamily::BwdSm80) => Ok(KernelFamily::BwdSm80),
+            None | Some(KernelFamily::BwdSm80) => unsupported(
+                KernelFamily::BwdSm80,
+                format!("runs dropout at head dims {} (head dim {})", KernelFamily::BwdSm80.head_dims_text(), shape.head_dim),
+            ),
+            Some(family) => unsupported(family, "has no dropout form: bwd_sm80 has".into()),
+        };
+    }
     match params.kernel {
         Some(KernelFamily::Reference) if varlen => {
             unsupported(KernelFamily::Reference, "takes no packed batch (it is the oracle: run each sequence alone)".into())
@@ -191,14 +204,10 @@ mod tests {
         let pick = |params: AttnParams, arch| backward_variant(&shape(128), DType::BF16, &params, arch, false, false).unwrap();
         for arch in [HOPPER, AMPERE] {
             let local = pick(AttnParams { causal: true, window: crate::params::Window::new(127, 0), ..AttnParams::default() }, arch);
-            assert_eq!(
-                (local.causal, local.mods),
-                (Some(false), ScoreMods { local: true, softcap: false, alibi: false }),
-                "causal folded in"
-            );
+            assert_eq!((local.causal, local.mods), (Some(false), ScoreMods { local: true, ..ScoreMods::default() }), "causal folded in");
             assert!(local.name().ends_with("_local"), "{}", local.name());
             let capped = pick(AttnParams { causal: true, softcap: 30.0, deterministic: true, ..AttnParams::default() }, arch);
-            assert_eq!((capped.causal, capped.mods), (Some(true), ScoreMods { local: false, softcap: true, alibi: false }));
+            assert_eq!((capped.causal, capped.mods), (Some(true), ScoreMods { softcap: true, ..ScoreMods::default() }));
             let only_causal = pick(AttnParams { window: crate::params::Window::new(-1, 0), ..AttnParams::default() }, arch);
             assert_eq!((only_causal.causal, only_causal.mods), (Some(true), ScoreMods::default()), "(-1, 0) is causal");
         }
@@ -206,7 +215,7 @@ mod tests {
         assert_eq!(pick(named, HOPPER).mods, ScoreMods::default(), "the reference takes both at run time");
         for arch in [HOPPER, AMPERE] {
             let alibi = backward_variant(&shape(128), DType::BF16, &AttnParams::causal(), arch, false, true).unwrap();
-            assert_eq!(alibi.mods, ScoreMods { local: false, softcap: false, alibi: true });
+            assert_eq!(alibi.mods, ScoreMods { alibi: true, ..ScoreMods::default() });
             assert!(alibi.name().ends_with("_alibi"), "{}", alibi.name());
         }
         let reference = backward_variant(&shape(128), DType::BF16, &named, HOPPER, false, true).unwrap();

@@ -151,11 +151,24 @@ pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &At
     let varlen = matches!(layout, KeyLayout::Varlen { .. }) || packed_queries;
     let paged = page_size.is_some();
     let arch = device.arch;
+    let dropout = params.dropout.is_some();
     let family = match params.kernel {
         Some(family) => family,
-        None if packed_queries => KernelFamily::FwdSm80,
+        None if packed_queries || dropout => KernelFamily::FwdSm80,
         None => default_family(device, shape),
     };
+    if dropout {
+        // Dropout's mask has a form in fwd_sm80 alone, unsplit, over dense or packed keys.
+        if paged {
+            return Err(Error::Param { arg: "dropout_p", msg: "a KV cache takes no dropout (as flash_attn's)".into() });
+        }
+        if family != KernelFamily::FwdSm80 {
+            return Err(Error::Unsupported { kernel: family.name().into(), msg: "has no dropout form: fwd_sm80 has".into() });
+        }
+        if params.num_splits.is_some_and(|n| n > 1) {
+            return Err(Error::Param { arg: "num_splits", msg: "dropout runs unsplit: None or 1".into() });
+        }
+    }
     if packed_queries && family != KernelFamily::FwdSm80 {
         let msg = "takes no packed queries over a paged cache: fwd_sm80 does".into();
         return Err(Error::Unsupported { kernel: family.name().into(), msg });
@@ -164,7 +177,7 @@ pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &At
         let msg = "packed queries over a paged cache run unsplit: None or 1".into();
         return Err(Error::Param { arg: "num_splits", msg });
     }
-    let num_splits = if packed_queries { Some(1) } else { params.num_splits };
+    let num_splits = if packed_queries || dropout { Some(1) } else { params.num_splits };
     if paged && family == KernelFamily::Reference {
         return Err(Error::Unsupported {
             kernel: family.name().into(),
@@ -187,7 +200,8 @@ pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &At
     let (causal, window) = params.mask();
     // Packed rows of one query position would each take their own row's window: not packed.
     // A packed batch packs on fwd_sm80 alone (the only kernel with the row mapping for it).
-    let packed_gqa = packs_gqa(shape, family) && window.is_none() && !alibi && (!varlen || family == KernelFamily::FwdSm80);
+    // Nor under ALiBi or dropout, whose slope and mask are a head's and a row's.
+    let packed_gqa = packs_gqa(shape, family) && window.is_none() && !alibi && !dropout && (!varlen || family == KernelFamily::FwdSm80);
     if varlen && family == KernelFamily::Reference {
         return Err(Error::Unsupported {
             kernel: family.name().into(),
@@ -196,7 +210,7 @@ pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &At
     }
     let kshape = if packed_gqa { packed(shape) } else { *shape };
     let causal = causal && !packed_gqa;
-    let mods = ScoreMods { local: window.is_some(), softcap: params.has_softcap(), alibi };
+    let mods = ScoreMods { local: window.is_some(), softcap: params.has_softcap(), alibi, dropout };
     // Keys one query tile visits at most: the window's span and the tile's height, or all.
     let visited = |block_m: u32| match window {
         Some(w) if w.left >= 0 && w.right >= 0 => kshape.seqlen_k.min(w.left as usize + w.right as usize + block_m as usize),
@@ -510,6 +524,24 @@ mod tests {
             plan_for(&h100(), &decode(8, 4096), DType::BF16, &split, layout, false),
             Err(Error::Param { arg: "num_splits", .. })
         ));
+    }
+
+    #[test]
+    fn dropout_runs_fwd_sm80_unsplit_unpacked_on_every_gpu() {
+        let dropout = AttnParams { dropout: Some(crate::Dropout { p: 0.1, seed: 1, offset: 0 }), ..AttnParams::default() };
+        for shape in [decode(8, 4096), shape(128)] {
+            let p = plan(&h100(), &shape, DType::BF16, &dropout).unwrap();
+            assert_eq!((p.variant.family, p.splits, p.packed_gqa), (KernelFamily::FwdSm80, 1, false));
+            assert!(p.variant.mods.dropout && !p.variant.split_kv && p.variant.name().ends_with("_dropout"), "{}", p.variant.name());
+        }
+        let forced = AttnParams { kernel: Some(KernelFamily::FwdSm90), ..dropout };
+        assert!(matches!(plan(&h100(), &shape(128), DType::BF16, &forced), Err(Error::Unsupported { .. })));
+        let split = AttnParams { num_splits: Some(3), ..dropout };
+        assert!(matches!(plan(&h100(), &shape(128), DType::BF16, &split), Err(Error::Param { arg: "num_splits", .. })));
+        let paged = KeyLayout::Paged { page_size: 16, packed_queries: false };
+        assert!(matches!(plan_for(&h100(), &shape(128), DType::BF16, &dropout, paged, false), Err(Error::Param { arg: "dropout_p", .. })));
+        let b = crate::dispatch::plan_backward(&h100(), &shape(128), DType::BF16, &dropout, false, false).unwrap();
+        assert!(b.variant.family == KernelFamily::BwdSm80 && b.variant.mods.dropout, "{}", b.variant.name());
     }
 
     #[test]

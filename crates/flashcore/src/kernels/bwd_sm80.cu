@@ -36,7 +36,9 @@
 // the compile-time FC_CAUSAL (bottom-right aligned). FC_LOCAL: a sliding window
 // (p.window_left/right, causal folded in); FC_SOFTCAP: logit softcapping (p.softcap,
 // p.softcap_scale; p.softmax_scale_log2 = log2 e); FC_ALIBI: ALiBi (p.alibi_slopes,
-// p.alibi_scale, p.alibi_batch_stride). See common/mask.cuh.
+// p.alibi_scale, p.alibi_batch_stride). See common/mask.cuh. FC_DROPOUT: the forward's
+// dropout mask regenerated (p.dropout_*; common/dropout.cuh): dV takes P ∘ Z / (1 - p), dS =
+// P ∘ (Z ∘ dP / (1 - p) − D_i), D_i = rowsum(dO ∘ O) of the dropped output as always.
 // FC_VARLEN=1 (a packed batch, common/sequence.cuh): p.cu_seqlens_q/k (int32 [B + 1], device),
 // optional p.seqused_k, p.total_q/k; q, o, dout, dq [total_q, Hq, D], k, v, dk, dv [total_k,
 // Hkv, D], every *_stride_b 0; p.seqlen_q / p.seqlen_k the longest sequence's. The main
@@ -49,6 +51,7 @@
 // sequence's dK and dV are bitwise what it gives alone (same tile: they sum in one fixed
 // order); its dQ too in deterministic mode at the same p.dq_splits.
 #include "common/bwd_params.cuh"
+#include "common/dropout.cuh"
 #include "common/mask.cuh"
 #include "common/sequence.cuh"
 #include "common/types.cuh"
@@ -85,6 +88,7 @@ constexpr bool kCausal = FC_CAUSAL != 0;
 constexpr bool kLocal = FC_LOCAL != 0;      // sliding window (common/mask.cuh)
 constexpr bool kSoftcap = FC_SOFTCAP != 0;  // logit softcapping (common/mask.cuh)
 constexpr bool kAlibi = FC_ALIBI != 0;      // ALiBi (common/mask.cuh)
+constexpr bool kDropout = FC_DROPOUT != 0;  // attention dropout (common/dropout.cuh)
 constexpr bool kVarlen = FC_VARLEN != 0;    // a packed batch of sequences (common/sequence.cuh)
 using Mask = KeyMask<kCausal, kLocal>;
 constexpr int kBlockM = FC_BLOCK_M, kBlockN = FC_BLOCK_N, kWarps = FC_NUM_WARPS, kStages = FC_STAGES;
@@ -275,7 +279,7 @@ __device__ __forceinline__ void load_step(Smem& sm, const BwdParams& p, const Se
 // (warp_gemm_pair); P and dS go to shared memory as elem_t. With a window, `block_masked`
 // says whether the query block needs the mask (KeyMask::query_block_masked).
 __device__ __forceinline__ void scores_to_p_ds(Smem& sm, const BwdParams& p, const Sequence& seq, int stage, int m0, int n0,
-                                               bool block_masked, const AlibiBias& alibi, int lane, int warp) {
+                                               bool block_masked, const AlibiBias& alibi, int bh, int lane, int warp) {
     constexpr int kMT = GridS::kMT, kNT = GridS::kNT;
     const int g = lane / 4, t = lane % 4;
     const int r0 = GridS::row0(warp), c0 = GridS::col0(warp);
@@ -307,7 +311,12 @@ __device__ __forceinline__ void scores_to_p_ds(Smem& sm, const BwdParams& p, con
 #pragma unroll
     for (int mi = 0; mi < kMT; ++mi)
 #pragma unroll
-        for (int nj = 0; nj < kNT; ++nj)
+        for (int nj = 0; nj < kNT; ++nj) {
+            // Dropout: the forward's words for this fragment (rows +0/+8, keys +0/+1).
+            u32x4 words{};
+            const dropout::Mask drop = kDropout ? dropout::Mask(p) : dropout::Mask{};
+            if constexpr (kDropout) words = drop.words(bh, m0 + r0 + 16 * mi + g, n0 + c0 + 8 * nj + 2 * t);
+            const u32 word[4] = {words.x, words.y, words.z, words.w};
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 const int row = r0 + 16 * mi + g + 8 * half, col = c0 + 8 * nj + 2 * t;
@@ -320,12 +329,20 @@ __device__ __forceinline__ void scores_to_p_ds(Smem& sm, const BwdParams& p, con
                     const float s = sc[mi][nj][2 * half + e];
                     const float biased = kAlibi ? s + alibi.at(distance0 + static_cast<float>(16 * mi + 8 * half - 8 * nj - e)) : s;
                     pv[e] = seen ? math::ex2(biased * p.softmax_scale_log2 - lse_log2[mi][half]) : 0.f;
-                    dsv[e] = pv[e] * (dp[mi][nj][2 * half + e] - dsum[mi][half]);
+                    float dpv = dp[mi][nj][2 * half + e];
+                    if constexpr (kDropout) {  // P ∘ Z / (1 - p) for dV, Z ∘ dP / (1 - p) for dS
+                        const float kept = drop.keep(word[2 * half + e]) ? drop.scale : 0.f;
+                        dsv[e] = pv[e] * (dpv * kept - dsum[mi][half]);
+                        pv[e] *= kept;
+                    } else {
+                        dsv[e] = pv[e] * (dpv - dsum[mi][half]);
+                    }
                     if constexpr (kSoftcap) dsv[e] *= softcap_grad(s, inv_softcap);
                 }
                 *reinterpret_cast<u32*>(&sm.p[row][col]) = pack2<elem_t>(pv[0], pv[1]);
                 *reinterpret_cast<u32*>(&sm.ds[row][col]) = pack2<elem_t>(dsv[0], dsv[1]);
             }
+        }
 }
 
 // dQ's columns a warp takes at once: its accumulators live beside dK's and dV's.
@@ -476,7 +493,7 @@ extern "C" __global__ void __launch_bounds__(fc::bwd_sm80::kThreads, 1) fc_bwd_s
 
             const bool block_masked = kLocal && Mask::query_block_masked(blocks, s.m0 / kBlockM);
             const AlibiBias alibi = kAlibi ? alibi_of(p, batch, s.head, seq.seqlen_q, seq.seqlen_k) : AlibiBias{};
-            scores_to_p_ds(sm, p, seq, stage, s.m0, n0, block_masked, alibi, lane, warp);
+            scores_to_p_ds(sm, p, seq, stage, s.m0, n0, block_masked, alibi, batch * p.heads_q + s.head, lane, warp);
             __syncthreads();  // P and dS are visible
 
             constexpr int kKV = kBlockM / 16;

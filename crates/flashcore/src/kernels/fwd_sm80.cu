@@ -65,6 +65,12 @@
 // and the splits of FC_SPLIT_KV share out the window's tiles); FC_SOFTCAP: logit softcapping
 // (p.softcap, p.softcap_scale; softmax_scale_log2 = log2 e); FC_ALIBI: ALiBi (p.alibi_slopes,
 // p.alibi_scale, p.alibi_batch_stride; never with GQA packed as rows). See common/mask.cuh.
+// FC_DROPOUT (unsplit, never GQA-packed or paged): attention dropout (p.dropout_*;
+// common/dropout.cuh) on P after the softmax's update, the kept ones scaled at the end (the
+// row sums are the undropped P's); with p.dropout_probs, each visited score's P (relative to
+// the running max at its key tile, tiles walked last to first) is stored there, negated where
+// dropped: [B, Hq, p.probs_rows, p.probs_cols] in q's dtype, flash_attn's S_dmask (rows and
+// keys past those extents are not stored).
 // lse [B, Hq, Sq] f32, natural log, written when p.lse != nullptr.
 // Entry fc_split_combine(FwdParams p) (FC_SPLIT_KV=1 only; after fc_fwd_sm80 when
 // p.num_splits > 1): grid (ceil(B * Hq * Sq / 4)), block 128 threads, no shared memory; on
@@ -110,6 +116,7 @@
 // varlen call with a block table): q, o, lse as FC_VARLEN's (cu_seqlens_q, total_q; p.seqlen_q
 // the longest), keys as FC_PAGED's (pools through p.block_table, p.seqused_k the key counts,
 // no append; p.cu_seqlens_k unread): paged::packed_sequence.
+#include "common/dropout.cuh"
 #include "common/mask.cuh"
 #include "common/paged.cuh"
 #include "common/params.cuh"
@@ -159,6 +166,7 @@ constexpr bool kCausal = FC_CAUSAL != 0;
 constexpr bool kLocal = FC_LOCAL != 0;      // sliding window (common/mask.cuh)
 constexpr bool kSoftcap = FC_SOFTCAP != 0;  // logit softcapping (common/mask.cuh)
 constexpr bool kAlibi = FC_ALIBI != 0;      // ALiBi (common/mask.cuh)
+constexpr bool kDropout = FC_DROPOUT != 0;  // attention dropout (common/dropout.cuh)
 constexpr bool kSplitKv = FC_SPLIT_KV != 0;
 constexpr bool kVarlen = FC_VARLEN != 0;  // a packed batch of sequences (common/sequence.cuh)
 constexpr bool kPaged = FC_PAGED != 0;    // keys from a paged (or contiguous) cache (common/paged.cuh)
@@ -170,6 +178,7 @@ constexpr bool kChunked = kPaged && kSplitKv;
 // A packed batch over a paged cache (FC_VARLEN with FC_PAGED: paged::packed_sequence) is a
 // form unsplit only: the chunked split tiles share a head's query tiles by the dense count.
 static_assert(!(kVarlen && kPaged && kSplitKv), "a packed batch over a paged cache is not a split form");
+static_assert(!(kDropout && (kSplitKv || kPaged)), "dropout runs unsplit over dense or packed keys");
 // Causal tiles differ in length: taken longest first (in L2-sized sections of heads) the
 // last wave is not left with a few long tiles. Measured on H100 (docs/kernels/fwd_sm80.md): +4-10%
 // at D128/D256 from S = 1k, but -5% at D64 S <= 1k and -5% with the single-buffer D256
@@ -540,6 +549,37 @@ __device__ __forceinline__ void add_alibi(float (&s)[kMTiles][kNTiles][4], int k
                     s[m][j][2 * r + c] += bias.at(distance0 + static_cast<float>(16 * m + 8 * r - 8 * j - c));
 }
 
+// Dropout on the probabilities s (rows row0..., keys key0..., laid out as apply_mask's) of
+// (batch, head) `bh`: the dropped become 0; with p.dropout_probs, each stored there, negated
+// where dropped (see the header).
+__device__ __forceinline__ void apply_dropout(float (&s)[kMTiles][kNTiles][4], const FwdParams& p, int bh, int row0, int key0, int lane) {
+    const dropout::Mask drop(p);
+    elem_t* probs = static_cast<elem_t*>(p.dropout_probs);
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m)
+#pragma unroll
+        for (int j = 0; j < kNTiles; ++j) {
+            const int row = row0 + 16 * m + lane / 4, key = key0 + 2 * (lane % 4) + 8 * j;
+            const u32x4 w = drop.words(bh, row, key);
+            const u32 word[4] = {w.x, w.y, w.z, w.w};
+            float signed_p[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const bool kept = drop.keep(word[e]);
+                signed_p[e] = kept ? s[m][j][e] : -s[m][j][e];
+                s[m][j][e] = kept ? s[m][j][e] : 0.f;
+            }
+            if (probs != nullptr && key < p.probs_cols) {
+#pragma unroll
+                for (int r = 0; r < 2; ++r) {
+                    if (row + 8 * r >= p.probs_rows) continue;
+                    const i64 at = (static_cast<i64>(bh) * p.probs_rows + row + 8 * r) * p.probs_cols + key;
+                    *reinterpret_cast<u32*>(probs + at) = pack2<elem_t>(signed_p[2 * r], signed_p[2 * r + 1]);
+                }
+            }
+        }
+}
+
 template <int R, int C>
 __device__ __forceinline__ void scale_rows(float (&o)[R][C][4], const float (&f)[R][2]) {
 #pragma unroll
@@ -904,6 +944,10 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
             }
             float rescale[kMTiles][2];
             softmax.update(s, p.softmax_scale_log2, rescale);
+            if constexpr (kDropout) {
+                const QueryTile t = where();
+                apply_dropout(s, p, t.batch * p.heads_q + t.head, t.m0 + q_row0, tile * kBlockN, lane);
+            }
             scale_rows(o, rescale);
             if (kPvAfterSoftmax) v_i.base = after_softmax(v_i.base, softmax, p.seqlen_k);
             gemm_pv(o, s, v_i);
@@ -911,6 +955,10 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
 
         float inv_sum[kMTiles][2], lse[kMTiles][2];
         softmax.finish(p.softmax_scale_log2, inv_sum, lse);
+        if constexpr (kDropout) {  // the kept probabilities' 1 / (1 - p)
+#pragma unroll
+            for (int m = 0; m < kMTiles; ++m) inv_sum[m][0] *= p.dropout_scale, inv_sum[m][1] *= p.dropout_scale;
+        }
         const QueryTile t = where();
         const Sequence seq = sequence_of(t);
         const int rows_left = kLongestFirst ? seq.seqlen_q - t.m0 : rows_valid;

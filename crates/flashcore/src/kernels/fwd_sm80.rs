@@ -148,6 +148,19 @@ pub fn paged_form(arch: Arch, v: &Variant, page_size: usize) -> Variant {
     Variant { paged: true, tile, smem_bytes: smem_bytes(tile, head_dim), ..v.clone() }
 }
 
+/// `v` under the score policies `mods`: with dropout, 64 query rows (one 16-row tile a warp)
+/// and at most 64 keys: the mask's generator (ten rounds a fragment) takes the registers of the
+/// wider tiles' scores and accumulators (NVRTC 13.0 spilled 30-1000 bytes at 128 x 128 and
+/// 128 x 64 on sm_90a): 4 warps, and past D128 one K/V slot (the short tile's, which fits
+/// every GPU's shared memory).
+pub fn with_mods(v: &Variant, mods: ScoreMods) -> Variant {
+    let head_dim = v.head_dim.unwrap_or(128);
+    let narrow = mods.dropout && !v.split_kv;
+    let stages = if head_dim > 128 { 1 } else { v.tile.stages };
+    let tile = if narrow { Tile { block_m: 64, block_n: 64.min(v.tile.block_n), warps: 4, stages } } else { v.tile };
+    Variant { mods, tile, smem_bytes: smem_bytes(tile, v.head_dim.unwrap_or(128)), ..v.clone() }
+}
+
 /// `v`'s (unsplit) packed-queries form (`FC_VARLEN` with `FC_PAGED`: packed queries over a
 /// paged cache) on `arch`: the same tile, but at D33-D64 on Hopper 128x64 instead of the wide
 /// 128x128, whose 255 registers hold no room for both forms' indexing (NVRTC 13.0 spills 68

@@ -212,7 +212,8 @@ pub struct Variant {
     pub spread_pages: bool,
 }
 
-/// `v`'s forms with a sliding window, a softcap, both, ALiBi, and all three, where the
+/// `v`'s forms with a sliding window, a softcap, both, ALiBi, and all three (and, for the
+/// Ampere-class kernels' unsplit tiles, dropout alone and with all three), where the
 /// dispatcher runs them: every tile of the forward and backward kernels; none for the
 /// reference (it takes them all at run time). (Any other combination compiles on demand
 /// like these; ALiBi alone and with both others bound its cost in registers.)
@@ -224,9 +225,13 @@ pub fn mods_forms(v: &Variant) -> Vec<Variant> {
         }
         _ => &[],
     };
+    // Dropout's forms where it runs (fwd_sm80 unsplit, bwd_sm80): alone and with the others.
+    let drops = matches!(v.family, KernelFamily::FwdSm80 | KernelFamily::BwdSm80) && !v.split_kv && !v.paged && !forms.is_empty();
+    let dropout_forms: &[(bool, bool, bool)] = if drops { &[(false, false, false), (true, true, true)] } else { &[] };
     let mut out: Vec<Variant> = Vec::new();
-    for &(local, softcap, alibi) in forms {
-        let form = with_mods(v, ScoreMods { local, softcap, alibi });
+    let all = forms.iter().map(|&f| (f, false)).chain(dropout_forms.iter().map(|&f| (f, true)));
+    for ((local, softcap, alibi), dropout) in all {
+        let form = with_mods(v, ScoreMods { local, softcap, alibi, dropout });
         if !out.contains(&form) {
             out.push(form);
         }
@@ -236,10 +241,12 @@ pub fn mods_forms(v: &Variant) -> Vec<Variant> {
 
 /// `v` under the score policies `mods`, as the dispatcher runs it: its own tile, except where
 /// the policies together take registers the tile lacks and the family has a smaller one
-/// (fwd_sm90 with a softcap and ALiBi: `fwd_sm90::with_mods`).
+/// (fwd_sm90 with a softcap and ALiBi: `fwd_sm90::with_mods`; fwd_sm80 with dropout:
+/// `fwd_sm80::with_mods`).
 pub fn with_mods(v: &Variant, mods: ScoreMods) -> Variant {
     match v.family {
         KernelFamily::FwdSm90 => fwd_sm90::with_mods(v, mods),
+        KernelFamily::FwdSm80 => fwd_sm80::with_mods(v, mods),
         _ => Variant { mods, ..v.clone() },
     }
 }
@@ -298,6 +305,9 @@ pub struct ScoreMods {
     pub softcap: bool,
     /// `FC_ALIBI`: `-slope · |i + Sk - Sq - j|` added to every score.
     pub alibi: bool,
+    /// `FC_DROPOUT`: attention dropout on the probabilities (fwd_sm80 unsplit over dense or
+    /// packed keys, bwd_sm80).
+    pub dropout: bool,
 }
 
 impl Variant {
@@ -325,6 +335,9 @@ impl Variant {
         }
         if self.mods.alibi {
             name += "_alibi";
+        }
+        if self.mods.dropout {
+            name += "_dropout";
         }
         if self.varlen {
             name += "_varlen";
@@ -358,6 +371,7 @@ impl Variant {
             ("FC_LOCAL", self.mods.local),
             ("FC_SOFTCAP", self.mods.softcap),
             ("FC_ALIBI", self.mods.alibi),
+            ("FC_DROPOUT", self.mods.dropout),
             ("FC_VARLEN", self.varlen),
             ("FC_PAGED", self.paged),
             ("FC_PAGE_SPREAD", self.spread_pages),

@@ -6,11 +6,13 @@ names flash-attn's own tests import. The packed forms split their argument into 
 
 from __future__ import annotations
 
+import re
 from typing import Optional, Tuple
 
+import torch
 from torch import Tensor
 
-from ... import interface
+from ... import _flashcore, interface
 from ...flash_attn_interface import (
     _flash_attn_backward,
     _flash_attn_forward,
@@ -41,9 +43,14 @@ USE_TRITON_ROCM = False
 
 def _get_block_size_n(device, head_dim: int, is_dropout: bool, is_causal: bool) -> int:
     """flash-attn's key block size, which its tests use to undo the per-block scaling of the
-    probabilities `return_attn_probs=True` returns with dropout. FlashCore returns no
-    probabilities yet (it has no dropout), so there is no block size to undo."""
-    raise NotImplementedError("flashcore: `_get_block_size_n` applies to the attention probabilities of dropout, which FlashCore does not return yet")
+    probabilities `return_attn_probs=True` returns with dropout: FlashCore's, the key block of
+    the kernel that runs (with dropout fwd_sm80's, 64 keys on Hopper; the answer is that of a
+    long sequence, whose tile elsewhere may differ from a short one's)."""
+    index = torch.device(device).index if not isinstance(device, int) else device
+    d = interface._dropout_head_dim(head_dim) if is_dropout else head_dim
+    options = (None, bool(is_causal), -1, -1, 0.0, None, False)
+    plan = _flashcore.plan(index or 0, [1, 4096, 1, d], [1, 4096, 1, d], "bf16", options, dropout=0.5 if is_dropout else 0.0)
+    return int(re.search(r"_\d+x(\d+)w", plan).group(1))
 
 
 def flash_attn_qkvpacked_func(

@@ -36,16 +36,23 @@
 //     every sequence), in logit units (after the softcap, before the softmax), as flash_attn;
 //     alibi_scale = log2(e) / softmax_scale_log2 converts a slope to the units of the scores the
 //     kernels hold (q·k, or the capped score). alibi_slopes is null without ALiBi.
-//   The reference kernels take them all at run time. The pointer leads the group, so that the
-//   group starts 8-aligned in C as in its Rust mirror.
-#define FC_SCORE_MOD_FIELDS       \
-    const float* alibi_slopes;    \
-    int window_left;              \
-    int window_right;             \
-    float softcap;                \
-    float softcap_scale;          \
-    float alibi_scale;            \
-    int alibi_batch_stride;
+//   Dropout (fwd_sm80 and bwd_sm80 built with FC_DROPOUT=1; common/dropout.cuh): the call's
+//     generator state (dropout_seed, dropout_offset), the word below which a probability is
+//     dropped (dropout_threshold = p · 2^32) and the keepers' scale 1 / (1 - p).
+//   The reference kernels take the window, softcap and ALiBi at run time (no dropout). The
+//   pointer leads the group, so that the group starts 8-aligned in C as in its Rust mirror.
+#define FC_SCORE_MOD_FIELDS                  \
+    const float* alibi_slopes;               \
+    int window_left;                         \
+    int window_right;                        \
+    float softcap;                           \
+    float softcap_scale;                     \
+    float alibi_scale;                       \
+    int alibi_batch_stride;                  \
+    unsigned long long dropout_seed;         \
+    unsigned long long dropout_offset;       \
+    unsigned int dropout_threshold;          \
+    float dropout_scale;
 
 // Varlen (kernels built with FC_VARLEN=1; see common/sequence.cuh): one packed batch of
 // sequences, q, o (and dout, dq) [total_q, Hq, D], k, v (and dk, dv) [total_k, Hkv, D], every

@@ -72,4 +72,10 @@ struct FwdParams {
     // fwd_sm90 with a block table: rows of one K/V TMA box, gcd(page_size, kBlockN) (its
     // tensor maps' box; see fwd_sm90.cu). Unused elsewhere.
     int page_box_rows;
+
+    // Dropout's probabilities (fwd_sm80 FC_DROPOUT; may be null): [B, Hq, probs_rows,
+    // probs_cols] in q's dtype, flash_attn's S_dmask (see fwd_sm80.cu).
+    void* dropout_probs;
+    int probs_rows;
+    int probs_cols;
 };

@@ -1,0 +1,64 @@
+// Attention dropout (FC_DROPOUT; the Ampere-class kernels, fwd_sm80 and bwd_sm80): each
+// probability P_ij is kept with probability 1 - p and scaled by 1 / (1 - p), else zeroed,
+// the mask drawn from a counter-based generator, so that the backward regenerates exactly the
+// forward's mask from the same (seed, offset) without storing it, and any kernel, tile or
+// launch order draws the same mask for the same call.
+//
+// The generator is Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2,
+// 3", SC 2011): key (seed's two words), counter (x: the key pair j / 2, y: the row i with bit
+// 3 cleared, z: batch · Hq + head, w: the call's offset), four 32-bit words a call, which are
+// the four scores an mma.sync m16n8 fragment holds: rows i and i + 8, keys j and j + 1 (i %
+// 16 < 8, j even). One call for four scores; the mask is a function of (seed, offset,
+// batch, head, row, key) alone, rows and keys counted within the sequence (a packed batch's
+// sequence b is batch b). Score (i, j) is kept when its word is at least p · 2^32
+// (`threshold`). The host twin (crate::dropout) draws the same words for the f64 oracle.
+#pragma once
+
+#include "common/types.cuh"
+
+#ifndef FC_DROPOUT
+#define FC_DROPOUT 0
+#endif
+
+namespace fc {
+namespace dropout {
+
+// Philox4x32-10: ten rounds of two 32 x 32 -> 64-bit products and xors, the key bumped by
+// the Weyl constants between rounds.
+__device__ __forceinline__ u32x4 philox(u32 key0, u32 key1, u32x4 c) {
+    constexpr u32 kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u, kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+#pragma unroll
+    for (int round = 0; round < 10; ++round) {
+        const u32 hi0 = __umulhi(kM0, c.x), lo0 = kM0 * c.x;
+        const u32 hi1 = __umulhi(kM1, c.z), lo1 = kM1 * c.z;
+        c = u32x4{hi1 ^ c.y ^ key0, lo1, hi0 ^ c.w ^ key1, lo0};
+        key0 += kW0;
+        key1 += kW1;
+    }
+    return c;
+}
+
+// One call's mask: its seed and offset, the threshold below which a score is dropped, and
+// the keepers' scale 1 / (1 - p). Params: FwdParams or BwdParams.
+struct Mask {
+    u32 key0, key1, offset, threshold;
+    float scale;
+    Mask() = default;
+    template <class Params> __device__ __forceinline__ explicit Mask(const Params& p)
+        : key0(static_cast<u32>(p.dropout_seed)),
+          key1(static_cast<u32>(p.dropout_seed >> 32) ^ static_cast<u32>(p.dropout_offset >> 32)),
+          offset(static_cast<u32>(p.dropout_offset)),
+          threshold(p.dropout_threshold),
+          scale(p.dropout_scale) {}
+
+    // The words of the fragment at rows (row0, row0 + 8), keys (key0, key0 + 1) of (batch,
+    // head) `bh` (row0 % 16 < 8, key0 even): x of (row0, key0), y (row0, key0 + 1), z
+    // (row0 + 8, key0), w (row0 + 8, key0 + 1), as an m16n8 fragment's four values.
+    __device__ __forceinline__ u32x4 words(int bh, int row0, int key_0) const {
+        return philox(key0, key1, u32x4{static_cast<u32>(key_0) >> 1, static_cast<u32>(row0), static_cast<u32>(bh), offset});
+    }
+    __device__ __forceinline__ bool keep(u32 word) const { return word >= threshold; }
+};
+
+}  // namespace dropout
+}  // namespace fc
