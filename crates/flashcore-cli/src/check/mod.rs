@@ -142,7 +142,8 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
         outcomes.push(progress.case(&format!("{} varlen", spec.family), || check_one(&ctx, spec))?);
     }
     for spec in &cached {
-        outcomes.push(progress.case(&format!("{} paged", spec.kernel), || paged::check_one(&ctx, spec))?);
+        let check_one = if spec.packed_queries.is_some() { paged_packed::check_one } else { paged::check_one };
+        outcomes.push(progress.case(&format!("{} paged", spec.kernel), || check_one(&ctx, spec))?);
     }
     for spec in &backward {
         outcomes.push(progress.case("backward", || bwd::check_one(&ctx, spec))?);

@@ -238,8 +238,8 @@ pub(crate) struct Caches {
     lens: cudarc::driver::CudaSlice<i32>,
     slopes: Option<cudarc::driver::CudaSlice<f32>>,
     /// The pools as the append must leave them.
-    pub want_k: Vec<u16>,
-    pub want_v: Vec<u16>,
+    want_k: Vec<u16>,
+    want_v: Vec<u16>,
     pub table_host: Vec<i32>,
 }
 
@@ -316,6 +316,24 @@ impl Caches {
         })
     }
 
+    /// The pools after the append, widened for the f64 oracle.
+    pub(crate) fn wide_pools(&self, dtype: DType) -> (Vec<f64>, Vec<f64>) {
+        let wide = |bits: &[u16]| bits.iter().map(|&x| dtype.decode(x) as f64).collect::<Vec<f64>>();
+        (wide(&self.want_k), wide(&self.want_v))
+    }
+
+    /// The cache as the f64 oracle reads it: `pools` (`wide_pools`), sequence b's `seqlens[b]` keys.
+    pub(crate) fn reference<'a>(&'a self, spec: &PagedSpec, pools: &'a (Vec<f64>, Vec<f64>), seqlens: &'a [usize]) -> RefPagedCache<'a> {
+        RefPagedCache {
+            k: &pools.0,
+            v: &pools.1,
+            block_table: &self.table_host,
+            max_pages: spec.max_pages(),
+            page_size: spec.page_size,
+            seqlens,
+        }
+    }
+
     /// The pools, as attention reads them.
     pub(crate) fn pools(&self) -> (&DeviceTensor, &DeviceTensor) {
         (&self.pool_k, &self.pool_v)
@@ -361,10 +379,8 @@ pub(crate) fn host_data(spec: &PagedSpec, rows: usize) -> (Vec<Vec<f32>>, Vec<Ve
     (host_k, host_v, normal(rows * hq * d, qk_scale, spec.dtype, seed ^ 0x71))
 }
 
+/// A dense-queries spec (packed queries: `check::paged_packed::check_one`).
 pub fn check_one(ctx: &Context, spec: &PagedSpec) -> Result<Outcome> {
-    if spec.packed_queries.is_some() {
-        return super::paged_packed::check_one(ctx, spec);
-    }
     let (b, hq, hkv, d, sq) = (spec.batch(), spec.heads_q, spec.heads_kv, spec.head_dim, spec.seqlen_q);
     let (host_k, host_v, q) = host_data(spec, b * sq);
     let caches = build(ctx, spec, &host_k, &host_v)?;
@@ -409,17 +425,9 @@ pub fn check_one(ctx: &Context, spec: &PagedSpec) -> Result<Outcome> {
         failure = Some("differs bitwise from the same data in a contiguous cache".to_string());
     }
 
-    let wide = |bits: &[u16]| bits.iter().map(|&x| spec.dtype.decode(x) as f64).collect::<Vec<f64>>();
-    let (pool_k, pool_v) = (wide(&caches.want_k), wide(&caches.want_v));
+    let pools = caches.wide_pools(spec.dtype);
     let seqlens: Vec<usize> = (0..b).map(|i| spec.keys(i)).collect();
-    let cache = RefPagedCache {
-        k: &pool_k,
-        v: &pool_v,
-        block_table: &caches.table_host,
-        max_pages: spec.max_pages(),
-        page_size: spec.page_size,
-        seqlens: &seqlens,
-    };
+    let cache = caches.reference(spec, &pools, &seqlens);
     let shape = ProblemShape { batch: b, seqlen_q: sq, seqlen_k: 0, heads_q: hq, heads_kv: hkv, head_dim: d };
     let slopes = wide_slopes(&spec.alibi.slopes(b, hq));
     let mask = RefMask::of(&spec.params()).with_alibi(&slopes);

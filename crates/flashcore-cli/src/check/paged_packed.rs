@@ -54,17 +54,9 @@ pub fn check_one(ctx: &Context, spec: &PagedSpec) -> Result<Outcome> {
     let deterministic = same_bits(&first, &run(ctx, spec, &caches, &q, all)?);
     let (o_bits, lse) = first;
 
-    let wide = |bits: &[u16]| bits.iter().map(|&x| spec.dtype.decode(x) as f64).collect::<Vec<f64>>();
-    let (pool_k, pool_v) = (wide(&caches.want_k), wide(&caches.want_v));
+    let pools = caches.wide_pools(spec.dtype);
     let seqlens: Vec<usize> = spec.cached.clone();
-    let cache = reference::RefPagedCache {
-        k: &pool_k,
-        v: &pool_v,
-        block_table: &caches.table_host,
-        max_pages: spec.max_pages(),
-        page_size: spec.page_size,
-        seqlens: &seqlens,
-    };
+    let cache = caches.reference(spec, &pools, &seqlens);
     let wide_slopes = wide_slopes(&slopes);
     let (mut ref_o, mut ref_lse) = (Vec::with_capacity(o_bits.len()), vec![f64::NAN; hq * total_q]);
     let mut failure = None;
