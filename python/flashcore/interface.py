@@ -601,6 +601,8 @@ def _kvcache_rows(
     entries, capacity, hkv = k_cache.shape[0], k_cache.shape[1], k_cache.shape[2]
     if entries == 0 or capacity == 0:
         raise ValueError(f"`k_cache` {tuple(k_cache.shape)} holds no keys")
+    if k is not None and sq > capacity:  # as the paged path and flash_attn refuse it
+        raise ValueError(f"`k_cache` holds {capacity} keys a sequence, fewer than q's {sq} rows with keys appended")
     index = torch.arange(b, dtype=torch.int32, device=q.device) if batch_idx is None else batch_idx
     lens = torch.full((b,), capacity, dtype=torch.int32, device=q.device) if cache_seqlens is None else cache_seqlens
     new = 0 if k is None else k.shape[1]

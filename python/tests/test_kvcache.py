@@ -358,3 +358,14 @@ def test_packed_queries_over_a_paged_cache(page, d, causal):
         q, cache.k_pool, cache.v_pool, cu_q, cu_k, max(queries), max(LENGTHS), 0.0, d**-0.5, causal, block_table=cache.block_table
     )
     assert torch.equal(low, out) and torch.equal(low_lse, lse)
+
+
+def test_a_cache_too_small_for_the_appended_rows_is_refused_by_name():
+    # flash_attn's host-side refusal: appending, q's rows must fit the cache's capacity.
+    cache = Cache([20, 33], 1, 2, 64, 16, torch.bfloat16, seed=5)  # 4 pages of 16 a sequence
+    q = randn(2, 65, 8, 64, seed=6)
+    new = randn(2, 2, 2, 64, seed=7)  # two new keys a sequence: within the capacity, q's 65 rows not
+    with pytest.raises(ValueError, match="block_table"):
+        flashcore.flash_attn_with_kvcache(q, cache.k_pool, cache.v_pool, new, new, cache_seqlens=cache.cache_seqlens, block_table=cache.block_table)
+    with pytest.raises(ValueError, match="k_cache"):
+        flashcore.flash_attn_with_kvcache(q, cache.k_flat, cache.v_flat, new, new, cache_seqlens=cache.cache_seqlens)

@@ -310,6 +310,17 @@ impl PagedKv<'_> {
                 if s_new > capacity {
                     return Err(shape_err("k_new", format!("{s_new} new keys, the cache holds at most {capacity} a sequence")));
                 }
+                // flash_attn's refusal of a cache too small for the call (host-visible, no
+                // synchronisation): appending, q's rows must fit the capacity. Whether
+                // cache_seqlens[b] + S_new fits is a device value: `Context::check_values`.
+                if sq > capacity {
+                    let (arg, what) =
+                        if self.block_table.is_some() { ("block_table", "max_pages · page_size") } else { ("k_cache", "its length") };
+                    return Err(shape_err(
+                        arg,
+                        format!("holds {capacity} keys a sequence ({what}), fewer than q's {sq} rows with keys appended"),
+                    ));
+                }
                 if self.cache_seqlens.is_none() {
                     return Err(Error::Param { arg: "cache_seqlens", msg: "required with k_new: where the new keys go".into() });
                 }
@@ -418,6 +429,12 @@ mod tests {
         assert_eq!(check(PagedKv { k_new: Some(new), v_new: Some(view([3, 6, 2, 64])), ..kv }, &pool), "v_new");
         assert_eq!(check(PagedKv { k_new: Some(view([3, 161, 2, 64])), v_new: Some(view([3, 161, 2, 64])), ..kv }, &pool), "k_new");
         assert_eq!(check(PagedKv { k_new: Some(new), v_new: Some(new), cache_seqlens: None, ..kv }, &pool), "cache_seqlens");
+        // Appending, q's rows must fit the cache's capacity (flash_attn refuses it as well).
+        let (tall, short_table) =
+            (view([3, 40, 8, 64]), PagedKv { block_table: Some(table(3, 2)), k_new: Some(new), v_new: Some(new), ..kv });
+        assert_eq!(arg(short_table.validate(&tall, &pool, &pool, &tall, 0)), "block_table");
+        let short_cache = view([3, 32, 2, 64]);
+        assert_eq!(arg(PagedKv { block_table: None, ..short_table }.validate(&tall, &short_cache, &short_cache, &tall, 0)), "k_cache");
         // SAFETY: never dereferenced.
         let f16 = unsafe { TensorView::from_raw(0x10000, Layout::contiguous([3, 5, 2, 64], DType::F16), 0) };
         assert!(matches!(
