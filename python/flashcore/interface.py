@@ -94,7 +94,7 @@ def _attention(
     runs zero-padded to one (`_padded`; the slopes, one a head, are the same); with dropout,
     one fwd_sm80 lacks to its next size. Dropout (`_dropout`) runs eagerly only."""
     d = q.shape[-1]
-    size = _dropout_head_dim(d) if dropout is not None else d + (-d % 8 if d < 256 else 0)
+    size = _sm80_head_dim(d) if dropout is not None else d + (-d % 8 if d < 256 else 0)
     if size != d and k.shape[-1] == d and v.shape[-1] == d:
         padded = _padded(q, k, v, size)
         out, lse = _attention(*padded, scale, causal, num_splits, want_lse, deterministic, window, softcap, alibi_slopes, dropout, probs)
@@ -111,11 +111,12 @@ def _attention(
     return _ops.fwd(q, k, v, scale, causal, window[0], window[1], softcap, num_splits, deterministic, alibi_slopes)
 
 
-# Head dims of fwd_sm80 and bwd_sm80, which run dropout (another runs zero-padded to the next).
+# Head dims of fwd_sm80 and bwd_sm80, which alone run dropout and packed queries over a paged
+# cache: another runs there zero-padded to the next of them.
 _SM80_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
 
 
-def _dropout_head_dim(d: int) -> int:
+def _sm80_head_dim(d: int) -> int:
     return next((n for n in _SM80_HEAD_DIMS if n >= d), d)
 
 
@@ -373,7 +374,7 @@ def flash_attn_varlen_func(
         if not isinstance(value, numbers.Integral) or value < 0:
             raise ValueError(f"`{name}` must be an int >= 0, got {value!r}")
     d = q.shape[-1]
-    size = _dropout_head_dim(d) if dropout is not None else d + (-d % 8 if d < 256 else 0)
+    size = _sm80_head_dim(d) if dropout is not None else d + (-d % 8 if d < 256 else 0)
     padded = size != d and k.shape[-1] == d and v.shape[-1] == d
     if padded:
         q, k, v = _padded(q, k, v, size)
@@ -393,9 +394,6 @@ def flash_attn_varlen_func(
     if padded:
         out = out[..., :d]
     return (out, lse, probs) if return_attn_probs else out
-
-
-_PAGED_VARLEN_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
 
 
 def _paged_varlen(
@@ -429,9 +427,9 @@ def _paged_varlen(
     # The keys each sequence has: seqused_k, else its cu_seqlens_k span (on the device).
     seqlens_k = seqused_k if seqused_k is not None else (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
     d = q.shape[-1]
-    # The packed paged form is fwd_sm80's, whose head dims are 32, 64, 96, 128, 192, 256:
-    # another runs zero-padded to the next of them (copies of q and of the pools).
-    size = next((n for n in _PAGED_VARLEN_HEAD_DIMS if n >= d), d)
+    # The packed paged form is fwd_sm80's: another head dim runs zero-padded to the next of its
+    # (copies of q and of the pools).
+    size = _sm80_head_dim(d)
     if size != d and k_cache.shape[-1] == d and v_cache.shape[-1] == d:
         q, k_cache, v_cache = (torch.nn.functional.pad(t, (0, size - d)) for t in (q, k_cache, v_cache))
     args = (q, k_cache, v_cache, cu_seqlens_q, seqlens_k, block_table, int(max_seqlen_q), scale, bool(causal))
