@@ -80,7 +80,9 @@ impl Context {
 
     /// Opens GPU `ordinal` with an explicit kernel cache.
     pub fn with_cache(ordinal: usize, cache: DiskCache) -> Result<Self> {
-        // SAFETY: only probes whether libcuda can be opened.
+        // SAFETY: only probes whether libcuda can be opened (linked at build time instead
+        // under the `dynamic-linking` feature: the loader has opened it already).
+        #[cfg(feature = "dynamic-loading")]
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             return Err(Error::NoGpu("the NVIDIA driver library (libcuda.so) was not found".into()));
         }

@@ -60,7 +60,21 @@ impl ExternalStream {
 /// no allocation.
 pub(crate) struct StreamCounters {
     pool: CudaSlice<u32>,
-    slots: Mutex<HashMap<ExternalStream, usize>>,
+    slots: Mutex<HashMap<StreamKey, usize>>,
+}
+
+/// What names one stream: its handle, and for CUDA's per-thread default stream (one handle,
+/// a stream per thread: candle's stream) the thread too.
+type StreamKey = (ExternalStream, Option<std::thread::ThreadId>);
+
+/// `CU_STREAM_PER_THREAD`: each host thread's own default stream.
+const PER_THREAD_STREAM: usize = 0x2;
+
+impl ExternalStream {
+    /// The counter's key of this stream on the calling thread.
+    fn key(self) -> StreamKey {
+        (self, (self.0 == PER_THREAD_STREAM).then(|| std::thread::current().id()))
+    }
 }
 
 /// How many distinct caller streams one context serves (PyTorch's pools hold 32 streams of
@@ -78,7 +92,7 @@ impl StreamCounters {
     /// to belong to `cuda` (once: the check is a driver call).
     pub(crate) fn counter_for(&self, stream: ExternalStream, cuda: &CudaContext) -> Result<u64> {
         let mut slots = self.slots.lock().unwrap();
-        let slot = match slots.get(&stream) {
+        let slot = match slots.get(&stream.key()) {
             Some(&slot) => slot,
             None => {
                 stream.check_context(cuda)?;
@@ -89,7 +103,7 @@ impl StreamCounters {
                     });
                 }
                 let slot = slots.len();
-                slots.insert(stream, slot);
+                slots.insert(stream.key(), slot);
                 slot
             }
         };
