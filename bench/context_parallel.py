@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Context-parallel scaling of flashcore.distributed: one GPU against W GPUs on the same
+sequence, forward and forward + backward, in one torchrun job.
+
+    torchrun --standalone --nproc_per_node W bench/context_parallel.py [--tokens 131072,262144]
+        [--hq 32 --hkv 8 --d 128] [--ring-flash-attn PATH]
+
+Llama-style attention by default (Hq 32, Hkv 8, D128, bf16, causal, batch 1). Rank 0 times
+FlashCore on one GPU over the whole sequence while the others wait; then every rank runs its
+zigzag shard. Each time is the median of `--reps` calls after a warm-up, CUDA events around
+each, the slowest rank's. Efficiency = time(1 GPU) / (W x time(W GPUs)). With
+`--ring-flash-attn PATH` (a checkout of ring-flash-attn), its zigzag ring on FlashCore's
+low-level API (flashcore.compat) runs in the same job for comparison.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import types
+
+import torch
+import torch.distributed as dist
+
+import flashcore
+from flashcore import distributed as cp
+
+
+def timed(fn, reps: int) -> float:
+    """Median milliseconds of `fn` over `reps` calls after one warm-up, slowest rank's."""
+    fn()
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    t = torch.tensor([statistics.median(times)], device="cuda")
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def passes(attn, q, k, v, dout):
+    """The forward alone, and forward + backward, of `attn` on leaf copies of q, k, v."""
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+
+    def forward():
+        with torch.no_grad():
+            attn(*leaves)
+
+    def forward_backward():
+        attn(*leaves).backward(dout)
+
+    return forward, forward_backward
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--tokens", default="131072,262144")
+    p.add_argument("--hq", type=int, default=32)
+    p.add_argument("--hkv", type=int, default=8)
+    p.add_argument("--d", type=int, default=128)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--ring-flash-attn", default=None, help="a checkout of ring-flash-attn to compare with")
+    args = p.parse_args()
+    dist.init_process_group("nccl")
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    world, rank = dist.get_world_size(), dist.get_rank()
+    rfa = None
+    if args.ring_flash_attn:
+        from flashcore import compat
+
+        compat.use_as_flash_attn()
+        # Its modules without its __init__, which imports a transformers adapter written for
+        # other transformers versions (scripts/ring-flash-attn-check.py does the same).
+        package = types.ModuleType("ring_flash_attn")
+        package.__path__ = [os.path.join(args.ring_flash_attn, "ring_flash_attn")]
+        sys.modules["ring_flash_attn"] = package
+        from ring_flash_attn.zigzag_ring_flash_attn import zigzag_ring_flash_attn_func as rfa  # noqa: N813
+    if rank == 0:
+        print(f"{torch.cuda.get_device_name()} x{world}; Hq {args.hq}, Hkv {args.hkv}, D{args.d}, bf16, causal, batch 1; median of {args.reps}, CUDA events, slowest rank")
+        print("tokens | pass | 1 GPU ms | flashcore W ms | efficiency" + (" | ring-flash-attn W ms" if rfa else ""))
+    for s in [int(t) for t in args.tokens.split(",")]:
+        g = torch.Generator(device="cuda").manual_seed(0)
+        shapes = [(1, s, args.hq, args.d), (1, s, args.hkv, args.d), (1, s, args.hkv, args.d), (1, s, args.hq, args.d)]
+        whole = [torch.randn(sh, device="cuda", dtype=torch.bfloat16, generator=g) for sh in shapes]
+        single = {}
+        if rank == 0:
+            fwd, fb = passes(lambda q, k, v: flashcore.flash_attn_func(q, k, v, causal=True), *whole)
+            for name, fn in (("fwd", fwd), ("fwd+bwd", fb)):
+                fn()
+                times = []
+                for _ in range(args.reps):
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    fn()
+                    end.record()
+                    torch.cuda.synchronize()
+                    times.append(start.elapsed_time(end))
+                single[name] = statistics.median(times)
+        dist.barrier()
+        mine = [cp.shard(t, layout="zigzag") for t in whole]
+        del whole
+        ours = passes(lambda q, k, v: cp.zigzag_ring_flash_attn_func(q, k, v, causal=True), *mine)
+        theirs = passes(lambda q, k, v: rfa(q, k, v, causal=True), *mine) if rfa else (None, None)
+        for i, name in enumerate(("fwd", "fwd+bwd")):
+            t_w = timed(ours[i], args.reps)
+            t_r = timed(theirs[i], args.reps) if rfa else None
+            if rank == 0:
+                eff = single[name] / (world * t_w)
+                extra = f" | {t_r:.1f}" if rfa else ""
+                print(f"{s} | {name} | {single[name]:.1f} | {t_w:.1f} | {eff:.2f}{extra}", flush=True)
+        del mine
+        torch.cuda.empty_cache()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
