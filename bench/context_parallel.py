@@ -58,6 +58,28 @@ def passes(attn, q, k, v, dout):
     return forward, forward_backward
 
 
+def torch_context_parallel(s: int, args, world: int):
+    """PyTorch's context parallelism over SDPA with the cuDNN backend: its buffers `[B, H, S,
+    D]` (its native layout) sharded by `context_parallel` (load-balanced for causal), K/V
+    expanded to the query heads (its SDPA ring takes equal head counts). The forward alone
+    and forward + backward, as `passes` gives them."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    mesh = init_device_mesh("cuda", (world,))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, dout = (torch.randn(1, args.hq, s, args.d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+    cm = context_parallel(mesh, buffers=[q, k, v, dout], buffer_seq_dims=[2, 2, 2, 2])
+    cm.__enter__()  # shards the buffers in place; kept for the timing calls
+
+    def attn(q, k, v):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    return (*passes(attn, q, k, v, dout), cm)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--tokens", default="131072,262144")
@@ -66,6 +88,7 @@ def main() -> None:
     p.add_argument("--d", type=int, default=128)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--ring-flash-attn", default=None, help="a checkout of ring-flash-attn to compare with")
+    p.add_argument("--torch-cp", action="store_true", help="also time PyTorch's context_parallel over SDPA (cuDNN)")
     args = p.parse_args()
     dist.init_process_group("nccl")
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
@@ -83,7 +106,7 @@ def main() -> None:
         from ring_flash_attn.zigzag_ring_flash_attn import zigzag_ring_flash_attn_func as rfa  # noqa: N813
     if rank == 0:
         print(f"{torch.cuda.get_device_name()} x{world}; Hq {args.hq}, Hkv {args.hkv}, D{args.d}, bf16, causal, batch 1; median of {args.reps}, CUDA events, slowest rank")
-        print("tokens | pass | 1 GPU ms | flashcore W ms | efficiency" + (" | ring-flash-attn W ms" if rfa else ""))
+        print("tokens | pass | 1 GPU ms | flashcore W ms | efficiency" + (" | ring-flash-attn W ms" if rfa else "") + (" | torch CP W ms" if args.torch_cp else ""))
     for s in [int(t) for t in args.tokens.split(",")]:
         g = torch.Generator(device="cuda").manual_seed(0)
         shapes = [(1, s, args.hq, args.d), (1, s, args.hkv, args.d), (1, s, args.hkv, args.d), (1, s, args.hq, args.d)]
@@ -102,19 +125,29 @@ def main() -> None:
                     torch.cuda.synchronize()
                     times.append(start.elapsed_time(end))
                 single[name] = statistics.median(times)
+            del fwd, fb  # the one-GPU leaves and their gradients: free before the W-GPU runs
+        torch.cuda.empty_cache()
         dist.barrier()
         mine = [cp.shard(t, layout="zigzag") for t in whole]
         del whole
         ours = passes(lambda q, k, v: cp.zigzag_ring_flash_attn_func(q, k, v, causal=True), *mine)
         theirs = passes(lambda q, k, v: rfa(q, k, v, causal=True), *mine) if rfa else (None, None)
+        torch_cp = (None, None, None)
+        if args.torch_cp:
+            try:
+                torch_cp = torch_context_parallel(s, args, world)
+            except Exception as e:  # an experimental API: report, and time the rest
+                print(f"rank {rank}: PyTorch's context_parallel did not run: {type(e).__name__}: {e}", flush=True)
         for i, name in enumerate(("fwd", "fwd+bwd")):
             t_w = timed(ours[i], args.reps)
-            t_r = timed(theirs[i], args.reps) if rfa else None
+            extra = f" | {timed(theirs[i], args.reps):.1f}" if rfa else ""
+            extra += f" | {timed(torch_cp[i], args.reps):.1f}" if torch_cp[i] else ""
             if rank == 0:
                 eff = single[name] / (world * t_w)
-                extra = f" | {t_r:.1f}" if rfa else ""
                 print(f"{s} | {name} | {single[name]:.1f} | {t_w:.1f} | {eff:.2f}{extra}", flush=True)
-        del mine
+        if torch_cp[2] is not None:
+            torch_cp[2].__exit__(None, None, None)  # restores its buffers and SDPA
+        del mine, torch_cp
         torch.cuda.empty_cache()
     dist.destroy_process_group()
 
