@@ -148,3 +148,18 @@ impl Drop for CurrentContextGuard {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_per_thread_default_stream_is_a_stream_per_thread_and_others_one_stream() {
+        let per_thread = ExternalStream::from_raw(PER_THREAD_STREAM);
+        let other = ExternalStream::from_raw(0x7f00_1234);
+        let (here, there) = (per_thread.key(), std::thread::spawn(move || per_thread.key()).join().unwrap());
+        assert_ne!(here, there, "two threads' default streams must not share a tile counter");
+        assert_eq!(per_thread.key(), here, "one thread's default stream keeps its key");
+        assert_eq!(other.key(), std::thread::spawn(move || other.key()).join().unwrap(), "a stream handle is one stream on every thread");
+    }
+}
