@@ -27,19 +27,25 @@ import flashcore
 from flashcore import distributed as cp
 
 
-def timed(fn, reps: int) -> float:
-    """Median milliseconds of `fn` over `reps` calls after one warm-up, slowest rank's."""
+def median_ms(fn, reps: int, before=lambda: None) -> float:
+    """Median milliseconds of `fn` over `reps` calls after one warm-up (`before` runs ahead
+    of each timed call, outside the timing)."""
     fn()
     times = []
     for _ in range(reps):
-        dist.barrier()
+        before()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
         end.record()
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
-    t = torch.tensor([statistics.median(times)], device="cuda")
+    return statistics.median(times)
+
+
+def timed(fn, reps: int) -> float:
+    """`median_ms` of a collective `fn` started together on every rank: the slowest rank's."""
+    t = torch.tensor([median_ms(fn, reps, before=dist.barrier)], device="cuda")
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return t.item()
 
@@ -115,16 +121,7 @@ def main() -> None:
         if rank == 0:
             fwd, fb = passes(lambda q, k, v: flashcore.flash_attn_func(q, k, v, causal=True), *whole)
             for name, fn in (("fwd", fwd), ("fwd+bwd", fb)):
-                fn()
-                times = []
-                for _ in range(args.reps):
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    fn()
-                    end.record()
-                    torch.cuda.synchronize()
-                    times.append(start.elapsed_time(end))
-                single[name] = statistics.median(times)
+                single[name] = median_ms(fn, args.reps)
             del fwd, fb  # the one-GPU leaves and their gradients: free before the W-GPU runs
         torch.cuda.empty_cache()
         dist.barrier()

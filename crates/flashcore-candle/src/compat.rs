@@ -51,7 +51,7 @@ impl CustomOp3 for FlashAttn {
     }
 
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        candle_core::bail!("flashcore: `q` must be on a CUDA device (FlashCore's kernels run on NVIDIA GPUs)")
+        crate::device::cpu_refused()
     }
 
     fn cuda_fwd(

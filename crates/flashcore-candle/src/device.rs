@@ -17,6 +17,11 @@ pub(crate) fn wrap(e: flashcore::Error) -> candle_core::Error {
     candle_core::Error::Msg(format!("flashcore: {e}")).bt()
 }
 
+/// What a candle op answers for CPU storage.
+pub(crate) fn cpu_refused<T>() -> Result<T> {
+    candle_core::bail!("flashcore: `q` must be on a CUDA device (FlashCore's kernels run on NVIDIA GPUs)")
+}
+
 /// The FlashCore context of candle's `device` (opened on first use, then kept).
 pub(crate) fn context(device: &CudaDevice) -> Result<Arc<Context>> {
     static CONTEXTS: OnceLock<Mutex<HashMap<usize, Arc<Context>>>> = OnceLock::new();

@@ -211,7 +211,7 @@ impl candle_core::CustomOp3 for AttnOp {
     }
 
     fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
-        candle_core::bail!("flashcore: `q` must be on a CUDA device (FlashCore's kernels run on NVIDIA GPUs)")
+        crate::device::cpu_refused()
     }
 
     fn cuda_fwd(
