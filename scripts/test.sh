@@ -144,6 +144,25 @@ done
 target/debug/flashcore bench --suite sweep --window 128,0 --softcap 30 --list-json > target/suite.json
 .venv/bin/python -c 'import sys; sys.path.insert(0, "bench"); import schema; schema.parse_suite(open("target/suite.json").read())'
 
+# The candle integration, a workspace of its own (crates/flashcore-candle/README.md says why),
+# built with nvcc and the CUDA libraries from PyPI (scripts/cuda-for-candle.sh installs them into
+# .venv-cuda when missing). Its target folder is a cache outside the clone: candle's CUDA kernels
+# take minutes to compile, and Cargo's fingerprints keep a warm cache correct. The tests that need
+# no GPU run here (bad input by name); the GPU tests are #[ignore]d here and run on a GPU machine
+# with `cargo test -- --ignored` (docs/candle.md).
+echo "== flashcore-candle: fmt, clippy, tests without a GPU, docs"
+(
+    # In a subshell: the CUDA libraries (and the driver stub) stay off the later checks' paths.
+    env_exports=$(scripts/cuda-for-candle.sh)
+    eval "$env_exports"
+    cd crates/flashcore-candle
+    export CARGO_TARGET_DIR="${FLASHCORE_CANDLE_TARGET:-${XDG_CACHE_HOME:-$HOME/.cache}/flashcore/candle-target}"
+    cargo fmt --all -- --check
+    cargo clippy --workspace --all-targets --locked -- -D warnings
+    cargo test --workspace --locked
+    RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
+)
+
 # The Python package: the abi3 wheel is built as a user would build it, then checked
 # (tag, contents, no libtorch/libpython link, errors from the extension, NVRTC discovery).
 # Its GPU suite (python/tests) runs on a GPU machine: scripts/gpu-python.sh.
@@ -152,20 +171,3 @@ echo "== Python package: maturin build, python/tests/test_wheel.py"
 rm -rf target/wheels
 .venv/bin/maturin build --locked -m python/Cargo.toml -o target/wheels
 .venv/bin/python -m pytest -q --noconftest -p no:cacheprovider python/tests/test_wheel.py
-
-# The candle integration, a workspace of its own (crates/flashcore-candle/README.md says why),
-# built with nvcc and the CUDA libraries from PyPI (scripts/cuda-for-candle.sh installs them into
-# .venv-cuda when missing). Its target folder is a cache outside the clone: candle's CUDA kernels
-# take minutes to compile, and Cargo's fingerprints keep a warm cache correct. The tests that need
-# no GPU run here (bad input by name); the GPU tests are #[ignore]d here and run on a GPU machine
-# with `cargo test -- --ignored` (docs/candle.md).
-echo "== flashcore-candle: fmt, clippy, tests without a GPU, docs"
-eval "$(scripts/cuda-for-candle.sh)"
-(
-    cd crates/flashcore-candle
-    export CARGO_TARGET_DIR="${FLASHCORE_CANDLE_TARGET:-${XDG_CACHE_HOME:-$HOME/.cache}/flashcore/candle-target}"
-    cargo fmt --all -- --check
-    cargo clippy --workspace --all-targets --locked -- -D warnings
-    cargo test --workspace --locked
-    RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
-)
