@@ -72,6 +72,38 @@ pub(crate) fn storage_address(arg: &str, storage: &CudaStorage, layout: &Layout)
     }
 }
 
+/// The CUDA storage behind a read guard.
+pub(crate) fn cuda<'a>(arg: &str, storage: &'a candle_core::StorageRef<'_>) -> Result<&'a CudaStorage> {
+    match &**storage {
+        Storage::Cuda(c) => Ok(c),
+        _ => candle_core::bail!("flashcore: `{arg}` must be on a CUDA device"),
+    }
+}
+
+/// An extra tensor of a call (lengths, a block table, ALiBi's slopes), read-locked while held.
+pub(crate) struct Held<'a> {
+    storage: candle_core::StorageRef<'a>,
+    pub layout: &'a Layout,
+    pub len: usize,
+}
+
+impl<'a> Held<'a> {
+    pub(crate) fn of(t: &'a Tensor) -> Self {
+        let (storage, layout) = t.storage_and_layout();
+        Held { storage, layout, len: t.elem_count() }
+    }
+
+    pub(crate) fn address(&self, arg: &str) -> Result<u64> {
+        storage_address(arg, cuda(arg, &self.storage)?, self.layout)
+    }
+
+    pub(crate) fn vector<T>(&self, arg: &str) -> Result<flashcore::DeviceVec<'_, T>> {
+        // SAFETY: the storage holds `len` values from the layout's offset (checked contiguous
+        // and of a 4-byte dtype by `check`) and is read-locked while the view lives.
+        Ok(unsafe { flashcore::DeviceVec::from_raw(self.address(arg)?, self.len) })
+    }
+}
+
 /// A 4-D view (`[B, S, H, D]`; a 3-D tensor is `[1, S, H, D]`) of a 16-bit tensor.
 pub(crate) fn view<'a>(arg: &str, storage: &'a CudaStorage, layout: &Layout) -> Result<flashcore::TensorView<'a>> {
     let fc = fc_dtype(arg, storage.dtype())?;

@@ -6,10 +6,10 @@
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::CudaStorage;
-use candle_core::{CpuStorage, DType, Layout, Result, Shape, Storage, Tensor};
+use candle_core::{CpuStorage, DType, Layout, Result, Shape, Tensor};
 use flashcore::{BlockTableView, FwdInputs, FwdOutputs, PackedQueries, PagedKv};
 
-use crate::device::{self, Output};
+use crate::device::{self, Held, Output};
 use crate::options::AttnOptions;
 
 /// Where a cached sequence's keys are: see [`crate::attention_with_kvcache`].
@@ -29,18 +29,6 @@ pub(crate) struct CacheOp {
     pub cache: KvCache,
     /// Packed queries `[total_q, Hq, D]`: their cumulative lengths and the longest.
     pub packed_queries: Option<(Tensor, usize)>,
-}
-
-/// A read-locked extra tensor of the call and its device address.
-fn held(t: &Tensor) -> (candle_core::StorageRef<'_>, &Layout) {
-    t.storage_and_layout()
-}
-
-fn address(arg: &str, held: &(candle_core::StorageRef<'_>, &Layout)) -> Result<u64> {
-    match &*held.0 {
-        Storage::Cuda(s) => device::storage_address(arg, s, held.1),
-        _ => candle_core::bail!("flashcore: `{arg}` must be on a CUDA device"),
-    }
 }
 
 impl candle_core::CustomOp3 for CacheOp {
@@ -65,30 +53,30 @@ impl candle_core::CustomOp3 for CacheOp {
         let ctx = device::context(device)?;
         let shape = q_l.shape().clone();
         let (qv, kv, vv) = (device::view("q", q, q_l)?, device::view("k_cache", k, k_l)?, device::view("v_cache", v, v_l)?);
-        let seqlens = self.cache.cache_seqlens.as_ref().map(held);
-        let table = self.cache.block_table.as_ref().map(held);
-        let cu_q = self.packed_queries.as_ref().map(|(t, _)| held(t));
-        let alibi = self.options.alibi_slopes.as_ref().map(held);
+        let seqlens = self.cache.cache_seqlens.as_ref().map(Held::of);
+        let table = self.cache.block_table.as_ref().map(Held::of);
+        let cu_q = self.packed_queries.as_ref().map(|(t, _)| Held::of(t));
+        let alibi = self.options.alibi_slopes.as_ref().map(Held::of);
         let mut cache = PagedKv::default();
         if let (Some(h), Some(t)) = (&seqlens, &self.cache.cache_seqlens) {
             // SAFETY: a contiguous vector of `len` 4-byte values, read-locked for the call.
-            cache.cache_seqlens = Some(unsafe { flashcore::SeqLensView::from_raw(address("cache_seqlens", h)?, t.elem_count()) });
+            cache.cache_seqlens = Some(unsafe { flashcore::SeqLensView::from_raw(h.address("cache_seqlens")?, t.elem_count()) });
         }
         if let (Some(h), Some(t)) = (&table, &self.cache.block_table) {
             let (rows, cols) = t.dims2()?;
             // SAFETY: `rows` rows of `cols` 4-byte entries, `stride[0]` apart, read-locked.
-            cache.block_table = Some(unsafe { BlockTableView::from_raw(address("block_table", h)?, rows, cols, h.1.stride()[0]) });
+            cache.block_table = Some(unsafe { BlockTableView::from_raw(h.address("block_table")?, rows, cols, h.layout.stride()[0]) });
         }
         if let (Some(h), Some((t, max_seqlen_q))) = (&cu_q, &self.packed_queries) {
             // SAFETY: as `cache_seqlens`.
-            let cu_seqlens_q = unsafe { flashcore::SeqLensView::from_raw(address("cu_seqlens_q", h)?, t.elem_count()) };
+            let cu_seqlens_q = unsafe { flashcore::SeqLensView::from_raw(h.address("cu_seqlens_q")?, t.elem_count()) };
             cache.queries = Some(PackedQueries { cu_seqlens_q, max_seqlen_q: *max_seqlen_q });
         }
         let o = Output::alloc(device, q.dtype(), shape.elem_count())?;
         let o_view = o.view_mut(qv.layout().shape, qv.layout().dtype, qv.device());
         let alibi_slopes = match (&alibi, &self.options.alibi_slopes) {
             // SAFETY: a contiguous f32 vector, read-locked for the call.
-            (Some(h), Some(t)) => Some(unsafe { flashcore::AlibiSlopes::from_raw(address("alibi_slopes", h)?, t.elem_count()) }),
+            (Some(h), Some(t)) => Some(unsafe { flashcore::AlibiSlopes::from_raw(h.address("alibi_slopes")?, t.elem_count()) }),
             _ => None,
         };
         let inputs = FwdInputs { alibi_slopes, ..FwdInputs::paged(qv, kv, vv, cache) };

@@ -14,7 +14,7 @@ use candle_core::cuda_backend::{CudaDevice, CudaStorage};
 use candle_core::{CpuStorage, DType, Layout, Result, Shape, Storage, Tensor};
 use flashcore::{BwdInputs, FwdInputs, FwdOutputs, GradsMut, KvLayout, SeqLensView, VarlenBatch};
 
-use crate::device::{self, Output};
+use crate::device::{self, cuda, Held, Output};
 use crate::options::AttnOptions;
 
 /// How the op's sequences are laid out.
@@ -38,30 +38,6 @@ pub(crate) struct AttnOp {
 
 /// A storage and its layout, as the op's arguments arrive.
 type Arg<'a> = (&'a CudaStorage, &'a Layout);
-
-/// The read guard and layout of an extra tensor (the cumulative lengths, ALiBi's slopes).
-struct Held<'a> {
-    storage: candle_core::StorageRef<'a>,
-    layout: &'a Layout,
-    len: usize,
-}
-
-impl<'a> Held<'a> {
-    fn of(t: &'a Tensor) -> Self {
-        let (storage, layout) = t.storage_and_layout();
-        Held { storage, layout, len: t.elem_count() }
-    }
-
-    fn address(&self, arg: &str) -> Result<u64> {
-        device::storage_address(arg, cuda(arg, &self.storage)?, self.layout)
-    }
-
-    fn vector<T>(&self, arg: &str) -> Result<flashcore::DeviceVec<'_, T>> {
-        // SAFETY: the storage holds `len` values from the layout's offset (checked contiguous
-        // and of a 4-byte dtype by `check`) and is read-locked while the view lives.
-        Ok(unsafe { flashcore::DeviceVec::from_raw(self.address(arg)?, self.len) })
-    }
-}
 
 /// The extra tensors of a call, held for its duration.
 struct Extras<'a> {
@@ -98,14 +74,6 @@ impl<'a> Extras<'a> {
 
     fn alibi(&self) -> Result<Option<flashcore::AlibiSlopes<'_>>> {
         self.alibi.as_ref().map(|a| a.vector("alibi_slopes")).transpose()
-    }
-}
-
-/// The CUDA storage behind a read guard.
-fn cuda<'a>(arg: &str, storage: &'a candle_core::StorageRef<'_>) -> Result<&'a CudaStorage> {
-    match &**storage {
-        Storage::Cuda(c) => Ok(c),
-        _ => candle_core::bail!("flashcore: `{arg}` must be on a CUDA device"),
     }
 }
 
