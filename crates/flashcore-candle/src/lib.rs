@@ -45,6 +45,9 @@ mod options;
 
 pub use api::{attention, attention_varlen, attention_varlen_with_kvcache, attention_with_kvcache, attention_with_lse, VarlenSeqs};
 pub use compat::*;
+/// The core crate, built with the CUDA linking mode candle needs: use it from here rather than
+/// as a second dependency with its default features (cudarc refuses the two modes in one build).
+pub use flashcore;
 pub use flashcore::KernelFamily;
 pub use kvcache::KvCache;
 pub use options::AttnOptions;
