@@ -25,8 +25,8 @@ compares them, so a mismatch raises the same ValueError naming the argument on e
 instead of leaving ranks waiting on a transfer. A rank that never arrives is caught by the
 process group's timeout (`init_process_group(timeout=...)`): set it.
 
-Not supported in the ring layouts: dropout, ALiBi and sliding windows (NotImplementedError
-naming them; the varlen layout takes windows). Tested on 2 GPUs of one host; across nodes it
+Not supported: dropout and ALiBi; sliding windows in the ring layouts (NotImplementedError
+naming them; the varlen layout takes causal windows). Tested on 2 GPUs of one host; across nodes it
 is the same process-group code, not run here.
 """
 from __future__ import annotations
