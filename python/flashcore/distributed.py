@@ -31,6 +31,7 @@ is the same process-group code, not run here.
 """
 from __future__ import annotations
 
+import math
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -197,7 +198,8 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, s
     world, rank = _world(group)
     ring = _Ring(group)
     local = q.shape[1]
-    out = lse = None
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    lse = torch.full((q.shape[0], q.shape[2], local), -math.inf, dtype=torch.float32, device=q.device)
     kv = [k, v]
     for step in range(world):
         pending = ring.start(kv) if step + 1 < world else None
@@ -205,10 +207,7 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, s
         if block is not None:
             rows, cols, block_causal = block
             o, lse_b = _ops.forward(q[:, rows], kv[0][:, cols], kv[1][:, cols], scale, block_causal, NO_WINDOW, softcap, 0, True)
-            if out is None:  # step 0, every row: the first partial result is the running one
-                out, lse = o.float(), lse_b
-            else:
-                _merge(out, lse, rows, o, lse_b)
+            _merge(out, lse, rows, o, lse_b)
         if pending is not None:
             kv = _Ring.wait(pending)
     return out.to(q.dtype), lse
