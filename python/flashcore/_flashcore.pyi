@@ -1,6 +1,6 @@
 """The extension module: the Rust API as the Python layer calls it (see src/lib.rs)."""
 
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple, Union
 
 __version__: str
 
@@ -29,8 +29,10 @@ FwdInputsArg = Tuple[TensorArg, TensorArg, TensorArg]
 FwdOutputsArg = Tuple[TensorArg, Optional[Vector]]
 # The backward's inputs: q, k, v, the forward's o and lse (f32), dout
 BwdInputsArg = Tuple[TensorArg, TensorArg, TensorArg, TensorArg, Vector, TensorArg]
-# The backward's outputs (written): dq, dk, dv
-GradsArg = Tuple[TensorArg, TensorArg, TensorArg]
+# The backward's outputs (written): dq, dk, dv, each a TensorArg or, when laid out like its
+# input (same shape and strides), its address alone
+GradArg = Union[int, TensorArg]
+GradsArg = Tuple[GradArg, GradArg, GradArg]
 # Every call's options: softmax_scale (None: 1/sqrt(D)), causal, window_left, window_right
 # (flash_attn's window_size, -1 unbounded), softcap (0: none), num_splits (None: FlashCore's
 # choice), deterministic (the backward's)
@@ -61,14 +63,13 @@ def attention_backward(
     options: OptionsArg,
     varlen: Optional[VarlenArg] = None,
     alibi: Optional[AlibiArg] = None,
-) -> Optional[str]:
+) -> bool:
     """Gradients dq, dk, dv (written) of attention under the forward's options, from its
     inputs, o and lse (f32 [B, Hq, Sq]) given dout. With `varlen`, a packed batch (tensors with
     a leading 1 and lse [Hq, total_q], as in attention_forward; the call's `check` as there);
     `alibi` the forward's slopes.
-    Returns the kernel variant that ran for a dense batch (bwd_sm90_... on Hopper for its head
-    dims, else bwd_sm80_...; reference_... is the slow exact fallback), None for a packed
-    one."""
+    Returns whether a dense batch ran on the slow exact reference kernels (where neither the
+    Hopper nor the Ampere-class backward takes the problem); a packed one never does."""
 
 def plan(device: int, q_shape: Sequence[int], k_shape: Sequence[int], dtype_name: str, options: OptionsArg) -> str:
     """The kernel variant, tile and grid FlashCore would run for this problem under `options`."""

@@ -47,29 +47,27 @@ def _alibi_arg(alibi_slopes: Optional[Tensor]) -> Optional[_flashcore.AlibiArg]:
     return None if alibi_slopes is None else _vector(alibi_slopes)
 
 
-def _current_stream(device: torch.device) -> int:
-    # The raw handle without building a torch.cuda.Stream object (a few microseconds less).
-    return torch._C._cuda_getCurrentRawStream(device.index)
-
-
-def _scratch(device: torch.device) -> Callable[[int], int]:
-    """The scratch allocator a call hands to Rust: buffers from the caching allocator, kept by
-    the allocator, which the call holds until it returns; their reuse is then ordered after the
-    work already queued on this stream."""
+def _scratch(like: Tensor) -> Callable[[int], int]:
+    """The scratch allocator a call hands to Rust: buffers from the caching allocator on
+    `like`'s device, which the call holds until it returns; their reuse is then ordered after
+    the work already queued on this stream. (`like.new_empty` measured 1 µs slower a buffer.)"""
     keep: List[Tensor] = []
 
     def allocate(nbytes: int) -> int:
-        buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        buf = torch.empty(nbytes, dtype=torch.uint8, device=like.device)
         keep.append(buf)
         return buf.data_ptr()
 
     return allocate
 
 
-def _call(device: torch.device, check: bool = False) -> _flashcore.CallArg:
-    """Where a call runs: PyTorch's current stream of `device`, with scratch memory from its
-    caching allocator; `check` first checks a packed batch's or a cache's device values."""
-    return (device.index, _current_stream(device), _scratch(device), check)
+def _call(like: Tensor, check: bool = False) -> _flashcore.CallArg:
+    """Where a call on `like`'s device runs: PyTorch's current stream of it (the raw handle,
+    without building a torch.cuda.Stream or a torch.device: microseconds a call), with scratch
+    memory from its caching allocator; `check` first checks a packed batch's or a cache's
+    device values."""
+    index = like.get_device()
+    return (index, torch._C._cuda_getCurrentRawStream(index), _scratch(like), check)
 
 
 def options_arg(
@@ -121,7 +119,7 @@ def forward_into(
     `window` is flash_attn's `window_size` (-1 unbounded), `softcap` 0 for none; `dropout`
     `(p, seed, offset)` or None, `probs` where its probabilities go (see `Dropout`)."""
     _flashcore.attention_forward(
-        _call(q.device),
+        _call(q),
         (_arg(q), _arg(k), _arg(v)),
         (_arg(o), None if lse is None else _vector(lse)),
         options_arg(softmax_scale, causal, window, softcap, num_splits),
@@ -188,7 +186,7 @@ def varlen_forward(
     if k.shape[0] == 0:  # no sequence has a key: every row sees none (as the dense path)
         return o.zero_(), lse.fill_(-math.inf)
     _flashcore.attention_forward(
-        _call(q.device, checkable and _check_varlen()),
+        _call(q, checkable and _check_varlen()),
         tuple(_arg(t.unsqueeze(0)) for t in (q, k, v)),
         (_arg(o.unsqueeze(0)), _vector(lse)),
         options_arg(softmax_scale, causal, window, softcap),
@@ -270,7 +268,7 @@ def varlen_backward_into(
     if dout.stride(-1) != 1:
         dout = dout.contiguous()  # autograd may hand over any layout; the kernels read rows
     _flashcore.attention_backward(
-        _call(q.device, _check_varlen()),
+        _call(q, _check_varlen()),
         (*(_arg(t.unsqueeze(0)) for t in (q, k, v, o)), _vector(lse), _arg(dout.unsqueeze(0))),
         tuple(_arg(t.unsqueeze(0)) for t in (dq, dk, dv)),
         options_arg(softmax_scale, causal, window, softcap, deterministic=deterministic),
@@ -410,7 +408,7 @@ def kvcache_forward(
         return o, lse
     table = None if block_table is None else (block_table.data_ptr(), (block_table.shape[0], block_table.shape[1]), block_table.stride(0))
     _flashcore.attention_forward(
-        _call(q.device, os.environ.get("FLASHCORE_CHECK_PAGED", "") not in ("", "0")),
+        _call(q, os.environ.get("FLASHCORE_CHECK_PAGED", "") not in ("", "0")),
         (_arg(q), _arg(k_cache), _arg(v_cache)),
         (_arg(o), None if lse is None else _vector(lse)),
         options_arg(softmax_scale, causal, window, softcap, num_splits),
@@ -446,7 +444,7 @@ def paged_varlen_forward(
     if q.shape[0] == 0:
         return o, lse
     _flashcore.attention_forward(
-        _call(q.device, os.environ.get("FLASHCORE_CHECK_PAGED", "") not in ("", "0")),
+        _call(q, os.environ.get("FLASHCORE_CHECK_PAGED", "") not in ("", "0")),
         (_arg(q.unsqueeze(0)), _arg(k_cache), _arg(v_cache)),
         (_arg(o.unsqueeze(0)), _vector(lse)),
         options_arg(softmax_scale, causal, window, softcap),
@@ -554,7 +552,9 @@ def backward(
     heads that share a KV head), under the forward's `window`, `softcap` and `alibi_slopes`
     (the backward kernels' forms of them; the slopes get no gradient)."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    backward_into(q, k, v, o, lse, dout, dq, dk, dv, softmax_scale, causal, deterministic, window, softcap, alibi_slopes, dropout)
+    # empty_like of a contiguous tensor has its strides: the grads then cross as addresses.
+    like_inputs = q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
+    backward_into(q, k, v, o, lse, dout, dq, dk, dv, softmax_scale, causal, deterministic, window, softcap, alibi_slopes, dropout, like_inputs)
     return dq, dk, dv
 
 
@@ -575,22 +575,26 @@ def backward_into(
     softcap: float,
     alibi_slopes: Optional[Tensor] = None,
     dropout: Optional[Dropout] = None,
+    grads_like_inputs: bool = False,
 ) -> None:
-    """`backward` into the given `dq`, `dk`, `dv` (BSHD like q, k, v; every element written)."""
+    """`backward` into the given `dq`, `dk`, `dv` (BSHD like q, k, v; every element written).
+    `grads_like_inputs`: the caller vouches that each grad has its input's shape and strides,
+    so only their addresses cross into the extension."""
     if o.numel() == 0 or k.shape[1] == 0:
         dq.zero_(), dk.zero_(), dv.zero_()
         return
     if dout.stride(-1) != 1:
         dout = dout.contiguous()  # autograd may hand over any layout; the kernels read rows
-    kernel = _flashcore.attention_backward(
-        _call(q.device),
+    grads = (dq.data_ptr(), dk.data_ptr(), dv.data_ptr()) if grads_like_inputs else (_arg(dq), _arg(dk), _arg(dv))
+    on_reference_kernels = _flashcore.attention_backward(
+        _call(q),
         (_arg(q), _arg(k), _arg(v), _arg(o), _vector(lse), _arg(dout)),
-        (_arg(dq), _arg(dk), _arg(dv)),
+        grads,
         options_arg(softmax_scale, causal, window, softcap, deterministic=deterministic),
         alibi=_alibi_arg(alibi_slopes),
         dropout=dropout,
     )
-    if kernel is not None and kernel.startswith("reference"):
+    if on_reference_kernels:
         warnings.warn(_SLOW_BACKWARD, stacklevel=4)  # once per call site, by Python's default filter
 
 
@@ -698,3 +702,18 @@ class VarlenAttention(torch.autograd.Function):
         dq, dk, dv = varlen_backward(q, k, v, o, lse, grad_o, cu_seqlens_q, cu_seqlens_k, seqused_k, *ctx.options)
         return dq, dk, dv, None, None
 
+
+_UNWRAP_IF_DEAD = torch._C._functorch.unwrap_if_dead
+_C_APPLY = {f: torch._C._FunctionBase.__dict__["apply"].__get__(None, f) for f in (Attention, VarlenAttention)}
+
+
+def record(function: type, q: Tensor, k: Tensor, v: Tensor, *rest: object):
+    """`function.apply(q, k, v, *rest)` for `Attention` or `VarlenAttention`, minus
+    `Function.apply`'s Python wrapper where that wrapper adds nothing: with no functorch
+    transform active it only unwraps dead functorch wrappers (done here, on the three tensors;
+    the rest are tuples, which it leaves alone too) and calls the C method
+    `_FunctionBase.apply`, while its own frame, `setup_context` test and generator over the
+    arguments cost a few microseconds a call."""
+    if torch._C._are_functorch_transforms_active():
+        return function.apply(q, k, v, *rest)
+    return _C_APPLY[function](_UNWRAP_IF_DEAD(q), _UNWRAP_IF_DEAD(k), _UNWRAP_IF_DEAD(v), *rest)

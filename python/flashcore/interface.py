@@ -103,8 +103,8 @@ def _attention(
         options = (scale, causal, window, softcap, num_splits, deterministic, want_lse, alibi_slopes, dropout, probs)
         if _records_grad(q, k, v):
             if want_lse:
-                return _ops.Attention.apply(q, k, v, options)
-            return _ops.Attention.apply(q, k, v, options), None
+                return _ops.record(_ops.Attention, q, k, v, options)
+            return _ops.record(_ops.Attention, q, k, v, options), None
         return _ops.forward(q, k, v, scale, causal, window, softcap, num_splits, want_lse, alibi_slopes, dropout, probs)
     if dropout is not None:
         raise _unsupported("dropout_p", dropout[0], "under torch.compile or tracing is not supported yet (eager calls take it)")
@@ -384,7 +384,7 @@ def flash_attn_varlen_func(
     if _eager(q, k, v):
         if _records_grad(q, k, v):
             options = (scale, bool(causal), window, softcap, bool(deterministic), alibi_slopes, dropout, probs)
-            out, lse = _ops.VarlenAttention.apply(q, k, v, args[3:8], options)
+            out, lse = _ops.record(_ops.VarlenAttention, q, k, v, args[3:8], options)
         else:
             out, lse = _ops.varlen_forward(*args, window, softcap, alibi_slopes, True, dropout, probs)
     elif dropout is not None:

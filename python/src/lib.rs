@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use flashcore::{
     AlibiSlopes, AttnParams, BlockTableView, BwdInputs, CallerStream, Context, DType, Dropout, Error, ExternalStream, FwdInputs,
-    FwdOutputs, GradsMut, KvLayout, Layout, LseView, LseViewMut, PackedQueries, PagedKv, ProblemShape, SeqLensView, TensorView,
-    TensorViewMut, VarlenBatch, Window,
+    FwdOutputs, GradsMut, KernelFamily, KvLayout, Layout, LseView, LseViewMut, PackedQueries, PagedKv, ProblemShape, SeqLensView,
+    TensorView, TensorViewMut, VarlenBatch, Window,
 };
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -86,8 +86,17 @@ struct BwdInputsArg(TensorArg, TensorArg, TensorArg, TensorArg, (u64, usize), Te
 
 /// The backward's outputs (`flashcore::GradsMut`, written), as the Python tuple `(dq, dk,
 /// dv)`.
+/// One gradient buffer of the backward: its address alone when it is laid out like its
+/// input (`torch.empty_like` of a contiguous input: the same shape and strides), which spares
+/// the per-call cost of a layout crossing the boundary; else a full tensor argument.
 #[derive(FromPyObject)]
-struct GradsArg(TensorArg, TensorArg, TensorArg);
+enum GradArg {
+    LikeInput(u64),
+    Tensor(TensorArg),
+}
+
+#[derive(FromPyObject)]
+struct GradsArg(GradArg, GradArg, GradArg);
 
 /// A call's options (`flashcore::AttnParams`), as the Python tuple `(softmax_scale, causal,
 /// window_left, window_right, softcap, num_splits, deterministic)`: `softmax_scale` `None` for
@@ -253,8 +262,8 @@ fn attention_forward(
 /// `inputs` ([`BwdInputsArg`]: the forward's inputs, `o` and `lse`, and `dout`) under the
 /// forward's `options` ([`OptionsArg`]). With `varlen`, a packed batch (all tensors with a
 /// leading 1 as in `attention_forward`, `lse [Hq, total_q]`; `check` as there); `alibi` the
-/// forward's slopes, `dropout` its dropout ([`DropoutArg`]). Returns the name of the kernel
-/// variant that ran for a dense batch (`None` for a packed one).
+/// forward's slopes, `dropout` its dropout ([`DropoutArg`]). Returns whether a dense batch
+/// ran on the slow exact reference kernels (a packed one never does).
 #[pyfunction]
 #[pyo3(signature = (call, inputs, grads, options, varlen=None, alibi=None, dropout=None))]
 #[allow(clippy::too_many_arguments)] // the Python signature: one tuple per concern
@@ -267,15 +276,24 @@ fn attention_backward(
     varlen: Option<VarlenArg>,
     alibi: Option<AlibiArg>,
     dropout: Option<DropoutArg>,
-) -> PyResult<Option<String>> {
+) -> PyResult<bool> {
     let CallArg(device, stream, scratch, check) = call;
     let BwdInputsArg(q, k, v, o, lse, dout) = inputs;
     let GradsArg(dq, dk, dv) = grads;
-    let names = ["q", "k", "v", "o", "dout", "dq", "dk", "dv"];
-    let args = [&q, &k, &v, &o, &dout, &dq, &dk, &dv];
-    let mut layouts = Vec::with_capacity(args.len());
-    for (t, name) in args.iter().zip(names) {
+    let names = ["q", "k", "v", "o", "dout"];
+    let mut layouts = Vec::with_capacity(8);
+    let mut addresses = Vec::with_capacity(8);
+    for (t, name) in [&q, &k, &v, &o, &dout].into_iter().zip(names) {
         layouts.push(layout(t, name)?);
+        addresses.push(t.0);
+    }
+    for (grad, (input, name)) in [dq, dk, dv].into_iter().zip([(0, "dq"), (1, "dk"), (2, "dv")]) {
+        let (address, grad_layout) = match grad {
+            GradArg::LikeInput(address) => (address, layouts[input]),
+            GradArg::Tensor(t) => (t.0, layout(&t, name)?),
+        };
+        layouts.push(grad_layout);
+        addresses.push(address);
     }
     let ctx = context(device)?;
     let params = params_with(options, dropout);
@@ -283,13 +301,13 @@ fn attention_backward(
     let batch = varlen.map(|b| unsafe { varlen_batch(b) });
     // SAFETY: as in `attention_forward`.
     let alibi_slopes = unsafe { alibi_slopes(alibi) };
-    let kernel = match batch {
-        Some(_) => None,
+    let reference = match batch {
+        Some(_) => false,
         None => {
             let [batch, seqlen_q, heads_q, head_dim] = layouts[0].shape;
             let [_, seqlen_k, heads_kv, _] = layouts[1].shape;
             let shape = ProblemShape { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim };
-            Some(ctx.backward_variant(&shape, layouts[0].dtype, &params).map_err(to_py)?.name())
+            ctx.backward_variant(&shape, layouts[0].dtype, &params).map_err(to_py)?.family == KernelFamily::Reference
         }
     };
     let mut scratch_error: Option<PyErr> = None;
@@ -297,8 +315,8 @@ fn attention_backward(
         // SAFETY: as in `attention_forward`: live CUDA tensors of `device` with these layouts,
         // kept alive by the Python side across the call, on PyTorch's current stream.
         unsafe {
-            let view = |i: usize| TensorView::from_raw(args[i].0, layouts[i], device);
-            let grad = |i: usize| TensorViewMut::from_raw(args[i].0, layouts[i], device);
+            let view = |i: usize| TensorView::from_raw(addresses[i], layouts[i], device);
+            let grad = |i: usize| TensorViewMut::from_raw(addresses[i], layouts[i], device);
             let kv = batch.map_or(KvLayout::Dense, KvLayout::Varlen);
             if let (Some(batch), true) = (batch, check) {
                 ctx.check_values(&FwdInputs::varlen(view(0), view(1), view(2), batch))?;
@@ -311,7 +329,7 @@ fn attention_backward(
             ctx.attention_backward_on_stream(caller, &inputs, grads, &params)
         }
     });
-    finish(result, scratch_error, to_py).map(|()| kernel)
+    finish(result, scratch_error, to_py).map(|()| reference)
 }
 
 /// A call's result as Python sees it: the Python exception the scratch allocator raised, if

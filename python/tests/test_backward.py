@@ -162,6 +162,23 @@ def test_deterministic_gradients_are_bitwise_equal():
     assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 
+def test_grads_passed_as_addresses_equal_grads_passed_with_their_layouts():
+    # The eager backward hands the extension only the addresses of grads laid out like their
+    # inputs; the same call with the grads' full layouts must write the same bits.
+    from flashcore import _ops
+
+    q, k, v = randn(1, 129, 8, 64, seed=1), randn(1, 129, 2, 64, seed=2), randn(1, 129, 2, 64, seed=3)
+    dout = randn(1, 129, 8, 64, seed=4)
+    o, lse = _ops.forward(q, k, v, 0.125, True, (-1, -1), 0.0, 0)
+    results = []
+    for like_inputs in (True, False):
+        dq, dk, dv = torch.full_like(q, math.nan), torch.full_like(k, math.nan), torch.full_like(v, math.nan)
+        _ops.backward_into(q, k, v, o, lse, dout, dq, dk, dv, 0.125, True, True, (-1, -1), 0.0, None, None, like_inputs)
+        results.append((dq, dk, dv))
+    for by_address, by_layout in zip(*results):
+        assert torch.isfinite(by_address).all() and torch.equal(by_address, by_layout)
+
+
 def test_lse_is_not_differentiable_and_out_is():
     q, k, v = (randn(1, 64, 4, 64, seed=s).requires_grad_() for s in range(3))
     out, lse, _ = flashcore.flash_attn_func(q, k, v, return_attn_probs=True)
