@@ -3,18 +3,21 @@
 sequence, forward and forward + backward, in one torchrun job.
 
     torchrun --standalone --nproc_per_node W bench/context_parallel.py [--tokens 131072,262144]
-        [--hq 32 --hkv 8 --d 128] [--ring-flash-attn PATH]
+        [--hq 32 --hkv 8 --d 128] [--ring-flash-attn PATH] [--torch-cp] [--json OUT]
 
 Llama-style attention by default (Hq 32, Hkv 8, D128, bf16, causal, batch 1). Rank 0 times
 FlashCore on one GPU over the whole sequence while the others wait; then every rank runs its
 zigzag shard. Each time is the median of `--reps` calls after a warm-up, CUDA events around
 each, the slowest rank's. Efficiency = time(1 GPU) / (W x time(W GPUs)). With
 `--ring-flash-attn PATH` (a checkout of ring-flash-attn), its zigzag ring on FlashCore's
-low-level API (flashcore.compat) runs in the same job for comparison.
+low-level API (flashcore.compat) runs in the same job for comparison; with `--torch-cp`,
+PyTorch's context_parallel over SDPA-cuDNN. `--json OUT` writes rank 0's rows
+(`bench/context_parallel_plot.py` draws them).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -95,6 +98,7 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--ring-flash-attn", default=None, help="a checkout of ring-flash-attn to compare with")
     p.add_argument("--torch-cp", action="store_true", help="also time PyTorch's context_parallel over SDPA (cuDNN)")
+    p.add_argument("--json", default=None, help="write rank 0's rows here")
     args = p.parse_args()
     dist.init_process_group("nccl")
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
@@ -113,6 +117,7 @@ def main() -> None:
     if rank == 0:
         print(f"{torch.cuda.get_device_name()} x{world}; Hq {args.hq}, Hkv {args.hkv}, D{args.d}, bf16, causal, batch 1; median of {args.reps}, CUDA events, slowest rank")
         print("tokens | pass | 1 GPU ms | flashcore W ms | efficiency" + (" | ring-flash-attn W ms" if rfa else "") + (" | torch CP W ms" if args.torch_cp else ""))
+    rows = []
     for s in [int(t) for t in args.tokens.split(",")]:
         g = torch.Generator(device="cuda").manual_seed(0)
         shapes = [(1, s, args.hq, args.d), (1, s, args.hkv, args.d), (1, s, args.hkv, args.d), (1, s, args.hq, args.d)]
@@ -137,15 +142,23 @@ def main() -> None:
                 print(f"rank {rank}: PyTorch's context_parallel did not run: {type(e).__name__}: {e}", flush=True)
         for i, name in enumerate(("fwd", "fwd+bwd")):
             t_w = timed(ours[i], args.reps)
-            extra = f" | {timed(theirs[i], args.reps):.1f}" if rfa else ""
-            extra += f" | {timed(torch_cp[i], args.reps):.1f}" if torch_cp[i] else ""
+            t_rfa = timed(theirs[i], args.reps) if rfa else None
+            t_torch = timed(torch_cp[i], args.reps) if torch_cp[i] else None
             if rank == 0:
                 eff = single[name] / (world * t_w)
+                extra = "".join(f" | {t:.1f}" for t in (t_rfa, t_torch) if t is not None)
                 print(f"{s} | {name} | {single[name]:.1f} | {t_w:.1f} | {eff:.2f}{extra}", flush=True)
+                rows.append(dict(world=world, hq=args.hq, hkv=args.hkv, d=args.d, tokens=s, one_gpu_ms=single[name], flashcore_ms=t_w,
+                                 ring_flash_attn_ms=t_rfa, torch_cp_ms=t_torch, **{"pass": name}))
         if torch_cp[2] is not None:
             torch_cp[2].__exit__(None, None, None)  # restores its buffers and SDPA
         del mine, torch_cp
         torch.cuda.empty_cache()
+    if rank == 0 and args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), gpus=torch.cuda.device_count(), torch=torch.__version__,
+                           command=" ".join(sys.argv), method="median of --reps calls after a warm-up, CUDA events, the slowest rank",
+                           rows=rows), f, indent=1)
     dist.destroy_process_group()
 
 

@@ -135,6 +135,7 @@ echo "== bench/check_reference.py (flashcore attn --cpu vs NumPy float64)"
 echo "== bench self-tests"
 .venv/bin/python bench/anchors.py --self-test
 .venv/bin/python bench/report.py --self-test
+.venv/bin/python bench/context_parallel_plot.py --self-test
 # Every suite as the anchors read it (a plain case's FLOPs must agree on both sides; a window
 # or a packed batch carries flashcore's counts and lengths).
 for s in quick seed sweep small dims bwd bwd-dims varlen; do

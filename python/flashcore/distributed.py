@@ -31,7 +31,6 @@ is the same process-group code, not run here.
 """
 from __future__ import annotations
 
-import math
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -184,13 +183,15 @@ def _blocks(world: int, rank: int, step: int, causal: bool, zigzag: bool, local:
 
 
 def _merge(out: Tensor, lse: Tensor, rows: slice, o: Tensor, lse_b: Tensor) -> None:
-    """Folds a partial result `(o, lse_b)` of query rows `rows` into the fp32 `out`, `lse`."""
+    """Folds a partial result `(o, lse_b)` of query rows `rows` into the fp32 `out`, `lse`, in
+    place: two passes over `out`'s rows (a scale, then a multiply-add of the bf16 `o` converted
+    as it is read), where out-of-place arithmetic would make five and three temporaries."""
     current = lse[:, :, rows]
     merged = torch.logaddexp(current, lse_b)
     finite = torch.where(torch.isinf(merged), torch.zeros_like(merged), merged)  # rows that see no key yet
     keep = torch.exp(current - finite).transpose(1, 2).unsqueeze(-1)
     take = torch.exp(lse_b - finite).transpose(1, 2).unsqueeze(-1)
-    out[:, rows] = out[:, rows] * keep + o.float() * take
+    out[:, rows].mul_(keep).addcmul_(o, take)
     lse[:, :, rows] = merged
 
 
@@ -198,8 +199,7 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, s
     world, rank = _world(group)
     ring = _Ring(group)
     local = q.shape[1]
-    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    lse = torch.full((q.shape[0], q.shape[2], local), -math.inf, dtype=torch.float32, device=q.device)
+    out = lse = None
     kv = [k, v]
     for step in range(world):
         pending = ring.start(kv) if step + 1 < world else None
@@ -207,7 +207,10 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, s
         if block is not None:
             rows, cols, block_causal = block
             o, lse_b = _ops.forward(q[:, rows], kv[0][:, cols], kv[1][:, cols], scale, block_causal, NO_WINDOW, softcap, 0, True)
-            _merge(out, lse, rows, o, lse_b)
+            if out is None:  # step 0, every row (`_blocks`): the first partial result is the running one
+                out, lse = o.float(), lse_b
+            else:
+                _merge(out, lse, rows, o, lse_b)
         if pending is not None:
             kv = _Ring.wait(pending)
     return out.to(q.dtype), lse
@@ -217,9 +220,8 @@ def _ring_backward(dout, q, k, v, out, lse, scale, causal, softcap, deterministi
     world, rank = _world(group)
     ring = _Ring(group)
     local = q.shape[1]
-    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dq = dkv = None
     kv = [k, v]
-    dkv = [torch.zeros(k.shape, dtype=torch.float32, device=k.device), torch.zeros(v.shape, dtype=torch.float32, device=v.device)]
     dout = dout.contiguous()
     for step in range(world):
         pending = ring.start(kv) if step + 1 < world else None
@@ -232,9 +234,12 @@ def _ring_backward(dout, q, k, v, out, lse, scale, causal, softcap, deterministi
                 qb, kb, vb, out[:, rows], lse[:, :, rows].contiguous(), dout[:, rows], dq_b, dk_b, dv_b,
                 scale, block_causal, deterministic, NO_WINDOW, softcap,
             )
-            dq[:, rows] += dq_b
-            dkv[0][:, cols] += dk_b
-            dkv[1][:, cols] += dv_b
+            if dq is None:  # step 0, every row and key (`_blocks`): the first gradients start the sums
+                dq, dkv = dq_b.float(), [dk_b.float(), dv_b.float()]
+            else:
+                dq[:, rows] += dq_b
+                dkv[0][:, cols] += dk_b
+                dkv[1][:, cols] += dv_b
         # dK/dV travel with the block they belong to; after `world` passes they are home.
         dkv = _Ring.wait(ring.start(dkv))
         if pending is not None:
