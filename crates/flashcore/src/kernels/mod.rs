@@ -241,12 +241,13 @@ pub fn mods_forms(v: &Variant) -> Vec<Variant> {
 
 /// `v` under the score policies `mods`, as the dispatcher runs it: its own tile, except where
 /// the policies together take registers the tile lacks and the family has a smaller one
-/// (fwd_sm90 with a softcap and ALiBi: `fwd_sm90::with_mods`; fwd_sm80 with dropout:
-/// `fwd_sm80::with_mods`).
+/// (fwd_sm90 with a softcap and ALiBi: `fwd_sm90::with_mods`; fwd_sm80 and bwd_sm80 with
+/// dropout: `fwd_sm80::with_mods`, `bwd_sm80::with_mods`).
 pub fn with_mods(v: &Variant, mods: ScoreMods) -> Variant {
     match v.family {
         KernelFamily::FwdSm90 => fwd_sm90::with_mods(v, mods),
         KernelFamily::FwdSm80 => fwd_sm80::with_mods(v, mods),
+        KernelFamily::BwdSm80 => bwd_sm80::with_mods(v, mods),
         _ => Variant { mods, ..v.clone() },
     }
 }
