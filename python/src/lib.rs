@@ -84,8 +84,6 @@ struct FwdOutputsArg(TensorArg, Option<(u64, usize)>);
 #[derive(FromPyObject)]
 struct BwdInputsArg(TensorArg, TensorArg, TensorArg, TensorArg, (u64, usize), TensorArg);
 
-/// The backward's outputs (`flashcore::GradsMut`, written), as the Python tuple `(dq, dk,
-/// dv)`.
 /// One gradient buffer of the backward: its address alone when it is laid out like its
 /// input (`torch.empty_like` of a contiguous input: the same shape and strides), which spares
 /// the per-call cost of a layout crossing the boundary; else a full tensor argument.
@@ -95,6 +93,8 @@ enum GradArg {
     Tensor(TensorArg),
 }
 
+/// The backward's outputs (`flashcore::GradsMut`, written), as the Python tuple `(dq, dk,
+/// dv)`.
 #[derive(FromPyObject)]
 struct GradsArg(GradArg, GradArg, GradArg);
 
