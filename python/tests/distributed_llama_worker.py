@@ -25,27 +25,12 @@ import transformers
 import flashcore
 from flashcore import distributed as cp
 
-BOUND = {"loss": 1e-3, "logits": 2e-2}
+from distributed_checks import Tally, rel_l2
+
+checks = Tally({"loss": 1e-3, "logits": 2e-2})
 RING = "fc_zigzag_ring"  # no "flash" in the name: see flashcore.integrations.transformers
 LAYERS = 2
-failures = 0
 ring_calls = 0
-
-
-def rel_l2(got: torch.Tensor, want: torch.Tensor) -> float:
-    got, want = got.double(), want.double()
-    if not torch.isfinite(got).all():
-        return float("inf")
-    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
-
-
-def report(name: str, errors: dict) -> None:
-    global failures
-    bad = {k: e for k, e in errors.items() if not e <= BOUND[k]}
-    failures += bool(bad)
-    if dist.get_rank() == 0 or bad:
-        text = " ".join(f"{k} {e:.1e}" for k, e in errors.items())
-        print(f"rank {dist.get_rank()} {'FAIL' if bad else 'ok  '} {name}: {text}", flush=True)
 
 
 def zigzag_ring_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -90,15 +75,13 @@ def training_step(model: torch.nn.Module, impl: str, ids: torch.Tensor, labels: 
 def check_gradients(split: dict, one_gpu: dict, exact: dict) -> None:
     """Every parameter's gradient of the split step against the float32 step's: within 1.5x
     the one-GPU bf16 step's error, plus 1e-3 (see the module)."""
-    global failures
     rank = dist.get_rank()
     if not exact or split.keys() != exact.keys() or one_gpu.keys() != exact.keys():
-        failures += 1
-        print(f"rank {rank} FAIL gradients of different parameters: {sorted(split.keys() ^ exact.keys())}", flush=True)
+        checks.fail(f"gradients of different parameters: {sorted(split.keys() ^ exact.keys())}")
         return
     rows = [(rel_l2(split[n], exact[n]), rel_l2(one_gpu[n], exact[n]), rel_l2(split[n], one_gpu[n]), n) for n in exact]
     bad = [r for r in rows if not r[0] <= 1.5 * r[1] + 1e-3]
-    failures += bool(bad)
+    checks.failures += bool(bad)
     shown = bad or ([max(rows, key=lambda r: r[0] - 1.5 * r[1])] if rank == 0 else [])
     for split_err, one_err, apart, name in shown:
         verdict = "FAIL" if bad else f"ok   worst of {len(rows)}:"
@@ -107,10 +90,10 @@ def check_gradients(split: dict, one_gpu: dict, exact: dict) -> None:
 
 
 def main() -> None:
-    global ring_calls, failures
+    global ring_calls
     torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
     dist.init_process_group("nccl", timeout=timedelta(seconds=120))
-    world, rank = dist.get_world_size(), dist.get_rank()
+    world = dist.get_world_size()
     whole = flashcore.integrations.transformers.register()
     transformers.AttentionInterface.register(RING, zigzag_ring_attention)
     model = make_model()
@@ -134,21 +117,20 @@ def main() -> None:
     ring_calls = 0
     loss, logits, grads = training_step(model, RING, cp.shard(ids), cp.shard(labels), valid, position_ids=cp.shard(positions))
     if ring_calls != LAYERS:
-        failures += 1
-        print(f"rank {rank} FAIL the ring ran {ring_calls} times in the forward pass, not once a layer ({LAYERS})", flush=True)
+        checks.fail(f"the ring ran {ring_calls} times in the forward pass, not once a layer ({LAYERS})")
     for grad in grads.values():
         dist.all_reduce(grad)  # fp32: the sum adds no bf16 rounding of its own
     dist.all_reduce(loss)
 
     loss_err = abs(loss.item() - one_loss.item()) / abs(one_loss.item()) if torch.isfinite(loss) else float("inf")
-    report(f"Llama S{s} over {world} ranks: loss {loss.item():.4f} (one GPU {one_loss.item():.4f}), this rank's logits against one GPU's",
+    checks.report(f"Llama S{s} over {world} ranks: loss {loss.item():.4f} (one GPU {one_loss.item():.4f}), this rank's logits against one GPU's",
            {"loss": loss_err, "logits": rel_l2(logits, cp.shard(one_logits))})
     check_gradients(grads, one_grads, exact)
 
     dist.barrier()
+    code = checks.done()
     dist.destroy_process_group()
-    print(f"rank {rank} done: {failures} failed", flush=True)
-    sys.exit(1 if failures else 0)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -14,24 +14,9 @@ import torch.distributed as dist
 import flashcore
 from flashcore import distributed as cp
 
-BOUND = {"out": 1e-2, "lse": 1e-3, "dq": 2e-2, "dk": 2e-2, "dv": 2e-2}
-failures = 0
+from distributed_checks import Tally, rel_l2
 
-
-def rel_l2(got: torch.Tensor, want: torch.Tensor) -> float:
-    got, want = got.double(), want.double()
-    if not torch.isfinite(got).all():
-        return float("inf")
-    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
-
-
-def report(name: str, errors: dict) -> None:
-    global failures
-    bad = {k: e for k, e in errors.items() if not e <= BOUND[k]}
-    failures += bool(bad)
-    if dist.get_rank() == 0 or bad:
-        text = " ".join(f"{k} {e:.1e}" for k, e in errors.items())
-        print(f"rank {dist.get_rank()} {'FAIL' if bad else 'ok  '} {name}: {text}", flush=True)
+checks = Tally({"out": 1e-2, "lse": 1e-3, "dq": 2e-2, "dk": 2e-2, "dv": 2e-2})
 
 
 def dense_case(layout: str, s: int, hq: int, hkv: int, d: int, causal: bool, softcap: float) -> None:
@@ -48,7 +33,7 @@ def dense_case(layout: str, s: int, hq: int, hkv: int, d: int, causal: bool, sof
     errors = {"out": rel_l2(o, cp.shard(out, layout=layout)), "lse": rel_l2(l, want_lse)}
     for name, mine_t, whole in zip(("dq", "dk", "dv"), mine, (qr, kr, vr)):
         errors[name] = rel_l2(mine_t.grad, cp.shard(whole.grad, layout=layout))
-    report(f"{layout} S{s} Hq{hq}/Hkv{hkv} D{d} causal={causal} softcap={softcap}", errors)
+    checks.report(f"{layout} S{s} Hq{hq}/Hkv{hkv} D{d} causal={causal} softcap={softcap}", errors)
 
 
 def varlen_case(local_lens, hq: int, hkv: int, d: int, causal: bool, window) -> None:
@@ -71,12 +56,11 @@ def varlen_case(local_lens, hq: int, hkv: int, d: int, causal: bool, window) -> 
     errors = {"out": rel_l2(o, out[rows]), "lse": rel_l2(l, lse[:, rows])}
     for name, mine_t, whole in zip(("dq", "dk", "dv"), mine, (qr, kr, vr)):
         errors[name] = rel_l2(mine_t.grad, whole.grad[rows])
-    report(f"varlen local {local_lens} Hq{hq}/Hkv{hkv} D{d} causal={causal} window={window}", errors)
+    checks.report(f"varlen local {local_lens} Hq{hq}/Hkv{hkv} D{d} causal={causal} window={window}", errors)
 
 
 def bad_input() -> None:
     """A mismatch across ranks must raise the same ValueError on every rank."""
-    global failures
     rank = dist.get_rank()
     s = 64 if rank == 0 else 96
     q = torch.randn(1, s, 4, 64, device="cuda", dtype=torch.bfloat16)
@@ -90,8 +74,10 @@ def bad_input() -> None:
             ok, text = False, "no error"
         except (ValueError, NotImplementedError) as e:
             ok, text = True, str(e).splitlines()[0]
-        failures += not ok
-        print(f"rank {rank} {'ok  ' if ok else 'FAIL'} bad input, {name}: {text}", flush=True)
+        if ok:
+            print(f"rank {rank} ok   bad input, {name}: {text}", flush=True)
+        else:
+            checks.fail(f"bad input, {name}: {text}")
 
 
 def main() -> None:
@@ -105,11 +91,10 @@ def main() -> None:
     for causal, window in ((True, (-1, -1)), (False, (-1, -1)), (True, (100, 0))):
         varlen_case([37, 64, 5, 300], 8, 2, 64, causal, window)
     bad_input()
-    rank = dist.get_rank()
     dist.barrier()
+    code = checks.done()
     dist.destroy_process_group()
-    print(f"rank {rank} done: {failures} failed", flush=True)
-    sys.exit(1 if failures else 0)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

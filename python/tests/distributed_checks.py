@@ -1,0 +1,40 @@
+"""What the context-parallel workers (distributed_worker.py, distributed_llama_worker.py) share:
+the relative error they measure and their tally of checks. torchrun runs them as scripts from
+this folder, which puts it on their import path."""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def rel_l2(got: torch.Tensor, want: torch.Tensor) -> float:
+    """Relative L2 error in float64; infinite when `got` holds a NaN or an infinity."""
+    got, want = got.double(), want.double()
+    if not torch.isfinite(got).all():
+        return float("inf")
+    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+class Tally:
+    """One rank's checks: a line for each (rank 0's, and every failure on any rank), then
+    `done: N failed`, which test_distributed.py counts once per rank."""
+
+    def __init__(self, bounds: dict):
+        self.bounds, self.failures = bounds, 0
+
+    def fail(self, text: str) -> None:
+        self.failures += 1
+        print(f"rank {dist.get_rank()} FAIL {text}", flush=True)
+
+    def report(self, name: str, errors: dict) -> None:
+        """Errors by name, each against its bound (NaN fails: it is not <= anything)."""
+        bad = {k: e for k, e in errors.items() if not e <= self.bounds[k]}
+        self.failures += bool(bad)
+        if dist.get_rank() == 0 or bad:
+            text = " ".join(f"{k} {e:.1e}" for k, e in errors.items())
+            print(f"rank {dist.get_rank()} {'FAIL' if bad else 'ok  '} {name}: {text}", flush=True)
+
+    def done(self) -> int:
+        """Prints the tally; the worker's exit code."""
+        print(f"rank {dist.get_rank()} done: {self.failures} failed", flush=True)
+        return 1 if self.failures else 0
