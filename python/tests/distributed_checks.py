@@ -3,6 +3,8 @@ the relative error they measure and their tally of checks. torchrun runs them as
 this folder, which puts it on their import path."""
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.distributed as dist
 
@@ -34,7 +36,10 @@ class Tally:
             text = " ".join(f"{k} {e:.1e}" for k, e in errors.items())
             print(f"rank {dist.get_rank()} {'FAIL' if bad else 'ok  '} {name}: {text}", flush=True)
 
-    def done(self) -> int:
-        """Prints the tally; the worker's exit code."""
+    def finish(self) -> None:
+        """Ends the worker: waits for every rank, prints the tally, leaves the process group
+        and exits, 1 on any failure."""
+        dist.barrier()
         print(f"rank {dist.get_rank()} done: {self.failures} failed", flush=True)
-        return 1 if self.failures else 0
+        dist.destroy_process_group()
+        sys.exit(1 if self.failures else 0)
