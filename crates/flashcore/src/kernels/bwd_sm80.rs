@@ -70,15 +70,17 @@ pub fn variant(arch: Arch, dtype: DType, head_dim: usize, causal: bool) -> Varia
 /// wave (one CTA an SM: a second, partial wave would double the time), at most one per key
 /// block.
 /// `v` under the score policies `mods`, as the dispatcher runs it. With dropout and no causal
-/// mask the 128 x 128 tile (D33-D64 on sm_80 and sm_90) becomes 64 x 128: at 128 query rows a
-/// warp holds 32 x 64 scores and their dP (128 registers) beside its dK and dV, and the Philox
-/// rounds on top spilled 44 bytes (NVRTC 13.5, sm_90a); 64 rows spill none, and the backward
-/// ran 6.5% faster (H100, B4 S2k H16 D64 bf16, p = 0.1: 1.16 against 1.24 ms). Causal, the
-/// 128-row tile spills 24 bytes (NVRTC 13.0; 192 with 13.5) and is still 2% faster (0.78
-/// against 0.79 ms), so it stays; at D96-D128 a 64 x 64 tile spilled nothing but ran 13-32%
-/// slower than 64 x 128 with its 24-48 bytes of spills.
+/// mask the two-stage 128 x 128 tile (D33-D64 on sm_90) becomes 64 x 128: at 128 query rows a
+/// warp holds 32 x 64 scores and their dP (128 registers) beside its dK and dV, two query
+/// blocks in flight, and the Philox rounds on top spilled 44 bytes (NVRTC 13.5, sm_90a); 64
+/// rows spill none, and the backward ran 6.5% faster (H100, B4 S2k H16 D64 bf16, p = 0.1: 1.16
+/// against 1.24 ms). Causal, the 128-row tile spills 24 bytes (NVRTC 13.0; 192 with 13.5) and
+/// is still 2% faster (0.78 against 0.79 ms), so it stays. sm_80's one-stage 128 x 128 spills
+/// nothing with dropout and stays too (64 x 128 there spilled 20 bytes with every policy). At
+/// D96-D128 a 64 x 64 tile spilled nothing but ran 13-32% slower than 64 x 128 with its 24-48
+/// bytes of spills.
 pub fn with_mods(v: &Variant, mods: ScoreMods) -> Variant {
-    let narrow = mods.dropout && v.tile.block_m == 128 && v.causal == Some(false);
+    let narrow = mods.dropout && v.tile.block_m == 128 && v.tile.stages == 2 && v.causal == Some(false);
     let tile = if narrow { Tile { block_m: 64, ..v.tile } } else { v.tile };
     Variant { mods, tile, smem_bytes: smem_bytes(tile, v.head_dim.unwrap_or(128)), ..v.clone() }
 }
