@@ -112,6 +112,19 @@ mod tests {
     }
 
     #[test]
+    fn dropout_narrows_only_sm90s_two_stage_tile_without_a_causal_mask() {
+        let dropout = ScoreMods { dropout: true, ..ScoreMods::default() };
+        let tile_of = |a: Arch, d: usize, causal: bool| with_mods(&variant(a, DType::BF16, d, causal), dropout).tile;
+        let narrow = tile_of(arch(9, 0), 64, false);
+        assert_eq!((narrow.block_m, narrow.block_n, narrow.stages), (64, 128, 2));
+        assert_eq!(tile_of(arch(9, 0), 64, true), tile(arch(9, 0), 64), "causal keeps its tile");
+        assert_eq!(tile_of(arch(8, 0), 64, false), tile(arch(8, 0), 64), "sm_80's one-stage tile stays");
+        assert_eq!(tile_of(arch(9, 0), 128, false), tile(arch(9, 0), 128), "D128 keeps its tile");
+        let v = with_mods(&variant(arch(9, 0), DType::BF16, 64, false), dropout);
+        assert_eq!(v.smem_bytes, smem_bytes(v.tile, 64), "shared memory follows the tile");
+    }
+
+    #[test]
     fn deterministic_splits_fill_the_gpu_once() {
         assert_eq!(deterministic_splits(132, 16, 1, 128), 8);
         assert_eq!(deterministic_splits(132, 32, 2, 128), 2);
