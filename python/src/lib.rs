@@ -5,7 +5,7 @@
 //! `flashcore` crate.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 use flashcore::{
     AlibiSlopes, AttnParams, BlockTableView, BwdInputs, CallerStream, Context, DType, Dropout, Error, ExternalStream, FwdInputs,
@@ -49,14 +49,7 @@ fn layout((_, shape, strides, name): &TensorArg, arg: &'static str) -> PyResult<
 /// One context per device, made on first use and kept for the process: the device's primary
 /// context (PyTorch's), the JIT cache and the loaded kernels.
 fn context(device: usize) -> PyResult<Arc<Context>> {
-    static CONTEXTS: OnceLock<Mutex<HashMap<usize, Arc<Context>>>> = OnceLock::new();
-    let mut contexts = CONTEXTS.get_or_init(Default::default).lock().unwrap();
-    if let Some(ctx) = contexts.get(&device) {
-        return Ok(ctx.clone());
-    }
-    let ctx = Arc::new(Context::new(device).map_err(to_py)?);
-    contexts.insert(device, ctx.clone());
-    Ok(ctx)
+    Context::shared(device).map_err(to_py)
 }
 
 /// Where a call runs, as the Python tuple `(device, stream, scratch, check)`: `stream` is

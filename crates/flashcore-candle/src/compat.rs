@@ -33,11 +33,9 @@ pub struct FlashAttn {
 
 impl FlashAttn {
     fn options(&self) -> AttnOptions {
-        AttnOptions {
-            alibi_slopes: self.alibi_slopes.clone(),
-            softcap: self.softcap,
-            ..AttnOptions::from_window(self.softmax_scale, self.window_size_left, self.window_size_right)
-        }
+        AttnOptions::from_window(self.softmax_scale, self.window_size_left, self.window_size_right)
+            .with_alibi(self.alibi_slopes.as_ref())
+            .with_softcap(self.softcap)
     }
 
     fn op(&self) -> AttnOp {
@@ -86,7 +84,7 @@ fn dense(q: &Tensor, k: &Tensor, v: &Tensor, options: AttnOptions) -> Result<Ten
 /// Flash attention: `softmax(q·kᵀ · softmax_scale) · v`, `q [B, Sq, Hq, D]`, `k, v [B, Sk, Hkv, D]`
 /// → `[B, Sq, Hq, D]`; `causal` bottom-right aligned.
 pub fn flash_attn(q: &Tensor, k: &Tensor, v: &Tensor, softmax_scale: f32, causal: bool) -> Result<Tensor> {
-    dense(q, k, v, AttnOptions { softmax_scale: Some(softmax_scale), causal, ..AttnOptions::default() })
+    dense(q, k, v, AttnOptions::from_causal(softmax_scale, causal))
 }
 
 /// [`flash_attn`] with a sliding window (`None`: unbounded on that side).
@@ -103,8 +101,7 @@ pub fn flash_attn_windowed(
 
 /// [`flash_attn`] with ALiBi slopes (f32 `[Hq]`).
 pub fn flash_attn_alibi(q: &Tensor, k: &Tensor, v: &Tensor, alibi_slopes: &Tensor, softmax_scale: f32, causal: bool) -> Result<Tensor> {
-    let options =
-        AttnOptions { softmax_scale: Some(softmax_scale), causal, alibi_slopes: Some(alibi_slopes.clone()), ..AttnOptions::default() };
+    let options = AttnOptions::from_causal(softmax_scale, causal).with_alibi(Some(alibi_slopes));
     dense(q, k, v, options)
 }
 
@@ -118,10 +115,7 @@ pub fn flash_attn_alibi_windowed(
     window_size_left: Option<usize>,
     window_size_right: Option<usize>,
 ) -> Result<Tensor> {
-    let options = AttnOptions {
-        alibi_slopes: Some(alibi_slopes.clone()),
-        ..AttnOptions::from_window(softmax_scale, window_size_left, window_size_right)
-    };
+    let options = AttnOptions::from_window(softmax_scale, window_size_left, window_size_right).with_alibi(Some(alibi_slopes));
     dense(q, k, v, options)
 }
 
@@ -137,11 +131,8 @@ pub fn flash_attn_alibi_windowed_softcap(
     window_size_right: Option<usize>,
     softcap: f32,
 ) -> Result<Tensor> {
-    let options = AttnOptions {
-        alibi_slopes: alibi_slopes.cloned(),
-        softcap: Some(softcap),
-        ..AttnOptions::from_window(softmax_scale, window_size_left, window_size_right)
-    };
+    let options =
+        AttnOptions::from_window(softmax_scale, window_size_left, window_size_right).with_alibi(alibi_slopes).with_softcap(Some(softcap));
     dense(q, k, v, options)
 }
 
@@ -175,7 +166,7 @@ pub fn flash_attn_varlen(
     softmax_scale: f32,
     causal: bool,
 ) -> Result<Tensor> {
-    let options = AttnOptions { softmax_scale: Some(softmax_scale), causal, ..AttnOptions::default() };
+    let options = AttnOptions::from_causal(softmax_scale, causal);
     varlen(q, k, v, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k, options)
 }
 
@@ -229,7 +220,7 @@ pub fn flash_attn_varlen_paged_windowed(
     }
     check::rank("q", q, 3, "[total_q, heads, head_dim]")?;
     check::index_vector("seqlens_k", seqlens_k, None)?;
-    let options = AttnOptions { softcap, ..AttnOptions::from_window(softmax_scale, window_size_left, window_size_right) };
+    let options = AttnOptions::from_window(softmax_scale, window_size_left, window_size_right).with_softcap(softcap);
     let cache = KvCache { cache_seqlens: Some(lengths_of(seqlens_k)?), block_table: Some(block_table.clone()) };
     attention_varlen_with_kvcache(q, k, v, seqlens_q, max_seqlen_q, &cache, &options)
 }
@@ -248,8 +239,7 @@ pub fn flash_attn_varlen_alibi(
     softmax_scale: f32,
     causal: bool,
 ) -> Result<Tensor> {
-    let options =
-        AttnOptions { softmax_scale: Some(softmax_scale), causal, alibi_slopes: Some(alibi_slopes.clone()), ..AttnOptions::default() };
+    let options = AttnOptions::from_causal(softmax_scale, causal).with_alibi(Some(alibi_slopes));
     varlen(q, k, v, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k, options)
 }
 
@@ -268,10 +258,7 @@ pub fn flash_attn_varlen_alibi_windowed(
     window_size_left: Option<usize>,
     window_size_right: Option<usize>,
 ) -> Result<Tensor> {
-    let options = AttnOptions {
-        alibi_slopes: Some(alibi_slopes.clone()),
-        ..AttnOptions::from_window(softmax_scale, window_size_left, window_size_right)
-    };
+    let options = AttnOptions::from_window(softmax_scale, window_size_left, window_size_right).with_alibi(Some(alibi_slopes));
     varlen(q, k, v, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k, options)
 }
 
@@ -291,10 +278,7 @@ pub fn flash_attn_varlen_alibi_windowed_softcap(
     window_size_right: Option<usize>,
     softcap: f32,
 ) -> Result<Tensor> {
-    let options = AttnOptions {
-        alibi_slopes: alibi_slopes.cloned(),
-        softcap: Some(softcap),
-        ..AttnOptions::from_window(softmax_scale, window_size_left, window_size_right)
-    };
+    let options =
+        AttnOptions::from_window(softmax_scale, window_size_left, window_size_right).with_alibi(alibi_slopes).with_softcap(Some(softcap));
     varlen(q, k, v, seqlens_q, seqlens_k, max_seqlen_q, max_seqlen_k, options)
 }

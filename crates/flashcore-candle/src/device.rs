@@ -3,8 +3,7 @@
 //! candle's buffers, outputs allocated from candle's device, and every call run on candle's
 //! stream with scratch memory from candle's allocator: no synchronisation, no second stream.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 use candle_core::backend::{BackendDevice, BackendStorage};
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr};
@@ -24,18 +23,11 @@ pub(crate) fn cpu_refused<T>() -> Result<T> {
 
 /// The FlashCore context of candle's `device` (opened on first use, then kept).
 pub(crate) fn context(device: &CudaDevice) -> Result<Arc<Context>> {
-    static CONTEXTS: OnceLock<Mutex<HashMap<usize, Arc<Context>>>> = OnceLock::new();
     let ordinal = match device.location() {
         candle_core::DeviceLocation::Cuda { gpu_id } => gpu_id,
         other => candle_core::bail!("flashcore: a CUDA device was expected, got {other:?}"),
     };
-    let mut contexts = CONTEXTS.get_or_init(Default::default).lock().unwrap();
-    if let Some(ctx) = contexts.get(&ordinal) {
-        return Ok(ctx.clone());
-    }
-    let ctx = Arc::new(Context::new(ordinal).map_err(wrap)?);
-    contexts.insert(ordinal, ctx.clone());
-    Ok(ctx)
+    Context::shared(ordinal).map_err(wrap)
 }
 
 /// FlashCore's element type for candle's (16-bit floats only).

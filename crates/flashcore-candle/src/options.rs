@@ -50,6 +50,21 @@ impl AttnOptions {
         Self { forward_kernel: Some(KernelFamily::FwdSm80), backward_kernel: Some(KernelFamily::BwdSm80), ..self }
     }
 
+    /// candle-flash-attn's `softmax_scale` and `causal` arguments.
+    pub(crate) fn from_causal(softmax_scale: f32, causal: bool) -> Self {
+        Self { softmax_scale: Some(softmax_scale), causal, ..Self::default() }
+    }
+
+    /// These options with candle-flash-attn's optional ALiBi slopes.
+    pub(crate) fn with_alibi(self, alibi_slopes: Option<&Tensor>) -> Self {
+        Self { alibi_slopes: alibi_slopes.cloned(), ..self }
+    }
+
+    /// These options with candle-flash-attn's optional softcap.
+    pub(crate) fn with_softcap(self, softcap: Option<f32>) -> Self {
+        Self { softcap, ..self }
+    }
+
     /// candle-flash-attn's window arguments: `window_size_right == Some(0)` with no left bound
     /// is its spelling of a causal mask.
     pub(crate) fn from_window(softmax_scale: f32, left: Option<usize>, right: Option<usize>) -> Self {

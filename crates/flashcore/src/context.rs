@@ -2,7 +2,7 @@
 //! points are `forward`'s and `backward`'s.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use cudarc::driver::sys::{CUdevice_attribute as Attr, CUfunction_attribute as FnAttr};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
@@ -73,6 +73,21 @@ pub struct Context {
 }
 
 impl Context {
+    /// The process's one context of GPU `ordinal`, opened (as [`Context::new`]) on first use
+    /// and kept: what a layer that calls FlashCore for others (the Python extension, the
+    /// candle ops) uses, so that every call on a device shares its loaded kernels, its tile
+    /// counters and its stream. An opening that fails is tried again on the next call.
+    pub fn shared(ordinal: usize) -> Result<Arc<Context>> {
+        static CONTEXTS: OnceLock<Mutex<HashMap<usize, Arc<Context>>>> = OnceLock::new();
+        let mut contexts = CONTEXTS.get_or_init(Default::default).lock().unwrap();
+        if let Some(ctx) = contexts.get(&ordinal) {
+            return Ok(ctx.clone());
+        }
+        let ctx = Arc::new(Context::new(ordinal)?);
+        contexts.insert(ordinal, ctx.clone());
+        Ok(ctx)
+    }
+
     /// Opens GPU `ordinal`, caching kernels in [`DiskCache::default_dir`].
     pub fn new(ordinal: usize) -> Result<Self> {
         Self::with_cache(ordinal, DiskCache::new(DiskCache::default_dir()))
