@@ -8,6 +8,8 @@ import sys
 import torch
 import torch.distributed as dist
 
+from flashcore import distributed as cp
+
 
 def rel_l2(got: torch.Tensor, want: torch.Tensor) -> float:
     """Relative L2 error in float64; infinite when `got` holds a NaN or an infinity."""
@@ -15,6 +17,21 @@ def rel_l2(got: torch.Tensor, want: torch.Tensor) -> float:
     if not torch.isfinite(got).all():
         return float("inf")
     return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+def ring_errors(layout: str, q, k, v, dout, out, lse, grads, causal: bool, softcap: float) -> dict:
+    """The zigzag or contiguous ring (`layout`) on this rank's shards of the whole sequence's
+    q, k, v (BSHD) and dout, against the whole sequence's `out`, `lse [B, H, S]` and `grads`
+    (dq, dk, dv) sharded alike: relative L2 errors by name."""
+    mine = [cp.shard(t, layout=layout).requires_grad_() for t in (q, k, v)]
+    fn = cp.zigzag_ring_flash_attn_func if layout == "zigzag" else cp.ring_flash_attn_func
+    o, lse_mine, _ = fn(*mine, causal=causal, softcap=softcap, return_attn_probs=True)
+    o.backward(cp.shard(dout, layout=layout))
+    want_lse = cp.shard(lse.transpose(1, 2), layout=layout).transpose(1, 2)
+    errors = {"out": rel_l2(o, cp.shard(out, layout=layout)), "lse": rel_l2(lse_mine, want_lse)}
+    for name, t, whole in zip(("dq", "dk", "dv"), mine, grads):
+        errors[name] = rel_l2(t.grad, cp.shard(whole, layout=layout))
+    return errors
 
 
 class Tally:

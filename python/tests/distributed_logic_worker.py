@@ -16,7 +16,7 @@ import torch.distributed as dist
 from flashcore import _ops
 from flashcore import distributed as cp
 
-from distributed_checks import Tally, rel_l2
+from distributed_checks import Tally, rel_l2, ring_errors
 
 checks = Tally({"out": 1e-5, "lse": 1e-5, "dq": 1e-5, "dk": 1e-5, "dv": 1e-5})
 
@@ -115,15 +115,8 @@ def dense_case(layout: str, s: int, hq: int, hkv: int, causal: bool, softcap: fl
     g = torch.Generator().manual_seed(7)
     q, k, v, dout = (torch.randn(1, s, h, 32, generator=g) for h in (hq, hkv, hkv, hq))
     out, lse = reference(q, k, v, 32**-0.5, causal, (-1, -1), softcap)
-    dq, dk, dv = reference_grads(q, k, v, out, lse, dout, 32**-0.5, causal, (-1, -1), softcap)
-    mine = [cp.shard(t, layout=layout).requires_grad_() for t in (q, k, v)]
-    fn = cp.zigzag_ring_flash_attn_func if layout == "zigzag" else cp.ring_flash_attn_func
-    o, l, _ = fn(*mine, causal=causal, softcap=softcap, return_attn_probs=True)
-    o.backward(cp.shard(dout, layout=layout))
-    want_lse = cp.shard(lse.transpose(1, 2), layout=layout).transpose(1, 2)
-    errors = {"out": rel_l2(o, cp.shard(out, layout=layout)), "lse": rel_l2(l, want_lse)}
-    for name, t, whole in zip(("dq", "dk", "dv"), mine, (dq, dk, dv)):
-        errors[name] = rel_l2(t.grad, cp.shard(whole, layout=layout))
+    grads = reference_grads(q, k, v, out, lse, dout, 32**-0.5, causal, (-1, -1), softcap)
+    errors = ring_errors(layout, q, k, v, dout, out, lse, grads, causal, softcap)
     checks.report(f"{layout} S{s} Hq{hq}/Hkv{hkv} causal={causal} softcap={softcap}", errors)
 
 

@@ -13,7 +13,7 @@ import torch.distributed as dist
 import flashcore
 from flashcore import distributed as cp
 
-from distributed_checks import Tally, rel_l2
+from distributed_checks import Tally, rel_l2, ring_errors
 
 checks = Tally({"out": 1e-2, "lse": 1e-3, "dq": 2e-2, "dk": 2e-2, "dv": 2e-2})
 
@@ -24,14 +24,7 @@ def dense_case(layout: str, s: int, hq: int, hkv: int, d: int, causal: bool, sof
     qr, kr, vr = (t.clone().requires_grad_() for t in (q, k, v))
     out, lse, _ = flashcore.flash_attn_func(qr, kr, vr, causal=causal, softcap=softcap, return_attn_probs=True)
     out.backward(dout)
-    mine = [cp.shard(t, layout=layout).requires_grad_() for t in (q, k, v)]
-    fn = cp.zigzag_ring_flash_attn_func if layout == "zigzag" else cp.ring_flash_attn_func
-    o, l, _ = fn(*mine, causal=causal, softcap=softcap, return_attn_probs=True)
-    o.backward(cp.shard(dout, layout=layout))
-    want_lse = cp.shard(lse.transpose(1, 2), layout=layout).transpose(1, 2)
-    errors = {"out": rel_l2(o, cp.shard(out, layout=layout)), "lse": rel_l2(l, want_lse)}
-    for name, mine_t, whole in zip(("dq", "dk", "dv"), mine, (qr, kr, vr)):
-        errors[name] = rel_l2(mine_t.grad, cp.shard(whole.grad, layout=layout))
+    errors = ring_errors(layout, q, k, v, dout, out, lse, (qr.grad, kr.grad, vr.grad), causal, softcap)
     checks.report(f"{layout} S{s} Hq{hq}/Hkv{hkv} D{d} causal={causal} softcap={softcap}", errors)
 
 
