@@ -18,6 +18,9 @@ PagedArg = Tuple[Optional[TensorArg], Optional[TensorArg], Optional[Vector], Opt
 # ALiBi's slopes: (address, elements) of an f32 device vector, [Hq] (every sequence's) or
 # [B, Hq] (one row a sequence; packed, B is the sequences), contiguous
 AlibiArg = Tuple[int, int]
+# Attention dropout: (p in (0, 1), address of its generator state on the device: the int64
+# pair (seed, offset) the kernels read there; flashcore::DropoutState)
+DropoutArg = Tuple[float, int]
 
 # Where a call runs: device, stream (PyTorch's current stream of device, raw handle),
 # scratch(nbytes) -> device address of at least nbytes that stays allocated until the call
@@ -46,13 +49,17 @@ def attention_forward(
     varlen: Optional[VarlenArg] = None,
     paged: Optional[PagedArg] = None,
     alibi: Optional[AlibiArg] = None,
+    dropout: Optional[DropoutArg] = None,
+    probs: Optional[TensorArg] = None,
 ) -> None:
     """Attention forward on the call's stream into `outputs`' o and lse ((address, elements),
     f32 [B, Hq, Sq]). With `varlen`, a packed batch: q, o [1, total_q, Hq, D], k, v [1,
     total_k, Hkv, D], lse [Hq, total_q]. With `paged`, a KV cache (flashcore::PagedKv): k, v
     are the caches, pools [num_pages, page_size, Hkv, D] with a block table. With `alibi`,
     ALiBi's slopes (flashcore::AlibiSlopes; a count that is neither Hq nor B·Hq raises
-    ValueError naming `alibi_slopes`). The call's `check` first checks the batch's or the
+    ValueError naming `alibi_slopes`). With `dropout`, attention dropout, and `probs` where
+    its probabilities go, negated where dropped ([B, Hq, rows, cols], q's dtype; None: not
+    stored). The call's `check` first checks the batch's or the
     cache's device values (synchronises). Raises ValueError / TypeError / NotImplementedError
     / RuntimeError with the Rust error's text."""
 
@@ -63,11 +70,12 @@ def attention_backward(
     options: OptionsArg,
     varlen: Optional[VarlenArg] = None,
     alibi: Optional[AlibiArg] = None,
+    dropout: Optional[DropoutArg] = None,
 ) -> bool:
     """Gradients dq, dk, dv (written) of attention under the forward's options, from its
     inputs, o and lse (f32 [B, Hq, Sq]) given dout. With `varlen`, a packed batch (tensors with
     a leading 1 and lse [Hq, total_q], as in attention_forward; the call's `check` as there);
-    `alibi` the forward's slopes.
+    `alibi` the forward's slopes, `dropout` the forward's dropout (the same state).
     Returns whether a dense batch ran on the slow exact reference kernels (where neither the
     Hopper nor the Ampere-class backward takes the problem); a packed one never does."""
 

@@ -35,11 +35,18 @@ def _vector(t: Tensor) -> Tuple[int, int]:
     return (t.data_ptr(), t.numel())
 
 
-# Attention dropout as the extension takes it: `(p, seed, offset)`, p in (0, 1), the mask a
-# function of the generator state (seed, offset) and the score's place (flashcore::Dropout);
-# None: no dropout. With it, `probs` (or None) is where a forward stores each probability,
-# negated where dropped (flash_attn's S_dmask, `[B, Hq, rows, cols]` in q's dtype).
-Dropout = Tuple[float, int, int]
+# Attention dropout: `(p, state)`, p in (0, 1) and `state` the call's generator state, an
+# int64 pair (seed, offset) on the device (flash_attn's `rng_state`) that the kernels read
+# there, so that a CUDA graph's replays each draw a new one (`interface._dropout`); the mask
+# is a function of the pair and the score's place (flashcore::Dropout). None: no dropout.
+# With it, `probs` (or None) is where a forward stores each probability, negated where
+# dropped (flash_attn's S_dmask, `[B, Hq, rows, cols]` in q's dtype).
+Dropout = Tuple[float, Tensor]
+
+
+def _dropout_arg(dropout: Optional[Dropout]) -> Optional[_flashcore.DropoutArg]:
+    """Dropout as the extension takes it: `(p, address of the state)`, or None."""
+    return None if dropout is None else (dropout[0], dropout[1].data_ptr())
 
 
 def _alibi_arg(alibi_slopes: Optional[Tensor]) -> Optional[_flashcore.AlibiArg]:
@@ -117,14 +124,14 @@ def forward_into(
 ) -> None:
     """Runs the kernel: `o` (BSHD, q's dtype) and, if given, `lse [B, Hq, Sq]` f32 are written.
     `window` is flash_attn's `window_size` (-1 unbounded), `softcap` 0 for none; `dropout`
-    `(p, seed, offset)` or None, `probs` where its probabilities go (see `Dropout`)."""
+    `(p, state)` or None, `probs` where its probabilities go (see `Dropout`)."""
     _flashcore.attention_forward(
         _call(q),
         (_arg(q), _arg(k), _arg(v)),
         (_arg(o), None if lse is None else _vector(lse)),
         options_arg(softmax_scale, causal, window, softcap, num_splits),
         alibi=_alibi_arg(alibi_slopes),
-        dropout=dropout,
+        dropout=_dropout_arg(dropout),
         probs=None if probs is None else _arg(probs),
     )
 
@@ -192,7 +199,7 @@ def varlen_forward(
         options_arg(softmax_scale, causal, window, softcap),
         varlen=_varlen_arg(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k),
         alibi=_alibi_arg(alibi_slopes),
-        dropout=dropout,
+        dropout=_dropout_arg(dropout),
         probs=None if probs is None else _arg(probs),
     )
     return o, lse
@@ -274,7 +281,7 @@ def varlen_backward_into(
         options_arg(softmax_scale, causal, window, softcap, deterministic=deterministic),
         varlen=_varlen_arg(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k),
         alibi=_alibi_arg(alibi_slopes),
-        dropout=dropout,
+        dropout=_dropout_arg(dropout),
     )
 
 
@@ -592,7 +599,7 @@ def backward_into(
         grads,
         options_arg(softmax_scale, causal, window, softcap, deterministic=deterministic),
         alibi=_alibi_arg(alibi_slopes),
-        dropout=dropout,
+        dropout=_dropout_arg(dropout),
     )
     if on_reference_kernels:
         warnings.warn(_SLOW_BACKWARD, stacklevel=4)  # once per call site, by Python's default filter

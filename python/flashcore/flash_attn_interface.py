@@ -6,7 +6,8 @@ name, e.g. with `inspect.getfullargspec`).
 
 - The forwards return `(out, softmax_lse, S_dmask, rng_state)`: `softmax_lse` `[B, Hq, Sq]`
   (packed: `[Hq, total_q]`) f32, natural log; `S_dmask` an empty tensor (no dropout, so no
-  mask to return) and `rng_state` two int64 zeros, both only so that the tuple unpacks.
+  mask to return) and `rng_state` two int64 zeros, both only so that the tuple unpacks (with
+  dropout, see below).
 - `alibi_slopes` (f32 `[Hq]` or `[B, Hq]`) as in `flashcore.flash_attn_func`. Under a causal
   mask with no left window, flash-attn's causal kernels add `slope · j` to the scores where
   FlashCore adds `slope · (j - i - Sk + Sq)`: the same output, and flash-attn's `softmax_lse`
@@ -20,8 +21,9 @@ name, e.g. with `inspect.getfullargspec`).
 
 Plain eager functions (not registered ops): under torch.compile they run as a graph break.
 What FlashCore does not have raises `NotImplementedError` naming the argument: the packed
-forward's `leftpad_k`. With `dropout_p > 0`, `rng_state` is the (seed, offset) pair on the host
-the backward needs, and `return_softmax` returns the probabilities (see `flash_attn_func`).
+forward's `leftpad_k`. With `dropout_p > 0`, `rng_state` is the (seed, offset) pair on the
+device the backward needs (drawn per call, CUDA-graph safe), and `return_softmax` returns the
+probabilities (see `flash_attn_func`).
 """
 
 from __future__ import annotations
@@ -41,22 +43,21 @@ def _last_dim_contiguous(*tensors: Tensor) -> Tuple[Tensor, ...]:
 
 def _placeholders(q: Tensor, dropout: Optional[_ops.Dropout] = None, probs: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """flash-attn's `S_dmask` (the probabilities with dropout and return_softmax, else empty)
-    and `rng_state`: the dropout's seed and offset, an int64 pair on the host (flash-attn's is
-    on the device; the backward reads it without a synchronisation), zeros without dropout."""
-    seed, offset = (dropout[1], dropout[2]) if dropout is not None else (0, 0)
-    state = torch.tensor([seed - 2**64 if seed >= 2**63 else seed, offset], dtype=torch.int64)
+    and `rng_state`: with dropout, its generator state, the int64 pair (seed, offset) on q's
+    device that the backward takes (as flash-attn's); without, two int64 zeros on the host."""
+    state = dropout[1] if dropout is not None else torch.zeros(2, dtype=torch.int64)
     return (probs if probs is not None else torch.empty((0,), dtype=q.dtype, device=q.device)), state
 
 
-def _dropout_from(dropout_p: float, rng_state: Optional[Tensor]) -> Optional[_ops.Dropout]:
-    """The forward's dropout from `dropout_p` and its `rng_state` (`_placeholders`), or the
-    ValueError naming `rng_state` when dropout has none."""
+def _dropout_from(q: Tensor, dropout_p: float, rng_state: Optional[Tensor]) -> Optional[_ops.Dropout]:
+    """The forward's dropout from `dropout_p` and its `rng_state` (`_placeholders`: an int64
+    pair on q's device), or the ValueError naming `rng_state` when dropout has none."""
     if dropout_p == 0.0:
         return None
-    if not isinstance(rng_state, Tensor) or rng_state.numel() != 2:
-        raise ValueError("`rng_state`: the forward's (seed, offset) pair is required with dropout_p > 0")
-    seed, offset = (int(x) for x in rng_state.tolist())
-    return (float(dropout_p), seed & (2**64 - 1), offset)
+    if not isinstance(rng_state, Tensor) or rng_state.numel() != 2 or rng_state.dtype != torch.int64 or rng_state.device != q.device:
+        got = f"{tuple(rng_state.shape)} {rng_state.dtype} on {rng_state.device}" if isinstance(rng_state, Tensor) else type(rng_state).__name__
+        raise ValueError(f"`rng_state`: the forward's int64 (seed, offset) pair on {q.device} is required with dropout_p > 0, got {got}")
+    return (float(dropout_p), rng_state.contiguous())
 
 
 def _rowsum_do_o(dout: Tensor, out: Tensor) -> Tensor:
@@ -170,7 +171,7 @@ def _flash_attn_backward(
     dout, q, k, v, out = _last_dim_contiguous(dout, q, k, v, out)
     _check((("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout)), "[B, S, H, D]")
     scale, window, cap, alibi_slopes = _score_args(q, softmax_scale, (window_size_left, window_size_right), softcap, alibi_slopes=alibi_slopes)
-    dropout = _dropout_from(dropout_p, rng_state)
+    dropout = _dropout_from(q, dropout_p, rng_state)
     softmax_lse = _lse_arg(softmax_lse, (q.shape[0], q.shape[2], q.shape[1]), q)
     dq, dk, dv = _grad_buffers(q, k, v, dq, dk, dv)
     _ops.backward_into(q, k, v, out, softmax_lse, dout, dq, dk, dv, scale, bool(causal), bool(deterministic), window, cap, alibi_slopes, dropout)
@@ -211,7 +212,7 @@ def _flash_attn_varlen_backward(
     _check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, None)
     _check((("q", q.unsqueeze(0)), ("out", out.unsqueeze(0)), ("dout", dout.unsqueeze(0))), "[total, H, D]")
     scale, window, cap, alibi_slopes = _score_args(q, softmax_scale, (window_size_left, window_size_right), softcap, alibi_slopes=alibi_slopes)
-    dropout = _dropout_from(dropout_p, rng_state)
+    dropout = _dropout_from(q, dropout_p, rng_state)
     softmax_lse = _lse_arg(softmax_lse, (q.shape[1], q.shape[0]), q)
     dq, dk, dv = _grad_buffers(q, k, v, dq, dk, dv)
     _ops.varlen_backward_into(

@@ -122,23 +122,18 @@ def _sm80_head_dim(d: int) -> int:
 
 def _dropout(q: Tensor, dropout_p: object) -> Optional[_ops.Dropout]:
     """`dropout_p` checked (a float in [0, 1), else ValueError naming it) and, when not 0, the
-    call's dropout `(p, seed, offset)`: the seed of PyTorch's CUDA generator of q's device and
-    its Philox offset, which this call advances by 4 (as PyTorch's own random ops do), so that
-    `torch.manual_seed` reproduces the masks and each call draws a new one. Not under CUDA
-    graph capture (NotImplementedError: the host-side offset would repeat the mask on every
-    replay)."""
+    call's dropout `(p, state)`: `state` a fresh int64 pair (seed, offset) drawn on q's device
+    from PyTorch's CUDA generator (one small kernel), which the kernels read there. So
+    `torch.manual_seed` reproduces the masks, each call draws a new one, and so does each
+    replay of a captured CUDA graph (PyTorch's generator is graph-safe; a pair fixed on the
+    host would repeat one mask on every replay). The backward takes the same pair."""
     if not isinstance(dropout_p, numbers.Real) or isinstance(dropout_p, bool) or not 0.0 <= float(dropout_p) < 1.0:
         raise ValueError(f"`dropout_p` must be a float in [0, 1), got {dropout_p!r}")
     if dropout_p == 0.0:
         return None
     if torch.compiler.is_compiling():
         raise _unsupported("dropout_p", dropout_p, "under torch.compile or tracing is not supported yet (eager calls take it)")
-    if torch.cuda.is_current_stream_capturing():
-        raise _unsupported("dropout_p", dropout_p, "under CUDA graph capture is not supported yet")
-    generator = torch.cuda.default_generators[q.device.index]
-    offset = generator.get_offset()
-    generator.set_offset(offset + 4)
-    return (float(dropout_p), generator.initial_seed() & (2**64 - 1), offset)
+    return (float(dropout_p), torch.empty(2, dtype=torch.int64, device=q.device).random_())
 
 
 def _probs_for(q_shape: Tuple[int, ...], batch: int, seqlen_q: int, seqlen_k: int, q: Tensor) -> Tensor:

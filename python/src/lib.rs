@@ -8,9 +8,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use flashcore::{
-    AlibiSlopes, AttnParams, BlockTableView, BwdInputs, CallerStream, Context, DType, Dropout, Error, ExternalStream, FwdInputs,
-    FwdOutputs, GradsMut, KernelFamily, KvLayout, Layout, LseView, LseViewMut, PackedQueries, PagedKv, ProblemShape, SeqLensView,
-    TensorView, TensorViewMut, VarlenBatch, Window,
+    AlibiSlopes, AttnParams, BlockTableView, BwdInputs, CallerStream, Context, DType, Dropout, DropoutState, Error, ExternalStream,
+    FwdInputs, FwdOutputs, GradsMut, KernelFamily, KvLayout, Layout, LseView, LseViewMut, PackedQueries, PagedKv, ProblemShape,
+    SeqLensView, TensorView, TensorViewMut, VarlenBatch, Window,
 };
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -124,13 +124,25 @@ type PagedArg =
 /// vector: `[Hq]` or `[B, Hq]` contiguous (packed, B is the sequences).
 type AlibiArg = (u64, usize);
 
-/// Dropout (`flashcore::Dropout`) as the Python tuple `(p, seed, offset)`.
-type DropoutArg = (f32, u64, u64);
+/// Dropout as the Python tuple `(p, state)`: `p` in (0, 1) and the address of its generator
+/// state on the device (`flashcore::DropoutState`: the int64 pair `(seed, offset)` that the
+/// kernels read there, which the Python side draws with PyTorch's generator; CUDA-graph safe).
+type DropoutArg = (f32, u64);
 
-/// `options` with `dropout`, as the Rust API takes them.
+/// `options` with `dropout`'s probability, as the Rust API takes them (the generator state
+/// is on the device: [`dropout_state`]).
 fn params_with(options: OptionsArg, dropout: Option<DropoutArg>) -> AttnParams {
-    let dropout = dropout.map(|(p, seed, offset)| Dropout { p, seed, offset });
+    let dropout = dropout.map(|(p, _)| Dropout { p, seed: 0, offset: 0 });
     AttnParams { dropout, ..params(options) }
+}
+
+/// `dropout`'s generator state as the Rust API takes it.
+///
+/// # Safety
+/// The pair is int64 CUDA memory of the call's device, alive across the call.
+unsafe fn dropout_state(dropout: Option<DropoutArg>) -> Option<DropoutState<'static>> {
+    // SAFETY: this function's contract.
+    dropout.map(|(_, ptr)| unsafe { DropoutState::from_raw(ptr, 2) })
 }
 
 /// `alibi` as the Rust API takes it.
@@ -226,6 +238,8 @@ fn attention_forward(
     let keys = unsafe { keys(device, varlen, paged)? };
     // SAFETY: as for `keys`.
     let alibi_slopes = unsafe { alibi_slopes(alibi) };
+    // SAFETY: as for `keys`.
+    let dropout_state = unsafe { dropout_state(dropout) };
     let ctx = context(device)?;
     let params = params_with(options, dropout);
     let mut scratch_error: Option<PyErr> = None;
@@ -234,7 +248,14 @@ fn attention_forward(
         // SAFETY: as for `keys` above.
         unsafe {
             let view = |t: &TensorArg, l: Layout| TensorView::from_raw(t.0, l, device);
-            let inputs = FwdInputs { q: view(&q, layouts[0]), k: view(&k, layouts[1]), v: view(&v, layouts[2]), kv: keys, alibi_slopes };
+            let inputs = FwdInputs {
+                q: view(&q, layouts[0]),
+                k: view(&k, layouts[1]),
+                v: view(&v, layouts[2]),
+                kv: keys,
+                alibi_slopes,
+                dropout_state,
+            };
             if check {
                 ctx.check_values(&inputs)?;
             }
@@ -294,6 +315,8 @@ fn attention_backward(
     let batch = varlen.map(|b| unsafe { varlen_batch(b) });
     // SAFETY: as in `attention_forward`.
     let alibi_slopes = unsafe { alibi_slopes(alibi) };
+    // SAFETY: as in `attention_forward`.
+    let dropout_state = unsafe { dropout_state(dropout) };
     let reference = match batch {
         Some(_) => false,
         None => {
@@ -315,7 +338,7 @@ fn attention_backward(
                 ctx.check_values(&FwdInputs::varlen(view(0), view(1), view(2), batch))?;
             }
             let lse = LseView::from_raw(lse.0, lse.1);
-            let inputs = BwdInputs { q: view(0), k: view(1), v: view(2), o: view(3), lse, dout: view(4), kv, alibi_slopes };
+            let inputs = BwdInputs { q: view(0), k: view(1), v: view(2), o: view(3), lse, dout: view(4), kv, alibi_slopes, dropout_state };
             let grads = GradsMut { dq: grad(5), dk: grad(6), dv: grad(7) };
             let mut scratch = scratch_fn(&scratch, &mut scratch_error);
             let caller = CallerStream { stream: ExternalStream::from_raw(stream), scratch: &mut scratch };
@@ -354,7 +377,7 @@ fn plan(device: usize, q_shape: [usize; 4], k_shape: [usize; 4], dtype_name: &st
     let [batch, seqlen_q, heads_q, head_dim] = q_shape;
     let [_, seqlen_k, heads_kv, _] = k_shape;
     let shape = ProblemShape { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim };
-    let params = params_with(options, (dropout > 0.0).then_some((dropout, 0, 0)));
+    let params = params_with(options, (dropout > 0.0).then_some((dropout, 0)));
     params.check_window_and_softcap().map_err(to_py)?;
     let ctx = context(device)?;
     let plan = ctx.plan(&shape, dtype(dtype_name, "q")?, &params).map_err(to_py)?;

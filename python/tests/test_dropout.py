@@ -3,7 +3,7 @@ the float64 reference under the kernel's own mask (read back from the probabilit
 `return_attn_probs` gives, negated where dropped), the mask drops its fraction, is the same
 for the same generator state and new for the next call, the probabilities are
 exp(s·scale − running max) at 64-key blocks walked from the last, and head dims fwd_sm80 lacks
-run padded. Packed batches too."""
+run padded. Packed batches too, and CUDA graphs (each replay its own mask)."""
 
 from __future__ import annotations
 
@@ -104,3 +104,41 @@ def test_a_packed_batch_under_its_own_mask():
         # floor: a one-key row's dq and dk are zero but for O's bf16 rounding in D_i = rowsum(dO ∘ O)
         for got, ref in zip((dq, dk, dv), want):
             assert rel_l2(got[rows][None], ref, floor=2.0) < 3e-2
+
+
+def test_cuda_graph_replays_draw_new_masks_and_the_backward_follows_each():
+    # Forward and backward captured in one graph: each replay draws a fresh (seed, offset)
+    # pair on the device; the output and the gradients must follow that replay's own mask
+    # (read back from the probabilities), and torch.manual_seed reproduces a replay.
+    b, s, h, d, p = 1, 200, 4, 64, 0.3
+    q, k, v = (randn(b, s, h, d, seed=i).requires_grad_() for i in range(3))
+    g = randn(b, s, h, d, seed=5)
+
+    def step():
+        out, _, probs = flashcore.flash_attn_func(q, k, v, dropout_p=p, causal=True, return_attn_probs=True)
+        return (out, probs, *torch.autograd.grad(out, (q, k, v), g))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: compiles and loads the kernels
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = step()
+    replays = []
+    for seed in (3, 4, 3):
+        torch.manual_seed(seed)
+        graph.replay()
+        torch.cuda.synchronize()
+        replays.append(tuple(t.clone() for t in static))
+    assert not torch.equal(replays[0][1] >= 0, replays[1][1] >= 0), "each replay, another mask"
+    assert all(torch.equal(a, c) for a, c in zip(replays[0], replays[2])), "the same seed, the same replay"
+    for out, probs, dq, dk, dv in replays[:2]:
+        keep = probs[:, :, :s, :s] >= 0
+        rq, rk, rv = (t.detach().double().requires_grad_() for t in (q, k, v))
+        ref_o, _ = reference(rq, rk, rv, keep, p, d**-0.5, True)
+        assert rel_l2(out, ref_o) < 2e-2
+        want = torch.autograd.grad(ref_o, (rq, rk, rv), g.double())
+        for name, got, ref in zip("qkv", (dq, dk, dv), want):
+            assert torch.isfinite(got).all() and rel_l2(got, ref) < 3e-2, f"d{name}: {rel_l2(got, ref):.3g}"

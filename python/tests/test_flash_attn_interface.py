@@ -107,6 +107,34 @@ def test_backward_matches_the_float64_gradient():
     assert softmax_d[:, :, s:].abs().max().item() == 0.0
 
 
+def test_dropout_rng_state_carries_the_mask_to_the_backward():
+    # The forward's rng_state (an int64 pair on the device) makes the backward regenerate its
+    # mask: the low-level backward equals the autograd path's, which took the same pair.
+    b, s, h, d, p = 1, 150, 4, 64, 0.25
+    scale = d**-0.5
+    q, k, v = (randn(b, s, h, d, seed=20 + i) for i in range(3))
+    dout = randn(b, s, h, d, seed=23)
+    o, lse, probs, rng_state = fai._flash_attn_forward(q, k, v, p, scale, True, -1, -1, 0.0, None, True)
+    assert rng_state.dtype == torch.int64 and rng_state.shape == (2,) and rng_state.device == q.device
+    grads = [torch.empty_like(t) for t in (q, k, v)]
+    fai._flash_attn_backward(dout, q, k, v, o, lse, *grads, p, scale, True, -1, -1, 0.0, None, False, rng_state)
+    keep = probs[:, :, :s, :s] >= 0
+    causal = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+    dropped = (~keep & causal).sum().item() / (causal.sum().item() * b * h)
+    assert abs(dropped - p) < 0.02, dropped
+    qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
+    sc = torch.einsum("bqhd,bkhd->bhqk", qd, kd) * scale
+    prob = torch.softmax(sc.masked_fill(~causal, float("-inf")), -1) * keep / (1 - p)
+    ref = torch.einsum("bhqk,bkhd->bqhd", prob, vd)
+    assert rel_l2(o, ref) < 2e-2
+    want = torch.autograd.grad(ref, (qd, kd, vd), dout.double())
+    for got, ref_grad in zip(grads, want):
+        assert rel_l2(got, ref_grad) < 3e-2
+    for bad in (None, rng_state.cpu(), rng_state[:1], rng_state.int()):
+        with pytest.raises(ValueError, match="rng_state"):
+            fai._flash_attn_backward(dout, q, k, v, o, lse, *grads, p, scale, True, -1, -1, 0.0, None, False, bad)
+
+
 def test_varlen_forward_and_backward_match_each_sequence_alone():
     lens = [5, 130, 64]
     h, d = 4, 64

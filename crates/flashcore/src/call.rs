@@ -52,6 +52,14 @@ impl KvLayout<'_> {
     }
 }
 
+/// Dropout's generator state on the device (flash_attn's `rng_state`): two u64, the seed and
+/// the offset, which the kernels read in place of [`Dropout`](crate::Dropout)'s `seed` and
+/// `offset`. A CUDA graph fixes the host's values at capture, while a captured kernel can
+/// write a fresh pair here before each replay (the Python package draws it from PyTorch's
+/// generator): the masks then differ from replay to replay as from call to call. The
+/// backward takes the forward's pair.
+pub type DropoutState<'a> = DeviceVec<'a, u64>;
+
 /// What the forward reads.
 #[derive(Debug, Clone, Copy)]
 pub struct FwdInputs<'a> {
@@ -65,17 +73,19 @@ pub struct FwdInputs<'a> {
     pub kv: KvLayout<'a>,
     /// ALiBi's slopes, or none.
     pub alibi_slopes: Option<AlibiSlopes<'a>>,
+    /// Dropout's generator state on the device, or none (then `Dropout`'s own).
+    pub dropout_state: Option<DropoutState<'a>>,
 }
 
 impl<'a> FwdInputs<'a> {
     /// Dense tensors: `q [B, Sq, Hq, D]`, `k, v [B, Sk, Hkv, D]`.
     pub fn dense(q: TensorView<'a>, k: TensorView<'a>, v: TensorView<'a>) -> Self {
-        Self { q, k, v, kv: KvLayout::Dense, alibi_slopes: None }
+        Self { q, k, v, kv: KvLayout::Dense, alibi_slopes: None, dropout_state: None }
     }
 
     /// A packed batch: `q [1, total_q, Hq, D]`, `k, v [1, total_k, Hkv, D]` (see [`VarlenBatch`]).
     pub fn varlen(q: TensorView<'a>, k: TensorView<'a>, v: TensorView<'a>, batch: VarlenBatch<'a>) -> Self {
-        Self { q, k, v, kv: KvLayout::Varlen(batch), alibi_slopes: None }
+        Self { q, k, v, kv: KvLayout::Varlen(batch), alibi_slopes: None, dropout_state: None }
     }
 
     /// These inputs with ALiBi `slopes` (see [`AlibiSlopes`]).
@@ -83,11 +93,16 @@ impl<'a> FwdInputs<'a> {
         Self { alibi_slopes: Some(slopes), ..self }
     }
 
+    /// These inputs with dropout's generator `state` on the device (see [`DropoutState`]).
+    pub fn with_dropout_state(self, state: DropoutState<'a>) -> Self {
+        Self { dropout_state: Some(state), ..self }
+    }
+
     /// A KV cache: `q [B, Sq, Hq, D]`, `k_cache`, `v_cache` the pools `[num_pages, page_size,
     /// Hkv, D]` (with a block table) or `[B, S_cache, Hkv, D]`; `cache.k_new`, `cache.v_new`
     /// are appended first (see [`PagedKv`]).
     pub fn paged(q: TensorView<'a>, k_cache: TensorView<'a>, v_cache: TensorView<'a>, cache: PagedKv<'a>) -> Self {
-        Self { q, k: k_cache, v: v_cache, kv: KvLayout::Paged(cache), alibi_slopes: None }
+        Self { q, k: k_cache, v: v_cache, kv: KvLayout::Paged(cache), alibi_slopes: None, dropout_state: None }
     }
 }
 
@@ -128,6 +143,8 @@ pub struct BwdInputs<'a> {
     pub kv: KvLayout<'a>,
     /// ALiBi's slopes, as the forward's.
     pub alibi_slopes: Option<AlibiSlopes<'a>>,
+    /// Dropout's generator state on the device, as the forward's (or none).
+    pub dropout_state: Option<DropoutState<'a>>,
 }
 
 /// Where the gradients go: `dq` shaped like `q`, `dk` and `dv` like `k` (the query heads
@@ -144,13 +161,15 @@ pub struct GradsMut<'a> {
 
 /// A checked call: the tensors' own shape (packed: `[1, total, H, D]`; a cache: `Sk` its
 /// capacity), the kernels' (packed: B sequences of the longest lengths), a cache's geometry,
-/// ALiBi's slopes (their address and batch stride).
+/// ALiBi's slopes (their address and batch stride), dropout's state on the device (its
+/// address, 0 for none).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Checked {
     pub tensors: ProblemShape,
     pub shape: ProblemShape,
     pub cache: Option<CacheGeometry>,
     pub alibi: Option<Alibi>,
+    pub dropout_state: u64,
 }
 
 /// Checked ALiBi slopes: their address and batch stride (0: one slope a head for every
@@ -166,6 +185,22 @@ fn check_alibi(slopes: Option<&AlibiSlopes>, shape: &ProblemShape) -> Result<Opt
     slopes.map(|s| Ok(Alibi { ptr: s.ptr, batch_stride: validate::alibi_slopes(s.ptr, s.len, shape)? })).transpose()
 }
 
+/// Checks dropout's `state` (see [`DropoutState`]): two 8-byte-aligned values, and dropout on.
+/// Returns its address, 0 for none.
+fn check_dropout_state(state: Option<&DropoutState>, params: &AttnParams) -> Result<u64> {
+    let Some(state) = state else { return Ok(0) };
+    if params.dropout.is_none() {
+        return Err(Error::Param { arg: "dropout_state", msg: "given without dropout (dropout_p is 0)".into() });
+    }
+    if state.len != 2 {
+        return Err(Error::Shape { arg: "dropout_state", msg: format!("{} values: need 2 (seed, offset)", state.len) });
+    }
+    if state.ptr % 8 != 0 {
+        return Err(Error::Param { arg: "dropout_state", msg: format!("device pointer {:#x} is not 8-byte aligned", state.ptr) });
+    }
+    Ok(state.ptr)
+}
+
 impl FwdInputs<'_> {
     /// Checks everything the host can see of a forward call into `o` and `lse` on `device`.
     pub(crate) fn check(&self, o: &TensorView, lse: Option<&LseViewMut>, params: &AttnParams, device: usize) -> Result<Checked> {
@@ -175,20 +210,21 @@ impl FwdInputs<'_> {
                 let g = cache.validate(q, k, v, o, device)?;
                 // Packed queries: the tensors are one batch of all the rows.
                 let tensors = g.total_q.map_or(g.shape, |total_q| ProblemShape { batch: 1, seqlen_q: total_q, ..g.shape });
-                Checked { tensors, shape: g.shape, cache: Some(g), alibi: None }
+                Checked { tensors, shape: g.shape, cache: Some(g), alibi: None, dropout_state: 0 }
             }
             KvLayout::Varlen(batch) => {
                 let tensors = validate::problem(q, k, v, o, device)?;
                 batch.validate(&tensors)?;
-                Checked { tensors, shape: batch.kernel_shape(&tensors), cache: None, alibi: None }
+                Checked { tensors, shape: batch.kernel_shape(&tensors), cache: None, alibi: None, dropout_state: 0 }
             }
             KvLayout::Dense => {
                 let tensors = validate::problem(q, k, v, o, device)?;
-                Checked { tensors, shape: tensors, cache: None, alibi: None }
+                Checked { tensors, shape: tensors, cache: None, alibi: None, dropout_state: 0 }
             }
         };
         params.check(checked.shape.head_dim)?;
-        let checked = Checked { alibi: check_alibi(self.alibi_slopes.as_ref(), &checked.shape)?, ..checked };
+        let alibi = check_alibi(self.alibi_slopes.as_ref(), &checked.shape)?;
+        let checked = Checked { alibi, dropout_state: check_dropout_state(self.dropout_state.as_ref(), params)?, ..checked };
         if let Some(lse) = lse {
             // [B, Hq, Sq] as the tensors are shaped; packed, [Hq, total_q]: one sequence of all
             // the rows (a cache's tensors are its kernels' shape, packed queries aside).
@@ -207,7 +243,7 @@ impl BwdInputs<'_> {
 
     /// Checks everything the host can see of a backward call into `grads` on `device`.
     pub(crate) fn check(&self, grads: &GradsMut, params: &AttnParams, device: usize) -> Result<Checked> {
-        let BwdInputs { q, k, v, o, lse, dout, kv, alibi_slopes } = self;
+        let BwdInputs { q, k, v, o, lse, dout, kv, alibi_slopes, dropout_state } = self;
         if let KvLayout::Paged(_) = kv {
             return Err(Error::Param { arg: "kv", msg: "a KV cache has no backward: dense or packed (varlen) batches do".into() });
         }
@@ -237,7 +273,8 @@ impl BwdInputs<'_> {
         validate::lse(lse.len, &tensors)?;
         validate::lse_alignment(lse.ptr)?;
         params.check(shape.head_dim)?;
-        Ok(Checked { tensors, shape, cache: None, alibi: check_alibi(alibi_slopes.as_ref(), &shape)? })
+        let alibi = check_alibi(alibi_slopes.as_ref(), &shape)?;
+        Ok(Checked { tensors, shape, cache: None, alibi, dropout_state: check_dropout_state(dropout_state.as_ref(), params)? })
     }
 }
 
@@ -302,6 +339,23 @@ mod tests {
     }
 
     #[test]
+    fn dropout_state_is_two_aligned_values_and_needs_dropout() {
+        let (q, kv) = ([2, 16, 8, 64], [2, 64, 2, 64]);
+        let inputs = FwdInputs::dense(view(q, 0x1000), view(kv, 0x100000), view(kv, 0x200000));
+        let dropout = AttnParams { dropout: Some(crate::Dropout { p: 0.1, seed: 1, offset: 0 }), ..AttnParams::default() };
+        // SAFETY: as above.
+        let state = |at, len| unsafe { DropoutState::from_raw(at, len) };
+        let check = |s, params: &AttnParams| inputs.with_dropout_state(s).check(&view(q, 0x400000), None, params, 0);
+        assert_eq!(check(state(0x9000, 2), &dropout).unwrap().dropout_state, 0x9000);
+        assert_eq!(inputs.check(&view(q, 0x400000), None, &dropout, 0).unwrap().dropout_state, 0, "none: the host's pair");
+        for (at, len, params) in [(0x9000, 1, &dropout), (0x9000, 3, &dropout), (0x9004, 2, &dropout), (0x9000, 2, &AttnParams::default())]
+        {
+            let err = check(state(at, len), params).unwrap_err();
+            assert!(err.to_string().contains("dropout_state"), "{err}");
+        }
+    }
+
+    #[test]
     fn a_kv_cache_has_no_backward() {
         let (q, kv) = ([2, 16, 8, 64], [2, 64, 2, 64]);
         let inputs = BwdInputs {
@@ -314,6 +368,7 @@ mod tests {
             dout: view(q, 0x500000),
             kv: KvLayout::Paged(PagedKv::default()),
             alibi_slopes: None,
+            dropout_state: None,
         };
         let grads = GradsMut { dq: view_mut(q, 0x600000), dk: view_mut(kv, 0x700000), dv: view_mut(kv, 0x800000) };
         let err = inputs.check(&grads, &AttnParams::default(), 0).unwrap_err();

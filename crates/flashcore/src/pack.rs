@@ -47,6 +47,7 @@ pub(crate) struct ScoreModArgs {
     pub alibi_batch_stride: i32,
     pub dropout_seed: u64,
     pub dropout_offset: u64,
+    pub dropout_state: u64,
     pub dropout_threshold: u32,
     pub dropout_scale: f32,
 }
@@ -108,9 +109,9 @@ pub(crate) struct FwdParams {
     pub probs_cols: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<ProblemArgs>() == 36 && std::mem::size_of::<ScoreModArgs>() == 56);
+const _: () = assert!(std::mem::size_of::<ProblemArgs>() == 36 && std::mem::size_of::<ScoreModArgs>() == 64);
 const _: () = assert!(std::mem::size_of::<VarlenArgs>() == 32);
-const _: () = assert!(std::mem::size_of::<FwdParams>() == 432);
+const _: () = assert!(std::mem::size_of::<FwdParams>() == 440);
 
 // SAFETY: plain old data with the C layout the kernels expect.
 unsafe impl DeviceRepr for FwdParams {}
@@ -146,7 +147,7 @@ pub(crate) struct BwdParams {
     pub varlen: VarlenArgs,
 }
 
-const _: () = assert!(std::mem::size_of::<BwdParams>() == 88 + 8 * 24 + 104 + 32);
+const _: () = assert!(std::mem::size_of::<BwdParams>() == 88 + 8 * 24 + 112 + 32);
 
 // SAFETY: plain old data with the C layout the kernels expect.
 unsafe impl DeviceRepr for BwdParams {}
@@ -175,11 +176,12 @@ fn problem_args(shape: &ProblemShape, params: &AttnParams) -> ProblemArgs {
     }
 }
 
-/// The window the kernels see (causal folded in: see [`AttnParams::mask`]), the softcap, and
-/// ALiBi's slopes with the factor that takes a slope (in logit units) to the units of the
+/// The window the kernels see (causal folded in: see [`AttnParams::mask`]), the softcap,
+/// dropout (its state on the device where `dropout_state` is not 0), and ALiBi's slopes with
+/// the factor that takes a slope (in logit units) to the units of the
 /// scores the fast kernels hold, which their softmax multiplies by `softmax_scale_log2`:
 /// `log2(e) / softmax_scale_log2` (`1 / scale`; 1 under a softcap, whose scores are logits).
-fn score_mod_args(shape: &ProblemShape, params: &AttnParams, alibi: Option<Alibi>) -> ScoreModArgs {
+fn score_mod_args(shape: &ProblemShape, params: &AttnParams, alibi: Option<Alibi>, dropout_state: u64) -> ScoreModArgs {
     let window = params.mask().1.unwrap_or(Window::UNBOUNDED);
     let scale = params.scale_for(shape.head_dim);
     let scale_log2 = problem_args(shape, params).softmax_scale_log2;
@@ -193,6 +195,7 @@ fn score_mod_args(shape: &ProblemShape, params: &AttnParams, alibi: Option<Alibi
         alibi_batch_stride: alibi.map_or(0, |a| a.batch_stride as i32),
         dropout_seed: params.dropout.map_or(0, |d| d.seed),
         dropout_offset: params.dropout.map_or(0, |d| d.offset),
+        dropout_state,
         dropout_threshold: params.dropout.map_or(0, |d| d.threshold()),
         dropout_scale: params.dropout.map_or(1.0, |d| d.scale()),
     }
@@ -273,7 +276,7 @@ pub(crate) fn forward<'a>(
         tile_section: section_heads(&shape),
         num_splits: plan.splits as i32,
         split_tiles: plan.split_tiles as i32,
-        score: score_mod_args(&shape, params, checked.alibi),
+        score: score_mod_args(&shape, params, checked.alibi, checked.dropout_state),
         varlen: varlen_args(varlen.as_ref(), &checked.tensors),
         gqa_packed: i32::from(plan.packed_gqa && !dense_rows),
         q_stride_token,
@@ -369,7 +372,7 @@ pub(crate) fn backward(
         deterministic: i32::from(params.deterministic),
         dq_splits: plan.dq_splits as i32,
         spread_walks: i32::from(plan.spread_walks),
-        score: score_mod_args(&checked.shape, params, checked.alibi),
+        score: score_mod_args(&checked.shape, params, checked.alibi, checked.dropout_state),
         varlen: varlen_args(varlen, &checked.tensors),
     }
 }
@@ -385,27 +388,27 @@ mod tests {
         assert_eq!(problem_args(&shape, &zero).softmax_scale_log2, f32::MIN_POSITIVE);
         let capped = AttnParams { softcap: 30.0, ..zero };
         assert_eq!(problem_args(&shape, &capped).softmax_scale_log2, std::f32::consts::LOG2_E);
-        assert_eq!(score_mod_args(&shape, &capped, None).softcap_scale, 0.0);
+        assert_eq!(score_mod_args(&shape, &capped, None, 0).softcap_scale, 0.0);
     }
 
     #[test]
     fn alibi_slopes_reach_the_kernels_in_the_units_of_their_scores() {
         let shape = ProblemShape { batch: 2, seqlen_q: 4, seqlen_k: 4, heads_q: 8, heads_kv: 1, head_dim: 64 };
         let alibi = Some(Alibi { ptr: 0x1000, batch_stride: 8 });
-        let plain = score_mod_args(&shape, &AttnParams::default(), alibi);
+        let plain = score_mod_args(&shape, &AttnParams::default(), alibi, 0);
         assert_eq!((plain.alibi_slopes, plain.alibi_batch_stride), (0x1000, 8));
         // q·k times alibi_scale·slope, then times softmax_scale_log2: slope·log2(e) a key.
         assert!((plain.alibi_scale - 8.0).abs() < 1e-5, "1 / scale at D64: {}", plain.alibi_scale);
-        let capped = score_mod_args(&shape, &AttnParams { softcap: 30.0, ..AttnParams::default() }, alibi);
+        let capped = score_mod_args(&shape, &AttnParams { softcap: 30.0, ..AttnParams::default() }, alibi, 0);
         assert_eq!(capped.alibi_scale, 1.0, "capped scores are logits");
-        assert_eq!(score_mod_args(&shape, &AttnParams::default(), None).alibi_slopes, 0);
+        assert_eq!(score_mod_args(&shape, &AttnParams::default(), None, 0).alibi_slopes, 0);
     }
 
     #[test]
     fn causal_is_folded_into_a_window_as_the_kernels_read_it() {
         let p = AttnParams { causal: true, window: Window::new(127, 5), ..AttnParams::default() };
         let shape = ProblemShape { batch: 1, seqlen_q: 4, seqlen_k: 4, heads_q: 1, heads_kv: 1, head_dim: 128 };
-        let score = score_mod_args(&shape, &p, None);
+        let score = score_mod_args(&shape, &p, None, 0);
         assert_eq!((score.window_left, score.window_right), (127, 0));
         assert_eq!(problem_args(&shape, &p).causal, 0, "a window carries the causal side itself");
         assert_eq!(problem_args(&shape, &AttnParams::causal()).causal, 1);

@@ -114,6 +114,7 @@ fn gpu(
                 dout: gd.view(),
                 kv: KvLayout::Varlen(batch),
                 alibi_slopes: None,
+                dropout_state: None,
             };
             let g = ctx.attention_backward(&inputs, &params)?;
             Some([wide(&g.dq)?, wide(&g.dk)?, wide(&g.dv)?])

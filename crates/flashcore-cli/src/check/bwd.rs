@@ -18,13 +18,13 @@
 use anyhow::Result;
 use flashcore::reference::RefMask;
 use flashcore::{
-    reference, AlibiSlopes, AttnParams, BwdInputs, Context, DType, DeviceTensor, FwdInputs, GradsMut, KernelFamily, KvLayout, LseView,
-    Window,
+    reference, AlibiSlopes, AttnParams, BwdInputs, Context, DType, DeviceTensor, DropoutState, FwdInputs, GradsMut, KernelFamily, KvLayout,
+    LseView, Window,
 };
 
 use crate::cases::{errors, normal, random_qkv, Case, Inputs, Storage, Stored};
 use crate::check::outcome::{grad_tolerance, Outcome};
-use crate::check::{upload_slopes, wide_slopes, Alibi};
+use crate::check::{upload_dropout_state, upload_slopes, wide_slopes, Alibi};
 
 /// A backward case: the kernels, the problem, its inputs and the storage of q, k, v and dout,
 /// and the score policies (a sliding window, `Window::UNBOUNDED` for none; a softcap, 0 off;
@@ -229,6 +229,9 @@ pub fn check_one(ctx: &Context, spec: &BwdSpec) -> Result<Outcome> {
     let alibi_slopes = slopes.as_ref().map(AlibiSlopes::of);
     let fwd = ctx.attention(&FwdInputs { alibi_slopes, ..FwdInputs::dense(q.view(), k.view(), v.view()) }, &spec.params())?;
     let params = AttnParams { kernel: Some(spec.family), deterministic: spec.deterministic, ..spec.params() };
+    // The forward above drew its mask from the host's pair; the backward reads it on the device.
+    let state = upload_dropout_state(ctx, spec.dropout)?;
+    let dropout_state = state.as_ref().map(DropoutState::of);
 
     let run = || -> Result<[Vec<u16>; 3]> {
         let nan = match case.dtype {
@@ -239,7 +242,17 @@ pub fn check_one(ctx: &Context, spec: &BwdSpec) -> Result<Outcome> {
         let mut dk = DeviceTensor::filled(ctx, nan, case.kv_shape(), case.dtype)?;
         let mut dv = DeviceTensor::filled(ctx, nan, case.kv_shape(), case.dtype)?;
         let (o, lse) = (fwd.o.view(), LseView::of(&fwd.lse));
-        let inputs = BwdInputs { q: q.view(), k: k.view(), v: v.view(), o, lse, dout: dout.view(), kv: KvLayout::Dense, alibi_slopes };
+        let inputs = BwdInputs {
+            q: q.view(),
+            k: k.view(),
+            v: v.view(),
+            o,
+            lse,
+            dout: dout.view(),
+            kv: KvLayout::Dense,
+            alibi_slopes,
+            dropout_state,
+        };
         ctx.attention_backward_into(&inputs, GradsMut { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut() }, &params)?;
         Ok([dq.to_bits(ctx)?, dk.to_bits(ctx)?, dv.to_bits(ctx)?])
     };

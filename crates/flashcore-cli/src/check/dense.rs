@@ -5,12 +5,14 @@
 
 use anyhow::{bail, Result};
 use flashcore::reference::RefMask;
-use flashcore::{reference, AlibiSlopes, AttnParams, Context, DType, FwdInputs, FwdOutputs, KernelFamily, LseViewMut, Window};
+use flashcore::{
+    reference, AlibiSlopes, AttnParams, Context, DType, DropoutState, FwdInputs, FwdOutputs, KernelFamily, LseViewMut, Window,
+};
 
 use crate::cases::{random_qkv, Case, HostQkv, Inputs, Storage, Stored};
 use crate::check::outcome::{judge, Outcome};
 use crate::check::poison::{poisoned_run, same_bits};
-use crate::check::{upload_slopes, wide_slopes, Alibi};
+use crate::check::{upload_dropout_state, upload_slopes, wide_slopes, Alibi};
 
 /// Above this many multiply-adds the f64 CPU oracle is too slow; the GPU reference kernel
 /// (itself checked against the CPU oracle on the small cases) takes over.
@@ -257,7 +259,12 @@ fn run_poisoned(ctx: &Context, family: KernelFamily, spec: &Spec, q: &Stored, k:
     };
     let lse_len = case.batch * case.heads_q * case.seqlen_q;
     let slopes = upload_slopes(ctx, &spec.slopes())?;
-    let inputs = FwdInputs { alibi_slopes: slopes.as_ref().map(AlibiSlopes::of), ..FwdInputs::dense(q.view(), k.view(), v.view()) };
+    let state = upload_dropout_state(ctx, spec.dropout)?;
+    let inputs = FwdInputs {
+        alibi_slopes: slopes.as_ref().map(AlibiSlopes::of),
+        dropout_state: state.as_ref().map(DropoutState::of),
+        ..FwdInputs::dense(q.view(), k.view(), v.view())
+    };
     poisoned_run(ctx, case.q_shape(), case.dtype, lse_len, |o, lse| {
         ctx.attention_into(&inputs, FwdOutputs { o, lse: Some(LseViewMut::of(lse)), probs: None }, &params)
     })

@@ -219,6 +219,19 @@ pub(crate) fn upload_slopes(ctx: &flashcore::Context, slopes: &[f32]) -> anyhow:
     Ok(if slopes.is_empty() { None } else { Some(ctx.stream().clone_htod(slopes)?) })
 }
 
+/// Dropout's `(seed, offset)` on the device, for the kernel under check to read there
+/// (`flashcore::DropoutState`) while the oracle draws the host's pair: a state read wrong is
+/// a wrong mask, which fails the check.
+pub(crate) fn upload_dropout_state(
+    ctx: &flashcore::Context,
+    dropout: Option<flashcore::Dropout>,
+) -> anyhow::Result<Option<cudarc::driver::CudaSlice<u64>>> {
+    Ok(match dropout {
+        Some(d) => Some(ctx.stream().clone_htod(&[d.seed, d.offset])?),
+        None => None,
+    })
+}
+
 /// `slopes` widened for the f64 oracle.
 pub(crate) fn wide_slopes(slopes: &[f32]) -> Vec<f64> {
     slopes.iter().map(|&x| x as f64).collect()

@@ -81,6 +81,7 @@ fn gradients(
         dout: dout.view(),
         kv: KvLayout::Varlen(*batch),
         alibi_slopes: packed.alibi_slopes(),
+        dropout_state: None,
     };
     let grads = GradsMut { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut() };
     ctx.attention_backward_into(&inputs, grads, &spec.params())?;

@@ -437,6 +437,7 @@ extern "C" __global__ void __launch_bounds__(128) fc_bwd_sm80_dsum(const BwdPara
 extern "C" __global__ void __launch_bounds__(fc::bwd_sm80::kThreads, 1) fc_bwd_sm80(const BwdParams p) {
     using namespace fc;
     using namespace fc::bwd_sm80;
+    if constexpr (kDropout) dropout::stage(p);
     extern __shared__ __align__(128) unsigned char smem_raw[];
     Smem& sm = *reinterpret_cast<Smem*>(smem_raw);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;

@@ -767,6 +767,7 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
     using namespace fc;
     using namespace fc::fwd_sm80;
     if constexpr (kChunked) start_chunk(p);
+    if constexpr (kDropout) dropout::stage(p);
     for (;;) {  // chunked: once a segment of the CTA's chunk (next_segment); else once
         Segment seg{query_tile(p), 0, 0, -1};
         if constexpr (kChunked) {

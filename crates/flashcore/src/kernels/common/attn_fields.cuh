@@ -37,8 +37,10 @@
 //     alibi_scale = log2(e) / softmax_scale_log2 converts a slope to the units of the scores the
 //     kernels hold (q·k, or the capped score). alibi_slopes is null without ALiBi.
 //   Dropout (fwd_sm80 and bwd_sm80 built with FC_DROPOUT=1; common/dropout.cuh): the call's
-//     generator state (dropout_seed, dropout_offset), the word below which a probability is
-//     dropped (dropout_threshold = p · 2^32) and the keepers' scale 1 / (1 - p).
+//     generator state (dropout_seed, dropout_offset), or, where dropout_state is set, the
+//     (seed, offset) pair it points to on the device, read by the kernel (so that a CUDA
+//     graph's replays draw the pair each replay writes there); the word below which a
+//     probability is dropped (dropout_threshold = p · 2^32) and the keepers' scale 1 / (1 - p).
 //   The reference kernels take the window, softcap and ALiBi at run time (no dropout). The
 //   pointer leads the group, so that the group starts 8-aligned in C as in its Rust mirror.
 #define FC_SCORE_MOD_FIELDS                  \
@@ -51,6 +53,7 @@
     int alibi_batch_stride;                  \
     unsigned long long dropout_seed;         \
     unsigned long long dropout_offset;       \
+    const unsigned long long* dropout_state; \
     unsigned int dropout_threshold;          \
     float dropout_scale;
 
