@@ -44,6 +44,12 @@ def _vector(t: Tensor) -> Tuple[int, int]:
 Dropout = Tuple[float, Tensor]
 
 
+def _op_dropout(dropout_p: float, rng_state: Optional[Tensor]) -> Optional[Dropout]:
+    """The registered ops' dropout, which their schema carries as `dropout_p` and `rng_state`
+    (None: no dropout)."""
+    return None if rng_state is None else (dropout_p, rng_state)
+
+
 def _dropout_arg(dropout: Optional[Dropout]) -> Optional[_flashcore.DropoutArg]:
     """Dropout as the extension takes it: `(p, address of the state)`, or None."""
     return None if dropout is None else (dropout[0], dropout[1].data_ptr())
@@ -302,10 +308,15 @@ def varlen_fwd(
     softcap: float,
     deterministic: bool,
     alibi_slopes: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
+    rng_state: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
-    """The registered packed-batch op: see `varlen_forward`. `deterministic` is for its backward."""
+    """The registered packed-batch op: see `varlen_forward`. `deterministic` is for its
+    backward; dropout is `dropout_p` with its state `rng_state` (see `Dropout`)."""
+    window = (window_left, window_right)
     return varlen_forward(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, (window_left, window_right), softcap, alibi_slopes
+        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window, softcap, alibi_slopes, True,
+        _op_dropout(dropout_p, rng_state),
     )
 
 
@@ -332,11 +343,14 @@ def varlen_bwd(
     window_right: int,
     softcap: float,
     alibi_slopes: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
+    rng_state: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """The registered packed-batch backward op: see `varlen_backward`."""
     window = (window_left, window_right)
     return varlen_backward(
-        q, k, v, o, lse, dout, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic, window, softcap, alibi_slopes
+        q, k, v, o, lse, dout, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic, window, softcap, alibi_slopes,
+        _op_dropout(dropout_p, rng_state),
     )
 
 
@@ -344,10 +358,11 @@ varlen_bwd.register_fake(_grads_fake)
 
 
 def _varlen_setup_context(ctx, inputs, output) -> None:
-    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, deterministic, alibi_slopes = inputs
+    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, deterministic, alibi_slopes, dropout_p, rng_state = inputs
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes)
+    ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, rng_state)
     ctx.max_seqlen_q, ctx.max_seqlen_k, ctx.softmax_scale, ctx.causal, ctx.deterministic = max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic
+    ctx.dropout_p = dropout_p
     ctx.window_left, ctx.window_right, ctx.softcap = window_left, window_right, softcap
     _lse_has_no_gradient(ctx, lse)
 
@@ -361,8 +376,8 @@ def _lse_has_no_gradient(ctx, lse: Tensor) -> None:
 
 def _varlen_backward(ctx, grad_o, grad_lse):
     if grad_o is None:  # the loss did not use o
-        return (None,) * 15
-    q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes = ctx.saved_tensors
+        return (None,) * 17
+    q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, rng_state = ctx.saved_tensors
     dq, dk, dv = varlen_bwd(
         q,
         k,
@@ -382,8 +397,10 @@ def _varlen_backward(ctx, grad_o, grad_lse):
         ctx.window_right,
         ctx.softcap,
         alibi_slopes,
+        ctx.dropout_p,
+        rng_state,
     )
-    return (dq, dk, dv) + (None,) * 12
+    return (dq, dk, dv) + (None,) * 14
 
 
 varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
@@ -526,9 +543,13 @@ def fwd(
     num_splits: int,
     deterministic: bool,
     alibi_slopes: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
+    rng_state: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor]:
-    """The registered op: see `forward`. `deterministic` is for its backward."""
-    return forward(q, k, v, softmax_scale, causal, (window_left, window_right), softcap, num_splits, True, alibi_slopes)
+    """The registered op: see `forward`. `deterministic` is for its backward; dropout is
+    `dropout_p` with its state `rng_state` (see `Dropout`)."""
+    window = (window_left, window_right)
+    return forward(q, k, v, softmax_scale, causal, window, softcap, num_splits, True, alibi_slopes, _op_dropout(dropout_p, rng_state))
 
 
 fwd.register_fake(_empty_outputs)
@@ -620,29 +641,33 @@ def bwd(
     window_right: int,
     softcap: float,
     alibi_slopes: Optional[Tensor] = None,
+    dropout_p: float = 0.0,
+    rng_state: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """The registered backward op: see `backward`."""
-    return backward(q, k, v, o, lse, dout, softmax_scale, causal, deterministic, (window_left, window_right), softcap, alibi_slopes)
+    window = (window_left, window_right)
+    return backward(q, k, v, o, lse, dout, softmax_scale, causal, deterministic, window, softcap, alibi_slopes, _op_dropout(dropout_p, rng_state))
 
 
 bwd.register_fake(_grads_fake)
 
 
 def _fwd_setup_context(ctx, inputs, output) -> None:
-    q, k, v, softmax_scale, causal, window_left, window_right, softcap, _, deterministic, alibi_slopes = inputs
+    q, k, v, softmax_scale, causal, window_left, window_right, softcap, _, deterministic, alibi_slopes, dropout_p, rng_state = inputs
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, alibi_slopes)
-    ctx.softmax_scale, ctx.causal, ctx.deterministic = softmax_scale, causal, deterministic
+    ctx.save_for_backward(q, k, v, o, lse, alibi_slopes, rng_state)
+    ctx.softmax_scale, ctx.causal, ctx.deterministic, ctx.dropout_p = softmax_scale, causal, deterministic, dropout_p
     ctx.window_left, ctx.window_right, ctx.softcap = window_left, window_right, softcap
     _lse_has_no_gradient(ctx, lse)
 
 
 def _fwd_backward(ctx, grad_o, grad_lse):
     if grad_o is None:  # the loss did not use o
-        return (None,) * 11
-    q, k, v, o, lse, alibi_slopes = ctx.saved_tensors
-    dq, dk, dv = bwd(q, k, v, o, lse, grad_o, ctx.softmax_scale, ctx.causal, ctx.deterministic, ctx.window_left, ctx.window_right, ctx.softcap, alibi_slopes)
-    return (dq, dk, dv) + (None,) * 8
+        return (None,) * 13
+    q, k, v, o, lse, alibi_slopes, rng_state = ctx.saved_tensors
+    window_left, window_right = ctx.window_left, ctx.window_right
+    dq, dk, dv = bwd(q, k, v, o, lse, grad_o, ctx.softmax_scale, ctx.causal, ctx.deterministic, window_left, window_right, ctx.softcap, alibi_slopes, ctx.dropout_p, rng_state)
+    return (dq, dk, dv) + (None,) * 10
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)

@@ -92,7 +92,7 @@ def _attention(
     records, else without autograd, lse then None when not wanted: neither allocated nor
     written); traced or compiled, the registered op. A head dim that is not a multiple of 8
     runs zero-padded to one (`_padded`; the slopes, one a head, are the same); with dropout,
-    one fwd_sm80 lacks to its next size. Dropout (`_dropout`) runs eagerly only."""
+    one fwd_sm80 lacks to its next size."""
     d = q.shape[-1]
     size = _sm80_head_dim(d) if dropout is not None else d + (-d % 8 if d < 256 else 0)
     if size != d and k.shape[-1] == d and v.shape[-1] == d:
@@ -106,9 +106,17 @@ def _attention(
                 return _ops.record(_ops.Attention, q, k, v, options)
             return _ops.record(_ops.Attention, q, k, v, options), None
         return _ops.forward(q, k, v, scale, causal, window, softcap, num_splits, want_lse, alibi_slopes, dropout, probs)
-    if dropout is not None:
-        raise _unsupported("dropout_p", dropout[0], "under torch.compile or tracing is not supported yet (eager calls take it)")
-    return _ops.fwd(q, k, v, scale, causal, window[0], window[1], softcap, num_splits, deterministic, alibi_slopes)
+    _traced_probs(dropout, probs)
+    p, rng_state = dropout if dropout is not None else (0.0, None)
+    return _ops.fwd(q, k, v, scale, causal, window[0], window[1], softcap, num_splits, deterministic, alibi_slopes, p, rng_state)
+
+
+def _traced_probs(dropout: Optional[_ops.Dropout], probs: Optional[Tensor]) -> None:
+    """Under torch.compile or tracing, dropout runs through the registered ops (their
+    `dropout_p` and `rng_state`), which return no probabilities: NotImplementedError naming
+    `return_attn_probs` when they are asked for."""
+    if dropout is not None and probs is not None:
+        raise _unsupported("return_attn_probs", True, "with dropout under torch.compile or tracing is not supported yet (eager calls return them)")
 
 
 # Head dims of fwd_sm80 and bwd_sm80, which alone run dropout and packed queries over a paged
@@ -123,7 +131,7 @@ def _sm80_head_dim(d: int) -> int:
 def _dropout(q: Tensor, dropout_p: object) -> Optional[_ops.Dropout]:
     """`dropout_p` checked (a float in [0, 1), else ValueError naming it) and, when not 0, the
     call's dropout `(p, state)`: `state` a fresh int64 pair (seed, offset) drawn on q's device
-    from PyTorch's CUDA generator (one small kernel), which the kernels read there. So
+    from PyTorch's CUDA generator (`randint`, one small kernel; 62 random bits each), which the kernels read there. So
     `torch.manual_seed` reproduces the masks, each call draws a new one, and so does each
     replay of a captured CUDA graph (PyTorch's generator is graph-safe; a pair fixed on the
     host would repeat one mask on every replay). The backward takes the same pair."""
@@ -131,9 +139,7 @@ def _dropout(q: Tensor, dropout_p: object) -> Optional[_ops.Dropout]:
         raise ValueError(f"`dropout_p` must be a float in [0, 1), got {dropout_p!r}")
     if dropout_p == 0.0:
         return None
-    if torch.compiler.is_compiling():
-        raise _unsupported("dropout_p", dropout_p, "under torch.compile or tracing is not supported yet (eager calls take it)")
-    return (float(dropout_p), torch.empty(2, dtype=torch.int64, device=q.device).random_())
+    return (float(dropout_p), torch.randint(2**62, (2,), dtype=torch.int64, device=q.device))
 
 
 def _probs_for(q_shape: Tuple[int, ...], batch: int, seqlen_q: int, seqlen_k: int, q: Tensor) -> Tensor:
@@ -382,10 +388,10 @@ def flash_attn_varlen_func(
             out, lse = _ops.record(_ops.VarlenAttention, q, k, v, args[3:8], options)
         else:
             out, lse = _ops.varlen_forward(*args, window, softcap, alibi_slopes, True, dropout, probs)
-    elif dropout is not None:
-        raise _unsupported("dropout_p", dropout[0], "under torch.compile or tracing is not supported yet (eager calls take it)")
     else:
-        out, lse = _ops.varlen_fwd(*args, window[0], window[1], softcap, bool(deterministic), alibi_slopes)
+        _traced_probs(dropout, probs)
+        p, rng_state = dropout if dropout is not None else (0.0, None)
+        out, lse = _ops.varlen_fwd(*args, window[0], window[1], softcap, bool(deterministic), alibi_slopes, p, rng_state)
     if padded:
         out = out[..., :d]
     return (out, lse, probs) if return_attn_probs else out

@@ -79,3 +79,62 @@ def test_cuda_graph_of_split_kv_decode():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, expected)
+
+
+def test_torch_compile_runs_dropout_through_the_ops_with_their_rng_state():
+    # The registered ops carry dropout as (dropout_p, rng_state): compiled, forward and
+    # backward equal the eager path's bit for bit under the same state (deterministic: no
+    # atomic order in dQ).
+    q, k, v = (randn(2, 200, 4, 64, seed=i).requires_grad_() for i in range(3))
+    g = randn(2, 200, 4, 64, seed=7)
+    state = torch.empty(2, dtype=torch.int64, device="cuda").random_()
+
+    def f(q, k, v, state):
+        o, _ = torch.ops.flashcore.fwd(q, k, v, 0.125, True, -1, 0, 0.0, 0, True, None, 0.3, state)
+        return o
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True)
+    out = compiled(q, k, v, state)
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    eager = flashcore._ops.record(flashcore._ops.Attention, q, k, v, (0.125, True, (-1, 0), 0.0, 0, True, False, None, (0.3, state), None))
+    eager_grads = torch.autograd.grad(eager, (q, k, v), g)
+    assert torch.equal(out, eager)
+    assert all(torch.equal(a, b) for a, b in zip(grads, eager_grads))
+    # And the mask is there: without dropout the output differs.
+    assert not torch.equal(out, flashcore.flash_attn_func(q, k, v, causal=True, softmax_scale=0.125))
+
+    # The packed ops likewise.
+    pq, pk, pv, pg = (t.detach().reshape(400, 4, 64).requires_grad_(t.requires_grad) for t in (q, k, v, g))
+    cu = torch.tensor([0, 150, 400], dtype=torch.int32, device="cuda")
+
+    def packed(q, k, v, state):
+        return torch.ops.flashcore.varlen_fwd(q, k, v, cu, cu, None, 250, 250, 0.125, True, -1, 0, 0.0, True, None, 0.3, state)[0]
+
+    out = torch.compile(packed, fullgraph=True)(pq, pk, pv, state)
+    grads = torch.autograd.grad(out, (pq, pk, pv), pg)
+    options = (0.125, True, (-1, 0), 0.0, True, None, (0.3, state), None)
+    eager, _ = flashcore._ops.record(flashcore._ops.VarlenAttention, pq, pk, pv, (cu, cu, None, 250, 250), options)
+    eager_grads = torch.autograd.grad(eager, (pq, pk, pv), pg)
+    assert torch.equal(out, eager)
+    assert all(torch.equal(a, b) for a, b in zip(grads, eager_grads))
+
+
+def test_torch_compile_fullgraph_with_dropout_draws_a_mask_per_call():
+    def f(q, k, v):
+        return flashcore.flash_attn_func(q, k, v, dropout_p=0.5)
+
+    # v = 1: each output is the kept probabilities' sum / (1 - p), 1 on average, not 1 each.
+    q, k = randn(1, 256, 4, 64, seed=1), randn(1, 256, 4, 64, seed=2)
+    v = torch.ones_like(k)
+    torch._dynamo.reset()
+    compiled = torch.compile(f, fullgraph=True)
+    a, b = compiled(q, k, v), compiled(q, k, v)
+    assert not torch.equal(a, b), "each call, another mask"
+    assert (a.float() - 1).abs().max() > 0.05 and abs(a.float().mean().item() - 1) < 0.05
+    explanation = torch._dynamo.explain(f)(q, k, v)
+    assert explanation.graph_break_count == 0
+    # The probabilities are not an op output: refused by name (fullgraph: inside Dynamo's
+    # Unsupported, which carries the message; otherwise the call runs eagerly and has them).
+    with pytest.raises(Exception, match="return_attn_probs"):
+        torch.compile(lambda q: flashcore.flash_attn_func(q, q, q, dropout_p=0.5, return_attn_probs=True), fullgraph=True)(q)
