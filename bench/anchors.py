@@ -64,6 +64,11 @@ Conventions, matching flashcore:
   (nested tensors only, not an anchor); no SDPA backend has a softcap (refused);
   flashcore-py passes all of it to flash_attn_func / flash_attn_varlen_func. The output
   file is then anchors-<suite>[-win<L>_<R>][-cap<X>]-<system>.json.
+- Dropout (`--dropout P`, every backend; output file anchors-<suite>[...]-drop<P>-<system>.json):
+  SDPA's `dropout_p` (FA2's own dropout path under sdpa-flash, PyTorch's generator),
+  flashcore's `dropout_p`; every backend draws its masks inside the call, so CUDA-graph
+  replays time the real thing. A random mask has no reference: such rows check only that
+  the output is finite (rel_error none).
 - rel_error = ||out - ref||_2 / ||ref||_2 on the first input set, the reference computed in
   float64 on the GPU from the same (rounded) inputs, on a slice (<= 2 batches, <= 4 query
   heads, <= 512 query rows: the first and last 256) so huge shapes stay cheap; a packed
@@ -187,6 +192,7 @@ class Runner:
         self.softcap = c.get("softcap") or 0.0
         self.packed = c.get("packed")
         self.bottom_right = c["causal"] and c["seqlen_q"] != c["seqlen_k"]
+        self.dropout = c.get("dropout") or 0.0
         self.mask = None
         self.refuse = None
         self.kernel = self.system
@@ -231,6 +237,7 @@ class Runner:
 
             kw = dict(softmax_scale=self.scale, causal=c["causal"], window_size=self.window or (-1, -1), softcap=self.softcap)
             kw["deterministic"] = self.key == "flashcore-py-det"
+            kw["dropout_p"] = self.dropout
             if self.packed:
                 return flashcore.flash_attn_varlen_func(q, k, v, self.cu_q, self.cu_k, c["seqlen_q"], c["seqlen_k"], seqused_k=self.used, **kw)
             bshd = (t.transpose(1, 2) for t in (q, k, v))
@@ -238,22 +245,22 @@ class Runner:
         if self.key == "flash" and self.packed:
             extra = self._window_args() if self.window else {}
             return ops._flash_attention_forward(
-                q, k, v, self.cu_q, self.cu_k, c["seqlen_q"], c["seqlen_k"], 0.0, c["causal"], False, scale=self.scale, seqused_k=self.used, **extra
+                q, k, v, self.cu_q, self.cu_k, c["seqlen_q"], c["seqlen_k"], self.dropout, c["causal"], False, scale=self.scale, seqused_k=self.used, **extra
             )[0]
         if self.key == "flash" and self.window:
             bshd = [t.transpose(1, 2) for t in (q, k, v)]
-            o = ops._flash_attention_forward(*bshd, None, None, c["seqlen_q"], c["seqlen_k"], 0.0, c["causal"], False, scale=self.scale, **self._window_args())[0]
+            o = ops._flash_attention_forward(*bshd, None, None, c["seqlen_q"], c["seqlen_k"], self.dropout, c["causal"], False, scale=self.scale, **self._window_args())[0]
             return o.transpose(1, 2)
         if self.bottom_right and self.key == "flash" and self.mask is None:
-            return ops._scaled_dot_product_flash_attention(q, k, v, 0.0, is_causal=True, return_debug_mask=False, scale=self.scale)[0]
+            return ops._scaled_dot_product_flash_attention(q, k, v, self.dropout, is_causal=True, return_debug_mask=False, scale=self.scale)[0]
         if self.bottom_right and self.key == "efficient" and self.mask is None:
             if self.gqa:
                 raise RuntimeError("bottom-right causal through aten._efficient_attention_forward needs Hq == Hkv here")
             o = ops._efficient_attention_forward(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, None, None, None, None, 0.0, 2, False, scale=self.scale
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), None, None, None, None, None, self.dropout, 2, False, scale=self.scale
             )[0]
             return o.transpose(1, 2)
-        kw = {"scale": self.scale}
+        kw = {"scale": self.scale, "dropout_p": self.dropout}
         if self.gqa:
             kw["enable_gqa"] = True
         if self.mask is not None:
@@ -533,8 +540,13 @@ def bench_case(torch, key, case, args, l2_bytes):
             except Exception as e:  # noqa: BLE001 - recorded, not swallowed
                 status = "unsupported" if refusal(e) else "error"
                 return make_row(case, runner.kernel, status, exception_text(e, caught))
-        # 2. Correctness on the first input set.
-        rel = reference_rel_error(torch, case, *sets[0], o)
+        # 2. Correctness on the first input set (with dropout, finiteness alone: see the header).
+        dropout_note = None
+        if runner.dropout:
+            rel = 0.0 if bool(torch.isfinite(o).all()) else math.nan
+            dropout_note = f"dropout {runner.dropout:g}: a random mask, not compared with the reference (output finite)"
+        else:
+            rel = reference_rel_error(torch, case, *sets[0], o)
         del o
         # 3. Timing.
         with runner.ctx():
@@ -552,7 +564,7 @@ def bench_case(torch, key, case, args, l2_bytes):
             if timing == "eager":
                 samples, n = eager_samples, n_eager
         eager_sorted = sorted(eager_samples)
-        status, message = "ok", graph_note
+        status, message = "ok", "; ".join(m for m in (graph_note, dropout_note) if m) or None
         if not math.isfinite(rel) or rel > args.max_rel_error:
             status = "error"
             message = f"rel_error {rel:.3g} over {args.max_rel_error:g} against the float64 reference" + (f"; {graph_note}" if graph_note else "")
@@ -562,7 +574,7 @@ def bench_case(torch, key, case, args, l2_bytes):
             status,
             message,
             samples,
-            finite_or_none(rel),
+            None if runner.dropout else finite_or_none(rel),
             timing=timing,
             calls_per_sample=n,
             input_sets=n_sets,
@@ -708,6 +720,8 @@ def mods_tag(args):
         tag += "-win" + args.window.replace(",", "_")
     if args.softcap:
         tag += f"-cap{args.softcap:g}"
+    if getattr(args, "dropout", 0.0):
+        tag += f"-drop{args.dropout:g}"
     return tag
 
 
@@ -730,6 +744,8 @@ def load_suite(args):
         sys.exit(f"anchors.py: --suite {args.suite} but the suite JSON is {suite!r}")
     if args.filter:
         cases = [c for c in cases if args.filter in c["name"]]
+    if getattr(args, "dropout", 0.0):
+        cases = [dict(c, dropout=args.dropout) for c in cases]
     return suite, cases
 
 
@@ -749,6 +765,7 @@ def main(argv=None):
     ap.add_argument("--filter", help="only cases whose name contains this")
     ap.add_argument("--window", help="LEFT,RIGHT: `flashcore bench --window` on every case (with --suite)")
     ap.add_argument("--softcap", type=float, help="`flashcore bench --softcap` on every case (with --suite)")
+    ap.add_argument("--dropout", type=float, default=0.0, help="attention dropout P on every case and backend (see the header)")
     ap.add_argument("--self-test", action="store_true", help="test the pure functions (no GPU, no torch needed)")
     args = ap.parse_args(argv)
     if args.self_test:
