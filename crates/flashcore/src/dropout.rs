@@ -28,9 +28,10 @@ impl Dropout {
         Ok(())
     }
 
-    /// The word below which a score is dropped: `p · 2^32`.
+    /// The byte below which a score is dropped: `p · 256`, rounded (p quantised to 1/256, as
+    /// FlashAttention-2 quantises it), at most 255.
     pub fn threshold(&self) -> u32 {
-        (self.p as f64 * 4_294_967_296.0).round().min(u32::MAX as f64) as u32
+        (self.p as f64 * 256.0).round().min(255.0) as u32
     }
 
     /// The keepers' scale, `1 / (1 - p)`.
@@ -39,13 +40,16 @@ impl Dropout {
     }
 
     /// Whether score `(row, key)` of batch entry `batch` (a packed batch's sequence) and query
-    /// head `head` of `heads_q` is kept, rows and keys counted within the sequence.
+    /// head `head` of `heads_q` is kept, rows and keys counted within the sequence: its byte of
+    /// the Philox call of its 16-row x 32-key cell (`kernels/common/dropout.cuh`).
     pub fn keeps(&self, batch: usize, head: usize, heads_q: usize, row: usize, key: usize) -> bool {
         let key0 = self.seed as u32;
         let key1 = (self.seed >> 32) as u32 ^ (self.offset >> 32) as u32;
-        let counter = [(key / 2) as u32, (row & !8) as u32, (batch * heads_q + head) as u32, self.offset as u32];
-        let words = philox([key0, key1], counter);
-        words[2 * ((row >> 3) & 1) + (key & 1)] >= self.threshold()
+        let column_pair = (key >> 1) & 3;
+        let counter = [(((key >> 5) << 2) | column_pair) as u32, (row & !8) as u32, (batch * heads_q + head) as u32, self.offset as u32];
+        let word = philox([key0, key1], counter)[(key >> 3) & 3];
+        let byte = (word >> (8 * (2 * ((row >> 3) & 1) + (key & 1)))) & 0xff;
+        byte >= self.threshold()
     }
 }
 

@@ -309,14 +309,18 @@ __device__ __forceinline__ void scores_to_p_ds(Smem& sm, const BwdParams& p, con
     // ALiBi: the (query, key) distance of this lane's first score; the others' differ by constants.
     const float distance0 = kAlibi ? alibi.distance(m0 + r0 + g, n0 + c0 + 2 * t) : 0.f;
 #pragma unroll
-    for (int mi = 0; mi < kMT; ++mi)
+    for (int mi = 0; mi < kMT; ++mi) {
+        u32x4 cell{};  // dropout: the forward's words for this lane's share of a 16 x 32 cell
 #pragma unroll
         for (int nj = 0; nj < kNT; ++nj) {
-            // Dropout: the forward's words for this fragment (rows +0/+8, keys +0/+1).
-            u32x4 words{};
+            // Dropout: a cell's words at its first fragment (a warp's columns start a cell,
+            // or, 16 wide, cover half of one), this fragment's word of them.
             const dropout::Mask drop = kDropout ? dropout::Mask(p) : dropout::Mask{};
-            if constexpr (kDropout) words = drop.words(bh, m0 + r0 + 16 * mi + g, n0 + c0 + 8 * nj + 2 * t);
-            const u32 word[4] = {words.x, words.y, words.z, words.w};
+            if constexpr (kDropout) {
+                if (nj % 4 == 0) cell = drop.cell_words(bh, m0 + r0 + 16 * mi + g, n0 + c0 + 8 * nj + 2 * t);
+            }
+            const int fragment = GridS::kColsPerWarp % 32 == 0 ? nj % 4 : ((c0 >> 3) + nj) & 3;
+            const u32 word = kDropout ? dropout::Mask::fragment_word(cell, fragment) : 0u;
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
                 const int row = r0 + 16 * mi + g + 8 * half, col = c0 + 8 * nj + 2 * t;
@@ -331,7 +335,7 @@ __device__ __forceinline__ void scores_to_p_ds(Smem& sm, const BwdParams& p, con
                     pv[e] = seen ? math::ex2(biased * p.softmax_scale_log2 - lse_log2[mi][half]) : 0.f;
                     float dpv = dp[mi][nj][2 * half + e];
                     if constexpr (kDropout) {  // P ∘ Z / (1 - p) for dV, Z ∘ dP / (1 - p) for dS
-                        const float kept = drop.keep(word[2 * half + e]) ? drop.scale : 0.f;
+                        const float kept = drop.keep(word, 2 * half + e) ? drop.scale : 0.f;
                         dsv[e] = pv[e] * (dpv * kept - dsum[mi][half]);
                         pv[e] *= kept;
                     } else {
@@ -343,6 +347,7 @@ __device__ __forceinline__ void scores_to_p_ds(Smem& sm, const BwdParams& p, con
                 *reinterpret_cast<u32*>(&sm.ds[row][col]) = pack2<elem_t>(dsv[0], dsv[1]);
             }
         }
+    }
 }
 
 // dQ's columns a warp takes at once: its accumulators live beside dK's and dV's.

@@ -553,28 +553,33 @@ __device__ __forceinline__ void add_alibi(float (&s)[kMTiles][kNTiles][4], int k
 // (batch, head) `bh`: the dropped become 0; with p.dropout_probs, each stored there, negated
 // where dropped (see the header).
 __device__ __forceinline__ void apply_dropout(float (&s)[kMTiles][kNTiles][4], const FwdParams& p, int bh, int row0, int key0, int lane) {
+    static_assert(kNTiles % 4 == 0, "whole 32-key cells of the mask (common/dropout.cuh)");
     const dropout::Mask drop(p);
     elem_t* probs = static_cast<elem_t*>(p.dropout_probs);
 #pragma unroll
     for (int m = 0; m < kMTiles; ++m)
 #pragma unroll
-        for (int j = 0; j < kNTiles; ++j) {
-            const int row = row0 + 16 * m + lane / 4, key = key0 + 2 * (lane % 4) + 8 * j;
-            const u32x4 w = drop.words(bh, row, key);
-            const u32 word[4] = {w.x, w.y, w.z, w.w};
-            float signed_p[4];
+        for (int cell = 0; cell < kNTiles / 4; ++cell) {
+            const int row = row0 + 16 * m + lane / 4;
+            const u32x4 words = drop.cell_words(bh, row, key0 + 32 * cell + 2 * (lane % 4));
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const bool kept = drop.keep(word[e]);
-                signed_p[e] = kept ? s[m][j][e] : -s[m][j][e];
-                s[m][j][e] = kept ? s[m][j][e] : 0.f;
-            }
-            if (probs != nullptr && key < p.probs_cols) {
+            for (int t = 0; t < 4; ++t) {
+                const int j = 4 * cell + t, key = key0 + 2 * (lane % 4) + 8 * j;
+                const u32 word = dropout::Mask::fragment_word(words, t);
+                float signed_p[4];
 #pragma unroll
-                for (int r = 0; r < 2; ++r) {
-                    if (row + 8 * r >= p.probs_rows) continue;
-                    const i64 at = (static_cast<i64>(bh) * p.probs_rows + row + 8 * r) * p.probs_cols + key;
-                    *reinterpret_cast<u32*>(probs + at) = pack2<elem_t>(signed_p[2 * r], signed_p[2 * r + 1]);
+                for (int e = 0; e < 4; ++e) {
+                    const bool kept = drop.keep(word, e);
+                    signed_p[e] = kept ? s[m][j][e] : -s[m][j][e];
+                    s[m][j][e] = kept ? s[m][j][e] : 0.f;
+                }
+                if (probs != nullptr && key < p.probs_cols) {
+#pragma unroll
+                    for (int r = 0; r < 2; ++r) {
+                        if (row + 8 * r >= p.probs_rows) continue;
+                        const i64 at = (static_cast<i64>(bh) * p.probs_rows + row + 8 * r) * p.probs_cols + key;
+                        *reinterpret_cast<u32*>(probs + at) = pack2<elem_t>(signed_p[2 * r], signed_p[2 * r + 1]);
+                    }
                 }
             }
         }

@@ -40,7 +40,7 @@
 //     generator state (dropout_seed, dropout_offset), or, where dropout_state is set, the
 //     (seed, offset) pair it points to on the device, read by the kernel (so that a CUDA
 //     graph's replays draw the pair each replay writes there); the word below which a
-//     probability is dropped (dropout_threshold = p · 2^32) and the keepers' scale 1 / (1 - p).
+//     probability's byte is dropped (dropout_threshold = round(p · 256)) and the keepers' scale 1 / (1 - p).
 //   The reference kernels take the window, softcap and ALiBi at run time (no dropout). The
 //   pointer leads the group, so that the group starts 8-aligned in C as in its Rust mirror.
 #define FC_SCORE_MOD_FIELDS                  \

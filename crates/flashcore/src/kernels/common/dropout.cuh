@@ -5,13 +5,18 @@
 // launch order draws the same mask for the same call.
 //
 // The generator is Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2,
-// 3", SC 2011): key (seed's two words), counter (x: the key pair j / 2, y: the row i with bit
-// 3 cleared, z: batch · Hq + head, w: the call's offset), four 32-bit words a call, which are
-// the four scores an mma.sync m16n8 fragment holds: rows i and i + 8, keys j and j + 1 (i %
-// 16 < 8, j even). One call for four scores; the mask is a function of (seed, offset,
-// batch, head, row, key) alone, rows and keys counted within the sequence (a packed batch's
-// sequence b is batch b). Score (i, j) is kept when its word is at least p · 2^32
-// (`threshold`). The host twin (crate::dropout) draws the same words for the f64 oracle.
+// 3", SC 2011), one call for 16 scores, a byte each (as FlashAttention-2 draws them): the
+// scores one lane holds of a 16-row x 32-key cell of mma.sync m16n8 fragments, rows i and
+// i + 8 (i % 16 < 8) and keys j + 8t + {0, 1}, t = 0..3 (j the cell's first key plus twice
+// the lane's column pair). Key: the seed's two words (the offset's high word folded in);
+// counter: x the cell's key block j / 32 times 4 plus the column pair, y the row i, z batch ·
+// Hq + head, w the offset's low word. Word t holds n8 fragment t's four scores, byte 2h + e
+// the score at row i + 8h, key j + 8t + e. Score (i, j) is kept when its byte is at least
+// round(p · 256) (`threshold`; p is thus quantised to 1/256, as in FlashAttention-2). The mask
+// is a function of (seed, offset, batch, head, row, key) alone, rows and keys counted within
+// the sequence (a packed batch's sequence b is batch b); a tile narrower than a cell (16-key
+// warp columns) uses half a call's words. The host twin (crate::dropout) draws the same bytes
+// for the f64 oracle.
 #pragma once
 
 #include "common/types.cuh"
@@ -76,13 +81,17 @@ struct Mask {
     __device__ __forceinline__ Mask(const volatile State& s, u32 threshold_, float scale_)
         : key0(s.key0), key1(s.key1), offset(s.offset), threshold(threshold_), scale(scale_) {}
 
-    // The words of the fragment at rows (row0, row0 + 8), keys (key0, key0 + 1) of (batch,
-    // head) `bh` (row0 % 16 < 8, key0 even): x of (row0, key0), y (row0, key0 + 1), z
-    // (row0 + 8, key0), w (row0 + 8, key0 + 1), as an m16n8 fragment's four values.
-    __device__ __forceinline__ u32x4 words(int bh, int row0, int key_0) const {
-        return philox(key0, key1, u32x4{static_cast<u32>(key_0) >> 1, static_cast<u32>(row0), static_cast<u32>(bh), offset});
+    // The words of the cell holding rows (row0, row0 + 8) and key `key` (row0 % 16 < 8), for
+    // the lane whose column pair is (key / 2) % 4, of (batch, head) `bh`: word t for the
+    // n8 fragment t of the cell's 32 keys (see the header).
+    __device__ __forceinline__ u32x4 cell_words(int bh, int row0, int key) const {
+        const u32 x = ((static_cast<u32>(key) >> 5) << 2) | ((static_cast<u32>(key) >> 1) & 3u);
+        return philox(key0, key1, u32x4{x, static_cast<u32>(row0), static_cast<u32>(bh), offset});
     }
-    __device__ __forceinline__ bool keep(u32 word) const { return word >= threshold; }
+    // Fragment t's word (t in 0..3; constant where the caller's loop is unrolled).
+    __device__ __forceinline__ static u32 fragment_word(const u32x4& w, int t) { return t == 0 ? w.x : t == 1 ? w.y : t == 2 ? w.z : w.w; }
+    // Whether score e (2 · half + column) of a fragment's word is kept.
+    __device__ __forceinline__ bool keep(u32 word, int e) const { return ((word >> (8 * e)) & 0xffu) >= threshold; }
 };
 
 }  // namespace dropout
