@@ -73,7 +73,7 @@ tail -n 1 "$compile_cache/log"
 # docs/kernels/bwd_sm90.md and bwd_sm80.md list both dtypes' known spills): they must compile;
 # spills are allowed only where those notes list them (bwd_sm90 D64 with a window and a
 # softcap, 8 bytes in bf16, 24 with ALiBi too; bwd_sm80 D96/D128 with all three on sm_80, 8
-# bytes;
+# bytes, and with dropout besides 12 and 32;
 # bwd_sm80 D64 causal with a softcap on sm_90a, not compiled here).
 echo "== flashcore compile --mods (sliding window, softcap, ALiBi) with NVRTC 13.0"
 # (bwd_sm80's forms on sm_80 only: on Hopper it runs D32 alone; CI's time.)

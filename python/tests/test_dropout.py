@@ -2,8 +2,8 @@
 the float64 reference under the kernel's own mask (read back from the probabilities
 `return_attn_probs` gives, negated where dropped), the mask drops its fraction, is the same
 for the same generator state and new for the next call, the probabilities are
-exp(s·scale − running max) at 64-key blocks walked from the last, and head dims fwd_sm80 lacks
-run padded. Packed batches too, and CUDA graphs (each replay its own mask)."""
+exp(s·scale − running max) at the kernel's key blocks walked from the last, and head dims
+fwd_sm80 lacks run padded. Packed batches too, and CUDA graphs (each replay its own mask)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import flashcore
+from flashcore.compat.flash_attn.flash_attn_interface import _get_block_size_n
 from helpers import randn, rel_l2
 
 
@@ -54,12 +55,14 @@ def test_output_and_gradients_under_the_kernels_own_mask(p, d, causal):
     else:
         fraction = (~keep).float().mean().item()
     assert abs(fraction - p) < 0.01, fraction
-    # The probabilities are exp(s·scale − m), m the running max over the 64-key blocks from the last.
+    # The probabilities are exp(s·scale − m), m the running max over the kernel's key blocks
+    # from the last (their size: what flash_attn's _get_block_size_n answers).
+    block = _get_block_size_n("cuda", d, True, causal)
     s = torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double().repeat_interleave(2, dim=2)) * scale
     if causal:
         s = s.masked_fill(~visible, -math.inf)
-    block_max = torch.stack([blk.amax(-1) for blk in s.split(64, dim=-1)], dim=-1)
-    running = block_max.flip(-1).cummax(-1).values.flip(-1).repeat_interleave(64, dim=-1)[..., :sk]
+    block_max = torch.stack([blk.amax(-1) for blk in s.split(block, dim=-1)], dim=-1)
+    running = block_max.flip(-1).cummax(-1).values.flip(-1).repeat_interleave(block, dim=-1)[..., :sk]
     want = torch.exp(s - running).nan_to_num(0.0)
     got = probs[:, :, :sq, :sk].abs().double()
     assert (got - want).abs().max() < 1e-2

@@ -69,18 +69,17 @@ pub fn variant(arch: Arch, dtype: DType, head_dim: usize, causal: bool) -> Varia
 /// key blocks `x, x + splits, ...` and adds into its own slice. As many CTAs as fit in one
 /// wave (one CTA an SM: a second, partial wave would double the time), at most one per key
 /// block.
-/// `v` under the score policies `mods`, as the dispatcher runs it. With dropout and no causal
-/// mask the two-stage 128 x 128 tile (D33-D64 on sm_90) becomes 64 x 128: at 128 query rows a
-/// warp holds 32 x 64 scores and their dP (128 registers) beside its dK and dV, two query
-/// blocks in flight, and the Philox rounds on top spilled 44 bytes (NVRTC 13.5, sm_90a); 64
-/// rows spill none, and the backward ran 6.5% faster (H100, B4 S2k H16 D64 bf16, p = 0.1: 1.16
-/// against 1.24 ms). Causal, the 128-row tile spills 24 bytes (NVRTC 13.0; 192 with 13.5) and
-/// is still 2% faster (0.78 against 0.79 ms), so it stays. sm_80's one-stage 128 x 128 spills
-/// nothing with dropout and stays too (64 x 128 there spilled 20 bytes with every policy). At
-/// D96-D128 a 64 x 64 tile spilled nothing but ran 13-32% slower than 64 x 128 with its 24-48
-/// bytes of spills.
+/// `v` under the score policies `mods`, as the dispatcher runs it. With dropout, its tile,
+/// except with dropout, no causal mask and another score policy besides (a window, a softcap
+/// or ALiBi), where the two-stage 128 x 128 tile (D33-D64 on sm_90) becomes 64 x 128: with
+/// all three policies 128 rows spilled 24 bytes (NVRTC 13.0, sm_90a). With dropout alone,
+/// 128 x 128 spills nothing since the generator draws 16 scores a call, and ran 11% faster
+/// than 64 x 128 (H100, B2 S8k H32 D64 bf16, p = 0.1: 13.0 against 14.7 ms). sm_80's
+/// one-stage 128 x 128 stays (64 x 128 there spilled 20 bytes with every policy). At
+/// D96-D128 a 64 x 64 tile ran 13-32% slower than 64 x 128.
 pub fn with_mods(v: &Variant, mods: ScoreMods) -> Variant {
-    let narrow = mods.dropout && v.tile.block_m == 128 && v.tile.stages == 2 && v.causal == Some(false);
+    let with_policies = mods.local || mods.softcap || mods.alibi;
+    let narrow = mods.dropout && with_policies && v.tile.block_m == 128 && v.tile.stages == 2 && v.causal == Some(false);
     let tile = if narrow { Tile { block_m: 64, ..v.tile } } else { v.tile };
     Variant { mods, tile, smem_bytes: smem_bytes(tile, v.head_dim.unwrap_or(128)), ..v.clone() }
 }
@@ -112,15 +111,17 @@ mod tests {
     }
 
     #[test]
-    fn dropout_narrows_only_sm90s_two_stage_tile_without_a_causal_mask() {
+    fn dropout_with_other_policies_narrows_only_sm90s_two_stage_tile_without_a_causal_mask() {
         let dropout = ScoreMods { dropout: true, ..ScoreMods::default() };
-        let tile_of = |a: Arch, d: usize, causal: bool| with_mods(&variant(a, DType::BF16, d, causal), dropout).tile;
-        let narrow = tile_of(arch(9, 0), 64, false);
+        let all = ScoreMods { local: true, softcap: true, alibi: true, dropout: true };
+        let tile_of = |a: Arch, d: usize, causal: bool, mods| with_mods(&variant(a, DType::BF16, d, causal), mods).tile;
+        assert_eq!(tile_of(arch(9, 0), 64, false, dropout), tile(arch(9, 0), 64), "dropout alone keeps the tile");
+        let narrow = tile_of(arch(9, 0), 64, false, all);
         assert_eq!((narrow.block_m, narrow.block_n, narrow.stages), (64, 128, 2));
-        assert_eq!(tile_of(arch(9, 0), 64, true), tile(arch(9, 0), 64), "causal keeps its tile");
-        assert_eq!(tile_of(arch(8, 0), 64, false), tile(arch(8, 0), 64), "sm_80's one-stage tile stays");
-        assert_eq!(tile_of(arch(9, 0), 128, false), tile(arch(9, 0), 128), "D128 keeps its tile");
-        let v = with_mods(&variant(arch(9, 0), DType::BF16, 64, false), dropout);
+        assert_eq!(tile_of(arch(9, 0), 64, true, all), tile(arch(9, 0), 64), "causal keeps its tile");
+        assert_eq!(tile_of(arch(8, 0), 64, false, all), tile(arch(8, 0), 64), "sm_80's one-stage tile stays");
+        assert_eq!(tile_of(arch(9, 0), 128, false, all), tile(arch(9, 0), 128), "D128 keeps its tile");
+        let v = with_mods(&variant(arch(9, 0), DType::BF16, 64, false), all);
         assert_eq!(v.smem_bytes, smem_bytes(v.tile, 64), "shared memory follows the tile");
     }
 
