@@ -235,6 +235,33 @@ impl FwdInputs<'_> {
     }
 }
 
+impl<'a> BwdInputs<'a> {
+    /// The backward of a forward over `kv` (dense or a packed batch) that read `q`, `k`, `v`
+    /// and wrote `o` and `lse`, given `dout`; no ALiBi, no dropout state (see the `with_`
+    /// methods).
+    pub fn new(
+        q: TensorView<'a>,
+        k: TensorView<'a>,
+        v: TensorView<'a>,
+        o: TensorView<'a>,
+        lse: LseView<'a>,
+        dout: TensorView<'a>,
+        kv: KvLayout<'a>,
+    ) -> Self {
+        Self { q, k, v, o, lse, dout, kv, alibi_slopes: None, dropout_state: None }
+    }
+
+    /// These inputs with the forward's ALiBi `slopes`.
+    pub fn with_alibi(self, slopes: AlibiSlopes<'a>) -> Self {
+        Self { alibi_slopes: Some(slopes), ..self }
+    }
+
+    /// These inputs with the forward's dropout `state` on the device (see [`DropoutState`]).
+    pub fn with_dropout_state(self, state: DropoutState<'a>) -> Self {
+        Self { dropout_state: Some(state), ..self }
+    }
+}
+
 impl BwdInputs<'_> {
     /// The packed batch, if the call is over one.
     pub(crate) fn batch(&self) -> Option<&VarlenBatch<'_>> {

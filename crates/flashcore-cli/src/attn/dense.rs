@@ -67,17 +67,7 @@ fn gpu(
             // bwd_sm80), or the family named by `--kernel` if it is a backward one; a forward
             // family named concerns the forward only.
             let (o, lse) = (out.o.view(), LseView::of(&out.lse));
-            let inputs = BwdInputs {
-                q: qd.view(),
-                k: kd.view(),
-                v: vd.view(),
-                o,
-                lse,
-                dout: gd.view(),
-                kv: KvLayout::Dense,
-                alibi_slopes: None,
-                dropout_state: None,
-            };
+            let inputs = BwdInputs::new(qd.view(), kd.view(), vd.view(), o, lse, gd.view(), KvLayout::Dense);
             let g = ctx.attention_backward(&inputs, &params)?;
             Some([wide(&g.dq)?, wide(&g.dk)?, wide(&g.dv)?])
         }

@@ -105,17 +105,7 @@ fn gpu(
         Some(g) => {
             let gd = up(g)?;
             let (o, lse) = (out.o.view(), LseView::of(&out.lse));
-            let inputs = BwdInputs {
-                q: qd.view(),
-                k: kd.view(),
-                v: vd.view(),
-                o,
-                lse,
-                dout: gd.view(),
-                kv: KvLayout::Varlen(batch),
-                alibi_slopes: None,
-                dropout_state: None,
-            };
+            let inputs = BwdInputs::new(qd.view(), kd.view(), vd.view(), o, lse, gd.view(), KvLayout::Varlen(batch));
             let g = ctx.attention_backward(&inputs, &params)?;
             Some([wide(&g.dq)?, wide(&g.dk)?, wide(&g.dv)?])
         }
