@@ -8,7 +8,9 @@ use crate::error::{Error, Result};
 /// from): each probability `P_ij` is kept with probability `1 - p` and scaled by
 /// `1 / (1 - p)`, else zeroed. The mask is a function of `(seed, offset, batch, head, row,
 /// key)` alone, so the backward, given the same `seed` and `offset`, regenerates it; the
-/// caller advances `offset` (or changes `seed`) from one call to the next.
+/// caller advances `offset` (or changes `seed`) from one call to the next. The pair may live
+/// on the device instead ([`DropoutState`](crate::DropoutState), given with the inputs), where
+/// a CUDA graph's replays can rewrite it; `seed` and `offset` are then not read.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Dropout {
     /// The probability of dropping a score, in `(0, 1)`.
