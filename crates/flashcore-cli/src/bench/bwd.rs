@@ -95,17 +95,7 @@ pub fn bench_case(
             &fwd_params,
         )?;
         let (o, lse) = (o.view(), LseView::of(&lse));
-        let inputs = BwdInputs {
-            q: s.q.view(),
-            k: s.k.view(),
-            v: s.v.view(),
-            o,
-            lse,
-            dout: s.dout.view(),
-            kv: KvLayout::Dense,
-            alibi_slopes: None,
-            dropout_state: None,
-        };
+        let inputs = BwdInputs::new(s.q.view(), s.k.view(), s.v.view(), o, lse, s.dout.view(), KvLayout::Dense);
         ctx.attention_backward_into(&inputs, GradsMut { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut() }, &params)
     })?;
     let flops = case.flops();

@@ -242,17 +242,8 @@ pub fn check_one(ctx: &Context, spec: &BwdSpec) -> Result<Outcome> {
         let mut dk = DeviceTensor::filled(ctx, nan, case.kv_shape(), case.dtype)?;
         let mut dv = DeviceTensor::filled(ctx, nan, case.kv_shape(), case.dtype)?;
         let (o, lse) = (fwd.o.view(), LseView::of(&fwd.lse));
-        let inputs = BwdInputs {
-            q: q.view(),
-            k: k.view(),
-            v: v.view(),
-            o,
-            lse,
-            dout: dout.view(),
-            kv: KvLayout::Dense,
-            alibi_slopes,
-            dropout_state,
-        };
+        let dense = BwdInputs::new(q.view(), k.view(), v.view(), o, lse, dout.view(), KvLayout::Dense);
+        let inputs = BwdInputs { alibi_slopes, dropout_state, ..dense };
         ctx.attention_backward_into(&inputs, GradsMut { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut() }, &params)?;
         Ok([dq.to_bits(ctx)?, dk.to_bits(ctx)?, dv.to_bits(ctx)?])
     };

@@ -39,8 +39,8 @@
 //   Dropout (fwd_sm80 and bwd_sm80 built with FC_DROPOUT=1; common/dropout.cuh): the call's
 //     generator state (dropout_seed, dropout_offset), or, where dropout_state is set, the
 //     (seed, offset) pair it points to on the device, read by the kernel (so that a CUDA
-//     graph's replays draw the pair each replay writes there); the word below which a
-//     probability's byte is dropped (dropout_threshold = round(p · 256)) and the keepers' scale 1 / (1 - p).
+//     graph's replays draw the pair each replay writes there); the byte below which a
+//     probability is dropped (dropout_threshold = round(p · 256)); the keepers' scale 1 / (1 - p).
 //   The reference kernels take the window, softcap and ALiBi at run time (no dropout). The
 //   pointer leads the group, so that the group starts 8-aligned in C as in its Rust mirror.
 #define FC_SCORE_MOD_FIELDS                  \
