@@ -281,32 +281,27 @@ def _ring(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi
 # ---- packed batches: K/V all-gathered ---------------------------------------------------
 
 
-def _varlen_layout(ends: List[int], world: int, rank: int, causal: bool, device):
+def _varlen_layout(cu_seqlens: Tensor, world: int, rank: int, causal: bool, device):
     """Index maps between the rank-major gathered K/V and the sequence-major whole batch, the
-    whole batch's cu_seqlens and the keys each local sequence's queries use, from the local
-    cu_seqlens `ends` (read to the host once a call). The gather index is built with tensor
-    operations on the host and copied over once: a Python loop over the tokens cost
-    milliseconds a call at 100k tokens."""
-    local = torch.tensor(ends, dtype=torch.long)
-    starts, local_lens = local[:-1], local[1:] - local[:-1]
+    whole batch's cu_seqlens and the keys each local sequence's queries use."""
+    ends = cu_seqlens.tolist()  # one host copy of B + 1 integers
+    local_lens = [b - a for a, b in zip(ends[:-1], ends[1:])]
     total_local = ends[-1]
-    # Sequence-major, then rank: segment (s, r) is rows r·T + starts[s] ... + lens[s] of the gather.
-    seg_starts = (starts[:, None] + torch.arange(world)[None, :] * total_local).reshape(-1)
-    seg_lens = local_lens.repeat_interleave(world)
-    seg_offsets = torch.cumsum(seg_lens, 0) - seg_lens
-    within = torch.arange(world * total_local) - seg_offsets.repeat_interleave(seg_lens, output_size=world * total_local)
-    index = (seg_starts.repeat_interleave(seg_lens, output_size=world * total_local) + within).to(device, non_blocking=True)
-    whole = torch.tensor([0] + [world * e for e in ends[1:]], dtype=torch.int32).to(device, non_blocking=True)
-    lens = local_lens.tolist()
-    used = torch.tensor([(rank + 1) * n if causal else world * n for n in lens], dtype=torch.int32).to(device, non_blocking=True)
-    return index, whole, used, max(lens, default=0)
+    order = []
+    for s, n in enumerate(local_lens):
+        for r in range(world):
+            order.extend(range(r * total_local + ends[s], r * total_local + ends[s] + n))
+    index = torch.tensor(order, dtype=torch.long, device=device)
+    whole = torch.tensor([0] + [world * e for e in ends[1:]], dtype=torch.int32, device=device)
+    used = torch.tensor([(rank + 1) * n if causal else world * n for n in local_lens], dtype=torch.int32, device=device)
+    return index, whole, used, max(local_lens, default=0)
 
 
 class _GatheredVarlen(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens, ends, scale, causal, window, softcap, deterministic, group):
+    def forward(ctx, q, k, v, cu_seqlens, max_seqlen, scale, causal, window, softcap, deterministic, group):
         world, rank = _world(group)
-        index, whole, used, max_local = _varlen_layout(ends, world, rank, causal, q.device)
+        index, whole, used, max_local = _varlen_layout(cu_seqlens, world, rank, causal, q.device)
         gathered = [torch.empty((world * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device) for t in (k, v)]
         for buf, t in zip(gathered, (k, v)):
             dist.all_gather_into_tensor(buf, t.contiguous(), group=group)
@@ -351,15 +346,14 @@ def ring_flash_attn_varlen_func(
     _check_local(q, k, v, 3)
     if not isinstance(cu_seqlens, Tensor) or cu_seqlens.dtype != torch.int32 or cu_seqlens.dim() != 1 or cu_seqlens.device != q.device:
         raise ValueError("`cu_seqlens` must be a 1-D int32 tensor on q's device")
-    ends = cu_seqlens.tolist()  # the call's one host copy of the lengths (B + 1 integers)
-    _agree(group, [("q", _describe(q)), ("k", _describe(k)), ("v", _describe(v)), ("cu_seqlens", ends), ("causal", bool(causal)),
+    _agree(group, [("q", _describe(q)), ("k", _describe(k)), ("v", _describe(v)), ("cu_seqlens", cu_seqlens.tolist()), ("causal", bool(causal)),
                    ("softmax_scale", softmax_scale), ("softcap", softcap), ("window_size", tuple(window_size)), ("function", "ring_flash_attn_varlen_func")])
     if k.shape[0] != q.shape[0]:
         raise ValueError(f"`k`: q and k hold the same rows of every sequence; {q.shape[0]} (q) and {k.shape[0]} (k) rows differ")
     scale, window, cap = _options(dropout_p, softmax_scale, window_size, softcap, alibi_slopes, q, ring=False)
     if window != NO_WINDOW and not causal:
         raise NotImplementedError(f"`window_size` = {window_size} without `causal`: the packed layout runs windows on causal attention only")
-    out, lse = _GatheredVarlen.apply(q, k, v, cu_seqlens, ends, scale, bool(causal), window, cap, bool(deterministic), group)
+    out, lse = _GatheredVarlen.apply(q, k, v, cu_seqlens, max_seqlen, scale, bool(causal), window, cap, bool(deterministic), group)
     return (out, lse, None) if return_attn_probs else out
 
 
