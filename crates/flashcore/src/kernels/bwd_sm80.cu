@@ -37,8 +37,11 @@
 // (p.window_left/right, causal folded in); FC_SOFTCAP: logit softcapping (p.softcap,
 // p.softcap_scale; p.softmax_scale_log2 = log2 e); FC_ALIBI: ALiBi (p.alibi_slopes,
 // p.alibi_scale, p.alibi_batch_stride). See common/mask.cuh. FC_DROPOUT: the forward's
-// dropout mask regenerated (p.dropout_*; common/dropout.cuh): dV takes P ∘ Z / (1 - p), dS =
-// P ∘ (Z ∘ dP / (1 - p) − D_i), D_i = rowsum(dO ∘ O) of the dropped output as always.
+// dropout mask Z regenerated (p.dropout_*; common/dropout.cuh): dV = (P ∘ Z)ᵀ·dO / (1 - p)
+// and dS = P ∘ (Z ∘ dP / (1 - p) − D_i), D_i = rowsum(dO ∘ O) of the dropped output as
+// always. The 1 / (1 - p) leaves the scores for the outputs' scales: P ∘ Z goes to shared
+// memory, dS·(1 - p) = P ∘ (Z ∘ dP − D_i·(1 - p)), and dK, dV and dQ are scaled by 1 / (1 - p)
+// at the end (as FlashAttention-2 does), so that the mask costs two selects a score.
 // FC_VARLEN=1 (a packed batch, common/sequence.cuh): p.cu_seqlens_q/k (int32 [B + 1], device),
 // optional p.seqused_k, p.total_q/k; q, o, dout, dq [total_q, Hq, D], k, v, dk, dv [total_k,
 // Hkv, D], every *_stride_b 0; p.seqlen_q / p.seqlen_k the longest sequence's. The main
@@ -241,14 +244,15 @@ template <int kRows> __device__ __forceinline__ void copy_rows(u32 tile, const e
     }
 }
 
-// The j-th (query head, query block) step of a key block's walk: heads of the KV head's
-// group in turn, each over its query blocks from m_first.
+// A (query head, query block) step of a key block's walk: heads of the KV head's group in
+// turn, each over its query blocks [m_first, m_end). `next` steps on by addition (a division
+// of the step's index by the blocks a head took some 30 instructions a step).
 struct Step {
     int head, m0;
+    __device__ __forceinline__ Step next(int m_first, int m_end) const {
+        return m0 + kBlockM < m_end * kBlockM ? Step{head, m0 + kBlockM} : Step{head + 1, m_first * kBlockM};
+    }
 };
-__device__ __forceinline__ Step step_at(int j, int kv_head, int group, int m_first, int m_steps) {
-    return Step{kv_head * group + j / m_steps, (m_first + j % m_steps) * kBlockM};
-}
 
 // The mask of one sequence: its own lengths (a varlen batch entry's), the common ones when
 // dense, where this is Mask(p).
@@ -295,7 +299,7 @@ __device__ __forceinline__ void scores_to_p_ds(Smem& sm, const BwdParams& p, con
             const float lse = sm.lse[stage][row];
             const bool sees = m0 + row < seq.seqlen_q && lse != math::neg_inf();
             lse_log2[mi][half] = sees ? lse * kLog2e : math::inf();  // exp2(x - inf) = 0
-            dsum[mi][half] = sm.dsum[stage][row];
+            dsum[mi][half] = kDropout ? sm.dsum[stage][row] * math::rcp(p.dropout_scale) : sm.dsum[stage][row];  // dropout: D_i·(1 - p)
         }
 
     float sc[kMT][kNT][4], dp[kMT][kNT][4];
@@ -308,46 +312,61 @@ __device__ __forceinline__ void scores_to_p_ds(Smem& sm, const BwdParams& p, con
     const float inv_softcap = kSoftcap ? math::rcp(p.softcap) : 0.f;
     // ALiBi: the (query, key) distance of this lane's first score; the others' differ by constants.
     const float distance0 = kAlibi ? alibi.distance(m0 + r0 + g, n0 + c0 + 2 * t) : 0.f;
+    // The elementwise part, compiled twice: without the mask where none of the warp's scores
+    // is masked (most tiles), with it on the diagonal and the edges. One copy testing
+    // `!masked || visible` made the compiler test every score (two compares and a predicate
+    // op a score, and the scale reloaded under the predicate). With Step::next, D64 causal at
+    // 8k ran 7.05 -> 5.71 ms (H100). With a window, a softcap and ALiBi at once, one copy:
+    // two spilled 16 bytes at D64 on sm_80 (NVRTC 13.0).
+    constexpr bool kSplit = !(kLocal && kSoftcap && kAlibi);
+    auto p_and_ds = [&](auto masked_tag) {
+        constexpr bool kMasked = decltype(masked_tag)::value;
 #pragma unroll
-    for (int mi = 0; mi < kMT; ++mi) {
-        u32x4 cell{};  // dropout: the forward's words for this lane's share of a 16 x 32 cell
+        for (int mi = 0; mi < kMT; ++mi) {
+            u32x4 cell{};  // dropout: the forward's words for this lane's share of a 16 x 32 cell
 #pragma unroll
-        for (int nj = 0; nj < kNT; ++nj) {
-            // Dropout: a cell's words at its first fragment (a warp's columns start a cell,
-            // or, 16 wide, cover half of one), this fragment's word of them.
-            const dropout::Mask drop = kDropout ? dropout::Mask(p) : dropout::Mask{};
-            if constexpr (kDropout) {
-                if (nj % 4 == 0) cell = drop.cell_words(bh, m0 + r0 + 16 * mi + g, n0 + c0 + 8 * nj + 2 * t);
-            }
-            const int fragment = GridS::kColsPerWarp % 32 == 0 ? nj % 4 : ((c0 >> 3) + nj) & 3;
-            const u32 word = kDropout ? dropout::Mask::fragment_word(cell, fragment) : 0u;
-#pragma unroll
-            for (int half = 0; half < 2; ++half) {
-                const int row = r0 + 16 * mi + g + 8 * half, col = c0 + 8 * nj + 2 * t;
-                float pv[2], dsv[2];
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    const int key = n0 + col + e;
-                    const bool seen = !masked || (kLocal ? sequence_mask(seq, p).visible(m0 + row, key)
-                                                         : key < seq.seqlen_k && (!kCausal || key <= m0 + row + offset));
-                    const float s = sc[mi][nj][2 * half + e];
-                    const float biased = kAlibi ? s + alibi.at(distance0 + static_cast<float>(16 * mi + 8 * half - 8 * nj - e)) : s;
-                    pv[e] = seen ? math::ex2(biased * p.softmax_scale_log2 - lse_log2[mi][half]) : 0.f;
-                    float dpv = dp[mi][nj][2 * half + e];
-                    if constexpr (kDropout) {  // P ∘ Z / (1 - p) for dV, Z ∘ dP / (1 - p) for dS
-                        const float kept = drop.keep(word, 2 * half + e) ? drop.scale : 0.f;
-                        dsv[e] = pv[e] * (dpv * kept - dsum[mi][half]);
-                        pv[e] *= kept;
-                    } else {
-                        dsv[e] = pv[e] * (dpv - dsum[mi][half]);
-                    }
-                    if constexpr (kSoftcap) dsv[e] *= softcap_grad(s, inv_softcap);
+            for (int nj = 0; nj < kNT; ++nj) {
+                // Dropout: a cell's words at its first fragment (a warp's columns start a cell,
+                // or, 16 wide, cover half of one), this fragment's word of them.
+                const dropout::Mask drop = kDropout ? dropout::Mask(p) : dropout::Mask{};
+                if constexpr (kDropout) {
+                    if (nj % 4 == 0) cell = drop.cell_words(bh, m0 + r0 + 16 * mi + g, n0 + c0 + 8 * nj + 2 * t);
                 }
-                *reinterpret_cast<u32*>(&sm.p[row][col]) = pack2<elem_t>(pv[0], pv[1]);
-                *reinterpret_cast<u32*>(&sm.ds[row][col]) = pack2<elem_t>(dsv[0], dsv[1]);
+                const int fragment = GridS::kColsPerWarp % 32 == 0 ? nj % 4 : ((c0 >> 3) + nj) & 3;
+                const u32 word = kDropout ? dropout::Mask::fragment_word(cell, fragment) : 0u;
+#pragma unroll
+                for (int half = 0; half < 2; ++half) {
+                    const int row = r0 + 16 * mi + g + 8 * half, col = c0 + 8 * nj + 2 * t;
+                    float pv[2], dpv[2] = {dp[mi][nj][2 * half], dp[mi][nj][2 * half + 1]};
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int key = n0 + col + e;
+                        const float s = sc[mi][nj][2 * half + e];
+                        const float biased = kAlibi ? s + alibi.at(distance0 + static_cast<float>(16 * mi + 8 * half - 8 * nj - e)) : s;
+                        pv[e] = math::ex2(biased * p.softmax_scale_log2 - lse_log2[mi][half]);
+                        if constexpr (kMasked) {
+                            // (Unsplit, this copy runs unmasked tiles too.)
+                            const bool seen = (!kSplit && !masked) || (kLocal ? sequence_mask(seq, p).visible(m0 + row, key)
+                                                                              : key < seq.seqlen_k && (!kCausal || key <= m0 + row + offset));
+                            pv[e] = seen ? pv[e] : 0.f;
+                        }
+                    }
+                    float pz[2] = {pv[0], pv[1]};  // P ∘ Z for dV (P itself for dS)
+                    if constexpr (kDropout) drop.zero_dropped(word, half, pz, dpv);
+                    float dsv[2];
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        dsv[e] = pv[e] * (dpv[e] - dsum[mi][half]);
+                        if constexpr (kSoftcap) dsv[e] *= softcap_grad(sc[mi][nj][2 * half + e], inv_softcap);
+                    }
+                    *reinterpret_cast<u32*>(&sm.p[row][col]) = pack2<elem_t>(pz[0], pz[1]);
+                    *reinterpret_cast<u32*>(&sm.ds[row][col]) = pack2<elem_t>(dsv[0], dsv[1]);
+                }
             }
         }
-    }
+    };
+    if (masked || !kSplit) p_and_ds(Constant<bool, true>{});
+    else p_and_ds(Constant<bool, false>{});
 }
 
 // dQ's columns a warp takes at once: its accumulators live beside dK's and dV's.
@@ -477,7 +496,8 @@ extern "C" __global__ void __launch_bounds__(fc::bwd_sm80::kThreads, 1) fc_bwd_s
         const int m_steps = m_end - m_first, steps = group * m_steps;
         copy_rows<kBlockN>(smem_u32(&sm.k[0][0]), k + n0 * p.k_stride_s, p.k_stride_s, min(kBlockN, seq.seqlen_k - n0));
         copy_rows<kBlockN>(smem_u32(&sm.v[0][0]), v + n0 * p.v_stride_s, p.v_stride_s, min(kBlockN, seq.seqlen_k - n0));
-        if (steps > 0) load_step(sm, p, seq, batch, step_at(0, kv_head, group, m_first, m_steps), 0);
+        Step s = Step{kv_head * group, m_first * kBlockM};  // the step at j (below)
+        if (steps > 0) load_step(sm, p, seq, batch, s, 0);
         cp_async::commit();
 
         float dk[GridKV::kMT][GridKV::kNT][4], dv[GridKV::kMT][GridKV::kNT][4];
@@ -487,9 +507,9 @@ extern "C" __global__ void __launch_bounds__(fc::bwd_sm80::kThreads, 1) fc_bwd_s
 #pragma unroll 1
         for (int j = 0; j < steps; ++j) {
             const int stage = kStages > 1 ? j % kStages : 0;
-            const Step s = step_at(j, kv_head, group, m_first, m_steps);
+            const Step next = s.next(m_first, m_end);
             if (kStages > 1) {
-                if (j + 1 < steps) load_step(sm, p, seq, batch, step_at(j + 1, kv_head, group, m_first, m_steps), (j + 1) % kStages);
+                if (j + 1 < steps) load_step(sm, p, seq, batch, next, (j + 1) % kStages);
                 cp_async::commit();
                 cp_async::wait<1>();
             } else {
@@ -510,22 +530,25 @@ extern "C" __global__ void __launch_bounds__(fc::bwd_sm80::kThreads, 1) fc_bwd_s
             add_dq(sm, p, dq_accum, seq, s, lane, warp);
             __syncthreads();  // P, dS and this stage's tiles are free
             if (kStages == 1 && j + 1 < steps) {
-                load_step(sm, p, seq, batch, step_at(j + 1, kv_head, group, m_first, m_steps), 0);
+                load_step(sm, p, seq, batch, next, 0);
                 cp_async::commit();
             }
+            s = next;
         }
         cp_async::wait<0>();
         __syncthreads();  // K and V are free for the next key block (deterministic walk)
 
         elem_t* dk_out = static_cast<elem_t*>(p.dk) + batch * p.dk_stride_b + seq.k_start * p.dk_stride_s + kv_head * p.dk_stride_h;
         elem_t* dv_out = static_cast<elem_t*>(p.dv) + batch * p.dv_stride_b + seq.k_start * p.dv_stride_s + kv_head * p.dv_stride_h;
-        store_kv(dk, dk_out, p.dk_stride_s, n0, seq.seqlen_k, p.softmax_scale, lane, warp);
-        store_kv(dv, dv_out, p.dv_stride_s, n0, seq.seqlen_k, 1.f, lane, warp);
+        const float keep_scale = kDropout ? p.dropout_scale : 1.f;  // dropout's 1 / (1 - p), left to the end
+        store_kv(dk, dk_out, p.dk_stride_s, n0, seq.seqlen_k, p.softmax_scale * keep_scale, lane, warp);
+        store_kv(dv, dv_out, p.dv_stride_s, n0, seq.seqlen_k, keep_scale, lane, warp);
     }
     if (kVarlen && p.seqused_k != nullptr && blockIdx.x == 0) zero_unused_keys<kD, kThreads>(p, seq, batch, kv_head);
 }
 
-// dq = softmax_scale * (sum of dq_accum's p.dq_splits slices, in order), 4 elements a thread.
+// dq = softmax_scale * (sum of dq_accum's p.dq_splits slices, in order), 4 elements a thread
+// (with dropout, times 1 / (1 - p)).
 // Packed, over one batch of total_q rows (rows_q).
 extern "C" __global__ void __launch_bounds__(256) fc_bwd_sm80_dq(const BwdParams p) {
     using namespace fc;
@@ -548,7 +571,7 @@ extern "C" __global__ void __launch_bounds__(256) fc_bwd_sm80_dq(const BwdParams
     const i64 bs = row / p.heads_q;
     const int s = bs % rows, b = bs / rows;
     elem_t* dq = static_cast<elem_t*>(p.dq) + b * p.dq_stride_b + s * p.dq_stride_s + h * p.dq_stride_h + d;
-    const float c = p.softmax_scale;
+    const float c = bwd_sm80::kDropout ? p.softmax_scale * p.dropout_scale : p.softmax_scale;  // dropout: dS's 1 / (1 - p)
     struct alignas(8) U2 {
         u32 lo, hi;
     };

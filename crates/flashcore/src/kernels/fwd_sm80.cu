@@ -566,21 +566,18 @@ __device__ __forceinline__ void apply_dropout(float (&s)[kMTiles][kNTiles][4], c
             for (int t = 0; t < 4; ++t) {
                 const int j = 4 * cell + t, key = key0 + 2 * (lane % 4) + 8 * j;
                 const u32 word = dropout::Mask::fragment_word(words, t);
-                float signed_p[4];
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const bool kept = drop.keep(word, e);
-                    signed_p[e] = kept ? s[m][j][e] : -s[m][j][e];
-                    s[m][j][e] = kept ? s[m][j][e] : 0.f;
-                }
                 if (probs != nullptr && key < p.probs_cols) {
 #pragma unroll
                     for (int r = 0; r < 2; ++r) {
                         if (row + 8 * r >= p.probs_rows) continue;
+                        float signed_p[2];
+#pragma unroll
+                        for (int c = 0; c < 2; ++c) signed_p[c] = drop.keep(word, 2 * r + c) ? s[m][j][2 * r + c] : -s[m][j][2 * r + c];
                         const i64 at = (static_cast<i64>(bh) * p.probs_rows + row + 8 * r) * p.probs_cols + key;
-                        *reinterpret_cast<u32*>(probs + at) = pack2<elem_t>(signed_p[2 * r], signed_p[2 * r + 1]);
+                        *reinterpret_cast<u32*>(probs + at) = pack2<elem_t>(signed_p[0], signed_p[1]);
                     }
                 }
+                drop.zero_dropped(word, s[m][j]);
             }
         }
 }

@@ -149,7 +149,7 @@ pub fn paged_form(arch: Arch, v: &Variant, page_size: usize) -> Variant {
 }
 
 /// `v` under the score policies `mods`: with dropout, 4 warps and a tile the mask's generator
-/// (ten Philox rounds a 16-score cell, common/dropout.cuh) leaves registers for (NVRTC 13.0,
+/// (seven Philox rounds a 16-score cell, common/dropout.cuh) leaves registers for (NVRTC 13.0,
 /// sm_80 to sm_90a, spill-free): 64 x 64 (one m16 tile a warp), past D128 with one K/V slot
 /// (the short tile's, which fits every GPU's shared memory); at D65-D128 128 x 32 (two m16
 /// tiles a warp share each K/V fragment), 5% faster than 64 x 64 on the H100 (B2 S8k H16

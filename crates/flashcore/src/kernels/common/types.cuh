@@ -63,6 +63,12 @@ template <int... I> struct IntSeq {};
 template <int N, int... I> struct MakeIntSeq : MakeIntSeq<N - 1, N - 1, I...> {};
 template <int... I> struct MakeIntSeq<0, I...> { using type = IntSeq<I...>; };
 
+// A value as a type (std::integral_constant without the header): a generic lambda given one
+// is compiled once per value, so a runtime choice picks between two specialised copies.
+template <typename T, T V> struct Constant {
+    static constexpr T value = V;
+};
+
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
