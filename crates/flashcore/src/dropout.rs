@@ -92,6 +92,29 @@ mod tests {
         assert_eq!(ROUNDS, 7);
     }
 
+    /// f16's value of a bit pattern below the infinities (0x7c00).
+    fn f16_value(bits: u32) -> f64 {
+        let (exponent, mantissa) = ((bits >> 10) & 0x1f, (bits & 0x3ff) as f64);
+        if exponent == 0 {
+            mantissa * 2f64.powi(-24)
+        } else {
+            (1.0 + mantissa / 1024.0) * 2f64.powi(exponent as i32 - 15)
+        }
+    }
+
+    #[test]
+    fn bytes_compared_as_f16_order_as_the_integers() {
+        // bwd_sm80 on sm_90 tests a pair of bytes with one f16x2 compare (common/dropout.cuh,
+        // `zero_dropped`): each byte and the threshold, widened to 16 bits, read as f16.
+        for p in [1e-6f32, 0.1, 0.5, 0.9, 0.999_999] {
+            let threshold = Dropout { p, seed: 0, offset: 0 }.threshold();
+            assert!(threshold <= 255, "p = {p}: threshold {threshold} is a byte");
+            for byte in 0..=255u32 {
+                assert_eq!(f16_value(byte) >= f16_value(threshold), byte >= threshold, "byte {byte}, threshold {threshold}");
+            }
+        }
+    }
+
     #[test]
     fn the_mask_drops_its_fraction_and_changes_with_the_offset() {
         let d = Dropout { p: 0.17, seed: 0x1234_5678_9abc, offset: 4 };
