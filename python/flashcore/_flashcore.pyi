@@ -79,8 +79,10 @@ def attention_backward(
     Returns whether a dense batch ran on the slow exact reference kernels (where neither the
     Hopper nor the Ampere-class backward takes the problem); a packed one never does."""
 
-def plan(device: int, q_shape: Sequence[int], k_shape: Sequence[int], dtype_name: str, options: OptionsArg) -> str:
-    """The kernel variant, tile and grid FlashCore would run for this problem under `options`."""
+def plan(device: int, q_shape: Sequence[int], k_shape: Sequence[int], dtype_name: str, options: OptionsArg, dropout: float = 0.0, probs: bool = False) -> str:
+    """The kernel variant, tile and grid FlashCore would run for this problem under `options`
+    (with `dropout` p, its dropout forms; with `probs`, for a call writing dropout's
+    probabilities)."""
 
 def device_info(device: int) -> Dict[str, Optional[str]]:
     """`gpu` (name, arch, SMs), `nvrtc` (path), `nvrtc_version`, each None where there is

@@ -370,14 +370,24 @@ fn scratch_fn<'a>(scratch: &'a Py<PyAny>, error: &'a mut Option<PyErr>) -> impl 
 
 /// What would run for this problem on `device` under `options` ([`OptionsArg`]): the kernel
 /// variant, its tile and grid (the dispatcher's own description). A window or softcap selects
-/// other variants; `dropout` (p) the dropout forms.
+/// other variants; `dropout` (p) the dropout forms; `probs` a call that writes dropout's
+/// probabilities (`return_attn_probs`).
 #[pyfunction]
-#[pyo3(signature = (device, q_shape, k_shape, dtype_name, options, dropout=0.0))]
-fn plan(device: usize, q_shape: [usize; 4], k_shape: [usize; 4], dtype_name: &str, options: OptionsArg, dropout: f32) -> PyResult<String> {
+#[pyo3(signature = (device, q_shape, k_shape, dtype_name, options, dropout=0.0, probs=false))]
+fn plan(
+    device: usize,
+    q_shape: [usize; 4],
+    k_shape: [usize; 4],
+    dtype_name: &str,
+    options: OptionsArg,
+    dropout: f32,
+    probs: bool,
+) -> PyResult<String> {
     let [batch, seqlen_q, heads_q, head_dim] = q_shape;
     let [_, seqlen_k, heads_kv, _] = k_shape;
     let shape = ProblemShape { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim };
     let params = params_with(options, (dropout > 0.0).then_some((dropout, 0)));
+    let params = if probs { flashcore::dispatch::probs_params(&params).map_err(to_py)? } else { params };
     params.check_window_and_softcap().map_err(to_py)?;
     let ctx = context(device)?;
     let plan = ctx.plan(&shape, dtype(dtype_name, "q")?, &params).map_err(to_py)?;

@@ -1,9 +1,11 @@
-"""Attention dropout (fwd_sm80 and bwd_sm80 on every GPU): the output and the gradients equal
-the float64 reference under the kernel's own mask (read back from the probabilities
+"""Attention dropout (forward on fwd_sm90 on Hopper, else fwd_sm80; fwd_sm80 wherever the
+probabilities are asked for; backward on bwd_sm80): the output and the gradients equal the
+float64 reference under the kernel's own mask (read back from the probabilities
 `return_attn_probs` gives, negated where dropped), the mask drops its fraction, is the same
-for the same generator state and new for the next call, the probabilities are
-exp(s·scale − running max) at the kernel's key blocks walked from the last, and head dims
-fwd_sm80 lacks run padded. Packed batches too, and CUDA graphs (each replay its own mask)."""
+for the same generator state and new for the next call, whichever forward kernel draws it,
+the probabilities are exp(s·scale − running max) at the kernel's key blocks walked from the
+last, and head dims the Ampere-class kernels lack run padded. Packed batches too, and CUDA
+graphs (each replay its own mask)."""
 
 from __future__ import annotations
 
@@ -85,6 +87,25 @@ def test_the_mask_follows_the_generator():
     c = flashcore.flash_attn_func(q, q, q, dropout_p=0.3, return_attn_probs=True)[2]
     assert torch.equal(a, c), "the same seed and offset, the same mask"
     assert not torch.equal(a >= 0, b >= 0), "the next call, another mask"
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 80, 128, 256])
+def test_the_mask_is_the_same_whichever_forward_kernel_draws_it(d, causal):
+    # Asked for the probabilities, the forward runs fwd_sm80; without, the default kernel
+    # (fwd_sm90 on Hopper). Under one generator state both must drop the same scores: their
+    # outputs agree to rounding (another mask would move them by some 10%), and so do the
+    # gradients, which bwd_sm80 computes under the mask it draws again.
+    b, sq, sk, h = 2, 333, 517, 4
+    q, k, v = (randn(b, s, h, d, seed=i).requires_grad_() for i, s in enumerate([sq, sk, sk]))
+    g = randn(b, sq, h, d, seed=9)
+    torch.manual_seed(11)
+    with_probs = flashcore.flash_attn_func(q, k, v, dropout_p=0.2, causal=causal, return_attn_probs=True)[0]
+    torch.manual_seed(11)
+    default = flashcore.flash_attn_func(q, k, v, dropout_p=0.2, causal=causal)
+    assert torch.isfinite(default).all() and rel_l2(default, with_probs) < 1e-2
+    for x, y in zip(torch.autograd.grad(with_probs, (q, k, v), g), torch.autograd.grad(default, (q, k, v), g)):
+        assert torch.isfinite(y).all() and rel_l2(y, x) < 1e-2
 
 
 def test_a_packed_batch_under_its_own_mask():

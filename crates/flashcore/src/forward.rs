@@ -92,9 +92,10 @@ impl Context {
             }
             None => None,
         };
-        let plan = dispatch::plan_for(&device, &checked.shape, dtype, params, layout, checked.alibi.is_some())?;
+        let params = if probs.is_some() { dispatch::probs_params(params)? } else { *params };
+        let plan = dispatch::plan_for(&device, &checked.shape, dtype, &params, layout, checked.alibi.is_some())?;
         let kernel = self.load(&plan.variant)?;
-        let mut call = pack::forward(&plan, &checked, inputs, o, out.lse.map_or(0, |l| l.ptr), params);
+        let mut call = pack::forward(&plan, &checked, inputs, o, out.lse.map_or(0, |l| l.ptr), &params);
         if let Some((ptr, rows, cols)) = probs {
             (call.params.dropout_probs, call.params.probs_rows, call.params.probs_cols) = (ptr, rows as i32, cols as i32);
         }

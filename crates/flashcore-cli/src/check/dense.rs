@@ -139,7 +139,7 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<Spec> {
                 }
                 out.extend(decode_specs(family, d, causal, dtype, quick));
                 out.extend(mods_specs(d, causal, dtype, quick));
-                if family == KernelFamily::FwdSm80 {
+                if matches!(family, KernelFamily::FwdSm80 | KernelFamily::FwdSm90) {
                     out.extend(dropout_specs(d, causal, dtype, quick));
                 }
             }
@@ -201,7 +201,7 @@ fn mods_specs(d: usize, causal: bool, dtype: DType, quick: bool) -> Vec<Spec> {
     out
 }
 
-/// Dropout (fwd_sm80's form): p 0.17 on Sq < Sk with GQA, 0.5 with a window and ALiBi per
+/// Dropout (fwd_sm80's and fwd_sm90's forms): p 0.17 on Sq < Sk with GQA, 0.5 with a window and ALiBi per
 /// sequence on Sq > Sk, 0.1 in decode (no GQA packing under dropout).
 fn dropout_specs(d: usize, causal: bool, dtype: DType, quick: bool) -> Vec<Spec> {
     let drop = |p, offset| Some(flashcore::Dropout { p, seed: 0x5eed_d0d0 ^ d as u64, offset });

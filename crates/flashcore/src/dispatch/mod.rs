@@ -103,6 +103,19 @@ pub fn default_family(device: &Device, shape: &ProblemShape) -> KernelFamily {
     }
 }
 
+/// `params` for a call that writes dropout's probabilities: fwd_sm80 alone writes them (the
+/// layout `probs` describes; fwd_sm90 draws the same mask but keeps no scores), so the call
+/// runs there unless another family is forced, which is refused by name.
+pub fn probs_params(params: &AttnParams) -> Result<AttnParams> {
+    match params.kernel {
+        None => Ok(AttnParams { kernel: Some(KernelFamily::FwdSm80), ..*params }),
+        Some(KernelFamily::FwdSm80) => Ok(*params),
+        Some(family) => {
+            Err(Error::Unsupported { kernel: family.name().into(), msg: "writes no dropout probabilities: fwd_sm80 does".into() })
+        }
+    }
+}
+
 /// Picks the variant and launch plan for a validated dense problem without ALiBi.
 pub fn plan(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnParams) -> Result<Plan> {
     plan_for(device, shape, dtype, params, KeyLayout::Dense, false)
@@ -152,18 +165,25 @@ pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &At
     let paged = page_size.is_some();
     let arch = device.arch;
     let dropout = params.dropout.is_some();
+    // Dropout: fwd_sm90 where it runs (its accumulators hold the mask's cells as fwd_sm80's
+    // do: the same mask, bit for bit), else fwd_sm80; unsplit either way.
+    let dropout_family = || match KernelFamily::FwdSm90.runs_on(arch) && KernelFamily::FwdSm90.takes_head_dim(shape.head_dim) {
+        true => KernelFamily::FwdSm90,
+        false => KernelFamily::FwdSm80,
+    };
     let family = match params.kernel {
         Some(family) => family,
-        None if packed_queries || dropout => KernelFamily::FwdSm80,
+        None if packed_queries => KernelFamily::FwdSm80,
+        None if dropout => dropout_family(),
         None => default_family(device, shape),
     };
     if dropout {
-        // Dropout's mask has a form in fwd_sm80 alone, unsplit, over dense or packed keys.
+        // Dropout's mask has a form in fwd_sm80 (unsplit) and fwd_sm90, over dense or packed keys.
         if paged {
             return Err(Error::Param { arg: "dropout_p", msg: "a KV cache takes no dropout (as flash_attn's)".into() });
         }
-        if family != KernelFamily::FwdSm80 {
-            return Err(Error::Unsupported { kernel: family.name().into(), msg: "has no dropout form: fwd_sm80 has".into() });
+        if !matches!(family, KernelFamily::FwdSm80 | KernelFamily::FwdSm90) {
+            return Err(Error::Unsupported { kernel: family.name().into(), msg: "has no dropout form: fwd_sm80 and fwd_sm90 have".into() });
         }
         if params.num_splits.is_some_and(|n| n > 1) {
             return Err(Error::Param { arg: "num_splits", msg: "dropout runs unsplit: None or 1".into() });
@@ -527,15 +547,25 @@ mod tests {
     }
 
     #[test]
-    fn dropout_runs_fwd_sm80_unsplit_unpacked_on_every_gpu() {
+    fn dropout_runs_fwd_sm90_on_hopper_and_fwd_sm80_unsplit_unpacked_elsewhere() {
         let dropout = AttnParams { dropout: Some(crate::Dropout { p: 0.1, seed: 1, offset: 0 }), ..AttnParams::default() };
-        for shape in [decode(8, 4096), shape(128)] {
-            let p = plan(&h100(), &shape, DType::BF16, &dropout).unwrap();
-            assert_eq!((p.variant.family, p.splits, p.packed_gqa), (KernelFamily::FwdSm80, 1, false));
-            assert!(p.variant.mods.dropout && !p.variant.split_kv && p.variant.name().ends_with("_dropout"), "{}", p.variant.name());
+        for (device, family) in [(h100(), KernelFamily::FwdSm90), (on("sm_80"), KernelFamily::FwdSm80)] {
+            for shape in [decode(8, 4096), shape(128)] {
+                let p = plan(&device, &shape, DType::BF16, &dropout).unwrap();
+                assert_eq!((p.variant.family, p.splits, p.packed_gqa), (family, 1, false));
+                assert!(p.variant.mods.dropout && !p.variant.split_kv && p.variant.name().ends_with("_dropout"), "{}", p.variant.name());
+            }
         }
-        let forced = AttnParams { kernel: Some(KernelFamily::FwdSm90), ..dropout };
-        assert!(matches!(plan(&h100(), &shape(128), DType::BF16, &forced), Err(Error::Unsupported { .. })));
+        let forced = AttnParams { kernel: Some(KernelFamily::FwdSm80), ..dropout };
+        assert_eq!(plan(&h100(), &shape(128), DType::BF16, &forced).unwrap().variant.family, KernelFamily::FwdSm80);
+        let reference = AttnParams { kernel: Some(KernelFamily::Reference), ..dropout };
+        assert!(matches!(plan(&h100(), &shape(128), DType::BF16, &reference), Err(Error::Unsupported { .. })));
+        // A call writing the probabilities runs fwd_sm80 (the layout they have), forced or not.
+        assert_eq!(
+            plan(&h100(), &shape(128), DType::BF16, &probs_params(&dropout).unwrap()).unwrap().variant.family,
+            KernelFamily::FwdSm80
+        );
+        assert!(matches!(probs_params(&AttnParams { kernel: Some(KernelFamily::FwdSm90), ..dropout }), Err(Error::Unsupported { .. })));
         let split = AttnParams { num_splits: Some(3), ..dropout };
         assert!(matches!(plan(&h100(), &shape(128), DType::BF16, &split), Err(Error::Param { arg: "num_splits", .. })));
         let paged = KeyLayout::Paged { page_size: 16, packed_queries: false };

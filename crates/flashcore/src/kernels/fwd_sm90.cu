@@ -101,6 +101,7 @@
 //   (with FC_PAGED; the host's form when kBlockN / r > 3): the same contract; lane 0 of the
 //   producer warpgroup's other warps issues part of each block's boxes (kBoxIssuers).
 // ---------------------------------------------------------------------------------------
+#include "common/dropout.cuh"
 #include "common/mask.cuh"
 #include "common/paged.cuh"
 #include "common/params.cuh"
@@ -172,6 +173,8 @@ constexpr bool kVarlen = FC_VARLEN != 0;    // a packed batch (common/sequence.c
 constexpr bool kPaged = FC_PAGED != 0;      // keys from a paged (or contiguous) cache (common/paged.cuh)
 constexpr bool kSpread = FC_PAGE_SPREAD != 0;  // paged: a key block's page boxes from four threads (kBoxIssuers)
 constexpr bool kSkipMax = FC_SKIP_MAX != 0;
+constexpr bool kDropout = FC_DROPOUT != 0;  // attention dropout (common/dropout.cuh)
+static_assert(!(kDropout && kPaged), "dropout runs over dense or packed keys");
 static_assert(!(kVarlen && kPaged), "a packed batch over a paged cache is not a form");
 static_assert(!kSpread || kPaged, "FC_PAGE_SPREAD is a paged form");
 constexpr int kThreads = warpgroup::kThreads * (kConsumerWG + 1);
@@ -311,6 +314,40 @@ struct Tile {
     KeyBlocks blocks;
     AlibiBias alibi;  // FC_ALIBI only (unread otherwise, so never loaded)
 };
+
+// Dropout on the probabilities s of key block n (rows m0 + the fragment's, keys from
+// n·kBlockN): the dropped become 0, the kept keep P (O's normalisation scales them by
+// 1 / (1 - p): store_output). wgmma's accumulators lay rows and keys out as mma.sync's m16n8
+// fragments do (s[4j + 2h + c]: row g + 8h, key 8j + 2t + c), so the mask is the one
+// fwd_sm80 and bwd_sm80 draw (common/dropout.cuh's 16 x 32 cells), bit for bit. A key block
+// of other than a multiple of 32 keys (D256 causal's 80) starts some blocks inside a cell:
+// fragment j is fragment (phase + j) % 4 of its cell, phase the block's first key's, one
+// compiled form per phase.
+template <int kPhase, int R>
+__device__ __forceinline__ void apply_dropout_from(float (&s)[R], int m0, int n, const FwdParams& p, const Tile& t) {
+    const Fragment f = fragment();
+    const dropout::Mask drop(p);
+    const int bh = t.batch * p.heads_q + t.head;
+    u32x4 words{};
+#pragma unroll
+    for (int j = 0; j < R / 4; ++j) {
+        const int k = (kPhase + j) % 4;  // constant: the loop is unrolled
+        if (j == 0 || k == 0) words = drop.cell_words(bh, m0 + f.row, n * kBlockN + 8 * j + f.col);
+        float fragment_scores[4] = {s[4 * j], s[4 * j + 1], s[4 * j + 2], s[4 * j + 3]};
+        drop.zero_dropped(dropout::Mask::fragment_word(words, k), fragment_scores);
+        s[4 * j] = fragment_scores[0], s[4 * j + 1] = fragment_scores[1], s[4 * j + 2] = fragment_scores[2], s[4 * j + 3] = fragment_scores[3];
+    }
+}
+template <int R>
+__device__ __forceinline__ void apply_dropout(float (&s)[R], int m0, int n, const FwdParams& p, const Tile& t) {
+    static_assert(kBlockN % 8 == 0, "whole n8 fragments");
+    switch (kBlockN % 32 == 0 ? 0 : (n * kBlockN / 8) % 4) {
+        case 0: apply_dropout_from<0>(s, m0, n, p, t); break;
+        case 1: apply_dropout_from<1>(s, m0, n, p, t); break;
+        case 2: apply_dropout_from<2>(s, m0, n, p, t); break;
+        default: apply_dropout_from<3>(s, m0, n, p, t); break;
+    }
+}
 
 // The scores' transform and mask for key block n (softcapping first: it needs the raw scores;
 // then ALiBi's bias, in logit units, then the mask).
@@ -470,6 +507,7 @@ __device__ __forceinline__ void store_output(SharedStorage& smem, float (&o)[kHe
                                              const PipelineState<kStages>& last_v, const TmaDescriptor* tma_o) {
     float inv[2], lse[2];
     softmax.finish(inv, lse);
+    if constexpr (kDropout) inv[0] *= p.dropout_scale, inv[1] *= p.dropout_scale;  // the kept P's 1 / (1 - p)
     const int m0 = t.m0 + 64 * wg;
     if (kVarlen && m0 + 64 > t.seq.seqlen_q) {
         // A sequence's last rows: the TMA store's box would write over the next sequence's
@@ -794,6 +832,7 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
             ks.advance();
             finish_scores(s, m0, n, Mask::masked(t.blocks, n), p, t);
             softmax.update(s, scale_log2, rescale);
+            if constexpr (kDropout) apply_dropout(s, m0, n, p, t);
             sm90::to_operand(s, pk);
 
             for (--n; n >= n_begin; --n) {
@@ -818,6 +857,7 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
                 mbarrier::arrive(bar(smem.v_empty, vs.stage()));
                 vs.advance();
                 if (rescale_o) sm90::scale_rows(o, rescale);
+                if constexpr (kDropout) apply_dropout(s, m0, n, p, t);
                 sm90::to_operand(s, pk);
             }
             // Every Q·K^T of the tile is done: the producer may load the next tile's Q.
@@ -862,6 +902,7 @@ extern "C" __global__ void __launch_bounds__(kThreads, 1)
 fc_fwd_sm90(const __grid_constant__ FwdParams p, const __grid_constant__ TmaDescriptor tma_q,
             const __grid_constant__ TmaDescriptor tma_k, const __grid_constant__ TmaDescriptor tma_v,
             const __grid_constant__ TmaDescriptor tma_o, const __grid_constant__ TileSchedule schedule) {
+    if constexpr (kDropout) dropout::stage(p);  // (its own __syncthreads)
     if (threadIdx.x == 0) {
         tma::prefetch_descriptor(&tma_q);
         tma::prefetch_descriptor(&tma_k);

@@ -92,10 +92,14 @@ pub fn variant_for(dtype: DType, shape: &ProblemShape, causal: bool, sm_count: u
 /// `v` under the score policies `mods`: with a softcap and ALiBi both, D64 to D128 take the
 /// short tile: their default tiles hold too many scores a thread for the two transforms'
 /// temporaries (NVRTC 13.0 spills 32 bytes at D64's 192 x 128, 192 to 240 at D128's 128 x 192;
-/// the 128 x 128 tiles none).
+/// the 128 x 128 tiles none). With dropout, the three-warpgroup tile (D64's 192 x 128, 160
+/// registers a consumer) and the 192-key ones (D96-D128) take the short tile too: the mask's
+/// generator spilled 292-304 bytes on the first and 1,448 on the second's packed form (NVRTC
+/// 13.0), nothing on the others.
 pub fn with_mods(v: &Variant, mods: ScoreMods) -> Variant {
     let d = v.head_dim.unwrap_or(128);
-    let tile = if mods.softcap && mods.alibi && d <= 128 { tile(d, true) } else { v.tile };
+    let short = (mods.softcap && mods.alibi && d <= 128) || (mods.dropout && (v.tile.warps > 12 || v.tile.block_n > 128));
+    let tile = if short { tile(d, true) } else { v.tile };
     Variant { mods, tile, smem_bytes: smem_bytes(tile, d), ..v.clone() }
 }
 

@@ -225,8 +225,11 @@ pub fn mods_forms(v: &Variant) -> Vec<Variant> {
         }
         _ => &[],
     };
-    // Dropout's forms where it runs (fwd_sm80 unsplit, bwd_sm80): alone and with the others.
-    let drops = matches!(v.family, KernelFamily::FwdSm80 | KernelFamily::BwdSm80) && !v.split_kv && !v.paged && !forms.is_empty();
+    // Dropout's forms where it runs (fwd_sm80 unsplit, fwd_sm90, bwd_sm80): alone and with the others.
+    let drops = matches!(v.family, KernelFamily::FwdSm80 | KernelFamily::FwdSm90 | KernelFamily::BwdSm80)
+        && !v.split_kv
+        && !v.paged
+        && !forms.is_empty();
     let dropout_forms: &[(bool, bool, bool)] = if drops { &[(false, false, false), (true, true, true)] } else { &[] };
     let mut out: Vec<Variant> = Vec::new();
     let all = forms.iter().map(|&f| (f, false)).chain(dropout_forms.iter().map(|&f| (f, true)));
