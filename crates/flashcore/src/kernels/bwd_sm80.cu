@@ -232,15 +232,33 @@ template <int kMT, int kNT> __device__ __forceinline__ void zero(float (&acc)[kM
 }
 
 // Rows [0, valid) of a [kRows x kD] tile from global memory with cp.async, 16 bytes a copy;
-// the rest zero-filled (from row 0's address: nothing is read).
+// the rest zero-filled (from row 0's address: nothing is read). A thread copies the same
+// 16-byte column of every kThreads / kChunks-th row: its source steps by a precomputed
+// 64-bit stride, one 64-bit product a call (a product per row, recomputed every step, was
+// ~20 instructions a copy: 350 of a D256 step's 1,650).
 template <int kRows> __device__ __forceinline__ void copy_rows(u32 tile, const elem_t* g, i64 row_stride, int valid) {
     constexpr int kChunks = kD / 8, kTotal = kRows * kChunks;
+    constexpr int kRowsPerPass = kThreads / kChunks;
+    if constexpr (kThreads % kChunks != 0 || kTotal % kThreads != 0) {
+        // Passes that do not cover whole rows (D96 and D192: 12 and 24 copies a row).
 #pragma unroll
-    for (int i0 = 0; i0 < kTotal; i0 += kThreads) {
-        const int i = i0 + threadIdx.x;
-        if (kTotal % kThreads != 0 && i >= kTotal) break;
-        const int r = i / kChunks, c = i % kChunks;
-        cp_async::copy16(tile + at<kRowD>(r, 8 * c), g + (r < valid ? r * row_stride : 0) + 8 * c, r < valid);
+        for (int i0 = 0; i0 < kTotal; i0 += kThreads) {
+            const int i = i0 + threadIdx.x;
+            if (kTotal % kThreads != 0 && i >= kTotal) break;
+            const int r = i / kChunks, c = i % kChunks;
+            cp_async::copy16(tile + at<kRowD>(r, 8 * c), g + (r < valid ? r * row_stride : 0) + 8 * c, r < valid);
+        }
+    } else {
+        const int r0 = threadIdx.x / kChunks, c = threadIdx.x % kChunks;
+        const elem_t* src = g + r0 * row_stride + 8 * c;
+        const i64 pass_stride = kRowsPerPass * row_stride;
+        const u32 dst = tile + at<kRowD>(r0, 8 * c);
+#pragma unroll
+        for (int pass = 0; pass < kTotal / kThreads; ++pass) {
+            const int r = r0 + pass * kRowsPerPass;
+            cp_async::copy16(dst + at<kRowD>(pass * kRowsPerPass, 0), r < valid ? src : g, r < valid);
+            src += pass_stride;
+        }
     }
 }
 
