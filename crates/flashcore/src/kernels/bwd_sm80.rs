@@ -65,25 +65,28 @@ pub fn variant(arch: Arch, dtype: DType, head_dim: usize, causal: bool) -> Varia
     }
 }
 
-/// Slices of dQ's accumulator in deterministic mode: each CTA of a (KV head, batch) walks
-/// key blocks `x, x + splits, ...` and adds into its own slice. As many CTAs as fit in one
-/// wave (one CTA an SM: a second, partial wave would double the time), at most one per key
-/// block.
 /// `v` under the score policies `mods`, as the dispatcher runs it. With dropout, its tile,
 /// except with dropout, no causal mask and another score policy besides (a window, a softcap
-/// or ALiBi), where the two-stage 128 x 128 tile (D33-D64 on sm_90) becomes 64 x 128: with
-/// all three policies 128 rows spilled 24 bytes (NVRTC 13.0, sm_90a). With dropout alone,
-/// 128 x 128 spills nothing since the generator draws 16 scores a call, and ran 11% faster
-/// than 64 x 128 (H100, B2 S8k H32 D64 bf16, p = 0.1: 13.0 against 14.7 ms). sm_80's
+/// or ALiBi), or with dropout and all three under the causal mask too, where the two-stage
+/// 128 x 128 tile (D33-D64 on sm_90) becomes 64 x 128: with all three policies 128 rows
+/// spilled 24 bytes (NVRTC 13.0, sm_90a), and 32 causal once `copy_rows` stepped its
+/// sources. With dropout alone, 128 x 128 spills nothing since the generator draws 16
+/// scores a call, and ran 11% faster than 64 x 128 (H100, B2 S8k H32 D64 bf16, p = 0.1:
+/// 13.0 against 14.7 ms). sm_80's
 /// one-stage 128 x 128 stays (64 x 128 there spilled 20 bytes with every policy). At
 /// D96-D128 a 64 x 64 tile ran 13-32% slower than 64 x 128.
 pub fn with_mods(v: &Variant, mods: ScoreMods) -> Variant {
     let with_policies = mods.local || mods.softcap || mods.alibi;
-    let narrow = mods.dropout && with_policies && v.tile.block_m == 128 && v.tile.stages == 2 && v.causal == Some(false);
+    let every_policy = mods.local && mods.softcap && mods.alibi;
+    let narrow = mods.dropout && with_policies && (v.causal == Some(false) || every_policy) && v.tile.block_m == 128 && v.tile.stages == 2;
     let tile = if narrow { Tile { block_m: 64, ..v.tile } } else { v.tile };
     Variant { mods, tile, smem_bytes: smem_bytes(tile, v.head_dim.unwrap_or(128)), ..v.clone() }
 }
 
+/// Slices of dQ's accumulator in deterministic mode: each CTA of a (KV head, batch) walks
+/// key blocks `x, x + splits, ...` and adds into its own slice. As many CTAs as fit in one
+/// wave (one CTA an SM: a second, partial wave would double the time), at most one per key
+/// block.
 pub fn deterministic_splits(sm_count: usize, heads_kv: usize, batch: usize, key_blocks: usize) -> usize {
     (sm_count / (heads_kv * batch).max(1)).clamp(1, key_blocks.max(1))
 }
@@ -111,14 +114,16 @@ mod tests {
     }
 
     #[test]
-    fn dropout_with_other_policies_narrows_only_sm90s_two_stage_tile_without_a_causal_mask() {
+    fn dropout_with_other_policies_narrows_only_sm90s_two_stage_tile_without_a_causal_mask_or_with_every_policy() {
         let dropout = ScoreMods { dropout: true, ..ScoreMods::default() };
         let all = ScoreMods { local: true, softcap: true, alibi: true, dropout: true };
         let tile_of = |a: Arch, d: usize, causal: bool, mods| with_mods(&variant(a, DType::BF16, d, causal), mods).tile;
         assert_eq!(tile_of(arch(9, 0), 64, false, dropout), tile(arch(9, 0), 64), "dropout alone keeps the tile");
         let narrow = tile_of(arch(9, 0), 64, false, all);
         assert_eq!((narrow.block_m, narrow.block_n, narrow.stages), (64, 128, 2));
-        assert_eq!(tile_of(arch(9, 0), 64, true, all), tile(arch(9, 0), 64), "causal keeps its tile");
+        let window_only = ScoreMods { local: true, dropout: true, ..ScoreMods::default() };
+        assert_eq!(tile_of(arch(9, 0), 64, true, window_only), tile(arch(9, 0), 64), "causal keeps its tile");
+        assert_eq!(tile_of(arch(9, 0), 64, true, all).block_m, 64, "but not with every policy");
         assert_eq!(tile_of(arch(8, 0), 64, false, all), tile(arch(8, 0), 64), "sm_80's one-stage tile stays");
         assert_eq!(tile_of(arch(9, 0), 128, false, all), tile(arch(9, 0), 128), "D128 keeps its tile");
         let v = with_mods(&variant(arch(9, 0), DType::BF16, 64, false), all);
