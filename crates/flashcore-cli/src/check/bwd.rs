@@ -95,8 +95,8 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<BwdSpec> {
                     out.push(BwdSpec::new(family, false, case, Inputs::LargeLogits, Storage::Bshd));
                 }
                 out.extend(mods_specs(family, d, causal, dtype, quick, smoke));
-                if family == KernelFamily::BwdSm80 && !smoke {
-                    // Dropout (bwd_sm80's form): the forward's mask regenerated, deterministic or not.
+                if matches!(family, KernelFamily::BwdSm80 | KernelFamily::BwdSm90) && !smoke {
+                    // Dropout: the forward's mask regenerated, deterministic or not.
                     let drop = |p, offset| Some(flashcore::Dropout { p, seed: 0xd0d0 ^ d as u64, offset });
                     let case = Case::new(2, 113, 300, 4, 2, d, causal, dtype);
                     out.push(BwdSpec { dropout: drop(0.17, 0), ..BwdSpec::new(family, false, case, Inputs::Normal, Storage::Bshd) });

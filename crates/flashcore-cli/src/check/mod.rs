@@ -69,7 +69,7 @@ pub struct CheckArgs {
     /// Only the cases with ALiBi (slopes per head or per sequence).
     #[arg(long)]
     alibi: bool,
-    /// Only the cases with dropout (fwd_sm80's, fwd_sm90's and bwd_sm80's forms).
+    /// Only the cases with dropout (fwd_sm80's, fwd_sm90's, bwd_sm80's and bwd_sm90's forms).
     #[arg(long)]
     dropout: bool,
 }

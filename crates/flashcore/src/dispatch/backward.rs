@@ -100,7 +100,7 @@ pub(crate) fn backward_variant(
     alibi: bool,
 ) -> Result<Variant> {
     let (causal, window) = params.mask();
-    let variant = match backward_family(shape, params, arch, varlen)? {
+    let variant = match backward_family(shape, params, arch, varlen, alibi)? {
         KernelFamily::BwdSm80 => bwd_sm80::variant(arch, dtype, shape.head_dim, causal),
         KernelFamily::BwdSm90 => bwd_sm90::variant(dtype, shape.head_dim, causal),
         _ => return Ok(reference::variant(dtype)),
@@ -115,19 +115,36 @@ pub(crate) fn backward_variant(
 /// Which kernels run the backward of `shape` (see the module's documentation): bwd_sm90 on
 /// Hopper for its head dims, else bwd_sm80, a packed batch (`varlen`) too; a family named in
 /// `params.kernel` if it can.
-fn backward_family(shape: &ProblemShape, params: &AttnParams, arch: Arch, varlen: bool) -> Result<KernelFamily> {
+fn backward_family(shape: &ProblemShape, params: &AttnParams, arch: Arch, varlen: bool, alibi: bool) -> Result<KernelFamily> {
     let unsupported = |family: KernelFamily, msg: String| Err(Error::Unsupported { kernel: family.name().into(), msg });
     let takes = |family: KernelFamily| family.takes_head_dim(shape.head_dim);
     let native = |family: KernelFamily| family.head_dims().contains(&shape.head_dim);
     if params.dropout.is_some() {
-        // Dropout's mask has a form in the Ampere-class kernels alone (common/dropout.cuh).
+        // Dropout's mask has a form in both backward kernels (common/dropout.cuh). Unforced,
+        // bwd_sm90 on Hopper above D64 with no other score policy: its consumers' registers
+        // hold the mask's bits beside Sᵀ and dPᵀ there (D64's 128-query tile spilled 248-452
+        // bytes, a window, a softcap and ALiBi besides 96 at D96-D128; NVRTC 13.0); else
+        // bwd_sm80. The reference has none.
+        let policies = params.mask().1.is_some() || params.has_softcap() || alibi;
+        let hopper = KernelFamily::BwdSm90.runs_on(arch) && takes(KernelFamily::BwdSm90);
+        let unforced_sm90 = hopper && shape.head_dim > 64 && !policies;
         return match params.kernel {
+            None if unforced_sm90 => Ok(KernelFamily::BwdSm90),
+            Some(KernelFamily::BwdSm90) if hopper => Ok(KernelFamily::BwdSm90),
+            Some(KernelFamily::BwdSm90) => unsupported(
+                KernelFamily::BwdSm90,
+                format!(
+                    "runs on sm_90a at head dims {} (this GPU is {arch}, head dim {})",
+                    KernelFamily::BwdSm90.head_dims_text(),
+                    shape.head_dim
+                ),
+            ),
             None | Some(KernelFamily::BwdSm80) if takes(KernelFamily::BwdSm80) => Ok(KernelFamily::BwdSm80),
             None | Some(KernelFamily::BwdSm80) => unsupported(
                 KernelFamily::BwdSm80,
                 format!("runs dropout at head dims {} (head dim {})", KernelFamily::BwdSm80.head_dims_text(), shape.head_dim),
             ),
-            Some(family) => unsupported(family, "has no dropout form: bwd_sm80 has".into()),
+            Some(family) => unsupported(family, "has no dropout form: bwd_sm80 and bwd_sm90 have".into()),
         };
     }
     match params.kernel {
@@ -172,13 +189,13 @@ mod tests {
         for deterministic in [false, true] {
             let params = AttnParams { deterministic, ..AttnParams::default() };
             for d in [64, 96, 128, 192, 256] {
-                assert_eq!(backward_family(&shape(d), &params, HOPPER, false).unwrap(), KernelFamily::BwdSm90, "D{d}");
-                assert_eq!(backward_family(&shape(d), &params, AMPERE, false).unwrap(), KernelFamily::BwdSm80, "D{d} on sm_80");
+                assert_eq!(backward_family(&shape(d), &params, HOPPER, false, false).unwrap(), KernelFamily::BwdSm90, "D{d}");
+                assert_eq!(backward_family(&shape(d), &params, AMPERE, false, false).unwrap(), KernelFamily::BwdSm80, "D{d} on sm_80");
             }
-            assert_eq!(backward_family(&shape(32), &params, HOPPER, false).unwrap(), KernelFamily::BwdSm80, "D32");
+            assert_eq!(backward_family(&shape(32), &params, HOPPER, false, false).unwrap(), KernelFamily::BwdSm80, "D32");
             for d in [8, 40, 80, 104, 160, 224] {
-                assert_eq!(backward_family(&shape(d), &params, HOPPER, false).unwrap(), KernelFamily::BwdSm90, "D{d}");
-                let err = backward_family(&shape(d), &params, AMPERE, false).unwrap_err().to_string();
+                assert_eq!(backward_family(&shape(d), &params, HOPPER, false, false).unwrap(), KernelFamily::BwdSm90, "D{d}");
+                let err = backward_family(&shape(d), &params, AMPERE, false, false).unwrap_err().to_string();
                 assert!(err.contains("head dim") && err.contains("bwd_sm80"), "D{d} on sm_80: {err}");
             }
         }
@@ -187,15 +204,19 @@ mod tests {
     #[test]
     fn a_named_backward_family_is_honoured_or_refused() {
         let named = |family| AttnParams { kernel: Some(family), ..AttnParams::default() };
-        assert_eq!(backward_family(&shape(128), &named(KernelFamily::BwdSm80), HOPPER, false).unwrap(), KernelFamily::BwdSm80);
-        assert_eq!(backward_family(&shape(128), &named(KernelFamily::Reference), HOPPER, false).unwrap(), KernelFamily::Reference);
-        assert_eq!(backward_family(&shape(128), &named(KernelFamily::FwdSm80), HOPPER, false).unwrap(), KernelFamily::BwdSm90);
-        let refused = |d, arch| match backward_family(&shape(d), &named(KernelFamily::BwdSm90), arch, false) {
+        assert_eq!(backward_family(&shape(128), &named(KernelFamily::BwdSm80), HOPPER, false, false).unwrap(), KernelFamily::BwdSm80);
+        assert_eq!(backward_family(&shape(128), &named(KernelFamily::Reference), HOPPER, false, false).unwrap(), KernelFamily::Reference);
+        assert_eq!(backward_family(&shape(128), &named(KernelFamily::FwdSm80), HOPPER, false, false).unwrap(), KernelFamily::BwdSm90);
+        let refused = |d, arch| match backward_family(&shape(d), &named(KernelFamily::BwdSm90), arch, false, false) {
             Err(Error::Unsupported { kernel, msg }) => format!("{kernel}: {msg}"),
             other => panic!("expected Unsupported, got {other:?}"),
         };
         assert!(refused(36, HOPPER).contains("head dims"), "{}", refused(36, HOPPER));
-        assert_eq!(backward_family(&shape(32), &named(KernelFamily::BwdSm90), HOPPER, false).unwrap(), KernelFamily::BwdSm90, "D32 as D64");
+        assert_eq!(
+            backward_family(&shape(32), &named(KernelFamily::BwdSm90), HOPPER, false, false).unwrap(),
+            KernelFamily::BwdSm90,
+            "D32 as D64"
+        );
         assert!(refused(128, AMPERE).contains("sm_90a"), "{}", refused(128, AMPERE));
     }
 
@@ -228,7 +249,7 @@ mod tests {
             for d in [32, 64, 128, 256] {
                 let params = AttnParams { deterministic: d == 64, ..AttnParams::default() };
                 let want = if arch == HOPPER && d != 32 { KernelFamily::BwdSm90 } else { KernelFamily::BwdSm80 };
-                assert_eq!(backward_family(&shape(d), &params, arch, true).unwrap(), want, "D{d} on {arch}");
+                assert_eq!(backward_family(&shape(d), &params, arch, true, false).unwrap(), want, "D{d} on {arch}");
             }
             for family in [KernelFamily::BwdSm80, KernelFamily::BwdSm90].into_iter().filter(|f| f.runs_on(arch)) {
                 let named = AttnParams { kernel: Some(family), causal: true, softcap: 30.0, ..AttnParams::default() };
@@ -237,7 +258,7 @@ mod tests {
             }
         }
         let named = AttnParams { kernel: Some(KernelFamily::Reference), ..AttnParams::default() };
-        match backward_family(&shape(128), &named, HOPPER, true) {
+        match backward_family(&shape(128), &named, HOPPER, true, false) {
             Err(Error::Unsupported { kernel, msg }) => assert!(kernel == "reference" && msg.contains("packed"), "{kernel}: {msg}"),
             other => panic!("expected Unsupported, got {other:?}"),
         }

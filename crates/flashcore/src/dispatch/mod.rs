@@ -570,8 +570,21 @@ mod tests {
         assert!(matches!(plan(&h100(), &shape(128), DType::BF16, &split), Err(Error::Param { arg: "num_splits", .. })));
         let paged = KeyLayout::Paged { page_size: 16, packed_queries: false };
         assert!(matches!(plan_for(&h100(), &shape(128), DType::BF16, &dropout, paged, false), Err(Error::Param { arg: "dropout_p", .. })));
-        let b = crate::dispatch::plan_backward(&h100(), &shape(128), DType::BF16, &dropout, false, false).unwrap();
-        assert!(b.variant.family == KernelFamily::BwdSm80 && b.variant.mods.dropout, "{}", b.variant.name());
+        // The backward: bwd_sm90 on Hopper above D64 with dropout alone; bwd_sm80 at D64,
+        // with another score policy, and elsewhere.
+        let backward = |device: &Device, d: usize, params: &AttnParams, alibi: bool| {
+            let b = crate::dispatch::plan_backward(device, &shape(d), DType::BF16, params, false, alibi).unwrap();
+            assert!(b.variant.mods.dropout, "{}", b.variant.name());
+            b.variant.family
+        };
+        assert_eq!(backward(&h100(), 128, &dropout, false), KernelFamily::BwdSm90);
+        assert_eq!(backward(&h100(), 256, &dropout, false), KernelFamily::BwdSm90);
+        assert_eq!(backward(&h100(), 64, &dropout, false), KernelFamily::BwdSm80);
+        assert_eq!(backward(&h100(), 128, &dropout, true), KernelFamily::BwdSm80, "with ALiBi");
+        assert_eq!(backward(&h100(), 128, &AttnParams { softcap: 30.0, ..dropout }, false), KernelFamily::BwdSm80, "softcapped");
+        assert_eq!(backward(&on("sm_80"), 128, &dropout, false), KernelFamily::BwdSm80);
+        let forced = AttnParams { kernel: Some(KernelFamily::BwdSm90), ..dropout };
+        assert_eq!(backward(&h100(), 64, &forced, false), KernelFamily::BwdSm90, "forced");
     }
 
     #[test]

@@ -58,6 +58,7 @@
 // kBlockM) / kBlockM) blocks (Schedule::query_block).
 #include "common/bwd_params.cuh"
 #include "common/bwd_schedule.cuh"
+#include "common/dropout.cuh"
 #include "common/mask.cuh"
 #include "common/pipeline.cuh"
 #include "common/tile_sm90.cuh"
@@ -99,6 +100,7 @@ constexpr bool kLocal = FC_LOCAL != 0;      // sliding window (common/mask.cuh)
 constexpr bool kSoftcap = FC_SOFTCAP != 0;  // logit softcapping (common/mask.cuh)
 constexpr bool kAlibi = FC_ALIBI != 0;      // ALiBi (common/mask.cuh)
 constexpr bool kVarlen = FC_VARLEN != 0;    // a packed batch of sequences (common/sequence.cuh)
+constexpr bool kDropout = FC_DROPOUT != 0;  // attention dropout (common/dropout.cuh; dropout_gradients)
 constexpr int kConsumerWG = 2;
 // Wide heads (D256): a warpgroup's dK and dV over all columns would need 256 registers, so
 // both warpgroups hold the CTA's 64 keys and split the columns; each computes Sᵀ and dPᵀ for
@@ -297,6 +299,87 @@ __device__ __forceinline__ void score_gradients(const Probs& pf, const float (&d
     }
 }
 
+// Dropout's bytes for this lane's scores of the 16 queries [q0, q0 + 16) (q0 a multiple of
+// 16) and its keys key, key + 8 (key = k0 + f.row, k0 a multiple of 16), as the forward
+// drew them (common/dropout.cuh). The forward's lane holds query rows i, i + 8 and keys 8t +
+// 2c + {0, 1} of a 16 x 32 cell, one Philox call; this one holds Sᵀ's transpose, keys k, k + 8
+// and queries 8n + 2t' + {0, 1}: of a call's 16 bytes it needs 4 (word t = the key's 8-key
+// group in the cell, byte 2h + key parity, for query halves h = 0, 1), and for its 16
+// queries two calls (query rows of parity e = 0, 1). The lanes whose keys differ in parity
+// (lane ^ 4) need the same two calls' other bytes: each draws the call of its own key parity
+// and hands its partner that call's other 4 bytes, one shuffle. Returns, for query parity e,
+// word e: byte 2r + h for key row r, query half h.
+struct DropBytes {
+    u32 by_query_parity[2];
+};
+__device__ __forceinline__ DropBytes dropout_bytes(const dropout::Mask& drop, int bh, int key, int q0, int col) {
+    const u32 own = key & 1;
+    const u32x4 w = drop.cell_words(bh, q0 + col + static_cast<int>(own), key);
+    const bool upper = (key >> 4) & 1;  // keys 16-31 of the cell: words 2, 3
+    const u32 a = upper ? w.z : w.x, b = upper ? w.w : w.y;
+    const u32 mine = __byte_perm(a, b, own ? 0x7531u : 0x6420u), theirs = __byte_perm(a, b, own ? 0x6420u : 0x7531u);
+    const u32 other = __shfl_xor_sync(0xffffffffu, theirs, 4);
+    return own ? DropBytes{{other, mine}} : DropBytes{{mine, other}};
+}
+
+// Dropout's keep bits for this lane's kScoreN / 2 scores of Sᵀ (keys k0 + f.row + {0, 8},
+// queries [m0, m0 + kScoreN)): score 4c + i (query chunk c, i = 2r + e: key row r, query
+// parity e) is bit 8 (2r + c % 2) + 2 ((c / 2) % 4) + e of word c / 8. Drawn while dPᵀ is
+// still in the tensor cores, where the f32 Sᵀ and dPᵀ are what the registers hold; as bits,
+// so that little stays live into dSᵀ (the bytes themselves spilled D64 540 bytes).
+constexpr int kKeepWords = (kScoreN / 16 + 3) / 4;
+__device__ __forceinline__ void dropout_keep(u32 (&keep)[kKeepWords], const BwdParams& p, int bh, int k0, int m0) {
+    const Fragment f = fragment();
+    const dropout::Mask drop(p);
+    // A byte is kept at or above the threshold (0-256): compared four at a time, with 256
+    // (nothing kept) as 255 and a guard.
+    const u32 threshold = p.dropout_threshold, bytes4 = (threshold > 255u ? 255u : threshold) * 0x01010101u;
+#pragma unroll
+    for (int w = 0; w < kKeepWords; ++w) keep[w] = 0u;
+#pragma unroll
+    for (int qb = 0; qb < kScoreN / 16; ++qb) {
+        const DropBytes b = dropout_bytes(drop, bh, k0 + f.row, m0 + 16 * qb, f.col);
+        const u32 even = __vcmpgeu4(b.by_query_parity[0], bytes4) & 0x01010101u;
+        const u32 odd = __vcmpgeu4(b.by_query_parity[1], bytes4) & 0x01010101u;
+        keep[qb / 4] |= (even | odd << 1) << (2 * (qb % 4));
+    }
+#pragma unroll
+    for (int w = 0; w < kKeepWords; ++w) keep[w] = threshold > 255u ? 0u : keep[w];
+}
+__device__ __forceinline__ bool kept_at(const u32 (&keep)[kKeepWords], int c, int i) {
+    return (keep[c / 8] >> (8 * (2 * (i / 2) + c % 2) + 2 * ((c / 2) % 4) + i % 2)) & 1u;
+}
+
+// With dropout, dSᵀ = Pᵀ ∘ (dPᵀ ∘ Z − D_i·(1 − p)) and the kept Pᵀ ∘ Z for dV (Z the
+// forward's mask, `keep`; 1 / (1 − p) is left to dK's, dV's and dQ's final scales, as in
+// bwd_sm80): score_gradients with the mask, and `kept` (the f32 Pᵀ, which may be `pf`
+// itself, read first, or, softcapped, the packed pk) zeroed where dropped.
+__device__ __forceinline__ void zero_dropped(float (&kept)[kScoreN / 2], int c, int i, bool keep) {
+    kept[4 * c + i] = keep ? kept[4 * c + i] : 0.f;
+}
+__device__ __forceinline__ void zero_dropped(u32 (&kept)[kScoreN / 4], int c, int i, bool keep) {
+    kept[2 * c + i / 2] &= keep ? 0xffffffffu : (i % 2 ? 0x0000ffffu : 0xffff0000u);
+}
+template <class Probs, class Kept>
+__device__ __forceinline__ void dropout_gradients(const Probs& pf, const float (&dp)[kScoreN / 2], u32 (&dsk)[kScoreN / 4], const float* dsum,
+                                                  Kept& kept, const u32 (&keep)[kKeepWords], const BwdParams& p) {
+    const Fragment f = fragment();
+    const float keep_prob = math::rcp(p.dropout_scale);
+#pragma unroll
+    for (int c = 0; c < kScoreN / 8; ++c) {
+        const float2 d = *reinterpret_cast<const float2*>(dsum + 8 * c + f.col);
+        float ds[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const bool k = kept_at(keep, c, i);
+            ds[i] = score_at(pf, c, i) * ((k ? dp[4 * c + i] : 0.f) - (i % 2 ? d.y : d.x) * keep_prob);
+            zero_dropped(kept, c, i, k);
+        }
+        dsk[2 * c] = pack2<elem_t>(ds[0], ds[1]);
+        dsk[2 * c + 1] = pack2<elem_t>(ds[2], ds[3]);
+    }
+}
+
 // dQ of this warpgroup (64 x 64: its query rows or its head-dim columns of the block) =
 // dS·K over the block's keys, with dS read transposed from the dSᵀ tile.
 __device__ __forceinline__ void gemm_dq(float (&dq)[kDqCols / 2], const DsTile& ds, const KVTile& k, int wg) {
@@ -455,9 +538,16 @@ template <class Smem> __device__ __forceinline__ void consume(Smem& smem, const 
         u32 pk[kBlockM / 4], dsk[kBlockM / 4], pg[kSoftcap ? kBlockM / 4 : 1];
         const AlibiBias alibi = kAlibi ? alibi_of(p, batch, c.head, s.seqlen_q, s.seqlen_k) : AlibiBias{};
         probabilities(sc, pk, pg, smem.stats[stage][1], k0, m0, masked, Schedule::mask(p, s), alibi, p);
+        u32 keep[kKeepWords];  // dropout's bits (unused otherwise)
+        if constexpr (kDropout) dropout_keep(keep, p, batch * p.heads_q + c.head, k0, m0);
         wgmma::wait<0>();
         wgmma::fence_operands(dp);
-        if constexpr (kSoftcap) {
+        if constexpr (kDropout && kSoftcap) {
+            dropout_gradients(pg, dp, dsk, smem.stats[stage][0], pk, keep, p);
+        } else if constexpr (kDropout) {
+            dropout_gradients(sc, dp, dsk, smem.stats[stage][0], sc, keep, p);
+            sm90::to_operand(sc, pk);
+        } else if constexpr (kSoftcap) {
             score_gradients(pg, dp, dsk, smem.stats[stage][0]);
         } else {
             score_gradients(sc, dp, dsk, smem.stats[stage][0]);
@@ -488,9 +578,10 @@ template <class Smem> __device__ __forceinline__ void consume(Smem& smem, const 
         stage_dq(smem, handover, none, nullptr, 0, wg);  // the writer's stop mark
     }
     const int kv_head = blockIdx.y;
-    store_kv(dv, kv_rows(p.dv, p.dv_stride_b, p.dv_stride_s, p.dv_stride_h, s, batch, kv_head), p.dv_stride_s, k0, s.seqlen_k, 0, 1.f);
+    const float keep_scale = kDropout ? p.dropout_scale : 1.f;  // dropout's 1 / (1 - p), left to the end
+    store_kv(dv, kv_rows(p.dv, p.dv_stride_b, p.dv_stride_s, p.dv_stride_h, s, batch, kv_head), p.dv_stride_s, k0, s.seqlen_k, 0, keep_scale);
     store_kv(dk, kv_rows(p.dk, p.dk_stride_b, p.dk_stride_s, p.dk_stride_h, s, batch, kv_head), p.dk_stride_s, k0, s.seqlen_k, 0,
-             p.softmax_scale);
+             p.softmax_scale * keep_scale);
 }
 
 // Wide heads (D256): both consumer warpgroups hold the CTA's 64 keys, warpgroup wg columns
@@ -523,9 +614,16 @@ template <class Smem> __device__ __forceinline__ void consume_wide(Smem& smem, c
         u32 pk[kScoreN / 4], dsk[kScoreN / 4], pg[kSoftcap ? kScoreN / 4 : 1];
         const AlibiBias alibi = kAlibi ? alibi_of(p, batch, c.head, s.seqlen_q, s.seqlen_k) : AlibiBias{};
         probabilities(sc, pk, pg, smem.stats[stage][1] + q0, n0, m0 + q0, masked, Schedule::mask(p, s), alibi, p);
+        u32 keep[kKeepWords];  // dropout's bits (unused otherwise)
+        if constexpr (kDropout) dropout_keep(keep, p, batch * p.heads_q + c.head, n0, m0 + q0);
         wgmma::wait<0>();
         wgmma::fence_operands(dp);
-        if constexpr (kSoftcap) {
+        if constexpr (kDropout && kSoftcap) {
+            dropout_gradients(pg, dp, dsk, smem.stats[stage][0] + q0, pk, keep, p);
+        } else if constexpr (kDropout) {
+            dropout_gradients(sc, dp, dsk, smem.stats[stage][0] + q0, sc, keep, p);
+            sm90::to_operand(sc, pk);
+        } else if constexpr (kSoftcap) {
             score_gradients(pg, dp, dsk, smem.stats[stage][0] + q0);
         } else {
             score_gradients(sc, dp, dsk, smem.stats[stage][0] + q0);
@@ -555,9 +653,11 @@ template <class Smem> __device__ __forceinline__ void consume_wide(Smem& smem, c
         stage_dq(smem, handover, none, nullptr, 0, wg);  // the writer's stop mark
     }
     const int kv_head = blockIdx.y, col0 = kDkvCols * wg;
-    store_kv(dv, kv_rows(p.dv, p.dv_stride_b, p.dv_stride_s, p.dv_stride_h, s, batch, kv_head), p.dv_stride_s, n0, s.seqlen_k, col0, 1.f);
+    const float keep_scale = kDropout ? p.dropout_scale : 1.f;  // dropout's 1 / (1 - p), left to the end
+    store_kv(dv, kv_rows(p.dv, p.dv_stride_b, p.dv_stride_s, p.dv_stride_h, s, batch, kv_head), p.dv_stride_s, n0, s.seqlen_k, col0,
+             keep_scale);
     store_kv(dk, kv_rows(p.dk, p.dk_stride_b, p.dk_stride_s, p.dk_stride_h, s, batch, kv_head), p.dk_stride_s, n0, s.seqlen_k, col0,
-             p.softmax_scale);
+             p.softmax_scale * keep_scale);
 }
 
 // The consumer of this head dim's layout (a template, so that only it is instantiated).
@@ -699,6 +799,7 @@ fc_bwd_sm90(const __grid_constant__ BwdParams p, const __grid_constant__ TmaDesc
         tma::prefetch_descriptor(&tma_v);
         tma::prefetch_descriptor(&tma_do);
         init_barriers(shared_storage());
+        if constexpr (kDropout) dropout::staged_state() = dropout::state_of(p);  // (dropout::stage, on this sync)
     }
     __syncthreads();
     if (warpgroup::index() == 0) {
@@ -739,7 +840,7 @@ extern "C" __global__ void __launch_bounds__(256) fc_bwd_sm90_dq(const BwdParams
     const float4 v = reinterpret_cast<const float4*>(p.dq_accum)[Schedule::query_block(p, s, batch, head, m_block) * kDqVectors + vec];
     int row, col;
     dq_run_index(vec, row, col);
-    const float scale = p.softmax_scale;
+    const float scale = kDropout ? p.softmax_scale * p.dropout_scale : p.softmax_scale;  // dropout: dS's 1 / (1 - p)
     tile[row % 64][col % 16 / 4] = make_uint2(pack2<elem_t>(v.x * scale, v.y * scale), pack2<elem_t>(v.z * scale, v.w * scale));
     __syncthreads();
     if (threadIdx.x >= 128) return;

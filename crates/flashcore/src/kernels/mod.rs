@@ -212,8 +212,9 @@ pub struct Variant {
     pub spread_pages: bool,
 }
 
-/// `v`'s forms with a sliding window, a softcap, both, ALiBi, and all three (and, for the
-/// Ampere-class kernels' unsplit tiles, dropout alone and with all three), where the
+/// `v`'s forms with a sliding window, a softcap, both, ALiBi, and all three (and, but for
+/// fwd_sm80's split tiles and paged forms, dropout alone and with all three; bwd_sm90 above
+/// D64 dropout alone), where the
 /// dispatcher runs them: every tile of the forward and backward kernels; none for the
 /// reference (it takes them all at run time). (Any other combination compiles on demand
 /// like these; ALiBi alone and with both others bound its cost in registers.)
@@ -225,12 +226,18 @@ pub fn mods_forms(v: &Variant) -> Vec<Variant> {
         }
         _ => &[],
     };
-    // Dropout's forms where it runs (fwd_sm80 unsplit, fwd_sm90, bwd_sm80): alone and with the others.
-    let drops = matches!(v.family, KernelFamily::FwdSm80 | KernelFamily::FwdSm90 | KernelFamily::BwdSm80)
+    // Dropout's forms where it runs (fwd_sm80 unsplit, fwd_sm90, bwd_sm80, bwd_sm90): alone and with the others.
+    let drops = matches!(v.family, KernelFamily::FwdSm80 | KernelFamily::FwdSm90 | KernelFamily::BwdSm80 | KernelFamily::BwdSm90)
         && !v.split_kv
         && !v.paged
         && !forms.is_empty();
-    let dropout_forms: &[(bool, bool, bool)] = if drops { &[(false, false, false), (true, true, true)] } else { &[] };
+    // bwd_sm90 runs dropout alone above D64 (`dispatch::backward`: its other forms spill).
+    let dropout_forms: &[(bool, bool, bool)] = match v.family {
+        _ if !drops => &[],
+        KernelFamily::BwdSm90 if v.head_dim.is_some_and(|d| d > 64) => &[(false, false, false)],
+        KernelFamily::BwdSm90 => &[],
+        _ => &[(false, false, false), (true, true, true)],
+    };
     let mut out: Vec<Variant> = Vec::new();
     let all = forms.iter().map(|&f| (f, false)).chain(dropout_forms.iter().map(|&f| (f, true)));
     for ((local, softcap, alibi), dropout) in all {

@@ -1,4 +1,4 @@
-// Attention dropout (FC_DROPOUT; the Ampere-class kernels, fwd_sm80 and bwd_sm80): each
+// Attention dropout (FC_DROPOUT; fwd_sm80, fwd_sm90, bwd_sm80 and bwd_sm90): each
 // probability P_ij is kept with probability 1 - p and scaled by 1 / (1 - p), else zeroed,
 // the mask drawn from a counter-based generator, so that the backward regenerates exactly the
 // forward's mask from the same (seed, offset) without storing it, and any kernel, tile or
