@@ -171,8 +171,7 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[kMT][kNT][4], A a, B b, i
     const u32 b0 = b.tile + (B::kIsTrans ? rows_first<B::kRowLen>(lane) : cols_first<B::kRowLen>(lane));
     // Rolled: unrolled by 2 or 4 measured the same on H100 (±3%), and by 4 spilled D128 with
     // PyTorch's NVRTC 13.0.
-#pragma unroll 1
-    for (int kk = 0; kk < kKSteps; ++kk) {
+    auto k_step = [&](int kk) {
         u32 af[kMT][4];
 #pragma unroll
         for (int mi = 0; mi < kMT; ++mi)
@@ -187,7 +186,14 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[kMT][kNT][4], A a, B b, i
                 mma::m16n8k16<elem_t>(acc[mi][2 * pair + 1], af[mi], bf[2], bf[3]);
             }
         }
-    }
+    };
+    // The first step peeled up to D64: where the caller zeroed acc, its mma.sync take a zero
+    // accumulator and the zeroing goes: D64 2-3% faster (H100), D128 and D256 1% slower, so
+    // not there. (Nor with a window and a softcap: D64 spilled 8-12 bytes with NVRTC 13.0.)
+    constexpr int kPeeled = (kLocal && kSoftcap) || kD > 64 ? 0 : 1;
+    if constexpr (kPeeled == 1) k_step(0);
+#pragma unroll 1
+    for (int kk = kPeeled; kk < kKSteps; ++kk) k_step(kk);
 }
 
 // Two products of one shape in one k loop, acc1 += A1·B1 and acc2 += A2·B2: twice the
@@ -198,8 +204,7 @@ __device__ __forceinline__ void warp_gemm_pair(float (&acc1)[kMT][kNT][4], A a1,
     const u32 a_lane = A::kIsTrans ? cols_first<A::kRowLen>(lane) : rows_first<A::kRowLen>(lane);
     const u32 b_lane = B::kIsTrans ? rows_first<B::kRowLen>(lane) : cols_first<B::kRowLen>(lane);
     const u32 a1_0 = a1.tile + a_lane, a2_0 = a2.tile + a_lane, b1_0 = b1.tile + b_lane, b2_0 = b2.tile + b_lane;
-#pragma unroll 1
-    for (int kk = 0; kk < kKSteps; ++kk) {
+    auto k_step = [&](int kk) {
         u32 af1[kMT][4], af2[kMT][4];
 #pragma unroll
         for (int mi = 0; mi < kMT; ++mi) {
@@ -221,7 +226,11 @@ __device__ __forceinline__ void warp_gemm_pair(float (&acc1)[kMT][kNT][4], A a1,
                 mma::m16n8k16<elem_t>(acc2[mi][2 * pair + 1], af2[mi], bf2[2], bf2[3]);
             }
         }
-    }
+    };
+    constexpr int kPeeled = (kLocal && kSoftcap) || kD > 64 ? 0 : 1;  // as in warp_gemm
+    if constexpr (kPeeled == 1) k_step(0);
+#pragma unroll 1
+    for (int kk = kPeeled; kk < kKSteps; ++kk) k_step(kk);
 }
 
 template <int kMT, int kNT> __device__ __forceinline__ void zero(float (&acc)[kMT][kNT][4]) {
