@@ -38,6 +38,18 @@ __device__ __forceinline__ void red_add4(float* addr, const float (&v)[4]) {
 #endif
 }
 
+// red_add4 where `pred` holds: the reduction predicated in place, rather than branched
+// around (a branch, a convergence barrier and its sync each on sm_90).
+__device__ __forceinline__ void red_add4_if(bool pred, float* addr, const float (&v)[4]) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile(
+        "{\n\t.reg .pred p;\n\tsetp.ne.b32 p, %5, 0;\n\t@p red.relaxed.gpu.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n\t}" ::"l"(addr),
+        "f"(v[0]), "f"(v[1]), "f"(v[2]), "f"(v[3]), "r"(static_cast<int>(pred)));
+#else
+    if (pred) red_add4(addr, v);
+#endif
+}
+
 // *addr, with acquire semantics at GPU scope: what the releasing thread wrote before its
 // release (red_release_add) is visible after this load sees the released value.
 __device__ __forceinline__ u32 load_acquire(const u32* addr) {
