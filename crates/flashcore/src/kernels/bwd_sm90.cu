@@ -100,7 +100,7 @@ constexpr bool kLocal = FC_LOCAL != 0;      // sliding window (common/mask.cuh)
 constexpr bool kSoftcap = FC_SOFTCAP != 0;  // logit softcapping (common/mask.cuh)
 constexpr bool kAlibi = FC_ALIBI != 0;      // ALiBi (common/mask.cuh)
 constexpr bool kVarlen = FC_VARLEN != 0;    // a packed batch of sequences (common/sequence.cuh)
-constexpr bool kDropout = FC_DROPOUT != 0;  // attention dropout (common/dropout.cuh; dropout_gradients)
+constexpr bool kDropout = FC_DROPOUT != 0;  // attention dropout (common/dropout.cuh; dropout_keep, score_gradients)
 constexpr int kConsumerWG = 2;
 // Wide heads (D256): a warpgroup's dK and dV over all columns would need 256 registers, so
 // both warpgroups hold the CTA's 64 keys and split the columns; each computes Sᵀ and dPᵀ for
@@ -282,23 +282,6 @@ __device__ __forceinline__ float score_at(const u32 (&packed)[kScoreN / 4], int 
     return to_float(elem_t{static_cast<u16>(i % 2 ? x >> 16 : x & 0xffff)});
 }
 
-// dSᵀ = Pᵀ ∘ (dPᵀ − D_i), packed into the A operand of dK's product chunk by chunk, so that
-// the f32 values die as they are packed. Softcapped, from pg = Pᵀ ∘ softcap_grad (16-bit:
-// see probabilities) instead of the f32 Pᵀ.
-template <class Probs>
-__device__ __forceinline__ void score_gradients(const Probs& pf, const float (&dp)[kScoreN / 2], u32 (&dsk)[kScoreN / 4], const float* dsum) {
-    const Fragment f = fragment();
-#pragma unroll
-    for (int c = 0; c < kScoreN / 8; ++c) {
-        const float2 d = *reinterpret_cast<const float2*>(dsum + 8 * c + f.col);
-        float ds[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) ds[i] = score_at(pf, c, i) * (dp[4 * c + i] - (i % 2 ? d.y : d.x));
-        dsk[2 * c] = pack2<elem_t>(ds[0], ds[1]);
-        dsk[2 * c + 1] = pack2<elem_t>(ds[2], ds[3]);
-    }
-}
-
 // Dropout's bytes for this lane's scores of the 16 queries [q0, q0 + 16) (q0 a multiple of
 // 16) and its keys key, key + 8 (key = k0 + f.row, k0 a multiple of 16), as the forward
 // drew them (common/dropout.cuh). The forward's lane holds query rows i, i + 8 and keys 8t +
@@ -350,30 +333,47 @@ __device__ __forceinline__ bool kept_at(const u32 (&keep)[kKeepWords], int c, in
     return (keep[c / 8] >> (8 * (2 * (i / 2) + c % 2) + 2 * ((c / 2) % 4) + i % 2)) & 1u;
 }
 
-// With dropout, dSᵀ = Pᵀ ∘ (dPᵀ ∘ Z − D_i·(1 − p)) and the kept Pᵀ ∘ Z for dV (Z the
-// forward's mask, `keep`; 1 / (1 − p) is left to dK's, dV's and dQ's final scales, as in
-// bwd_sm80): score_gradients with the mask, and `kept` (the f32 Pᵀ, which may be `pf`
-// itself, read first, or, softcapped, the packed pk) zeroed where dropped.
+// The mask as score_gradients applies it: none (every score kept; D_i times 1), or, with
+// dropout, the call's keep bits Z (dropout_keep) and the Pᵀ for dV, `kept` (the f32 Pᵀ, or
+// softcapped the packed pk), zeroed where dropped; D_i times 1 − p, since 1 / (1 − p) is left
+// to dK's, dV's and dQ's final scales, as in bwd_sm80.
+struct NoDropout {
+    __device__ __forceinline__ bool kept(int, int) const { return true; }
+    __device__ __forceinline__ float keep_prob() const { return 1.f; }
+    __device__ __forceinline__ void drop(int, int, bool) const {}
+};
 __device__ __forceinline__ void zero_dropped(float (&kept)[kScoreN / 2], int c, int i, bool keep) {
     kept[4 * c + i] = keep ? kept[4 * c + i] : 0.f;
 }
 __device__ __forceinline__ void zero_dropped(u32 (&kept)[kScoreN / 4], int c, int i, bool keep) {
     kept[2 * c + i / 2] &= keep ? 0xffffffffu : (i % 2 ? 0x0000ffffu : 0xffff0000u);
 }
-template <class Probs, class Kept>
-__device__ __forceinline__ void dropout_gradients(const Probs& pf, const float (&dp)[kScoreN / 2], u32 (&dsk)[kScoreN / 4], const float* dsum,
-                                                  Kept& kept, const u32 (&keep)[kKeepWords], const BwdParams& p) {
+template <class Kept> struct Dropout {
+    const u32 (&keep)[kKeepWords];
+    Kept& kept_p;
+    float keep_probability;
+    __device__ __forceinline__ bool kept(int c, int i) const { return kept_at(keep, c, i); }
+    __device__ __forceinline__ float keep_prob() const { return keep_probability; }
+    __device__ __forceinline__ void drop(int c, int i, bool k) const { zero_dropped(kept_p, c, i, k); }
+};
+
+// dSᵀ = Pᵀ ∘ (dPᵀ ∘ Z − D_i·(1 − p)) (without dropout Pᵀ ∘ (dPᵀ − D_i)), packed into the A
+// operand of dK's product chunk by chunk, so that the f32 values die as they are packed.
+// Softcapped, from pg = Pᵀ ∘ softcap_grad (16-bit: see probabilities) instead of the f32 Pᵀ.
+// With dropout, `z` then zeroes the dropped Pᵀ (which may be `pf` itself: read first).
+template <class Probs, class DropoutMask = NoDropout>
+__device__ __forceinline__ void score_gradients(const Probs& pf, const float (&dp)[kScoreN / 2], u32 (&dsk)[kScoreN / 4], const float* dsum,
+                                                const DropoutMask& z = {}) {
     const Fragment f = fragment();
-    const float keep_prob = math::rcp(p.dropout_scale);
 #pragma unroll
     for (int c = 0; c < kScoreN / 8; ++c) {
         const float2 d = *reinterpret_cast<const float2*>(dsum + 8 * c + f.col);
         float ds[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
-            const bool k = kept_at(keep, c, i);
-            ds[i] = score_at(pf, c, i) * ((k ? dp[4 * c + i] : 0.f) - (i % 2 ? d.y : d.x) * keep_prob);
-            zero_dropped(kept, c, i, k);
+            const bool k = z.kept(c, i);
+            ds[i] = score_at(pf, c, i) * ((k ? dp[4 * c + i] : 0.f) - (i % 2 ? d.y : d.x) * z.keep_prob());
+            z.drop(c, i, k);
         }
         dsk[2 * c] = pack2<elem_t>(ds[0], ds[1]);
         dsk[2 * c + 1] = pack2<elem_t>(ds[2], ds[3]);
@@ -543,9 +543,9 @@ template <class Smem> __device__ __forceinline__ void consume(Smem& smem, const 
         wgmma::wait<0>();
         wgmma::fence_operands(dp);
         if constexpr (kDropout && kSoftcap) {
-            dropout_gradients(pg, dp, dsk, smem.stats[stage][0], pk, keep, p);
+            score_gradients(pg, dp, dsk, smem.stats[stage][0], Dropout<decltype(pk)>{keep, pk, math::rcp(p.dropout_scale)});
         } else if constexpr (kDropout) {
-            dropout_gradients(sc, dp, dsk, smem.stats[stage][0], sc, keep, p);
+            score_gradients(sc, dp, dsk, smem.stats[stage][0], Dropout<decltype(sc)>{keep, sc, math::rcp(p.dropout_scale)});
             sm90::to_operand(sc, pk);
         } else if constexpr (kSoftcap) {
             score_gradients(pg, dp, dsk, smem.stats[stage][0]);
@@ -619,9 +619,9 @@ template <class Smem> __device__ __forceinline__ void consume_wide(Smem& smem, c
         wgmma::wait<0>();
         wgmma::fence_operands(dp);
         if constexpr (kDropout && kSoftcap) {
-            dropout_gradients(pg, dp, dsk, smem.stats[stage][0] + q0, pk, keep, p);
+            score_gradients(pg, dp, dsk, smem.stats[stage][0] + q0, Dropout<decltype(pk)>{keep, pk, math::rcp(p.dropout_scale)});
         } else if constexpr (kDropout) {
-            dropout_gradients(sc, dp, dsk, smem.stats[stage][0] + q0, sc, keep, p);
+            score_gradients(sc, dp, dsk, smem.stats[stage][0] + q0, Dropout<decltype(sc)>{keep, sc, math::rcp(p.dropout_scale)});
             sm90::to_operand(sc, pk);
         } else if constexpr (kSoftcap) {
             score_gradients(pg, dp, dsk, smem.stats[stage][0] + q0);
