@@ -357,6 +357,15 @@ template <class Kept> struct Dropout {
     __device__ __forceinline__ void drop(int c, int i, bool k) const { zero_dropped(kept_p, c, i, k); }
 };
 
+// The call's mask for `kept` (the Pᵀ for dV).
+template <class Kept> __device__ __forceinline__ auto dropout_mask(const u32 (&keep)[kKeepWords], Kept& kept, const BwdParams& p) {
+    if constexpr (kDropout) {
+        return Dropout<Kept>{keep, kept, math::rcp(p.dropout_scale)};
+    } else {
+        return NoDropout{};
+    }
+}
+
 // dSᵀ = Pᵀ ∘ (dPᵀ ∘ Z − D_i·(1 − p)) (without dropout Pᵀ ∘ (dPᵀ − D_i)), packed into the A
 // operand of dK's product chunk by chunk, so that the f32 values die as they are packed.
 // Softcapped, from pg = Pᵀ ∘ softcap_grad (16-bit: see probabilities) instead of the f32 Pᵀ.
@@ -542,15 +551,10 @@ template <class Smem> __device__ __forceinline__ void consume(Smem& smem, const 
         if constexpr (kDropout) dropout_keep(keep, p, batch * p.heads_q + c.head, k0, m0);
         wgmma::wait<0>();
         wgmma::fence_operands(dp);
-        if constexpr (kDropout && kSoftcap) {
-            score_gradients(pg, dp, dsk, smem.stats[stage][0], Dropout<decltype(pk)>{keep, pk, math::rcp(p.dropout_scale)});
-        } else if constexpr (kDropout) {
-            score_gradients(sc, dp, dsk, smem.stats[stage][0], Dropout<decltype(sc)>{keep, sc, math::rcp(p.dropout_scale)});
-            sm90::to_operand(sc, pk);
-        } else if constexpr (kSoftcap) {
-            score_gradients(pg, dp, dsk, smem.stats[stage][0]);
+        if constexpr (kSoftcap) {
+            score_gradients(pg, dp, dsk, smem.stats[stage][0], dropout_mask(keep, pk, p));
         } else {
-            score_gradients(sc, dp, dsk, smem.stats[stage][0]);
+            score_gradients(sc, dp, dsk, smem.stats[stage][0], dropout_mask(keep, sc, p));
             sm90::to_operand(sc, pk);
         }
         sm90::gemm_pv(dv, pk, smem.dout[stage]);
@@ -618,15 +622,10 @@ template <class Smem> __device__ __forceinline__ void consume_wide(Smem& smem, c
         if constexpr (kDropout) dropout_keep(keep, p, batch * p.heads_q + c.head, n0, m0 + q0);
         wgmma::wait<0>();
         wgmma::fence_operands(dp);
-        if constexpr (kDropout && kSoftcap) {
-            score_gradients(pg, dp, dsk, smem.stats[stage][0] + q0, Dropout<decltype(pk)>{keep, pk, math::rcp(p.dropout_scale)});
-        } else if constexpr (kDropout) {
-            score_gradients(sc, dp, dsk, smem.stats[stage][0] + q0, Dropout<decltype(sc)>{keep, sc, math::rcp(p.dropout_scale)});
-            sm90::to_operand(sc, pk);
-        } else if constexpr (kSoftcap) {
-            score_gradients(pg, dp, dsk, smem.stats[stage][0] + q0);
+        if constexpr (kSoftcap) {
+            score_gradients(pg, dp, dsk, smem.stats[stage][0] + q0, dropout_mask(keep, pk, p));
         } else {
-            score_gradients(sc, dp, dsk, smem.stats[stage][0] + q0);
+            score_gradients(sc, dp, dsk, smem.stats[stage][0] + q0, dropout_mask(keep, sc, p));
             sm90::to_operand(sc, pk);
         }
         const DsTile &pt = smem.scores.pt[j % 2], &ds = smem.scores.ds[j % 2];
