@@ -168,15 +168,12 @@ pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &At
     // Dropout: fwd_sm90 where it runs (its accumulators hold the mask's cells as fwd_sm80's
     // do: the same mask, bit for bit) over dense batches, else fwd_sm80 (packed batches too:
     // fwd_sm90's packed dropout form is not yet checked on a GPU); unsplit either way.
-    let sm90 = KernelFamily::FwdSm90.runs_on(arch) && KernelFamily::FwdSm90.takes_head_dim(shape.head_dim) && !varlen;
-    let dropout_family = || match sm90 {
-        true => KernelFamily::FwdSm90,
-        false => KernelFamily::FwdSm80,
-    };
+    let dropout_on_sm90 = KernelFamily::FwdSm90.runs_on(arch) && KernelFamily::FwdSm90.takes_head_dim(shape.head_dim) && !varlen;
     let family = match params.kernel {
         Some(family) => family,
         None if packed_queries => KernelFamily::FwdSm80,
-        None if dropout => dropout_family(),
+        None if dropout && dropout_on_sm90 => KernelFamily::FwdSm90,
+        None if dropout => KernelFamily::FwdSm80,
         None => default_family(device, shape),
     };
     if dropout {
