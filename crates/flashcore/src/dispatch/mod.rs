@@ -571,8 +571,8 @@ mod tests {
         assert!(matches!(plan(&h100(), &shape(128), DType::BF16, &split), Err(Error::Param { arg: "num_splits", .. })));
         let paged = KeyLayout::Paged { page_size: 16, packed_queries: false };
         assert!(matches!(plan_for(&h100(), &shape(128), DType::BF16, &dropout, paged, false), Err(Error::Param { arg: "dropout_p", .. })));
-        // The backward: bwd_sm90 on Hopper above D64 with dropout alone; bwd_sm80 at D64,
-        // with another score policy, and elsewhere.
+        // The backward: bwd_sm90 on Hopper with dropout alone; bwd_sm80 with another score
+        // policy, and elsewhere.
         let backward = |device: &Device, d: usize, params: &AttnParams, alibi: bool| {
             let b = crate::dispatch::plan_backward(device, &shape(d), DType::BF16, params, false, alibi).unwrap();
             assert!(b.variant.mods.dropout, "{}", b.variant.name());
@@ -580,14 +580,17 @@ mod tests {
         };
         assert_eq!(backward(&h100(), 128, &dropout, false), KernelFamily::BwdSm90);
         assert_eq!(backward(&h100(), 256, &dropout, false), KernelFamily::BwdSm90);
-        assert_eq!(backward(&h100(), 64, &dropout, false), KernelFamily::BwdSm80);
+        assert_eq!(backward(&h100(), 64, &dropout, false), KernelFamily::BwdSm90);
+        assert_eq!(backward(&h100(), 32, &dropout, false), KernelFamily::BwdSm90);
+        let forced = AttnParams { kernel: Some(KernelFamily::BwdSm80), ..dropout };
+        assert_eq!(backward(&h100(), 64, &forced, false), KernelFamily::BwdSm80, "forced");
         assert_eq!(backward(&h100(), 128, &dropout, true), KernelFamily::BwdSm80, "with ALiBi");
         assert_eq!(backward(&h100(), 128, &AttnParams { softcap: 30.0, ..dropout }, false), KernelFamily::BwdSm80, "softcapped");
         assert_eq!(backward(&on("sm_80"), 128, &dropout, false), KernelFamily::BwdSm80);
         let packed = crate::dispatch::plan_backward(&h100(), &shape(128), DType::BF16, &dropout, true, false).unwrap();
         assert_eq!(packed.variant.family, KernelFamily::BwdSm80, "a packed batch");
         let forced = AttnParams { kernel: Some(KernelFamily::BwdSm90), ..dropout };
-        assert_eq!(backward(&h100(), 64, &forced, false), KernelFamily::BwdSm90, "forced");
+        assert_eq!(backward(&h100(), 128, &AttnParams { softcap: 30.0, ..forced }, false), KernelFamily::BwdSm90, "forced");
     }
 
     #[test]

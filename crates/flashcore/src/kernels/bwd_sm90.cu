@@ -307,9 +307,10 @@ __device__ __forceinline__ DropBytes dropout_bytes(const dropout::Mask& drop, in
 
 // Dropout's keep bits for this lane's kScoreN / 2 scores of Sᵀ (keys k0 + f.row + {0, 8},
 // queries [m0, m0 + kScoreN)): score 4c + i (query chunk c, i = 2r + e: key row r, query
-// parity e) is bit 8 (2r + c % 2) + 2 ((c / 2) % 4) + e of word c / 8. Drawn while dPᵀ is
-// still in the tensor cores, where the f32 Sᵀ and dPᵀ are what the registers hold; as bits,
-// so that little stays live into dSᵀ (the bytes themselves spilled D64 540 bytes).
+// parity e) is bit 8 (2r + c % 2) + 2 ((c / 2) % 4) + e of word c / 8. Drawn first in a
+// step, before its products: while the tensor cores hold Sᵀ and dPᵀ, D64's 128 queries left
+// the generator's temporaries no registers (it spilled 248-452 bytes drawing there; at D128 and
+// D256 either place measured the same). As bits, so that little stays live across the step.
 constexpr int kKeepWords = (kScoreN / 16 + 3) / 4;
 __device__ __forceinline__ void dropout_keep(u32 (&keep)[kKeepWords], const BwdParams& p, int bh, int k0, int m0) {
     const Fragment f = fragment();
@@ -334,42 +335,29 @@ __device__ __forceinline__ bool kept_at(const u32 (&keep)[kKeepWords], int c, in
 }
 
 // The mask as score_gradients applies it: none (every score kept; D_i times 1), or, with
-// dropout, the call's keep bits Z (dropout_keep) and the Pᵀ for dV, `kept` (the f32 Pᵀ, or
-// softcapped the packed pk), zeroed where dropped; D_i times 1 − p, since 1 / (1 − p) is left
-// to dK's, dV's and dQ's final scales, as in bwd_sm80.
+// dropout, the call's keep bits Z (dropout_keep) and the packed Pᵀ for dV, `pk`, zeroed where
+// dropped; D_i times 1 − p, since 1 / (1 − p) is left to dK's, dV's and dQ's final scales, as
+// in bwd_sm80.
 struct NoDropout {
     __device__ __forceinline__ bool kept(int, int) const { return true; }
     __device__ __forceinline__ float keep_prob() const { return 1.f; }
     __device__ __forceinline__ void drop(int, int, bool) const {}
 };
-__device__ __forceinline__ void zero_dropped(float (&kept)[kScoreN / 2], int c, int i, bool keep) {
-    kept[4 * c + i] = keep ? kept[4 * c + i] : 0.f;
-}
-__device__ __forceinline__ void zero_dropped(u32 (&kept)[kScoreN / 4], int c, int i, bool keep) {
-    kept[2 * c + i / 2] &= keep ? 0xffffffffu : (i % 2 ? 0x0000ffffu : 0xffff0000u);
-}
-template <class Kept> struct Dropout {
+struct Dropout {
     const u32 (&keep)[kKeepWords];
-    Kept& kept_p;
+    u32 (&pk)[kScoreN / 4];
     float keep_probability;
     __device__ __forceinline__ bool kept(int c, int i) const { return kept_at(keep, c, i); }
     __device__ __forceinline__ float keep_prob() const { return keep_probability; }
-    __device__ __forceinline__ void drop(int c, int i, bool k) const { zero_dropped(kept_p, c, i, k); }
-};
-
-// The call's mask for `kept` (the Pᵀ for dV).
-template <class Kept> __device__ __forceinline__ auto dropout_mask(const u32 (&keep)[kKeepWords], Kept& kept, const BwdParams& p) {
-    if constexpr (kDropout) {
-        return Dropout<Kept>{keep, kept, math::rcp(p.dropout_scale)};
-    } else {
-        return NoDropout{};
+    __device__ __forceinline__ void drop(int c, int i, bool k) const {
+        pk[2 * c + i / 2] &= k ? 0xffffffffu : (i % 2 ? 0x0000ffffu : 0xffff0000u);
     }
-}
+};
 
 // dSᵀ = Pᵀ ∘ (dPᵀ ∘ Z − D_i·(1 − p)) (without dropout Pᵀ ∘ (dPᵀ − D_i)), packed into the A
 // operand of dK's product chunk by chunk, so that the f32 values die as they are packed.
 // Softcapped, from pg = Pᵀ ∘ softcap_grad (16-bit: see probabilities) instead of the f32 Pᵀ.
-// With dropout, `z` then zeroes the dropped Pᵀ (which may be `pf` itself: read first).
+// With dropout, `z` then zeroes the dropped scores of the packed Pᵀ.
 template <class Probs, class DropoutMask = NoDropout>
 __device__ __forceinline__ void score_gradients(const Probs& pf, const float (&dp)[kScoreN / 2], u32 (&dsk)[kScoreN / 4], const float* dsum,
                                                 const DropoutMask& z = {}) {
@@ -386,6 +374,30 @@ __device__ __forceinline__ void score_gradients(const Probs& pf, const float (&d
         }
         dsk[2 * c] = pack2<elem_t>(ds[0], ds[1]);
         dsk[2 * c + 1] = pack2<elem_t>(ds[2], ds[3]);
+    }
+}
+
+// The step's two A operands from registers: dSᵀ into `dsk` (score_gradients) and the Pᵀ for
+// dV into `pk` (probabilities packed it already when softcapped). Without dropout dSᵀ comes
+// first and then Pᵀ is packed from the f32 tile, which dies as it goes; with dropout Pᵀ is
+// packed first and the mask zeroes the dropped scores there: zeroed in f32, the masked and
+// the unmasked tile were live at once (D64's 128 queries spilled 208-452 bytes).
+__device__ __forceinline__ const auto& gradient_probs(const float (&sc)[kScoreN / 2], const u32 (&pg)[kSoftcap ? kScoreN / 4 : 1]) {
+    if constexpr (kSoftcap) {
+        return pg;  // Pᵀ ∘ softcap_grad (probabilities)
+    } else {
+        return sc;
+    }
+}
+__device__ __forceinline__ void gradient_operands(float (&sc)[kScoreN / 2], u32 (&pk)[kScoreN / 4], const u32 (&pg)[kSoftcap ? kScoreN / 4 : 1],
+                                                  const float (&dp)[kScoreN / 2], u32 (&dsk)[kScoreN / 4], const float* dsum,
+                                                  const u32 (&keep)[kKeepWords], const BwdParams& p) {
+    if constexpr (kDropout) {
+        if constexpr (!kSoftcap) sm90::to_operand(sc, pk);
+        score_gradients(gradient_probs(sc, pg), dp, dsk, dsum, Dropout{keep, pk, math::rcp(p.dropout_scale)});
+    } else {
+        score_gradients(gradient_probs(sc, pg), dp, dsk, dsum);
+        if constexpr (!kSoftcap) sm90::to_operand(sc, pk);
     }
 }
 
@@ -536,6 +548,8 @@ template <class Smem> __device__ __forceinline__ void consume(Smem& smem, const 
     Cursor c = Schedule::walk_start(p, s, w);
     for (int j = 0; j < w.steps; ++j, c.advance(p, w)) {
         const int stage = st.stage(), m0 = c.m_block * kBlockM;
+        u32 keep[kKeepWords];  // dropout's bits (unused otherwise): see dropout_keep
+        if constexpr (kDropout) dropout_keep(keep, p, batch * p.heads_q + c.head, k0, m0);
         mbarrier::wait(bar(smem.q_full, stage), st.full_parity());
         float sc[kBlockM / 2], dp[kBlockM / 2];
         sm90::gemm_qk(sc, smem.k, 64 * wg, smem.q[stage]);
@@ -547,16 +561,9 @@ template <class Smem> __device__ __forceinline__ void consume(Smem& smem, const 
         u32 pk[kBlockM / 4], dsk[kBlockM / 4], pg[kSoftcap ? kBlockM / 4 : 1];
         const AlibiBias alibi = kAlibi ? alibi_of(p, batch, c.head, s.seqlen_q, s.seqlen_k) : AlibiBias{};
         probabilities(sc, pk, pg, smem.stats[stage][1], k0, m0, masked, Schedule::mask(p, s), alibi, p);
-        u32 keep[kKeepWords];  // dropout's bits (unused otherwise)
-        if constexpr (kDropout) dropout_keep(keep, p, batch * p.heads_q + c.head, k0, m0);
         wgmma::wait<0>();
         wgmma::fence_operands(dp);
-        if constexpr (kSoftcap) {
-            score_gradients(pg, dp, dsk, smem.stats[stage][0], dropout_mask(keep, pk, p));
-        } else {
-            score_gradients(sc, dp, dsk, smem.stats[stage][0], dropout_mask(keep, sc, p));
-            sm90::to_operand(sc, pk);
-        }
+        gradient_operands(sc, pk, pg, dp, dsk, smem.stats[stage][0], keep, p);
         sm90::gemm_pv(dv, pk, smem.dout[stage]);
         const DsTile& ds = smem.scores.ds[j % 2];
         sm90::write_operand(ds, 64 * wg, dsk);
@@ -607,6 +614,8 @@ template <class Smem> __device__ __forceinline__ void consume_wide(Smem& smem, c
     Cursor c = Schedule::walk_start(p, s, w);
     for (int j = 0; j < w.steps; ++j, c.advance(p, w)) {
         const int stage = st.stage(), m0 = c.m_block * kBlockM;
+        u32 keep[kKeepWords];  // dropout's bits (unused otherwise): see dropout_keep
+        if constexpr (kDropout) dropout_keep(keep, p, batch * p.heads_q + c.head, n0, m0 + q0);
         mbarrier::wait(bar(smem.q_full, stage), st.full_parity());
         float sc[kScoreN / 2], dp[kScoreN / 2];
         gemm_scores(sc, smem.k, smem.q[stage], q0);
@@ -618,16 +627,9 @@ template <class Smem> __device__ __forceinline__ void consume_wide(Smem& smem, c
         u32 pk[kScoreN / 4], dsk[kScoreN / 4], pg[kSoftcap ? kScoreN / 4 : 1];
         const AlibiBias alibi = kAlibi ? alibi_of(p, batch, c.head, s.seqlen_q, s.seqlen_k) : AlibiBias{};
         probabilities(sc, pk, pg, smem.stats[stage][1] + q0, n0, m0 + q0, masked, Schedule::mask(p, s), alibi, p);
-        u32 keep[kKeepWords];  // dropout's bits (unused otherwise)
-        if constexpr (kDropout) dropout_keep(keep, p, batch * p.heads_q + c.head, n0, m0 + q0);
         wgmma::wait<0>();
         wgmma::fence_operands(dp);
-        if constexpr (kSoftcap) {
-            score_gradients(pg, dp, dsk, smem.stats[stage][0] + q0, dropout_mask(keep, pk, p));
-        } else {
-            score_gradients(sc, dp, dsk, smem.stats[stage][0] + q0, dropout_mask(keep, sc, p));
-            sm90::to_operand(sc, pk);
-        }
+        gradient_operands(sc, pk, pg, dp, dsk, smem.stats[stage][0] + q0, keep, p);
         const DsTile &pt = smem.scores.pt[j % 2], &ds = smem.scores.ds[j % 2];
         sm90::write_operand(pt, 0, pk, q0 / 8);
         sm90::write_operand(ds, 0, dsk, q0 / 8);

@@ -231,11 +231,10 @@ pub fn mods_forms(v: &Variant) -> Vec<Variant> {
         && !v.split_kv
         && !v.paged
         && !forms.is_empty();
-    // bwd_sm90 runs dropout alone above D64 (`dispatch::backward`: its other forms spill).
+    // bwd_sm90 runs dropout alone (`dispatch::backward`: its other forms spill).
     let dropout_forms: &[(bool, bool, bool)] = match v.family {
         _ if !drops => &[],
-        KernelFamily::BwdSm90 if v.head_dim.is_some_and(|d| d > 64) => &[(false, false, false)],
-        KernelFamily::BwdSm90 => &[],
+        KernelFamily::BwdSm90 => &[(false, false, false)],
         _ => &[(false, false, false), (true, true, true)],
     };
     let mut out: Vec<Variant> = Vec::new();
