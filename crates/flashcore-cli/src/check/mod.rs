@@ -115,7 +115,7 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     let dropped = |d: bool| !args.dropout || d;
     let all: Vec<_> = all.into_iter().filter(|(_, s)| dim(s.case.head_dim) && alibi(s.alibi) && dropped(s.dropout.is_some())).collect();
     let backward: Vec<_> = backward.into_iter().filter(|s| dim(s.head_dim()) && alibi(s.alibi) && dropped(s.has_dropout())).collect();
-    let packed: Vec<_> = packed.into_iter().filter(|s| dim(s.head_dim) && alibi(s.alibi) && dropped(false)).collect();
+    let packed: Vec<_> = packed.into_iter().filter(|s| dim(s.head_dim) && alibi(s.alibi) && dropped(s.dropout.is_some())).collect();
     let cached: Vec<_> = cached.into_iter().filter(|s| dim(s.head_dim) && alibi(s.alibi) && dropped(false)).collect();
     // In the order they run (below), so that the parts of one N cover the run once.
     let mut part = PartFilter { part: args.part, next: 0 };

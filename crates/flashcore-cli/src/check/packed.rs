@@ -43,6 +43,9 @@ pub struct VarlenSpec {
     pub inputs: Inputs,
     /// The backward's deterministic mode.
     pub deterministic: bool,
+    /// Dropout: each sequence's mask is that of its place in the batch, so a sequence run
+    /// alone draws another and is not compared with its rows bitwise; the oracle keeps its place.
+    pub dropout: Option<flashcore::Dropout>,
 }
 
 impl VarlenSpec {
@@ -63,6 +66,9 @@ impl VarlenSpec {
         }
         name += &super::score_suffix(self.window, self.softcap);
         name += self.alibi.suffix();
+        if let Some(d) = self.dropout {
+            name += &format!("_dropout{}", d.p);
+        }
         if let Some(n) = self.splits {
             name += &format!("_split{n}");
         }
@@ -80,6 +86,7 @@ impl VarlenSpec {
             window: self.window,
             softcap: self.softcap,
             deterministic: self.deterministic,
+            dropout: self.dropout,
             ..AttnParams::default()
         }
     }
@@ -146,7 +153,13 @@ impl Point {
             splits: None,
             inputs: Inputs::Normal,
             deterministic: false,
+            dropout: None,
         }
+    }
+
+    /// Dropout at rate `p` with a generator pair of this point's own.
+    pub(crate) fn dropout(&self, p: f32, offset: u64) -> Option<flashcore::Dropout> {
+        Some(flashcore::Dropout { p, seed: 0x5eed_5e90 ^ self.head_dim as u64, offset })
     }
 }
 

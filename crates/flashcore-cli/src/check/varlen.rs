@@ -1,6 +1,7 @@
 //! `flashcore check`'s packed (varlen) batches, forward: each against the f64 oracle run per
 //! sequence, and bitwise against each sequence run alone through the same kernel (the same
-//! split count: the dispatcher picks it from the whole grid). The backward's: `varlen_bwd.rs`.
+//! split count: the dispatcher picks it from the whole grid; not with dropout, whose mask is
+//! a sequence's place in the batch). The backward's: `varlen_bwd.rs`.
 
 use anyhow::Result;
 use flashcore::dispatch::KeyLayout;
@@ -16,7 +17,8 @@ use crate::check::{slopes_of, wide_slopes, Alibi};
 /// The batch (lengths 0, 1, 7, 113, 1000 and 4097 together, Sq ≠ Sk, a sequence with
 /// no keys), GQA; serving decode (one query per sequence over keys with slack: seqused_k)
 /// at the dispatcher's split count and forced splits; a window, a softcap and ALiBi (per
-/// sequence, and with both others) on a packed batch.
+/// sequence, and with both others) on a packed batch; dropout, alone and with a window and
+/// ALiBi.
 pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<VarlenSpec> {
     if !matches!(family, KernelFamily::FwdSm80 | KernelFamily::FwdSm90) {
         return Vec::new();
@@ -39,7 +41,10 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<VarlenSpec> 
         }
         out.push(VarlenSpec { window: Window::new(127, 0), ..p.spec(&policies, (4, 2)) });
         out.push(VarlenSpec { softcap: 30.0, inputs: Inputs::LargeLogits, ..p.spec(&policies, (4, 1)) });
+        out.push(VarlenSpec { dropout: p.dropout(0.17, 0), ..p.spec(&mixed, (4, 2)) });
         if !quick {
+            let windowed = VarlenSpec { window: Window::new(100, 20), alibi: Alibi::PerSequence, ..p.spec(&policies, (4, 2)) };
+            out.push(VarlenSpec { dropout: p.dropout(0.5, 7), ..windowed });
             out.push(VarlenSpec { window: Window::new(-1, 64), softcap: 50.0, inputs: Inputs::LargeLogits, ..p.spec(&mixed, (4, 4)) });
             out.push(VarlenSpec { window: Window::new(256, 256), ..p.spec(&long, (2, 1)) });
             let all = VarlenSpec { window: Window::new(-1, 64), softcap: 50.0, inputs: Inputs::LargeLogits, ..p.spec(&policies, (4, 2)) };
@@ -94,7 +99,7 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
             }
         }
         // Alone, a sequence without keys would be an empty k (refused): the oracle checks it.
-        if s.queries > 0 && s.keys + s.slack > 0 && failure.is_none() {
+        if s.queries > 0 && s.keys + s.slack > 0 && spec.dropout.is_none() && failure.is_none() {
             let alone = Packed::upload(ctx, spec, &parts[b..b + 1], &spec.seqs[b..b + 1], slopes_of(&slopes, b, hq))?;
             let (o_alone, lse_alone) = alone.run(ctx, spec, max, Some(splits))?;
             let rows = row0 * hq * d..(row0 + s.queries) * hq * d;

@@ -6,28 +6,30 @@
 //! dq bitwise in deterministic mode: bwd_sm90's order depends only on the sequence's own
 //! lengths; bwd_sm80's at a forced split count (at the dispatcher's count, which depends on the
 //! number of sequences, a sequence alone sums its dQ in other slices). Without deterministic
-//! mode dQ's additions come in a varying order.
+//! mode dQ's additions come in a varying order. With dropout no sequence runs alone (its mask
+//! is its place's in the batch; the oracle keeps the place).
 
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
 use flashcore::{
-    reference, BwdInputs, Context, DType, DeviceTensor, FwdInputs, GradsMut, KernelFamily, KvLayout, LseView, ProblemShape, VarlenBatch,
-    Window,
+    reference, BwdInputs, Context, DType, DeviceTensor, DropoutState, FwdInputs, GradsMut, KernelFamily, KvLayout, LseView, ProblemShape,
+    VarlenBatch, Window,
 };
 
 use crate::cases::{errors, normal, Inputs};
 use crate::check::outcome::{grad_tolerance, Outcome};
 use crate::check::packed::{seqs, sweep, Packed, Seq, VarlenSpec};
 use crate::check::poison::nan_bits;
-use crate::check::{slopes_of, wide_slopes, Alibi};
+use crate::check::{slopes_of, upload_dropout_state, wide_slopes, Alibi};
 
 /// The issue's lengths 0, 1, 7, 113, 1000 and 4097 in one batch (Sq ≠ Sk both ways, a
 /// sequence with keys but no queries and one with queries but no keys), at D64 and D128 (the
 /// oracle's time); a mixed batch with GQA 4, also deterministic at a forced and at the
 /// dispatcher's split count (bwd_sm80; bwd_sm90 has no split count); keys past seqused_k; a
 /// window, a softcap, both; ALiBi per sequence (deterministic: each sequence bitwise alone,
-/// with its row of slopes), and with a window and a softcap. Every head dim of `family` in a
-/// full check; D64 and D128 otherwise.
+/// with its row of slopes), and with a window and a softcap; dropout, alone and deterministic
+/// (forced splits on bwd_sm80). Every head dim of `family` in a full check; D64 and D128
+/// otherwise.
 pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<VarlenSpec> {
     let issue = seqs(&[(0, 5), (1, 1), (7, 300), (113, 113), (1000, 1200), (4097, 4097), (3, 0), (250, 90)]);
     let mixed = seqs(&[(0, 5), (1, 1), (7, 300), (113, 113), (1000, 1200), (3, 0), (250, 90)]);
@@ -46,6 +48,10 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<VarlenSpec> 
         out.push(VarlenSpec { seqused: true, ..p.spec(&slacked, (4, 1)) });
         out.push(VarlenSpec { window: Window::new(127, 0), deterministic: true, ..p.spec(&policies, (4, 2)) });
         out.push(VarlenSpec { softcap: 30.0, inputs: Inputs::LargeLogits, ..p.spec(&policies, (4, 1)) });
+        out.push(VarlenSpec { dropout: p.dropout(0.17, 0), ..p.spec(&mixed, (8, 2)) });
+        if !quick {
+            out.push(VarlenSpec { dropout: p.dropout(0.5, 9), deterministic: true, splits: forced(3), ..p.spec(&policies, (4, 2)) });
+        }
         if (p.head_dim == 64 || p.head_dim == 128) && (p.dtype == DType::BF16 || !quick) {
             out.push(p.spec(&issue, (2, 1)));
         }
@@ -58,16 +64,17 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<VarlenSpec> 
     })
 }
 
+/// What a backward reads besides q, k and v: the forward's o and lse, the loss's dout, and
+/// dropout's generator state on the device (None without dropout).
+struct Saved<'a> {
+    o: &'a DeviceTensor,
+    lse: &'a CudaSlice<f32>,
+    dout: &'a DeviceTensor,
+    dropout_state: Option<DropoutState<'a>>,
+}
+
 /// The gradients (dq, dk, dv bits) of a packed problem into NaN-poisoned buffers.
-fn gradients(
-    ctx: &Context,
-    spec: &VarlenSpec,
-    packed: &Packed,
-    batch: &VarlenBatch,
-    o: &DeviceTensor,
-    lse: &CudaSlice<f32>,
-    dout: &DeviceTensor,
-) -> Result<[Vec<u16>; 3]> {
+fn gradients(ctx: &Context, spec: &VarlenSpec, packed: &Packed, batch: &VarlenBatch, saved: &Saved) -> Result<[Vec<u16>; 3]> {
     let nan = nan_bits(spec.dtype);
     let mut dq = DeviceTensor::filled(ctx, nan, packed.q.layout().shape, spec.dtype)?;
     let mut dk = DeviceTensor::filled(ctx, nan, packed.k.layout().shape, spec.dtype)?;
@@ -76,12 +83,12 @@ fn gradients(
         q: packed.q.view(),
         k: packed.k.view(),
         v: packed.v.view(),
-        o: o.view(),
-        lse: LseView::of(lse),
-        dout: dout.view(),
+        o: saved.o.view(),
+        lse: LseView::of(saved.lse),
+        dout: saved.dout.view(),
         kv: KvLayout::Varlen(*batch),
         alibi_slopes: packed.alibi_slopes(),
-        dropout_state: None,
+        dropout_state: saved.dropout_state,
     };
     let grads = GradsMut { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut() };
     ctx.attention_backward_into(&inputs, grads, &spec.params())?;
@@ -104,8 +111,11 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
     let inputs =
         FwdInputs { alibi_slopes: packed.alibi_slopes(), ..FwdInputs::varlen(packed.q.view(), packed.k.view(), packed.v.view(), batch) };
     let fwd = ctx.attention(&inputs, &forward)?;
-    let first = gradients(ctx, spec, &packed, &batch, &fwd.o, &fwd.lse, &dout)?;
-    let second = gradients(ctx, spec, &packed, &batch, &fwd.o, &fwd.lse, &dout)?;
+    // The forward drew its mask from the host's pair; the backward reads it on the device.
+    let state = upload_dropout_state(ctx, spec.dropout)?;
+    let saved = Saved { o: &fwd.o, lse: &fwd.lse, dout: &dout, dropout_state: state.as_ref().map(DropoutState::of) };
+    let first = gradients(ctx, spec, &packed, &batch, &saved)?;
+    let second = gradients(ctx, spec, &packed, &batch, &saved)?;
     // dq adds with atomics in a varying order unless deterministic; dk and dv never do.
     let repeats = usize::from(!spec.deterministic);
     let deterministic = first[repeats..] == second[repeats..];
@@ -130,13 +140,14 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
         }
         // Alone: a batch of one at the same maxima, from the packed forward's rows (a sequence
         // without queries or keys would be an empty tensor: the oracle's zeros check it).
-        if s.queries > 0 && s.keys + s.slack > 0 && failure.is_none() {
+        if s.queries > 0 && s.keys + s.slack > 0 && spec.dropout.is_none() && failure.is_none() {
             let alone = Packed::upload(ctx, spec, &parts[b..b + 1], &spec.seqs[b..b + 1], slopes_of(&slopes, b, hq))?;
             let o = DeviceTensor::from_bits(ctx, &o_bits[q_rows.clone()], [1, s.queries, hq, d], dtype)?;
             let rows: Vec<f32> = (0..hq).flat_map(|head| lse[head * packed.total_q + q0..][..s.queries].iter().copied()).collect();
             let lse_alone = ctx.stream().clone_htod(&rows)?;
             let dout_alone = DeviceTensor::from_f32(ctx, &douts[b], [1, s.queries, hq, d], dtype)?;
-            let got = gradients(ctx, spec, &alone, &alone.batch(ctx, max)?, &o, &lse_alone, &dout_alone)?;
+            let saved = Saved { o: &o, lse: &lse_alone, dout: &dout_alone, dropout_state: None };
+            let got = gradients(ctx, spec, &alone, &alone.batch(ctx, max)?, &saved)?;
             let dq_too = spec.deterministic && (spec.splits.is_some() || spec.family == KernelFamily::BwdSm90);
             if got[1] != first[1][k_rows.clone()] || got[2] != first[2][k_rows.clone()] {
                 failure = Some(format!("sequence {b}: dk or dv differs bitwise from the same sequence run alone"));

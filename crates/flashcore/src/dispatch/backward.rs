@@ -121,13 +121,12 @@ fn backward_family(shape: &ProblemShape, params: &AttnParams, arch: Arch, varlen
     let native = |family: KernelFamily| family.head_dims().contains(&shape.head_dim);
     if params.dropout.is_some() {
         // Dropout's mask has a form in both backward kernels (common/dropout.cuh). Unforced,
-        // bwd_sm90 on Hopper with no other score policy: its consumers' registers hold the
-        // mask's bits beside Sᵀ and dPᵀ (with a window, a softcap and ALiBi besides, D96-D128
-        // spilled 96 bytes; NVRTC 13.0); dense batches only, its packed form with dropout not
-        // yet checked on a GPU. Else bwd_sm80. The reference has none.
+        // bwd_sm90 on Hopper with no other score policy, dense or packed: its consumers'
+        // registers hold the mask's bits beside Sᵀ and dPᵀ (with a window, a softcap and ALiBi
+        // besides, D96-D128 spilled 96 bytes; NVRTC 13.0). Else bwd_sm80. The reference has none.
         let policies = params.mask().1.is_some() || params.has_softcap() || alibi;
         let hopper = KernelFamily::BwdSm90.runs_on(arch) && takes(KernelFamily::BwdSm90);
-        let unforced_sm90 = hopper && !policies && !varlen;
+        let unforced_sm90 = hopper && !policies;
         return match params.kernel {
             None if unforced_sm90 => Ok(KernelFamily::BwdSm90),
             Some(KernelFamily::BwdSm90) if hopper => Ok(KernelFamily::BwdSm90),

@@ -166,9 +166,8 @@ pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &At
     let arch = device.arch;
     let dropout = params.dropout.is_some();
     // Dropout: fwd_sm90 where it runs (its accumulators hold the mask's cells as fwd_sm80's
-    // do: the same mask, bit for bit) over dense batches, else fwd_sm80 (packed batches too:
-    // fwd_sm90's packed dropout form is not yet checked on a GPU); unsplit either way.
-    let dropout_on_sm90 = KernelFamily::FwdSm90.runs_on(arch) && KernelFamily::FwdSm90.takes_head_dim(shape.head_dim) && !varlen;
+    // do: the same mask, bit for bit), dense or packed, else fwd_sm80; unsplit either way.
+    let dropout_on_sm90 = KernelFamily::FwdSm90.runs_on(arch) && KernelFamily::FwdSm90.takes_head_dim(shape.head_dim);
     let family = match params.kernel {
         Some(family) => family,
         None if packed_queries => KernelFamily::FwdSm80,
@@ -558,7 +557,7 @@ mod tests {
         let forced = AttnParams { kernel: Some(KernelFamily::FwdSm80), ..dropout };
         assert_eq!(plan(&h100(), &shape(128), DType::BF16, &forced).unwrap().variant.family, KernelFamily::FwdSm80);
         let packed = plan_for(&h100(), &shape(128), DType::BF16, &dropout, KeyLayout::Varlen { total_k: 256 }, false).unwrap();
-        assert_eq!(packed.variant.family, KernelFamily::FwdSm80, "a packed batch");
+        assert_eq!((packed.variant.family, packed.variant.varlen), (KernelFamily::FwdSm90, true), "a packed batch");
         let reference = AttnParams { kernel: Some(KernelFamily::Reference), ..dropout };
         assert!(matches!(plan(&h100(), &shape(128), DType::BF16, &reference), Err(Error::Unsupported { .. })));
         // A call writing the probabilities runs fwd_sm80 (the layout they have), forced or not.
@@ -588,7 +587,7 @@ mod tests {
         assert_eq!(backward(&h100(), 128, &AttnParams { softcap: 30.0, ..dropout }, false), KernelFamily::BwdSm80, "softcapped");
         assert_eq!(backward(&on("sm_80"), 128, &dropout, false), KernelFamily::BwdSm80);
         let packed = crate::dispatch::plan_backward(&h100(), &shape(128), DType::BF16, &dropout, true, false).unwrap();
-        assert_eq!(packed.variant.family, KernelFamily::BwdSm80, "a packed batch");
+        assert_eq!((packed.variant.family, packed.variant.varlen), (KernelFamily::BwdSm90, true), "a packed batch");
         let forced = AttnParams { kernel: Some(KernelFamily::BwdSm90), ..dropout };
         assert_eq!(backward(&h100(), 128, &AttnParams { softcap: 30.0, ..forced }, false), KernelFamily::BwdSm90, "forced");
     }
