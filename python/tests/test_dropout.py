@@ -1,5 +1,5 @@
 """Attention dropout (forward on fwd_sm90 on Hopper, else fwd_sm80; fwd_sm80 wherever the
-probabilities are asked for; backward on bwd_sm80): the output and the gradients equal the
+probabilities are asked for; backward on bwd_sm90 on Hopper, else bwd_sm80): the output and the gradients equal the
 float64 reference under the kernel's own mask (read back from the probabilities
 `return_attn_probs` gives, negated where dropped), the mask drops its fraction, is the same
 for the same generator state and new for the next call, whichever forward kernel draws it,
@@ -95,7 +95,7 @@ def test_the_mask_is_the_same_whichever_forward_kernel_draws_it(d, causal):
     # Asked for the probabilities, the forward runs fwd_sm80; without, the default kernel
     # (fwd_sm90 on Hopper). Under one generator state both must drop the same scores: their
     # outputs agree to rounding (another mask would move them by some 10%), and so do the
-    # gradients, which bwd_sm80 computes under the mask it draws again.
+    # gradients, which the backward computes under the mask it draws again.
     b, sq, sk, h = 2, 333, 517, 4
     q, k, v = (randn(b, s, h, d, seed=i).requires_grad_() for i, s in enumerate([sq, sk, sk]))
     g = randn(b, sq, h, d, seed=9)
