@@ -377,18 +377,20 @@ __device__ __forceinline__ void score_gradients(const Probs& pf, const float (&d
     }
 }
 
+// The Pᵀ that dSᵀ is formed from: the f32 tile, or softcapped pg (see probabilities).
+__device__ __forceinline__ const auto& gradient_probs(const float (&sc)[kScoreN / 2], const u32 (&pg)[kSoftcap ? kScoreN / 4 : 1]) {
+    if constexpr (kSoftcap) {
+        return pg;
+    } else {
+        return sc;
+    }
+}
+
 // The step's two A operands from registers: dSᵀ into `dsk` (score_gradients) and the Pᵀ for
 // dV into `pk` (probabilities packed it already when softcapped). Without dropout dSᵀ comes
 // first and then Pᵀ is packed from the f32 tile, which dies as it goes; with dropout Pᵀ is
 // packed first and the mask zeroes the dropped scores there: zeroed in f32, the masked and
 // the unmasked tile were live at once (D64's 128 queries spilled 208-452 bytes).
-__device__ __forceinline__ const auto& gradient_probs(const float (&sc)[kScoreN / 2], const u32 (&pg)[kSoftcap ? kScoreN / 4 : 1]) {
-    if constexpr (kSoftcap) {
-        return pg;  // Pᵀ ∘ softcap_grad (probabilities)
-    } else {
-        return sc;
-    }
-}
 __device__ __forceinline__ void gradient_operands(float (&sc)[kScoreN / 2], u32 (&pk)[kScoreN / 4], const u32 (&pg)[kSoftcap ? kScoreN / 4 : 1],
                                                   const float (&dp)[kScoreN / 2], u32 (&dsk)[kScoreN / 4], const float* dsum,
                                                   const u32 (&keep)[kKeepWords], const BwdParams& p) {
