@@ -162,6 +162,12 @@ template <int kRow, bool kTrans> struct Operand {
     static constexpr bool kIsTrans = kTrans;
 };
 
+// The k steps warp_gemm and warp_gemm_pair run before their rolled loop: the first peeled up
+// to D64, where the caller zeroed acc, so that its mma.sync take a zero accumulator and the
+// zeroing goes: D64 2-3% faster (H100), D128 and D256 1% slower, so not there. (Nor with a
+// window and a softcap: D64 spilled 8-12 bytes with NVRTC 13.0.)
+constexpr int kPeeledSteps = (kLocal && kSoftcap) || kD > 64 ? 0 : 1;
+
 // acc[kMT][kNT] (+)= A(kMT·16 rows, kK) · B(kK, kNT·8 cols) over kK = 16·kKSteps.
 template <int kMT, int kNT, int kKSteps, class A, class B>
 __device__ __forceinline__ void warp_gemm(float (&acc)[kMT][kNT][4], A a, B b, int lane) {
@@ -187,13 +193,9 @@ __device__ __forceinline__ void warp_gemm(float (&acc)[kMT][kNT][4], A a, B b, i
             }
         }
     };
-    // The first step peeled up to D64: where the caller zeroed acc, its mma.sync take a zero
-    // accumulator and the zeroing goes: D64 2-3% faster (H100), D128 and D256 1% slower, so
-    // not there. (Nor with a window and a softcap: D64 spilled 8-12 bytes with NVRTC 13.0.)
-    constexpr int kPeeled = (kLocal && kSoftcap) || kD > 64 ? 0 : 1;
-    if constexpr (kPeeled == 1) k_step(0);
+    if constexpr (kPeeledSteps == 1) k_step(0);
 #pragma unroll 1
-    for (int kk = kPeeled; kk < kKSteps; ++kk) k_step(kk);
+    for (int kk = kPeeledSteps; kk < kKSteps; ++kk) k_step(kk);
 }
 
 // Two products of one shape in one k loop, acc1 += A1·B1 and acc2 += A2·B2: twice the
@@ -227,10 +229,9 @@ __device__ __forceinline__ void warp_gemm_pair(float (&acc1)[kMT][kNT][4], A a1,
             }
         }
     };
-    constexpr int kPeeled = (kLocal && kSoftcap) || kD > 64 ? 0 : 1;  // as in warp_gemm
-    if constexpr (kPeeled == 1) k_step(0);
+    if constexpr (kPeeledSteps == 1) k_step(0);
 #pragma unroll 1
-    for (int kk = kPeeled; kk < kKSteps; ++kk) k_step(kk);
+    for (int kk = kPeeledSteps; kk < kKSteps; ++kk) k_step(kk);
 }
 
 template <int kMT, int kNT> __device__ __forceinline__ void zero(float (&acc)[kMT][kNT][4]) {

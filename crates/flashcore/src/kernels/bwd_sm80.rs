@@ -72,9 +72,8 @@ pub fn variant(arch: Arch, dtype: DType, head_dim: usize, causal: bool) -> Varia
 /// spilled 24 bytes (NVRTC 13.0, sm_90a), and 32 causal once `copy_rows` stepped its
 /// sources. With dropout alone, 128 x 128 spills nothing since the generator draws 16
 /// scores a call, and ran 11% faster than 64 x 128 (H100, B2 S8k H32 D64 bf16, p = 0.1:
-/// 13.0 against 14.7 ms). sm_80's
-/// one-stage 128 x 128 stays (64 x 128 there spilled 20 bytes with every policy). At
-/// D96-D128 a 64 x 64 tile ran 13-32% slower than 64 x 128.
+/// 13.0 against 14.7 ms). sm_80's one-stage 128 x 128 stays (64 x 128 there spilled 20 bytes
+/// with every policy). At D96-D128 a 64 x 64 tile ran 13-32% slower than 64 x 128.
 pub fn with_mods(v: &Variant, mods: ScoreMods) -> Variant {
     let with_policies = mods.local || mods.softcap || mods.alibi;
     let every_policy = mods.local && mods.softcap && mods.alibi;

@@ -213,11 +213,11 @@ pub struct Variant {
 }
 
 /// `v`'s forms with a sliding window, a softcap, both, ALiBi, and all three (and, but for
-/// fwd_sm80's split tiles and paged forms, dropout alone and with all three; bwd_sm90 above
-/// D64 dropout alone), where the
-/// dispatcher runs them: every tile of the forward and backward kernels; none for the
-/// reference (it takes them all at run time). (Any other combination compiles on demand
-/// like these; ALiBi alone and with both others bound its cost in registers.)
+/// fwd_sm80's split tiles and paged forms, dropout alone and with all three; bwd_sm90
+/// dropout alone), where the dispatcher runs them: every tile of the forward and backward
+/// kernels; none for the reference (it takes them all at run time). (Any other combination
+/// compiles on demand like these; ALiBi alone and with both others bound its cost in
+/// registers.)
 pub fn mods_forms(v: &Variant) -> Vec<Variant> {
     let forms: &[(bool, bool, bool)] = match v.family {
         _ if v.mods != ScoreMods::default() => &[],
