@@ -15,8 +15,10 @@ Then training mode (docs/design.md §10's goals), on B1 S128 H8 D64 bf16 causal:
 time per call of 500 calls in a row, median of 5 rounds (every row once a round, in turn),
 of the forward without grad, the forward on inputs that require grad (autograd records it),
 and the backward (`torch.autograd.grad` of one forward's output, graph retained), for
-flashcore (BSHD) and SDPA (contiguous BHSD) with cuDNN forced, FA2 forced and PyTorch's
-default dispatch; a backend is forced once around the loop, not per call. The ratio is over
+flashcore (BSHD: `flash_attn_func` as a user calls it, on the native autograd path where it
+is built, and the same calls on the Python path, `flashcore._native.python_path()`) and SDPA
+(contiguous BHSD) with cuDNN forced, FA2 forced and PyTorch's default dispatch; a backend or
+path is set once around the loop, not per call. The ratio is over
 SDPA-cuDNN's.
 
     python3 bench/python_overhead.py [--json out.json] [--profile MODE]
@@ -36,6 +38,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import flashcore
+from flashcore import _native
 
 CASES = [  # (B, Sq, Sk, Hq, Hkv, D, causal)
     (1, 1, 512, 32, 8, 128, False),
@@ -116,10 +119,21 @@ TRAIN_CALLS, TRAIN_REPEATS = 500, 5
 GOALS = {"forward, no grad": 1.0, "forward, grad": 1.2, "backward": 1.0}  # flashcore / SDPA-cuDNN host time
 
 
+PYTHON_PATH = "python path"
+
+
+def around(backend):
+    """What a row's loop runs in: SDPA's backend forced (an SDPBackend), FlashCore's Python
+    path (PYTHON_PATH), or nothing (None)."""
+    if backend is PYTHON_PATH:
+        return _native.python_path()
+    return sdpa_kernel([backend]) if backend is not None else contextlib.nullcontext()
+
+
 def host_per_call(fn, backend):
-    """Host µs per call of TRAIN_CALLS calls in a row; `backend` (an SDPBackend or None)
-    forced around the whole loop."""
-    with sdpa_kernel([backend]) if backend is not None else contextlib.nullcontext():
+    """Host µs per call of TRAIN_CALLS calls in a row, in `around(backend)` (set once around
+    the whole loop)."""
+    with around(backend):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(TRAIN_CALLS):
@@ -139,6 +153,7 @@ def training_rows():
     grads = [t.detach().clone().requires_grad_() for t in bshd], [t.detach().clone().requires_grad_() for t in bhsd]
     calls = {
         "flashcore.flash_attn_func": (lambda q, k, v: flashcore.flash_attn_func(q, k, v, causal=True), False, None),
+        "flash_attn_func, Python path": (lambda q, k, v: flashcore.flash_attn_func(q, k, v, causal=True), False, PYTHON_PATH),
         "sdpa-cudnn": (lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), True, SDPBackend.CUDNN_ATTENTION),
         "sdpa-flash": (lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), True, SDPBackend.FLASH_ATTENTION),
         "sdpa (default dispatch)": (lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), True, None),
@@ -146,7 +161,7 @@ def training_rows():
     timed = []  # (label, mode, fn, backend)
     for label, (f, sdpa_layout, backend) in calls.items():
         plain, needs_grad = (bhsd, grads[1]) if sdpa_layout else (bshd, grads[0])
-        with sdpa_kernel([backend]) if backend is not None else contextlib.nullcontext():
+        with around(backend):
             o = f(*needs_grad)
         do = torch.randn_like(o)
         modes = {
@@ -166,7 +181,7 @@ def training_rows():
         for label, mode, _, _ in timed
     ]
     base = {r["mode"]: r["host_us"] for r in rows if r["call"] == "sdpa-cudnn"}
-    print(f"\ntraining mode, {'B{} S{} H{} D{} causal'.format(*TRAIN_CASE)}: host µs per call ({TRAIN_CALLS} in a row, median of {TRAIN_REPEATS} interleaved rounds)")
+    print(f"\ntraining mode, {'B{} S{} H{} D{} causal'.format(*TRAIN_CASE)}: host µs per call ({TRAIN_CALLS} in a row, median of {TRAIN_REPEATS} interleaved rounds); flashcore's path: {_native.status()}")
     print(f"{'mode':18} {'call':28} {'host µs':>8} {'/ sdpa-cudnn':>12} {'goal':>6}")
     for r in rows:
         r["over_sdpa_cudnn"] = r["host_us"] / base[r["mode"]]
@@ -228,7 +243,7 @@ def main():
             print(f"{name:34} {label:28} {kernel:10.2f} {eager:9.2f} {host:8.2f} {max(0.0, eager - kernel):8.2f}")
     rows += training_rows()
     if args.json:
-        env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, flashcore=flashcore.__version__, calls=CALLS, samples=SAMPLES)
+        env = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, flashcore=flashcore.__version__, calls=CALLS, samples=SAMPLES, native=_native.status())
         with open(args.json, "w") as f:
             json.dump(dict(env=env, rows=rows), f, indent=1)
 

@@ -15,7 +15,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from . import _flashcore, _ops
+from . import _flashcore, _native, _ops
 
 
 def _check(tensors: Tuple[Tuple[str, object], ...], layout: str) -> None:
@@ -88,9 +88,10 @@ def _attention(
     dropout: Optional[_ops.Dropout] = None,
     probs: Optional[Tensor] = None,
 ) -> Tuple[Tensor, Optional[Tensor]]:
-    """(o, lse): eager, the extension directly (through `_ops.Attention` when autograd
-    records, else without autograd, lse then None when not wanted: neither allocated nor
-    written); traced or compiled, the registered op. A head dim that is not a multiple of 8
+    """(o, lse): eager, the native operator where it is built (`_native`: its autograd node
+    in C++; not with dropout or under a functorch transform), else the extension directly
+    (through `_ops.Attention` when autograd records); without autograd lse is None when not
+    wanted (neither allocated nor written). Traced or compiled, the registered op. A head dim that is not a multiple of 8
     runs zero-padded to one (`_padded`; the slopes, one a head, are the same); with dropout,
     one fwd_sm80 lacks to its next size."""
     d = q.shape[-1]
@@ -100,6 +101,10 @@ def _attention(
         out, lse = _attention(*padded, scale, causal, num_splits, want_lse, deterministic, window, softcap, alibi_slopes, dropout, probs)
         return out[..., :d], lse
     if _eager(q, k, v):
+        if dropout is None and not torch._C._are_functorch_transforms_active():
+            native = _native.attention()
+            if native is not None:
+                return native(q, k, v, scale, causal, window[0], window[1], softcap, num_splits, deterministic, want_lse, alibi_slopes)
         options = (scale, causal, window, softcap, num_splits, deterministic, want_lse, alibi_slopes, dropout, probs)
         if _records_grad(q, k, v):
             if want_lse:

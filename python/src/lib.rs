@@ -15,6 +15,8 @@ use flashcore::{
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
+mod native;
+
 /// A tensor as the Python side describes it: data pointer, shape and strides (in elements,
 /// four dims) and dtype name (`"f16"` or `"bf16"`).
 type TensorArg = (u64, [usize; 4], [usize; 4], String);
@@ -243,33 +245,65 @@ fn attention_forward(
     let ctx = context(device)?;
     let params = params_with(options, dropout);
     let mut scratch_error: Option<PyErr> = None;
+    let tensors = [(q.0, layouts[0]), (k.0, layouts[1]), (v.0, layouts[2]), (o.0, layouts[3])];
+    let probs = probs.map(|(t, l)| (t.0, l));
     // Detached from the interpreter: the first call of a variant compiles it (seconds).
     let result = py.detach(|| {
+        let mut scratch = scratch_fn(&scratch, &mut scratch_error);
+        let call = Call { device, stream, scratch: &mut scratch };
         // SAFETY: as for `keys` above.
-        unsafe {
-            let view = |t: &TensorArg, l: Layout| TensorView::from_raw(t.0, l, device);
-            let inputs = FwdInputs {
-                q: view(&q, layouts[0]),
-                k: view(&k, layouts[1]),
-                v: view(&v, layouts[2]),
-                kv: keys,
-                alibi_slopes,
-                dropout_state,
-            };
-            if check {
-                ctx.check_values(&inputs)?;
-            }
-            let out = FwdOutputs {
-                o: TensorViewMut::from_raw(o.0, layouts[3], device),
-                lse: lse.map(|(ptr, len)| LseViewMut::from_raw(ptr, len)),
-                probs: probs.as_ref().map(|(t, l)| TensorViewMut::from_raw(t.0, *l, device)),
-            };
-            let mut scratch = scratch_fn(&scratch, &mut scratch_error);
-            let caller = CallerStream { stream: ExternalStream::from_raw(stream), scratch: &mut scratch };
-            ctx.attention_on_stream(caller, &inputs, out, &params)
-        }
+        unsafe { forward_on(&ctx, call, tensors, lse, keys, alibi_slopes, dropout_state, probs, &params, check) }
     });
     finish(result, scratch_error, to_py)
+}
+
+/// Where a call runs: the device, the caller's raw stream and its scratch allocator (see
+/// [`CallArg`]).
+pub(crate) struct Call<'a> {
+    pub device: usize,
+    pub stream: usize,
+    pub scratch: &'a mut dyn FnMut(usize) -> flashcore::Result<u64>,
+}
+
+/// A forward on `call`'s stream, the layer under [`attention_forward`] and the native
+/// autograd path's entry (`native::forward`): `tensors` are `q`, `k`, `v`, `o` (address and
+/// layout), `lse` the f32 log-sum-exp `(address, elements)` or `None`, `probs` dropout's
+/// probabilities; `check` checks a packed batch's or a cache's device values first.
+///
+/// # Safety
+/// Every address is live CUDA memory of `call.device` with the layout or extent given,
+/// alive across the call, its reuse ordered on `call.stream` (PyTorch's current stream of
+/// the device) by the caller's allocator; `keys`, `alibi_slopes` and `dropout_state` hold
+/// the same.
+#[allow(clippy::too_many_arguments)] // the Rust API's inputs, outputs and options, spelled out
+pub(crate) unsafe fn forward_on(
+    ctx: &Context,
+    call: Call,
+    tensors: [(u64, Layout); 4],
+    lse: Option<(u64, usize)>,
+    keys: KvLayout,
+    alibi_slopes: Option<AlibiSlopes>,
+    dropout_state: Option<DropoutState>,
+    probs: Option<(u64, Layout)>,
+    params: &AttnParams,
+    check: bool,
+) -> flashcore::Result<()> {
+    let Call { device, stream, scratch } = call;
+    // SAFETY: this function's contract.
+    unsafe {
+        let view = |(ptr, layout): (u64, Layout)| TensorView::from_raw(ptr, layout, device);
+        let inputs = FwdInputs { q: view(tensors[0]), k: view(tensors[1]), v: view(tensors[2]), kv: keys, alibi_slopes, dropout_state };
+        if check {
+            ctx.check_values(&inputs)?;
+        }
+        let (o, o_layout) = tensors[3];
+        let out = FwdOutputs {
+            o: TensorViewMut::from_raw(o, o_layout, device),
+            lse: lse.map(|(ptr, len)| LseViewMut::from_raw(ptr, len)),
+            probs: probs.map(|(ptr, layout)| TensorViewMut::from_raw(ptr, layout, device)),
+        };
+        ctx.attention_on_stream(CallerStream { stream: ExternalStream::from_raw(stream), scratch }, &inputs, out, params)
+    }
 }
 
 /// The backward pass on `call`'s stream ([`CallArg`]): `grads` ([`GradsArg`], written) from
@@ -317,35 +351,61 @@ fn attention_backward(
     let alibi_slopes = unsafe { alibi_slopes(alibi) };
     // SAFETY: as in `attention_forward`.
     let dropout_state = unsafe { dropout_state(dropout) };
-    let reference = match batch {
-        Some(_) => false,
-        None => {
-            let [batch, seqlen_q, heads_q, head_dim] = layouts[0].shape;
-            let [_, seqlen_k, heads_kv, _] = layouts[1].shape;
-            let shape = ProblemShape { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim };
-            ctx.backward_variant(&shape, layouts[0].dtype, &params).map_err(to_py)?.family == KernelFamily::Reference
-        }
-    };
+    let reference = batch.is_none() && runs_reference_backward(&ctx, &layouts[0], &layouts[1], &params).map_err(to_py)?;
     let mut scratch_error: Option<PyErr> = None;
+    let tensors: [(u64, Layout); 8] = std::array::from_fn(|i| (addresses[i], layouts[i]));
     let result = py.detach(|| {
+        let mut scratch = scratch_fn(&scratch, &mut scratch_error);
+        let call = Call { device, stream, scratch: &mut scratch };
         // SAFETY: as in `attention_forward`: live CUDA tensors of `device` with these layouts,
         // kept alive by the Python side across the call, on PyTorch's current stream.
-        unsafe {
-            let view = |i: usize| TensorView::from_raw(addresses[i], layouts[i], device);
-            let grad = |i: usize| TensorViewMut::from_raw(addresses[i], layouts[i], device);
-            let kv = batch.map_or(KvLayout::Dense, KvLayout::Varlen);
-            if let (Some(batch), true) = (batch, check) {
-                ctx.check_values(&FwdInputs::varlen(view(0), view(1), view(2), batch))?;
-            }
-            let lse = LseView::from_raw(lse.0, lse.1);
-            let inputs = BwdInputs { q: view(0), k: view(1), v: view(2), o: view(3), lse, dout: view(4), kv, alibi_slopes, dropout_state };
-            let grads = GradsMut { dq: grad(5), dk: grad(6), dv: grad(7) };
-            let mut scratch = scratch_fn(&scratch, &mut scratch_error);
-            let caller = CallerStream { stream: ExternalStream::from_raw(stream), scratch: &mut scratch };
-            ctx.attention_backward_on_stream(caller, &inputs, grads, &params)
-        }
+        unsafe { backward_on(&ctx, call, tensors, lse, batch, alibi_slopes, dropout_state, &params, check) }
     });
     finish(result, scratch_error, to_py).map(|()| reference)
+}
+
+/// Whether a dense backward of `q`, `k` under `params` runs on the slow exact reference
+/// kernels (the callers warn).
+pub(crate) fn runs_reference_backward(ctx: &Context, q: &Layout, k: &Layout, params: &AttnParams) -> flashcore::Result<bool> {
+    let [batch, seqlen_q, heads_q, head_dim] = q.shape;
+    let [_, seqlen_k, heads_kv, _] = k.shape;
+    let shape = ProblemShape { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim };
+    Ok(ctx.backward_variant(&shape, q.dtype, params)?.family == KernelFamily::Reference)
+}
+
+/// A backward on `call`'s stream, the layer under [`attention_backward`] and the native
+/// autograd path's (`native::backward`): `tensors` are `q`, `k`, `v`, `o`, `dout`, then the
+/// gradients `dq`, `dk`, `dv` (written), `lse` the forward's `(address, elements)`; `batch`
+/// a packed batch, whose device values `check` checks first.
+///
+/// # Safety
+/// As [`forward_on`].
+#[allow(clippy::too_many_arguments)] // the Rust API's inputs, gradients and options, spelled out
+pub(crate) unsafe fn backward_on(
+    ctx: &Context,
+    call: Call,
+    tensors: [(u64, Layout); 8],
+    lse: (u64, usize),
+    batch: Option<VarlenBatch>,
+    alibi_slopes: Option<AlibiSlopes>,
+    dropout_state: Option<DropoutState>,
+    params: &AttnParams,
+    check: bool,
+) -> flashcore::Result<()> {
+    let Call { device, stream, scratch } = call;
+    // SAFETY: this function's contract.
+    unsafe {
+        let view = |i: usize| TensorView::from_raw(tensors[i].0, tensors[i].1, device);
+        let grad = |i: usize| TensorViewMut::from_raw(tensors[i].0, tensors[i].1, device);
+        let kv = batch.map_or(KvLayout::Dense, KvLayout::Varlen);
+        if let (Some(batch), true) = (batch, check) {
+            ctx.check_values(&FwdInputs::varlen(view(0), view(1), view(2), batch))?;
+        }
+        let lse = LseView::from_raw(lse.0, lse.1);
+        let inputs = BwdInputs { q: view(0), k: view(1), v: view(2), o: view(3), lse, dout: view(4), kv, alibi_slopes, dropout_state };
+        let grads = GradsMut { dq: grad(5), dk: grad(6), dv: grad(7) };
+        ctx.attention_backward_on_stream(CallerStream { stream: ExternalStream::from_raw(stream), scratch }, &inputs, grads, params)
+    }
 }
 
 /// A call's result as Python sees it: the Python exception the scratch allocator raised, if
@@ -418,6 +478,14 @@ fn device_info(py: Python<'_>, device: usize) -> HashMap<&'static str, Option<St
     ])
 }
 
+/// `(abi_version, forward, backward)`: the addresses of the native autograd path's C entry
+/// points (`native.rs`), which `flashcore/_native.py` hands to the operator library it
+/// compiles.
+#[pyfunction]
+fn native_entry_points() -> (u64, u64, u64) {
+    native::entry_points()
+}
+
 #[pymodule]
 #[pyo3(name = "_flashcore")]
 fn extension_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -425,6 +493,7 @@ fn extension_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(attention_backward, m)?)?;
     m.add_function(wrap_pyfunction!(plan, m)?)?;
     m.add_function(wrap_pyfunction!(device_info, m)?)?;
+    m.add_function(wrap_pyfunction!(native_entry_points, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -6,6 +6,7 @@ target/wheels)."""
 
 from __future__ import annotations
 
+import ctypes
 import importlib.machinery
 import importlib.util
 import os
@@ -121,7 +122,7 @@ def test_wheel_holds_the_package(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     compat = ("compat/__init__.py", "compat/flash_attn/__init__.py", "compat/flash_attn/flash_attn_interface.py", "compat/flash_attn/bert_padding.py")
     compat += ("compat/flash_attn/layers/__init__.py", "compat/flash_attn/layers/rotary.py")
-    for f in ("__init__.py", "_ops.py", "interface.py", "flash_attn_interface.py", "paging.py", "rotary.py", "_device.py", "_nvrtc.py", "integrations/transformers.py", *compat, "py.typed", "_flashcore.pyi", "_flashcore.abi3.so"):
+    for f in ("__init__.py", "_ops.py", "interface.py", "flash_attn_interface.py", "paging.py", "rotary.py", "_device.py", "_nvrtc.py", "_native.py", "native/attention.cpp", "integrations/transformers.py", *compat, "py.typed", "_flashcore.pyi", "_flashcore.abi3.so"):
         assert f"flashcore/{f}" in names, f
 
 
@@ -147,6 +148,45 @@ def test_bad_window_and_softcap_are_value_errors_before_any_gpu_work(ext):
         ext.plan(0, shape, shape, "bf16", (None, False, -2, 0, 0.0, None, False))
     with pytest.raises(ValueError, match=r"parameter `softcap`: NaN must be 0 \(off\), or finite and > 0"):
         ext.plan(0, shape, shape, "bf16", (None, True, 127, 0, float("nan"), None, False))
+
+
+class NativeTensor(ctypes.Structure):
+    _fields_ = [("ptr", ctypes.c_uint64), ("shape", ctypes.c_int64 * 4), ("strides", ctypes.c_int64 * 4), ("dtype", ctypes.c_int32)]
+
+
+class NativeForward(ctypes.Structure):
+    """native.rs's `NativeForward` (and native/attention.cpp's): the call, q, k, v, o, the lse
+    and ALiBi addresses and lengths, the options."""
+
+    _fields_ = [
+        ("device", ctypes.c_int32), ("stream", ctypes.c_uint64), ("alloc", ctypes.c_void_p), ("alloc_ctx", ctypes.c_void_p),
+        ("q", NativeTensor), ("k", NativeTensor), ("v", NativeTensor), ("o", NativeTensor),
+        ("lse", ctypes.c_uint64), ("lse_len", ctypes.c_uint64), ("alibi", ctypes.c_uint64), ("alibi_len", ctypes.c_uint64),
+        ("options", ctypes.c_int32 * 7),
+    ]  # fmt: skip
+
+
+def native_forward(ext, dtype_code: int) -> tuple:
+    """Calls the native path's forward entry point (as native/attention.cpp does) on made-up
+    addresses: `(status, message)`."""
+    abi, forward, _ = ext.native_entry_points()
+    assert abi == 1 and forward != 0
+    t = NativeTensor(0x1000, (ctypes.c_int64 * 4)(1, 16, 4, 64), (ctypes.c_int64 * 4)(4096, 256, 64, 1), 1)
+    bad = NativeTensor(0x1000, t.shape, t.strides, dtype_code)
+    args = NativeForward(device=0, q=t, k=bad, v=t, o=t)
+    entry = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.POINTER(NativeForward), ctypes.c_char_p, ctypes.c_size_t)(forward)
+    message = ctypes.create_string_buffer(512)
+    return entry(ctypes.byref(args), message, len(message)), message.value.decode()
+
+
+def test_native_entry_point_refuses_a_bad_dtype_with_type_error_status_and_text(ext):
+    assert native_forward(ext, 7) == (1, "dtype of `k`: dtype code 7 (0 float16, 1 bfloat16)")
+
+
+@pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="this machine has a GPU: the no-GPU error cannot be seen")
+def test_native_entry_point_without_a_gpu_is_a_runtime_error_status(ext):
+    status, message = native_forward(ext, 1)
+    assert status == 4 and "no usable GPU" in message, (status, message)
 
 
 @pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="this machine has a GPU: the no-GPU error cannot be seen")

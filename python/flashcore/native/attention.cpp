@@ -1,0 +1,302 @@
+// The native autograd path: `flashcore_native::attention`, a PyTorch operator whose autograd
+// rule is a C++ node, over FlashCore's Rust library (its C entry points, python/src/native.rs).
+//
+// Why C++: a Python torch.autograd.Function costs ~10 µs of host time a call, and handing a
+// call's tensors to the extension through Python objects a few more, on calls whose kernels
+// take microseconds (docs/python.md#speed). Here the node costs ~1 µs and each tensor's
+// address and layout are read from the tensor itself.
+//
+// `flashcore/_native.py` compiles this file on first use with the host's C++ compiler
+// against the installed torch (whose C++ ABI is not stable across versions, so no wheel can
+// carry a built copy), caches the library, loads it and hands it the Rust entry points
+// (`flashcore_native::connect`). Where that fails the package runs the Python path. The
+// operator takes dense batches without dropout; everything else keeps the Python path.
+// Arguments are checked by the Python caller and by the Rust library (whose errors arrive
+// here as a status code and text, raised as the same Python exceptions as on the Python path).
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/custom_function.h>
+#include <torch/library.h>
+
+#include <cstdint>
+#include <exception>
+#include <limits>
+#include <vector>
+
+namespace {
+
+using at::Tensor;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// The C contract of python/src/native.rs: the same structs, field for field.
+constexpr int64_t kAbiVersion = 1;
+
+struct NativeTensor {
+  uint64_t ptr;
+  int64_t shape[4];
+  int64_t strides[4];
+  int32_t dtype;  // 0 f16, 1 bf16
+};
+
+struct NativeOptions {
+  float softmax_scale;
+  int32_t causal;
+  int32_t window_left;
+  int32_t window_right;
+  float softcap;
+  int32_t num_splits;
+  int32_t deterministic;
+};
+
+struct NativeScratch {
+  uint64_t (*alloc)(void* ctx, size_t bytes);
+  void* ctx;
+};
+
+struct NativeCall {
+  int32_t device;
+  uint64_t stream;
+  NativeScratch scratch;
+};
+
+struct NativeForward {
+  NativeCall call;
+  NativeTensor q, k, v, o;
+  uint64_t lse, lse_len, alibi, alibi_len;
+  NativeOptions options;
+};
+
+struct NativeBackward {
+  NativeCall call;
+  NativeTensor q, k, v, o, dout, dq, dk, dv;
+  uint64_t lse, lse_len, alibi, alibi_len;
+  NativeOptions options;
+  int32_t reference;
+};
+
+using ForwardEntry = int32_t (*)(const NativeForward*, char*, size_t);
+using BackwardEntry = int32_t (*)(NativeBackward*, char*, size_t);
+ForwardEntry forward_entry = nullptr;
+BackwardEntry backward_entry = nullptr;
+
+NativeTensor describe(const Tensor& t, const char* name) {
+  TORCH_CHECK_VALUE(t.dim() == 4, "`", name, "` must have 4 dims, got ", t.sizes());
+  NativeTensor d{};
+  d.ptr = reinterpret_cast<uint64_t>(t.data_ptr());
+  for (int i = 0; i < 4; ++i) {
+    d.shape[i] = t.size(i);
+    d.strides[i] = t.stride(i);
+  }
+  auto type = t.scalar_type();
+  TORCH_CHECK_TYPE(type == at::kHalf || type == at::kBFloat16, "`", name, "` has dtype ", type, ": FlashCore takes float16 and bfloat16");
+  d.dtype = type == at::kHalf ? 0 : 1;
+  return d;
+}
+
+// Scratch memory from PyTorch's caching allocator on the call's device, held until the call
+// returns (later work on the stream is ordered after it by the allocator); an allocation's
+// exception is kept and rethrown as it is once the Rust call has returned.
+struct Scratch {
+  at::Device device;
+  std::vector<Tensor> held;
+  std::exception_ptr failure;
+
+  static uint64_t alloc(void* ctx, size_t bytes) {
+    auto* self = static_cast<Scratch*>(ctx);
+    try {
+      auto buffer = at::empty({static_cast<int64_t>(bytes)}, at::TensorOptions().dtype(at::kByte).device(self->device));
+      self->held.push_back(buffer);
+      return reinterpret_cast<uint64_t>(buffer.data_ptr());
+    } catch (...) {
+      self->failure = std::current_exception();
+      return 0;
+    }
+  }
+
+  NativeScratch entry() { return NativeScratch{&Scratch::alloc, this}; }
+};
+
+// PyTorch's current stream of `device`, as the raw handle the Rust library launches on.
+uint64_t current_stream(at::Device device) {
+  c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+  return reinterpret_cast<uint64_t>(impl.getStream(device).native_handle());
+}
+
+NativeCall call_on(const Tensor& q, Scratch& scratch) {
+  return NativeCall{static_cast<int32_t>(q.get_device()), current_stream(q.device()), scratch.entry()};
+}
+
+// Raises the Rust library's error as the Python path would: TypeError, ValueError,
+// NotImplementedError or RuntimeError with its text; a scratch allocation's own exception first.
+void raise_status(int32_t status, const char* message, const Scratch& scratch) {
+  if (scratch.failure) std::rethrow_exception(scratch.failure);
+  switch (status) {
+    case 1: TORCH_CHECK_TYPE(false, message);
+    case 2: TORCH_CHECK_VALUE(false, message);
+    case 3: TORCH_CHECK_NOT_IMPLEMENTED(false, message);
+    default: TORCH_CHECK(false, message);
+  }
+}
+
+void check_connected() {
+  TORCH_CHECK(forward_entry != nullptr && backward_entry != nullptr,
+              "flashcore_native: not connected to the extension (flashcore._native connects it on load)");
+}
+
+NativeOptions options_of(double scale, bool causal, int64_t window_left, int64_t window_right, double softcap, int64_t num_splits,
+                         bool deterministic) {
+  return NativeOptions{static_cast<float>(scale), causal, static_cast<int32_t>(window_left), static_cast<int32_t>(window_right),
+                       static_cast<float>(softcap), static_cast<int32_t>(num_splits), deterministic};
+}
+
+void alibi_of(const std::optional<Tensor>& slopes, uint64_t& ptr, uint64_t& len) {
+  ptr = slopes.has_value() ? reinterpret_cast<uint64_t>(slopes->data_ptr()) : 0;
+  len = slopes.has_value() ? static_cast<uint64_t>(slopes->numel()) : 0;
+}
+
+// The forward: `(o, lse)`, lse undefined (None) unless `want_lse`. As the Python path: an
+// empty batch computes nothing, no keys give o = 0 and lse = -inf.
+std::tuple<Tensor, Tensor> run_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t window_left,
+                                   int64_t window_right, double softcap, int64_t num_splits, bool want_lse,
+                                   const std::optional<Tensor>& alibi_slopes) {
+  check_connected();
+  TORCH_CHECK_VALUE(q.dim() == 4 && k.dim() == 4, "`q` and `k` must have 4 dims [B, S, H, D]");
+  auto o = at::empty(q.sizes(), q.options());
+  Tensor lse = want_lse ? at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat)) : Tensor();
+  if (o.numel() == 0) return {o, lse};
+  if (k.size(1) == 0) {
+    if (lse.defined()) lse.fill_(-std::numeric_limits<float>::infinity());
+    return {o.zero_(), lse};
+  }
+  Scratch scratch{q.device(), {}, nullptr};
+  NativeForward args{};
+  args.call = call_on(q, scratch);
+  args.q = describe(q, "q");
+  args.k = describe(k, "k");
+  args.v = describe(v, "v");
+  args.o = describe(o, "o");
+  if (lse.defined()) {
+    args.lse = reinterpret_cast<uint64_t>(lse.data_ptr());
+    args.lse_len = static_cast<uint64_t>(lse.numel());
+  }
+  alibi_of(alibi_slopes, args.alibi, args.alibi_len);
+  args.options = options_of(scale, causal, window_left, window_right, softcap, num_splits, false);
+  char message[2048];
+  int32_t status = forward_entry(&args, message, sizeof message);
+  if (status != 0) raise_status(status, message, scratch);
+  return {o, lse};
+}
+
+// The backward of `forward`: gradients laid out like q, k, v (dk, dv summed over the query
+// heads that share a KV head); bwd warns where it ran on the slow exact reference kernels.
+std::tuple<Tensor, Tensor, Tensor> run_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
+                                            Tensor dout, const NativeOptions& options, const std::optional<Tensor>& alibi_slopes) {
+  check_connected();
+  auto dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+  if (o.numel() == 0 || k.size(1) == 0) {
+    dq.zero_(), dk.zero_(), dv.zero_();
+    return {dq, dk, dv};
+  }
+  if (dout.stride(-1) != 1) dout = dout.contiguous();  // autograd may hand over any layout; the kernels read rows
+  Scratch scratch{q.device(), {}, nullptr};
+  NativeBackward args{};
+  args.call = call_on(q, scratch);
+  args.q = describe(q, "q");
+  args.k = describe(k, "k");
+  args.v = describe(v, "v");
+  args.o = describe(o, "o");
+  args.dout = describe(dout, "dout");
+  args.dq = describe(dq, "dq");
+  args.dk = describe(dk, "dk");
+  args.dv = describe(dv, "dv");
+  args.lse = reinterpret_cast<uint64_t>(lse.data_ptr());
+  args.lse_len = static_cast<uint64_t>(lse.numel());
+  alibi_of(alibi_slopes, args.alibi, args.alibi_len);
+  args.options = options;
+  char message[2048];
+  int32_t status = backward_entry(&args, message, sizeof message);
+  if (status != 0) raise_status(status, message, scratch);
+  if (args.reference != 0) {
+    TORCH_WARN("flashcore: this backward ran on FlashCore's naive reference kernels (exact and deterministic, but far slower than "
+               "cuDNN or FlashAttention): the tensor-core backward takes head dims 32, 64, 96, 128, 192 and 256");
+  }
+  return {dq, dk, dv};
+}
+
+// The autograd node: saves q, k, v, o, lse and the options; lse has no gradient, and an
+// unused o gets none (no zeros materialised).
+struct Attention : public torch::autograd::Function<Attention> {
+  static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal,
+                               int64_t window_left, int64_t window_right, double softcap, int64_t num_splits, bool deterministic,
+                               const std::optional<Tensor>& alibi_slopes) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    auto [o, lse] = run_forward(q, k, v, scale, causal, window_left, window_right, softcap, num_splits, true, alibi_slopes);
+    ctx->save_for_backward({q, k, v, o, lse, alibi_slopes.value_or(Tensor())});
+    auto& saved = ctx->saved_data;
+    saved["scale"] = scale, saved["causal"] = causal, saved["deterministic"] = deterministic;
+    saved["window_left"] = window_left, saved["window_right"] = window_right, saved["softcap"] = softcap;
+    ctx->mark_non_differentiable({lse});
+    ctx->set_materialize_grads(false);
+    return {o, lse};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return variable_list(11);  // the loss did not use o
+    auto saved = ctx->get_saved_variables();
+    auto& data = ctx->saved_data;
+    auto options = options_of(data["scale"].toDouble(), data["causal"].toBool(), data["window_left"].toInt(),
+                              data["window_right"].toInt(), data["softcap"].toDouble(), 0, data["deterministic"].toBool());
+    std::optional<Tensor> alibi = saved[5].defined() ? std::optional<Tensor>(saved[5]) : std::nullopt;
+    auto [dq, dk, dv] = run_backward(saved[0], saved[1], saved[2], saved[3], saved[4], grads[0], options, alibi);
+    variable_list out(11);
+    out[0] = dq, out[1] = dk, out[2] = dv;
+    return out;
+  }
+};
+
+std::tuple<Tensor, Tensor> attention_cuda(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal,
+                                          int64_t window_left, int64_t window_right, double softcap, int64_t num_splits,
+                                          bool deterministic, bool want_lse, const std::optional<Tensor>& alibi_slopes) {
+  return run_forward(q, k, v, scale, causal, window_left, window_right, softcap, num_splits, want_lse, alibi_slopes);
+}
+
+std::tuple<Tensor, Tensor> attention_autograd(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal,
+                                              int64_t window_left, int64_t window_right, double softcap, int64_t num_splits,
+                                              bool deterministic, bool want_lse, const std::optional<Tensor>& alibi_slopes) {
+  bool records = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  if (!records) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return run_forward(q, k, v, scale, causal, window_left, window_right, softcap, num_splits, want_lse, alibi_slopes);
+  }
+  auto out = Attention::apply(q, k, v, scale, causal, window_left, window_right, softcap, num_splits, deterministic, alibi_slopes);
+  return {out[0], out[1]};
+}
+
+void connect(int64_t abi_version, int64_t forward_address, int64_t backward_address) {
+  TORCH_CHECK(abi_version == kAbiVersion, "flashcore_native: the extension's entry points are of ABI version ", abi_version,
+              ", this library's ", kAbiVersion, " (a stale build: delete it from the cache)");
+  forward_entry = reinterpret_cast<ForwardEntry>(static_cast<uintptr_t>(forward_address));
+  backward_entry = reinterpret_cast<BackwardEntry>(static_cast<uintptr_t>(backward_address));
+}
+
+int64_t stream_of(const Tensor& t) { return static_cast<int64_t>(current_stream(t.device())); }
+
+}  // namespace
+
+TORCH_LIBRARY(flashcore_native, m) {
+  m.def(
+      "attention(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, int window_left, int window_right, "
+      "float softcap, int num_splits, bool deterministic, bool want_lse, Tensor? alibi_slopes) -> (Tensor, Tensor)");
+  m.def("connect(int abi_version, int forward, int backward) -> ()", &connect);
+  // The raw stream the operator launches on, for the tests (PyTorch's current stream).
+  m.def("stream_of(Tensor t) -> int", &stream_of);
+}
+
+TORCH_LIBRARY_IMPL(flashcore_native, CUDA, m) { m.impl("attention", &attention_cuda); }
+
+TORCH_LIBRARY_IMPL(flashcore_native, Autograd, m) { m.impl("attention", &attention_autograd); }
