@@ -151,3 +151,11 @@ def check_training_step(label, fp32, bf16, flashcore_impl, baseline, **inputs):
     print(f"{label} training step, {len(rows)} parameters: worst against fp32 {worst[2]}: flashcore {worst[0]:.3e}, {baseline} {worst[1]:.3e}")
     for err_ours, err_theirs, n in rows:
         assert err_ours <= 1.5 * err_theirs + 1e-3, f"{n}: flashcore {err_ours:.3e}, {baseline} {err_theirs:.3e}"
+
+
+def eager_autograd_node() -> str:
+    """The type name of the autograd node an eager call that records gets: the native path's
+    C++ node (`flashcore._native`) where it is built, else `_ops.Attention`'s."""
+    from flashcore import _native
+
+    return "CppFunction" if _native.status()["path"] == "native" else "AttentionBackward"
