@@ -266,7 +266,7 @@ pub(crate) struct Call<'a> {
 }
 
 /// A forward on `call`'s stream, the layer under [`attention_forward`] and the native
-/// autograd path's entry (`native::forward`): `tensors` are `q`, `k`, `v`, `o` (address and
+/// autograd path's (`native::native_forward`): `tensors` are `q`, `k`, `v`, `o` (address and
 /// layout), `lse` the f32 log-sum-exp `(address, elements)` or `None`, `probs` dropout's
 /// probabilities; `check` checks a packed batch's or a cache's device values first.
 ///
@@ -374,7 +374,7 @@ pub(crate) fn runs_reference_backward(ctx: &Context, q: &Layout, k: &Layout, par
 }
 
 /// A backward on `call`'s stream, the layer under [`attention_backward`] and the native
-/// autograd path's (`native::backward`): `tensors` are `q`, `k`, `v`, `o`, `dout`, then the
+/// autograd path's (`native::native_backward`): `tensors` are `q`, `k`, `v`, `o`, `dout`, then the
 /// gradients `dq`, `dk`, `dv` (written), `lse` the forward's `(address, elements)`; `batch`
 /// a packed batch, whose device values `check` checks first.
 ///

@@ -5,7 +5,7 @@
 //!
 //! Why: a Python `torch.autograd.Function` costs ~10 µs of host time a call, and the
 //! arguments' trip through Python objects a few more, on calls whose kernels take
-//! microseconds (issue 32, docs/python.md#speed); in C++ the node costs ~1 µs and the
+//! microseconds (docs/python.md#speed); in C++ the node costs ~1 µs and the
 //! tensors' layouts are read from the tensors themselves.
 //!
 //! The contract, which `attention.cpp` mirrors (`kAbiVersion` there, [`ABI_VERSION`] here):
@@ -179,7 +179,11 @@ unsafe fn guarded(message: *mut c_char, capacity: usize, body: impl FnOnce() -> 
 }
 
 /// The scratch allocator as the Rust API takes it.
-fn scratch_fn(s: NativeScratch) -> impl FnMut(usize) -> flashcore::Result<u64> {
+///
+/// # Safety
+/// `s` is the caller's allocator, valid across the call (the entry points' contract).
+unsafe fn scratch_fn(s: NativeScratch) -> impl FnMut(usize) -> flashcore::Result<u64> {
+    // SAFETY: this function's contract: `alloc` takes its own `ctx` and any size.
     move |bytes| match unsafe { (s.alloc)(s.ctx, bytes) } {
         0 => Err(Error::Param { arg: "scratch", msg: format!("allocating {bytes} bytes of scratch memory failed") }),
         ptr => Ok(ptr),
