@@ -154,9 +154,24 @@ NativeOptions options_of(double scale, bool causal, int64_t window_left, int64_t
                        static_cast<float>(softcap), static_cast<int32_t>(num_splits), deterministic};
 }
 
-void alibi_of(const std::optional<Tensor>& slopes, uint64_t& ptr, uint64_t& len) {
-  ptr = slopes.has_value() ? reinterpret_cast<uint64_t>(slopes->data_ptr()) : 0;
-  len = slopes.has_value() ? static_cast<uint64_t>(slopes->numel()) : 0;
+// What a forward and a backward both pass (`NativeForward`, `NativeBackward`): where the call
+// runs, q, k, v, o, the lse (none where undefined) and ALiBi's slopes (none where absent).
+template <typename Args>
+void describe_call(Args& args, Scratch& scratch, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
+                   const std::optional<Tensor>& alibi_slopes) {
+  args.call = call_on(q, scratch);
+  args.q = describe(q, "q");
+  args.k = describe(k, "k");
+  args.v = describe(v, "v");
+  args.o = describe(o, "o");
+  if (lse.defined()) {
+    args.lse = reinterpret_cast<uint64_t>(lse.data_ptr());
+    args.lse_len = static_cast<uint64_t>(lse.numel());
+  }
+  if (alibi_slopes.has_value()) {
+    args.alibi = reinterpret_cast<uint64_t>(alibi_slopes->data_ptr());
+    args.alibi_len = static_cast<uint64_t>(alibi_slopes->numel());
+  }
 }
 
 // The forward: `(o, lse)`, lse undefined (None) unless `want_lse`. As the Python path: an
@@ -175,16 +190,7 @@ std::tuple<Tensor, Tensor> run_forward(const Tensor& q, const Tensor& k, const T
   }
   Scratch scratch{q.device(), {}, nullptr};
   NativeForward args{};
-  args.call = call_on(q, scratch);
-  args.q = describe(q, "q");
-  args.k = describe(k, "k");
-  args.v = describe(v, "v");
-  args.o = describe(o, "o");
-  if (lse.defined()) {
-    args.lse = reinterpret_cast<uint64_t>(lse.data_ptr());
-    args.lse_len = static_cast<uint64_t>(lse.numel());
-  }
-  alibi_of(alibi_slopes, args.alibi, args.alibi_len);
+  describe_call(args, scratch, q, k, v, o, lse, alibi_slopes);
   args.options = options_of(scale, causal, window_left, window_right, softcap, num_splits, false);
   char message[2048];
   int32_t status = forward_entry(&args, message, sizeof message);
@@ -205,18 +211,11 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(const Tensor& q, const Tensor& k
   if (dout.stride(-1) != 1) dout = dout.contiguous();  // autograd may hand over any layout; the kernels read rows
   Scratch scratch{q.device(), {}, nullptr};
   NativeBackward args{};
-  args.call = call_on(q, scratch);
-  args.q = describe(q, "q");
-  args.k = describe(k, "k");
-  args.v = describe(v, "v");
-  args.o = describe(o, "o");
+  describe_call(args, scratch, q, k, v, o, lse, alibi_slopes);
   args.dout = describe(dout, "dout");
   args.dq = describe(dq, "dq");
   args.dk = describe(dk, "dk");
   args.dv = describe(dv, "dv");
-  args.lse = reinterpret_cast<uint64_t>(lse.data_ptr());
-  args.lse_len = static_cast<uint64_t>(lse.numel());
-  alibi_of(alibi_slopes, args.alibi, args.alibi_len);
   args.options = options;
   char message[2048];
   int32_t status = backward_entry(&args, message, sizeof message);
