@@ -5,7 +5,7 @@ C++ compiler against the installed torch and cached beside the kernels.
 Why: eager calls through a Python `torch.autograd.Function` cost ~10 µs of host time more
 than the same call's C++ node, and crossing into the extension through Python objects a
 few more (docs/python.md#speed). torch's C++ ABI changes between versions, so no wheel can
-carry a built library: it is built for the torch it runs with (~15-25 s, once per torch
+carry a built library: it is built for the torch it runs with (~15-20 s, once per torch
 version and source; later processes load it in milliseconds).
 
 `FLASHCORE_NATIVE`: `0` never (the Python path), `1` always (an error where it cannot be
@@ -128,8 +128,7 @@ def _first_use() -> Optional[Callable]:
                 _attention = _load()
             except Exception as e:  # noqa: BLE001 - any failure leaves the Python path, with its reason
                 _reason = f"{type(e).__name__}: {e}"
-                if mode == "1":
-                    _tried = True
+                if mode == "1":  # an error on every call, not once and then the Python path
                     raise RuntimeError(f"flashcore: FLASHCORE_NATIVE=1 but the native autograd path is unavailable: {_reason}") from e
                 if _compiler() is not None:  # a compiler that failed is worth a word; none at all is the quiet default
                     warnings.warn(f"flashcore: the native autograd path could not be built, calls take the Python path: {_reason}", stacklevel=3)

@@ -91,9 +91,9 @@ def _attention(
     """(o, lse): eager, the native operator where it is built (`_native`: its autograd node
     in C++; not with dropout or under a functorch transform), else the extension directly
     (through `_ops.Attention` when autograd records); without autograd lse is None when not
-    wanted (neither allocated nor written). Traced or compiled, the registered op. A head dim that is not a multiple of 8
-    runs zero-padded to one (`_padded`; the slopes, one a head, are the same); with dropout,
-    one fwd_sm80 lacks to its next size."""
+    wanted (neither allocated nor written). Traced or compiled, the registered op. A head
+    dim that is not a multiple of 8 runs zero-padded to one (`_padded`; the slopes, one a
+    head, are the same); with dropout, one fwd_sm80 lacks to its next size."""
     d = q.shape[-1]
     size = _sm80_head_dim(d) if dropout is not None else d + (-d % 8 if d < 256 else 0)
     if size != d and k.shape[-1] == d and v.shape[-1] == d:
