@@ -1,5 +1,6 @@
 """The wheel itself, on any machine (CI has no GPU and no torch): name, abi3 tag, contents, no
-link to libtorch / libpython / the CUDA runtime, the extension's argument and error handling,
+link to libtorch / libpython / the CUDA runtime, the extension's argument and error handling
+(its native entry points' too, and their C structs written alike in Rust and in C++),
 `device_info` without a GPU, and the NVRTC discovery. Run: `pytest --noconftest
 python/tests/test_wheel.py`, with the wheel in $FLASHCORE_WHEEL (else the newest under
 target/wheels)."""
@@ -256,3 +257,56 @@ def test_nvrtc_of_torch_wheels_is_found(unpacked, tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHCORE_NVRTC", "/explicit/libnvrtc.so")
     nvrtc.use_torch_nvrtc()
     assert os.environ["FLASHCORE_NVRTC"] == "/explicit/libnvrtc.so", "an explicit choice wins"
+
+
+def abi_structs_cpp(text: str) -> dict:
+    """`struct Native... { ... };` of native/attention.cpp as {name: [(field, type)]}, types in
+    Rust's spelling (function pointers "fn", data pointers "ptr")."""
+    types_ = {"uint64_t": "u64", "int64_t": "i64", "int32_t": "i32", "float": "f32", "void*": "ptr"}
+    structs = {}
+    for name, body in re.findall(r"struct (Native\w+) \{(.*?)\};", text, re.S):
+        fields = []
+        for decl in (d.strip() for d in body.split(";")):
+            decl = re.sub(r"//.*", "", decl).strip()
+            if not decl:
+                continue
+            if "(*" in decl:
+                fields.append((re.search(r"\(\*(\w+)\)", decl).group(1), "fn"))
+                continue
+            kind, names = decl.split(None, 1)
+            for part in (p.strip() for p in names.split(",")):
+                array = re.fullmatch(r"(\w+)\[(\d+)\]", part)
+                if array:
+                    fields.append((array.group(1), f"[{types_[kind]}; {array.group(2)}]"))
+                elif part.startswith("*"):
+                    fields.append((part[1:], "ptr"))
+                else:
+                    fields.append((part, types_.get(kind, kind)))
+        structs[name] = fields
+    return structs
+
+
+def abi_structs_rust(text: str) -> dict:
+    """`#[repr(C)]` `pub struct Native... { ... }` of python/src/native.rs, as `abi_structs_cpp`."""
+    structs = {}
+    for name, body in re.findall(r"#\[repr\(C\)\]\s*(?:#\[derive\([^)]*\)\]\s*)?pub struct (Native\w+) \{(.*?)\n\}", text, re.S):
+        fields = []
+        for line in body.strip().splitlines():
+            field, kind = (s.strip().rstrip(",") for s in line.split(":", 1))
+            fields.append((field, "fn" if "fn(" in kind else "ptr" if kind.startswith("*mut") else kind))
+        structs[name] = fields
+    return structs
+
+
+def test_native_abi_structs_agree_between_rust_and_cpp():
+    """The native path's C contract is written twice, in python/src/native.rs and in
+    python/flashcore/native/attention.cpp (which CI cannot compile: it has no torch): the
+    same structs, the same fields in the same order, the same types."""
+    cpp = abi_structs_cpp((ROOT / "python" / "flashcore" / "native" / "attention.cpp").read_text())
+    rust = abi_structs_rust((ROOT / "python" / "src" / "native.rs").read_text())
+    assert set(cpp) == set(rust) == {"NativeTensor", "NativeOptions", "NativeScratch", "NativeCall", "NativeForward", "NativeBackward"}, (cpp.keys(), rust.keys())
+    for name in rust:
+        assert cpp[name] == rust[name], f"{name}: C++ {cpp[name]} against Rust {rust[name]}"
+    abi_cpp = re.search(r"constexpr int64_t kAbiVersion = (\d+);", (ROOT / "python" / "flashcore" / "native" / "attention.cpp").read_text())
+    abi_rust = re.search(r"pub const ABI_VERSION: u64 = (\d+);", (ROOT / "python" / "src" / "native.rs").read_text())
+    assert abi_cpp and abi_rust and abi_cpp.group(1) == abi_rust.group(1)
