@@ -21,18 +21,37 @@ mod native;
 /// four dims) and dtype name (`"f16"` or `"bf16"`).
 type TensorArg = (u64, [usize; 4], [usize; 4], String);
 
-/// The Python exception for a FlashCore error, with the error's text: bad arguments are
-/// `ValueError` (`TypeError` for dtypes), what FlashCore cannot do yet `NotImplementedError`,
-/// the environment (driver, NVRTC, compiler, file system) `RuntimeError`.
+/// The Python exception a FlashCore error becomes, on both paths (the native path's C entry
+/// points pass it as a status code, `native.rs`): bad arguments are `ValueError` (`TypeError`
+/// for dtypes), what FlashCore cannot do yet `NotImplementedError`, the environment (driver,
+/// NVRTC, compiler, file system) `RuntimeError`. The discriminants are those status codes.
+#[derive(Clone, Copy)]
+pub(crate) enum ErrorKind {
+    Type = 1,
+    Value = 2,
+    NotImplemented = 3,
+    Runtime = 4,
+}
+
+pub(crate) fn error_kind(e: &Error) -> ErrorKind {
+    match e {
+        Error::DType { .. } => ErrorKind::Type,
+        Error::Shape { .. } | Error::Stride { .. } | Error::Alignment { .. } | Error::DeviceMismatch { .. } | Error::Param { .. } => {
+            ErrorKind::Value
+        }
+        Error::HeadDim { .. } | Error::Unsupported { .. } => ErrorKind::NotImplemented,
+        _ => ErrorKind::Runtime,
+    }
+}
+
+/// The Python exception for a FlashCore error ([`error_kind`]), with the error's text.
 fn to_py(e: Error) -> PyErr {
     let msg = e.to_string();
-    match e {
-        Error::DType { .. } => PyTypeError::new_err(msg),
-        Error::Shape { .. } | Error::Stride { .. } | Error::Alignment { .. } | Error::DeviceMismatch { .. } | Error::Param { .. } => {
-            PyValueError::new_err(msg)
-        }
-        Error::HeadDim { .. } | Error::Unsupported { .. } => PyNotImplementedError::new_err(msg),
-        _ => PyRuntimeError::new_err(msg),
+    match error_kind(&e) {
+        ErrorKind::Type => PyTypeError::new_err(msg),
+        ErrorKind::Value => PyValueError::new_err(msg),
+        ErrorKind::NotImplemented => PyNotImplementedError::new_err(msg),
+        ErrorKind::Runtime => PyRuntimeError::new_err(msg),
     }
 }
 
@@ -99,10 +118,10 @@ struct GradsArg(GradArg, GradArg, GradArg);
 /// `softcap` 0 for none, `num_splits` `None` for FlashCore's choice, `deterministic` for the
 /// backward. The Rust API validates them.
 #[derive(FromPyObject)]
-struct OptionsArg(Option<f32>, bool, i32, i32, f32, Option<usize>, bool);
+pub(crate) struct OptionsArg(pub Option<f32>, pub bool, pub i32, pub i32, pub f32, pub Option<usize>, pub bool);
 
 /// `options` as the Rust API takes them.
-fn params(options: OptionsArg) -> AttnParams {
+pub(crate) fn params(options: OptionsArg) -> AttnParams {
     let OptionsArg(softmax_scale, causal, window_left, window_right, softcap, num_splits, deterministic) = options;
     let window = Window::new(window_left, window_right);
     AttnParams { softmax_scale, causal, window, softcap, num_splits, deterministic, ..AttnParams::default() }
@@ -250,35 +269,28 @@ fn attention_forward(
     // Detached from the interpreter: the first call of a variant compiles it (seconds).
     let result = py.detach(|| {
         let mut scratch = scratch_fn(&scratch, &mut scratch_error);
-        let call = Call { device, stream, scratch: &mut scratch };
+        let caller = CallerStream { stream: ExternalStream::from_raw(stream), scratch: &mut scratch };
         // SAFETY: as for `keys` above.
-        unsafe { forward_on(&ctx, call, tensors, lse, keys, alibi_slopes, dropout_state, probs, &params, check) }
+        unsafe { forward_on(&ctx, device, caller, tensors, lse, keys, alibi_slopes, dropout_state, probs, &params, check) }
     });
     finish(result, scratch_error, to_py)
 }
 
-/// Where a call runs: the device, the caller's raw stream and its scratch allocator (see
-/// [`CallArg`]).
-pub(crate) struct Call<'a> {
-    pub device: usize,
-    pub stream: usize,
-    pub scratch: &'a mut dyn FnMut(usize) -> flashcore::Result<u64>,
-}
-
-/// A forward on `call`'s stream, the layer under [`attention_forward`] and the native
+/// A forward on `caller`'s stream (PyTorch's current stream of `device`), the layer under [`attention_forward`] and the native
 /// autograd path's (`native::native_forward`): `tensors` are `q`, `k`, `v`, `o` (address and
 /// layout), `lse` the f32 log-sum-exp `(address, elements)` or `None`, `probs` dropout's
 /// probabilities; `check` checks a packed batch's or a cache's device values first.
 ///
 /// # Safety
-/// Every address is live CUDA memory of `call.device` with the layout or extent given,
-/// alive across the call, its reuse ordered on `call.stream` (PyTorch's current stream of
-/// the device) by the caller's allocator; `keys`, `alibi_slopes` and `dropout_state` hold
+/// Every address is live CUDA memory of `device` with the layout or extent given, alive
+/// across the call, its reuse ordered on `caller.stream` (PyTorch's current stream of the
+/// device) by the caller's allocator; `keys`, `alibi_slopes` and `dropout_state` hold
 /// the same.
 #[allow(clippy::too_many_arguments)] // the Rust API's inputs, outputs and options, spelled out
 pub(crate) unsafe fn forward_on(
     ctx: &Context,
-    call: Call,
+    device: usize,
+    caller: CallerStream,
     tensors: [(u64, Layout); 4],
     lse: Option<(u64, usize)>,
     keys: KvLayout,
@@ -288,7 +300,6 @@ pub(crate) unsafe fn forward_on(
     params: &AttnParams,
     check: bool,
 ) -> flashcore::Result<()> {
-    let Call { device, stream, scratch } = call;
     // SAFETY: this function's contract.
     unsafe {
         let view = |(ptr, layout): (u64, Layout)| TensorView::from_raw(ptr, layout, device);
@@ -302,7 +313,7 @@ pub(crate) unsafe fn forward_on(
             lse: lse.map(|(ptr, len)| LseViewMut::from_raw(ptr, len)),
             probs: probs.map(|(ptr, layout)| TensorViewMut::from_raw(ptr, layout, device)),
         };
-        ctx.attention_on_stream(CallerStream { stream: ExternalStream::from_raw(stream), scratch }, &inputs, out, params)
+        ctx.attention_on_stream(caller, &inputs, out, params)
     }
 }
 
@@ -356,10 +367,10 @@ fn attention_backward(
     let tensors: [(u64, Layout); 8] = std::array::from_fn(|i| (addresses[i], layouts[i]));
     let result = py.detach(|| {
         let mut scratch = scratch_fn(&scratch, &mut scratch_error);
-        let call = Call { device, stream, scratch: &mut scratch };
+        let caller = CallerStream { stream: ExternalStream::from_raw(stream), scratch: &mut scratch };
         // SAFETY: as in `attention_forward`: live CUDA tensors of `device` with these layouts,
         // kept alive by the Python side across the call, on PyTorch's current stream.
-        unsafe { backward_on(&ctx, call, tensors, lse, batch, alibi_slopes, dropout_state, &params, check) }
+        unsafe { backward_on(&ctx, device, caller, tensors, lse, batch, alibi_slopes, dropout_state, &params, check) }
     });
     finish(result, scratch_error, to_py).map(|()| reference)
 }
@@ -373,7 +384,7 @@ pub(crate) fn runs_reference_backward(ctx: &Context, q: &Layout, k: &Layout, par
     Ok(ctx.backward_variant(&shape, q.dtype, params)?.family == KernelFamily::Reference)
 }
 
-/// A backward on `call`'s stream, the layer under [`attention_backward`] and the native
+/// A backward on `caller`'s stream, the layer under [`attention_backward`] and the native
 /// autograd path's (`native::native_backward`): `tensors` are `q`, `k`, `v`, `o`, `dout`, then the
 /// gradients `dq`, `dk`, `dv` (written), `lse` the forward's `(address, elements)`; `batch`
 /// a packed batch, whose device values `check` checks first.
@@ -383,7 +394,8 @@ pub(crate) fn runs_reference_backward(ctx: &Context, q: &Layout, k: &Layout, par
 #[allow(clippy::too_many_arguments)] // the Rust API's inputs, gradients and options, spelled out
 pub(crate) unsafe fn backward_on(
     ctx: &Context,
-    call: Call,
+    device: usize,
+    caller: CallerStream,
     tensors: [(u64, Layout); 8],
     lse: (u64, usize),
     batch: Option<VarlenBatch>,
@@ -392,7 +404,6 @@ pub(crate) unsafe fn backward_on(
     params: &AttnParams,
     check: bool,
 ) -> flashcore::Result<()> {
-    let Call { device, stream, scratch } = call;
     // SAFETY: this function's contract.
     unsafe {
         let view = |i: usize| TensorView::from_raw(tensors[i].0, tensors[i].1, device);
@@ -404,7 +415,7 @@ pub(crate) unsafe fn backward_on(
         let lse = LseView::from_raw(lse.0, lse.1);
         let inputs = BwdInputs { q: view(0), k: view(1), v: view(2), o: view(3), lse, dout: view(4), kv, alibi_slopes, dropout_state };
         let grads = GradsMut { dq: grad(5), dk: grad(6), dv: grad(7) };
-        ctx.attention_backward_on_stream(CallerStream { stream: ExternalStream::from_raw(stream), scratch }, &inputs, grads, params)
+        ctx.attention_backward_on_stream(caller, &inputs, grads, params)
     }
 }
 

@@ -14,9 +14,9 @@
 use std::ffi::{c_char, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use flashcore::{AlibiSlopes, AttnParams, DType, Error, KvLayout, Layout, Window};
+use flashcore::{AlibiSlopes, CallerStream, DType, Error, ExternalStream, KvLayout, Layout};
 
-use crate::{backward_on, forward_on, runs_reference_backward, Call};
+use crate::{backward_on, error_kind, forward_on, params, runs_reference_backward, ErrorKind, OptionsArg};
 
 /// The struct layouts' version: `attention.cpp` refuses entry points of another.
 pub const ABI_VERSION: u64 = 1;
@@ -101,23 +101,9 @@ pub struct NativeBackward {
     reference: i32,
 }
 
-/// Status codes: the Python exception `attention.cpp` raises for each.
+/// Success; an error's status is its [`ErrorKind`] (the Python exception `attention.cpp`
+/// raises for it), a panic's `ErrorKind::Runtime`.
 const OK: i32 = 0;
-const TYPE_ERROR: i32 = 1;
-const VALUE_ERROR: i32 = 2;
-const NOT_IMPLEMENTED: i32 = 3;
-const RUNTIME_ERROR: i32 = 4;
-
-fn status(e: &Error) -> i32 {
-    match e {
-        Error::DType { .. } => TYPE_ERROR,
-        Error::Shape { .. } | Error::Stride { .. } | Error::Alignment { .. } | Error::DeviceMismatch { .. } | Error::Param { .. } => {
-            VALUE_ERROR
-        }
-        Error::HeadDim { .. } | Error::Unsupported { .. } => NOT_IMPLEMENTED,
-        _ => RUNTIME_ERROR,
-    }
-}
 
 fn layout(t: &NativeTensor, arg: &'static str) -> flashcore::Result<Layout> {
     let dtype = match t.dtype {
@@ -135,16 +121,11 @@ fn layout(t: &NativeTensor, arg: &'static str) -> flashcore::Result<Layout> {
     Ok(Layout { shape: dims(t.shape, "size")?, strides: dims(t.strides, "stride")?, dtype })
 }
 
-fn params(o: &NativeOptions) -> AttnParams {
-    AttnParams {
-        softmax_scale: Some(o.softmax_scale),
-        causal: o.causal != 0,
-        window: Window::new(o.window_left, o.window_right),
-        softcap: o.softcap,
-        num_splits: (o.num_splits > 0).then_some(o.num_splits as usize),
-        deterministic: o.deterministic != 0,
-        ..AttnParams::default()
-    }
+/// `o` as the Python entry points' options ([`OptionsArg`]), so that one function builds the
+/// Rust API's parameters for both.
+fn options(o: &NativeOptions) -> OptionsArg {
+    let num_splits = (o.num_splits > 0).then_some(o.num_splits as usize);
+    OptionsArg(Some(o.softmax_scale), o.causal != 0, o.window_left, o.window_right, o.softcap, num_splits, o.deterministic != 0)
 }
 
 /// `ptr`'s slopes as the Rust API takes them, None for 0.
@@ -164,8 +145,8 @@ unsafe fn alibi(ptr: u64, len: u64) -> Option<AlibiSlopes<'static>> {
 unsafe fn guarded(message: *mut c_char, capacity: usize, body: impl FnOnce() -> flashcore::Result<()>) -> i32 {
     let (code, text) = match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => return OK,
-        Ok(Err(e)) => (status(&e), e.to_string()),
-        Err(_) => (RUNTIME_ERROR, "flashcore: internal error (a panic in the native entry point)".to_string()),
+        Ok(Err(e)) => (error_kind(&e) as i32, e.to_string()),
+        Err(_) => (ErrorKind::Runtime as i32, "flashcore: internal error (a panic in the native entry point)".to_string()),
     };
     if capacity > 0 {
         let n = text.len().min(capacity - 1);
@@ -213,10 +194,22 @@ unsafe extern "C" fn native_forward(args: *const NativeForward, message: *mut c_
             }
             let ctx = context_of(a.call.device)?;
             let mut scratch = scratch_fn(a.call.scratch);
-            let call = Call { device: a.call.device as usize, stream: a.call.stream as usize, scratch: &mut scratch };
+            let caller = CallerStream { stream: ExternalStream::from_raw(a.call.stream as usize), scratch: &mut scratch };
             let lse = (a.lse != 0).then_some((a.lse, a.lse_len as usize));
-            let params = params(&a.options);
-            forward_on(&ctx, call, resolved, lse, KvLayout::Dense, alibi(a.alibi, a.alibi_len), None, None, &params, false)
+            let params = params(options(&a.options));
+            forward_on(
+                &ctx,
+                a.call.device as usize,
+                caller,
+                resolved,
+                lse,
+                KvLayout::Dense,
+                alibi(a.alibi, a.alibi_len),
+                None,
+                None,
+                &params,
+                false,
+            )
         })
     }
 }
@@ -236,11 +229,22 @@ unsafe extern "C" fn native_backward(args: *mut NativeBackward, message: *mut c_
                 *slot = (t.ptr, layout(&t, name)?);
             }
             let ctx = context_of(a.call.device)?;
-            let params = params(&a.options);
+            let params = params(options(&a.options));
             let reference = runs_reference_backward(&ctx, &tensors[0].1, &tensors[1].1, &params)?;
             let mut scratch = scratch_fn(a.call.scratch);
-            let call = Call { device: a.call.device as usize, stream: a.call.stream as usize, scratch: &mut scratch };
-            backward_on(&ctx, call, tensors, (a.lse, a.lse_len as usize), None, alibi(a.alibi, a.alibi_len), None, &params, false)?;
+            let caller = CallerStream { stream: ExternalStream::from_raw(a.call.stream as usize), scratch: &mut scratch };
+            backward_on(
+                &ctx,
+                a.call.device as usize,
+                caller,
+                tensors,
+                (a.lse, a.lse_len as usize),
+                None,
+                alibi(a.alibi, a.alibi_len),
+                None,
+                &params,
+                false,
+            )?;
             a.reference = i32::from(reference);
             Ok(())
         })

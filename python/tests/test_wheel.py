@@ -151,31 +151,79 @@ def test_bad_window_and_softcap_are_value_errors_before_any_gpu_work(ext):
         ext.plan(0, shape, shape, "bf16", (None, True, 127, 0, float("nan"), None, False))
 
 
-class NativeTensor(ctypes.Structure):
-    _fields_ = [("ptr", ctypes.c_uint64), ("shape", ctypes.c_int64 * 4), ("strides", ctypes.c_int64 * 4), ("dtype", ctypes.c_int32)]
+def abi_structs_cpp(text: str) -> dict:
+    """`struct Native... { ... };` of native/attention.cpp as {name: [(field, type)]}, types in
+    Rust's spelling (function pointers "fn", data pointers "ptr")."""
+    types_ = {"uint64_t": "u64", "int64_t": "i64", "int32_t": "i32", "float": "f32", "void*": "ptr"}
+    structs = {}
+    for name, body in re.findall(r"struct (Native\w+) \{(.*?)\};", text, re.S):
+        fields = []
+        for decl in (d.strip() for d in body.split(";")):
+            decl = re.sub(r"//.*", "", decl).strip()
+            if not decl:
+                continue
+            if "(*" in decl:
+                fields.append((re.search(r"\(\*(\w+)\)", decl).group(1), "fn"))
+                continue
+            kind, names = decl.split(None, 1)
+            for part in (p.strip() for p in names.split(",")):
+                array = re.fullmatch(r"(\w+)\[(\d+)\]", part)
+                if array:
+                    fields.append((array.group(1), f"[{types_[kind]}; {array.group(2)}]"))
+                elif part.startswith("*"):
+                    fields.append((part[1:], "ptr"))
+                else:
+                    fields.append((part, types_.get(kind, kind)))
+        structs[name] = fields
+    return structs
 
 
-class NativeForward(ctypes.Structure):
-    """native.rs's `NativeForward` (and native/attention.cpp's): the call, q, k, v, o, the lse
-    and ALiBi addresses and lengths, the options."""
+def abi_structs_rust(text: str) -> dict:
+    """`#[repr(C)]` `pub struct Native... { ... }` of python/src/native.rs, as `abi_structs_cpp`."""
+    structs = {}
+    for name, body in re.findall(r"#\[repr\(C\)\]\s*(?:#\[derive\([^)]*\)\]\s*)?pub struct (Native\w+) \{(.*?)\n\}", text, re.S):
+        fields = []
+        for line in body.strip().splitlines():
+            field, kind = (s.strip().rstrip(",") for s in line.split(":", 1))
+            fields.append((field, "fn" if "fn(" in kind else "ptr" if kind.startswith("*mut") else kind))
+        structs[name] = fields
+    return structs
 
-    _fields_ = [
-        ("device", ctypes.c_int32), ("stream", ctypes.c_uint64), ("alloc", ctypes.c_void_p), ("alloc_ctx", ctypes.c_void_p),
-        ("q", NativeTensor), ("k", NativeTensor), ("v", NativeTensor), ("o", NativeTensor),
-        ("lse", ctypes.c_uint64), ("lse_len", ctypes.c_uint64), ("alibi", ctypes.c_uint64), ("alibi_len", ctypes.c_uint64),
-        ("options", ctypes.c_int32 * 7),
-    ]  # fmt: skip
+
+
+CTYPES = {"u64": ctypes.c_uint64, "i64": ctypes.c_int64, "i32": ctypes.c_int32, "f32": ctypes.c_float, "fn": ctypes.c_void_p, "ptr": ctypes.c_void_p}
+
+
+def native_structs() -> dict:
+    """native.rs's C structs as ctypes types, made from its source (`abi_structs_rust`), so the
+    test below calls the entry point with the layout the extension was built with."""
+    defs = abi_structs_rust((ROOT / "python" / "src" / "native.rs").read_text())
+    made: dict = {}
+
+    def make(name):
+        if name not in made:
+            fields = []
+            for field, kind in defs[name]:
+                array = re.fullmatch(r"\[(\w+); (\d+)\]", kind)
+                fields.append((field, CTYPES[array.group(1)] * int(array.group(2)) if array else CTYPES.get(kind) or make(kind)))
+            made[name] = type(name, (ctypes.Structure,), {"_fields_": fields})
+        return made[name]
+
+    for name in defs:
+        make(name)
+    return made
 
 
 def native_forward(ext, dtype_code: int) -> tuple:
     """Calls the native path's forward entry point (as native/attention.cpp does) on made-up
-    addresses: `(status, message)`."""
+    addresses, k with `dtype_code`: `(status, message)`."""
     abi, forward, _ = ext.native_entry_points()
     assert abi == 1 and forward != 0
-    t = NativeTensor(0x1000, (ctypes.c_int64 * 4)(1, 16, 4, 64), (ctypes.c_int64 * 4)(4096, 256, 64, 1), 1)
-    bad = NativeTensor(0x1000, t.shape, t.strides, dtype_code)
-    args = NativeForward(device=0, q=t, k=bad, v=t, o=t)
-    entry = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.POINTER(NativeForward), ctypes.c_char_p, ctypes.c_size_t)(forward)
+    structs = native_structs()
+    shape, strides = (ctypes.c_int64 * 4)(1, 16, 4, 64), (ctypes.c_int64 * 4)(4096, 256, 64, 1)
+    t, bad = (structs["NativeTensor"](0x1000, shape, strides, code) for code in (1, dtype_code))
+    args = structs["NativeForward"](call=structs["NativeCall"](device=0), q=t, k=bad, v=t, o=t)
+    entry = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.POINTER(structs["NativeForward"]), ctypes.c_char_p, ctypes.c_size_t)(forward)
     message = ctypes.create_string_buffer(512)
     return entry(ctypes.byref(args), message, len(message)), message.value.decode()
 
@@ -257,45 +305,6 @@ def test_nvrtc_of_torch_wheels_is_found(unpacked, tmp_path, monkeypatch):
     monkeypatch.setenv("FLASHCORE_NVRTC", "/explicit/libnvrtc.so")
     nvrtc.use_torch_nvrtc()
     assert os.environ["FLASHCORE_NVRTC"] == "/explicit/libnvrtc.so", "an explicit choice wins"
-
-
-def abi_structs_cpp(text: str) -> dict:
-    """`struct Native... { ... };` of native/attention.cpp as {name: [(field, type)]}, types in
-    Rust's spelling (function pointers "fn", data pointers "ptr")."""
-    types_ = {"uint64_t": "u64", "int64_t": "i64", "int32_t": "i32", "float": "f32", "void*": "ptr"}
-    structs = {}
-    for name, body in re.findall(r"struct (Native\w+) \{(.*?)\};", text, re.S):
-        fields = []
-        for decl in (d.strip() for d in body.split(";")):
-            decl = re.sub(r"//.*", "", decl).strip()
-            if not decl:
-                continue
-            if "(*" in decl:
-                fields.append((re.search(r"\(\*(\w+)\)", decl).group(1), "fn"))
-                continue
-            kind, names = decl.split(None, 1)
-            for part in (p.strip() for p in names.split(",")):
-                array = re.fullmatch(r"(\w+)\[(\d+)\]", part)
-                if array:
-                    fields.append((array.group(1), f"[{types_[kind]}; {array.group(2)}]"))
-                elif part.startswith("*"):
-                    fields.append((part[1:], "ptr"))
-                else:
-                    fields.append((part, types_.get(kind, kind)))
-        structs[name] = fields
-    return structs
-
-
-def abi_structs_rust(text: str) -> dict:
-    """`#[repr(C)]` `pub struct Native... { ... }` of python/src/native.rs, as `abi_structs_cpp`."""
-    structs = {}
-    for name, body in re.findall(r"#\[repr\(C\)\]\s*(?:#\[derive\([^)]*\)\]\s*)?pub struct (Native\w+) \{(.*?)\n\}", text, re.S):
-        fields = []
-        for line in body.strip().splitlines():
-            field, kind = (s.strip().rstrip(",") for s in line.split(":", 1))
-            fields.append((field, "fn" if "fn(" in kind else "ptr" if kind.startswith("*mut") else kind))
-        structs[name] = fields
-    return structs
 
 
 def test_native_abi_structs_agree_between_rust_and_cpp():
