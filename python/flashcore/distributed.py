@@ -222,6 +222,7 @@ def _ring_backward(dout, q, k, v, out, lse, scale, causal, softcap, deterministi
     local = q.shape[1]
     dq = dkv = None
     kv = [k, v]
+    dkv_pending = None  # the fp32 dK/dV sums of the block now held, on their way from the previous rank
     dout = dout.contiguous()
     for step in range(world):
         pending = ring.start(kv) if step + 1 < world else None
@@ -234,6 +235,10 @@ def _ring_backward(dout, q, k, v, out, lse, scale, causal, softcap, deterministi
                 qb, kb, vb, out[:, rows], lse[:, :, rows].contiguous(), dout[:, rows], dq_b, dk_b, dv_b,
                 scale, block_causal, deterministic, NO_WINDOW, softcap,
             )
+        # Waited for only now, so the sums' transfer ran beside this step's kernel.
+        if dkv_pending is not None:
+            dkv = _Ring.wait(dkv_pending)
+        if block is not None:
             if dq is None:  # step 0, every row and key (`_blocks`): the first gradients start the sums
                 dq, dkv = dq_b.float(), [dk_b.float(), dv_b.float()]
             else:
@@ -241,9 +246,10 @@ def _ring_backward(dout, q, k, v, out, lse, scale, causal, softcap, deterministi
                 dkv[0][:, cols] += dk_b
                 dkv[1][:, cols] += dv_b
         # dK/dV travel with the block they belong to; after `world` passes they are home.
-        dkv = _Ring.wait(ring.start(dkv))
+        dkv_pending = ring.start(dkv)
         if pending is not None:
             kv = _Ring.wait(pending)
+    dkv = _Ring.wait(dkv_pending)
     return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
 
 
