@@ -7,8 +7,10 @@ sequence, forward and forward + backward, in one torchrun job.
 
 Llama-style attention by default (Hq 32, Hkv 8, D128, bf16, causal, batch 1). Rank 0 times
 FlashCore on one GPU over the whole sequence while the others wait; then every rank runs its
-zigzag shard. Each time is the median of `--reps` calls after a warm-up, CUDA events around
-each, the slowest rank's. Efficiency = time(1 GPU) / (W x time(W GPUs)). With
+zigzag shard. On W GPUs the contenders run in `--reps` interleaved rounds (each once a
+round, after a warm-up call of each), CUDA events around each call, the slowest rank's; each
+time is the median over rounds and each comparison the median of same-round ratios. The one-GPU
+time is the median of `--reps` calls. Efficiency = time(1 GPU) / (W x time(W GPUs)). With
 `--ring-flash-attn PATH` (a checkout of ring-flash-attn), its zigzag ring on FlashCore's
 low-level API (flashcore.compat) runs in the same job for comparison; with `--torch-cp`,
 PyTorch's context_parallel over SDPA-cuDNN. `--json OUT` writes rank 0's rows
@@ -30,13 +32,11 @@ import flashcore
 from flashcore import distributed as cp
 
 
-def median_ms(fn, reps: int, before=lambda: None) -> float:
-    """Median milliseconds of `fn` over `reps` calls after one warm-up (`before` runs ahead
-    of each timed call, outside the timing)."""
+def median_ms(fn, reps: int) -> float:
+    """Median milliseconds of `fn` over `reps` calls after one warm-up (one GPU)."""
     fn()
     times = []
     for _ in range(reps):
-        before()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
@@ -46,11 +46,32 @@ def median_ms(fn, reps: int, before=lambda: None) -> float:
     return statistics.median(times)
 
 
-def timed(fn, reps: int) -> float:
-    """`median_ms` of a collective `fn` started together on every rank: the slowest rank's."""
-    t = torch.tensor([median_ms(fn, reps, before=dist.barrier)], device="cuda")
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
+def interleaved(contenders: dict, reps: int) -> dict:
+    """Each of `contenders` ({label: fn}, collectives started together on every rank) timed
+    once a round, `reps` rounds after a warm-up call of each, so that runs compared met the
+    same clock and the same neighbours (single runs of one code moved 5% between jobs): per
+    label the milliseconds of each round, the slowest rank's."""
+    for fn in contenders.values():
+        fn()
+    per_round = {label: [] for label in contenders}
+    for _ in range(reps):
+        for label, fn in contenders.items():
+            dist.barrier()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            per_round[label].append(start.elapsed_time(end))
+    labels = list(per_round)
+    slowest = torch.tensor([per_round[label] for label in labels], device="cuda", dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return {label: slowest[i].tolist() for i, label in enumerate(labels)}
+
+
+def paired(mine: list, theirs: list) -> float:
+    """The median over rounds of `theirs / mine` (above 1: `mine` is faster)."""
+    return statistics.median(b / a for a, b in zip(mine, theirs))
 
 
 def passes(attn, q, k, v, dout):
@@ -115,8 +136,9 @@ def main() -> None:
         sys.modules["ring_flash_attn"] = package
         from ring_flash_attn.zigzag_ring_flash_attn import zigzag_ring_flash_attn_func as rfa  # noqa: N813
     if rank == 0:
-        print(f"{torch.cuda.get_device_name()} x{world}; Hq {args.hq}, Hkv {args.hkv}, D{args.d}, bf16, causal, batch 1; median of {args.reps}, CUDA events, slowest rank")
-        print("tokens | pass | 1 GPU ms | flashcore W ms | efficiency" + (" | ring-flash-attn W ms" if rfa else "") + (" | torch CP W ms" if args.torch_cp else ""))
+        print(f"{torch.cuda.get_device_name()} x{world}; Hq {args.hq}, Hkv {args.hkv}, D{args.d}, bf16, causal, batch 1; median of {args.reps} interleaved rounds, CUDA events, slowest rank")
+        print("tokens | pass | 1 GPU ms | flashcore W ms | efficiency" + (" | ring-flash-attn W ms | its time / flashcore's, paired" if rfa else "")
+              + (" | torch CP W ms | its time / flashcore's, paired" if args.torch_cp else ""))
     rows = []
     for s in [int(t) for t in args.tokens.split(",")]:
         g = torch.Generator(device="cuda").manual_seed(0)
@@ -141,15 +163,25 @@ def main() -> None:
             except Exception as e:  # an experimental API: report, and time the rest
                 print(f"rank {rank}: PyTorch's context_parallel did not run: {type(e).__name__}: {e}", flush=True)
         for i, name in enumerate(("fwd", "fwd+bwd")):
-            t_w = timed(ours[i], args.reps)
-            t_rfa = timed(theirs[i], args.reps) if rfa else None
-            t_torch = timed(torch_cp[i], args.reps) if torch_cp[i] else None
+            contenders = {"flashcore": ours[i]}
+            if rfa:
+                contenders["ring-flash-attn"] = theirs[i]
+            if torch_cp[i]:
+                contenders["torch CP"] = torch_cp[i]
+            rounds = interleaved(contenders, args.reps)
             if rank == 0:
+                t_w = statistics.median(rounds["flashcore"])
                 eff = single[name] / (world * t_w)
-                extra = "".join(f" | {t:.1f}" for t in (t_rfa, t_torch) if t is not None)
-                print(f"{s} | {name} | {single[name]:.1f} | {t_w:.1f} | {eff:.2f}{extra}", flush=True)
-                rows.append(dict(world=world, hq=args.hq, hkv=args.hkv, d=args.d, tokens=s, one_gpu_ms=single[name], flashcore_ms=t_w,
-                                 ring_flash_attn_ms=t_rfa, torch_cp_ms=t_torch, **{"pass": name}))
+                row = dict(world=world, hq=args.hq, hkv=args.hkv, d=args.d, tokens=s, one_gpu_ms=single[name], flashcore_ms=t_w, **{"pass": name})
+                line = f"{s} | {name} | {single[name]:.1f} | {t_w:.1f} | {eff:.2f}"
+                for label, key in (("ring-flash-attn", "ring_flash_attn"), ("torch CP", "torch_cp")):
+                    if label in rounds:
+                        row[f"{key}_ms"] = statistics.median(rounds[label])
+                        row[f"{key}_over_flashcore_paired"] = paired(rounds["flashcore"], rounds[label])
+                        line += f" | {row[f'{key}_ms']:.1f} | {row[f'{key}_over_flashcore_paired']:.3f}"
+                row["rounds_ms"] = rounds
+                print(line, flush=True)
+                rows.append(row)
         if torch_cp[2] is not None:
             torch_cp[2].__exit__(None, None, None)  # restores its buffers and SDPA
         del mine, torch_cp
@@ -157,7 +189,7 @@ def main() -> None:
     if rank == 0 and args.json:
         with open(args.json, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), gpus=torch.cuda.device_count(), torch=torch.__version__,
-                           command=" ".join(sys.argv), method="median of --reps calls after a warm-up, CUDA events, the slowest rank",
+                           command=" ".join(sys.argv), method="W GPUs: median of --reps interleaved rounds (every contender once a round) after a warm-up, CUDA events, the slowest rank; paired = median of same-round ratios; 1 GPU: median of --reps calls",
                            rows=rows), f, indent=1)
     dist.destroy_process_group()
 
