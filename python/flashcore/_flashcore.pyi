@@ -71,13 +71,11 @@ def attention_backward(
     varlen: Optional[VarlenArg] = None,
     alibi: Optional[AlibiArg] = None,
     dropout: Optional[DropoutArg] = None,
-) -> bool:
+) -> None:
     """Gradients dq, dk, dv (written) of attention under the forward's options, from its
     inputs, o and lse (f32 [B, Hq, Sq]) given dout. With `varlen`, a packed batch (tensors with
     a leading 1 and lse [Hq, total_q], as in attention_forward; the call's `check` as there);
-    `alibi` the forward's slopes, `dropout` the forward's dropout (the same state).
-    Returns whether a dense batch ran on the slow exact reference kernels (where neither the
-    Hopper nor the Ampere-class backward takes the problem); a packed one never does."""
+    `alibi` the forward's slopes, `dropout` the forward's dropout (the same state)."""
 
 def plan(device: int, q_shape: Sequence[int], k_shape: Sequence[int], dtype_name: str, options: OptionsArg, dropout: float = 0.0, probs: bool = False) -> str:
     """The kernel variant, tile and grid FlashCore would run for this problem under `options`

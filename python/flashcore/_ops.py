@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 from typing import Callable, List, Optional, Tuple
 
 import torch
@@ -555,12 +554,6 @@ def fwd(
 fwd.register_fake(_empty_outputs)
 
 
-_SLOW_BACKWARD = (
-    "flashcore: this backward ran on FlashCore's naive reference kernels (exact and deterministic, but far "
-    "slower than cuDNN or FlashAttention): the tensor-core backward takes head dims 32, 64, 96, 128, 192 and 256"
-)
-
-
 def backward(
     q: Tensor,
     k: Tensor,
@@ -614,7 +607,7 @@ def backward_into(
     if dout.stride(-1) != 1:
         dout = dout.contiguous()  # autograd may hand over any layout; the kernels read rows
     grads = (dq.data_ptr(), dk.data_ptr(), dv.data_ptr()) if grads_like_inputs else (_arg(dq), _arg(dk), _arg(dv))
-    on_reference_kernels = _flashcore.attention_backward(
+    _flashcore.attention_backward(
         _call(q),
         (_arg(q), _arg(k), _arg(v), _arg(o), _vector(lse), _arg(dout)),
         grads,
@@ -622,8 +615,6 @@ def backward_into(
         alibi=_alibi_arg(alibi_slopes),
         dropout=_dropout_arg(dropout),
     )
-    if on_reference_kernels:
-        warnings.warn(_SLOW_BACKWARD, stacklevel=4)  # once per call site, by Python's default filter
 
 
 @torch.library.custom_op("flashcore::bwd", mutates_args=(), device_types="cuda")

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use flashcore::{
     AlibiSlopes, AttnParams, BlockTableView, BwdInputs, CallerStream, Context, DType, Dropout, DropoutState, Error, ExternalStream,
-    FwdInputs, FwdOutputs, GradsMut, KernelFamily, KvLayout, Layout, LseView, LseViewMut, PackedQueries, PagedKv, ProblemShape,
-    SeqLensView, TensorView, TensorViewMut, VarlenBatch, Window,
+    FwdInputs, FwdOutputs, GradsMut, KvLayout, Layout, LseView, LseViewMut, PackedQueries, PagedKv, ProblemShape, SeqLensView, TensorView,
+    TensorViewMut, VarlenBatch, Window,
 };
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -321,8 +321,7 @@ pub(crate) unsafe fn forward_on(
 /// `inputs` ([`BwdInputsArg`]: the forward's inputs, `o` and `lse`, and `dout`) under the
 /// forward's `options` ([`OptionsArg`]). With `varlen`, a packed batch (all tensors with a
 /// leading 1 as in `attention_forward`, `lse [Hq, total_q]`; `check` as there); `alibi` the
-/// forward's slopes, `dropout` its dropout ([`DropoutArg`]). Returns whether a dense batch
-/// ran on the slow exact reference kernels (a packed one never does).
+/// forward's slopes, `dropout` its dropout ([`DropoutArg`]).
 #[pyfunction]
 #[pyo3(signature = (call, inputs, grads, options, varlen=None, alibi=None, dropout=None))]
 #[allow(clippy::too_many_arguments)] // the Python signature: one tuple per concern
@@ -335,7 +334,7 @@ fn attention_backward(
     varlen: Option<VarlenArg>,
     alibi: Option<AlibiArg>,
     dropout: Option<DropoutArg>,
-) -> PyResult<bool> {
+) -> PyResult<()> {
     let CallArg(device, stream, scratch, check) = call;
     let BwdInputsArg(q, k, v, o, lse, dout) = inputs;
     let GradsArg(dq, dk, dv) = grads;
@@ -362,7 +361,6 @@ fn attention_backward(
     let alibi_slopes = unsafe { alibi_slopes(alibi) };
     // SAFETY: as in `attention_forward`.
     let dropout_state = unsafe { dropout_state(dropout) };
-    let reference = batch.is_none() && runs_reference_backward(&ctx, &layouts[0], &layouts[1], &params).map_err(to_py)?;
     let mut scratch_error: Option<PyErr> = None;
     let tensors: [(u64, Layout); 8] = std::array::from_fn(|i| (addresses[i], layouts[i]));
     let result = py.detach(|| {
@@ -372,16 +370,7 @@ fn attention_backward(
         // kept alive by the Python side across the call, on PyTorch's current stream.
         unsafe { backward_on(&ctx, device, caller, tensors, lse, batch, alibi_slopes, dropout_state, &params, check) }
     });
-    finish(result, scratch_error, to_py).map(|()| reference)
-}
-
-/// Whether a dense backward of `q`, `k` under `params` runs on the slow exact reference
-/// kernels (the callers warn).
-pub(crate) fn runs_reference_backward(ctx: &Context, q: &Layout, k: &Layout, params: &AttnParams) -> flashcore::Result<bool> {
-    let [batch, seqlen_q, heads_q, head_dim] = q.shape;
-    let [_, seqlen_k, heads_kv, _] = k.shape;
-    let shape = ProblemShape { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim };
-    Ok(ctx.backward_variant(&shape, q.dtype, params)?.family == KernelFamily::Reference)
+    finish(result, scratch_error, to_py)
 }
 
 /// A backward on `caller`'s stream, the layer under [`attention_backward`] and the native

@@ -16,10 +16,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use flashcore::{AlibiSlopes, CallerStream, DType, Error, ExternalStream, KvLayout, Layout};
 
-use crate::{backward_on, error_kind, forward_on, params, runs_reference_backward, ErrorKind, OptionsArg};
+use crate::{backward_on, error_kind, forward_on, params, ErrorKind, OptionsArg};
 
 /// The struct layouts' version: `attention.cpp` refuses entry points of another.
-pub const ABI_VERSION: u64 = 1;
+pub const ABI_VERSION: u64 = 2;
 
 /// A tensor: address, shape and strides (elements, four dims), dtype (0 f16, 1 bf16).
 #[repr(C)]
@@ -80,8 +80,7 @@ pub struct NativeForward {
     options: NativeOptions,
 }
 
-/// A backward: `dq`, `dk`, `dv` written from the forward's tensors and `dout`; `reference`
-/// set to 1 when it ran on the slow exact reference kernels.
+/// A backward: `dq`, `dk`, `dv` written from the forward's tensors and `dout`.
 #[repr(C)]
 pub struct NativeBackward {
     call: NativeCall,
@@ -98,7 +97,6 @@ pub struct NativeBackward {
     alibi: u64,
     alibi_len: u64,
     options: NativeOptions,
-    reference: i32,
 }
 
 /// Success; an error's status is its [`ErrorKind`] (the Python exception `attention.cpp`
@@ -218,11 +216,11 @@ unsafe extern "C" fn native_forward(args: *const NativeForward, message: *mut c_
 ///
 /// # Safety
 /// As [`native_forward`], for a valid `NativeBackward`.
-unsafe extern "C" fn native_backward(args: *mut NativeBackward, message: *mut c_char, capacity: usize) -> i32 {
+unsafe extern "C" fn native_backward(args: *const NativeBackward, message: *mut c_char, capacity: usize) -> i32 {
     // SAFETY: this function's contract.
     unsafe {
         guarded(message, capacity, || {
-            let a = &mut *args;
+            let a = &*args;
             let named = [(a.q, "q"), (a.k, "k"), (a.v, "v"), (a.o, "o"), (a.dout, "dout"), (a.dq, "dq"), (a.dk, "dk"), (a.dv, "dv")];
             let mut tensors = [(0, Layout { shape: [0; 4], strides: [0; 4], dtype: DType::F16 }); 8];
             for (slot, (t, name)) in tensors.iter_mut().zip(named) {
@@ -230,7 +228,6 @@ unsafe extern "C" fn native_backward(args: *mut NativeBackward, message: *mut c_
             }
             let ctx = context_of(a.call.device)?;
             let params = params(options(&a.options));
-            let reference = runs_reference_backward(&ctx, &tensors[0].1, &tensors[1].1, &params)?;
             let mut scratch = scratch_fn(a.call.scratch);
             let caller = CallerStream { stream: ExternalStream::from_raw(a.call.stream as usize), scratch: &mut scratch };
             backward_on(
@@ -244,9 +241,7 @@ unsafe extern "C" fn native_backward(args: *mut NativeBackward, message: *mut c_
                 None,
                 &params,
                 false,
-            )?;
-            a.reference = i32::from(reference);
-            Ok(())
+            )
         })
     }
 }
@@ -255,6 +250,6 @@ unsafe extern "C" fn native_backward(args: *mut NativeBackward, message: *mut c_
 /// Python side hands to the compiled operator library once (`flashcore/_native.py`).
 pub fn entry_points() -> (u64, u64, u64) {
     let forward: unsafe extern "C" fn(*const NativeForward, *mut c_char, usize) -> i32 = native_forward;
-    let backward: unsafe extern "C" fn(*mut NativeBackward, *mut c_char, usize) -> i32 = native_backward;
+    let backward: unsafe extern "C" fn(*const NativeBackward, *mut c_char, usize) -> i32 = native_backward;
     (ABI_VERSION, forward as usize as u64, backward as usize as u64)
 }

@@ -34,7 +34,7 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // The C contract of python/src/native.rs: the same structs, field for field.
-constexpr int64_t kAbiVersion = 1;
+constexpr int64_t kAbiVersion = 2;
 
 struct NativeTensor {
   uint64_t ptr;
@@ -76,11 +76,10 @@ struct NativeBackward {
   NativeTensor q, k, v, o, dout, dq, dk, dv;
   uint64_t lse, lse_len, alibi, alibi_len;
   NativeOptions options;
-  int32_t reference;
 };
 
 using ForwardEntry = int32_t (*)(const NativeForward*, char*, size_t);
-using BackwardEntry = int32_t (*)(NativeBackward*, char*, size_t);
+using BackwardEntry = int32_t (*)(const NativeBackward*, char*, size_t);
 ForwardEntry forward_entry = nullptr;
 BackwardEntry backward_entry = nullptr;
 
@@ -199,7 +198,7 @@ std::tuple<Tensor, Tensor> run_forward(const Tensor& q, const Tensor& k, const T
 }
 
 // The backward of `forward`: gradients laid out like q, k, v (dk, dv summed over the query
-// heads that share a KV head); bwd warns where it ran on the slow exact reference kernels.
+// heads that share a KV head).
 std::tuple<Tensor, Tensor, Tensor> run_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
                                             Tensor dout, const NativeOptions& options, const std::optional<Tensor>& alibi_slopes) {
   check_connected();
@@ -220,10 +219,6 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(const Tensor& q, const Tensor& k
   char message[2048];
   int32_t status = backward_entry(&args, message, sizeof message);
   if (status != 0) raise_status(status, message, scratch);
-  if (args.reference != 0) {
-    TORCH_WARN("flashcore: this backward ran on FlashCore's naive reference kernels (exact and deterministic, but far slower than "
-               "cuDNN or FlashAttention): the tensor-core backward takes head dims 32, 64, 96, 128, 192 and 256");
-  }
   return {dq, dk, dv};
 }
 

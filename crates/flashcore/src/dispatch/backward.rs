@@ -201,6 +201,24 @@ mod tests {
     }
 
     #[test]
+    fn the_reference_runs_only_where_named() {
+        // The Python package never names a family: every backward it starts runs on tensor
+        // cores or is refused, so it has no slow path to warn of.
+        for arch in [HOPPER, AMPERE] {
+            for deterministic in [false, true] {
+                let params = AttnParams { deterministic, ..AttnParams::default() };
+                for d in 1..=crate::kernels::MAX_HEAD_DIM {
+                    for varlen in [false, true] {
+                        if let Ok(family) = backward_family(&shape(d), &params, arch, varlen, false) {
+                            assert_ne!(family, KernelFamily::Reference, "D{d} on {arch}, varlen {varlen}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
     fn a_named_backward_family_is_honoured_or_refused() {
         let named = |family| AttnParams { kernel: Some(family), ..AttnParams::default() };
         assert_eq!(backward_family(&shape(128), &named(KernelFamily::BwdSm80), HOPPER, false, false).unwrap(), KernelFamily::BwdSm80);
