@@ -85,3 +85,12 @@ def plan(device: int, q_shape: Sequence[int], k_shape: Sequence[int], dtype_name
 def device_info(device: int) -> Dict[str, Optional[str]]:
     """`gpu` (name, arch, SMs), `nvrtc` (path), `nvrtc_version`, each None where there is
     none, with the reason in `gpu_error` / `nvrtc_error`. Never raises for a missing GPU."""
+
+def native_entry_points() -> Tuple[int, int, int]:
+    """`(abi_version, forward, backward)`: the addresses of the native autograd path's C entry
+    points, which `flashcore._native` hands to the operator library it compiles."""
+
+def cache_dir() -> str:
+    """The kernels' disk cache directory: `$FLASHCORE_CACHE_DIR`, else the platform's cache
+    directory's `flashcore` (`~/.cache/flashcore` on Linux); the native path's library lives
+    in its `native` folder."""

@@ -47,13 +47,8 @@ def _mode() -> str:
 
 
 def _cache_dir() -> Path:
-    """As the kernels' disk cache (`DiskCache::default_dir`): `$FLASHCORE_CACHE_DIR`, else the
-    user's cache directory's `flashcore`, here its `native` folder."""
-    base = os.environ.get("FLASHCORE_CACHE_DIR")
-    if base:
-        return Path(base) / "native"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "flashcore" / "native"
+    """The `native` folder of the kernels' disk cache (the extension's `cache_dir()`)."""
+    return Path(_flashcore.cache_dir()) / "native"
 
 
 def _compiler() -> Optional[str]:

@@ -478,6 +478,14 @@ fn device_info(py: Python<'_>, device: usize) -> HashMap<&'static str, Option<St
     ])
 }
 
+/// The kernels' disk cache directory (`flashcore::jit::DiskCache::default_dir`:
+/// `$FLASHCORE_CACHE_DIR`, else the platform's cache directory's `flashcore`), where the
+/// native path keeps its compiled library too.
+#[pyfunction]
+fn cache_dir() -> String {
+    flashcore::jit::DiskCache::default_dir().to_string_lossy().into_owned()
+}
+
 /// `(abi_version, forward, backward)`: the addresses of the native autograd path's C entry
 /// points (`native.rs`), which `flashcore/_native.py` hands to the operator library it
 /// compiles.
@@ -494,6 +502,7 @@ fn extension_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(plan, m)?)?;
     m.add_function(wrap_pyfunction!(device_info, m)?)?;
     m.add_function(wrap_pyfunction!(native_entry_points, m)?)?;
+    m.add_function(wrap_pyfunction!(cache_dir, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

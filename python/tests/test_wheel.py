@@ -308,6 +308,14 @@ def test_nvrtc_of_torch_wheels_is_found(unpacked, tmp_path, monkeypatch):
     assert os.environ["FLASHCORE_NVRTC"] == "/explicit/libnvrtc.so", "an explicit choice wins"
 
 
+def test_cache_dir_is_flashcore_cache_dir_else_the_user_cache(ext, tmp_path, monkeypatch):
+    monkeypatch.setenv("FLASHCORE_CACHE_DIR", str(tmp_path / "kernels"))
+    assert ext.cache_dir() == str(tmp_path / "kernels")
+    monkeypatch.delenv("FLASHCORE_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert ext.cache_dir() == str(tmp_path / "xdg" / "flashcore")
+
+
 def test_native_abi_structs_agree_between_rust_and_cpp():
     """The native path's C contract is written twice, in python/src/native.rs and in
     python/flashcore/native/attention.cpp (which CI cannot compile: it has no torch): the
