@@ -18,24 +18,38 @@ compiles it (seconds), later calls and later processes load it from the disk cac
 (`$FLASHCORE_CACHE_DIR`, else `~/.cache/flashcore`).
 """
 
+import importlib.util as _importlib_util
+
 from ._nvrtc import use_torch_nvrtc as _use_torch_nvrtc
 
 _use_torch_nvrtc()
 
-from . import integrations  # noqa: E402
 from ._device import device_info  # noqa: E402
 from ._flashcore import __version__  # noqa: E402
-from .interface import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, kernel_plan, scaled_dot_product_attention  # noqa: E402
-from .paging import block_table_from_indptr  # noqa: E402
 
-__all__ = [
+# What works without PyTorch: `device_info()` and `__version__` (what a user checks first on
+# a new machine). Everything else takes torch tensors; without torch, `import flashcore`
+# still succeeds and each such name raises one ImportError that says so.
+_NEEDS_TORCH = (
     "flash_attn_func",
     "flash_attn_varlen_func",
     "flash_attn_with_kvcache",
     "block_table_from_indptr",
     "scaled_dot_product_attention",
     "kernel_plan",
-    "device_info",
     "integrations",
-    "__version__",
-]
+)
+
+if _importlib_util.find_spec("torch") is not None:
+    from . import integrations  # noqa: E402
+    from .interface import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, kernel_plan, scaled_dot_product_attention  # noqa: E402
+    from .paging import block_table_from_indptr  # noqa: E402
+else:
+
+    def __getattr__(name: str) -> object:
+        if name in _NEEDS_TORCH:
+            raise ImportError(f"flashcore.{name} needs PyTorch, which is not installed (pip install 'torch>=2.4'); without it only flashcore.device_info() and __version__ work")
+        raise AttributeError(f"module 'flashcore' has no attribute {name!r}")
+
+
+__all__ = [*_NEEDS_TORCH, "device_info", "__version__"]

@@ -49,7 +49,7 @@ def unpacked(wheel, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def ext(unpacked):
-    """The extension module, loaded on its own (the package's __init__ needs torch)."""
+    """The extension module, loaded on its own (the package's __init__ imports torch where one is installed)."""
     (so,) = (unpacked / "flashcore").glob("_flashcore*.so")
     loader = importlib.machinery.ExtensionFileLoader("flashcore._flashcore", str(so))
     spec = importlib.util.spec_from_file_location("flashcore._flashcore", so, loader=loader)
@@ -255,6 +255,28 @@ def test_device_info_without_a_gpu_says_so_and_names_the_nvrtc(device):
         assert info["nvrtc"] == NVRTC and re.fullmatch(r"\d+\.\d+", info["nvrtc_version"]) and info["nvrtc_error"] is None, info
     else:
         assert info["nvrtc"] is not None or info["nvrtc_error"].startswith("NVRTC not found: "), info
+
+
+def test_import_without_torch_gives_device_info_and_one_error_naming_torch(unpacked):
+    """`import flashcore` where no torch can be imported (`-S -I`: no site-packages, so the
+    same on a machine with torch installed): it imports, `device_info()` answers, and a name
+    that needs torch raises one ImportError that names it."""
+    script = (
+        "import flashcore\n"
+        "info = flashcore.device_info(0)\n"
+        "assert set(info) == {'gpu', 'gpu_error', 'nvrtc', 'nvrtc_version', 'nvrtc_error'}, info\n"
+        "assert (info['gpu'] is None) != (info['gpu_error'] is None), info\n"
+        "try:\n"
+        "    flashcore.flash_attn_func\n"
+        "except ImportError as e:\n"
+        "    print(e)\n"
+        "else:\n"
+        "    raise SystemExit('flash_attn_func without torch did not raise')\n"
+    )
+    run = subprocess.run([sys.executable, "-S", "-I", "-c", f"import sys; sys.path.insert(0, {str(unpacked)!r})\n{script}"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    (line,) = run.stdout.splitlines()
+    assert "PyTorch" in line and "pip install 'torch" in line and "flash_attn_func" in line, line
 
 
 def test_nvrtc_not_found_names_every_place_searched_and_the_fix(device, bare_machine):

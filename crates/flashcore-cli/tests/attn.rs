@@ -136,19 +136,50 @@ fn without_a_gpu_the_error_names_the_cpu_reference() {
     }
 }
 
+/// With no GPU to be seen (`CUDA_VISIBLE_DEVICES=`, so on any machine), f32 inputs without
+/// `--dtype` are refused for the missing GPU, not for their dtype: that is what to fix first.
+#[test]
+fn without_a_gpu_the_missing_gpu_is_said_before_the_dtype() {
+    let files = Files::new(&dense());
+    let args = ["attn", "--input", &files.input(), "--output", &files.output()];
+    let out = Command::new(env!("CARGO_BIN_EXE_flashcore")).args(args).env("CUDA_VISIBLE_DEVICES", "").output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.starts_with("flashcore: no usable GPU: "), "{stderr}");
+    assert!(!stderr.contains("bf16") && stderr.lines().count() == 1, "{stderr}");
+}
+
+#[test]
+fn cpu_with_a_gpu_dtype_is_refused_naming_both_flags() {
+    let r = attn(&dense(), &["--cpu", "--dtype", "bf16"]);
+    assert!(!r.ok && r.stderr.starts_with("flashcore: --dtype bf16 rounds the GPU's inputs, but --cpu"), "{}", r.stderr);
+    assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+}
+
+#[test]
+fn an_output_over_the_input_is_refused_and_the_input_kept() {
+    let files = Files::new(&dense());
+    let before = std::fs::read(files.input()).unwrap();
+    let same = files.dir.path().join(".").join("in.safetensors");
+    let r = run(&["attn", "--cpu", "--input", &files.input(), "--output", same.to_str().unwrap()]);
+    assert!(!r.ok && r.stderr.contains("is the --input file"), "{}", r.stderr);
+    assert_eq!(r.stderr.lines().count(), 1, "{}", r.stderr);
+    assert_eq!(std::fs::read(files.input()).unwrap(), before);
+}
+
 #[test]
 fn the_cpu_refuses_the_parameters_the_gpu_refuses() {
     let refused = [
-        ("--scale=nan", "softmax_scale"),
-        ("--scale=inf", "softmax_scale"),
-        ("--scale=-1", "softmax_scale"),
-        ("--softcap=-1", "softcap"),
-        ("--window=-2,0", "window"),
+        ("--scale=nan", "--scale: NaN must be finite"),
+        ("--scale=inf", "--scale: inf must be finite"),
+        ("--scale=-1", "--scale: -1 must be finite"),
+        ("--softcap=-1", "--softcap: -1 must be 0 (off)"),
+        ("--window=-2,0", "--window: (-2, 0): each side"),
     ];
     for form in [dense(), packed(), cache()] {
-        for (arg, name) in refused {
+        for (arg, want) in refused {
             let r = attn(&form, &["--cpu", arg]);
-            assert!(!r.ok && r.stderr.contains(&format!("parameter `{name}`: ")), "{arg}: {}", r.stderr);
+            assert!(!r.ok && r.stderr.contains(want), "{arg}: {}", r.stderr);
+            assert_eq!(r.stderr.lines().count(), 1, "{arg}: one line, got {}", r.stderr);
             assert!(r.stdout.is_empty(), "{arg}: nothing written, got {}", r.stdout);
         }
     }
@@ -160,7 +191,7 @@ fn the_cpu_refuses_the_parameters_the_gpu_refuses() {
 fn a_negative_scale_reaches_the_check() {
     for scale in ["-1", "-inf"] {
         let r = attn(&dense(), &["--cpu", "--scale", scale]);
-        let want = format!("parameter `softmax_scale`: {scale} must be finite and >= 0");
+        let want = format!("flashcore: --scale: {scale} must be finite and >= 0");
         assert!(!r.ok && r.stderr.contains(&want), "{}", r.stderr);
     }
 }
@@ -178,6 +209,7 @@ fn the_cpu_refuses_the_shapes_the_gpu_refuses() {
             "shape of `k`: head dim 16 differs from q's head dim 8",
         ),
         (with(dense(), vec![("q", f32(&[1, 0, 2, 8]))]), "shape of `q`: [1, 0, 2, 8] is empty"),
+        (with(dense(), vec![("k", f32(&[1, 5, 2, 16]))]), "shape of `k`: head dim 16 differs from q's head dim 8"),
         (with(packed(), vec![("k", f32(&[7, 2, 16])), ("v", f32(&[7, 2, 16]))]), "shape of `k`: head dim 16 differs from q's head dim 8"),
         (
             with(packed(), vec![("q", f32(&[2, 5, 2, 8]))]),

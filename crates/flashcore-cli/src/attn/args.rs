@@ -48,7 +48,8 @@ pub struct AttnArgs {
     /// Write every output as f64 (with --cpu: the reference's full precision).
     #[arg(long)]
     pub(crate) f64_out: bool,
-    /// On the GPU, round f32 inputs to this dtype (f16 or bf16).
+    /// On the GPU, round f32 inputs to this dtype (f16 or bf16). Not with `--cpu`, whose
+    /// reference computes in f64 from the file's values.
     #[arg(long)]
     pub(crate) dtype: Option<String>,
 }
@@ -75,8 +76,9 @@ pub(crate) fn softmax_scale(args: &AttnArgs, head_dim: usize) -> f64 {
 /// The options as the library's parameters for head dim `head_dim` (`--causal`, `--window`,
 /// `--softcap`, the scale and the family `--kernel` names), checked as every library call
 /// checks them (`AttnParams::check`: the scale finite and >= 0, the window's sides, the
-/// softcap). The f64 reference takes a scale and a mask unchecked, so this check is what makes
-/// `--cpu` refuse what the GPU refuses (`--scale nan` would write NaNs).
+/// softcap), the error naming the flag typed. The f64 reference takes a scale and a mask
+/// unchecked, so this check is what makes `--cpu` refuse what the GPU refuses (`--scale nan`
+/// would write NaNs).
 pub(crate) fn attn_params(args: &AttnArgs, head_dim: usize) -> Result<AttnParams> {
     let params = AttnParams {
         softmax_scale: Some(softmax_scale(args, head_dim) as f32),
@@ -86,8 +88,19 @@ pub(crate) fn attn_params(args: &AttnArgs, head_dim: usize) -> Result<AttnParams
         kernel: kernel(args)?,
         ..AttnParams::default()
     };
-    params.check(head_dim)?;
+    params.check(head_dim).map_err(|e| match e {
+        flashcore::Error::Param { arg, msg } => anyhow::anyhow!("{}: {msg}", flag_of_param(arg)),
+        e => e.into(),
+    })?;
     Ok(params)
+}
+
+/// The flag that sets the library parameter `arg` (as `AttnParams::check` names it).
+fn flag_of_param(arg: &str) -> String {
+    match arg {
+        "softmax_scale" => "--scale".into(),
+        other => format!("--{other}"),
+    }
 }
 
 /// The dtype the GPU runs: `--dtype`, else the file's (f16 or bf16).

@@ -1,10 +1,10 @@
 //! `flashcore attn` over a dense batch: `q [B, Sq, Hq, D]`, `k, v [B, Sk, Hkv, D]`.
 
 use anyhow::Result;
-use flashcore::{reference, AttnParams, BwdInputs, Context, DeviceTensor, FwdInputs, KvLayout, LseView, ProblemShape};
+use flashcore::{reference, AttnParams, BwdInputs, DeviceTensor, FwdInputs, KvLayout, LseView, ProblemShape};
 
-use crate::attn::args::{attn_params, gpu_dtype, softmax_scale, AttnArgs};
-use crate::attn::tensors::{download, problem_shapes, shape_error, upload, Outputs};
+use crate::attn::args::{attn_params, softmax_scale, AttnArgs};
+use crate::attn::tensors::{download, gpu_and_dtype, problem_shapes, shape_error, upload, Outputs};
 use crate::io::{read_dout, write_tensors, FileDType, HostTensor};
 
 /// Attention over a dense batch: writes `o` like `q`, `lse [B, Hq, Sq]` and, with `do` in the
@@ -52,8 +52,7 @@ fn gpu(
     shape: &ProblemShape,
     params: AttnParams,
 ) -> Result<Outputs> {
-    let dtype = gpu_dtype(args, q)?;
-    let ctx = Context::new(0)?;
+    let (ctx, dtype) = gpu_and_dtype(args, q)?;
     let up = |t: &HostTensor| upload(&ctx, t, dtype);
     let (qd, kd, vd) = (up(q)?, up(k)?, up(v)?);
     // A backward family named concerns the backward only (the forward takes its default).

@@ -6,10 +6,10 @@
 
 use anyhow::{bail, Result};
 use flashcore::reference::{self, RefMask, RefPagedCache};
-use flashcore::{AttnParams, BlockTableView, Context, DeviceTensor, FwdInputs, PagedKv, ProblemShape, SeqLensView, PAGE_SIZE_MULTIPLE};
+use flashcore::{AttnParams, BlockTableView, DeviceTensor, FwdInputs, PagedKv, ProblemShape, SeqLensView, PAGE_SIZE_MULTIPLE};
 
-use crate::attn::args::{attn_params, gpu_dtype, softmax_scale, AttnArgs};
-use crate::attn::tensors::{download, problem_shapes, shape4, shape_error, upload};
+use crate::attn::args::{attn_params, softmax_scale, AttnArgs};
+use crate::attn::tensors::{download, gpu_and_dtype, problem_shapes, shape4, shape_error, upload};
 use crate::io::{read_dout, write_tensors, FileDType, HostKvCache, HostTensor};
 
 /// The cache's geometry as the input describes it, checked as the library checks it.
@@ -161,8 +161,7 @@ fn cpu(kv: &HostKvCache, g: &Geometry, scale: f64, mask: &RefMask) -> Result<Out
 }
 
 fn gpu(args: &AttnArgs, kv: &HostKvCache, g: &Geometry, params: AttnParams) -> Result<Outputs> {
-    let dtype = gpu_dtype(args, &kv.q)?;
-    let ctx = Context::new(0)?;
+    let (ctx, dtype) = gpu_and_dtype(args, &kv.q)?;
     let up = |t: &HostTensor| upload(&ctx, t, dtype);
     let (q, k_cache, v_cache) = (up(&kv.q)?, up(&kv.k_cache)?, up(&kv.v_cache)?);
     let k_new = kv.k_new.as_ref().map(up).transpose()?;

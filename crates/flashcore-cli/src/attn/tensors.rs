@@ -3,7 +3,15 @@
 use anyhow::{bail, Result};
 use flashcore::{Context, DType, DeviceTensor};
 
+use crate::attn::args::{gpu_dtype, AttnArgs};
 use crate::io::HostTensor;
+
+/// GPU 0 and the dtype it runs `q` in (`--dtype`, else the file's). The GPU first: without
+/// one, that is what to say, whatever the file's dtype.
+pub(crate) fn gpu_and_dtype(args: &AttnArgs, q: &HostTensor) -> Result<(Context, DType)> {
+    let ctx = Context::new(0)?;
+    Ok((ctx, gpu_dtype(args, q)?))
+}
 
 /// `t`'s shape as `[B, S, H, D]`; the error names it `name`.
 pub(crate) fn shape4(t: &HostTensor, name: &str) -> Result<[usize; 4]> {
@@ -21,8 +29,8 @@ pub(crate) fn shape_error(arg: &'static str, msg: String) -> anyhow::Error {
 
 /// Checks `q [B, Sq, Hq, D]` against the keys and values `[B', Sk, Hkv, D]` (`k` and `v`, or a
 /// KV cache's `k_cache` and `v_cache`) as the library checks them, each error naming the
-/// tensor, the dimension and both values: every tensor rank 4 and not empty, `v` shaped as
-/// `k`, `k`'s head dim `q`'s, `q`'s heads a multiple of `k`'s. The batches are the caller's
+/// tensor, the dimension and both values: every tensor rank 4 and not empty, `k`'s head dim
+/// `q`'s, `v` shaped as `k`, `q`'s heads a multiple of `k`'s. The batches are the caller's
 /// to check (a packed batch's is 1, a page pool's is its page count). Returns q's and k's
 /// shapes.
 pub(crate) fn problem_shapes(
@@ -35,11 +43,12 @@ pub(crate) fn problem_shapes(
     if let Some((arg, t)) = [("q", q), (k_name, k), (v_name, v)].into_iter().find(|(_, t)| t.shape.contains(&0)) {
         return Err(shape_error(arg, format!("{:?} is empty", t.shape)));
     }
-    if v.shape != k.shape {
-        return Err(shape_error(v_name, format!("{:?} differs from {k_name}'s {:?}", v.shape, k.shape)));
-    }
+    // `k` against `q` before `v` against `k`: a `k` whose head dim is wrong is the one to name.
     if kd != d {
         return Err(shape_error(k_name, format!("head dim {kd} differs from q's head dim {d}")));
+    }
+    if v.shape != k.shape {
+        return Err(shape_error(v_name, format!("{:?} differs from {k_name}'s {:?}", v.shape, k.shape)));
     }
     if hq % hkv != 0 {
         return Err(shape_error(k_name, format!("q heads ({hq}) are not a multiple of k/v heads ({hkv})")));

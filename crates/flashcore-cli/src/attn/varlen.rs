@@ -2,12 +2,10 @@
 //! D]` with the file's `cu_seqlens_q`, `cu_seqlens_k` and optionally `seqused_k`.
 
 use anyhow::Result;
-use flashcore::{
-    reference, AttnParams, BwdInputs, Context, DeviceTensor, FwdInputs, KvLayout, LseView, ProblemShape, SeqLensView, VarlenBatch,
-};
+use flashcore::{reference, AttnParams, BwdInputs, DeviceTensor, FwdInputs, KvLayout, LseView, ProblemShape, SeqLensView, VarlenBatch};
 
-use crate::attn::args::{attn_params, gpu_dtype, softmax_scale, AttnArgs};
-use crate::attn::tensors::{download, problem_shapes, shape_error, upload, Outputs};
+use crate::attn::args::{attn_params, softmax_scale, AttnArgs};
+use crate::attn::tensors::{download, gpu_and_dtype, problem_shapes, shape_error, upload, Outputs};
 use crate::io::{read_dout, write_tensors, FileDType, HostSeqlens, HostTensor};
 
 /// A packed batch (`cu_seqlens_q`, `cu_seqlens_k` and optionally `seqused_k` in the file,
@@ -82,8 +80,7 @@ fn gpu(
     max: (usize, usize),
     params: AttnParams,
 ) -> Result<Outputs> {
-    let dtype = gpu_dtype(args, q)?;
-    let ctx = Context::new(0)?;
+    let (ctx, dtype) = gpu_and_dtype(args, q)?;
     let up = |t: &HostTensor| upload(&ctx, t, dtype);
     let (qd, kd, vd) = (up(q)?, up(k)?, up(v)?);
     let cu_q = ctx.stream().clone_htod(&seqlens.cu_seqlens_q)?;
