@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the README's no-GPU quick start exactly as written: the ```sh block between
 # <!-- quickstart-cpu --> and <!-- /quickstart-cpu --> in README.md, in a fresh temporary
-# directory, with this checkout's binary standing in for its
-# `cargo run --release -p flashcore-cli --` (the block's only cargo command).
+# directory, with this checkout's binary standing in for the `flashcore` that the block's
+# `cargo install --locked --path crates/flashcore-cli` (its only cargo command) puts on PATH.
 #
 #   scripts/readme-quickstart.sh        (FLASHCORE_BIN: the binary, default target/debug/flashcore,
 #                                        built with `cargo build -p flashcore-cli` when missing)
@@ -43,18 +43,17 @@ fi
 
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
-# `cargo` inside the block: only the README's command, run as this checkout's binary.
+# `cargo` inside the block: only the README's install, which this checkout's binary stands in
+# for (`flashcore` runs it).
 cat > "$work/prelude.sh" <<EOF
 set -euo pipefail
 cargo() {
-    if [[ "\${1:-} \${2:-} \${3:-} \${4:-} \${5:-}" == "run --release -p flashcore-cli --" ]]; then
-        shift 5
-        "$bin" "\$@"
-    else
+    if [[ "\$*" != "install --locked --path crates/flashcore-cli" ]]; then
         echo "readme-quickstart.sh: the quick start runs 'cargo \$*', which this test does not know" >&2
         return 1
     fi
 }
+flashcore() { "$bin" "\$@"; }
 EOF
 printf '%s\n' "$block" > "$work/quickstart.sh"
 echo "== README quick start (no GPU), in $work"

@@ -86,7 +86,7 @@ pub fn run(args: &CompileArgs) -> Result<bool> {
                 variants.into_iter().map(move |v| (a, v))
             })
         })
-        .filter(|(_, v)| dtype.map_or(true, |d| v.dtype == d))
+        .filter(|(_, v)| dtype.is_none_or(|d| v.dtype == d))
         .flat_map(|(a, v)| with_mods(a, v, args.mods, args.varlen, args.paged).into_iter().map(move |v| (a, v)))
         .filter(|(_, v)| args.filter.is_empty() || args.filter.iter().any(|f| v.name().contains(f.as_str())))
         .collect();

@@ -189,7 +189,7 @@ impl Context {
     /// graph capture: a warm-up call of the same shape before the capture sizes it.
     fn grow_workspace(&self, workspace: &mut Option<CudaSlice<f32>>, bytes: usize) -> Result<u64> {
         let need = bytes.div_ceil(std::mem::size_of::<f32>());
-        if workspace.as_ref().map_or(true, |w| w.len() < need) {
+        if workspace.as_ref().is_none_or(|w| w.len() < need) {
             *workspace = None; // freed in stream order before the larger one is taken
             *workspace = Some(self.stream.alloc_zeros::<f32>(need).ctx("allocating the scratch workspace")?);
         }

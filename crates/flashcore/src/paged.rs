@@ -240,7 +240,7 @@ impl PagedKv<'_> {
                         msg: format!("rows {} apart overlap {} columns", table.row_stride, table.max_pages),
                     });
                 }
-                if table.row_stride.max(table.max_pages).checked_mul(b).map_or(true, |n| n > i32::MAX as usize) {
+                if table.row_stride.max(table.max_pages).checked_mul(b).is_none_or(|n| n > i32::MAX as usize) {
                     return Err(shape_err("block_table", format!("{b} rows {} entries apart: over 2^31 entries", table.row_stride)));
                 }
                 if rows % PAGE_SIZE_MULTIPLE != 0 {

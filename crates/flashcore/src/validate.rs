@@ -109,7 +109,7 @@ fn overlaps(a: &TensorView, b: &TensorView) -> bool {
 
 /// Validates a caller's log-sum-exp address: f32 elements, so 4-byte aligned.
 pub(crate) fn lse_alignment(ptr: u64) -> Result<()> {
-    if ptr % 4 != 0 {
+    if !ptr.is_multiple_of(4) {
         return Err(Error::Param { arg: "lse", msg: format!("device pointer {ptr:#x} is not 4-byte aligned") });
     }
     Ok(())
@@ -119,7 +119,7 @@ pub(crate) fn lse_alignment(ptr: u64) -> Result<()> {
 /// shape: packed, B is the sequences): 0 for `[Hq]` (every sequence's), Hq for `[B, Hq]`.
 pub(crate) fn alibi_slopes(ptr: u64, len: usize, shape: &ProblemShape) -> Result<usize> {
     let (b, h) = (shape.batch, shape.heads_q);
-    if ptr % 4 != 0 {
+    if !ptr.is_multiple_of(4) {
         return Err(Error::Param { arg: "alibi_slopes", msg: format!("device pointer {ptr:#x} is not 4-byte aligned") });
     }
     if len == h {
@@ -151,7 +151,7 @@ pub(crate) fn dropout_probs(t: &TensorView, shape: &ProblemShape, dtype: DType, 
             format!("[B, Hq, >= Sq, >= Sk (even)] = [{}, {}, >= {}, >= {}]", shape.batch, shape.heads_q, shape.seqlen_q, shape.seqlen_k);
         return Err(shape_err("probs", format!("{:?}, need {want}", t.layout.shape)));
     }
-    if t.layout.strides != [h * rows * cols, rows * cols, cols, 1] || t.ptr % 4 != 0 {
+    if t.layout.strides != [h * rows * cols, rows * cols, cols, 1] || !t.ptr.is_multiple_of(4) {
         return Err(Error::Stride {
             arg: "probs",
             msg: format!("must be contiguous and 4-byte aligned, got strides {:?}", t.layout.strides),
@@ -165,7 +165,7 @@ pub(crate) fn dropout_probs(t: &TensorView, shape: &ProblemShape, dtype: DType, 
 
 /// Validates the scratch memory a caller's allocator returned (read as float4 rows).
 pub(crate) fn scratch_alignment(ptr: u64) -> Result<()> {
-    if ptr == 0 || ptr % 16 != 0 {
+    if ptr == 0 || !ptr.is_multiple_of(16) {
         return Err(Error::Alignment { arg: "scratch", ptr });
     }
     Ok(())
@@ -183,20 +183,20 @@ pub(crate) fn tensor(arg: &'static str, t: &TensorView, device: usize) -> Result
     if !matches!(t.layout.dtype, DType::F16 | DType::BF16) {
         return Err(Error::DType { arg, msg: format!("{} is not supported", t.layout.dtype) });
     }
-    if t.layout.shape[3] % 8 != 0 {
+    if !t.layout.shape[3].is_multiple_of(8) {
         return Err(shape_err(arg, format!("head dim {} must be a multiple of 8", t.layout.shape[3])));
     }
     if t.layout.strides[3] != 1 {
         return Err(Error::Stride { arg, msg: format!("last dim must be contiguous (stride 1), got {:?}", t.layout.strides) });
     }
     // Kernels move 16 bytes (8 elements) at a time along each row.
-    if let Some(i) = (0..3).find(|&i| t.layout.strides[i] % 8 != 0 && t.layout.shape[i] > 1) {
+    if let Some(i) = (0..3).find(|&i| !t.layout.strides[i].is_multiple_of(8) && t.layout.shape[i] > 1) {
         return Err(Error::Stride {
             arg,
             msg: format!("stride of dim {i} is {}, must be a multiple of 8 elements (16 bytes)", t.layout.strides[i]),
         });
     }
-    if t.ptr % 16 != 0 {
+    if !t.ptr.is_multiple_of(16) {
         return Err(Error::Alignment { arg, ptr: t.ptr });
     }
     Ok(())

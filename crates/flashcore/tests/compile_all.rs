@@ -1,6 +1,11 @@
 //! Every kernel variant compiles with NVRTC for sm_80, sm_86, sm_89 and sm_90a, fits the
 //! arch's shared memory, and does not spill. NVRTC must be present: a missing NVRTC fails
 //! this test (the README's test command installs it), it never skips.
+//!
+//! The variants compile into `$FLASHCORE_TEST_CACHE_DIR` when it is set (the test command
+//! keeps one under `target/`), else a fresh folder. A cached kernel is one whose key (every
+//! source, the options, the NVRTC version) is unchanged, and its entry keeps ptxas's log, so
+//! a warm run checks the same resources without compiling again.
 
 use flashcore::jit::{Arch, DiskCache, Jit};
 use flashcore::KernelFamily;
@@ -17,8 +22,9 @@ fn smem_limit(arch: Arch) -> u32 {
 
 #[test]
 fn every_variant_compiles_for_every_arch_without_spills() {
-    let dir = tempfile::tempdir().unwrap();
-    let jit = Jit::new(DiskCache::new(dir.path()));
+    let fresh = tempfile::tempdir().unwrap();
+    let dir = std::env::var_os("FLASHCORE_TEST_CACHE_DIR").map_or_else(|| fresh.path().to_path_buf(), std::path::PathBuf::from);
+    let jit = Jit::new(DiskCache::new(&dir));
     let nvrtc = jit.nvrtc().expect("NVRTC is required for this test: run the README's test command, which installs it");
     eprintln!("NVRTC {:?} from {}", nvrtc.version(), nvrtc.path().display());
     let jobs: Vec<_> = Arch::all_supported()

@@ -84,7 +84,7 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<BwdSpec> {
                 for &(sq, sk) in lengths {
                     let (hkv, ratio) = [(2, 1), (1, 4), (1, 8)][n % 3];
                     n += 1;
-                    let storage = if n % 5 == 0 { Storage::Bhsd } else { Storage::Bshd };
+                    let storage = if n.is_multiple_of(5) { Storage::Bhsd } else { Storage::Bshd };
                     let every = if smoke { 2 } else { 4 };
                     let deterministic = family != KernelFamily::Reference && n % every == every - 1;
                     let case = Case::new(2, sq, sk, hkv * ratio, hkv, d, causal, dtype);

@@ -115,7 +115,7 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<Spec> {
                     n += 1;
                     let batch = if big { 1 } else { 2 };
                     let case = Case::new(batch, sq, sk, hkv * ratio, hkv, d, causal, dtype);
-                    let storage = if n % 5 == 0 { Storage::Bhsd } else { Storage::Bshd };
+                    let storage = if n.is_multiple_of(5) { Storage::Bhsd } else { Storage::Bshd };
                     out.push(Spec::new(case, Inputs::Normal, storage));
                 }
                 // Adversarial inputs, one shape each; large logits also unscaled, where a row's max

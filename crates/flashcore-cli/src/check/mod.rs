@@ -93,7 +93,7 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
         (_, true) => Depth::Quick,
         _ => Depth::Full,
     };
-    let group = |name: &str| args.only.as_deref().map_or(true, |only| only == name);
+    let group = |name: &str| args.only.as_deref().is_none_or(|only| only == name);
     let forward = families.iter().filter(|f| !f.is_backward() && group("forward"));
     let (quick, smoke) = (depth == Depth::Quick, depth == Depth::Smoke);
     let all: Vec<(KernelFamily, dense::Spec)> =

@@ -29,7 +29,7 @@ impl PartFilter {
     pub fn take<T>(&mut self, cases: Vec<T>) -> Vec<T> {
         let start = self.next;
         self.next += cases.len();
-        let keep = |i: usize| self.part.map_or(true, |p| (start + i) % p.n == p.k - 1);
+        let keep = |i: usize| self.part.is_none_or(|p| (start + i) % p.n == p.k - 1);
         cases.into_iter().enumerate().filter(|(i, _)| keep(*i)).map(|(_, c)| c).collect()
     }
 }

@@ -54,7 +54,7 @@ pub const MAX_HEAD_DIM: usize = 256;
 /// with the columns past `d` zero-filled (a multiple of 8, for 16-byte rows, up to 256).
 /// flash_attn pads other sizes to a multiple of 8 itself; the Python package does the same.
 pub fn is_head_dim(d: usize) -> bool {
-    d % 8 == 0 && (8..=MAX_HEAD_DIM).contains(&d)
+    d.is_multiple_of(8) && (8..=MAX_HEAD_DIM).contains(&d)
 }
 
 /// Head dims without a variant of their own that `check` runs on the families that take
