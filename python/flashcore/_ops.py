@@ -14,7 +14,6 @@ PyTorch's caching allocator. Nothing here synchronises.
 
 from __future__ import annotations
 
-import math
 import os
 from typing import Callable, List, Optional, Tuple
 
@@ -160,10 +159,6 @@ def forward(
     them none) give o = 0 and lse = -inf."""
     o = q.new_empty(q.shape)  # new_empty: a few microseconds less than torch.empty(...)
     lse = _lse_for(q) if want_lse else None
-    if o.numel() == 0:
-        return o, lse  # an empty batch, as SDPA: nothing to compute
-    if k.shape[1] == 0:
-        return o.zero_(), (lse.fill_(-math.inf) if lse is not None else None)
     forward_into(q, k, v, o, lse, softmax_scale, causal, window, softcap, num_splits, alibi_slopes, dropout, probs)
     return o, lse
 
@@ -193,10 +188,6 @@ def varlen_forward(
     cu_seqlens_k and seqused_k, which the packed-batch contract (starting at 0, rising) does
     not describe (a KV cache's rows: `interface._kvcache_rows`)."""
     o, lse = _empty_outputs(q)
-    if q.shape[0] == 0:
-        return o, lse
-    if k.shape[0] == 0:  # no sequence has a key: every row sees none (as the dense path)
-        return o.zero_(), lse.fill_(-math.inf)
     _flashcore.attention_forward(
         _call(q, checkable and _check_varlen()),
         tuple(_arg(t.unsqueeze(0)) for t in (q, k, v)),
@@ -274,9 +265,6 @@ def varlen_backward_into(
 ) -> None:
     """`varlen_backward` into the given `dq`, `dk`, `dv` (packed like q, k, v; every element
     written)."""
-    if q.shape[0] == 0 or k.shape[0] == 0:
-        dq.zero_(), dk.zero_(), dv.zero_()
-        return
     if dout.stride(-1) != 1:
         dout = dout.contiguous()  # autograd may hand over any layout; the kernels read rows
     _flashcore.attention_backward(
@@ -427,8 +415,6 @@ def kvcache_forward(
     lengths are checked first (this synchronises)."""
     o = q.new_empty(q.shape)
     lse = _lse_for(q) if want_lse else None
-    if o.numel() == 0:
-        return o, lse
     table = None if block_table is None else (block_table.data_ptr(), (block_table.shape[0], block_table.shape[1]), block_table.stride(0))
     _flashcore.attention_forward(
         _call(q, os.environ.get("FLASHCORE_CHECK_PAGED", "") not in ("", "0")),
@@ -464,8 +450,6 @@ def paged_varlen_forward(
     `cu_seqlens_q[b]...` of q, its keys the first `seqlens_k[b]` of its table row. With
     FLASHCORE_CHECK_PAGED=1 the vectors and the table are checked first (this synchronises)."""
     o, lse = _empty_outputs(q)
-    if q.shape[0] == 0:
-        return o, lse
     _flashcore.attention_forward(
         _call(q, os.environ.get("FLASHCORE_CHECK_PAGED", "") not in ("", "0")),
         (_arg(q.unsqueeze(0)), _arg(k_cache), _arg(v_cache)),
@@ -601,9 +585,6 @@ def backward_into(
     """`backward` into the given `dq`, `dk`, `dv` (BSHD like q, k, v; every element written).
     `grads_like_inputs`: the caller vouches that each grad has its input's shape and strides,
     so only their addresses cross into the extension."""
-    if o.numel() == 0 or k.shape[1] == 0:
-        dq.zero_(), dk.zero_(), dv.zero_()
-        return
     if dout.stride(-1) != 1:
         dout = dout.contiguous()  # autograd may hand over any layout; the kernels read rows
     grads = (dq.data_ptr(), dk.data_ptr(), dv.data_ptr()) if grads_like_inputs else (_arg(dq), _arg(dk), _arg(dv))

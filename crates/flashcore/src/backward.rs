@@ -78,6 +78,9 @@ impl Context {
     /// The layers of one backward call on `lane`.
     fn backward(&self, lane: &mut Lane, inputs: &BwdInputs, grads: GradsMut, params: &AttnParams) -> Result<()> {
         let checked = inputs.check(&grads, params, self.ordinal())?;
+        if checked.tensors.has_no_pairs() {
+            return launch::no_pairs_backward(lane, [&grads.dq.as_view(), &grads.dk.as_view(), &grads.dv.as_view()]);
+        }
         let batch = inputs.batch();
         let (dtype, alibi) = (inputs.q.layout.dtype, checked.alibi.is_some());
         let plan = dispatch::plan_backward(&self.info().device(), &checked.shape, dtype, params, batch.is_some(), alibi)?;

@@ -206,6 +206,11 @@ impl FwdInputs<'_> {
     pub(crate) fn check(&self, o: &TensorView, lse: Option<&LseViewMut>, params: &AttnParams, device: usize) -> Result<Checked> {
         let (q, k, v) = (&self.q, &self.k, &self.v);
         let checked = match &self.kv {
+            // No queries: nothing to compute and nothing appended, whatever the cache holds.
+            KvLayout::Paged(_) if q.layout.shape[0] == 0 || q.layout.shape[1] == 0 => {
+                let tensors = validate::queries_only(q, o, device)?;
+                Checked { tensors, shape: tensors, cache: None, alibi: None, dropout_state: 0 }
+            }
             KvLayout::Paged(cache) => {
                 let g = cache.validate(q, k, v, o, device)?;
                 // Packed queries: the tensors are one batch of all the rows.
@@ -380,6 +385,44 @@ mod tests {
             let err = check(state(at, len), params).unwrap_err();
             assert!(err.to_string().contains("dropout_state"), "{err}");
         }
+    }
+
+    #[test]
+    fn calls_without_pairs_pass_the_checks_for_every_layout() {
+        let none = AttnParams::default();
+        // Dense: no sequences, no rows, no keys (the pointers of empty tensors may be 0).
+        for (q, kv) in [([0, 16, 8, 64], [0, 64, 2, 64]), ([2, 0, 8, 64], [2, 64, 2, 64]), ([2, 16, 8, 64], [2, 0, 2, 64])] {
+            let inputs = FwdInputs::dense(view(q, 0), view(kv, 0x100000), view(kv, 0x200000));
+            // SAFETY: as above.
+            let lse = unsafe { LseViewMut::from_raw(0x300000, q[0] * q[1] * q[2]) };
+            let checked = inputs.check(&view(q, 0x400000), Some(&lse), &none, 0).unwrap();
+            assert!(checked.tensors.has_no_pairs(), "{q:?} {kv:?}");
+        }
+        // Packed: a batch of no sequences (cu_seqlens of one entry) and no rows, or rows and no keys.
+        // SAFETY: as above.
+        let seqlens = |at, n| unsafe { SeqLensView::from_raw(at, n) };
+        let batch = |n| VarlenBatch {
+            cu_seqlens_q: seqlens(0x9000, n),
+            cu_seqlens_k: seqlens(0xa000, n),
+            seqused_k: None,
+            max_seqlen_q: 0,
+            max_seqlen_k: 0,
+        };
+        for (n, q, kv) in [(1, [1, 0, 8, 64], [1, 0, 2, 64]), (4, [1, 100, 8, 64], [1, 0, 2, 64])] {
+            let inputs = FwdInputs::varlen(view(q, 0x1000), view(kv, 0), view(kv, 0), batch(n));
+            assert!(inputs.check(&view(q, 0x400000), None, &none, 0).unwrap().tensors.has_no_pairs());
+        }
+        let rows_without_sequences =
+            FwdInputs::varlen(view([1, 5, 8, 64], 0x1000), view([1, 0, 2, 64], 0), view([1, 0, 2, 64], 0), batch(1));
+        let err = rows_without_sequences.check(&view([1, 5, 8, 64], 0x400000), None, &none, 0).unwrap_err();
+        assert!(matches!(err, Error::Shape { arg: "cu_seqlens_q", .. }), "{err}");
+        // A KV cache without queries: the cache and its arguments are not read.
+        let (q, pool) = ([0, 1, 8, 64], [4, 16, 2, 64]);
+        let cache = FwdInputs::paged(view(q, 0), view(pool, 0x100000), view(pool, 0x200000), PagedKv::default());
+        assert!(cache.check(&view(q, 0), None, &none, 0).unwrap().tensors.has_no_pairs());
+        // No heads is no problem at all.
+        let no_heads = FwdInputs::dense(view([2, 16, 0, 64], 0x1000), view([2, 64, 2, 64], 0x100000), view([2, 64, 2, 64], 0x200000));
+        assert!(no_heads.check(&view([2, 16, 0, 64], 0x400000), None, &none, 0).is_err());
     }
 
     #[test]

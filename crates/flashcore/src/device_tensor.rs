@@ -35,8 +35,10 @@ impl DeviceTensor {
         if bits.len() != layout.span() {
             return Err(Error::Shape { arg: "data", msg: format!("{} values for shape {shape:?}", bits.len()) });
         }
-        let buf = ctx.stream().clone_htod(bits).ctx("uploading a tensor")?;
-        Ok(Self { buf, layout, device: ctx.ordinal() })
+        // An empty tensor (no sequences or no rows: a call with nothing to compute) still gets
+        // one element of memory: CUDA allocates no zero-byte buffers, and a view needs an address.
+        let buf = if bits.is_empty() { ctx.stream().alloc_zeros(1) } else { ctx.stream().clone_htod(bits) };
+        Ok(Self { buf: buf.ctx("uploading a tensor")?, layout, device: ctx.ordinal() })
     }
 
     /// A tensor whose every element has the bit pattern `bits` (NaN poisoning, say).
@@ -53,7 +55,9 @@ impl DeviceTensor {
 
     /// Downloads the raw 16-bit patterns.
     pub fn to_bits(&self, ctx: &Context) -> Result<Vec<u16>> {
-        ctx.stream().clone_dtoh(&self.buf).ctx("downloading a tensor")
+        let mut bits = ctx.stream().clone_dtoh(&self.buf).ctx("downloading a tensor")?;
+        bits.truncate(self.layout.span());
+        Ok(bits)
     }
 
     /// Downloads and widens to `f32`.

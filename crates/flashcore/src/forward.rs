@@ -80,6 +80,9 @@ impl Context {
     fn forward(&self, lane: &mut Lane, inputs: &FwdInputs, out: FwdOutputs, params: &AttnParams) -> Result<()> {
         let o = out.o.as_view();
         let checked = inputs.check(&o, out.lse.as_ref(), params, self.ordinal())?;
+        if checked.tensors.has_no_pairs() {
+            return launch::no_pairs_forward(lane, &o, out.lse.as_ref().map(|l| (l.ptr, l.len)));
+        }
         if checked.shape.seqlen_q == 0 {
             return Ok(()); // packed, every sequence empty: nothing to write
         }

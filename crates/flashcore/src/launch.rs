@@ -315,6 +315,58 @@ pub(crate) fn backward(lane: &mut Lane, kernel: &LoadedKernel, plan: &BwdPlan, m
     }
 }
 
+/// What a call with no (query, key) pair writes (`ProblemShape::has_no_pairs`): `o = 0` and
+/// `lse = -inf` for the forward, each a no-op where the tensor has no elements.
+pub(crate) fn no_pairs_forward(lane: &Lane, o: &TensorView, lse: Option<(u64, usize)>) -> Result<()> {
+    zero_tensor(lane.stream, o, "zeroing o (no keys)")?;
+    match lse {
+        Some((ptr, len)) if len > 0 => {
+            // SAFETY: `ptr` is the call's checked lse: `len` f32 of device memory, written in
+            // stream order.
+            unsafe { sys::cuMemsetD32Async(ptr, f32::NEG_INFINITY.to_bits(), len, lane.stream.cu_stream()) }
+                .result()
+                .ctx("writing lse = -inf (no keys)")
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The backward's answer with no (query, key) pair: every gradient 0.
+pub(crate) fn no_pairs_backward(lane: &Lane, grads: [&TensorView; 3]) -> Result<()> {
+    for (g, what) in grads.into_iter().zip(["zeroing dq (no pairs)", "zeroing dk (no pairs)", "zeroing dv (no pairs)"]) {
+        zero_tensor(lane.stream, g, what)?;
+    }
+    Ok(())
+}
+
+/// Zeroes every element of `t` (BSHD, 2-byte elements, D contiguous, other strides free) in
+/// stream order: one memset where the elements fill their span, else a 2-D memset down the
+/// sequence for each (batch, head) (a BHSD tensor seen as BSHD, say): only calls without
+/// (query, key) pairs take this, so the launches per head do not matter.
+fn zero_tensor(stream: &CudaStream, t: &TensorView, what: &str) -> Result<()> {
+    let [b, s, h, d] = t.layout.shape;
+    let elements = b * s * h * d;
+    if elements == 0 {
+        return Ok(());
+    }
+    let bytes = t.layout.dtype.size_bytes();
+    let [batch_stride, seq_stride, head_stride, _] = t.layout.strides;
+    let cu_stream = stream.cu_stream();
+    if t.layout.span() == elements {
+        // SAFETY: `t` is a checked output view: `elements` 2-byte elements from `t.ptr`, the
+        // span they fill, written in stream order.
+        return unsafe { sys::cuMemsetD16Async(t.ptr, 0, elements, cu_stream) }.result().ctx(what.to_string());
+    }
+    // A single row's pitch is unused; CUDA still wants it at least the row's width.
+    let pitch = if s == 1 { d } else { seq_stride } * bytes;
+    for (bi, hi) in (0..b).flat_map(|bi| (0..h).map(move |hi| (bi, hi))) {
+        let row0 = t.ptr + ((bi * batch_stride + hi * head_stride) * bytes) as u64;
+        // SAFETY: as above: `s` rows of `d` elements, `seq_stride` apart, of the view.
+        unsafe { sys::cuMemsetD2D16Async(row0, pitch, 0, d, s, cu_stream) }.result().ctx(what.to_string())?;
+    }
+    Ok(())
+}
+
 /// Zeroes `words` u32 of scratch at `ptr` in stream order.
 fn zero(stream: &CudaStream, ptr: u64, words: usize, what: &str) -> Result<()> {
     // SAFETY: `ptr` is scratch memory of at least `words` u32, used in stream order.

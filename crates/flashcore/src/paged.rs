@@ -172,6 +172,10 @@ impl PagedKv<'_> {
         }
         let [q_batch, q_rows, hq, d] = q.layout.shape;
         let [pages, rows, hkv, kd] = k.layout.shape;
+        // (A call without queries never gets here: `FwdInputs::check`.)
+        if let Some((arg, t)) = [("k_cache", k), ("v_cache", v)].into_iter().find(|(_, t)| t.layout.shape.contains(&0)) {
+            return Err(shape_err(arg, format!("{:?} is empty: a cache holds at least one page of one row", t.layout.shape)));
+        }
         // Packed queries: B sequences (the table's rows) of at most max_seqlen_q.
         let (b, sq, total_q) = match &self.queries {
             None => (q_batch, q_rows, None),
@@ -296,6 +300,9 @@ impl PagedKv<'_> {
             (Some(kn), Some(vn)) => {
                 for (arg, t) in [("k_new", kn), ("v_new", vn)] {
                     validate::tensor(arg, t, device)?;
+                    if t.layout.shape.contains(&0) {
+                        return Err(shape_err(arg, format!("{:?} is empty: pass no new keys instead", t.layout.shape)));
+                    }
                     if t.layout.dtype != dtype {
                         return Err(Error::DType { arg, msg: format!("{} differs from the cache's {dtype}", t.layout.dtype) });
                     }

@@ -40,6 +40,19 @@ pub(crate) fn problem(q: &TensorView, k: &TensorView, v: &TensorView, o: &Tensor
     Ok(ProblemShape { batch: b, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d })
 }
 
+/// Validates `q` and `o` of a call without queries (a KV cache's, whose pools are then not
+/// read): the problem has no keys either.
+pub(crate) fn queries_only(q: &TensorView, o: &TensorView, device: usize) -> Result<ProblemShape> {
+    tensor("q", q, device)?;
+    tensor("o", o, device)?;
+    same_shape(("o", o), ("q", q))?;
+    if o.layout.dtype != q.layout.dtype {
+        return Err(Error::DType { arg: "o", msg: format!("{} differs from q's {}", o.layout.dtype, q.layout.dtype) });
+    }
+    let [b, sq, hq, d] = q.layout.shape;
+    Ok(ProblemShape { batch: b, seqlen_q: sq, seqlen_k: 0, heads_q: hq, heads_kv: hq, head_dim: d })
+}
+
 /// Validates the log-sum-exp buffer's length against the problem.
 pub(crate) fn lse(len: usize, shape: &ProblemShape) -> Result<()> {
     let want = shape.batch * shape.heads_q * shape.seqlen_q;
@@ -100,11 +113,11 @@ fn same_shape((arg, t): (&'static str, &TensorView), (like_name, like): (&str, &
     }
 }
 
-/// Whether the byte ranges `a` and `b` may reach overlap.
+/// Whether the byte ranges `a` and `b` may reach overlap (an empty tensor reaches none).
 fn overlaps(a: &TensorView, b: &TensorView) -> bool {
     let range = |t: &TensorView| (t.ptr, t.ptr + (t.layout.span() * t.layout.dtype.size_bytes()) as u64);
     let ((a0, a1), (b0, b1)) = (range(a), range(b));
-    a0 < b1 && b0 < a1
+    a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1
 }
 
 /// Validates a caller's log-sum-exp address: f32 elements, so 4-byte aligned.
@@ -177,8 +190,10 @@ pub(crate) fn tensor(arg: &'static str, t: &TensorView, device: usize) -> Result
     if t.device != device {
         return Err(Error::DeviceMismatch { arg, tensor_device: t.device, context_device: device });
     }
-    if t.layout.shape.contains(&0) {
-        return Err(shape_err(arg, format!("{:?} is empty", t.layout.shape)));
+    // No sequences or no rows is a call with nothing to compute (`ProblemShape::has_no_pairs`);
+    // no heads or no head dim is not a problem at all.
+    if t.layout.shape[2] == 0 || t.layout.shape[3] == 0 {
+        return Err(shape_err(arg, format!("{:?} has no heads or no head dim", t.layout.shape)));
     }
     if !matches!(t.layout.dtype, DType::F16 | DType::BF16) {
         return Err(Error::DType { arg, msg: format!("{} is not supported", t.layout.dtype) });
@@ -297,11 +312,33 @@ mod tests {
     }
 
     #[test]
-    fn empty_tensor_is_an_error() {
-        let mut t = qkv();
-        t[0] = view([2, 0, 8, 64], DType::BF16);
-        t[3] = t[0];
-        assert!(matches!(check(t), Err(Error::Shape { arg: "q", .. })));
+    fn no_sequences_rows_or_keys_pass_as_a_problem_without_pairs() {
+        for (q, kv) in [([0, 100, 8, 64], [0, 300, 2, 64]), ([2, 0, 8, 64], [2, 300, 2, 64]), ([2, 100, 8, 64], [2, 0, 2, 64])] {
+            let (q, kv) = (view(q, DType::BF16), view(kv, DType::BF16));
+            let shape = check([q, kv, kv, q]).unwrap();
+            assert!(shape.has_no_pairs(), "{shape:?}");
+        }
+        assert!(!check(qkv()).unwrap().has_no_pairs());
+    }
+
+    #[test]
+    fn no_heads_or_no_head_dim_is_an_error() {
+        for (i, q) in [[2, 100, 0, 64], [2, 100, 8, 0]].into_iter().enumerate() {
+            let mut t = qkv();
+            t[0] = view(q, DType::BF16);
+            t[3] = t[0];
+            let err = check(t).unwrap_err();
+            assert!(matches!(err, Error::Shape { arg: "q", .. }) && err.to_string().contains("no heads or no head dim"), "{i}: {err}");
+        }
+    }
+
+    #[test]
+    fn an_empty_gradient_overlaps_nothing() {
+        let empty = view([2, 0, 8, 64], DType::BF16);
+        let inside = with(Layout::contiguous([2, 0, 8, 64], DType::BF16), 0x1000 + 64, DEV);
+        assert!(!overlaps(&inside, &view([2, 100, 8, 64], DType::BF16)));
+        assert!(!overlaps(&empty, &empty));
+        assert!(overlaps(&view([2, 100, 8, 64], DType::BF16), &view([2, 100, 8, 64], DType::BF16)));
     }
 
     #[test]

@@ -59,8 +59,13 @@ impl VarlenBatch<'_> {
             return Err(shape_err("q", format!("a packed batch is [1, total, H, D]; got batch {}", shape.batch)));
         }
         let n = self.cu_seqlens_q.len;
-        if n < 2 {
-            return Err(shape_err("cu_seqlens_q", format!("{n} entries: need B + 1 >= 2")));
+        if n == 0 {
+            return Err(shape_err("cu_seqlens_q", "0 entries: need B + 1 >= 1".into()));
+        }
+        // A batch of no sequences is a call with nothing to compute (no rows, no keys).
+        if n == 1 && (shape.seqlen_q > 0 || shape.seqlen_k > 0) {
+            let msg = format!("1 entry (no sequences), but q has {} rows and k {}", shape.seqlen_q, shape.seqlen_k);
+            return Err(shape_err("cu_seqlens_q", msg));
         }
         if self.cu_seqlens_k.len != n {
             return Err(shape_err("cu_seqlens_k", format!("{} entries, cu_seqlens_q has {n}", self.cu_seqlens_k.len)));

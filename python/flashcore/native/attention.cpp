@@ -24,7 +24,6 @@
 
 #include <cstdint>
 #include <exception>
-#include <limits>
 #include <vector>
 
 namespace {
@@ -173,8 +172,9 @@ void describe_call(Args& args, Scratch& scratch, const Tensor& q, const Tensor& 
   }
 }
 
-// The forward: `(o, lse)`, lse undefined (None) unless `want_lse`. As the Python path: an
-// empty batch computes nothing, no keys give o = 0 and lse = -inf.
+// The forward: `(o, lse)`, lse undefined (None) unless `want_lse`. An empty batch or no keys
+// is the core's to answer (`ProblemShape::has_no_pairs`: o = 0, lse = -inf where they have
+// elements), as for every binding.
 std::tuple<Tensor, Tensor> run_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t window_left,
                                    int64_t window_right, double softcap, int64_t num_splits, bool want_lse,
                                    const std::optional<Tensor>& alibi_slopes) {
@@ -182,11 +182,6 @@ std::tuple<Tensor, Tensor> run_forward(const Tensor& q, const Tensor& k, const T
   TORCH_CHECK_VALUE(q.dim() == 4 && k.dim() == 4, "`q` and `k` must have 4 dims [B, S, H, D]");
   auto o = at::empty(q.sizes(), q.options());
   Tensor lse = want_lse ? at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat)) : Tensor();
-  if (o.numel() == 0) return {o, lse};
-  if (k.size(1) == 0) {
-    if (lse.defined()) lse.fill_(-std::numeric_limits<float>::infinity());
-    return {o.zero_(), lse};
-  }
   Scratch scratch{q.device(), {}, nullptr};
   NativeForward args{};
   describe_call(args, scratch, q, k, v, o, lse, alibi_slopes);
@@ -198,15 +193,11 @@ std::tuple<Tensor, Tensor> run_forward(const Tensor& q, const Tensor& k, const T
 }
 
 // The backward of `forward`: gradients laid out like q, k, v (dk, dv summed over the query
-// heads that share a KV head).
+// heads that share a KV head; all zero without (query, key) pairs, the core's rule).
 std::tuple<Tensor, Tensor, Tensor> run_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
                                             Tensor dout, const NativeOptions& options, const std::optional<Tensor>& alibi_slopes) {
   check_connected();
   auto dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
-  if (o.numel() == 0 || k.size(1) == 0) {
-    dq.zero_(), dk.zero_(), dv.zero_();
-    return {dq, dk, dv};
-  }
   if (dout.stride(-1) != 1) dout = dout.contiguous();  // autograd may hand over any layout; the kernels read rows
   Scratch scratch{q.device(), {}, nullptr};
   NativeBackward args{};
