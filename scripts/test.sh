@@ -206,5 +206,5 @@ stage "Python package: maturin build, python/tests/test_wheel.py"
 .venv/bin/python -m pip install --quiet --disable-pip-version-check maturin pytest
 rm -rf target/wheels
 .venv/bin/maturin build --locked -m python/Cargo.toml -o target/wheels
-.venv/bin/python -m pytest -q --noconftest -p no:cacheprovider python/tests/test_wheel.py
+.venv/bin/python -m pytest -q --noconftest -p no:cacheprovider python/tests/test_wheel.py python/tests/test_source_rules.py
 stage "all passed; disk: $(du -sh target .venv .venv-nvrtc-13.0 .venv-cuda "$candle_target" 2>/dev/null | awk '{printf "%s%s %s", sep, $2, $1; sep = ", "}')"
