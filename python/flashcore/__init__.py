@@ -37,12 +37,13 @@ _NEEDS_TORCH = (
     "block_table_from_indptr",
     "scaled_dot_product_attention",
     "kernel_plan",
+    "explain",
     "integrations",
 )
 
 if _importlib_util.find_spec("torch") is not None:
     from . import integrations  # noqa: E402
-    from .interface import flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, kernel_plan, scaled_dot_product_attention  # noqa: E402
+    from .interface import explain, flash_attn_func, flash_attn_varlen_func, flash_attn_with_kvcache, kernel_plan, scaled_dot_product_attention  # noqa: E402
     from .paging import block_table_from_indptr  # noqa: E402
 else:
 

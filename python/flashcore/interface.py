@@ -72,6 +72,24 @@ def _records_grad(q: Tensor, k: Tensor, v: Tensor) -> bool:
 
 NO_WINDOW = (-1, -1)
 
+# The paths an eager or traced dense call can take (`route`), as `explain` names them.
+NATIVE = "native operator"  # flashcore_native::attention: its autograd node in C++ (`_native`)
+AUTOGRAD = "Python autograd"  # the extension through `_ops.Attention` (autograd records)
+DIRECT = "extension"  # the extension called directly (nothing to record)
+OP = "registered op"  # torch.ops.flashcore.fwd: traced, compiled, fake or subclass tensors
+
+
+def route(q: Tensor, k: Tensor, v: Tensor, dropout: Optional[_ops.Dropout]) -> str:
+    """The one place that picks the path of a dense call (`_attention`): the registered op
+    unless the call is eager on plain tensors; then the native operator where it is built
+    (not with dropout, whose mask state it does not carry, nor under a functorch transform);
+    else the Python autograd node when autograd records, else the extension directly."""
+    if not _eager(q, k, v):
+        return OP
+    if dropout is None and not torch._C._are_functorch_transforms_active() and _native.attention() is not None:
+        return NATIVE
+    return AUTOGRAD if _records_grad(q, k, v) else DIRECT
+
 
 def _attention(
     q: Tensor,
@@ -100,16 +118,16 @@ def _attention(
         padded = _padded(q, k, v, size)
         out, lse = _attention(*padded, scale, causal, num_splits, want_lse, deterministic, window, softcap, alibi_slopes, dropout, probs)
         return out[..., :d], lse
-    if _eager(q, k, v):
-        if dropout is None and not torch._C._are_functorch_transforms_active():
-            native = _native.attention()
-            if native is not None:
-                return native(q, k, v, scale, causal, window[0], window[1], softcap, num_splits, deterministic, want_lse, alibi_slopes)
+    path = route(q, k, v, dropout)
+    if path is NATIVE:
+        native = _native.attention()
+        return native(q, k, v, scale, causal, window[0], window[1], softcap, num_splits, deterministic, want_lse, alibi_slopes)
+    if path is AUTOGRAD:
         options = (scale, causal, window, softcap, num_splits, deterministic, want_lse, alibi_slopes, dropout, probs)
-        if _records_grad(q, k, v):
-            if want_lse:
-                return _ops.record(_ops.Attention, q, k, v, options)
-            return _ops.record(_ops.Attention, q, k, v, options), None
+        if want_lse:
+            return _ops.record(_ops.Attention, q, k, v, options)
+        return _ops.record(_ops.Attention, q, k, v, options), None
+    if path is DIRECT:
         return _ops.forward(q, k, v, scale, causal, window, softcap, num_splits, want_lse, alibi_slopes, dropout, probs)
     _traced_probs(dropout, probs)
     p, rng_state = dropout if dropout is not None else (0.0, None)
@@ -703,6 +721,19 @@ def scaled_dot_product_attention(
         tail = _attention(q[:, sk:], k, v, s, False, 0, False)[0]
         out = torch.cat((head, tail), dim=1)
     return out.transpose(1, 2)
+
+
+def explain(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, window_size: Tuple[int, int] = NO_WINDOW, softcap: float = 0.0, dropout_p: float = 0.0) -> str:
+    """How `flash_attn_func(q, k, v, ...)` would run here, in one line: the path (`route`:
+    the native operator, the Python autograd node, the extension directly or the registered
+    op; with the native path's status when it is not taken) and the kernel (`kernel_plan`)."""
+    dropout = (dropout_p, None) if dropout_p > 0.0 else None
+    path = route(q, k, v, dropout)
+    why = ""
+    if path is AUTOGRAD or path is DIRECT:
+        reason = _native.status()["reason"] or ("it does not take dropout" if dropout is not None else "not under a functorch transform")
+        why = f" (not the native operator: {reason})"
+    return f"path: {path}{why}; kernel: {kernel_plan(q, k, causal, window_size, softcap)}"
 
 
 def kernel_plan(q: Tensor, k: Tensor, causal: bool = False, window_size: Tuple[int, int] = NO_WINDOW, softcap: float = 0.0) -> str:

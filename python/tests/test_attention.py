@@ -146,6 +146,23 @@ def test_empty_batch_and_empty_keys():
     assert (out == 0).all() and torch.isneginf(lse).all()
 
 
+def test_explain_names_the_path_and_the_kernel():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from flashcore import _native, interface
+
+    q, k, v = qkv(1, 128, 128, 4, 4, 64, torch.bfloat16)
+    native = _native.status()["path"] == "native"
+    text = flashcore.explain(q, k, v, causal=True)
+    assert text.startswith("path: native operator; kernel: " if native else "path: extension (not the native operator: "), text
+    assert "fwd_sm" in text, text
+    with_dropout = flashcore.explain(q.clone().requires_grad_(), k, v, dropout_p=0.1)
+    assert with_dropout.startswith("path: Python autograd (not the native operator: "), with_dropout
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(q)
+        assert interface.route(fake, fake, fake, None) == interface.OP
+
+
 def test_kernel_plan_and_device_info_describe_the_choice():
     q, k, _ = qkv(1, 4096, 4096, 16, 16, 128, torch.bfloat16)
     plan = flashcore.kernel_plan(q, k, causal=True)
