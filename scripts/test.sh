@@ -47,6 +47,8 @@ stage "cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 stage "cargo test"
 FLASHCORE_TEST_CACHE_DIR="$kernel_cache/newest" cargo test --workspace --locked
+stage "the README's Rust example, as written (no GPU here: the f64 reference alone)"
+cargo run --locked --quiet -p flashcore --example attention
 stage "cargo doc (warnings are errors)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
 
