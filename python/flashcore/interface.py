@@ -731,7 +731,7 @@ def explain(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, window_size: 
     path = route(q, k, v, dropout)
     why = ""
     if path is AUTOGRAD or path is DIRECT:
-        reason = _native.status()["reason"] or ("it does not take dropout" if dropout is not None else "not under a functorch transform")
+        reason = _native.status()["reason"] or ("it does not take dropout" if dropout is not None else "a functorch transform is active")
         why = f" (not the native operator: {reason})"
     return f"path: {path}{why}; kernel: {kernel_plan(q, k, causal, window_size, softcap)}"
 
