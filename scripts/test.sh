@@ -50,7 +50,11 @@ FLASHCORE_TEST_CACHE_DIR="$kernel_cache/newest" cargo test --workspace --locked
 stage "the README's Rust example, as written (no GPU here: the f64 reference alone)"
 cargo run --locked --quiet -p flashcore --example attention
 stage "cargo doc (warnings are errors)"
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked
+# The libraries, then the CLI's binary on its own: the binary `flashcore` and the library
+# `flashcore` share an output folder, and two rustdoc runs writing it at once race
+# (rust-lang/cargo#6313: a run failed here with files missing).
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --locked --lib
+RUSTDOCFLAGS="-D warnings" cargo doc -p flashcore-cli --no-deps --locked --bins
 
 # The minimum Rust the README states (the workspace's rust-version): no locked dependency
 # (here or in the candle workspace, which states its own) declares a newer one, clippy's
