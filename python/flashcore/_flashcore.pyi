@@ -1,6 +1,6 @@
 """The extension module: the Rust API as the Python layer calls it (see src/lib.rs)."""
 
-from typing import Callable, Dict, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 __version__: str
 
@@ -89,6 +89,10 @@ def device_info(device: int) -> Dict[str, Optional[str]]:
 def native_entry_points() -> Tuple[int, int, int]:
     """`(abi_version, forward, backward)`: the addresses of the native autograd path's C entry
     points, which `flashcore._native` hands to the operator library it compiles."""
+
+def family_head_dims(name: str) -> List[int]:
+    """The head dims the kernel family `name` (`"fwd_sm80"`, ...) has variants of; ValueError
+    for an unknown name."""
 
 def cache_dir() -> str:
     """The kernels' disk cache directory: `$FLASHCORE_CACHE_DIR`, else the platform's cache

@@ -143,8 +143,8 @@ def _traced_probs(dropout: Optional[_ops.Dropout], probs: Optional[Tensor]) -> N
 
 
 # Head dims of fwd_sm80 and bwd_sm80, which alone run dropout and packed queries over a paged
-# cache: another runs there zero-padded to the next of them.
-_SM80_HEAD_DIMS = (32, 64, 96, 128, 192, 256)
+# cache: another runs there zero-padded to the next of them. The core's list, read once.
+_SM80_HEAD_DIMS = tuple(_flashcore.family_head_dims("fwd_sm80"))
 
 
 def _sm80_head_dim(d: int) -> int:

@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use flashcore::{
     AlibiSlopes, AttnParams, BlockTableView, BwdInputs, CallerStream, Context, DType, Dropout, DropoutState, Error, ExternalStream,
-    FwdInputs, FwdOutputs, GradsMut, KvLayout, Layout, LseView, LseViewMut, PackedQueries, PagedKv, ProblemShape, SeqLensView, TensorView,
-    TensorViewMut, VarlenBatch, Window,
+    FwdInputs, FwdOutputs, GradsMut, KernelFamily, KvLayout, Layout, LseView, LseViewMut, PackedQueries, PagedKv, ProblemShape,
+    SeqLensView, TensorView, TensorViewMut, VarlenBatch, Window,
 };
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -486,6 +486,15 @@ fn cache_dir() -> String {
     flashcore::jit::DiskCache::default_dir().to_string_lossy().into_owned()
 }
 
+/// The head dims a kernel family has variants of (`flashcore::KernelFamily::head_dims`), by
+/// the family's name: what the Python side pads a call to where only that family runs it, so
+/// that it restates no list of the core's.
+#[pyfunction]
+fn family_head_dims(name: &str) -> PyResult<Vec<usize>> {
+    let family = KernelFamily::parse(name).ok_or_else(|| PyValueError::new_err(format!("unknown kernel family {name:?}")))?;
+    Ok(family.head_dims().to_vec())
+}
+
 /// `(abi_version, forward, backward)`: the addresses of the native autograd path's C entry
 /// points (`native.rs`), which `flashcore/_native.py` hands to the operator library it
 /// compiles.
@@ -503,6 +512,7 @@ fn extension_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device_info, m)?)?;
     m.add_function(wrap_pyfunction!(native_entry_points, m)?)?;
     m.add_function(wrap_pyfunction!(cache_dir, m)?)?;
+    m.add_function(wrap_pyfunction!(family_head_dims, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

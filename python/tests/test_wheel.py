@@ -240,6 +240,14 @@ def test_native_entry_point_without_a_gpu_is_a_runtime_error_status(ext):
 
 
 @pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="this machine has a GPU: the no-GPU error cannot be seen")
+def test_family_head_dims_are_the_cores_and_an_unknown_family_is_named(ext):
+    dims = ext.family_head_dims("fwd_sm80")
+    assert dims == sorted(dims) and dims[-1] == 256 and all(d % 8 == 0 for d in dims), dims
+    assert ext.family_head_dims("bwd_sm80") == dims  # the two Ampere-class families share their sizes
+    with pytest.raises(ValueError, match="unknown kernel family \"fwd_sm99\""):
+        ext.family_head_dims("fwd_sm99")
+
+
 def test_no_gpu_is_a_runtime_error_not_a_crash(ext):
     t = (0x1000, (1, 16, 4, 64), (4096, 256, 64, 1), "bf16")
     with pytest.raises(RuntimeError, match="no usable GPU"):
