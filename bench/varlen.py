@@ -165,14 +165,13 @@ def backward_rows(torch, flashcore, _ops, timed, rand, rows, lens, cu, heads):
             out = []
             for _ in range(3):
                 q, k, v, do = (rand(total, heads, d) for _ in range(4))
-                o, lse = _ops.varlen_forward(q, k, v, cu_seqlens, cu_seqlens, None, n_max, n_max, scale, causal, (-1, -1), 0.0)
+                o, lse = _ops.varlen_forward(q, k, v, _ops.Batch(cu_seqlens, cu_seqlens, None, n_max, n_max), _ops.Options(scale, causal))
                 out.append((q, k, v, o, lse, do))
             return out
 
         def fc(cu_seqlens, n_max):
-            return lambda q, k, v, o, lse, do: _ops.varlen_backward(
-                q, k, v, o, lse, do, cu_seqlens, cu_seqlens, None, n_max, n_max, scale, causal, False, (-1, -1), 0.0
-            )
+            batch = _ops.Batch(cu_seqlens, cu_seqlens, None, n_max, n_max)
+            return lambda q, k, v, o, lse, do: _ops.varlen_backward((q, k, v, o, lse), do, batch, _ops.Options(scale, causal))
 
         sets = packed_sets(cu, max_len)
         timed(tag, "flashcore", fc(cu, max_len), sets, flop_pairs, heads, d, flop_factor=2.5, sequences=len(lens), tokens=total)
@@ -193,9 +192,9 @@ def backward_rows(torch, flashcore, _ops, timed, rand, rows, lens, cu, heads):
         dense = []
         for q, k, v, _, _, do in sets:
             q, k, v, do = (t.view(16, 4096, heads, d) for t in (q, k, v, do))
-            o, lse = _ops.forward(q, k, v, scale, causal, (-1, -1), 0.0, 0)
+            o, lse = _ops.forward(q, k, v, _ops.Options(scale, causal))
             dense.append((q, k, v, o, lse, do))
-        dense_fn = lambda q, k, v, o, lse, do: _ops.backward(q, k, v, o, lse, do, scale, causal, False, (-1, -1), 0.0)  # noqa: E731
+        dense_fn = lambda q, k, v, o, lse, do: _ops.backward((q, k, v, o, lse), do, _ops.Options(scale, causal))  # noqa: E731
         timed(tag, "dense-b16-s4096", dense_fn, dense, 16 * pairs([4096], [4096], causal), heads, d, flop_factor=2.5)
         timed(tag, "uniform-16x4096", fc(cu_uniform, 4096), packed_sets(cu_uniform, 4096), 16 * pairs(uniform[:1], uniform[:1], causal), heads, d,
               flop_factor=2.5)

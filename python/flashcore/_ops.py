@@ -1,11 +1,12 @@
-"""The op layer: `flashcore::fwd` and `flashcore::bwd`, for packed batches
-`flashcore::varlen_fwd` and `flashcore::varlen_bwd`, and for KV caches `flashcore::fwd_kvcache`,
-registered once with torch.library (fakes for torch.compile; each forward's autograd rule calls
-its backward), and the calls into the extension.
+"""The op layer: the calls into the extension, and the registered ops `flashcore::fwd` and
+`flashcore::bwd`, for packed batches `flashcore::varlen_fwd` and `flashcore::varlen_bwd`, for
+KV caches `flashcore::fwd_kvcache` and `flashcore::varlen_fwd_paged` (torch.library, with
+fakes for torch.compile; each forward's autograd rule calls its backward).
 
-Every function and op here takes ALiBi's slopes as its last argument, `alibi_slopes`: None, or
-the f32 tensor `[Hq]` or `[B, Hq]` that `interface` checked (contiguous, on q's device). Last
-and None by default, so that calls written before ALiBi keep their meaning.
+A call's options travel as one frozen record, `Options` (the Rust library's `AttnParams`, with
+ALiBi's slopes and dropout beside them); a packed batch's vectors as `Batch`, a KV cache's as
+`Cache`. The registered ops' schemas hold only tensors and scalars: they carry each record
+flattened, spelled out once, beside the record (`Options.SCHEMA`, `flat`, `from_flat`).
 
 Tensors cross into Rust as (data pointer, shape, strides, dtype name); the kernel runs on
 PyTorch's current stream of the tensors' device; outputs and scratch memory come from
@@ -14,8 +15,9 @@ PyTorch's caching allocator. Nothing here synchronises.
 
 from __future__ import annotations
 
+import functools
 import os
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -24,6 +26,8 @@ from . import _flashcore
 
 DTYPE_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 
+NO_WINDOW = (-1, -1)
+
 
 def _arg(t: Tensor) -> tuple:
     return (t.data_ptr(), t.shape, t.stride(), DTYPE_NAMES[t.dtype])
@@ -31,6 +35,10 @@ def _arg(t: Tensor) -> tuple:
 
 def _vector(t: Tensor) -> Tuple[int, int]:
     return (t.data_ptr(), t.numel())
+
+
+def _optional_vector(t: Optional[Tensor]) -> Optional[Tuple[int, int]]:
+    return None if t is None else _vector(t)
 
 
 # Attention dropout: `(p, state)`, p in (0, 1) and `state` the call's generator state, an
@@ -42,20 +50,116 @@ def _vector(t: Tensor) -> Tuple[int, int]:
 Dropout = Tuple[float, Tensor]
 
 
-def _op_dropout(dropout_p: float, rng_state: Optional[Tensor]) -> Optional[Dropout]:
-    """The registered ops' dropout, which their schema carries as `dropout_p` and `rng_state`
-    (None: no dropout)."""
-    return None if rng_state is None else (dropout_p, rng_state)
+class Options(NamedTuple):
+    """A call's options, checked by `interface` (the Rust library checks the values again and
+    its errors name the argument). Frozen: autograd keeps the record for the backward as it
+    is. The extension reads it as `flashcore::AttnParams` (`arg`), ALiBi's slopes and dropout
+    beside it."""
+
+    softmax_scale: float
+    causal: bool = False
+    window: Tuple[int, int] = NO_WINDOW  # flash_attn's window_size: -1 leaves a side unbounded
+    softcap: float = 0.0  # 0: none
+    num_splits: int = 0  # split-KV count, 0: FlashCore's choice
+    deterministic: bool = False  # bitwise-reproducible gradients (the backward's)
+    alibi_slopes: Optional[Tensor] = None  # f32 [Hq] or [B, Hq], checked and contiguous
+    dropout: Optional[Dropout] = None
+
+    # The registered ops' form: the window as its two sides, dropout as `dropout_p` and its
+    # `rng_state` (None: no dropout). No defaults: the dispatcher drops trailing arguments
+    # equal to their defaults before a Python kernel sees them.
+    SCHEMA = (
+        "float softmax_scale, bool causal, SymInt window_left, SymInt window_right, float softcap, SymInt num_splits, "
+        "bool deterministic, Tensor? alibi_slopes, float dropout_p, Tensor? rng_state"
+    )
+    FLAT_LEN = 10
+
+    def arg(self) -> _flashcore.OptionsArg:
+        """The extension's form (`flashcore::AttnParams`)."""
+        return (self.softmax_scale, self.causal, self.window[0], self.window[1], self.softcap, self.num_splits or None, self.deterministic)
+
+    def flat(self) -> tuple:
+        """The values of `SCHEMA`, in its order."""
+        p, state = (0.0, None) if self.dropout is None else self.dropout
+        return (self.softmax_scale, self.causal, self.window[0], self.window[1], self.softcap, self.num_splits, self.deterministic, self.alibi_slopes, p, state)
+
+    @staticmethod
+    def from_flat(values: tuple) -> "Options":
+        """The record from the values of `SCHEMA`."""
+        scale, causal, left, right, softcap, num_splits, deterministic, alibi_slopes, p, state = values
+        return Options(scale, causal, (left, right), softcap, num_splits, deterministic, alibi_slopes, None if state is None else (p, state))
+
+
+# `Options(...)` runs NamedTuple's generated `__new__`, a Python frame (~0.4 µs a call on the
+# H200 host, 2% of a small call's host time); the public functions' path makes the record from
+# its eight fields in order with the tuple constructor itself.
+options: Callable[[tuple], Options] = functools.partial(tuple.__new__, Options)
+
+
+def _check_varlen() -> bool:
+    return os.environ.get("FLASHCORE_CHECK_VARLEN", "") not in ("", "0")
+
+
+def _check_paged() -> bool:
+    return os.environ.get("FLASHCORE_CHECK_PAGED", "") not in ("", "0")
+
+
+class Batch(NamedTuple):
+    """A packed batch (flash_attn's varlen arguments), checked by `interface`: int32
+    `cu_seqlens_q`, `cu_seqlens_k` `[B + 1]` on q's device, `seqused_k` `[B]` or None, and
+    the longest sequence's lengths. `checkable`: FLASHCORE_CHECK_VARLEN=1 may check the
+    vectors against the packed-batch contract (starting at 0, rising); False for sequences
+    placed anywhere in the keys by cu_seqlens_k and seqused_k, which it does not describe (a
+    KV cache's rows: `interface._kvcache_rows`)."""
+
+    cu_seqlens_q: Tensor
+    cu_seqlens_k: Tensor
+    seqused_k: Optional[Tensor]
+    max_seqlen_q: int
+    max_seqlen_k: int
+    checkable: bool = True
+
+    SCHEMA = "Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, SymInt max_seqlen_q, SymInt max_seqlen_k, bool checkable"
+    FLAT_LEN = 6
+
+    def arg(self) -> _flashcore.VarlenArg:
+        """The extension's form (`flashcore::VarlenBatch`)."""
+        return (_vector(self.cu_seqlens_q), _vector(self.cu_seqlens_k), _optional_vector(self.seqused_k), self.max_seqlen_q, self.max_seqlen_k)
+
+    def check(self) -> bool:
+        """Whether a call checks the vectors first (FLASHCORE_CHECK_VARLEN=1; synchronises)."""
+        return self.checkable and _check_varlen()
+
+
+class Cache(NamedTuple):
+    """A KV cache's arguments (flash_attn_with_kvcache's), checked by `interface`: `k_new`,
+    `v_new` `[B, S_new, Hkv, D]` appended first (the caches are written) or None,
+    `cache_seqlens` int32 `[B]` (the keys each sequence holds) or None, `block_table` int32
+    `[B, max_pages]` or None (contiguous caches), and for packed queries (`q [total_q, Hq,
+    D]`) their int32 `cu_seqlens_q` `[B + 1]` and `max_seqlen_q`."""
+
+    k_new: Optional[Tensor] = None
+    v_new: Optional[Tensor] = None
+    cache_seqlens: Optional[Tensor] = None
+    block_table: Optional[Tensor] = None
+    cu_seqlens_q: Optional[Tensor] = None
+    max_seqlen_q: int = 0
+
+    SCHEMA = "Tensor? k_new, Tensor? v_new, Tensor? cache_seqlens, Tensor? block_table, Tensor? cu_seqlens_q, SymInt max_seqlen_q"
+    FLAT_LEN = 6
+
+    def arg(self) -> _flashcore.PagedArg:
+        """The extension's form (`flashcore::PagedKv`)."""
+        table = self.block_table
+        table_arg = None if table is None else (table.data_ptr(), (table.shape[0], table.shape[1]), table.stride(0))
+        queries = None if self.cu_seqlens_q is None else (_vector(self.cu_seqlens_q), self.max_seqlen_q)
+        new = (None if t is None else _arg(t) for t in (self.k_new, self.v_new))
+        return (*new, _optional_vector(self.cache_seqlens), table_arg, queries)
 
 
 def _dropout_arg(dropout: Optional[Dropout]) -> Optional[_flashcore.DropoutArg]:
     """Dropout as the extension takes it: `(p, address of the state)`, or None."""
     return None if dropout is None else (dropout[0], dropout[1].data_ptr())
-
-
-def _alibi_arg(alibi_slopes: Optional[Tensor]) -> Optional[_flashcore.AlibiArg]:
-    """ALiBi's slopes as the extension takes them: `(address, elements)` of the f32 vector, or None."""
-    return None if alibi_slopes is None else _vector(alibi_slopes)
 
 
 def _scratch(like: Tensor) -> Callable[[int], int]:
@@ -81,15 +185,6 @@ def _call(like: Tensor, check: bool = False) -> _flashcore.CallArg:
     return (index, torch._C._cuda_getCurrentRawStream(index), _scratch(like), check)
 
 
-def options_arg(
-    softmax_scale: Optional[float], causal: bool, window: Tuple[int, int], softcap: float, num_splits: int = 0, deterministic: bool = False
-) -> _flashcore.OptionsArg:
-    """Every call's options as the extension takes them. `window` is flash_attn's
-    `window_size` (-1 unbounded), `softcap` 0 for none, `num_splits` 0 for FlashCore's choice,
-    `deterministic` for a backward."""
-    return (softmax_scale, causal, window[0], window[1], softcap, num_splits if num_splits > 0 else None, deterministic)
-
-
 def _lse_for(q: Tensor) -> Tensor:
     """The f32 log-sum-exp buffer a forward of `q` writes: `[B, Hq, Sq]` for BSHD q, `[Hq,
     total_q]` for a packed q `[total_q, Hq, D]`."""
@@ -99,8 +194,7 @@ def _lse_for(q: Tensor) -> Tensor:
 
 def _empty_outputs(q: Tensor, *_: object) -> Tuple[Tensor, Tensor]:
     """Empty `(o like q, lse)`: every forward op's fake (a fake reads only the tensors the
-    shapes come from; the op's other arguments, its one signature in the op's definition, pass
-    by), and the packed forward's outputs."""
+    shapes come from; the op's other arguments pass by), and the packed forward's outputs."""
     return q.new_empty(q.shape), _lse_for(q)
 
 
@@ -111,247 +205,180 @@ def _grads_fake(q: Tensor, k: Tensor, v: Tensor, *_: object) -> Tuple[Tensor, Te
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
-def forward_into(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    o: Tensor,
-    lse: Optional[Tensor],
-    softmax_scale: float,
-    causal: bool,
-    window: Tuple[int, int],
-    softcap: float,
-    num_splits: int,
-    alibi_slopes: Optional[Tensor] = None,
-    dropout: Optional[Dropout] = None,
-    probs: Optional[Tensor] = None,
-) -> None:
-    """Runs the kernel: `o` (BSHD, q's dtype) and, if given, `lse [B, Hq, Sq]` f32 are written.
-    `window` is flash_attn's `window_size` (-1 unbounded), `softcap` 0 for none; `dropout`
-    `(p, state)` or None, `probs` where its probabilities go (see `Dropout`)."""
+def _rows(dout: Tensor) -> Tensor:
+    """`dout` with a contiguous last dim: autograd may hand over any layout; the kernels read rows."""
+    return dout if dout.stride(-1) == 1 else dout.contiguous()
+
+
+# ---- calls into the extension --------------------------------------------------------------
+
+
+def forward_into(q: Tensor, k: Tensor, v: Tensor, outputs: Tuple[Tensor, Optional[Tensor]], options: Options, probs: Optional[Tensor] = None) -> None:
+    """Runs the kernel on BSHD tensors: `outputs` = `(o, lse)`, o like q (q's dtype) and, if
+    not None, `lse [B, Hq, Sq]` f32, are written; `probs` where dropout's probabilities go
+    (see `Dropout`)."""
+    o, lse = outputs
     _flashcore.attention_forward(
         _call(q),
         (_arg(q), _arg(k), _arg(v)),
         (_arg(o), None if lse is None else _vector(lse)),
-        options_arg(softmax_scale, causal, window, softcap, num_splits),
-        alibi=_alibi_arg(alibi_slopes),
-        dropout=_dropout_arg(dropout),
+        options.arg(),
+        alibi=_optional_vector(options.alibi_slopes),
+        dropout=_dropout_arg(options.dropout),
         probs=None if probs is None else _arg(probs),
     )
 
 
-def forward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    softmax_scale: float,
-    causal: bool,
-    window: Tuple[int, int],
-    softcap: float,
-    num_splits: int,
-    want_lse: bool = True,
-    alibi_slopes: Optional[Tensor] = None,
-    dropout: Optional[Dropout] = None,
-    probs: Optional[Tensor] = None,
-) -> Tuple[Tensor, Optional[Tensor]]:
+def forward(q: Tensor, k: Tensor, v: Tensor, options: Options, want_lse: bool = True, probs: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
     """Attention on BSHD tensors: `(o [B, Sq, Hq, D], lse [B, Hq, Sq] f32)`, lse None unless
     `want_lse`. Rows that see no key (no keys at all, or a causal mask or window that leaves
     them none) give o = 0 and lse = -inf."""
     o = q.new_empty(q.shape)  # new_empty: a few microseconds less than torch.empty(...)
     lse = _lse_for(q) if want_lse else None
-    forward_into(q, k, v, o, lse, softmax_scale, causal, window, softcap, num_splits, alibi_slopes, dropout, probs)
+    forward_into(q, k, v, (o, lse), options, probs)
     return o, lse
 
 
-def varlen_forward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    cu_seqlens_q: Tensor,
-    cu_seqlens_k: Tensor,
-    seqused_k: Optional[Tensor],
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    softmax_scale: float,
-    causal: bool,
-    window: Tuple[int, int],
-    softcap: float,
-    alibi_slopes: Optional[Tensor] = None,
-    checkable: bool = True,
-    dropout: Optional[Dropout] = None,
-    probs: Optional[Tensor] = None,
-) -> Tuple[Tensor, Tensor]:
-    """Attention over a packed batch (q [total_q, Hq, D], k, v [total_k, Hkv, D], int32
-    cu_seqlens on q's device): `(o [total_q, Hq, D], lse [Hq, total_q] f32)`. With the
-    environment variable FLASHCORE_CHECK_VARLEN=1 the cu_seqlens values are checked first
-    (this synchronises), unless not `checkable`: sequences placed anywhere in the keys by
-    cu_seqlens_k and seqused_k, which the packed-batch contract (starting at 0, rising) does
-    not describe (a KV cache's rows: `interface._kvcache_rows`)."""
+def varlen_forward(q: Tensor, k: Tensor, v: Tensor, batch: Batch, options: Options, probs: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """Attention over a packed batch (q [total_q, Hq, D], k, v [total_k, Hkv, D]): `(o
+    [total_q, Hq, D], lse [Hq, total_q] f32)`. With the environment variable
+    FLASHCORE_CHECK_VARLEN=1 the batch's vectors are checked first (`Batch.check`)."""
     o, lse = _empty_outputs(q)
     _flashcore.attention_forward(
-        _call(q, checkable and _check_varlen()),
-        tuple(_arg(t.unsqueeze(0)) for t in (q, k, v)),
+        _call(q, batch.check()),
+        (_arg(q.unsqueeze(0)), _arg(k.unsqueeze(0)), _arg(v.unsqueeze(0))),
         (_arg(o.unsqueeze(0)), _vector(lse)),
-        options_arg(softmax_scale, causal, window, softcap),
-        varlen=_varlen_arg(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k),
-        alibi=_alibi_arg(alibi_slopes),
-        dropout=_dropout_arg(dropout),
+        options.arg(),
+        varlen=batch.arg(),
+        alibi=_optional_vector(options.alibi_slopes),
+        dropout=_dropout_arg(options.dropout),
         probs=None if probs is None else _arg(probs),
     )
     return o, lse
 
 
-def _varlen_arg(cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int) -> _flashcore.VarlenArg:
-    return (_vector(cu_seqlens_q), _vector(cu_seqlens_k), None if seqused_k is None else _vector(seqused_k), max_seqlen_q, max_seqlen_k)
-
-
-def _check_varlen() -> bool:
-    return os.environ.get("FLASHCORE_CHECK_VARLEN", "") not in ("", "0")
-
-
-def varlen_backward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    o: Tensor,
-    lse: Tensor,
-    dout: Tensor,
-    cu_seqlens_q: Tensor,
-    cu_seqlens_k: Tensor,
-    seqused_k: Optional[Tensor],
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    softmax_scale: float,
-    causal: bool,
-    deterministic: bool,
-    window: Tuple[int, int],
-    softcap: float,
-    alibi_slopes: Optional[Tensor] = None,
-    dropout: Optional[Dropout] = None,
-) -> Tuple[Tensor, Tensor, Tensor]:
-    """Gradients `(dq, dk, dv)` of a packed batch, laid out like `q`, `k`, `v` (`[total, H,
-    D]`), from the forward's `o` and `lse [Hq, total_q]`: every element written (zero for rows
-    that saw no key and keys no row saw, those past seqused_k included)."""
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    varlen_backward_into(
-        q, k, v, o, lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic, window, softcap, alibi_slopes,
-        dropout,
+def kvcache_forward(q: Tensor, caches: Tuple[Tensor, Tensor], cache: Cache, options: Options, want_lse: bool = True) -> Tuple[Tensor, Optional[Tensor]]:
+    """Attention over a KV cache (see `flash_attn_with_kvcache`): `caches` = `(k_cache,
+    v_cache)`; `(o like q, lse f32 or None)`: dense queries `q [B, Sq, Hq, D]` give `lse [B,
+    Hq, Sq]`, packed ones (`cache.cu_seqlens_q`; `q [total_q, Hq, D]`) `lse [Hq, total_q]`.
+    `cache.k_new`, `cache.v_new` are first written into the caches at
+    `cache_seqlens[b]...`. With the environment variable FLASHCORE_CHECK_PAGED=1 the table and
+    lengths are checked first (this synchronises)."""
+    k_cache, v_cache = caches
+    o = q.new_empty(q.shape)
+    lse = _lse_for(q) if want_lse else None
+    packed = cache.cu_seqlens_q is not None
+    q_arg, o_arg = (_arg(q.unsqueeze(0)), _arg(o.unsqueeze(0))) if packed else (_arg(q), _arg(o))
+    _flashcore.attention_forward(
+        _call(q, _check_paged()),
+        (q_arg, _arg(k_cache), _arg(v_cache)),
+        (o_arg, None if lse is None else _vector(lse)),
+        options.arg(),
+        paged=cache.arg(),
+        alibi=_optional_vector(options.alibi_slopes),
     )
-    return dq, dk, dv
+    return o, lse
 
 
-def varlen_backward_into(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    o: Tensor,
-    lse: Tensor,
-    dout: Tensor,
-    dq: Tensor,
-    dk: Tensor,
-    dv: Tensor,
-    cu_seqlens_q: Tensor,
-    cu_seqlens_k: Tensor,
-    seqused_k: Optional[Tensor],
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    softmax_scale: float,
-    causal: bool,
-    deterministic: bool,
-    window: Tuple[int, int],
-    softcap: float,
-    alibi_slopes: Optional[Tensor] = None,
-    dropout: Optional[Dropout] = None,
-) -> None:
-    """`varlen_backward` into the given `dq`, `dk`, `dv` (packed like q, k, v; every element
-    written)."""
-    if dout.stride(-1) != 1:
-        dout = dout.contiguous()  # autograd may hand over any layout; the kernels read rows
+def backward_into(saved: Tuple[Tensor, ...], dout: Tensor, grads: Tuple[Tensor, Tensor, Tensor], options: Options, grads_like_inputs: bool = False) -> None:
+    """The gradients of attention on BSHD tensors into `grads` = `(dq, dk, dv)` (like q, k, v;
+    every element written; dk and dv summed over the query heads that share a KV head), from
+    the forward's `saved` = `(q, k, v, o, lse [B, Hq, Sq])` and its `options` (the slopes get
+    no gradient). `grads_like_inputs`: the caller vouches that each grad has its input's shape
+    and strides, so only their addresses cross into the extension."""
+    q, k, v, o, lse = saved
+    dq, dk, dv = grads
+    grad_args = (dq.data_ptr(), dk.data_ptr(), dv.data_ptr()) if grads_like_inputs else (_arg(dq), _arg(dk), _arg(dv))
     _flashcore.attention_backward(
-        _call(q, _check_varlen()),
-        (*(_arg(t.unsqueeze(0)) for t in (q, k, v, o)), _vector(lse), _arg(dout.unsqueeze(0))),
-        tuple(_arg(t.unsqueeze(0)) for t in (dq, dk, dv)),
-        options_arg(softmax_scale, causal, window, softcap, deterministic=deterministic),
-        varlen=_varlen_arg(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k),
-        alibi=_alibi_arg(alibi_slopes),
-        dropout=_dropout_arg(dropout),
+        _call(q),
+        (_arg(q), _arg(k), _arg(v), _arg(o), _vector(lse), _arg(_rows(dout))),
+        grad_args,
+        options.arg(),
+        alibi=_optional_vector(options.alibi_slopes),
+        dropout=_dropout_arg(options.dropout),
     )
 
 
-@torch.library.custom_op("flashcore::varlen_fwd", mutates_args=(), device_types="cuda")
-def varlen_fwd(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    cu_seqlens_q: Tensor,
-    cu_seqlens_k: Tensor,
-    seqused_k: Optional[Tensor],
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    softmax_scale: float,
-    causal: bool,
-    window_left: int,
-    window_right: int,
-    softcap: float,
-    deterministic: bool,
-    alibi_slopes: Optional[Tensor] = None,
-    dropout_p: float = 0.0,
-    rng_state: Optional[Tensor] = None,
-) -> Tuple[Tensor, Tensor]:
-    """The registered packed-batch op: see `varlen_forward`. `deterministic` is for its
-    backward; dropout is `dropout_p` with its state `rng_state` (see `Dropout`)."""
-    window = (window_left, window_right)
-    return varlen_forward(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window, softcap, alibi_slopes, True,
-        _op_dropout(dropout_p, rng_state),
+def backward(saved: Tuple[Tensor, ...], dout: Tensor, options: Options) -> Tuple[Tensor, Tensor, Tensor]:
+    """Gradients `(dq, dk, dv)`, laid out like `q`, `k`, `v`: `backward_into` new buffers."""
+    q, k, v = saved[:3]
+    grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+    # empty_like of a contiguous tensor has its strides: the grads then cross as addresses.
+    backward_into(saved, dout, grads, options, q.is_contiguous() and k.is_contiguous() and v.is_contiguous())
+    return grads
+
+
+def varlen_backward_into(saved: Tuple[Tensor, ...], dout: Tensor, grads: Tuple[Tensor, Tensor, Tensor], batch: Batch, options: Options) -> None:
+    """The gradients of a packed batch into `grads` = `(dq, dk, dv)` (packed like q, k, v,
+    `[total, H, D]`; every element written: zero for rows that saw no key and keys no row saw,
+    those past seqused_k included), from the forward's `saved` = `(q, k, v, o, lse [Hq,
+    total_q])`."""
+    q, k, v, o, lse = saved
+    _flashcore.attention_backward(
+        _call(q, batch.check()),
+        (*(_arg(t.unsqueeze(0)) for t in (q, k, v, o)), _vector(lse), _arg(_rows(dout).unsqueeze(0))),
+        tuple(_arg(t.unsqueeze(0)) for t in grads),
+        options.arg(),
+        varlen=batch.arg(),
+        alibi=_optional_vector(options.alibi_slopes),
+        dropout=_dropout_arg(options.dropout),
     )
 
 
-varlen_fwd.register_fake(_empty_outputs)
+def varlen_backward(saved: Tuple[Tensor, ...], dout: Tensor, batch: Batch, options: Options) -> Tuple[Tensor, Tensor, Tensor]:
+    """Gradients `(dq, dk, dv)` of a packed batch: `varlen_backward_into` new buffers."""
+    q, k, v = saved[:3]
+    grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+    varlen_backward_into(saved, dout, grads, batch, options)
+    return grads
 
 
-@torch.library.custom_op("flashcore::varlen_bwd", mutates_args=(), device_types="cuda")
-def varlen_bwd(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    o: Tensor,
-    lse: Tensor,
-    dout: Tensor,
-    cu_seqlens_q: Tensor,
-    cu_seqlens_k: Tensor,
-    seqused_k: Optional[Tensor],
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    softmax_scale: float,
-    causal: bool,
-    deterministic: bool,
-    window_left: int,
-    window_right: int,
-    softcap: float,
-    alibi_slopes: Optional[Tensor] = None,
-    dropout_p: float = 0.0,
-    rng_state: Optional[Tensor] = None,
-) -> Tuple[Tensor, Tensor, Tensor]:
-    """The registered packed-batch backward op: see `varlen_backward`."""
-    window = (window_left, window_right)
-    return varlen_backward(
-        q, k, v, o, lse, dout, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic, window, softcap, alibi_slopes,
-        _op_dropout(dropout_p, rng_state),
-    )
+# ---- the registered ops (torch.compile, tracing, fake and subclass tensors) -----------------
 
 
-varlen_bwd.register_fake(_grads_fake)
+def _op(name: str, schema: str, fn: Callable, fake: Callable, mutates: Tuple[str, ...] = ()):
+    """The op `flashcore::<name>` of this schema, run by `fn` on CUDA tensors, `fake` its fake."""
+    op = torch.library.custom_op(f"flashcore::{name}", fn, mutates_args=mutates, device_types="cuda", schema=schema)
+    op.register_fake(fake)
+    return op
 
 
-def _varlen_setup_context(ctx, inputs, output) -> None:
-    q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, deterministic, alibi_slopes, dropout_p, rng_state = inputs
-    o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, rng_state)
-    ctx.max_seqlen_q, ctx.max_seqlen_k, ctx.softmax_scale, ctx.causal, ctx.deterministic = max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic
-    ctx.dropout_p = dropout_p
-    ctx.window_left, ctx.window_right, ctx.softcap = window_left, window_right, softcap
-    _lse_has_no_gradient(ctx, lse)
+_FWD_TENSORS = "Tensor q, Tensor k, Tensor v"
+_BWD_TENSORS = "Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, Tensor dout"
+
+
+def _fwd(q: Tensor, k: Tensor, v: Tensor, *options: object) -> Tuple[Tensor, Tensor]:
+    return forward(q, k, v, Options.from_flat(options))
+
+
+def _bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, dout: Tensor, *options: object) -> Tuple[Tensor, Tensor, Tensor]:
+    return backward((q, k, v, o, lse), dout, Options.from_flat(options))
+
+
+def _varlen_fwd(q: Tensor, k: Tensor, v: Tensor, *flat: object) -> Tuple[Tensor, Tensor]:
+    return varlen_forward(q, k, v, Batch(*flat[: Batch.FLAT_LEN]), Options.from_flat(flat[Batch.FLAT_LEN :]))
+
+
+def _varlen_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, dout: Tensor, *flat: object) -> Tuple[Tensor, Tensor, Tensor]:
+    return varlen_backward((q, k, v, o, lse), dout, Batch(*flat[: Batch.FLAT_LEN]), Options.from_flat(flat[Batch.FLAT_LEN :]))
+
+
+def _kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, *flat: object) -> Tuple[Tensor, Tensor]:
+    return kvcache_forward(q, (k_cache, v_cache), Cache(*flat[: Cache.FLAT_LEN]), Options.from_flat(flat[Cache.FLAT_LEN :]))
+
+
+fwd = _op("fwd", f"({_FWD_TENSORS}, {Options.SCHEMA}) -> (Tensor, Tensor)", _fwd, _empty_outputs)
+bwd = _op("bwd", f"({_BWD_TENSORS}, {Options.SCHEMA}) -> (Tensor, Tensor, Tensor)", _bwd, _grads_fake)
+varlen_fwd = _op("varlen_fwd", f"({_FWD_TENSORS}, {Batch.SCHEMA}, {Options.SCHEMA}) -> (Tensor, Tensor)", _varlen_fwd, _empty_outputs)
+varlen_bwd = _op("varlen_bwd", f"({_BWD_TENSORS}, {Batch.SCHEMA}, {Options.SCHEMA}) -> (Tensor, Tensor, Tensor)", _varlen_bwd, _grads_fake)
+# The caches are written (the appended keys): the op says so, so that torch.compile orders it.
+# Packed queries over a paged cache append nothing: their op writes nothing (a written cache
+# would be copied by torch.compile's functionalisation).
+fwd_kvcache = _op(
+    "fwd_kvcache", f"(Tensor q, Tensor(a!) k_cache, Tensor(b!) v_cache, {Cache.SCHEMA}, {Options.SCHEMA}) -> (Tensor, Tensor)", _kvcache, _empty_outputs,
+    mutates=("k_cache", "v_cache"),
+)  # fmt: skip
+varlen_fwd_paged = _op("varlen_fwd_paged", f"(Tensor q, Tensor k_cache, Tensor v_cache, {Cache.SCHEMA}, {Options.SCHEMA}) -> (Tensor, Tensor)", _kvcache, _empty_outputs)
 
 
 def _lse_has_no_gradient(ctx, lse: Tensor) -> None:
@@ -361,288 +388,61 @@ def _lse_has_no_gradient(ctx, lse: Tensor) -> None:
     ctx.set_materialize_grads(False)
 
 
-def _varlen_backward(ctx, grad_o, grad_lse):
-    if grad_o is None:  # the loss did not use o
-        return (None,) * 17
-    q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, alibi_slopes, rng_state = ctx.saved_tensors
-    dq, dk, dv = varlen_bwd(
-        q,
-        k,
-        v,
-        o,
-        lse,
-        grad_o,
-        cu_seqlens_q,
-        cu_seqlens_k,
-        seqused_k,
-        ctx.max_seqlen_q,
-        ctx.max_seqlen_k,
-        ctx.softmax_scale,
-        ctx.causal,
-        ctx.deterministic,
-        ctx.window_left,
-        ctx.window_right,
-        ctx.softcap,
-        alibi_slopes,
-        ctx.dropout_p,
-        rng_state,
-    )
-    return (dq, dk, dv) + (None,) * 14
+def _save(ctx, tensors: Tuple[Tensor, ...], options: Options, batch: Optional[Batch] = None) -> None:
+    """Keeps a registered forward's `tensors`, `options` and `batch` for its backward: every
+    tensor through `save_for_backward` (as torch.compile wants them), the records' other
+    fields on `ctx`."""
+    state = None if options.dropout is None else options.dropout[1]
+    vectors = () if batch is None else (batch.cu_seqlens_q, batch.cu_seqlens_k, batch.seqused_k)
+    ctx.save_for_backward(*tensors, *vectors, options.alibi_slopes, state)
+    ctx.options = options._replace(alibi_slopes=None, dropout=None if options.dropout is None else (options.dropout[0], None))
+    ctx.batch = None if batch is None else batch._replace(cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None)
 
 
-varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
+def _saved(ctx) -> Tuple[tuple, Optional[Batch], Options]:
+    """What `_save` kept: `(tensors, batch, options)`."""
+    *tensors, alibi_slopes, state = ctx.saved_tensors
+    batch = ctx.batch
+    if batch is not None:
+        *tensors, cu_seqlens_q, cu_seqlens_k, seqused_k = tensors
+        batch = batch._replace(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k)
+    options = ctx.options
+    options = options._replace(alibi_slopes=alibi_slopes, dropout=None if options.dropout is None else (options.dropout[0], state))
+    return tuple(tensors), batch, options
 
 
-def kvcache_forward(
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    k: Optional[Tensor],
-    v: Optional[Tensor],
-    cache_seqlens: Optional[Tensor],
-    block_table: Optional[Tensor],
-    softmax_scale: float,
-    causal: bool,
-    window: Tuple[int, int],
-    softcap: float,
-    num_splits: int,
-    want_lse: bool,
-    alibi_slopes: Optional[Tensor] = None,
-) -> Tuple[Tensor, Optional[Tensor]]:
-    """Attention over a KV cache (see `flash_attn_with_kvcache`): `(o [B, Sq, Hq, D], lse
-    [B, Hq, Sq] f32 or None)`; `k`, `v` are first written into the caches at
-    `cache_seqlens[b]...`. With the environment variable FLASHCORE_CHECK_PAGED=1 the table and
-    lengths are checked first (this synchronises)."""
-    o = q.new_empty(q.shape)
-    lse = _lse_for(q) if want_lse else None
-    table = None if block_table is None else (block_table.data_ptr(), (block_table.shape[0], block_table.shape[1]), block_table.stride(0))
-    _flashcore.attention_forward(
-        _call(q, os.environ.get("FLASHCORE_CHECK_PAGED", "") not in ("", "0")),
-        (_arg(q), _arg(k_cache), _arg(v_cache)),
-        (_arg(o), None if lse is None else _vector(lse)),
-        options_arg(softmax_scale, causal, window, softcap, num_splits),
-        paged=(None if k is None else _arg(k), None if v is None else _arg(v), None if cache_seqlens is None else _vector(cache_seqlens), table, None),
-        alibi=_alibi_arg(alibi_slopes),
-    )
-    return o, lse
-
-
-def _table_arg(block_table: Tensor) -> tuple:
-    return (block_table.data_ptr(), (block_table.shape[0], block_table.shape[1]), block_table.stride(0))
-
-
-def paged_varlen_forward(
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    cu_seqlens_q: Tensor,
-    seqlens_k: Tensor,
-    block_table: Tensor,
-    max_seqlen_q: int,
-    softmax_scale: float,
-    causal: bool,
-    window: Tuple[int, int],
-    softcap: float,
-    alibi_slopes: Optional[Tensor] = None,
-) -> Tuple[Tensor, Tensor]:
-    """Packed queries over a paged cache (flash_attn's varlen call with a block table):
-    `(o [total_q, Hq, D], lse [Hq, total_q] f32)`; sequence b's queries rows
-    `cu_seqlens_q[b]...` of q, its keys the first `seqlens_k[b]` of its table row. With
-    FLASHCORE_CHECK_PAGED=1 the vectors and the table are checked first (this synchronises)."""
-    o, lse = _empty_outputs(q)
-    _flashcore.attention_forward(
-        _call(q, os.environ.get("FLASHCORE_CHECK_PAGED", "") not in ("", "0")),
-        (_arg(q.unsqueeze(0)), _arg(k_cache), _arg(v_cache)),
-        (_arg(o.unsqueeze(0)), _vector(lse)),
-        options_arg(softmax_scale, causal, window, softcap),
-        paged=(None, None, _vector(seqlens_k), _table_arg(block_table), (_vector(cu_seqlens_q), max_seqlen_q)),
-        alibi=_alibi_arg(alibi_slopes),
-    )
-    return o, lse
-
-
-@torch.library.custom_op("flashcore::varlen_fwd_paged", mutates_args=(), device_types="cuda")
-def varlen_fwd_paged(
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    cu_seqlens_q: Tensor,
-    seqlens_k: Tensor,
-    block_table: Tensor,
-    max_seqlen_q: int,
-    softmax_scale: float,
-    causal: bool,
-    window_left: int,
-    window_right: int,
-    softcap: float,
-    alibi_slopes: Optional[Tensor] = None,
-) -> Tuple[Tensor, Tensor]:
-    """The registered op of packed queries over a paged cache: see `paged_varlen_forward`."""
-    window = (window_left, window_right)
-    return paged_varlen_forward(q, k_cache, v_cache, cu_seqlens_q, seqlens_k, block_table, max_seqlen_q, softmax_scale, causal, window, softcap, alibi_slopes)
-
-
-varlen_fwd_paged.register_fake(_empty_outputs)
-
-
-# The caches are written (the appended keys): the op says so, so that torch.compile orders it.
-@torch.library.custom_op("flashcore::fwd_kvcache", mutates_args=("k_cache", "v_cache"), device_types="cuda")
-def fwd_kvcache(
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    k: Optional[Tensor],
-    v: Optional[Tensor],
-    cache_seqlens: Optional[Tensor],
-    block_table: Optional[Tensor],
-    softmax_scale: float,
-    causal: bool,
-    window_left: int,
-    window_right: int,
-    softcap: float,
-    num_splits: int,
-    alibi_slopes: Optional[Tensor] = None,
-) -> Tuple[Tensor, Tensor]:
-    """The registered KV-cache op: see `kvcache_forward`."""
-    window = (window_left, window_right)
-    o, lse = kvcache_forward(q, k_cache, v_cache, k, v, cache_seqlens, block_table, softmax_scale, causal, window, softcap, num_splits, True, alibi_slopes)
-    return o, lse
-
-
-fwd_kvcache.register_fake(_empty_outputs)
-
-
-# The op's schema holds only tensors and scalars: the window travels as its two sides.
-@torch.library.custom_op("flashcore::fwd", mutates_args=(), device_types="cuda")
-def fwd(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    softmax_scale: float,
-    causal: bool,
-    window_left: int,
-    window_right: int,
-    softcap: float,
-    num_splits: int,
-    deterministic: bool,
-    alibi_slopes: Optional[Tensor] = None,
-    dropout_p: float = 0.0,
-    rng_state: Optional[Tensor] = None,
-) -> Tuple[Tensor, Tensor]:
-    """The registered op: see `forward`. `deterministic` is for its backward; dropout is
-    `dropout_p` with its state `rng_state` (see `Dropout`)."""
-    window = (window_left, window_right)
-    return forward(q, k, v, softmax_scale, causal, window, softcap, num_splits, True, alibi_slopes, _op_dropout(dropout_p, rng_state))
-
-
-fwd.register_fake(_empty_outputs)
-
-
-def backward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    o: Tensor,
-    lse: Tensor,
-    dout: Tensor,
-    softmax_scale: float,
-    causal: bool,
-    deterministic: bool,
-    window: Tuple[int, int],
-    softcap: float,
-    alibi_slopes: Optional[Tensor] = None,
-    dropout: Optional[Dropout] = None,
-) -> Tuple[Tensor, Tensor, Tensor]:
-    """Gradients `(dq, dk, dv)`, laid out like `q`, `k`, `v` (dk and dv summed over the query
-    heads that share a KV head), under the forward's `window`, `softcap` and `alibi_slopes`
-    (the backward kernels' forms of them; the slopes get no gradient)."""
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    # empty_like of a contiguous tensor has its strides: the grads then cross as addresses.
-    like_inputs = q.is_contiguous() and k.is_contiguous() and v.is_contiguous()
-    backward_into(q, k, v, o, lse, dout, dq, dk, dv, softmax_scale, causal, deterministic, window, softcap, alibi_slopes, dropout, like_inputs)
-    return dq, dk, dv
-
-
-def backward_into(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    o: Tensor,
-    lse: Tensor,
-    dout: Tensor,
-    dq: Tensor,
-    dk: Tensor,
-    dv: Tensor,
-    softmax_scale: float,
-    causal: bool,
-    deterministic: bool,
-    window: Tuple[int, int],
-    softcap: float,
-    alibi_slopes: Optional[Tensor] = None,
-    dropout: Optional[Dropout] = None,
-    grads_like_inputs: bool = False,
-) -> None:
-    """`backward` into the given `dq`, `dk`, `dv` (BSHD like q, k, v; every element written).
-    `grads_like_inputs`: the caller vouches that each grad has its input's shape and strides,
-    so only their addresses cross into the extension."""
-    if dout.stride(-1) != 1:
-        dout = dout.contiguous()  # autograd may hand over any layout; the kernels read rows
-    grads = (dq.data_ptr(), dk.data_ptr(), dv.data_ptr()) if grads_like_inputs else (_arg(dq), _arg(dk), _arg(dv))
-    _flashcore.attention_backward(
-        _call(q),
-        (_arg(q), _arg(k), _arg(v), _arg(o), _vector(lse), _arg(dout)),
-        grads,
-        options_arg(softmax_scale, causal, window, softcap, deterministic=deterministic),
-        alibi=_alibi_arg(alibi_slopes),
-        dropout=_dropout_arg(dropout),
-    )
-
-
-@torch.library.custom_op("flashcore::bwd", mutates_args=(), device_types="cuda")
-def bwd(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    o: Tensor,
-    lse: Tensor,
-    dout: Tensor,
-    softmax_scale: float,
-    causal: bool,
-    deterministic: bool,
-    window_left: int,
-    window_right: int,
-    softcap: float,
-    alibi_slopes: Optional[Tensor] = None,
-    dropout_p: float = 0.0,
-    rng_state: Optional[Tensor] = None,
-) -> Tuple[Tensor, Tensor, Tensor]:
-    """The registered backward op: see `backward`."""
-    window = (window_left, window_right)
-    return backward(q, k, v, o, lse, dout, softmax_scale, causal, deterministic, window, softcap, alibi_slopes, _op_dropout(dropout_p, rng_state))
-
-
-bwd.register_fake(_grads_fake)
-
-
-def _fwd_setup_context(ctx, inputs, output) -> None:
-    q, k, v, softmax_scale, causal, window_left, window_right, softcap, _, deterministic, alibi_slopes, dropout_p, rng_state = inputs
+def _fwd_setup_context(ctx, inputs: tuple, output: Tuple[Tensor, Tensor]) -> None:
+    q, k, v = inputs[:3]
     o, lse = output
-    ctx.save_for_backward(q, k, v, o, lse, alibi_slopes, rng_state)
-    ctx.softmax_scale, ctx.causal, ctx.deterministic, ctx.dropout_p = softmax_scale, causal, deterministic, dropout_p
-    ctx.window_left, ctx.window_right, ctx.softcap = window_left, window_right, softcap
+    _save(ctx, (q, k, v, o, lse), Options.from_flat(inputs[3:]))
     _lse_has_no_gradient(ctx, lse)
 
 
-def _fwd_backward(ctx, grad_o, grad_lse):
+def _fwd_backward(ctx, grad_o: Optional[Tensor], grad_lse: Optional[Tensor]) -> tuple:
     if grad_o is None:  # the loss did not use o
-        return (None,) * 13
-    q, k, v, o, lse, alibi_slopes, rng_state = ctx.saved_tensors
-    window_left, window_right = ctx.window_left, ctx.window_right
-    dq, dk, dv = bwd(q, k, v, o, lse, grad_o, ctx.softmax_scale, ctx.causal, ctx.deterministic, window_left, window_right, ctx.softcap, alibi_slopes, ctx.dropout_p, rng_state)
-    return (dq, dk, dv) + (None,) * 10
+        return (None,) * (3 + Options.FLAT_LEN)
+    saved, _, options = _saved(ctx)
+    dq, dk, dv = bwd(*saved, grad_o, *options.flat())
+    return (dq, dk, dv) + (None,) * Options.FLAT_LEN
+
+
+def _varlen_setup_context(ctx, inputs: tuple, output: Tuple[Tensor, Tensor]) -> None:
+    q, k, v = inputs[:3]
+    o, lse = output
+    _save(ctx, (q, k, v, o, lse), Options.from_flat(inputs[3 + Batch.FLAT_LEN :]), Batch(*inputs[3 : 3 + Batch.FLAT_LEN]))
+    _lse_has_no_gradient(ctx, lse)
+
+
+def _varlen_backward(ctx, grad_o: Optional[Tensor], grad_lse: Optional[Tensor]) -> tuple:
+    if grad_o is None:  # the loss did not use o
+        return (None,) * (3 + Batch.FLAT_LEN + Options.FLAT_LEN)
+    saved, batch, options = _saved(ctx)
+    dq, dk, dv = varlen_bwd(*saved, grad_o, *batch, *options.flat())
+    return (dq, dk, dv) + (None,) * (Batch.FLAT_LEN + Options.FLAT_LEN)
 
 
 fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
+varlen_fwd.register_autograd(_varlen_backward, setup_context=_varlen_setup_context)
 
 
 # The eager path with autograd. torch.library's Python autograd layer (the op's dispatch,
@@ -654,19 +454,18 @@ fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 
 class Attention(torch.autograd.Function):
     """`forward` with `backward` as its gradient, for eager calls that record autograd. It
-    takes q, k, v and one tuple of options, and gives `o` alone unless the caller wants lse:
-    `Function.apply`'s own host cost grows with each argument and output (on the H100 host, B1
-    S128: 12 µs with three tensors in and one out, 22 with nine arguments in, two out and lse
-    marked non-differentiable). The ALiBi slopes ride in the options too: they get no gradient,
-    so they need not be an argument of `apply` of their own, and `ctx.options` keeps them alive
-    for the backward."""
+    takes q, k, v and one tuple `(options, want_lse, probs)`, and gives `o` alone unless the
+    caller wants lse: `Function.apply`'s own host cost grows with each argument and output (on
+    the H100 host, B1 S128: 12 µs with three tensors in and one out, 22 with nine arguments
+    in, two out and lse marked non-differentiable). The ALiBi slopes ride in the options: they
+    get no gradient, and `ctx.options` keeps them alive for the backward."""
 
     @staticmethod
-    def forward(ctx, q, k, v, options):
-        softmax_scale, causal, window, softcap, num_splits, deterministic, want_lse, alibi_slopes, dropout, probs = options
-        o, lse = forward(q, k, v, softmax_scale, causal, window, softcap, num_splits, True, alibi_slopes, dropout, probs)
+    def forward(ctx, q, k, v, call):
+        options, want_lse, probs = call
+        o, lse = forward(q, k, v, options, True, probs)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.options = (softmax_scale, causal, deterministic, window, softcap, alibi_slopes, dropout)
+        ctx.options = options
         if want_lse:
             _lse_has_no_gradient(ctx, lse)
             return o, lse
@@ -676,25 +475,20 @@ class Attention(torch.autograd.Function):
     def backward(ctx, grad_o, *_grad_lse):
         if grad_o is None:  # the loss did not use o
             return None, None, None, None
-        q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = backward(q, k, v, o, lse, grad_o, *ctx.options)
+        dq, dk, dv = backward(ctx.saved_tensors, grad_o, ctx.options)
         return dq, dk, dv, None
 
 
 class VarlenAttention(torch.autograd.Function):
     """`varlen_forward` with `varlen_backward` as its gradient, for eager calls that record
-    autograd: q, k, v, the batch `(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
-    max_seqlen_k)` and the options (the ALiBi slopes among them) in a tuple each, `(o, lse)`
-    out (see `Attention`)."""
+    autograd: q, k, v, the `Batch` and `(options, probs)`, `(o, lse)` out (see `Attention`)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, batch, options):
-        cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k = batch
-        softmax_scale, causal, window, softcap, deterministic, alibi_slopes, dropout, probs = options
-        args = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, window, softcap, alibi_slopes, True, dropout, probs)
-        o, lse = varlen_forward(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, *args)
-        ctx.save_for_backward(q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seqused_k)
-        ctx.options = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic, window, softcap, alibi_slopes, dropout)
+    def forward(ctx, q, k, v, batch, call):
+        options, probs = call
+        o, lse = varlen_forward(q, k, v, batch, options, probs)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.batch, ctx.options = batch, options
         _lse_has_no_gradient(ctx, lse)
         return o, lse
 
@@ -702,8 +496,7 @@ class VarlenAttention(torch.autograd.Function):
     def backward(ctx, grad_o, grad_lse):
         if grad_o is None:  # the loss did not use o
             return None, None, None, None, None
-        q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, seqused_k = ctx.saved_tensors
-        dq, dk, dv = varlen_backward(q, k, v, o, lse, grad_o, cu_seqlens_q, cu_seqlens_k, seqused_k, *ctx.options)
+        dq, dk, dv = varlen_backward(ctx.saved_tensors, grad_o, ctx.batch, ctx.options)
         return dq, dk, dv, None, None
 
 
@@ -715,7 +508,7 @@ def record(function: type, q: Tensor, k: Tensor, v: Tensor, *rest: object):
     """`function.apply(q, k, v, *rest)` for `Attention` or `VarlenAttention`, minus
     `Function.apply`'s Python wrapper where that wrapper adds nothing: with no functorch
     transform active it only unwraps dead functorch wrappers (done here, on the three tensors;
-    the rest are tuples, which it leaves alone too) and calls the C method
+    the rest are records, which it leaves alone too) and calls the C method
     `_FunctionBase.apply`, while its own frame, `setup_context` test and generator over the
     arguments cost a few microseconds a call."""
     if torch._C._are_functorch_transforms_active():

@@ -31,7 +31,7 @@ is the same process-group code, not run here.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -128,15 +128,31 @@ def _check_local(q: Tensor, k: Tensor, v: Tensor, rank_dim: int) -> None:
         raise ValueError(f"`v` must be shaped as `k` {tuple(k.shape)}, it is {tuple(v.shape)}")
 
 
-def _options(dropout_p: float, softmax_scale: Optional[float], window_size: object, softcap: object, alibi_slopes: object, q: Tensor, ring: bool):
-    if dropout_p:
-        raise NotImplementedError(f"`dropout_p` = {dropout_p}: flashcore.distributed runs no dropout")
-    if alibi_slopes is not None:
+class _FlashArgs(NamedTuple):
+    """The public functions' flash_attn arguments, in their order, as given (unchecked)."""
+
+    dropout_p: float
+    softmax_scale: Optional[float]
+    causal: bool
+    window_size: object
+    softcap: object
+    alibi_slopes: object
+    deterministic: bool
+    return_attn_probs: bool
+
+
+def _options(args: _FlashArgs, q: Tensor, ring: bool) -> _ops.Options:
+    """`args` checked, as the call's options record; NotImplementedError for what the layouts
+    do not run (dropout, ALiBi; the ring layouts a window)."""
+    if args.dropout_p:
+        raise NotImplementedError(f"`dropout_p` = {args.dropout_p}: flashcore.distributed runs no dropout")
+    if args.alibi_slopes is not None:
         raise NotImplementedError("`alibi_slopes`: flashcore.distributed runs no ALiBi")
-    window = NO_WINDOW if tuple(window_size) == NO_WINDOW else _window(window_size)  # type: ignore[arg-type]
+    window = NO_WINDOW if tuple(args.window_size) == NO_WINDOW else _window(args.window_size)  # type: ignore[arg-type]
     if ring and window != NO_WINDOW:
-        raise NotImplementedError(f"`window_size` = {window_size}: the ring layouts run no sliding window (ring_flash_attn_varlen_func does)")
-    return _scale(softmax_scale, q.shape[-1]), window, 0.0 if softcap == 0.0 else _softcap(softcap)
+        raise NotImplementedError(f"`window_size` = {args.window_size}: the ring layouts run no sliding window (ring_flash_attn_varlen_func does)")
+    cap = 0.0 if args.softcap == 0.0 else _softcap(args.softcap)
+    return _ops.Options(_scale(args.softmax_scale, q.shape[-1]), bool(args.causal), window, cap, 0, bool(args.deterministic))
 
 
 # ---- the ring --------------------------------------------------------------------------
@@ -195,7 +211,7 @@ def _merge(out: Tensor, lse: Tensor, rows: slice, o: Tensor, lse_b: Tensor) -> N
     lse[:, :, rows] = merged
 
 
-def _ring_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, softcap: float, group, zigzag: bool) -> Tuple[Tensor, Tensor]:
+def _ring_forward(q: Tensor, k: Tensor, v: Tensor, options: _ops.Options, group, zigzag: bool) -> Tuple[Tensor, Tensor]:
     world, rank = _world(group)
     ring = _Ring(group)
     local = q.shape[1]
@@ -203,10 +219,10 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, s
     kv = [k, v]
     for step in range(world):
         pending = ring.start(kv) if step + 1 < world else None
-        block = _blocks(world, rank, step, causal, zigzag, local)
+        block = _blocks(world, rank, step, options.causal, zigzag, local)
         if block is not None:
             rows, cols, block_causal = block
-            o, lse_b = _ops.forward(q[:, rows], kv[0][:, cols], kv[1][:, cols], scale, block_causal, NO_WINDOW, softcap, 0, True)
+            o, lse_b = _ops.forward(q[:, rows], kv[0][:, cols], kv[1][:, cols], options._replace(causal=block_causal))
             if out is None:  # step 0, every row (`_blocks`): the first partial result is the running one
                 out, lse = o.float(), lse_b
             else:
@@ -216,7 +232,8 @@ def _ring_forward(q: Tensor, k: Tensor, v: Tensor, scale: float, causal: bool, s
     return out.to(q.dtype), lse
 
 
-def _ring_backward(dout, q, k, v, out, lse, scale, causal, softcap, deterministic, group, zigzag):
+def _ring_backward(dout: Tensor, saved: Tuple[Tensor, ...], options: _ops.Options, group, zigzag: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    q, k, v, out, lse = saved
     world, rank = _world(group)
     ring = _Ring(group)
     local = q.shape[1]
@@ -226,15 +243,13 @@ def _ring_backward(dout, q, k, v, out, lse, scale, causal, softcap, deterministi
     dout = dout.contiguous()
     for step in range(world):
         pending = ring.start(kv) if step + 1 < world else None
-        block = _blocks(world, rank, step, causal, zigzag, local)
+        block = _blocks(world, rank, step, options.causal, zigzag, local)
         if block is not None:
             rows, cols, block_causal = block
             qb, kb, vb = q[:, rows], kv[0][:, cols], kv[1][:, cols]
             dq_b, dk_b, dv_b = torch.empty_like(qb), torch.empty_like(kb), torch.empty_like(vb)
-            _ops.backward_into(
-                qb, kb, vb, out[:, rows], lse[:, :, rows].contiguous(), dout[:, rows], dq_b, dk_b, dv_b,
-                scale, block_causal, deterministic, NO_WINDOW, softcap,
-            )
+            saved_b = (qb, kb, vb, out[:, rows], lse[:, :, rows].contiguous())
+            _ops.backward_into(saved_b, dout[:, rows], (dq_b, dk_b, dv_b), options._replace(causal=block_causal))
         # Waited for only now, so the sums' transfer ran beside this step's kernel.
         if dkv_pending is not None:
             dkv = _Ring.wait(dkv_pending)
@@ -255,33 +270,31 @@ def _ring_backward(dout, q, k, v, out, lse, scale, causal, softcap, deterministi
 
 class _RingAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, scale, causal, softcap, deterministic, group, zigzag):
-        out, lse = _ring_forward(q, k, v, scale, causal, softcap, group, zigzag)
+    def forward(ctx, q, k, v, options, group, zigzag):
+        out, lse = _ring_forward(q, k, v, options, group, zigzag)
         ctx.mark_non_differentiable(lse)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.args = (scale, causal, softcap, deterministic, group, zigzag)
+        ctx.args = (options, group, zigzag)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _ring_backward(dout, q, k, v, out, lse, *ctx.args)
-        return dq, dk, dv, None, None, None, None, None, None
+        dq, dk, dv = _ring_backward(dout, ctx.saved_tensors, *ctx.args)
+        return dq, dk, dv, None, None, None
 
 
-def _ring(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, group, zigzag):
+def _ring(q: Tensor, k: Tensor, v: Tensor, args: _FlashArgs, group, zigzag: bool):
     _check_local(q, k, v, 4)
     world, _ = _world(group)
     name = "zigzag_ring_flash_attn_func" if zigzag else "ring_flash_attn_func"
-    _agree(group, [("q", _describe(q)), ("k", _describe(k)), ("v", _describe(v)), ("causal", bool(causal)), ("softmax_scale", softmax_scale),
-                   ("softcap", softcap), ("window_size", tuple(window_size)), ("deterministic", bool(deterministic)), ("function", name)])
+    _agree(group, [("q", _describe(q)), ("k", _describe(k)), ("v", _describe(v)), ("causal", bool(args.causal)), ("softmax_scale", args.softmax_scale),
+                   ("softcap", args.softcap), ("window_size", tuple(args.window_size)), ("deterministic", bool(args.deterministic)), ("function", name)])
     if zigzag and q.shape[1] % 2:
         raise ValueError(f"`q`: the zigzag layout holds two equal chunks a rank; the local sequence ({q.shape[1]}) must be even")
     if k.shape[1] != q.shape[1]:
         raise ValueError(f"`k`: the ring layouts split q and k alike; local lengths {q.shape[1]} (q) and {k.shape[1]} (k) differ")
-    scale, _, cap = _options(dropout_p, softmax_scale, window_size, softcap, alibi_slopes, q, ring=True)
-    out, lse = _RingAttention.apply(q, k, v, scale, bool(causal), cap, bool(deterministic), group, zigzag)
-    return (out, lse, None) if return_attn_probs else out
+    out, lse = _RingAttention.apply(q, k, v, _options(args, q, ring=True), group, zigzag)
+    return (out, lse, None) if args.return_attn_probs else out
 
 
 # ---- packed batches: K/V all-gathered ---------------------------------------------------
@@ -305,9 +318,9 @@ def _varlen_layout(cu_seqlens: Tensor, world: int, rank: int, causal: bool, devi
 
 class _GatheredVarlen(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens, max_seqlen, scale, causal, window, softcap, deterministic, group):
+    def forward(ctx, q, k, v, cu_seqlens, options, group):
         world, rank = _world(group)
-        index, whole, used, max_local = _varlen_layout(cu_seqlens, world, rank, causal, q.device)
+        index, whole, used, max_local = _varlen_layout(cu_seqlens, world, rank, options.causal, q.device)
         gathered = [torch.empty((world * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device) for t in (k, v)]
         for buf, t in zip(gathered, (k, v)):
             dist.all_gather_into_tensor(buf, t.contiguous(), group=group)
@@ -316,19 +329,19 @@ class _GatheredVarlen(torch.autograd.Function):
         # queries end (`used[b]`), and bottom-right alignment against them places each query at
         # its global position, for a window too; otherwise every key of the sequence is seen.
         max_k = world * max_local
-        out, lse = _ops.varlen_forward(q, k_all, v_all, cu_seqlens, whole, used, max_local, max_k, scale, causal, window, softcap)
+        out, lse = _ops.varlen_forward(q, k_all, v_all, _ops.Batch(cu_seqlens, whole, used, max_local, max_k), options)
         ctx.mark_non_differentiable(lse)
         ctx.save_for_backward(q, k_all, v_all, out, lse, cu_seqlens, whole, used, index)
-        ctx.args = (max_local, max_k, scale, causal, deterministic, window, softcap, group, k.shape[0])
+        ctx.args = (max_local, max_k, options, group, k.shape[0])
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, k_all, v_all, out, lse, cu_seqlens, whole, used, index = ctx.saved_tensors
-        max_local, max_k, scale, causal, deterministic, window, softcap, group, total_local = ctx.args
+        max_local, max_k, options, group, total_local = ctx.args
         dq, dk_all, dv_all = torch.empty_like(q), torch.empty_like(k_all), torch.empty_like(v_all)
-        _ops.varlen_backward_into(q, k_all, v_all, out, lse, dout.contiguous(), dq, dk_all, dv_all, cu_seqlens, whole, used,
-                                  max_local, max_k, scale, causal, deterministic, window, softcap)
+        batch = _ops.Batch(cu_seqlens, whole, used, max_local, max_k)
+        _ops.varlen_backward_into((q, k_all, v_all, out, lse), dout.contiguous(), (dq, dk_all, dv_all), batch, options)
         grads = []
         for d in (dk_all, dv_all):
             rank_major = torch.empty((d.shape[0], *d.shape[1:]), dtype=torch.float32, device=d.device)
@@ -336,7 +349,7 @@ class _GatheredVarlen(torch.autograd.Function):
             mine = torch.empty((total_local, *d.shape[1:]), dtype=torch.float32, device=d.device)
             dist.reduce_scatter_tensor(mine, rank_major, group=group)
             grads.append(mine.to(d.dtype))
-        return dq, grads[0], grads[1], None, None, None, None, None, None, None, None
+        return dq, grads[0], grads[1], None, None, None
 
 
 def ring_flash_attn_varlen_func(
@@ -356,10 +369,10 @@ def ring_flash_attn_varlen_func(
                    ("softmax_scale", softmax_scale), ("softcap", softcap), ("window_size", tuple(window_size)), ("function", "ring_flash_attn_varlen_func")])
     if k.shape[0] != q.shape[0]:
         raise ValueError(f"`k`: q and k hold the same rows of every sequence; {q.shape[0]} (q) and {k.shape[0]} (k) rows differ")
-    scale, window, cap = _options(dropout_p, softmax_scale, window_size, softcap, alibi_slopes, q, ring=False)
-    if window != NO_WINDOW and not causal:
+    options = _options(_FlashArgs(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs), q, ring=False)
+    if options.window != NO_WINDOW and not options.causal:
         raise NotImplementedError(f"`window_size` = {window_size} without `causal`: the packed layout runs windows on causal attention only")
-    out, lse = _GatheredVarlen.apply(q, k, v, cu_seqlens, max_seqlen, scale, bool(causal), window, cap, bool(deterministic), group)
+    out, lse = _GatheredVarlen.apply(q, k, v, cu_seqlens, options, group)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -371,7 +384,8 @@ def ring_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=Fals
     """Ring attention, contiguous layout: `q [B, S_local, Hq, D]`, `k`, `v [B, S_local, Hkv,
     D]` this rank's chunk of the sequence (`shard(x, group, "contiguous")`). Returns this
     rank's rows of the output (with `return_attn_probs`: `(out, lse [B, Hq, S_local], None)`)."""
-    return _ring(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, group, zigzag=False)
+    args = _FlashArgs(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
+    return _ring(q, k, v, args, group, zigzag=False)
 
 
 def zigzag_ring_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
@@ -379,7 +393,8 @@ def zigzag_ring_flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, caus
     """Ring attention, zigzag layout: this rank holds chunks r and 2W-1-r of 2W
     (`shard(x, group, "zigzag")`), so causal work is even across ranks. As
     `ring_flash_attn_func` otherwise."""
-    return _ring(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs, group, zigzag=True)
+    args = _FlashArgs(dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, return_attn_probs)
+    return _ring(q, k, v, args, group, zigzag=True)
 
 
 def _unpack_kv(kv: Tensor) -> Tuple[Tensor, Tensor]:

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from . import _ops
-from .interface import _check, _check_packed, _dropout, _paged_varlen, _probs_for, _score_args, _unsupported
+from .interface import _check, _check_packed, _check_paged_varlen, _dropout, _no_dropout, _options, _paged_varlen, _probs_for, _unsupported
 
 
 def _last_dim_contiguous(*tensors: Tensor) -> Tuple[Tensor, ...]:
@@ -83,11 +83,11 @@ def _flash_attn_forward(
     without dropout is empty."""
     q, k, v = _last_dim_contiguous(q, k, v)
     _check((("q", q), ("k", k), ("v", v)), "[B, S, H, D]")
-    scale, window, cap, alibi_slopes = _score_args(q, softmax_scale, (window_size_left, window_size_right), softcap, alibi_slopes=alibi_slopes)
-    dropout = _dropout(q, dropout_p)
-    probs = _probs_for(q.shape, q.shape[0], q.shape[1], k.shape[1], q) if dropout is not None and return_softmax else None
-    out, lse = _ops.forward(q, k, v, scale, bool(causal), window, cap, 0, True, alibi_slopes, dropout, probs)
-    return (out, lse, *_placeholders(q, dropout, probs))
+    window = (window_size_left, window_size_right)
+    options = _options(q, softmax_scale, causal, window, softcap, alibi_slopes, dropout=_dropout(q, dropout_p))
+    probs = _probs_for(q.shape, q.shape[0], q.shape[1], k.shape[1], q) if options.dropout is not None and return_softmax else None
+    out, lse = _ops.forward(q, k, v, options, True, probs)
+    return (out, lse, *_placeholders(q, options.dropout, probs))
 
 
 def _flash_attn_varlen_forward(
@@ -114,21 +114,23 @@ def _flash_attn_varlen_forward(
     `cu_seqlens_*` on q's device): `(out, softmax_lse [Hq, total_q], S_dmask, rng_state)`."""
     if leftpad_k is not None:
         raise _unsupported("leftpad_k", "<tensor>")
+    window = (window_size_left, window_size_right)
     if block_table is not None:
-        window = (window_size_left, window_size_right)
-        out, lse = _paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_k, block_table, softmax_scale, causal, window, softcap, alibi_slopes, dropout_p)
+        vectors = (cu_seqlens_q, cu_seqlens_k, seqused_k)
+        _check_paged_varlen(q, (k, v), vectors, block_table, max_seqlen_q)
+        _no_dropout(dropout_p)
+        options = _options(q, softmax_scale, causal, window, softcap, alibi_slopes)
+        out, lse = _paged_varlen(q, (k, v), vectors, (block_table, int(max_seqlen_q)), options)
         return (out, lse, *_placeholders(q))
     q, k, v = _last_dim_contiguous(q, k, v)
     _check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
-    scale, window, cap, alibi_slopes = _score_args(q, softmax_scale, (window_size_left, window_size_right), softcap, alibi_slopes=alibi_slopes)
-    dropout = _dropout(q, dropout_p)
-    batch = cu_seqlens_q.shape[0] - 1
-    probs = _probs_for(q.shape, batch, int(max_seqlen_q), int(max_seqlen_k), q) if dropout is not None and return_softmax else None
-    out, lse = _ops.varlen_forward(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), int(max_seqlen_k), scale, bool(causal), window, cap, alibi_slopes,
-        True, dropout, probs,
-    )
-    return (out, lse, *_placeholders(q, dropout, probs))
+    options = _options(q, softmax_scale, causal, window, softcap, alibi_slopes, dropout=_dropout(q, dropout_p))
+    batch = _ops.Batch(cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), int(max_seqlen_k))
+    probs = None
+    if options.dropout is not None and return_softmax:
+        probs = _probs_for(q.shape, cu_seqlens_q.shape[0] - 1, batch.max_seqlen_q, batch.max_seqlen_k, q)
+    out, lse = _ops.varlen_forward(q, k, v, batch, options, probs)
+    return (out, lse, *_placeholders(q, options.dropout, probs))
 
 
 def _grad_buffers(q: Tensor, k: Tensor, v: Tensor, dq: Optional[Tensor], dk: Optional[Tensor], dv: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
@@ -170,11 +172,11 @@ def _flash_attn_backward(
     is that of the attention they describe."""
     dout, q, k, v, out = _last_dim_contiguous(dout, q, k, v, out)
     _check((("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout)), "[B, S, H, D]")
-    scale, window, cap, alibi_slopes = _score_args(q, softmax_scale, (window_size_left, window_size_right), softcap, alibi_slopes=alibi_slopes)
-    dropout = _dropout_from(q, dropout_p, rng_state)
+    window = (window_size_left, window_size_right)
+    options = _options(q, softmax_scale, causal, window, softcap, alibi_slopes, deterministic, _dropout_from(q, dropout_p, rng_state))
     softmax_lse = _lse_arg(softmax_lse, (q.shape[0], q.shape[2], q.shape[1]), q)
-    dq, dk, dv = _grad_buffers(q, k, v, dq, dk, dv)
-    _ops.backward_into(q, k, v, out, softmax_lse, dout, dq, dk, dv, scale, bool(causal), bool(deterministic), window, cap, alibi_slopes, dropout)
+    grads = _grad_buffers(q, k, v, dq, dk, dv)
+    _ops.backward_into((q, k, v, out, softmax_lse), dout, grads, options)
     b, sq, h, _ = q.shape
     softmax_d = torch.zeros((b, h, (sq + 127) // 128 * 128), dtype=torch.float32, device=q.device)
     softmax_d[:, :, :sq] = _rowsum_do_o(dout, out).transpose(1, 2)
@@ -211,14 +213,12 @@ def _flash_attn_varlen_backward(
     dout, q, k, v, out = _last_dim_contiguous(dout, q, k, v, out)
     _check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, None)
     _check((("q", q.unsqueeze(0)), ("out", out.unsqueeze(0)), ("dout", dout.unsqueeze(0))), "[total, H, D]")
-    scale, window, cap, alibi_slopes = _score_args(q, softmax_scale, (window_size_left, window_size_right), softcap, alibi_slopes=alibi_slopes)
-    dropout = _dropout_from(q, dropout_p, rng_state)
+    window = (window_size_left, window_size_right)
+    options = _options(q, softmax_scale, causal, window, softcap, alibi_slopes, deterministic, _dropout_from(q, dropout_p, rng_state))
     softmax_lse = _lse_arg(softmax_lse, (q.shape[1], q.shape[0]), q)
-    dq, dk, dv = _grad_buffers(q, k, v, dq, dk, dv)
-    _ops.varlen_backward_into(
-        q, k, v, out, softmax_lse, dout, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, None, int(max_seqlen_q), int(max_seqlen_k),
-        scale, bool(causal), bool(deterministic), window, cap, alibi_slopes, dropout,
-    )
+    grads = _grad_buffers(q, k, v, dq, dk, dv)
+    batch = _ops.Batch(cu_seqlens_q, cu_seqlens_k, None, int(max_seqlen_q), int(max_seqlen_k))
+    _ops.varlen_backward_into((q, k, v, out, softmax_lse), dout, grads, batch, options)
     total, h = q.shape[0], q.shape[1]
     batch = cu_seqlens_q.shape[0] - 1
     softmax_d = torch.zeros((h, total + 128 * batch), dtype=torch.float32, device=q.device)

@@ -70,7 +70,7 @@ def _records_grad(q: Tensor, k: Tensor, v: Tensor) -> bool:
     return (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled()
 
 
-NO_WINDOW = (-1, -1)
+NO_WINDOW = _ops.NO_WINDOW
 
 # The paths an eager or traced dense call can take (`route`), as `explain` names them.
 NATIVE = "native operator"  # flashcore_native::attention: its autograd node in C++ (`_native`)
@@ -91,47 +91,28 @@ def route(q: Tensor, k: Tensor, v: Tensor, dropout: Optional[_ops.Dropout]) -> s
     return AUTOGRAD if _records_grad(q, k, v) else DIRECT
 
 
-def _attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    scale: float,
-    causal: bool,
-    num_splits: int,
-    want_lse: bool = True,
-    deterministic: bool = False,
-    window: Tuple[int, int] = NO_WINDOW,
-    softcap: float = 0.0,
-    alibi_slopes: Optional[Tensor] = None,
-    dropout: Optional[_ops.Dropout] = None,
-    probs: Optional[Tensor] = None,
-) -> Tuple[Tensor, Optional[Tensor]]:
-    """(o, lse): eager, the native operator where it is built (`_native`: its autograd node
-    in C++; not with dropout or under a functorch transform), else the extension directly
-    (through `_ops.Attention` when autograd records); without autograd lse is None when not
-    wanted (neither allocated nor written). Traced or compiled, the registered op. A head
-    dim that is not a multiple of 8 runs zero-padded to one (`_padded`; the slopes, one a
-    head, are the same); with dropout, one fwd_sm80 lacks to its next size."""
+def _attention(q: Tensor, k: Tensor, v: Tensor, options: _ops.Options, want_lse: bool = True, probs: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
+    """(o, lse) of a dense call under `options`: by the path `route` picks; without autograd
+    lse is None when not wanted (neither allocated nor written). A head dim that is not a
+    multiple of 8 runs zero-padded to one (`_padded`; the slopes, one a head, are the same);
+    with dropout, one fwd_sm80 lacks to its next size."""
     d = q.shape[-1]
-    size = _sm80_head_dim(d) if dropout is not None else d + (-d % 8 if d < 256 else 0)
+    size = _sm80_head_dim(d) if options.dropout is not None else d + (-d % 8 if d < 256 else 0)
     if size != d and k.shape[-1] == d and v.shape[-1] == d:
-        padded = _padded(q, k, v, size)
-        out, lse = _attention(*padded, scale, causal, num_splits, want_lse, deterministic, window, softcap, alibi_slopes, dropout, probs)
+        out, lse = _attention(*_padded(q, k, v, size), options, want_lse, probs)
         return out[..., :d], lse
-    path = route(q, k, v, dropout)
+    path = route(q, k, v, options.dropout)
     if path is NATIVE:
-        native = _native.attention()
-        return native(q, k, v, scale, causal, window[0], window[1], softcap, num_splits, deterministic, want_lse, alibi_slopes)
+        scale, causal, (left, right), softcap, num_splits, deterministic, alibi_slopes, _ = options  # unpacked: faster than 8 attribute reads
+        return _native.attention()(q, k, v, scale, causal, left, right, softcap, num_splits, deterministic, want_lse, alibi_slopes)
     if path is AUTOGRAD:
-        options = (scale, causal, window, softcap, num_splits, deterministic, want_lse, alibi_slopes, dropout, probs)
         if want_lse:
-            return _ops.record(_ops.Attention, q, k, v, options)
-        return _ops.record(_ops.Attention, q, k, v, options), None
+            return _ops.record(_ops.Attention, q, k, v, (options, True, probs))
+        return _ops.record(_ops.Attention, q, k, v, (options, False, probs)), None
     if path is DIRECT:
-        return _ops.forward(q, k, v, scale, causal, window, softcap, num_splits, want_lse, alibi_slopes, dropout, probs)
-    _traced_probs(dropout, probs)
-    p, rng_state = dropout if dropout is not None else (0.0, None)
-    return _ops.fwd(q, k, v, scale, causal, window[0], window[1], softcap, num_splits, deterministic, alibi_slopes, p, rng_state)
+        return _ops.forward(q, k, v, options, want_lse, probs)
+    _traced_probs(options.dropout, probs)
+    return _ops.fwd(q, k, v, *options.flat())
 
 
 def _traced_probs(dropout: Optional[_ops.Dropout], probs: Optional[Tensor]) -> None:
@@ -219,15 +200,23 @@ def _alibi(alibi_slopes: object, q: Tensor) -> Optional[Tensor]:
     return alibi_slopes.contiguous()
 
 
-def _score_args(
-    q: Tensor, softmax_scale: Optional[float], window_size: object, softcap: object, dropout_p: float = 0.0, alibi_slopes: object = None
-) -> Tuple[float, Tuple[int, int], float, Optional[Tensor]]:
-    """flash_attn's score arguments, which its functions share, checked: `(scale, window,
-    softcap, alibi_slopes)`; dropout refused (NotImplementedError)."""
+def _options(
+    q: Tensor, softmax_scale: Optional[float], causal: object, window_size: object, softcap: object, alibi_slopes: object = None,
+    deterministic: object = False, dropout: Optional[_ops.Dropout] = None,
+) -> _ops.Options:
+    """flash_attn's score arguments, which its functions share, checked, as the call's one
+    options record (`_ops.Options`): the scale from q's real head dim (before any padding).
+    On every call's path: the defaults are tested inline, and the record made by `_ops.options`."""
+    window = NO_WINDOW if window_size == NO_WINDOW else _window(window_size)
+    cap = 0.0 if softcap == 0.0 else _softcap(softcap)
+    slopes = None if alibi_slopes is None else _alibi(alibi_slopes, q)
+    return _ops.options((_scale(softmax_scale, q.shape[-1]), bool(causal), window, cap, 0, bool(deterministic), slopes, dropout))
+
+
+def _no_dropout(dropout_p: object) -> None:
+    """NotImplementedError naming `dropout_p` unless it is 0 (calls without a dropout form)."""
     if dropout_p != 0.0:
         raise _unsupported("dropout_p", dropout_p)
-    window = NO_WINDOW if window_size == NO_WINDOW else _window(window_size)
-    return _scale(softmax_scale, q.shape[-1]), window, 0.0 if softcap == 0.0 else _softcap(softcap), _alibi(alibi_slopes, q)
 
 
 def flash_attn_func(
@@ -296,10 +285,9 @@ def flash_attn_func(
     included.
     """
     _check((("q", q), ("k", k), ("v", v)), "[B, S, H, D]")
-    scale, window, softcap, alibi_slopes = _score_args(q, softmax_scale, window_size, softcap, alibi_slopes=alibi_slopes)
-    dropout = _dropout(q, dropout_p)
-    probs = _probs_for(q.shape, q.shape[0], q.shape[1], k.shape[1], q) if dropout is not None and return_attn_probs else None
-    out, lse = _attention(q, k, v, scale, bool(causal), 0, return_attn_probs, bool(deterministic), window, softcap, alibi_slopes, dropout, probs)
+    options = _options(q, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, _dropout(q, dropout_p))
+    probs = _probs_for(q.shape, q.shape[0], q.shape[1], k.shape[1], q) if options.dropout is not None and return_attn_probs else None
+    out, lse = _attention(q, k, v, options, return_attn_probs, probs)
     return (out, lse, probs) if return_attn_probs else out
 
 
@@ -391,66 +379,63 @@ def flash_attn_varlen_func(
     torch.compile traces both passes.
     """
     if block_table is not None:
-        args = (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, seqused_k, block_table, softmax_scale, causal, window_size, softcap, alibi_slopes, dropout_p)
-        out, lse = _paged_varlen(*args)
+        vectors = (cu_seqlens_q, cu_seqlens_k, seqused_k)
+        _check_paged_varlen(q, (k, v), vectors, block_table, max_seqlen_q)
+        _no_dropout(dropout_p)
+        options = _options(q, softmax_scale, causal, window_size, softcap, alibi_slopes)
+        out, lse = _paged_varlen(q, (k, v), vectors, (block_table, int(max_seqlen_q)), options)
         return (out, lse, None) if return_attn_probs else out
     _check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
-    scale, window, softcap, alibi_slopes = _score_args(q, softmax_scale, window_size, softcap, alibi_slopes=alibi_slopes)
-    dropout = _dropout(q, dropout_p)
+    options = _options(q, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, _dropout(q, dropout_p))
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if not isinstance(value, numbers.Integral) or value < 0:
             raise ValueError(f"`{name}` must be an int >= 0, got {value!r}")
     d = q.shape[-1]
-    size = _sm80_head_dim(d) if dropout is not None else d + (-d % 8 if d < 256 else 0)
+    size = _sm80_head_dim(d) if options.dropout is not None else d + (-d % 8 if d < 256 else 0)
     padded = size != d and k.shape[-1] == d and v.shape[-1] == d
     if padded:
         q, k, v = _padded(q, k, v, size)
-    batch = cu_seqlens_q.shape[0] - 1
-    probs = _probs_for(q.shape, batch, int(max_seqlen_q), int(max_seqlen_k), q) if dropout is not None and return_attn_probs else None
-    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), int(max_seqlen_k), scale, bool(causal))
+    batch = _ops.Batch(cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), int(max_seqlen_k))
+    probs = None
+    if options.dropout is not None and return_attn_probs:
+        probs = _probs_for(q.shape, cu_seqlens_q.shape[0] - 1, batch.max_seqlen_q, batch.max_seqlen_k, q)
     if _eager(q, k, v):
         if _records_grad(q, k, v):
-            options = (scale, bool(causal), window, softcap, bool(deterministic), alibi_slopes, dropout, probs)
-            out, lse = _ops.record(_ops.VarlenAttention, q, k, v, args[3:8], options)
+            out, lse = _ops.record(_ops.VarlenAttention, q, k, v, batch, (options, probs))
         else:
-            out, lse = _ops.varlen_forward(*args, window, softcap, alibi_slopes, True, dropout, probs)
+            out, lse = _ops.varlen_forward(q, k, v, batch, options, probs)
     else:
-        _traced_probs(dropout, probs)
-        p, rng_state = dropout if dropout is not None else (0.0, None)
-        out, lse = _ops.varlen_fwd(*args, window[0], window[1], softcap, bool(deterministic), alibi_slopes, p, rng_state)
+        _traced_probs(options.dropout, probs)
+        out, lse = _ops.varlen_fwd(q, k, v, *batch, *options.flat())
     if padded:
         out = out[..., :d]
     return (out, lse, probs) if return_attn_probs else out
 
 
-def _paged_varlen(
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    cu_seqlens_q: Tensor,
-    cu_seqlens_k: Tensor,
-    max_seqlen_q: object,
-    seqused_k: Optional[Tensor],
-    block_table: Tensor,
-    softmax_scale: Optional[float],
-    causal: bool,
-    window_size: object,
-    softcap: object,
-    alibi_slopes: object,
-    dropout_p: float = 0.0,
-) -> Tuple[Tensor, Tensor]:
-    """`flash_attn_varlen_func` with a block table (see there): `(out, lse [Hq, total_q])`,
-    without autograd."""
+def _check_paged_varlen(q: Tensor, caches: Tuple[Tensor, Tensor], vectors: Tuple[Tensor, Tensor, Optional[Tensor]], block_table: Tensor, max_seqlen_q: object) -> None:
+    """`flash_attn_varlen_func`'s arguments with a block table: q `[total, H, D]`, the pools
+    `caches`, the int32 `vectors` `(cu_seqlens_q, cu_seqlens_k, seqused_k)`, the table and
+    `max_seqlen_q`, or the named error."""
     if isinstance(q, Tensor) and q.dim() != 3:
         raise ValueError(f"`q` must have 3 dims [total, H, D], got shape {tuple(q.shape)}")
-    _check((("q", q.unsqueeze(0)), ("k", k_cache), ("v", v_cache)), "[1, total, H, D] and the pools [num_pages, page_size, H, D]")
-    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k), ("seqused_k", seqused_k)):
+    _check((("q", q.unsqueeze(0)), ("k", caches[0]), ("v", caches[1])), "[1, total, H, D] and the pools [num_pages, page_size, H, D]")
+    for name, t in zip(("cu_seqlens_q", "cu_seqlens_k", "seqused_k"), vectors):
         if t is not None:
             _check_int32(name, t, q, 1)
     _check_int32("block_table", block_table, q, 2)
     if not isinstance(max_seqlen_q, numbers.Integral) or max_seqlen_q < 0:
         raise ValueError(f"`max_seqlen_q` must be an int >= 0, got {max_seqlen_q!r}")
-    scale, window, softcap, alibi_slopes = _score_args(q, softmax_scale, window_size, softcap, dropout_p, alibi_slopes)
+
+
+def _paged_varlen(
+    q: Tensor, caches: Tuple[Tensor, Tensor], vectors: Tuple[Tensor, Tensor, Optional[Tensor]], table: Tuple[Tensor, int], options: _ops.Options
+) -> Tuple[Tensor, Tensor]:
+    """`flash_attn_varlen_func` with a block table (see there), its arguments checked
+    (`_check_paged_varlen`): `(out, lse [Hq, total_q])`, without autograd. `table` is
+    `(block_table, max_seqlen_q)`."""
+    k_cache, v_cache = caches
+    cu_seqlens_q, cu_seqlens_k, seqused_k = vectors
+    block_table, max_seqlen_q = table
     # The keys each sequence has: seqused_k, else its cu_seqlens_k span (on the device).
     seqlens_k = seqused_k if seqused_k is not None else (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
     d = q.shape[-1]
@@ -459,11 +444,11 @@ def _paged_varlen(
     size = _sm80_head_dim(d)
     if size != d and k_cache.shape[-1] == d and v_cache.shape[-1] == d:
         q, k_cache, v_cache = (torch.nn.functional.pad(t, (0, size - d)) for t in (q, k_cache, v_cache))
-    args = (q, k_cache, v_cache, cu_seqlens_q, seqlens_k, block_table, int(max_seqlen_q), scale, bool(causal))
+    cache = _ops.Cache(cache_seqlens=seqlens_k, block_table=block_table, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q)
     if _eager(q, k_cache, v_cache):
-        out, lse = _ops.paged_varlen_forward(*args, window, softcap, alibi_slopes)
+        out, lse = _ops.kvcache_forward(q, (k_cache, v_cache), cache, options)
     else:
-        out, lse = _ops.varlen_fwd_paged(*args, window[0], window[1], softcap, alibi_slopes)
+        out, lse = _ops.varlen_fwd_paged(q, k_cache, v_cache, *cache, *options.flat())
     return out[..., :d], lse
 
 
@@ -565,9 +550,11 @@ def flash_attn_with_kvcache(
                 raise ValueError(f"`{name}` has {t.shape[0]} entries, q's batch is {q.shape[0]}")
     if not isinstance(num_splits, numbers.Integral) or num_splits < 0:
         raise ValueError(f"`num_splits` must be an int >= 0, got {num_splits!r}")
-    scale, window, softcap, alibi_slopes = _score_args(q, softmax_scale, window_size, softcap, alibi_slopes=alibi_slopes)
+    options = _options(q, softmax_scale, causal, window_size, softcap, alibi_slopes)
+    if num_splits:
+        options = options._replace(num_splits=int(num_splits))
     if rotary_cos is not None or rotary_sin is not None:
-        q, k = _rotated_for_cache(q, k, rotary_cos, rotary_sin, cache_seqlens, bool(rotary_interleaved), bool(causal) or window != NO_WINDOW)
+        q, k = _rotated_for_cache(q, k, rotary_cos, rotary_sin, cache_seqlens, bool(rotary_interleaved), options.causal or options.window != NO_WINDOW)
     d = q.shape[-1]
     present = [t for t in (q, k_cache, v_cache, k, v) if t is not None]  # q and k rotated by now
     if d % 8 and d < 256 and all(t.shape[-1] == d for t in present):
@@ -578,75 +565,67 @@ def flash_attn_with_kvcache(
         k_p, v_p = padded[3:] if k is not None else (None, None)
         out, lse = flash_attn_with_kvcache(
             q_p, k_cache_p, v_cache_p, k_p, v_p, cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
-            block_table=block_table, softmax_scale=scale, causal=causal, window_size=window, softcap=softcap, alibi_slopes=alibi_slopes,
-            num_splits=num_splits, return_softmax_lse=True,
+            block_table=block_table, softmax_scale=options.softmax_scale, causal=causal, window_size=options.window, softcap=options.softcap,
+            alibi_slopes=options.alibi_slopes, num_splits=num_splits, return_softmax_lse=True,
         )
         if k is not None:
             k_cache.copy_(k_cache_p[..., :d])
             v_cache.copy_(v_cache_p[..., :d])
         return (out[..., :d], lse) if return_softmax_lse else out[..., :d]
     if cache_batch_idx is not None or cache_leftpad is not None:
-        out, lse = _kvcache_rows(q, k_cache, v_cache, k, v, cache_seqlens, cache_batch_idx, cache_leftpad, scale, bool(causal), window, softcap, alibi_slopes)
+        out, lse = _kvcache_rows(q, (k_cache, v_cache), None if k is None else (k, v), (cache_seqlens, cache_batch_idx, cache_leftpad), options)
         return (out, lse) if return_softmax_lse else out
+    cache = _ops.Cache(k, v, cache_seqlens, block_table)
     if _eager(q, k_cache, v_cache):  # no autograd: the op has none either
-        out, lse = _ops.kvcache_forward(
-            q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, bool(causal), window, softcap, int(num_splits), return_softmax_lse, alibi_slopes
-        )
+        out, lse = _ops.kvcache_forward(q, (k_cache, v_cache), cache, options, return_softmax_lse)
     else:
-        out, lse = _ops.fwd_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, scale, bool(causal), window[0], window[1], softcap, int(num_splits), alibi_slopes)
+        out, lse = _ops.fwd_kvcache(q, k_cache, v_cache, *cache, *options.flat())
     return (out, lse) if return_softmax_lse else out
 
 
 def _kvcache_rows(
-    q: Tensor,
-    k_cache: Tensor,
-    v_cache: Tensor,
-    k: Optional[Tensor],
-    v: Optional[Tensor],
-    cache_seqlens: Optional[Tensor],
-    batch_idx: Optional[Tensor],
-    leftpad: Optional[Tensor],
-    scale: float,
-    causal: bool,
-    window: Tuple[int, int],
-    softcap: float,
-    alibi_slopes: Optional[Tensor],
+    q: Tensor, caches: Tuple[Tensor, Tensor], appended: Optional[Tuple[Tensor, Tensor]], lengths: Tuple[Optional[Tensor], ...], options: _ops.Options
 ) -> Tuple[Tensor, Tensor]:
-    """`flash_attn_with_kvcache` with `cache_batch_idx` or `cache_leftpad` (contiguous caches):
-    `(out, lse [B, Hq, Sq])`. The new keys are written at `cache_seqlens[b]...` of entry
-    `batch_idx[b]` by PyTorch (their positions clamped into the cache, as the kernels clamp a
-    table: bad lengths give wrong output, never an access outside the cache); then each
-    sequence's keys, rows `leftpad[b] ... cache_seqlens[b] + S_new - 1` of its entry, are a
-    packed batch's sequence over the caches viewed as `[entries · S_cache, Hkv, D]`
-    (`cu_seqlens_k[b]` its first row, `seqused_k[b]` its count: the varlen kernels take
-    sequences anywhere in the keys), and q's rows `[B · Sq, Hq, D]` its queries: no copy of
-    the caches (unless their entries are not evenly strided), no host synchronisation, and
-    masks, positions and ALiBi counted from each sequence's first key, as flash_attn."""
+    """`flash_attn_with_kvcache` with `cache_batch_idx` or `cache_leftpad` (contiguous caches
+    `caches`; `appended` the new keys and values or None; `lengths` `(cache_seqlens,
+    batch_idx, leftpad)`): `(out, lse [B, Hq, Sq])`. The new keys are written at
+    `cache_seqlens[b]...` of entry `batch_idx[b]` by PyTorch (their positions clamped into the
+    cache, as the kernels clamp a table: bad lengths give wrong output, never an access
+    outside the cache); then each sequence's keys, rows `leftpad[b] ... cache_seqlens[b] +
+    S_new - 1` of its entry, are a packed batch's sequence over the caches viewed as `[entries
+    · S_cache, Hkv, D]` (`cu_seqlens_k[b]` its first row, `seqused_k[b]` its count: the
+    varlen kernels take sequences anywhere in the keys), and q's rows `[B · Sq, Hq, D]` its
+    queries: no copy of the caches (unless their entries are not evenly strided), no host
+    synchronisation, and masks, positions and ALiBi counted from each sequence's first key,
+    as flash_attn."""
+    k_cache, v_cache = caches
+    cache_seqlens, batch_idx, leftpad = lengths
     b, sq, hq, d = q.shape
     entries, capacity, hkv = k_cache.shape[0], k_cache.shape[1], k_cache.shape[2]
     if entries == 0 or capacity == 0:
         raise ValueError(f"`k_cache` {tuple(k_cache.shape)} holds no keys")
-    if k is not None and sq > capacity:  # as the paged path and flash_attn refuse it
+    if appended is not None and sq > capacity:  # as the paged path and flash_attn refuse it
         raise ValueError(f"`k_cache` holds {capacity} keys a sequence, fewer than q's {sq} rows with keys appended")
     index = torch.arange(b, dtype=torch.int32, device=q.device) if batch_idx is None else batch_idx
     lens = torch.full((b,), capacity, dtype=torch.int32, device=q.device) if cache_seqlens is None else cache_seqlens
-    new = 0 if k is None else k.shape[1]
-    if k is not None:
+    new = 0 if appended is None else appended[0].shape[1]
+    if appended is not None:
         positions = (lens.long()[:, None] + torch.arange(new, device=q.device)).clamp_(0, capacity - 1)
         rows = index.long()[:, None].clamp(0, entries - 1)
-        k_cache[rows, positions] = k
-        v_cache[rows, positions] = v
+        k_cache[rows, positions] = appended[0]
+        v_cache[rows, positions] = appended[1]
     first = torch.zeros_like(lens) if leftpad is None else leftpad.clamp(0, capacity)
     used = (lens + new).clamp(0, capacity) - first
     starts = index.clamp(0, entries - 1) * capacity + first
     cu_seqlens_k = torch.cat([starts, starts.new_full((1,), entries * capacity)]).to(torch.int32)
     cu_seqlens_q = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32, device=q.device)
     packed = (q.reshape(b * sq, hq, d), k_cache.reshape(entries * capacity, hkv, d), v_cache.reshape(entries * capacity, hkv, d))
-    seqused_k = used.clamp(min=0).to(torch.int32)
+    # Sequences anywhere in the keys: not the packed-batch contract FLASHCORE_CHECK_VARLEN checks.
+    batch = _ops.Batch(cu_seqlens_q, cu_seqlens_k, used.clamp(min=0).to(torch.int32), sq, capacity, checkable=False)
     if _eager(q, k_cache, v_cache):
-        out, lse = _ops.varlen_forward(*packed, cu_seqlens_q, cu_seqlens_k, seqused_k, sq, capacity, scale, causal, window, softcap, alibi_slopes, False)
+        out, lse = _ops.varlen_forward(*packed, batch, options)
     else:
-        out, lse = _ops.varlen_fwd(*packed, cu_seqlens_q, cu_seqlens_k, seqused_k, sq, capacity, scale, causal, window[0], window[1], softcap, False, alibi_slopes)
+        out, lse = _ops.varlen_fwd(*packed, *batch, *options.flat())
     return out.view(b, sq, hq, d), lse.view(hq, b, sq).transpose(0, 1).contiguous()
 
 
@@ -708,17 +687,17 @@ def scaled_dot_product_attention(
     if hq != hkv and not enable_gqa:
         raise ValueError(f"`key` has {hkv} heads and `query` {hq}: pass enable_gqa=True for grouped-query attention")
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
-    s = _scale(scale, query.shape[-1])
+    options = _ops.Options(_scale(scale, query.shape[-1]), bool(is_causal))
     sq, sk = q.shape[1], k.shape[1]
     if not is_causal or sq == sk:
-        out = _attention(q, k, v, s, bool(is_causal), 0, False)[0]
+        out = _attention(q, k, v, options, False)[0]
     elif sq < sk:
         # Top-left: no query sees a key past Sq, and on the first Sq keys the mask is square.
-        out = _attention(q, k[:, :sq], v[:, :sq], s, True, 0, False)[0]
+        out = _attention(q, k[:, :sq], v[:, :sq], options, False)[0]
     else:
         # The first Sk rows form a square causal problem; the rows after them see every key.
-        head = _attention(q[:, :sk], k, v, s, True, 0, False)[0]
-        tail = _attention(q[:, sk:], k, v, s, False, 0, False)[0]
+        head = _attention(q[:, :sk], k, v, options, False)[0]
+        tail = _attention(q[:, sk:], k, v, options._replace(causal=False), False)[0]
         out = torch.cat((head, tail), dim=1)
     return out.transpose(1, 2)
 
@@ -739,6 +718,6 @@ def explain(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, window_size: 
 def kernel_plan(q: Tensor, k: Tensor, causal: bool = False, window_size: Tuple[int, int] = NO_WINDOW, softcap: float = 0.0) -> str:
     """What FlashCore would run for BSHD `q`, `k` on their device: kernel, tile, grid."""
     _check((("q", q), ("k", k)), "[B, S, H, D]")
-    options = _ops.options_arg(None, causal, _window(window_size), _softcap(softcap))
-    return _flashcore.plan(q.device.index, tuple(q.shape), tuple(k.shape), _ops.DTYPE_NAMES[q.dtype], options)
+    options = _options(q, None, causal, window_size, softcap)
+    return _flashcore.plan(q.device.index, tuple(q.shape), tuple(k.shape), _ops.DTYPE_NAMES[q.dtype], options.arg())
 

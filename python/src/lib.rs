@@ -116,12 +116,13 @@ struct GradsArg(GradArg, GradArg, GradArg);
 /// window_left, window_right, softcap, num_splits, deterministic)`: `softmax_scale` `None` for
 /// `1/sqrt(D)`, `window_left`, `window_right` flash_attn's `window_size` (-1 unbounded),
 /// `softcap` 0 for none, `num_splits` `None` for FlashCore's choice, `deterministic` for the
-/// backward. The Rust API validates them.
+/// backward. The Rust API validates them. The Python side's record is `flashcore._ops.Options`
+/// (its `arg()`).
 #[derive(FromPyObject)]
-pub(crate) struct OptionsArg(pub Option<f32>, pub bool, pub i32, pub i32, pub f32, pub Option<usize>, pub bool);
+struct OptionsArg(Option<f32>, bool, i32, i32, f32, Option<usize>, bool);
 
 /// `options` as the Rust API takes them.
-pub(crate) fn params(options: OptionsArg) -> AttnParams {
+fn params(options: OptionsArg) -> AttnParams {
     let OptionsArg(softmax_scale, causal, window_left, window_right, softcap, num_splits, deterministic) = options;
     let window = Window::new(window_left, window_right);
     AttnParams { softmax_scale, causal, window, softcap, num_splits, deterministic, ..AttnParams::default() }

@@ -8,15 +8,17 @@
 //! microseconds (docs/python.md#speed); in C++ the node costs ~1 µs and the
 //! tensors' layouts are read from the tensors themselves.
 //!
-//! The contract, which `attention.cpp` mirrors (`kAbiVersion` there, [`ABI_VERSION`] here):
-//! plain C structs, a status code with the error's text, no unwinding across the boundary.
+//! The contract: plain C structs, a status code with the error's text, no unwinding across the
+//! boundary. The structs here are its one source: `attention.cpp` declares them again for its
+//! compiler (`kAbiVersion` there, [`ABI_VERSION`] here), and `python/tests/test_wheel.py`
+//! (`test_native_abi_structs_agree_between_rust_and_cpp`) fails where the two differ.
 
 use std::ffi::{c_char, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use flashcore::{AlibiSlopes, CallerStream, DType, Error, ExternalStream, KvLayout, Layout};
+use flashcore::{AlibiSlopes, AttnParams, CallerStream, DType, Error, ExternalStream, KvLayout, Layout, Window};
 
-use crate::{backward_on, error_kind, forward_on, params, ErrorKind, OptionsArg};
+use crate::{backward_on, error_kind, forward_on, ErrorKind};
 
 /// The struct layouts' version: `attention.cpp` refuses entry points of another.
 pub const ABI_VERSION: u64 = 2;
@@ -119,11 +121,19 @@ fn layout(t: &NativeTensor, arg: &'static str) -> flashcore::Result<Layout> {
     Ok(Layout { shape: dims(t.shape, "size")?, strides: dims(t.strides, "stride")?, dtype })
 }
 
-/// `o` as the Python entry points' options ([`OptionsArg`]), so that one function builds the
-/// Rust API's parameters for both.
-fn options(o: &NativeOptions) -> OptionsArg {
-    let num_splits = (o.num_splits > 0).then_some(o.num_splits as usize);
-    OptionsArg(Some(o.softmax_scale), o.causal != 0, o.window_left, o.window_right, o.softcap, num_splits, o.deterministic != 0)
+impl NativeOptions {
+    /// The Rust API's parameters: these options, straight (the Rust API checks them).
+    fn params(&self) -> AttnParams {
+        AttnParams {
+            softmax_scale: Some(self.softmax_scale),
+            causal: self.causal != 0,
+            window: Window::new(self.window_left, self.window_right),
+            softcap: self.softcap,
+            num_splits: (self.num_splits > 0).then_some(self.num_splits as usize),
+            deterministic: self.deterministic != 0,
+            ..AttnParams::default()
+        }
+    }
 }
 
 /// `ptr`'s slopes as the Rust API takes them, None for 0.
@@ -194,7 +204,7 @@ unsafe extern "C" fn native_forward(args: *const NativeForward, message: *mut c_
             let mut scratch = scratch_fn(a.call.scratch);
             let caller = CallerStream { stream: ExternalStream::from_raw(a.call.stream as usize), scratch: &mut scratch };
             let lse = (a.lse != 0).then_some((a.lse, a.lse_len as usize));
-            let params = params(options(&a.options));
+            let params = a.options.params();
             forward_on(
                 &ctx,
                 a.call.device as usize,
@@ -227,7 +237,7 @@ unsafe extern "C" fn native_backward(args: *const NativeBackward, message: *mut 
                 *slot = (t.ptr, layout(&t, name)?);
             }
             let ctx = context_of(a.call.device)?;
-            let params = params(options(&a.options));
+            let params = a.options.params();
             let mut scratch = scratch_fn(a.call.scratch);
             let caller = CallerStream { stream: ExternalStream::from_raw(a.call.stream as usize), scratch: &mut scratch };
             backward_on(

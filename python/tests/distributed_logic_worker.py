@@ -72,13 +72,18 @@ def reference_grads(q, k, v, o, lse, dout, scale, causal, window, softcap):
 
 
 # The kernels' entry points as flashcore.distributed calls them, on CPU tensors.
-def forward(q, k, v, scale, causal, window, softcap, num_splits, want_lse=True, *_):
-    o, lse = reference(q, k, v, scale, causal, window, softcap)
+def score_args(options):
+    """The reference's score arguments from an options record (`_ops.Options`)."""
+    return options.softmax_scale, options.causal, options.window, options.softcap
+
+
+def forward(q, k, v, options, want_lse=True, probs=None):
+    o, lse = reference(q, k, v, *score_args(options))
     return o.to(q.dtype), lse.float()
 
 
-def backward_into(q, k, v, o, lse, dout, dq, dk, dv, scale, causal, deterministic, window, softcap, *_):
-    for out, grad in zip((dq, dk, dv), reference_grads(q, k, v, o, lse, dout, scale, causal, window, softcap)):
+def backward_into(saved, dout, grads, options, grads_like_inputs=False):
+    for out, grad in zip(grads, reference_grads(*saved, dout, *score_args(options))):
         out.copy_(grad)
 
 
@@ -90,20 +95,21 @@ def sequences(cu_q, cu_k, used):
         yield b, slice(cq[b], cq[b + 1]), slice(ck[b], ck[b] + keys)
 
 
-def varlen_forward(q, k, v, cu_q, cu_k, used, max_q, max_k, scale, causal, window, softcap, *_):
+def varlen_forward(q, k, v, batch, options, probs=None):
     o, lse = torch.zeros_like(q), torch.full((q.shape[1], q.shape[0]), -math.inf)
-    for _, rows, keys in sequences(cu_q, cu_k, used):
-        ob, lb = reference(q[None, rows], k[None, keys], v[None, keys], scale, causal, window, softcap)
+    for _, rows, keys in sequences(batch.cu_seqlens_q, batch.cu_seqlens_k, batch.seqused_k):
+        ob, lb = reference(q[None, rows], k[None, keys], v[None, keys], *score_args(options))
         o[rows], lse[:, rows] = ob[0].to(q.dtype), lb[0].float()
     return o, lse
 
 
-def varlen_backward_into(q, k, v, o, lse, dout, dq, dk, dv, cu_q, cu_k, used, max_q, max_k, scale, causal, deterministic, window, softcap, *_):
+def varlen_backward_into(saved, dout, grads, batch, options):
+    q, k, v, o, lse = saved
+    dq, dk, dv = grads
     dq.zero_(), dk.zero_(), dv.zero_()  # keys past seqused_k get zero, as the kernels write
-    for _, rows, keys in sequences(cu_q, cu_k, used):
-        grads = reference_grads(q[None, rows], k[None, keys], v[None, keys], o[None, rows], lse[None, :, rows], dout[None, rows], scale,
-                                causal, window, softcap)
-        dq[rows], dk[keys], dv[keys] = (g[0] for g in grads)
+    for _, rows, keys in sequences(batch.cu_seqlens_q, batch.cu_seqlens_k, batch.seqused_k):
+        grads_b = reference_grads(q[None, rows], k[None, keys], v[None, keys], o[None, rows], lse[None, :, rows], dout[None, rows], *score_args(options))
+        dq[rows], dk[keys], dv[keys] = (g[0] for g in grads_b)
 
 
 def check_local_cpu(q, k, v, rank_dim):
@@ -129,9 +135,10 @@ def varlen_case(local_lens, causal: bool, window) -> None:
     starts = [sum(whole_lens[:b]) for b in range(len(whole_lens))]
     rows = torch.cat([torch.arange(st + rank * n, st + (rank + 1) * n) for st, n in zip(starts, local_lens)])
     cu_whole = torch.tensor([0] + [sum(whole_lens[: b + 1]) for b in range(len(whole_lens))], dtype=torch.int32)
-    out, lse = varlen_forward(q, k, v, cu_whole, cu_whole, None, 0, 0, 32**-0.5, causal, window, 0.0)
+    batch, options = _ops.Batch(cu_whole, cu_whole, None, 0, 0), _ops.Options(32**-0.5, causal, window)
+    out, lse = varlen_forward(q, k, v, batch, options)
     dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-    varlen_backward_into(q, k, v, out, lse, dout, dq, dk, dv, cu_whole, cu_whole, None, 0, 0, 32**-0.5, causal, False, window, 0.0)
+    varlen_backward_into((q, k, v, out, lse), dout, (dq, dk, dv), batch, options)
     cu_local = torch.tensor([0] + [sum(local_lens[: b + 1]) for b in range(len(local_lens))], dtype=torch.int32)
     mine = [t[rows].clone().requires_grad_() for t in (q, k, v)]
     o, l, _ = cp.ring_flash_attn_varlen_func(*mine, cu_local, max(local_lens), causal=causal, window_size=window, return_attn_probs=True)

@@ -166,11 +166,12 @@ def test_grads_passed_as_addresses_equal_grads_passed_with_their_layouts():
 
     q, k, v = randn(1, 129, 8, 64, seed=1), randn(1, 129, 2, 64, seed=2), randn(1, 129, 2, 64, seed=3)
     dout = randn(1, 129, 8, 64, seed=4)
-    o, lse = _ops.forward(q, k, v, 0.125, True, (-1, -1), 0.0, 0)
+    options = _ops.Options(0.125, True, deterministic=True)
+    o, lse = _ops.forward(q, k, v, options)
     results = []
     for like_inputs in (True, False):
         dq, dk, dv = torch.full_like(q, math.nan), torch.full_like(k, math.nan), torch.full_like(v, math.nan)
-        _ops.backward_into(q, k, v, o, lse, dout, dq, dk, dv, 0.125, True, True, (-1, -1), 0.0, None, None, like_inputs)
+        _ops.backward_into((q, k, v, o, lse), dout, (dq, dk, dv), options, like_inputs)
         results.append((dq, dk, dv))
     for by_address, by_layout in zip(*results):
         assert torch.isfinite(by_address).all() and torch.equal(by_address, by_layout)

@@ -97,7 +97,8 @@ def test_torch_compile_runs_dropout_through_the_ops_with_their_rng_state():
     compiled = torch.compile(f, fullgraph=True)
     out = compiled(q, k, v, state)
     grads = torch.autograd.grad(out, (q, k, v), g)
-    eager = flashcore._ops.record(flashcore._ops.Attention, q, k, v, (0.125, True, (-1, 0), 0.0, 0, True, False, None, (0.3, state), None))
+    options = flashcore._ops.Options(0.125, True, (-1, 0), deterministic=True, dropout=(0.3, state))
+    eager = flashcore._ops.record(flashcore._ops.Attention, q, k, v, (options, False, None))
     eager_grads = torch.autograd.grad(eager, (q, k, v), g)
     assert torch.equal(out, eager)
     assert all(torch.equal(a, b) for a, b in zip(grads, eager_grads))
@@ -109,12 +110,12 @@ def test_torch_compile_runs_dropout_through_the_ops_with_their_rng_state():
     cu = torch.tensor([0, 150, 400], dtype=torch.int32, device="cuda")
 
     def packed(q, k, v, state):
-        return torch.ops.flashcore.varlen_fwd(q, k, v, cu, cu, None, 250, 250, 0.125, True, -1, 0, 0.0, True, None, 0.3, state)[0]
+        return torch.ops.flashcore.varlen_fwd(q, k, v, cu, cu, None, 250, 250, True, 0.125, True, -1, 0, 0.0, 0, True, None, 0.3, state)[0]
 
     out = torch.compile(packed, fullgraph=True)(pq, pk, pv, state)
     grads = torch.autograd.grad(out, (pq, pk, pv), pg)
-    options = (0.125, True, (-1, 0), 0.0, True, None, (0.3, state), None)
-    eager, _ = flashcore._ops.record(flashcore._ops.VarlenAttention, pq, pk, pv, (cu, cu, None, 250, 250), options)
+    batch = flashcore._ops.Batch(cu, cu, None, 250, 250)
+    eager, _ = flashcore._ops.record(flashcore._ops.VarlenAttention, pq, pk, pv, batch, (options, None))
     eager_grads = torch.autograd.grad(eager, (pq, pk, pv), pg)
     assert torch.equal(out, eager)
     assert all(torch.equal(a, b) for a, b in zip(grads, eager_grads))

@@ -12,8 +12,8 @@ import flashcore
 from flashcore import _ops
 
 NAN = float("nan")
-SCALE = 64**-0.5
-NO_WINDOW = (-1, -1)
+CAUSAL = _ops.Options(64**-0.5, True)
+FULL = _ops.Options(64**-0.5, False)
 
 
 def randn(*shape: int) -> torch.Tensor:
@@ -28,10 +28,10 @@ def nan_like(t: torch.Tensor) -> torch.Tensor:
 def test_dense_forward_and_backward_write_the_core_answer(b, sq, sk):
     q, k, v = randn(b, sq, 4, 64), randn(b, sk, 2, 64), randn(b, sk, 2, 64)
     o, lse = nan_like(q), torch.full((b, 4, sq), NAN, device="cuda")
-    _ops.forward_into(q, k, v, o, lse, SCALE, True, NO_WINDOW, 0.0, 0)
+    _ops.forward_into(q, k, v, (o, lse), CAUSAL)
     assert (o == 0).all() and torch.isneginf(lse).all()
     dq, dk, dv = nan_like(q), nan_like(k), nan_like(v)
-    _ops.backward_into(q, k, v, o, lse, randn(b, sq, 4, 64), dq, dk, dv, SCALE, True, False, NO_WINDOW, 0.0)
+    _ops.backward_into((q, k, v, o, lse), randn(b, sq, 4, 64), (dq, dk, dv), CAUSAL)
     for name, g in (("dq", dq), ("dk", dk), ("dv", dv)):
         assert (g == 0).all(), name
 
@@ -42,26 +42,27 @@ def test_no_keys_zeroes_only_the_output_view_of_a_wider_buffer():
     q, k = randn(2, 7, 4, 64), randn(2, 0, 2, 64)
     wide = torch.full((2, 7, 4, 128), NAN, device="cuda", dtype=torch.bfloat16)
     o = wide[..., :64]
-    _ops.forward_into(q, k, k, o, None, SCALE, False, NO_WINDOW, 0.0, 0)
+    _ops.forward_into(q, k, k, (o, None), FULL)
     assert (wide[..., :64] == 0).all() and wide[..., 64:].isnan().all()
     # BHSD memory seen as BSHD (SDPA's layout): the elements fill their span, one memset.
     bhsd = torch.full((2, 4, 7, 64), NAN, device="cuda", dtype=torch.bfloat16)
-    _ops.forward_into(q, k, k, bhsd.transpose(1, 2), None, SCALE, False, NO_WINDOW, 0.0, 0)
+    _ops.forward_into(q, k, k, (bhsd.transpose(1, 2), None), FULL)
     assert (bhsd == 0).all()
 
 
 def test_packed_batches_without_sequences_or_keys():
     cu = torch.tensor([0], dtype=torch.int32, device="cuda")  # no sequences at all
     q, k = randn(0, 4, 64), randn(0, 2, 64)
-    o, lse = _ops.varlen_forward(q, k, k, cu, cu, None, 0, 0, SCALE, True, NO_WINDOW, 0.0)
+    o, lse = _ops.varlen_forward(q, k, k, _ops.Batch(cu, cu, None, 0, 0), CAUSAL)
     assert o.shape == (0, 4, 64) and lse.shape == (4, 0)
     cu_q = torch.tensor([0, 3, 5], dtype=torch.int32, device="cuda")
     cu_k = torch.tensor([0, 0, 0], dtype=torch.int32, device="cuda")
     q, k = randn(5, 4, 64), randn(0, 2, 64)
-    o, lse = _ops.varlen_forward(q, k, k, cu_q, cu_k, None, 3, 0, SCALE, True, NO_WINDOW, 0.0)
+    batch = _ops.Batch(cu_q, cu_k, None, 3, 0)
+    o, lse = _ops.varlen_forward(q, k, k, batch, CAUSAL)
     assert (o == 0).all() and torch.isneginf(lse).all()
     dq, dk, dv = nan_like(q), nan_like(k), nan_like(k)
-    _ops.varlen_backward_into(q, k, k, o, lse, randn(5, 4, 64), dq, dk, dv, cu_q, cu_k, None, 3, 0, SCALE, True, False, NO_WINDOW, 0.0)
+    _ops.varlen_backward_into((q, k, k, o, lse), randn(5, 4, 64), (dq, dk, dv), batch, CAUSAL)
     assert (dq == 0).all()
 
 

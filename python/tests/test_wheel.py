@@ -248,6 +248,7 @@ def test_family_head_dims_are_the_cores_and_an_unknown_family_is_named(ext):
         ext.family_head_dims("fwd_sm99")
 
 
+@pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="this machine has a GPU: the call would launch on made-up addresses")
 def test_no_gpu_is_a_runtime_error_not_a_crash(ext):
     t = (0x1000, (1, 16, 4, 64), (4096, 256, 64, 1), "bf16")
     with pytest.raises(RuntimeError, match="no usable GPU"):

@@ -42,6 +42,7 @@ from typing import Callable, Optional, Tuple
 import torch
 from torch import Tensor
 
+from .. import _ops
 from ..interface import NO_WINDOW, _attention, _check, _scale, _unsupported, flash_attn_varlen_func
 
 NAME = "fc_attention"
@@ -111,11 +112,14 @@ _UNPADDED = _PerTensor()
 _PACKED = _PerTensor()
 
 
-def _varlen(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, max_q: int, max_k: int, scale, causal, window, softcap) -> Tensor:
-    return flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scale, causal=causal, window_size=window, softcap=softcap)
+def _varlen(q: Tensor, k: Tensor, v: Tensor, lengths: Tuple[Tensor, Tensor, int, int], options: _ops.Options) -> Tensor:
+    """flash_attn_varlen_func over a packed batch of these `lengths` (`(cu_seqlens_q,
+    cu_seqlens_k, max_seqlen_q, max_seqlen_k)`) under the layer's `options`."""
+    o = options
+    return flash_attn_varlen_func(q, k, v, *lengths, softmax_scale=o.softmax_scale, causal=o.causal, window_size=o.window, softcap=o.softcap)
 
 
-def _padded_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale, causal, window, softcap) -> Tensor:
+def _padded_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, options: _ops.Options) -> Tensor:
     """Attention over a padded batch (BSHD; `mask [B, Sk]` 1 on real keys, the queries the
     last Sq of them): unpadded into a packed batch, each sequence bottom-right aligned on its
     own lengths, and padded back (zeros on padding rows)."""
@@ -124,11 +128,13 @@ def _padded_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, scale, caus
     if sq == sk:
         queries = keys
     elif sq == 1:  # decode: one real query a sequence
-        out = _varlen(q.reshape(b, *q.shape[2:]), keys.gather(k), keys.gather(v), _arange_cu(b, q.device), keys.cu_seqlens, 1, keys.max_seqlen, scale, causal, window, softcap)
+        lengths = (_arange_cu(b, q.device), keys.cu_seqlens, 1, keys.max_seqlen)
+        out = _varlen(q.reshape(b, *q.shape[2:]), keys.gather(k), keys.gather(v), lengths, options)
         return out.view(b, 1, *out.shape[1:])
     else:
         queries = _Unpadded(mask[:, -sq:])
-    out = _varlen(queries.gather(q), keys.gather(k), keys.gather(v), queries.cu_seqlens, keys.cu_seqlens, queries.max_seqlen, keys.max_seqlen, scale, causal, window, softcap)
+    lengths = (queries.cu_seqlens, keys.cu_seqlens, queries.max_seqlen, keys.max_seqlen)
+    out = _varlen(queries.gather(q), keys.gather(k), keys.gather(v), lengths, options)
     return queries.scatter(out, b)
 
 
@@ -194,10 +200,10 @@ def attention_forward(
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # BSHD views
     q_len, kv_len = q.shape[1], k.shape[1]
     if attention_mask is not None:
-        return _padded_attention(q, k, v, attention_mask, scale, model_causal, window, cap), None
+        return _padded_attention(q, k, v, attention_mask, _ops.Options(scale, model_causal, window, cap)), None
     packed = _packed_lengths(kwargs, q) if q_len == kv_len else None
     if packed is not None:
-        out = _varlen(q[0], k[0], v[0], *packed, scale, model_causal, window, cap)
+        out = _varlen(q[0], k[0], v[0], packed, _ops.Options(scale, model_causal, window, cap))
         return out.unsqueeze(0), None
     causal = model_causal and q_len > 1
     if causal and kv_len > q_len:
@@ -205,7 +211,7 @@ def attention_forward(
         # static cache), under which no query sees the keys past q_len.
         k, v = k[:, :q_len], v[:, :q_len]
     # One query row (decode) with a window: bottom-right aligned, it sees the last keys.
-    out, _ = _attention(q, k, v, scale, causal, 0, False, window=window, softcap=cap)
+    out, _ = _attention(q, k, v, _ops.Options(scale, causal, window, cap), False)
     return out, None
 
 
