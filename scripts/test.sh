@@ -39,7 +39,10 @@ stage "NVRTC: $FLASHCORE_NVRTC"
 kernel_cache="$PWD/target/kernel-cache"
 newest_kernel_file=$(find crates/flashcore/src/kernels -type f -printf '%T@ %p\n' | sort -n | tail -n 1 | cut -d' ' -f2-)
 [ ! -d "$kernel_cache" ] || find "$kernel_cache" -type f ! -newer "$newest_kernel_file" -delete
+# Private (0700): FlashCore refuses a cache another user could write (a umask of 002 would
+# make mkdir's folders group-writable).
 mkdir -p "$kernel_cache"/{newest,nvrtc-13.0}
+chmod 700 "$kernel_cache" "$kernel_cache"/{newest,nvrtc-13.0}
 
 stage "cargo fmt --check"
 cargo fmt --all -- --check

@@ -98,3 +98,10 @@ def cache_dir() -> str:
     """The kernels' disk cache directory: `$FLASHCORE_CACHE_DIR`, else the platform's cache
     directory's `flashcore` (`~/.cache/flashcore` on Linux); the native path's library lives
     in its `native` folder."""
+
+def private_cache_dir(name: str) -> str:
+    """The cache directory's folder `name`, created where missing (mode 0700); the cache and
+    it must be the current user's alone, else PermissionError naming the directory."""
+
+def check_cache_file(path: str) -> None:
+    """PermissionError naming `path` unless the current user owns it and no one else can write it."""

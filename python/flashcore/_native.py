@@ -47,8 +47,10 @@ def _mode() -> str:
 
 
 def _cache_dir() -> Path:
-    """The `native` folder of the kernels' disk cache (the extension's `cache_dir()`)."""
-    return Path(_flashcore.cache_dir()) / "native"
+    """The `native` folder of the kernels' disk cache, created private where missing; the
+    cache and it must be the current user's alone (the core's trust rule: PermissionError
+    naming the directory where another user could write there, and nothing is loaded)."""
+    return Path(_flashcore.private_cache_dir("native"))
 
 
 def _compiler() -> Optional[str]:
@@ -69,7 +71,6 @@ def _build(target: Path, compiler: str) -> None:
     build at once each finish with a whole library)."""
     torch_dir = Path(torch.__file__).parent
     include, lib = torch_dir / "include", torch_dir / "lib"
-    target.parent.mkdir(parents=True, exist_ok=True)
     fd, partial = tempfile.mkstemp(dir=target.parent, prefix=target.stem, suffix=".partial")
     os.close(fd)
     command = [
@@ -94,6 +95,7 @@ def _load() -> Callable:
         if compiler is None:
             raise RuntimeError("no C++ compiler found ($CXX, c++, g++ or clang++) to build it")
         _build(target, compiler)
+    _flashcore.check_cache_file(str(target))  # a library another user could have written is not loaded
     torch.ops.load_library(str(target))
     torch.ops.flashcore_native.connect(*_flashcore.native_entry_points())
     global _library

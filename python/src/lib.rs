@@ -12,7 +12,7 @@ use flashcore::{
     FwdInputs, FwdOutputs, GradsMut, KernelFamily, KvLayout, Layout, LseView, LseViewMut, PackedQueries, PagedKv, ProblemShape,
     SeqLensView, TensorView, TensorViewMut, VarlenBatch, Window,
 };
-use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::exceptions::{PyNotImplementedError, PyPermissionError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 
 mod native;
@@ -44,9 +44,13 @@ pub(crate) fn error_kind(e: &Error) -> ErrorKind {
     }
 }
 
-/// The Python exception for a FlashCore error ([`error_kind`]), with the error's text.
+/// The Python exception for a FlashCore error ([`error_kind`]), with the error's text; a cache
+/// another user could write is `PermissionError`.
 fn to_py(e: Error) -> PyErr {
     let msg = e.to_string();
+    if matches!(e, Error::UntrustedCache { .. }) {
+        return PyPermissionError::new_err(msg);
+    }
     match error_kind(&e) {
         ErrorKind::Type => PyTypeError::new_err(msg),
         ErrorKind::Value => PyValueError::new_err(msg),
@@ -487,6 +491,27 @@ fn cache_dir() -> String {
     flashcore::jit::DiskCache::default_dir().to_string_lossy().into_owned()
 }
 
+/// The cache directory's folder `name`, created where missing (mode 0700), the cache and it
+/// checked against the caches' trust rule (`flashcore::jit::trust`: the current user's alone):
+/// where the native path keeps its library. `PermissionError` naming the directory, its owner
+/// and mode where another user could write there.
+#[pyfunction]
+fn private_cache_dir(name: &str) -> PyResult<String> {
+    let root = flashcore::jit::DiskCache::default_dir();
+    let dir = root.join(name);
+    for d in [&root, &dir] {
+        flashcore::jit::trust::private_dir(d).map_err(to_py)?;
+    }
+    Ok(dir.to_string_lossy().into_owned())
+}
+
+/// Checks a file of the cache against the trust rule before it is loaded (the native
+/// library): `PermissionError` naming it where it is not the current user's alone.
+#[pyfunction]
+fn check_cache_file(path: &str) -> PyResult<()> {
+    flashcore::jit::trust::check_private(std::path::Path::new(path)).map_err(to_py)
+}
+
 /// The head dims a kernel family has variants of (`flashcore::KernelFamily::head_dims`), by
 /// the family's name: what the Python side pads a call to where only that family runs it, so
 /// that it restates no list of the core's.
@@ -513,6 +538,8 @@ fn extension_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(device_info, m)?)?;
     m.add_function(wrap_pyfunction!(native_entry_points, m)?)?;
     m.add_function(wrap_pyfunction!(cache_dir, m)?)?;
+    m.add_function(wrap_pyfunction!(private_cache_dir, m)?)?;
+    m.add_function(wrap_pyfunction!(check_cache_file, m)?)?;
     m.add_function(wrap_pyfunction!(family_head_dims, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

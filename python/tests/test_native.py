@@ -136,6 +136,26 @@ def test_flashcore_native_1_without_a_compiler_is_an_error_naming_why(tmp_path):
     assert "FLASHCORE_NATIVE=1 but the native autograd path is unavailable" in done.stderr and "no C++ compiler" in done.stderr, done.stderr[-800:]
 
 
+@pytest.mark.parametrize("shared", ["directory", "library"])
+def test_a_library_other_users_could_write_is_refused_and_not_loaded(tmp_path, shared):
+    """A library planted where the native path looks for its own, in a cache directory every
+    user can write or as a file every user can write: refused by name (the core's trust rule),
+    never loaded; calls take the Python path."""
+    cache = tmp_path / "cache"
+    loosen = "os.environ['FLASHCORE_CACHE_DIR']" if shared == "directory" else "target"
+    code = (
+        "import os, flashcore._native as n\n"
+        "target = n.library_path()\n"  # the folder is created private here
+        "target.write_bytes(b'not a library')\n"
+        f"os.chmod({loosen}, 0o777)\n"
+        "print(n.status())\n"
+    )
+    done = run_with({"FLASHCORE_CACHE_DIR": str(cache)}, code)
+    assert done.returncode == 0, done.stderr[-800:]
+    assert "'path': 'python'" in done.stdout and "PermissionError: refusing the cache" in done.stdout, done.stdout
+    assert "mode 0777, writable by every user" in done.stdout, done.stdout
+
+
 def test_a_bad_flashcore_native_value_is_refused():
     done = run_with({"FLASHCORE_NATIVE": "yes"}, "import flashcore._native as n; n.attention()")
     assert done.returncode != 0 and "FLASHCORE_NATIVE must be 0, 1 or unset" in done.stderr, done.stderr[-500:]

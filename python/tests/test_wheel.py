@@ -347,6 +347,35 @@ def test_cache_dir_is_flashcore_cache_dir_else_the_user_cache(ext, tmp_path, mon
     assert ext.cache_dir() == str(tmp_path / "xdg" / "flashcore")
 
 
+def test_a_cache_other_users_can_write_is_refused_by_name(ext, tmp_path, monkeypatch):
+    """The caches' trust rule, as the native path's loader asks it (`_native._cache_dir`): its
+    folder is created private; a cache directory every user can write is refused, naming the
+    directory, its mode and FLASHCORE_CACHE_DIR, and nothing is created in it."""
+    cache = tmp_path / "kernels"
+    monkeypatch.setenv("FLASHCORE_CACHE_DIR", str(cache))
+    native = Path(ext.private_cache_dir("native"))
+    assert native == cache / "native" and (cache.stat().st_mode & 0o777, native.stat().st_mode & 0o777) == (0o700, 0o700)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("FLASHCORE_CACHE_DIR", str(shared))
+    with pytest.raises(PermissionError, match=rf"refusing the cache {re.escape(str(shared))}: mode 0777.*FLASHCORE_CACHE_DIR"):
+        ext.private_cache_dir("native")
+    assert not (shared / "native").exists()
+
+
+def test_a_planted_library_is_refused_before_it_is_loaded(ext, tmp_path):
+    """A library in the cache that another user could have written (mode 0666) is refused by
+    name (`_native._load` asks before `torch.ops.load_library`); the user's own is not."""
+    planted = tmp_path / "attention-0123.so"
+    planted.write_bytes(b"\x7fELF not yours")
+    planted.chmod(0o666)
+    with pytest.raises(PermissionError, match=rf"refusing the cache {re.escape(str(planted))}: mode 0666, writable by every user"):
+        ext.check_cache_file(str(planted))
+    planted.chmod(0o644)
+    ext.check_cache_file(str(planted))
+
+
 def test_native_abi_structs_agree_between_rust_and_cpp():
     """The native path's C contract is written twice, in python/src/native.rs and in
     python/flashcore/native/attention.cpp (which CI cannot compile: it has no torch): the

@@ -100,6 +100,20 @@ pub enum Error {
         #[source]
         source: cudarc::driver::DriverError,
     },
+    /// A cache directory or file that FlashCore would load code from is not the current
+    /// user's alone (`jit::trust`): another user could plant kernels or a library there.
+    #[error(
+        "refusing the cache {path}: {why}. FlashCore loads code from its cache and trusts only what the current user \
+         (uid {uid}) owns and no other user can write: `chmod go-w` it, or set FLASHCORE_CACHE_DIR to a private directory"
+    )]
+    UntrustedCache {
+        /// The directory or file refused.
+        path: PathBuf,
+        /// Its owner and mode, as found.
+        why: String,
+        /// The current user.
+        uid: u32,
+    },
     /// A file-system operation (the kernel cache) failed.
     #[error("{op} {path}: {source}")]
     Io {

@@ -1,14 +1,17 @@
 //! The on-disk CUBIN cache. One file per key: `magic | log | cubin | sha256 of the rest`.
 //! Written to a temporary file and renamed, so a concurrent reader sees the old file, the
 //! new file, or none, never half of one. An entry that fails its checksum is deleted and
-//! reported as a miss: the caller recompiles rather than trusting it.
+//! reported as a miss: the caller recompiles rather than trusting it. The checksum catches
+//! corruption, not tampering: the directory and each entry read must be the current user's
+//! alone ([`super::trust`]), or the cache refuses them.
 
 use std::fs;
-use std::io::Write;
+use std::io::{ErrorKind, Read, Write};
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+use super::trust;
 use crate::error::{Error, Result};
 
 const MAGIC: &[u8; 8] = b"FCCUBIN1";
@@ -29,7 +32,7 @@ pub struct DiskCache {
 }
 
 impl DiskCache {
-    /// A cache in `dir` (created on first write).
+    /// A cache in `dir` (created on first write, mode 0700).
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Self { dir: dir.into() }
     }
@@ -51,15 +54,29 @@ impl DiskCache {
         self.dir.join(format!("{key}.fcbin"))
     }
 
-    /// The entry under `key`; `None` if absent or corrupt (a corrupt file is removed).
-    pub fn get(&self, key: &str) -> Option<Entry> {
+    /// The entry under `key`: `None` if absent, unreadable or corrupt (a corrupt file is
+    /// removed); [`Error::UntrustedCache`] where the directory or the entry is not the current
+    /// user's alone ([`trust`]): nothing is read from it.
+    pub fn get(&self, key: &str) -> Result<Option<Entry>> {
         let path = self.path(key);
-        let bytes = fs::read(&path).ok()?;
+        let mut file = match fs::File::open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+            Err(_) => return Ok(None), // unreadable: compiled again, as a miss
+        };
+        trust::check_private(&self.dir)?;
+        // The open file's own metadata: the file checked is the file read.
+        let metadata = file.metadata().map_err(|source| Error::Io { op: "reading the owner of", path: path.clone(), source })?;
+        trust::check_metadata(&path, &metadata)?;
+        let mut bytes = Vec::new();
+        if file.read_to_end(&mut bytes).is_err() {
+            return Ok(None);
+        }
         let entry = decode(&bytes);
         if entry.is_none() {
             let _ = fs::remove_file(&path);
         }
-        entry
+        Ok(entry)
     }
 
     /// Stores `entry` under `key` atomically.
@@ -68,7 +85,7 @@ impl DiskCache {
             let path = path.to_path_buf();
             move |source| Error::Io { op, path, source }
         };
-        fs::create_dir_all(&self.dir).map_err(io("creating cache dir", &self.dir))?;
+        trust::private_dir(&self.dir)?;
         let mut tmp = tempfile::NamedTempFile::new_in(&self.dir).map_err(io("creating temp file in", &self.dir))?;
         tmp.write_all(&encode(entry)).map_err(io("writing", tmp.path()))?;
         let dest = self.path(key);
@@ -118,9 +135,9 @@ mod tests {
     fn round_trip() {
         let dir = tempfile::tempdir().unwrap();
         let cache = DiskCache::new(dir.path().join("nested"));
-        assert_eq!(cache.get("k"), None);
+        assert_eq!(cache.get("k").unwrap(), None);
         cache.put("k", &entry()).unwrap();
-        assert_eq!(cache.get("k"), Some(entry()));
+        assert_eq!(cache.get("k").unwrap(), Some(entry()));
     }
 
     #[test]
@@ -142,12 +159,34 @@ mod tests {
         let mut bytes = fs::read(&path).unwrap();
         bytes[100] ^= 1;
         fs::write(&path, &bytes).unwrap();
-        assert_eq!(cache.get("k"), None);
+        assert_eq!(cache.get("k").unwrap(), None);
         assert!(!path.exists());
         // A truncated file is also a miss.
         cache.put("k", &entry()).unwrap();
         fs::write(&path, &fs::read(&path).unwrap()[..20]).unwrap();
-        assert_eq!(cache.get("k"), None);
+        assert_eq!(cache.get("k").unwrap(), None);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_shared_dir_or_a_planted_entry_is_refused_not_loaded() {
+        use std::os::unix::fs::PermissionsExt;
+        let chmod = |path: &Path, mode: u32| fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let cache = DiskCache::new(dir.path().join("cache"));
+        cache.put("k", &entry()).unwrap();
+        assert_eq!(fs::metadata(cache.dir()).unwrap().permissions().mode() & 0o777, 0o700, "created private");
+        // A valid entry in a directory every user can write: refused, whatever it holds.
+        chmod(cache.dir(), 0o777);
+        let err = cache.get("k").expect_err("a world-writable cache must be refused");
+        assert!(matches!(err, Error::UntrustedCache { .. }) && err.to_string().contains("FLASHCORE_CACHE_DIR"), "{err}");
+        assert!(matches!(cache.put("j", &entry()), Err(Error::UntrustedCache { .. })), "nor written");
+        // A private directory, an entry another user could have written: refused.
+        chmod(cache.dir(), 0o700);
+        chmod(&cache.path("k"), 0o666);
+        assert!(matches!(cache.get("k"), Err(Error::UntrustedCache { .. })));
+        chmod(&cache.path("k"), 0o600);
+        assert_eq!(cache.get("k").unwrap(), Some(entry()));
     }
 
     #[test]
@@ -159,13 +198,13 @@ mod tests {
                 s.spawn(|| {
                     for _ in 0..20 {
                         cache.put("k", &entry()).unwrap();
-                        if let Some(e) = cache.get("k") {
+                        if let Some(e) = cache.get("k").unwrap() {
                             assert_eq!(e, entry());
                         }
                     }
                 });
             }
         });
-        assert_eq!(cache.get("k"), Some(entry()));
+        assert_eq!(cache.get("k").unwrap(), Some(entry()));
     }
 }

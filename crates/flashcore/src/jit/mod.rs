@@ -4,6 +4,7 @@ mod cache;
 mod nvrtc;
 mod report;
 mod sources;
+pub mod trust;
 
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
@@ -139,7 +140,7 @@ impl Jit {
         let start = Instant::now();
         let nvrtc = self.nvrtc()?;
         let key = Self::cache_key(source, arch, nvrtc.version());
-        let (entry, from_cache) = match self.cache.get(&key) {
+        let (entry, from_cache) = match self.cache.get(&key)? {
             Some(entry) => (entry, true),
             None => {
                 let entry = self.compile_uncached(&nvrtc, source, arch)?;
