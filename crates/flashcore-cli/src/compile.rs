@@ -76,6 +76,8 @@ pub fn run(args: &CompileArgs) -> Result<bool> {
     };
     let tmp = tempfile::tempdir()?;
     let cache = if args.no_cache { DiskCache::new(tmp.path()) } else { DiskCache::new(DiskCache::default_dir()) };
+    // One error for a cache FlashCore refuses (`jit::trust`), not one a variant.
+    flashcore::jit::trust::private_dir(cache.dir())?;
     let jit = Jit::new(cache);
     jit.nvrtc()?;
     let jobs: Vec<(Arch, Variant)> = archs

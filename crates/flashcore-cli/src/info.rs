@@ -28,7 +28,12 @@ pub fn run() -> Result<bool> {
         Ok(n) => println!("NVRTC          {}.{} from {}", n.version().0, n.version().1, n.path().display()),
         Err(e) => println!("NVRTC          {e}"),
     }
-    println!("cache dir      {}", jit.cache().dir().display());
+    let dir = jit.cache().dir();
+    match flashcore::jit::trust::check_private(dir) {
+        Ok(()) => println!("cache dir      {}", dir.display()),
+        Err(flashcore::Error::Io { .. }) => println!("cache dir      {} (not created yet)", dir.display()),
+        Err(e) => println!("cache dir      {} REFUSED: {e}", dir.display()),
+    }
     match device {
         Some(device) => {
             let arch = device.arch;

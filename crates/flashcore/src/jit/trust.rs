@@ -96,7 +96,10 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         chmod(root.path(), 0o777);
         let msg = refusal(root.path());
-        assert!(msg.contains(&root.path().display().to_string()) && msg.contains("mode 0777") && msg.contains("FLASHCORE_CACHE_DIR"), "{msg}");
+        assert!(
+            msg.contains(&root.path().display().to_string()) && msg.contains("mode 0777") && msg.contains("FLASHCORE_CACHE_DIR"),
+            "{msg}"
+        );
         chmod(root.path(), 0o770);
         assert!(refusal(root.path()).contains("writable by its group"));
         assert!(matches!(private_dir(root.path()), Err(Error::UntrustedCache { .. })), "an existing dir is checked, not re-created");
