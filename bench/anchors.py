@@ -11,6 +11,10 @@ file holding that output) and every backend
                                                      `flashcore` binary, plus the Python call)
     flashcore-py-det  flashcore-py with deterministic=True (the backward's bitwise mode; timed
                       beside flashcore-py, its ratio on the page is over the default's)
+    fa4             flash_attn.cute.flash_attn_func (FlashAttention-4, CuTe DSL: its SM90
+                    kernels on H100/H200; BSHD like flashcore; windows and softcaps as its
+                    own arguments, no dropout, packed batches not here; the wheels:
+                    ../shared/tools/anchor-wheels.sh)
 
 this times one forward pass the way `flashcore bench` does (docs/design.md §9) and writes
 `anchors-<suite>-<system>.json` in the schema of `flashcore bench --json` (schema 1).
@@ -166,6 +170,11 @@ def torch_env(torch, command):
     }
 
 
+# What the fa4 backend does not take: recorded "unsupported" (`refusal`).
+FA4_PACKED = "packed batches not supported here: FA4's varlen function is not wired into this harness"
+FA4_DROPOUT = "dropout not supported by FlashAttention-4"
+
+
 class Runner:
     """Builds the call for one (backend, case) and runs it with the backend forced.
 
@@ -197,8 +206,12 @@ class Runner:
         self.refuse = None
         self.kernel = self.system
         self.flashcore = key in ("flashcore-py", "flashcore-py-det")
+        self.fa4 = key == "fa4"
         if self.flashcore:
             self.kernel = "flashcore.flash_attn_varlen_func" if self.packed else "flashcore.flash_attn_func"
+        elif self.fa4:
+            self.kernel = "flash_attn.cute.flash_attn_func"
+            self.refuse = FA4_PACKED if self.packed else FA4_DROPOUT if self.dropout else None
         elif self.softcap:
             self.refuse = "logit softcap not supported by PyTorch's SDPA backends"
         elif self.packed and key != "flash":
@@ -242,6 +255,15 @@ class Runner:
                 return flashcore.flash_attn_varlen_func(q, k, v, self.cu_q, self.cu_k, c["seqlen_q"], c["seqlen_k"], seqused_k=self.used, **kw)
             bshd = (t.transpose(1, 2) for t in (q, k, v))
             return flashcore.flash_attn_func(*bshd, **kw).transpose(1, 2)
+        if self.fa4:
+            from flash_attn.cute import flash_attn_func as fa4_func
+
+            left, right = self.window or (-1, -1)
+            window = (None if left < 0 else left, None if right < 0 or c["causal"] else right)
+            bshd = (t.transpose(1, 2) for t in (q, k, v))
+            out = fa4_func(*bshd, softmax_scale=self.scale, causal=c["causal"], window_size=window, softcap=self.softcap)
+            # Some FA4 releases return (out, lse), others out alone.
+            return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
         if self.key == "flash" and self.packed:
             extra = self._window_args() if self.window else {}
             return ops._flash_attention_forward(
@@ -273,7 +295,7 @@ class Runner:
         PyTorch's SDPA takes contiguous BHSD, so it gets contiguous copies. Each side is timed on
         the layout it is fastest on, as a user would call it. A packed batch is [total, H, D]
         for every backend."""
-        if self.flashcore or self.packed:
+        if self.flashcore or self.fa4 or self.packed:
             return q, k, v
         return tuple(t.contiguous() for t in (q, k, v))
 
@@ -755,7 +777,7 @@ def main(argv=None):
     ap.add_argument("--suite-json", help="a file holding `flashcore bench --suite NAME --list-json` output")
     ap.add_argument("--flashcore", default=os.environ.get("FLASHCORE_BIN", "target/release/flashcore"), help="flashcore binary for --list-json")
     ap.add_argument("--out-dir", default=".", help="writes anchors-<suite>-<system>.json here")
-    ap.add_argument("--backends", default="cudnn,flash,efficient", help="comma list of cudnn, flash, efficient, flashcore-py, flashcore-py-det")
+    ap.add_argument("--backends", default="cudnn,flash,efficient", help="comma list of cudnn, flash, efficient, flashcore-py, flashcore-py-det, fa4")
     ap.add_argument("--samples", type=int, default=30, help="timed samples per case (>= 20 for reported numbers)")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--sample-ms", type=float, default=2.0, help="target duration of one sample")
@@ -819,6 +841,10 @@ def main(argv=None):
 
 
 def self_test():
+    # The fa4 backend: its own system name, BSHD like flashcore (no SDPA backend forced); what
+    # it does not take is a refusal (an "unsupported" row, not an error).
+    assert SYSTEMS["fa4"] == ("fa4", None)
+    assert refusal(RuntimeError(FA4_PACKED)) and refusal(RuntimeError(FA4_DROPOUT))
     # The SM clock: an int from NVML where a GPU and its driver are, else None and the reason.
     clock = SmClock()
     mhz = clock.read()

@@ -38,9 +38,9 @@ FC_PY = "flashcore-py"
 # The package in deterministic mode: a column of its own, its ratio over flashcore-py's.
 FC_PY_DET = "flashcore-py-det"
 OURS = (FC, FC_PY, FC_PY_DET)  # never anchors
-KNOWN_ORDER = [FC, FC_PY, FC_PY_DET, "sdpa-cudnn", "sdpa-flash", "sdpa-efficient"]
+KNOWN_ORDER = [FC, FC_PY, FC_PY_DET, "fa4", "sdpa-cudnn", "sdpa-flash", "sdpa-efficient"]
 SUITE_ORDER = ["seed", "sweep", "quick"]
-COLORS = {FC: "#d62728", FC_PY: "#ff7f0e", FC_PY_DET: "#8c564b", "sdpa-cudnn": "#1f77b4", "sdpa-flash": "#2ca02c", "sdpa-efficient": "#9467bd"}
+COLORS = {FC: "#d62728", FC_PY: "#ff7f0e", FC_PY_DET: "#8c564b", "sdpa-cudnn": "#1f77b4", "sdpa-flash": "#2ca02c", "sdpa-efficient": "#9467bd", "fa4": "#17becf"}
 SWEEP_TOKENS, SWEEP_HIDDEN = 16384, 2048
 
 
@@ -378,7 +378,7 @@ def render(data, out_dir, slug=None, command=None, warns=(), notes=()):
         f"{'Backward' if backward else 'Forward'} attention, device time per call (median of ≥ 20 samples, CUDA events; input sets rotated",
         f"while they fit in L2). TFLOPS = {flops} / time (half for causal Sq = Sk); decode rows",
         "(Sq = 1) in GB/s of K and V read. Anchors are PyTorch SDPA with one backend forced",
-        "(`sdpa-cudnn` = cuDNN, `sdpa-flash` = FlashAttention-2, `sdpa-efficient` = memory-efficient),",
+        "(`sdpa-cudnn` = cuDNN, `sdpa-flash` = FlashAttention-2, `sdpa-efficient` = memory-efficient) and FlashAttention-4 (`fa4`, `flash_attn.cute`, BSHD),",
         "timed as CUDA-graph replays of back-to-back calls (eager medians are in the raw JSON), each on",
         "its own layout (SDPA contiguous BHSD, flashcore BSHD). `flashcore-py` is FlashCore through its",
         "Python package, timed by the same script in the same process, in rounds with the anchors: the",

@@ -15,6 +15,7 @@ SYSTEMS = {
     "cudnn": ("sdpa-cudnn", "CUDNN_ATTENTION"),
     "flash": ("sdpa-flash", "FLASH_ATTENTION"),
     "efficient": ("sdpa-efficient", "EFFICIENT_ATTENTION"),
+    "fa4": ("fa4", None),  # FlashAttention-4 (flash_attn.cute), BSHD, no SDPA backend forced
 }
 CASE_FIELDS = ("name", "batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "causal", "dtype")
 ROW_FIELDS = ("case", "kernel", "status", "message", "samples_ms", "median_ms", "min_ms", "max_ms", "tflops", "gbps", "rel_error")
