@@ -54,7 +54,9 @@ Conventions, matching flashcore:
   order rotated per round and row. By default the N calls are captured once in a CUDA graph and the graph is replayed
   (Python's per-call overhead of ~10-30 us would otherwise dominate the short cases); the
   plain eager median is recorded beside it (`eager_median_ms`). `--timing eager` times eager
-  calls only.
+  calls only; `--timing profiler` sums the device time of every kernel of N calls
+  (torch.profiler, CUDA activity) a sample, for a run with a library whose calls a CUDA
+  graph cannot capture (every column of that run timed so: a ratio needs one method).
 - FLOPs = 4·B·Hq·D·(visible pairs): Sq·Sk dense; Sq·Sk/2 for causal with Sq = Sk; the exact
   bottom-right count for causal with Sq != Sk. For Sq = 1, gbps = bytes of K and V / time.
   A case's `counts` (flops, kv_bytes), which `flashcore bench --list-json` writes, are used
@@ -445,9 +447,29 @@ def replay_samples(g, stream, n, samples, settle_ms, clocks=None):
     return out
 
 
-def time_calls(torch, fn, sets, warmup, samples, target_ms, use_graph, settle_ms=300.0, clocks=None):
-    """Returns (samples_ms, calls_per_sample): each sample the mean of N back-to-back calls;
-    `clocks` as in `replay_samples`."""
+def kernel_time_samples(torch, run, n, samples):
+    """Device time a call (ms) by torch.profiler: per sample, `run(n)` (n calls) traced with
+    CUDA activity alone, the device times of every kernel of the trace summed and divided by
+    n; the gaps between kernels and the host's pace do not count. For a library whose calls a
+    CUDA graph cannot capture: every column of such a run is timed so (`--timing profiler`),
+    one method for all (docs/design.md §9)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    out = []
+    for _ in range(samples):
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            run(n)
+            torch.cuda.synchronize()
+        us = sum(e.device_time for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+        out.append(us / n / 1000.0)
+    return out
+
+
+def time_calls(torch, fn, sets, warmup, samples, target_ms, method, settle_ms=300.0, clocks=None):
+    """Returns (samples_ms, calls_per_sample): each sample the mean of N back-to-back calls,
+    by `method`: "graph" (N calls captured once and replayed), "eager" (CUDA events around N
+    calls) or "profiler" (`kernel_time_samples`); `clocks` as in `replay_samples`."""
     stream = torch.cuda.current_stream()
     ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     n_sets = len(sets)
@@ -462,7 +484,9 @@ def time_calls(torch, fn, sets, warmup, samples, target_ms, use_graph, settle_ms
 
     eager(warmup)
     n = calls_per_sample(eager(1), target_ms)
-    if not use_graph:
+    if method == "profiler":
+        return kernel_time_samples(torch, eager, n, samples), n
+    if method == "eager":
         return [eager(n) / n for _ in range(samples)], n
     g = torch.cuda.CUDAGraph()
     side = torch.cuda.Stream()
@@ -477,11 +501,11 @@ def time_calls(torch, fn, sets, warmup, samples, target_ms, use_graph, settle_ms
     return replay_samples(g, stream, n, samples, settle_ms, clocks), n
 
 
-def time_on_stream(torch, fn, stream, warmup, samples, target_ms, use_graph, settle_ms=300.0, clocks=None):
+def time_on_stream(torch, fn, stream, warmup, samples, target_ms, method, settle_ms=300.0, clocks=None):
     """`time_calls` for work that must stay on `stream`: autograd runs a backward on the
     stream its forward ran on, so the forward, the warm-up, the capture and the replays all
     use `stream` (a side stream: the legacy default stream cannot be captured). Returns
-    (samples_ms, calls_per_sample); with `use_graph`, N calls captured once and replayed."""
+    (samples_ms, calls_per_sample), by `method` as `time_calls`."""
     ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with torch.cuda.stream(stream):
 
@@ -495,7 +519,9 @@ def time_on_stream(torch, fn, stream, warmup, samples, target_ms, use_graph, set
 
         eager(warmup)
         n = calls_per_sample(eager(1), target_ms)
-        if not use_graph:
+        if method == "profiler":
+            return kernel_time_samples(torch, eager, n, samples), n
+        if method == "eager":
             return [eager(n) / n for _ in range(samples)], n
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g, stream=stream):
@@ -572,17 +598,19 @@ def bench_case(torch, key, case, args, l2_bytes):
         del o
         # 3. Timing.
         with runner.ctx():
-            timing = "graph" if args.timing == "graph" else "eager"
+            timing = args.timing
             graph_note = None
             clocks = []
             if timing == "graph":
                 try:
-                    samples, n = time_calls(torch, runner, sets, args.warmup, args.samples, args.sample_ms, True, clocks=(args.sm_clock, clocks))
+                    samples, n = time_calls(torch, runner, sets, args.warmup, args.samples, args.sample_ms, "graph", clocks=(args.sm_clock, clocks))
                 except Exception as e:  # noqa: BLE001
                     torch.cuda.synchronize()
                     graph_note = f"CUDA graph capture failed, eager timing: {type(e).__name__}: {str(e).strip()[:300]}"
                     timing = "eager"
-            eager_samples, n_eager = time_calls(torch, runner, sets, 0 if timing == "graph" else args.warmup, args.samples, args.sample_ms, False)
+            elif timing == "profiler":
+                samples, n = time_calls(torch, runner, sets, args.warmup, args.samples, args.sample_ms, "profiler")
+            eager_samples, n_eager = time_calls(torch, runner, sets, 0 if timing != "eager" else args.warmup, args.samples, args.sample_ms, "eager")
             if timing == "eager":
                 samples, n = eager_samples, n_eager
         eager_sorted = sorted(eager_samples)
@@ -649,21 +677,24 @@ def bench_backward_case(torch, key, case, args):
 
         clocks = []
 
-        def timed(fn, use_graph):
-            return time_on_stream(torch, fn, stream, args.warmup, args.samples, args.sample_ms, use_graph, clocks=(args.sm_clock, clocks))
+        def timed(fn, method):
+            return time_on_stream(torch, fn, stream, args.warmup, args.samples, args.sample_ms, method, clocks=(args.sm_clock, clocks))
 
         timing, note = args.timing, None
         if timing == "graph":
             try:
-                samples, n = timed(backward, True)
-                both, _ = timed(forward_backward, True)
+                samples, n = timed(backward, "graph")
+                both, _ = timed(forward_backward, "graph")
             except Exception as e:  # noqa: BLE001
                 torch.cuda.synchronize()
                 timing, note = "eager", f"CUDA graph capture failed, eager timing: {type(e).__name__}: {str(e).strip()[:300]}"
-        eager, n_eager = timed(backward, False)
+        elif timing == "profiler":
+            samples, n = timed(backward, "profiler")
+            both, _ = timed(forward_backward, "profiler")
+        eager, n_eager = timed(backward, "eager")
         if timing == "eager":
             samples, n = eager, n_eager
-            both, _ = timed(forward_backward, False)
+            both, _ = timed(forward_backward, "eager")
         median = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
         return make_row(
             case,
@@ -781,7 +812,8 @@ def main(argv=None):
     ap.add_argument("--samples", type=int, default=30, help="timed samples per case (>= 20 for reported numbers)")
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--sample-ms", type=float, default=2.0, help="target duration of one sample")
-    ap.add_argument("--timing", choices=("graph", "eager"), default="graph")
+    ap.add_argument("--timing", choices=("graph", "eager", "profiler"), default="graph",
+                    help="CUDA-graph replays (default), CUDA events around eager calls, or torch.profiler's kernel device time summed a call")
     ap.add_argument("--rounds", type=int, default=1, help="time every (case, backend) this many times, interleaved, and pool the samples")
     ap.add_argument("--max-rel-error", type=float, default=2e-2, help="rel_error above this marks the row 'error'")
     ap.add_argument("--filter", help="only cases whose name contains this")

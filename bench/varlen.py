@@ -87,7 +87,7 @@ def main(argv=None):
 
     def timed(name, kernel, fn, sets, flop_pairs, heads, d, flop_factor=1.0, **extra):
         try:
-            samples, n = anchors.time_calls(torch, fn, sets, 10, args.samples, 20.0, False)
+            samples, n = anchors.time_calls(torch, fn, sets, 10, args.samples, 20.0, "eager")
         except Exception as e:  # a refusal is a row, never dropped
             rows.append(dict(name=name, kernel=kernel, status="error", message=str(e)[:300]))
             return None
