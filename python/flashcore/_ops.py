@@ -72,7 +72,7 @@ class Options(NamedTuple):
         "float softmax_scale, bool causal, SymInt window_left, SymInt window_right, float softcap, SymInt num_splits, "
         "bool deterministic, Tensor? alibi_slopes, float dropout_p, Tensor? rng_state"
     )
-    FLAT_LEN = 10
+    FLAT_LEN = SCHEMA.count(",") + 1
 
     def arg(self) -> _flashcore.OptionsArg:
         """The extension's form (`flashcore::AttnParams`)."""
@@ -120,7 +120,7 @@ class Batch(NamedTuple):
     checkable: bool = True
 
     SCHEMA = "Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, SymInt max_seqlen_q, SymInt max_seqlen_k, bool checkable"
-    FLAT_LEN = 6
+    FLAT_LEN = SCHEMA.count(",") + 1
 
     def arg(self) -> _flashcore.VarlenArg:
         """The extension's form (`flashcore::VarlenBatch`)."""
@@ -146,7 +146,7 @@ class Cache(NamedTuple):
     max_seqlen_q: int = 0
 
     SCHEMA = "Tensor? k_new, Tensor? v_new, Tensor? cache_seqlens, Tensor? block_table, Tensor? cu_seqlens_q, SymInt max_seqlen_q"
-    FLAT_LEN = 6
+    FLAT_LEN = SCHEMA.count(",") + 1
 
     def arg(self) -> _flashcore.PagedArg:
         """The extension's form (`flashcore::PagedKv`)."""

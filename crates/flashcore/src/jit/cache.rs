@@ -6,7 +6,7 @@
 //! alone ([`super::trust`]), or the cache refuses them.
 
 use std::fs;
-use std::io::{ErrorKind, Read, Write};
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
@@ -59,10 +59,8 @@ impl DiskCache {
     /// user's alone ([`trust`]): nothing is read from it.
     pub fn get(&self, key: &str) -> Result<Option<Entry>> {
         let path = self.path(key);
-        let mut file = match fs::File::open(&path) {
-            Ok(file) => file,
-            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
-            Err(_) => return Ok(None), // unreadable: compiled again, as a miss
+        let Ok(mut file) = fs::File::open(&path) else {
+            return Ok(None); // absent or unreadable: compiled again, as a miss
         };
         trust::check_private(&self.dir)?;
         // The open file's own metadata: the file checked is the file read.
