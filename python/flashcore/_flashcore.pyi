@@ -90,9 +90,12 @@ def native_entry_points() -> Tuple[int, int, int]:
     """`(abi_version, forward, backward)`: the addresses of the native autograd path's C entry
     points, which `flashcore._native` hands to the operator library it compiles."""
 
-def family_head_dims(name: str) -> List[int]:
-    """The head dims the kernel family `name` (`"fwd_sm80"`, ...) has variants of; ValueError
-    for an unknown name."""
+def run_head_dim(device: int, head_dim: int, call: str) -> int:
+    """The head dim a call of `head_dim` runs at on `device` (its own, or the size q, k, v
+    are zero-padded to); `call` is "attention", "dropout" or "paged_queries" (else ValueError)."""
+
+def head_dims_run_as_they_are() -> List[int]:
+    """The head dims `run_head_dim` returns unchanged for every call on every GPU."""
 
 def cache_dir() -> str:
     """The kernels' disk cache directory: `$FLASHCORE_CACHE_DIR`, else the platform's cache

@@ -9,8 +9,9 @@ carry a built library: it is built for the torch it runs with (~15-20 s, once pe
 version and source; later processes load it in milliseconds).
 
 `FLASHCORE_NATIVE`: `0` never (the Python path), `1` always (an error where it cannot be
-built), unset: where it can be built. Dense eager calls without dropout take it; packed
-batches, KV caches, dropout, torch.compile and functorch transforms keep the Python path.
+built), unset: where it can be built. Eager calls without dropout over dense and packed
+batches take it (`flashcore_native::attention`, `::varlen_attention`); KV caches, dropout,
+torch.compile and functorch transforms keep the Python path.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import tempfile
 import threading
 import warnings
 from pathlib import Path
-from typing import Callable, Dict, Iterator, Optional
+from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 
@@ -34,6 +35,7 @@ from . import _flashcore
 SOURCE = Path(__file__).with_name("native") / "attention.cpp"
 _lock = threading.Lock()
 _attention: Optional[Callable] = None
+_varlen_attention: Optional[Callable] = None
 _library: Optional[Path] = None
 _reason: Optional[str] = None  # why the native path is not in use, once tried
 _tried = False
@@ -88,7 +90,7 @@ def _build(target: Path, compiler: str) -> None:
             os.unlink(partial)
 
 
-def _load() -> Callable:
+def _load() -> Tuple[Callable, Callable]:
     compiler = _compiler()
     target = library_path()
     if not target.exists():
@@ -100,20 +102,30 @@ def _load() -> Callable:
     torch.ops.flashcore_native.connect(*_flashcore.native_entry_points())
     global _library
     _library = target
-    overload = torch.ops.flashcore_native.attention.default
-    return getattr(overload, "_op", overload)  # the C++ callable itself: the Python wrapper's frame is ~0.5 µs
+    # The C++ callables themselves: an overload's Python wrapper frame costs ~0.5 µs a call.
+    dense, packed = torch.ops.flashcore_native.attention.default, torch.ops.flashcore_native.varlen_attention.default
+    return getattr(dense, "_op", dense), getattr(packed, "_op", packed)
 
 
 def attention() -> Optional[Callable]:
-    """The operator `flashcore_native::attention` as a callable, built and loaded on the first
-    call; None where the native path is off or cannot be built (`status()` says why)."""
+    """The operator `flashcore_native::attention` (dense batches) as a callable, built and
+    loaded on the first call; None where the native path is off or cannot be built (`status()`
+    says why)."""
     if _tried:
         return _attention
     return _first_use()
 
 
+def varlen_attention() -> Optional[Callable]:
+    """The operator `flashcore_native::varlen_attention` (packed batches), as `attention()`:
+    the two are built, loaded and switched off together."""
+    if not _tried:
+        _first_use()
+    return _varlen_attention
+
+
 def _first_use() -> Optional[Callable]:
-    global _attention, _reason, _tried
+    global _attention, _varlen_attention, _reason, _tried
     with _lock:
         if _tried:
             return _attention
@@ -122,7 +134,7 @@ def _first_use() -> Optional[Callable]:
             _reason = "FLASHCORE_NATIVE=0"
         else:
             try:
-                _attention = _load()
+                _attention, _varlen_attention = _load()
             except Exception as e:  # noqa: BLE001 - any failure leaves the Python path, with its reason
                 _reason = f"{type(e).__name__}: {e}"
                 if mode == "1":  # an error on every call, not once and then the Python path
@@ -134,7 +146,7 @@ def _first_use() -> Optional[Callable]:
 
 
 def status() -> Dict[str, Optional[str]]:
-    """Which path dense eager calls take: `{"path": "native" or "python", "library": the
+    """Which path eager calls without dropout take: `{"path": "native" or "python", "library": the
     built library or None, "reason": why not native, or None}`. Builds the library first if
     no call has yet."""
     attention()
@@ -145,10 +157,10 @@ def status() -> Dict[str, Optional[str]]:
 def python_path() -> Iterator[None]:
     """Calls made in the block take the Python path (`bench/python_overhead.py` and the tests
     compare the two paths in one process). Not thread-safe: it swaps a module global."""
-    global _attention
-    saved = attention()
-    _attention = None
+    global _attention, _varlen_attention
+    saved = attention(), varlen_attention()
+    _attention = _varlen_attention = None
     try:
         yield
     finally:
-        _attention = saved
+        _attention, _varlen_attention = saved

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 import operator
-from typing import Optional, Tuple, Union
+from typing import Dict, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -72,17 +72,17 @@ def _records_grad(q: Tensor, k: Tensor, v: Tensor) -> bool:
 
 NO_WINDOW = _ops.NO_WINDOW
 
-# The paths an eager or traced dense call can take (`route`), as `explain` names them.
-NATIVE = "native operator"  # flashcore_native::attention: its autograd node in C++ (`_native`)
-AUTOGRAD = "Python autograd"  # the extension through `_ops.Attention` (autograd records)
+# The paths an eager or traced call of a dense or packed batch can take (`route`), as `explain` names them.
+NATIVE = "native operator"  # flashcore_native::attention / ::varlen_attention: autograd in C++ (`_native`)
+AUTOGRAD = "Python autograd"  # the extension through `_ops.Attention` / `VarlenAttention` (autograd records)
 DIRECT = "extension"  # the extension called directly (nothing to record)
 OP = "registered op"  # torch.ops.flashcore.fwd: traced, compiled, fake or subclass tensors
 
 
 def route(q: Tensor, k: Tensor, v: Tensor, dropout: Optional[_ops.Dropout]) -> str:
-    """The one place that picks the path of a dense call (`_attention`): the registered op
-    unless the call is eager on plain tensors; then the native operator where it is built
-    (not with dropout, whose mask state it does not carry, nor under a functorch transform);
+    """The one place that picks the path of a dense or packed batch's call (`_attention`,
+    `_varlen_attention`): the registered op unless the call is eager on plain tensors; then
+    the native operator where it is built (not with dropout, whose mask state it does not carry, nor under a functorch transform);
     else the Python autograd node when autograd records, else the extension directly."""
     if not _eager(q, k, v):
         return OP
@@ -91,13 +91,32 @@ def route(q: Tensor, k: Tensor, v: Tensor, dropout: Optional[_ops.Dropout]) -> s
     return AUTOGRAD if _records_grad(q, k, v) else DIRECT
 
 
+# The head dim a call runs at, by (device, head dim, call kind): the core's answer
+# (`_flashcore.run_head_dim`), asked once for each; the sizes it never changes, asked once.
+_RUN_HEAD_DIMS: Dict[Tuple[int, int, str], int] = {}
+_AS_THEY_ARE = frozenset(_flashcore.head_dims_run_as_they_are())
+
+
+def _run_head_dim(q: Tensor, call: str) -> int:
+    """The head dim a call on q runs at (`flashcore::dispatch::run_head_dim`): q's own, or the
+    size its inputs are zero-padded to (`_padded`). `call`: "attention", "dropout" or
+    "paged_queries"."""
+    key = (q.get_device(), q.shape[-1], call)
+    if key[1] in _AS_THEY_ARE:
+        return key[1]
+    size = _RUN_HEAD_DIMS.get(key)
+    if size is None:
+        size = _RUN_HEAD_DIMS[key] = _flashcore.run_head_dim(*key)
+    return size
+
+
 def _attention(q: Tensor, k: Tensor, v: Tensor, options: _ops.Options, want_lse: bool = True, probs: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
     """(o, lse) of a dense call under `options`: by the path `route` picks; without autograd
-    lse is None when not wanted (neither allocated nor written). A head dim that is not a
-    multiple of 8 runs zero-padded to one (`_padded`; the slopes, one a head, are the same);
-    with dropout, one fwd_sm80 lacks to its next size."""
+    lse is None when not wanted (neither allocated nor written). A head dim the kernels lack
+    runs zero-padded to the size the core picks (`_run_head_dim`, `_padded`; the slopes, one
+    a head, are the same)."""
     d = q.shape[-1]
-    size = _sm80_head_dim(d) if options.dropout is not None else d + (-d % 8 if d < 256 else 0)
+    size = d if d in _AS_THEY_ARE else _run_head_dim(q, "attention" if options.dropout is None else "dropout")
     if size != d and k.shape[-1] == d and v.shape[-1] == d:
         out, lse = _attention(*_padded(q, k, v, size), options, want_lse, probs)
         return out[..., :d], lse
@@ -123,15 +142,6 @@ def _traced_probs(dropout: Optional[_ops.Dropout], probs: Optional[Tensor]) -> N
         raise _unsupported("return_attn_probs", True, "with dropout under torch.compile or tracing is not supported yet (eager calls return them)")
 
 
-# Head dims of fwd_sm80 and bwd_sm80, which alone run dropout and packed queries over a paged
-# cache: another runs there zero-padded to the next of them. The core's list, read once.
-_SM80_HEAD_DIMS = tuple(_flashcore.family_head_dims("fwd_sm80"))
-
-
-def _sm80_head_dim(d: int) -> int:
-    return next((n for n in _SM80_HEAD_DIMS if n >= d), d)
-
-
 def _dropout(q: Tensor, dropout_p: object) -> Optional[_ops.Dropout]:
     """`dropout_p` checked (a float in [0, 1), else ValueError naming it) and, when not 0, the
     call's dropout `(p, state)`: `state` a fresh int64 pair (seed, offset) drawn on q's device
@@ -154,12 +164,11 @@ def _probs_for(q_shape: Tuple[int, ...], batch: int, seqlen_q: int, seqlen_k: in
     return q.new_zeros((batch, q_shape[-2], round_up(seqlen_q), round_up(seqlen_k)))
 
 
-def _padded(q: Tensor, k: Tensor, v: Tensor, size: Optional[int] = None) -> Tuple[Tensor, Tensor, Tensor]:
-    """q, k, v with their head dim zero-padded to `size` (default: a multiple of 8, as flash_attn
-    pads them; the kernels move rows 16 bytes at a time): the zeros add nothing to q·kᵀ and give output
-    columns that the caller slices off; autograd sees the pad and the slice. The softmax scale
-    stays the caller's, from the real head dim."""
-    pad = -q.shape[-1] % 8 if size is None else size - q.shape[-1]
+def _padded(q: Tensor, k: Tensor, v: Tensor, size: int) -> Tuple[Tensor, Tensor, Tensor]:
+    """q, k, v with their head dim zero-padded to `size` (`_run_head_dim`): the zeros add
+    nothing to q·kᵀ and give output columns that the caller slices off; autograd sees the pad
+    and the slice. The softmax scale stays the caller's, from the real head dim."""
+    pad = size - q.shape[-1]
     return tuple(torch.nn.functional.pad(t, (0, pad)) for t in (q, k, v))  # type: ignore[return-value]
 
 
@@ -390,26 +399,39 @@ def flash_attn_varlen_func(
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if not isinstance(value, numbers.Integral) or value < 0:
             raise ValueError(f"`{name}` must be an int >= 0, got {value!r}")
-    d = q.shape[-1]
-    size = _sm80_head_dim(d) if options.dropout is not None else d + (-d % 8 if d < 256 else 0)
-    padded = size != d and k.shape[-1] == d and v.shape[-1] == d
-    if padded:
-        q, k, v = _padded(q, k, v, size)
     batch = _ops.Batch(cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), int(max_seqlen_k))
     probs = None
     if options.dropout is not None and return_attn_probs:
         probs = _probs_for(q.shape, cu_seqlens_q.shape[0] - 1, batch.max_seqlen_q, batch.max_seqlen_k, q)
-    if _eager(q, k, v):
-        if _records_grad(q, k, v):
-            out, lse = _ops.record(_ops.VarlenAttention, q, k, v, batch, (options, probs))
-        else:
-            out, lse = _ops.varlen_forward(q, k, v, batch, options, probs)
-    else:
-        _traced_probs(options.dropout, probs)
-        out, lse = _ops.varlen_fwd(q, k, v, *batch, *options.flat())
-    if padded:
-        out = out[..., :d]
+    out, lse = _varlen_attention(q, k, v, batch, options, return_attn_probs, probs)
     return (out, lse, probs) if return_attn_probs else out
+
+
+def _varlen_attention(
+    q: Tensor, k: Tensor, v: Tensor, batch: _ops.Batch, options: _ops.Options, want_lse: bool = True, probs: Optional[Tensor] = None
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """(o, lse [Hq, total_q]) of a packed batch, as `_attention` for a dense one: by the path
+    `route` picks, zero-padded to the head dim the core picks. lse may be None where not
+    wanted and no autograd records (the native operator's calls); the other paths write it."""
+    d = q.shape[-1]
+    size = d if d in _AS_THEY_ARE else _run_head_dim(q, "attention" if options.dropout is None else "dropout")
+    if size != d and k.shape[-1] == d and v.shape[-1] == d:
+        out, lse = _varlen_attention(*_padded(q, k, v, size), batch, options, want_lse, probs)
+        return out[..., :d], lse
+    path = route(q, k, v, options.dropout)
+    if path is NATIVE:
+        scale, causal, (left, right), softcap, _, deterministic, alibi_slopes, _ = options
+        cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, _ = batch
+        return _native.varlen_attention()(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, batch.check(),
+            scale, causal, left, right, softcap, deterministic, want_lse, alibi_slopes,
+        )  # fmt: skip
+    if path is AUTOGRAD:
+        return _ops.record(_ops.VarlenAttention, q, k, v, batch, (options, probs))
+    if path is DIRECT:
+        return _ops.varlen_forward(q, k, v, batch, options, probs)
+    _traced_probs(options.dropout, probs)
+    return _ops.varlen_fwd(q, k, v, *batch, *options.flat())
 
 
 def _check_paged_varlen(q: Tensor, caches: Tuple[Tensor, Tensor], vectors: Tuple[Tensor, Tensor, Optional[Tensor]], block_table: Tensor, max_seqlen_q: object) -> None:
@@ -441,7 +463,7 @@ def _paged_varlen(
     d = q.shape[-1]
     # The packed paged form is fwd_sm80's: another head dim runs zero-padded to the next of its
     # (copies of q and of the pools).
-    size = _sm80_head_dim(d)
+    size = _run_head_dim(q, "paged_queries")
     if size != d and k_cache.shape[-1] == d and v_cache.shape[-1] == d:
         q, k_cache, v_cache = (torch.nn.functional.pad(t, (0, size - d)) for t in (q, k_cache, v_cache))
     cache = _ops.Cache(cache_seqlens=seqlens_k, block_table=block_table, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q)

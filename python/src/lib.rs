@@ -7,10 +7,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use flashcore::dispatch::HeadDimUse;
 use flashcore::{
     AlibiSlopes, AttnParams, BlockTableView, BwdInputs, CallerStream, Context, DType, Dropout, DropoutState, Error, ExternalStream,
-    FwdInputs, FwdOutputs, GradsMut, KernelFamily, KvLayout, Layout, LseView, LseViewMut, PackedQueries, PagedKv, ProblemShape,
-    SeqLensView, TensorView, TensorViewMut, VarlenBatch, Window,
+    FwdInputs, FwdOutputs, GradsMut, KvLayout, Layout, LseView, LseViewMut, PackedQueries, PagedKv, ProblemShape, SeqLensView, TensorView,
+    TensorViewMut, VarlenBatch, Window,
 };
 use pyo3::exceptions::{PyNotImplementedError, PyPermissionError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -512,13 +513,25 @@ fn check_cache_file(path: &str) -> PyResult<()> {
     flashcore::jit::trust::check_private(std::path::Path::new(path)).map_err(to_py)
 }
 
-/// The head dims a kernel family has variants of (`flashcore::KernelFamily::head_dims`), by
-/// the family's name: what the Python side pads a call to where only that family runs it, so
-/// that it restates no list of the core's.
+/// The head dim a call of `head_dim` runs at on `device` (`flashcore::dispatch::run_head_dim`):
+/// the size the Python side zero-pads q, k and v to, so that it restates no rule of the core's.
+/// `call`: `"attention"`, `"dropout"` or `"paged_queries"` (`flashcore::dispatch::HeadDimUse`).
 #[pyfunction]
-fn family_head_dims(name: &str) -> PyResult<Vec<usize>> {
-    let family = KernelFamily::parse(name).ok_or_else(|| PyValueError::new_err(format!("unknown kernel family {name:?}")))?;
-    Ok(family.head_dims().to_vec())
+fn run_head_dim(device: usize, head_dim: usize, call: &str) -> PyResult<usize> {
+    let call = match call {
+        "attention" => HeadDimUse::Attention,
+        "dropout" => HeadDimUse::Dropout,
+        "paged_queries" => HeadDimUse::PackedPagedQueries,
+        other => return Err(PyValueError::new_err(format!("unknown call {other:?}: attention, dropout or paged_queries"))),
+    };
+    Ok(flashcore::dispatch::run_head_dim(context(device)?.info().arch, head_dim, call))
+}
+
+/// The head dims [`run_head_dim`] returns as they are on every GPU
+/// (`flashcore::dispatch::head_dims_run_as_they_are`): the Python side's fast path.
+#[pyfunction]
+fn head_dims_run_as_they_are() -> Vec<usize> {
+    flashcore::dispatch::head_dims_run_as_they_are().to_vec()
 }
 
 /// `(abi_version, forward, backward)`: the addresses of the native autograd path's C entry
@@ -540,7 +553,8 @@ fn extension_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cache_dir, m)?)?;
     m.add_function(wrap_pyfunction!(private_cache_dir, m)?)?;
     m.add_function(wrap_pyfunction!(check_cache_file, m)?)?;
-    m.add_function(wrap_pyfunction!(family_head_dims, m)?)?;
+    m.add_function(wrap_pyfunction!(run_head_dim, m)?)?;
+    m.add_function(wrap_pyfunction!(head_dims_run_as_they_are, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

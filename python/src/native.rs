@@ -1,7 +1,8 @@
 //! The C entry points of the native autograd path: `python/flashcore/native/attention.cpp`, a
 //! PyTorch operator with its autograd rule in C++ that the package compiles on first use
 //! (`flashcore/_native.py`), calls these with its tensors' addresses and layouts. They run the
-//! same cores as the Python functions ([`forward_on`], [`backward_on`]), for dense batches.
+//! same cores as the Python functions ([`forward_on`], [`backward_on`]), for dense and packed
+//! batches (the layout is data: a [`NativeVarlen`] whose `cu_seqlens_q` is 0 is a dense call).
 //!
 //! Why: a Python `torch.autograd.Function` costs ~10 µs of host time a call, and the
 //! arguments' trip through Python objects a few more, on calls whose kernels take
@@ -16,12 +17,12 @@
 use std::ffi::{c_char, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use flashcore::{AlibiSlopes, AttnParams, CallerStream, DType, Error, ExternalStream, KvLayout, Layout, Window};
+use flashcore::{AlibiSlopes, AttnParams, CallerStream, DType, Error, ExternalStream, KvLayout, Layout, SeqLensView, VarlenBatch, Window};
 
 use crate::{backward_on, error_kind, forward_on, ErrorKind};
 
 /// The struct layouts' version: `attention.cpp` refuses entry points of another.
-pub const ABI_VERSION: u64 = 2;
+pub const ABI_VERSION: u64 = 3;
 
 /// A tensor: address, shape and strides (elements, four dims), dtype (0 f16, 1 bf16).
 #[repr(C)]
@@ -47,6 +48,25 @@ pub struct NativeOptions {
     deterministic: i32,
 }
 
+/// A packed batch (flash_attn's varlen arguments, `flashcore::VarlenBatch`): int32 device
+/// vectors as address and elements (`seqused_k` 0 where absent), the longest sequence's
+/// lengths, and `check` (1: check the vectors' values first, FLASHCORE_CHECK_VARLEN). All
+/// zero for a dense call; the tensors of a packed one are `[1, total, H, D]`, its lse `[Hq,
+/// total_q]`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct NativeVarlen {
+    cu_seqlens_q: u64,
+    cu_seqlens_q_len: u64,
+    cu_seqlens_k: u64,
+    cu_seqlens_k_len: u64,
+    seqused_k: u64,
+    seqused_k_len: u64,
+    max_seqlen_q: i64,
+    max_seqlen_k: i64,
+    check: i32,
+}
+
 /// Scratch memory from the caller's allocator: `alloc(ctx, bytes)` returns an address usable
 /// in stream order until the call returns, or 0 when the allocation failed (the caller keeps
 /// its own error).
@@ -67,7 +87,7 @@ pub struct NativeCall {
 }
 
 /// A forward: `o` written, and `lse` (f32, `lse_len` values) when `lse` is not 0; ALiBi's f32
-/// slopes when `alibi` is not 0.
+/// slopes when `alibi` is not 0; a packed batch when `varlen.cu_seqlens_q` is not 0.
 #[repr(C)]
 pub struct NativeForward {
     call: NativeCall,
@@ -80,6 +100,7 @@ pub struct NativeForward {
     alibi: u64,
     alibi_len: u64,
     options: NativeOptions,
+    varlen: NativeVarlen,
 }
 
 /// A backward: `dq`, `dk`, `dv` written from the forward's tensors and `dout`.
@@ -99,6 +120,7 @@ pub struct NativeBackward {
     alibi: u64,
     alibi_len: u64,
     options: NativeOptions,
+    varlen: NativeVarlen,
 }
 
 /// Success; an error's status is its [`ErrorKind`] (the Python exception `attention.cpp`
@@ -133,6 +155,30 @@ impl NativeOptions {
             deterministic: self.deterministic != 0,
             ..AttnParams::default()
         }
+    }
+}
+
+impl NativeVarlen {
+    /// The Rust API's packed batch, None for a dense call; `Param` naming the length that is
+    /// not one (a negative maximum).
+    ///
+    /// # Safety
+    /// As [`forward_on`]: int32 CUDA memory of these lengths, alive across the call.
+    unsafe fn batch(&self) -> flashcore::Result<Option<VarlenBatch<'static>>> {
+        if self.cu_seqlens_q == 0 {
+            return Ok(None);
+        }
+        let length =
+            |n: i64, arg: &'static str| usize::try_from(n).map_err(|_| Error::Param { arg, msg: format!("must be >= 0, got {n}") });
+        // SAFETY: this function's contract.
+        let seqlens = |ptr: u64, len: u64| unsafe { SeqLensView::from_raw(ptr, len as usize) };
+        Ok(Some(VarlenBatch {
+            cu_seqlens_q: seqlens(self.cu_seqlens_q, self.cu_seqlens_q_len),
+            cu_seqlens_k: seqlens(self.cu_seqlens_k, self.cu_seqlens_k_len),
+            seqused_k: (self.seqused_k != 0).then(|| seqlens(self.seqused_k, self.seqused_k_len)),
+            max_seqlen_q: length(self.max_seqlen_q, "max_seqlen_q")?,
+            max_seqlen_k: length(self.max_seqlen_k, "max_seqlen_k")?,
+        }))
     }
 }
 
@@ -205,18 +251,19 @@ unsafe extern "C" fn native_forward(args: *const NativeForward, message: *mut c_
             let caller = CallerStream { stream: ExternalStream::from_raw(a.call.stream as usize), scratch: &mut scratch };
             let lse = (a.lse != 0).then_some((a.lse, a.lse_len as usize));
             let params = a.options.params();
+            let keys = a.varlen.batch()?.map_or(KvLayout::Dense, KvLayout::Varlen);
             forward_on(
                 &ctx,
                 a.call.device as usize,
                 caller,
                 resolved,
                 lse,
-                KvLayout::Dense,
+                keys,
                 alibi(a.alibi, a.alibi_len),
                 None,
                 None,
                 &params,
-                false,
+                a.varlen.check != 0,
             )
         })
     }
@@ -246,11 +293,11 @@ unsafe extern "C" fn native_backward(args: *const NativeBackward, message: *mut 
                 caller,
                 tensors,
                 (a.lse, a.lse_len as usize),
-                None,
+                a.varlen.batch()?,
                 alibi(a.alibi, a.alibi_len),
                 None,
                 &params,
-                false,
+                a.varlen.check != 0,
             )
         })
     }

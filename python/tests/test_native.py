@@ -1,5 +1,5 @@
 """The native autograd path (`flashcore/_native.py`, `native/attention.cpp`): built on this
-machine, the path dense eager calls take, and bitwise the Python path's results (outputs,
+machine, the path dense and packed eager calls take, and bitwise the Python path's results (outputs,
 lse, gradients in deterministic mode), so the f64 checks of the other files, which run
 through whichever path is in use, hold for both. Also: PyTorch's current stream, errors as
 the Python path raises them, CUDA-graph capture, inference mode, no keys, and
@@ -62,6 +62,76 @@ def test_native_equals_the_python_path_bitwise(native, case):
         assert not g.isnan().any(), f"d{name} has NaN"
     assert type(o.grad_fn).__name__ != type(o_py.grad_fn).__name__, (o.grad_fn, o_py.grad_fn)  # two paths, not one twice
     assert torch.equal(flashcore.flash_attn_func(q, k, v, **args), o)  # without grad too
+
+
+# Packed batches: (query lengths, key lengths, Hq, Hkv, D, causal, window, softcap, alibi, seqused_k):
+# odd lengths, a sequence without keys, GQA, every score mod, keys past seqused_k.
+PACKED = [
+    ((129, 1, 77), (129, 300, 77), 8, 2, 128, True, (-1, -1), 0.0, False, False),
+    ((50, 33), (0, 65), 4, 4, 64, False, (16, 3), 0.0, True, False),
+    ((17, 200), (40, 200), 6, 3, 96, True, (-1, -1), 20.0, False, True),
+    ((64, 64), (64, 64), 4, 1, 36, False, (-1, -1), 0.0, False, False),  # a head dim the kernels lack: padded
+]
+
+
+def cu_seqlens(lengths) -> "torch.Tensor":
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+
+
+@pytest.mark.parametrize("case", PACKED, ids=lambda c: "q{}_k{}_H{}-{}_D{}_causal{}_w{}_cap{}_alibi{}_used{}".format(*c))
+def test_native_packed_batches_equal_the_python_path_bitwise(native, case):
+    lens_q, lens_k, hq, hkv, d, causal, window, softcap, alibi, used = case
+    assert _native.varlen_attention() is not None
+    room = 5 if used else 0  # keys past each sequence's seqused_k: never read, zero gradients
+    q = randn(sum(lens_q), hq, d, seed=1)
+    k, v = randn(sum(lens_k) + room * len(lens_k), hkv, d, seed=2), randn(sum(lens_k) + room * len(lens_k), hkv, d, seed=3)
+    batch = dict(
+        cu_seqlens_q=cu_seqlens(lens_q), cu_seqlens_k=cu_seqlens([n + room for n in lens_k]),
+        max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k) + room,
+        seqused_k=torch.tensor(lens_k, dtype=torch.int32, device="cuda") if used else None,
+    )  # fmt: skip
+    slopes = torch.rand(len(lens_q), hq, device="cuda") if alibi else None
+    args = dict(causal=causal, window_size=window, softcap=softcap, alibi_slopes=slopes, deterministic=True, **batch)
+    mine = [t.clone().requires_grad_() for t in (q, k, v)]
+    theirs = [t.clone().requires_grad_() for t in (q, k, v)]
+    o, lse, _ = flashcore.flash_attn_varlen_func(*mine, return_attn_probs=True, **args)
+    with _native.python_path():
+        o_py, lse_py, _ = flashcore.flash_attn_varlen_func(*theirs, return_attn_probs=True, **args)
+    assert o.shape == q.shape and lse.shape == (hq, q.shape[0])
+    assert torch.equal(o, o_py) and torch.equal(lse, lse_py)
+    assert not o.isnan().any()
+    do = randn(*o.shape, seed=4)
+    grads = torch.autograd.grad(o, mine, do)
+    grads_py = torch.autograd.grad(o_py, theirs, do)
+    for name, g, g_py in zip("qkv", grads, grads_py):
+        assert torch.equal(g, g_py), f"d{name} differs from the Python path's"
+        assert not g.isnan().any(), f"d{name} has NaN"
+    if d % 8 == 0:  # a padded call's node is the pad's; unpadded, the two paths' nodes differ
+        assert type(o.grad_fn).__name__ != type(o_py.grad_fn).__name__, (o.grad_fn, o_py.grad_fn)
+    assert torch.equal(flashcore.flash_attn_varlen_func(q, k, v, **args), o)  # without grad too
+    with torch.inference_mode():
+        assert torch.equal(flashcore.flash_attn_varlen_func(q, k, v, **args), o)
+
+
+def test_native_packed_errors_are_the_python_paths(native):
+    q, k = randn(32, 4, 64), randn(32, 4, 64)
+    cu = cu_seqlens([16, 16])
+    with pytest.raises(ValueError, match=r"parameter `window`: \(-5, 0\): each side must be -1"):
+        flashcore.flash_attn_varlen_func(q, k, k, cu, cu, 16, 16, window_size=(-5, 0))
+    short = torch.tensor([0, 16], dtype=torch.int32, device="cuda")
+    with _native.python_path(), pytest.raises(ValueError) as python_error:
+        flashcore.flash_attn_varlen_func(q, k, k, short, cu, 16, 16)
+    with pytest.raises(ValueError) as native_error:
+        flashcore.flash_attn_varlen_func(q, k, k, short, cu, 16, 16)
+    assert str(native_error.value) == str(python_error.value) and "cu_seqlens" in str(native_error.value)
+
+
+def test_native_packed_batch_checks_its_vectors_with_flashcore_check_varlen(native, monkeypatch):
+    q, k = randn(32, 4, 64), randn(32, 4, 64)
+    falling = torch.tensor([0, 20, 16], dtype=torch.int32, device="cuda")
+    monkeypatch.setenv("FLASHCORE_CHECK_VARLEN", "1")
+    with pytest.raises(ValueError, match="cu_seqlens_q"):
+        flashcore.flash_attn_varlen_func(q, k, k, falling, cu_seqlens([16, 16]), 20, 16)
 
 
 def test_native_launches_on_the_current_stream(native):

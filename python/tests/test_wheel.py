@@ -239,13 +239,9 @@ def test_native_entry_point_without_a_gpu_is_a_runtime_error_status(ext):
     assert status == 4 and "no usable GPU" in message, (status, message)
 
 
-@pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="this machine has a GPU: the no-GPU error cannot be seen")
-def test_family_head_dims_are_the_cores_and_an_unknown_family_is_named(ext):
-    dims = ext.family_head_dims("fwd_sm80")
-    assert dims == sorted(dims) and dims[-1] == 256 and all(d % 8 == 0 for d in dims), dims
-    assert ext.family_head_dims("bwd_sm80") == dims  # the two Ampere-class families share their sizes
-    with pytest.raises(ValueError, match="unknown kernel family \"fwd_sm99\""):
-        ext.family_head_dims("fwd_sm99")
+def test_run_head_dim_names_an_unknown_call_before_it_looks_for_a_gpu(ext):
+    with pytest.raises(ValueError, match="unknown call \"decode\": attention, dropout or paged_queries"):
+        ext.run_head_dim(0, 40, "decode")
 
 
 @pytest.mark.skipif(Path("/dev/nvidia0").exists(), reason="this machine has a GPU: the call would launch on made-up addresses")
@@ -382,7 +378,7 @@ def test_native_abi_structs_agree_between_rust_and_cpp():
     same structs, the same fields in the same order, the same types."""
     cpp = abi_structs_cpp((ROOT / "python" / "flashcore" / "native" / "attention.cpp").read_text())
     rust = abi_structs_rust((ROOT / "python" / "src" / "native.rs").read_text())
-    assert set(cpp) == set(rust) == {"NativeTensor", "NativeOptions", "NativeScratch", "NativeCall", "NativeForward", "NativeBackward"}, (cpp.keys(), rust.keys())
+    assert set(cpp) == set(rust) == {"NativeTensor", "NativeOptions", "NativeVarlen", "NativeScratch", "NativeCall", "NativeForward", "NativeBackward"}, (cpp.keys(), rust.keys())
     for name in rust:
         assert cpp[name] == rust[name], f"{name}: C++ {cpp[name]} against Rust {rust[name]}"
     abi_cpp = re.search(r"constexpr int64_t kAbiVersion = (\d+);", (ROOT / "python" / "flashcore" / "native" / "attention.cpp").read_text())

@@ -9,8 +9,9 @@
 // `flashcore/_native.py` compiles this file on first use with the host's C++ compiler
 // against the installed torch (whose C++ ABI is not stable across versions, so no wheel can
 // carry a built copy), caches the library, loads it and hands it the Rust entry points
-// (`flashcore_native::connect`). Where that fails the package runs the Python path. The
-// operator takes dense batches without dropout; everything else keeps the Python path.
+// (`flashcore_native::connect`). Where that fails the package runs the Python path. Two
+// operators, `attention` (dense batches) and `varlen_attention` (packed batches, flash_attn's
+// varlen form), without dropout; everything else keeps the Python path.
 // Arguments are checked by the Python caller and by the Rust library (whose errors arrive
 // here as a status code and text, raised as the same Python exceptions as on the Python path).
 
@@ -33,7 +34,7 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // The C contract of python/src/native.rs: the same structs, field for field.
-constexpr int64_t kAbiVersion = 2;
+constexpr int64_t kAbiVersion = 3;
 
 struct NativeTensor {
   uint64_t ptr;
@@ -52,6 +53,14 @@ struct NativeOptions {
   int32_t deterministic;
 };
 
+struct NativeVarlen {
+  uint64_t cu_seqlens_q, cu_seqlens_q_len;  // all zero: a dense call
+  uint64_t cu_seqlens_k, cu_seqlens_k_len;
+  uint64_t seqused_k, seqused_k_len;
+  int64_t max_seqlen_q, max_seqlen_k;
+  int32_t check;
+};
+
 struct NativeScratch {
   uint64_t (*alloc)(void* ctx, size_t bytes);
   void* ctx;
@@ -68,6 +77,7 @@ struct NativeForward {
   NativeTensor q, k, v, o;
   uint64_t lse, lse_len, alibi, alibi_len;
   NativeOptions options;
+  NativeVarlen varlen;
 };
 
 struct NativeBackward {
@@ -75,6 +85,7 @@ struct NativeBackward {
   NativeTensor q, k, v, o, dout, dq, dk, dv;
   uint64_t lse, lse_len, alibi, alibi_len;
   NativeOptions options;
+  NativeVarlen varlen;
 };
 
 using ForwardEntry = int32_t (*)(const NativeForward*, char*, size_t);
@@ -82,13 +93,21 @@ using BackwardEntry = int32_t (*)(const NativeBackward*, char*, size_t);
 ForwardEntry forward_entry = nullptr;
 BackwardEntry backward_entry = nullptr;
 
+// A tensor as the Rust library reads it: `[B, S, H, D]`, or a packed batch's `[total, H, D]`
+// with a leading 1 (its stride as `unsqueeze(0)` gives it).
 NativeTensor describe(const Tensor& t, const char* name) {
-  TORCH_CHECK_VALUE(t.dim() == 4, "`", name, "` must have 4 dims, got ", t.sizes());
+  int64_t dims = t.dim();
+  TORCH_CHECK_VALUE(dims == 4 || dims == 3, "`", name, "` must have 4 dims [B, S, H, D] or 3 [total, H, D], got ", t.sizes());
   NativeTensor d{};
   d.ptr = reinterpret_cast<uint64_t>(t.data_ptr());
-  for (int i = 0; i < 4; ++i) {
-    d.shape[i] = t.size(i);
-    d.strides[i] = t.stride(i);
+  int first = 4 - static_cast<int>(dims);
+  if (first == 1) {
+    d.shape[0] = 1;
+    d.strides[0] = t.size(0) * t.stride(0);
+  }
+  for (int i = 0; i < dims; ++i) {
+    d.shape[first + i] = t.size(i);
+    d.strides[first + i] = t.stride(i);
   }
   auto type = t.scalar_type();
   TORCH_CHECK_TYPE(type == at::kHalf || type == at::kBFloat16, "`", name, "` has dtype ", type, ": FlashCore takes float16 and bfloat16");
@@ -146,6 +165,50 @@ void check_connected() {
               "flashcore_native: not connected to the extension (flashcore._native connects it on load)");
 }
 
+// A packed batch's vectors, held by the call (and by the autograd node for the backward);
+// `cu_seqlens_q` undefined for a dense call. Checked by the Python caller (dtype, device,
+// dims) and by the Rust library (their extents against the tensors).
+struct Packed {
+  Tensor cu_seqlens_q, cu_seqlens_k, seqused_k;  // seqused_k undefined where absent
+  int64_t max_seqlen_q = 0, max_seqlen_k = 0;
+  bool check = false;  // FLASHCORE_CHECK_VARLEN: the Rust library checks the values first
+
+  bool defined() const { return cu_seqlens_q.defined(); }
+
+  NativeVarlen native() const {
+    NativeVarlen n{};
+    if (!defined()) return n;
+    n.cu_seqlens_q = reinterpret_cast<uint64_t>(cu_seqlens_q.data_ptr());
+    n.cu_seqlens_q_len = static_cast<uint64_t>(cu_seqlens_q.numel());
+    n.cu_seqlens_k = reinterpret_cast<uint64_t>(cu_seqlens_k.data_ptr());
+    n.cu_seqlens_k_len = static_cast<uint64_t>(cu_seqlens_k.numel());
+    if (seqused_k.defined()) {
+      n.seqused_k = reinterpret_cast<uint64_t>(seqused_k.data_ptr());
+      n.seqused_k_len = static_cast<uint64_t>(seqused_k.numel());
+    }
+    n.max_seqlen_q = max_seqlen_q, n.max_seqlen_k = max_seqlen_k;
+    n.check = check;
+    return n;
+  }
+
+  // Kept in (and read back from) the autograd context's saved data; nothing for a dense call
+  // (six map entries cost ~0.5 µs a call).
+  void save(torch::autograd::AutogradContext* ctx) const {
+    if (!defined()) return;
+    auto& data = ctx->saved_data;
+    data["cu_seqlens_q"] = cu_seqlens_q, data["cu_seqlens_k"] = cu_seqlens_k, data["seqused_k"] = seqused_k;
+    data["max_seqlen_q"] = max_seqlen_q, data["max_seqlen_k"] = max_seqlen_k, data["check"] = check;
+  }
+
+  static Packed saved(torch::autograd::AutogradContext* ctx) {
+    auto& data = ctx->saved_data;
+    if (data.find("cu_seqlens_q") == data.end()) return Packed{};
+    auto tensor = [&](const char* key) { return data[key].isTensor() ? data[key].toTensor() : Tensor(); };
+    return Packed{tensor("cu_seqlens_q"), tensor("cu_seqlens_k"), tensor("seqused_k"), data["max_seqlen_q"].toInt(),
+                  data["max_seqlen_k"].toInt(), data["check"].toBool()};
+  }
+};
+
 NativeOptions options_of(double scale, bool causal, int64_t window_left, int64_t window_right, double softcap, int64_t num_splits,
                          bool deterministic) {
   return NativeOptions{static_cast<float>(scale), causal, static_cast<int32_t>(window_left), static_cast<int32_t>(window_right),
@@ -172,20 +235,25 @@ void describe_call(Args& args, Scratch& scratch, const Tensor& q, const Tensor& 
   }
 }
 
-// The forward: `(o, lse)`, lse undefined (None) unless `want_lse`. An empty batch or no keys
-// is the core's to answer (`ProblemShape::has_no_pairs`: o = 0, lse = -inf where they have
-// elements), as for every binding.
-std::tuple<Tensor, Tensor> run_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t window_left,
-                                   int64_t window_right, double softcap, int64_t num_splits, bool want_lse,
-                                   const std::optional<Tensor>& alibi_slopes) {
+// The forward: `(o, lse)`, lse undefined (None) unless `want_lse`; `[B, Hq, Sq]`, or `[Hq,
+// total_q]` for a packed batch. An empty batch or no keys is the core's to answer
+// (`ProblemShape::has_no_pairs`: o = 0, lse = -inf where they have elements), as for every binding.
+std::tuple<Tensor, Tensor> run_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Packed& packed,
+                                       const NativeOptions& options, bool want_lse, const std::optional<Tensor>& alibi_slopes) {
   check_connected();
-  TORCH_CHECK_VALUE(q.dim() == 4 && k.dim() == 4, "`q` and `k` must have 4 dims [B, S, H, D]");
+  int64_t dims = packed.defined() ? 3 : 4;
+  TORCH_CHECK_VALUE(q.dim() == dims && k.dim() == dims, "`q` and `k` must have ", dims, " dims: ", packed.defined() ? "[total, H, D]" : "[B, S, H, D]");
   auto o = at::empty(q.sizes(), q.options());
-  Tensor lse = want_lse ? at::empty({q.size(0), q.size(2), q.size(1)}, q.options().dtype(at::kFloat)) : Tensor();
+  Tensor lse;
+  if (want_lse) {
+    auto rows = packed.defined() ? std::vector<int64_t>{q.size(1), q.size(0)} : std::vector<int64_t>{q.size(0), q.size(2), q.size(1)};
+    lse = at::empty(rows, q.options().dtype(at::kFloat));
+  }
   Scratch scratch{q.device(), {}, nullptr};
   NativeForward args{};
   describe_call(args, scratch, q, k, v, o, lse, alibi_slopes);
-  args.options = options_of(scale, causal, window_left, window_right, softcap, num_splits, false);
+  args.options = options;
+  args.varlen = packed.native();
   char message[2048];
   int32_t status = forward_entry(&args, message, sizeof message);
   if (status != 0) raise_status(status, message, scratch);
@@ -195,7 +263,8 @@ std::tuple<Tensor, Tensor> run_forward(const Tensor& q, const Tensor& k, const T
 // The backward of `forward`: gradients laid out like q, k, v (dk, dv summed over the query
 // heads that share a KV head; all zero without (query, key) pairs, the core's rule).
 std::tuple<Tensor, Tensor, Tensor> run_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o, const Tensor& lse,
-                                            Tensor dout, const NativeOptions& options, const std::optional<Tensor>& alibi_slopes) {
+                                                Tensor dout, const Packed& packed, const NativeOptions& options,
+                                                const std::optional<Tensor>& alibi_slopes) {
   check_connected();
   auto dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
   if (dout.stride(-1) != 1) dout = dout.contiguous();  // autograd may hand over any layout; the kernels read rows
@@ -207,59 +276,92 @@ std::tuple<Tensor, Tensor, Tensor> run_backward(const Tensor& q, const Tensor& k
   args.dk = describe(dk, "dk");
   args.dv = describe(dv, "dv");
   args.options = options;
+  args.varlen = packed.native();
   char message[2048];
   int32_t status = backward_entry(&args, message, sizeof message);
   if (status != 0) raise_status(status, message, scratch);
   return {dq, dk, dv};
 }
 
-// The autograd node: saves q, k, v, o, lse and the options; lse has no gradient, and an
-// unused o gets none (no zeros materialised).
+// The autograd node of both operators: saves q, k, v, o, lse, ALiBi's slopes, the options and
+// a packed batch's vectors; lse has no gradient, and an unused o gets none (no zeros
+// materialised).
 struct Attention : public torch::autograd::Function<Attention> {
-  static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal,
-                               int64_t window_left, int64_t window_right, double softcap, int64_t num_splits, bool deterministic,
-                               const std::optional<Tensor>& alibi_slopes) {
+  static constexpr size_t kInputs = 6;  // forward's arguments after ctx: one gradient (or none) each
+
+  static variable_list forward(AutogradContext* ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Packed& packed,
+                               const NativeOptions& options, const std::optional<Tensor>& alibi_slopes) {
     at::AutoDispatchBelowADInplaceOrView guard;
-    auto [o, lse] = run_forward(q, k, v, scale, causal, window_left, window_right, softcap, num_splits, true, alibi_slopes);
+    auto [o, lse] = run_forward(q, k, v, packed, options, true, alibi_slopes);
     ctx->save_for_backward({q, k, v, o, lse, alibi_slopes.value_or(Tensor())});
     auto& saved = ctx->saved_data;
-    saved["scale"] = scale, saved["causal"] = causal, saved["deterministic"] = deterministic;
-    saved["window_left"] = window_left, saved["window_right"] = window_right, saved["softcap"] = softcap;
+    saved["scale"] = options.softmax_scale, saved["causal"] = options.causal != 0, saved["deterministic"] = options.deterministic != 0;
+    saved["window_left"] = options.window_left, saved["window_right"] = options.window_right, saved["softcap"] = options.softcap;
+    packed.save(ctx);
     ctx->mark_non_differentiable({lse});
     ctx->set_materialize_grads(false);
     return {o, lse};
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    if (!grads[0].defined()) return variable_list(11);  // the loss did not use o
+    if (!grads[0].defined()) return variable_list(kInputs);  // the loss did not use o
     auto saved = ctx->get_saved_variables();
     auto& data = ctx->saved_data;
     auto options = options_of(data["scale"].toDouble(), data["causal"].toBool(), data["window_left"].toInt(),
                               data["window_right"].toInt(), data["softcap"].toDouble(), 0, data["deterministic"].toBool());
     std::optional<Tensor> alibi = saved[5].defined() ? std::optional<Tensor>(saved[5]) : std::nullopt;
-    auto [dq, dk, dv] = run_backward(saved[0], saved[1], saved[2], saved[3], saved[4], grads[0], options, alibi);
-    variable_list out(11);
+    auto [dq, dk, dv] = run_backward(saved[0], saved[1], saved[2], saved[3], saved[4], grads[0], Packed::saved(ctx), options, alibi);
+    variable_list out(kInputs);
     out[0] = dq, out[1] = dk, out[2] = dv;
     return out;
   }
 };
 
+// A call with autograd's node where autograd records (grad mode on, an input requiring a
+// gradient), else the forward alone.
+std::tuple<Tensor, Tensor> attend(const Tensor& q, const Tensor& k, const Tensor& v, const Packed& packed, const NativeOptions& options,
+                                  bool want_lse, const std::optional<Tensor>& alibi_slopes) {
+  bool records = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  if (!records) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return run_forward(q, k, v, packed, options, want_lse, alibi_slopes);
+  }
+  auto out = Attention::apply(q, k, v, packed, options, alibi_slopes);
+  return {out[0], out[1]};
+}
+
 std::tuple<Tensor, Tensor> attention_cuda(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal,
                                           int64_t window_left, int64_t window_right, double softcap, int64_t num_splits,
                                           bool deterministic, bool want_lse, const std::optional<Tensor>& alibi_slopes) {
-  return run_forward(q, k, v, scale, causal, window_left, window_right, softcap, num_splits, want_lse, alibi_slopes);
+  auto options = options_of(scale, causal, window_left, window_right, softcap, num_splits, deterministic);
+  return run_forward(q, k, v, Packed{}, options, want_lse, alibi_slopes);
 }
 
 std::tuple<Tensor, Tensor> attention_autograd(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal,
                                               int64_t window_left, int64_t window_right, double softcap, int64_t num_splits,
                                               bool deterministic, bool want_lse, const std::optional<Tensor>& alibi_slopes) {
-  bool records = at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
-  if (!records) {
-    at::AutoDispatchBelowADInplaceOrView guard;
-    return run_forward(q, k, v, scale, causal, window_left, window_right, softcap, num_splits, want_lse, alibi_slopes);
-  }
-  auto out = Attention::apply(q, k, v, scale, causal, window_left, window_right, softcap, num_splits, deterministic, alibi_slopes);
-  return {out[0], out[1]};
+  auto options = options_of(scale, causal, window_left, window_right, softcap, num_splits, deterministic);
+  return attend(q, k, v, Packed{}, options, want_lse, alibi_slopes);
+}
+
+std::tuple<Tensor, Tensor> varlen_attention_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q,
+                                                 const Tensor& cu_seqlens_k, const std::optional<Tensor>& seqused_k,
+                                                 int64_t max_seqlen_q, int64_t max_seqlen_k, bool check, double scale, bool causal,
+                                                 int64_t window_left, int64_t window_right, double softcap, bool deterministic,
+                                                 bool want_lse, const std::optional<Tensor>& alibi_slopes) {
+  Packed packed{cu_seqlens_q, cu_seqlens_k, seqused_k.value_or(Tensor()), max_seqlen_q, max_seqlen_k, check};
+  return run_forward(q, k, v, packed, options_of(scale, causal, window_left, window_right, softcap, 0, deterministic), want_lse,
+                     alibi_slopes);
+}
+
+std::tuple<Tensor, Tensor> varlen_attention_autograd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q,
+                                                     const Tensor& cu_seqlens_k, const std::optional<Tensor>& seqused_k,
+                                                     int64_t max_seqlen_q, int64_t max_seqlen_k, bool check, double scale, bool causal,
+                                                     int64_t window_left, int64_t window_right, double softcap, bool deterministic,
+                                                     bool want_lse, const std::optional<Tensor>& alibi_slopes) {
+  Packed packed{cu_seqlens_q, cu_seqlens_k, seqused_k.value_or(Tensor()), max_seqlen_q, max_seqlen_k, check};
+  return attend(q, k, v, packed, options_of(scale, causal, window_left, window_right, softcap, 0, deterministic), want_lse,
+                alibi_slopes);
 }
 
 void connect(int64_t abi_version, int64_t forward_address, int64_t backward_address) {
@@ -277,11 +379,21 @@ TORCH_LIBRARY(flashcore_native, m) {
   m.def(
       "attention(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, int window_left, int window_right, "
       "float softcap, int num_splits, bool deterministic, bool want_lse, Tensor? alibi_slopes) -> (Tensor, Tensor)");
+  m.def(
+      "varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, "
+      "int max_seqlen_q, int max_seqlen_k, bool check, float softmax_scale, bool causal, int window_left, int window_right, "
+      "float softcap, bool deterministic, bool want_lse, Tensor? alibi_slopes) -> (Tensor, Tensor)");
   m.def("connect(int abi_version, int forward, int backward) -> ()", &connect);
   // The raw stream the operator launches on, for the tests (PyTorch's current stream).
   m.def("stream_of(Tensor t) -> int", &stream_of);
 }
 
-TORCH_LIBRARY_IMPL(flashcore_native, CUDA, m) { m.impl("attention", &attention_cuda); }
+TORCH_LIBRARY_IMPL(flashcore_native, CUDA, m) {
+  m.impl("attention", &attention_cuda);
+  m.impl("varlen_attention", &varlen_attention_cuda);
+}
 
-TORCH_LIBRARY_IMPL(flashcore_native, Autograd, m) { m.impl("attention", &attention_autograd); }
+TORCH_LIBRARY_IMPL(flashcore_native, Autograd, m) {
+  m.impl("attention", &attention_autograd);
+  m.impl("varlen_attention", &varlen_attention_autograd);
+}

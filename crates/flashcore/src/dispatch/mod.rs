@@ -2,8 +2,10 @@
 //! backward (`dispatch::backward`: [`plan_backward`]). The one place where run-time choices become compile-time ones.
 
 mod backward;
+mod head_dim;
 
 pub use backward::{plan_backward, BwdPlan};
+pub use head_dim::{head_dims_run_as_they_are, run_head_dim, HeadDimUse};
 
 use crate::error::{Error, Result};
 use crate::jit::Arch;

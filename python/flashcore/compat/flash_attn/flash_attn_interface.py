@@ -46,10 +46,10 @@ def _get_block_size_n(device, head_dim: int, is_dropout: bool, is_causal: bool) 
     probabilities `return_attn_probs=True` returns with dropout: FlashCore's, the key block of
     the kernel that writes them (fwd_sm80's, 64 keys on Hopper; the answer is that of a long
     sequence, whose tile elsewhere may differ from a short one's)."""
-    index = torch.device(device).index if not isinstance(device, int) else device
-    d = interface._sm80_head_dim(head_dim) if is_dropout else head_dim
+    index = (torch.device(device).index if not isinstance(device, int) else device) or 0
+    d = _flashcore.run_head_dim(index, head_dim, "dropout") if is_dropout else head_dim
     options = (None, bool(is_causal), -1, -1, 0.0, None, False)
-    plan = _flashcore.plan(index or 0, [1, 4096, 1, d], [1, 4096, 1, d], "bf16", options, dropout=0.5 if is_dropout else 0.0, probs=bool(is_dropout))
+    plan = _flashcore.plan(index, [1, 4096, 1, d], [1, 4096, 1, d], "bf16", options, dropout=0.5 if is_dropout else 0.0, probs=bool(is_dropout))
     return int(re.search(r"_\d+x(\d+)w", plan).group(1))
 
 
