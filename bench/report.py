@@ -365,6 +365,25 @@ def plot_sweep(suite_data, device, out_dir, slug, suite="sweep"):
     return made
 
 
+# How a row was timed (`timing` in anchors.py's rows; the binary's own rows have none): the
+# page's method sentence, which must say what the numbers are.
+TIMING_TEXT = {
+    "graph": ("CUDA events", "timed as CUDA-graph replays of back-to-back calls (eager medians are in the raw JSON)"),
+    "eager": ("CUDA events", "timed as back-to-back eager calls"),
+    "profiler": ("torch.profiler", "timed as the device time of every kernel of a call (torch.profiler's kernel events summed over a sample's calls)"),
+}
+
+
+def timing_text(data):
+    """(clock, sentence) for the rows' timing method, or a sentence saying it is mixed."""
+    timings = {r.get("timing") for suite in data.values() for system in suite.values() for r in system["rows"].values() if r.get("timing")}
+    if len(timings) == 1 and next(iter(timings)) in TIMING_TEXT:
+        return TIMING_TEXT[timings.pop()]
+    if not timings:
+        return TIMING_TEXT["graph"]
+    return ("CUDA events or torch.profiler", f"timed as each row's `timing` in the raw JSON says ({', '.join(sorted(map(str, timings)))}; ratios only between rows timed alike)")
+
+
 def render(data, out_dir, slug=None, command=None, warns=(), notes=()):
     """Writes the page (and plots); returns the markdown path."""
     device, header = env_header(data, command)
@@ -374,12 +393,13 @@ def render(data, out_dir, slug=None, command=None, warns=(), notes=()):
     md = [f"# FlashCore results: {device}", ""]
     backward = bool(data) and all(s in schema.BACKWARD_SUITES for s in data)
     flops = "2.5 × 4·B·Hq·Sq·Sk·D" if backward else "4·B·Hq·Sq·Sk·D"
+    clock, method = timing_text(data)
     md += [
-        f"{'Backward' if backward else 'Forward'} attention, device time per call (median of ≥ 20 samples, CUDA events; input sets rotated",
+        f"{'Backward' if backward else 'Forward'} attention, device time per call (median of ≥ 20 samples, {clock}; input sets rotated",
         f"while they fit in L2). TFLOPS = {flops} / time (half for causal Sq = Sk); decode rows",
         "(Sq = 1) in GB/s of K and V read. Anchors are PyTorch SDPA with one backend forced",
         "(`sdpa-cudnn` = cuDNN, `sdpa-flash` = FlashAttention-2, `sdpa-efficient` = memory-efficient) and FlashAttention-4 (`fa4`, `flash_attn.cute`, BSHD),",
-        "timed as CUDA-graph replays of back-to-back calls (eager medians are in the raw JSON), each on",
+        f"{method}, each on",
         "its own layout (SDPA contiguous BHSD, flashcore BSHD). `flashcore-py` is FlashCore through its",
         "Python package, timed by the same script in the same process, in rounds with the anchors: the",
         "ratio column is `flashcore-py` over the best anchor timed the same way (> 1: flashcore faster).",
@@ -526,6 +546,11 @@ def self_test():
         for must in ("| GPU | NVIDIA H100 80GB HBM3 (sm_90, 132 SMs) |", "| cuDNN | 9.19.0 |", "| FlashCore commit | abc1234 |", "| PyTorch | 2.11.0+cu130 |", "run-all.sh", "- a note line"):
             assert must in text, must
         assert text.index("## Suite `seed`") < text.index("## Suite `sweep`")
+        assert "timed as CUDA-graph replays" in text  # the rows' own timing (the fakes': graph)
+        profiled = {"bwd": {FC_PY: {"rows": {"a": {"timing": "profiler"}}}, "fa4": {"rows": {"a": {"timing": "profiler"}}}}}
+        assert timing_text(profiled) == TIMING_TEXT["profiler"]
+        profiled["bwd"]["fa4"]["rows"]["a"]["timing"] = "graph"
+        assert "(graph, profiler;" in timing_text(profiled)[1]
         pos = [text.index("| " + " | ".join(case_cells(c)) + " |") for c in sweep]
         assert pos == sorted(pos, reverse=True), "rows follow the suite list's order"
         try:
