@@ -24,14 +24,17 @@ type TensorArg = (u64, [usize; 4], [usize; 4], String);
 
 /// The Python exception a FlashCore error becomes, on both paths (the native path's C entry
 /// points pass it as a status code, `native.rs`): bad arguments are `ValueError` (`TypeError`
-/// for dtypes), what FlashCore cannot do yet `NotImplementedError`, the environment (driver,
-/// NVRTC, compiler, file system) `RuntimeError`. The discriminants are those status codes.
+/// for dtypes), what FlashCore cannot do yet `NotImplementedError`, a kernel cache another
+/// user could write `PermissionError` (the native operator raises it as `RuntimeError`: c10 has
+/// no such exception), the environment (driver, NVRTC, compiler, file system) `RuntimeError`.
+/// The discriminants are those status codes.
 #[derive(Clone, Copy)]
 pub(crate) enum ErrorKind {
     Type = 1,
     Value = 2,
     NotImplemented = 3,
     Runtime = 4,
+    Permission = 5,
 }
 
 pub(crate) fn error_kind(e: &Error) -> ErrorKind {
@@ -41,22 +44,20 @@ pub(crate) fn error_kind(e: &Error) -> ErrorKind {
             ErrorKind::Value
         }
         Error::HeadDim { .. } | Error::Unsupported { .. } => ErrorKind::NotImplemented,
+        Error::UntrustedCache { .. } => ErrorKind::Permission,
         _ => ErrorKind::Runtime,
     }
 }
 
-/// The Python exception for a FlashCore error ([`error_kind`]), with the error's text; a cache
-/// another user could write is `PermissionError`.
+/// The Python exception for a FlashCore error ([`error_kind`]), with the error's text.
 fn to_py(e: Error) -> PyErr {
     let msg = e.to_string();
-    if matches!(e, Error::UntrustedCache { .. }) {
-        return PyPermissionError::new_err(msg);
-    }
     match error_kind(&e) {
         ErrorKind::Type => PyTypeError::new_err(msg),
         ErrorKind::Value => PyValueError::new_err(msg),
         ErrorKind::NotImplemented => PyNotImplementedError::new_err(msg),
         ErrorKind::Runtime => PyRuntimeError::new_err(msg),
+        ErrorKind::Permission => PyPermissionError::new_err(msg),
     }
 }
 

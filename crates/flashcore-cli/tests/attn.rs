@@ -116,6 +116,29 @@ fn every_form_runs_on_the_cpu() {
     }
 }
 
+/// A call without (query, key) pairs is answered as the library answers it (its one rule):
+/// no rows, an empty `o` and `lse`; no keys, `o` zero and `lse` -inf.
+#[test]
+fn calls_without_pairs_answer_as_the_library_does() {
+    let no_keys = with(dense(), vec![("k", f32(&[1, 0, 2, 8])), ("v", f32(&[1, 0, 2, 8]))]);
+    for (tensors, o_shape, lse_shape) in
+        [(with(dense(), vec![("q", f32(&[1, 0, 2, 8]))]), vec![1, 0, 2, 8], vec![1, 2, 0]), (no_keys, vec![1, 4, 2, 8], vec![1, 2, 4])]
+    {
+        let files = Files::new(&tensors);
+        let r = run(&["attn", "--input", &files.input(), "--output", &files.output(), "--cpu", "--f64-out"]);
+        assert!(r.ok, "{}{}", r.stdout, r.stderr);
+        let bytes = std::fs::read(files.output()).unwrap();
+        let out = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let values = |name: &str| -> (Vec<usize>, Vec<f64>) {
+            let t = out.tensor(name).unwrap();
+            (t.shape().to_vec(), t.data().chunks(8).map(|b| f64::from_le_bytes(b.try_into().unwrap())).collect())
+        };
+        let ((o_got, o), (lse_got, lse)) = (values("o"), values("lse"));
+        assert_eq!((o_got, lse_got), (o_shape, lse_shape));
+        assert!(o.iter().all(|&x| x == 0.0) && lse.iter().all(|&x| x == f64::NEG_INFINITY), "o {o:?}, lse {lse:?}");
+    }
+}
+
 #[test]
 fn a_file_error_names_its_cause_once() {
     let r = run(&["attn", "--cpu", "--input", "/nonexistent/in.safetensors", "--output", "/nonexistent/out.safetensors"]);
@@ -208,7 +231,7 @@ fn the_cpu_refuses_the_shapes_the_gpu_refuses() {
             with(dense(), vec![("k", f32(&[1, 5, 2, 16])), ("v", f32(&[1, 5, 2, 16]))]),
             "shape of `k`: head dim 16 differs from q's head dim 8",
         ),
-        (with(dense(), vec![("q", f32(&[1, 0, 2, 8]))]), "shape of `q`: [1, 0, 2, 8] is empty"),
+        (with(dense(), vec![("q", f32(&[1, 4, 0, 8]))]), "shape of `q`: [1, 4, 0, 8] has no heads or no head dim"),
         (with(dense(), vec![("k", f32(&[1, 5, 2, 16]))]), "shape of `k`: head dim 16 differs from q's head dim 8"),
         (with(packed(), vec![("k", f32(&[7, 2, 16])), ("v", f32(&[7, 2, 16]))]), "shape of `k`: head dim 16 differs from q's head dim 8"),
         (

@@ -9,7 +9,7 @@ const MAX_GRID_YZ: usize = 65535;
 
 /// Validates `q`, `k`, `v` and the output `o` on `device`; returns the problem's shape.
 pub(crate) fn problem(q: &TensorView, k: &TensorView, v: &TensorView, o: &TensorView, device: usize) -> Result<ProblemShape> {
-    for (arg, t) in [("q", q), ("k", k), ("v", v), ("o", o)] {
+    for (arg, t) in [("q", q), ("k", k), ("v", v)] {
         tensor(arg, t, device)?;
     }
     let [b, sq, hq, d] = q.layout.shape;
@@ -21,7 +21,6 @@ pub(crate) fn problem(q: &TensorView, k: &TensorView, v: &TensorView, o: &Tensor
         return Err(shape_err("k", format!("head dim {kd} differs from q's head dim {d}")));
     }
     same_shape(("v", v), ("k", k))?;
-    same_shape(("o", o), ("q", q))?;
     if hq % hkv != 0 {
         return Err(shape_err("k", format!("q heads ({hq}) are not a multiple of k/v heads ({hkv})")));
     }
@@ -32,11 +31,12 @@ pub(crate) fn problem(q: &TensorView, k: &TensorView, v: &TensorView, o: &Tensor
         return Err(shape_err("q", "sequence lengths must be below 2^31".into()));
     }
     let dtype = q.layout.dtype;
-    for (arg, t) in [("k", k), ("v", v), ("o", o)] {
+    for (arg, t) in [("k", k), ("v", v)] {
         if t.layout.dtype != dtype {
             return Err(Error::DType { arg, msg: format!("{} differs from q's {dtype}", t.layout.dtype) });
         }
     }
+    output_like_q(q, o, device)?;
     Ok(ProblemShape { batch: b, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d })
 }
 
@@ -44,13 +44,20 @@ pub(crate) fn problem(q: &TensorView, k: &TensorView, v: &TensorView, o: &Tensor
 /// read): the problem has no keys either.
 pub(crate) fn queries_only(q: &TensorView, o: &TensorView, device: usize) -> Result<ProblemShape> {
     tensor("q", q, device)?;
+    output_like_q(q, o, device)?;
+    let [b, sq, hq, d] = q.layout.shape;
+    Ok(ProblemShape { batch: b, seqlen_q: sq, seqlen_k: 0, heads_q: hq, heads_kv: hq, head_dim: d })
+}
+
+/// Validates the output `o` against the checked `q`: a tensor of the call's device with q's
+/// shape and dtype.
+fn output_like_q(q: &TensorView, o: &TensorView, device: usize) -> Result<()> {
     tensor("o", o, device)?;
     same_shape(("o", o), ("q", q))?;
     if o.layout.dtype != q.layout.dtype {
         return Err(Error::DType { arg: "o", msg: format!("{} differs from q's {}", o.layout.dtype, q.layout.dtype) });
     }
-    let [b, sq, hq, d] = q.layout.shape;
-    Ok(ProblemShape { batch: b, seqlen_q: sq, seqlen_k: 0, heads_q: hq, heads_kv: hq, head_dim: d })
+    Ok(())
 }
 
 /// Validates the log-sum-exp buffer's length against the problem.

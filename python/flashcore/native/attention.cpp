@@ -149,7 +149,8 @@ NativeCall call_on(const Tensor& q, Scratch& scratch) {
 }
 
 // Raises the Rust library's error as the Python path would: TypeError, ValueError,
-// NotImplementedError or RuntimeError with its text; a scratch allocation's own exception first.
+// NotImplementedError or RuntimeError with its text (status 5, an untrusted kernel cache, too:
+// c10 has no PermissionError); a scratch allocation's own exception first.
 void raise_status(int32_t status, const char* message, const Scratch& scratch) {
   if (scratch.failure) std::rethrow_exception(scratch.failure);
   switch (status) {

@@ -29,7 +29,9 @@ pub(crate) fn shape_error(arg: &'static str, msg: String) -> anyhow::Error {
 
 /// Checks `q [B, Sq, Hq, D]` against the keys and values `[B', Sk, Hkv, D]` (`k` and `v`, or a
 /// KV cache's `k_cache` and `v_cache`) as the library checks them, each error naming the
-/// tensor, the dimension and both values: every tensor rank 4 and not empty, `k`'s head dim
+/// tensor, the dimension and both values: every tensor rank 4 with heads and a head dim (no
+/// sequences, rows or keys is a call with nothing to compute, answered as the library
+/// answers it: `o` zero, `lse` -inf), `k`'s head dim
 /// `q`'s, `v` shaped as `k`, `q`'s heads a multiple of `k`'s. The batches are the caller's
 /// to check (a packed batch's is 1, a page pool's is its page count). Returns q's and k's
 /// shapes.
@@ -40,8 +42,8 @@ pub(crate) fn problem_shapes(
     let (q_shape, k_shape) = (shape4(q, "q")?, shape4(k, k_name)?);
     let ([_, _, hq, d], [_, _, hkv, kd]) = (q_shape, k_shape);
     shape4(v, v_name)?;
-    if let Some((arg, t)) = [("q", q), (k_name, k), (v_name, v)].into_iter().find(|(_, t)| t.shape.contains(&0)) {
-        return Err(shape_error(arg, format!("{:?} is empty", t.shape)));
+    if let Some((arg, t)) = [("q", q), (k_name, k), (v_name, v)].into_iter().find(|(_, t)| t.shape[2] == 0 || t.shape[3] == 0) {
+        return Err(shape_error(arg, format!("{:?} has no heads or no head dim", t.shape)));
     }
     // `k` against `q` before `v` against `k`: a `k` whose head dim is wrong is the one to name.
     if kd != d {
