@@ -43,7 +43,7 @@ def _optional_vector(t: Optional[Tensor]) -> Optional[Tuple[int, int]]:
 
 # Attention dropout: `(p, state)`, p in (0, 1) and `state` the call's generator state, an
 # int64 pair (seed, offset) on the device (flash_attn's `rng_state`) that the kernels read
-# there, so that a CUDA graph's replays each draw a new one (`interface._dropout`); the mask
+# there, so that a CUDA graph's replays each draw a new one (`_args._dropout`); the mask
 # is a function of the pair and the score's place (flashcore::Dropout). None: no dropout.
 # With it, `probs` (or None) is where a forward stores each probability, negated where
 # dropped (flash_attn's S_dmask, `[B, Hq, rows, cols]` in q's dtype).

@@ -38,7 +38,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from . import _ops
-from .interface import NO_WINDOW, _scale, _softcap, _window
+from ._args import NO_WINDOW, _scale, _softcap, _window
 
 __all__ = [
     "ring_flash_attn_func",

@@ -34,7 +34,8 @@ import torch
 from torch import Tensor
 
 from . import _ops
-from .interface import _check, _check_packed, _check_paged_varlen, _dropout, _no_dropout, _options, _paged_varlen, _probs_for, _unsupported
+from ._args import _check, _check_packed, _check_paged_varlen, _dropout, _no_dropout, _options, _probs_for, _unsupported
+from .interface import _paged_varlen
 
 
 def _last_dim_contiguous(*tensors: Tensor) -> Tuple[Tensor, ...]:

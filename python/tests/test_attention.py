@@ -149,7 +149,7 @@ def test_empty_batch_and_empty_keys():
 def test_explain_names_the_path_and_the_kernel():
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from flashcore import _native, interface
+    from flashcore import _native, _paths
 
     q, k, v = qkv(1, 128, 128, 4, 4, 64, torch.bfloat16)
     native = _native.status()["path"] == "native"
@@ -160,7 +160,7 @@ def test_explain_names_the_path_and_the_kernel():
     assert with_dropout.startswith("path: Python autograd (not the native operator: "), with_dropout
     with FakeTensorMode() as mode:
         fake = mode.from_tensor(q)
-        assert interface.route(fake, fake, fake, None) == interface.OP
+        assert _paths.route(fake, fake, fake, None) == _paths.OP
 
 
 def test_kernel_plan_and_device_info_describe_the_choice():

@@ -43,7 +43,9 @@ import torch
 from torch import Tensor
 
 from .. import _ops
-from ..interface import NO_WINDOW, _attention, _check, _scale, _unsupported, flash_attn_varlen_func
+from .._args import NO_WINDOW, _check, _scale, _unsupported
+from .._paths import _attention
+from ..interface import flash_attn_varlen_func
 
 NAME = "fc_attention"
 
