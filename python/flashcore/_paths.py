@@ -56,10 +56,8 @@ _AS_THEY_ARE = frozenset(_flashcore.head_dims_run_as_they_are())
 def _run_head_dim(q: Tensor, call: str) -> int:
     """The head dim a call on q runs at (`flashcore::dispatch::run_head_dim`): q's own, or the
     size its inputs are zero-padded to (`_padded`). `call`: "attention", "dropout" or
-    "paged_queries"."""
+    "paged_queries". Callers test `_AS_THEY_ARE` first, inline: the calls of every step take it."""
     key = (q.get_device(), q.shape[-1], call)
-    if key[1] in _AS_THEY_ARE:
-        return key[1]
     size = _RUN_HEAD_DIMS.get(key)
     if size is None:
         size = _RUN_HEAD_DIMS[key] = _flashcore.run_head_dim(*key)

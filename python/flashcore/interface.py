@@ -26,7 +26,7 @@ from ._args import (
     _scale,
     _unsupported,
 )
-from ._paths import AUTOGRAD, DIRECT, _attention, _eager, _run_head_dim, _varlen_attention, route
+from ._paths import _AS_THEY_ARE, AUTOGRAD, DIRECT, _attention, _eager, _run_head_dim, _varlen_attention, route
 
 
 def flash_attn_func(
@@ -197,7 +197,7 @@ def _paged_varlen(
     d = q.shape[-1]
     # The packed paged form is fwd_sm80's: another head dim runs zero-padded to the next of its
     # (copies of q and of the pools).
-    size = _run_head_dim(q, "paged_queries")
+    size = d if d in _AS_THEY_ARE else _run_head_dim(q, "paged_queries")
     if size != d and k_cache.shape[-1] == d and v_cache.shape[-1] == d:
         q, k_cache, v_cache = (torch.nn.functional.pad(t, (0, size - d)) for t in (q, k_cache, v_cache))
     cache = _ops.Cache(cache_seqlens=seqlens_k, block_table=block_table, cu_seqlens_q=cu_seqlens_q, max_seqlen_q=max_seqlen_q)
