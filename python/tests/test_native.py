@@ -41,25 +41,31 @@ CASES = [
 ]
 
 
+def assert_both_paths_agree(call, inputs, args):
+    """`call(*inputs, **args)` with `return_attn_probs` on the native path and on the Python
+    path, and the gradients of each for one `dout`: asserts outputs, lse and gradients bitwise
+    equal and free of NaN. Returns both outputs."""
+    mine = [t.clone().requires_grad_() for t in inputs]
+    theirs = [t.clone().requires_grad_() for t in inputs]
+    o, lse, _ = call(*mine, return_attn_probs=True, **args)
+    with _native.python_path():
+        o_py, lse_py, _ = call(*theirs, return_attn_probs=True, **args)
+    assert torch.equal(o, o_py) and torch.equal(lse, lse_py)
+    assert not o.isnan().any()
+    do = randn(*o.shape, seed=4)
+    for name, g, g_py in zip("qkv", torch.autograd.grad(o, mine, do), torch.autograd.grad(o_py, theirs, do)):
+        assert torch.equal(g, g_py), f"d{name} differs from the Python path's"
+        assert not g.isnan().any(), f"d{name} has NaN"
+    return o, o_py, lse
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "B{}_Sq{}_Sk{}_H{}-{}_D{}_causal{}_w{}_cap{}_alibi{}".format(*c))
 def test_native_equals_the_python_path_bitwise(native, case):
     b, sq, sk, hq, hkv, d, causal, window, softcap, alibi = case
     q, k, v = randn(b, sq, hq, d, seed=1), randn(b, sk, hkv, d, seed=2), randn(b, sk, hkv, d, seed=3)
     slopes = torch.rand(hq, device="cuda") if alibi else None
-    mine = [t.clone().requires_grad_() for t in (q, k, v)]
-    theirs = [t.clone().requires_grad_() for t in (q, k, v)]
     args = dict(softmax_scale=d**-0.5, causal=causal, window_size=window, softcap=softcap, alibi_slopes=slopes, deterministic=True)
-    o, lse, _ = flashcore.flash_attn_func(*mine, return_attn_probs=True, **args)
-    with _native.python_path():
-        o_py, lse_py, _ = flashcore.flash_attn_func(*theirs, return_attn_probs=True, **args)
-    assert torch.equal(o, o_py) and torch.equal(lse, lse_py)
-    assert not o.isnan().any()
-    do = randn(*o.shape, seed=4)
-    grads = torch.autograd.grad(o, mine, do)
-    grads_py = torch.autograd.grad(o_py, theirs, do)
-    for name, g, g_py in zip("qkv", grads, grads_py):
-        assert torch.equal(g, g_py), f"d{name} differs from the Python path's"
-        assert not g.isnan().any(), f"d{name} has NaN"
+    o, o_py, _ = assert_both_paths_agree(flashcore.flash_attn_func, (q, k, v), args)
     assert type(o.grad_fn).__name__ != type(o_py.grad_fn).__name__, (o.grad_fn, o_py.grad_fn)  # two paths, not one twice
     assert torch.equal(flashcore.flash_attn_func(q, k, v, **args), o)  # without grad too
 
@@ -92,20 +98,8 @@ def test_native_packed_batches_equal_the_python_path_bitwise(native, case):
     )  # fmt: skip
     slopes = torch.rand(len(lens_q), hq, device="cuda") if alibi else None
     args = dict(causal=causal, window_size=window, softcap=softcap, alibi_slopes=slopes, deterministic=True, **batch)
-    mine = [t.clone().requires_grad_() for t in (q, k, v)]
-    theirs = [t.clone().requires_grad_() for t in (q, k, v)]
-    o, lse, _ = flashcore.flash_attn_varlen_func(*mine, return_attn_probs=True, **args)
-    with _native.python_path():
-        o_py, lse_py, _ = flashcore.flash_attn_varlen_func(*theirs, return_attn_probs=True, **args)
+    o, o_py, lse = assert_both_paths_agree(flashcore.flash_attn_varlen_func, (q, k, v), args)
     assert o.shape == q.shape and lse.shape == (hq, q.shape[0])
-    assert torch.equal(o, o_py) and torch.equal(lse, lse_py)
-    assert not o.isnan().any()
-    do = randn(*o.shape, seed=4)
-    grads = torch.autograd.grad(o, mine, do)
-    grads_py = torch.autograd.grad(o_py, theirs, do)
-    for name, g, g_py in zip("qkv", grads, grads_py):
-        assert torch.equal(g, g_py), f"d{name} differs from the Python path's"
-        assert not g.isnan().any(), f"d{name} has NaN"
     if d % 8 == 0:  # a padded call's node is the pad's; unpadded, the two paths' nodes differ
         assert type(o.grad_fn).__name__ != type(o_py.grad_fn).__name__, (o.grad_fn, o_py.grad_fn)
     assert torch.equal(flashcore.flash_attn_varlen_func(q, k, v, **args), o)  # without grad too

@@ -331,38 +331,28 @@ std::tuple<Tensor, Tensor> attend(const Tensor& q, const Tensor& k, const Tensor
   return {out[0], out[1]};
 }
 
-std::tuple<Tensor, Tensor> attention_cuda(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal,
-                                          int64_t window_left, int64_t window_right, double softcap, int64_t num_splits,
-                                          bool deterministic, bool want_lse, const std::optional<Tensor>& alibi_slopes) {
+// The operators' bodies, one for each kernel key: `Run` is `run_forward` (CUDA: no autograd)
+// or `attend` (Autograd: the node where autograd records).
+using Runner = std::tuple<Tensor, Tensor> (*)(const Tensor&, const Tensor&, const Tensor&, const Packed&, const NativeOptions&, bool,
+                                              const std::optional<Tensor>&);
+
+template <Runner Run>
+std::tuple<Tensor, Tensor> attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t window_left,
+                                     int64_t window_right, double softcap, int64_t num_splits, bool deterministic, bool want_lse,
+                                     const std::optional<Tensor>& alibi_slopes) {
   auto options = options_of(scale, causal, window_left, window_right, softcap, num_splits, deterministic);
-  return run_forward(q, k, v, Packed{}, options, want_lse, alibi_slopes);
+  return Run(q, k, v, Packed{}, options, want_lse, alibi_slopes);
 }
 
-std::tuple<Tensor, Tensor> attention_autograd(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal,
-                                              int64_t window_left, int64_t window_right, double softcap, int64_t num_splits,
-                                              bool deterministic, bool want_lse, const std::optional<Tensor>& alibi_slopes) {
-  auto options = options_of(scale, causal, window_left, window_right, softcap, num_splits, deterministic);
-  return attend(q, k, v, Packed{}, options, want_lse, alibi_slopes);
-}
-
-std::tuple<Tensor, Tensor> varlen_attention_cuda(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q,
-                                                 const Tensor& cu_seqlens_k, const std::optional<Tensor>& seqused_k,
-                                                 int64_t max_seqlen_q, int64_t max_seqlen_k, bool check, double scale, bool causal,
-                                                 int64_t window_left, int64_t window_right, double softcap, bool deterministic,
-                                                 bool want_lse, const std::optional<Tensor>& alibi_slopes) {
+template <Runner Run>
+std::tuple<Tensor, Tensor> varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q,
+                                            const Tensor& cu_seqlens_k, const std::optional<Tensor>& seqused_k, int64_t max_seqlen_q,
+                                            int64_t max_seqlen_k, bool check, double scale, bool causal, int64_t window_left,
+                                            int64_t window_right, double softcap, bool deterministic, bool want_lse,
+                                            const std::optional<Tensor>& alibi_slopes) {
   Packed packed{cu_seqlens_q, cu_seqlens_k, seqused_k.value_or(Tensor()), max_seqlen_q, max_seqlen_k, check};
-  return run_forward(q, k, v, packed, options_of(scale, causal, window_left, window_right, softcap, 0, deterministic), want_lse,
-                     alibi_slopes);
-}
-
-std::tuple<Tensor, Tensor> varlen_attention_autograd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q,
-                                                     const Tensor& cu_seqlens_k, const std::optional<Tensor>& seqused_k,
-                                                     int64_t max_seqlen_q, int64_t max_seqlen_k, bool check, double scale, bool causal,
-                                                     int64_t window_left, int64_t window_right, double softcap, bool deterministic,
-                                                     bool want_lse, const std::optional<Tensor>& alibi_slopes) {
-  Packed packed{cu_seqlens_q, cu_seqlens_k, seqused_k.value_or(Tensor()), max_seqlen_q, max_seqlen_k, check};
-  return attend(q, k, v, packed, options_of(scale, causal, window_left, window_right, softcap, 0, deterministic), want_lse,
-                alibi_slopes);
+  auto options = options_of(scale, causal, window_left, window_right, softcap, 0, deterministic);
+  return Run(q, k, v, packed, options, want_lse, alibi_slopes);
 }
 
 void connect(int64_t abi_version, int64_t forward_address, int64_t backward_address) {
@@ -390,11 +380,11 @@ TORCH_LIBRARY(flashcore_native, m) {
 }
 
 TORCH_LIBRARY_IMPL(flashcore_native, CUDA, m) {
-  m.impl("attention", &attention_cuda);
-  m.impl("varlen_attention", &varlen_attention_cuda);
+  m.impl("attention", &attention<run_forward>);
+  m.impl("varlen_attention", &varlen_attention<run_forward>);
 }
 
 TORCH_LIBRARY_IMPL(flashcore_native, Autograd, m) {
-  m.impl("attention", &attention_autograd);
-  m.impl("varlen_attention", &varlen_attention_autograd);
+  m.impl("attention", &attention<attend>);
+  m.impl("varlen_attention", &varlen_attention<attend>);
 }
