@@ -1,8 +1,8 @@
 //! Launch: every kernel launch of a call, in stream order. The one place that builds a
 //! `LaunchConfig` or a `CUlaunchConfig`, launches with programmatic dependent launch (PDL),
-//! encodes TMA tensor maps, takes scratch memory and zeroes it: the forward (the paged append
-//! pre-pass, the main kernel, the split-KV combine) and the backward (each family's sequence
-//! of kernels).
+//! encodes TMA tensor maps, takes scratch memory and zeroes it. What a call launches is its
+//! family's, as data (`kernels::steps`: the forward's append pre-pass, main kernel and
+//! split-KV combine; each backward family's sequence); this module runs the list.
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -16,7 +16,8 @@ use cudarc::driver::{CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKer
 use crate::dispatch::{BwdPlan, Plan};
 use crate::error::{DriverContext, Error, Result};
 use crate::jit::{Arch, ResourceReport};
-use crate::kernels::{bwd_sm90, fwd_sm90, KernelFamily, Variant};
+use crate::kernels::steps::{self, BwdFacts, Entry, Extra, FwdFacts, MapOver, Work};
+use crate::kernels::{fwd_sm90, Variant};
 use crate::pack::{BwdParams, FwdCall, FwdParams};
 use crate::shape::ProblemShape;
 use crate::tensor::{DType, TensorView};
@@ -75,10 +76,6 @@ impl Launch<'_> {
         LaunchConfig { grid_dim: self.grid, block_dim: (self.block, 1, 1), shared_mem_bytes: self.smem }
     }
 
-    fn is_empty(&self) -> bool {
-        self.grid.0 == 0 || self.grid.1 == 0 || self.grid.2 == 0
-    }
-
     /// Launches with `args`, the kernel's parameters in order.
     ///
     /// # Safety
@@ -124,6 +121,7 @@ impl Launch<'_> {
 }
 
 /// One kernel parameter, of the types the kernels take.
+#[derive(Clone, Copy)]
 enum Arg<'a> {
     Fwd(&'a FwdParams),
     Bwd(&'a BwdParams),
@@ -146,91 +144,79 @@ impl Arg<'_> {
     }
 }
 
-/// The forward of `call`: the paged append pre-pass when it has new keys, the main kernel
-/// (into the split-KV partials when the plan splits), then the combine. On sm_90+ the main
-/// kernel after an append, and the combine, are programmatic dependents of the launch before
-/// them, so their launches overlap its last CTAs.
+/// The forward of `call`: the split-KV partials' scratch taken when the plan splits, then the
+/// family's launches (`kernels::steps::forward`: the append pre-pass, the main kernel, the combine).
 pub(crate) fn forward(lane: &mut Lane, kernel: &LoadedKernel, plan: &Plan, mut call: FwdCall, sm_count: u32, arch: Arch) -> Result<()> {
-    let pdl = arch.major >= 9;
-    if call.append {
-        append(lane.stream, kernel, &call.params)?;
-    }
     if let Some(split) = call.split_scratch {
         let base = lane.take_scratch(split.total_bytes)?;
         call.params.o_accum = base;
         call.params.lse_accum = base + split.o_bytes as u64;
     }
     let p = &call.params;
-    let (grid, threads) = kernel.variant.grid(&plan.shape, sm_count, plan.splits as u32);
-    let main =
-        Launch { function: &kernel.function, grid, block: threads, smem: kernel.variant.smem_bytes, dependent: pdl && p.new_keys > 0 };
-    let what = || format!("launching {}", kernel.variant.name());
-    if kernel.variant.family == KernelFamily::FwdSm90 {
-        fwd_sm90_main(lane, &main, &kernel.variant, p, &call.views, &plan.shape)?;
-    } else {
-        // SAFETY: `p` matches the kernel's `FwdParams` ABI and its pointers were validated.
-        unsafe { main.run(lane.stream, &[Arg::Fwd(p)], what)? };
-    }
-    if call.split_scratch.is_some() {
-        combine(lane.stream, kernel, p, pdl)?;
+    let variant = &kernel.variant;
+    let facts = FwdFacts {
+        new_keys: if call.append { p.new_keys as usize } else { 0 },
+        combined: call.split_scratch.is_some(),
+        page_box_rows: (variant.paged && p.block_table != 0).then_some(p.page_box_rows as u32),
+        tile_section: p.tile_section,
+    };
+    let steps = steps::forward(variant, &plan.shape, plan.splits as u32, sm_count, arch, facts)?;
+    let work: Vec<Work> = steps.into_iter().map(Work::Launch).collect();
+    // SAFETY: `p` is the call's `FwdParams`, built and validated for this variant (`pack::forward`).
+    unsafe { run(lane, kernel, &work, Arg::Fwd(p), &call.views) }
+}
+
+/// Runs `work` in stream order: each launch of a non-empty grid with `params` and what its step
+/// passes after them (tensor maps over `views`, fwd_sm90's tile schedule), and the memsets.
+///
+/// # Safety
+/// `params` is the parameter struct of every kernel `work` launches, its pointers validated
+/// device memory the kernels may use in stream order; `views` the call's validated views.
+unsafe fn run(lane: &Lane, kernel: &LoadedKernel, work: &[Work], params: Arg, views: &[TensorView; 4]) -> Result<()> {
+    for w in work {
+        let step = match *w {
+            Work::ZeroDqAccum(words) => {
+                let Arg::Bwd(p) = params else { unreachable!("only a backward zeroes dQ's accumulator") };
+                zero(lane.stream, p.dq_accum, words, "zeroing dQ's accumulator")?;
+                continue;
+            }
+            Work::Launch(step) if step.is_empty() => continue,
+            Work::Launch(step) => step,
+        };
+        let function = match step.entry {
+            Entry::Main => Some(&kernel.function),
+            Entry::Aux(i) => kernel.aux.get(i),
+            Entry::Append => kernel.append.as_ref(),
+            Entry::Combine => kernel.combine.as_ref(),
+        }
+        .ok_or_else(|| Error::Unsupported { kernel: kernel.variant.name(), msg: format!("has no {:?} entry point", step.entry) })?;
+        let launch = Launch { function, grid: step.grid, block: step.block, smem: step.smem, dependent: step.dependent };
+        let what = || format!("launching {} ({})", kernel.variant.name(), step.what);
+        let maps_of = |maps: [MapOver; 4]| -> Result<[TensorMap; 4]> {
+            Ok([
+                tensor_map(&views[maps[0].view], maps[0].rows)?,
+                tensor_map(&views[maps[1].view], maps[1].rows)?,
+                tensor_map(&views[maps[2].view], maps[2].rows)?,
+                tensor_map(&views[maps[3].view], maps[3].rows)?,
+            ])
+        };
+        // SAFETY (each launch): `params` as this function's contract; the maps describe the
+        // call's views; the schedule's counter is this lane's (zero between launches).
+        match step.extra {
+            Extra::None => unsafe { launch.run(lane.stream, &[params], what)? },
+            Extra::Maps(maps) => {
+                let [a, b, c, d] = maps_of(maps)?;
+                unsafe { launch.run(lane.stream, &[params, Arg::Map(&a), Arg::Map(&b), Arg::Map(&c), Arg::Map(&d)], what)? }
+            }
+            Extra::MapsAndSchedule(maps, section) => {
+                let [a, b, c, d] = maps_of(maps)?;
+                let schedule = TileSchedule { counter: lane.tile_counter, section, _pad: 0 };
+                let args = [params, Arg::Map(&a), Arg::Map(&b), Arg::Map(&c), Arg::Map(&d), Arg::Schedule(&schedule)];
+                unsafe { launch.run(lane.stream, &args, what)? }
+            }
+        }
     }
     Ok(())
-}
-
-/// fwd_sm90's launch: the tensor maps (Q, K, V loads; O stores) and the tile schedule beside
-/// the parameters. Paged with a block table, K and V are the page pools, whose maps take boxes
-/// of [`fwd_sm90::page_box_rows`]; after an append pre-pass it waits for the keys itself.
-fn fwd_sm90_main(
-    lane: &Lane,
-    main: &Launch,
-    variant: &Variant,
-    p: &FwdParams,
-    [q, k, v, o]: &[TensorView; 4],
-    shape: &ProblemShape,
-) -> Result<()> {
-    let kv_rows = if variant.paged && p.block_table != 0 { p.page_box_rows as u32 } else { variant.tile.block_n };
-    let maps =
-        [tensor_map(q, variant.tile.block_m)?, tensor_map(k, kv_rows)?, tensor_map(v, kv_rows)?, tensor_map(o, fwd_sm90::WARPGROUP_ROWS)?];
-    let section = fwd_sm90::section_heads(p.tile_section, shape, variant.tile.block_m, main.grid.0);
-    let schedule = TileSchedule { counter: lane.tile_counter, section, _pad: 0 };
-    let [tq, tk, tv, to] = &maps;
-    // SAFETY: the arguments match `fc_fwd_sm90(FwdParams, CUtensorMap x4, TileSchedule)`.
-    unsafe {
-        main.run(lane.stream, &[Arg::Fwd(p), Arg::Map(tq), Arg::Map(tk), Arg::Map(tv), Arg::Map(to), Arg::Schedule(&schedule)], || {
-            format!("launching {}", variant.name())
-        })
-    }
-}
-
-/// The paged pre-pass: `k_new`, `v_new` into the caches, one 16-byte chunk a thread.
-fn append(stream: &CudaStream, kernel: &LoadedKernel, p: &FwdParams) -> Result<()> {
-    let function = kernel
-        .append
-        .as_ref()
-        .ok_or_else(|| Error::Unsupported { kernel: kernel.variant.name(), msg: "has no paged append entry".into() })?;
-    let a = &p.problem;
-    let chunks = a.batch as u64 * p.new_keys as u64 * a.heads_kv as u64 * (a.head_dim as u64 / 8);
-    let blocks = u32::try_from(chunks.div_ceil(128))
-        .map_err(|_| Error::Param { arg: "k_new", msg: format!("{chunks} chunks overflow the append grid") })?;
-    let launch = Launch { function, grid: (blocks, 1, 1), block: 128, smem: 0, dependent: false };
-    // SAFETY: `fc_paged_append(FwdParams)`; k_new, v_new and the caches were validated.
-    unsafe { launch.run(stream, &[Arg::Fwd(p)], || format!("launching the append of {}", kernel.variant.name())) }
-}
-
-/// The split-KV merge: one warp per (batch, head, query) row, four rows a block; on sm_90+ a
-/// programmatic dependent of the split kernel (it waits for the partials itself).
-fn combine(stream: &CudaStream, kernel: &LoadedKernel, p: &FwdParams, pdl: bool) -> Result<()> {
-    let function = kernel
-        .combine
-        .as_ref()
-        .ok_or_else(|| Error::Unsupported { kernel: kernel.variant.name(), msg: "has no split-KV combine entry".into() })?;
-    let a = &p.problem;
-    let rows = a.batch as u64 * a.heads_q as u64 * a.seqlen_q as u64;
-    let blocks = u32::try_from(rows.div_ceil(4))
-        .map_err(|_| Error::Unsupported { kernel: kernel.variant.name(), msg: format!("{rows} query rows overflow the combine grid") })?;
-    let launch = Launch { function, grid: (blocks, 1, 1), block: 128, smem: 0, dependent: pdl };
-    // SAFETY: `fc_split_combine(FwdParams)`; the partials were written by the launch before it.
-    unsafe { launch.run(stream, &[Arg::Fwd(p)], || format!("launching the combine of {}", kernel.variant.name())) }
 }
 
 /// fwd_sm90's `TileSchedule` parameter.
@@ -301,18 +287,23 @@ pub(crate) struct BwdLaunch<'a> {
 }
 
 /// The backward: scratch taken (D_i and the like, then dQ's f32 accumulator) and its
-/// pointers set in `p`, then the family's kernels.
+/// pointers set in `p`, then the family's work (`kernels::steps::backward`).
 pub(crate) fn backward(lane: &mut Lane, kernel: &LoadedKernel, plan: &BwdPlan, mut p: BwdParams, call: &BwdLaunch) -> Result<()> {
     let total_q = call.packed.then_some(call.tensors.seqlen_q);
     let (dsum_bytes, accum_bytes) = plan.scratch_bytes(&call.shape, &call.tensors, total_q);
     let base = lane.take_scratch(dsum_bytes + accum_bytes)?;
     p.dsum = base;
     p.dq_accum = if accum_bytes > 0 { base + dsum_bytes as u64 } else { 0 };
-    match kernel.variant.family {
-        KernelFamily::BwdSm80 => backward_sm80(lane.stream, kernel, &p, call),
-        KernelFamily::BwdSm90 => backward_sm90(lane.stream, kernel, &p, call),
-        _ => backward_reference(lane.stream, kernel, &p, &call.shape),
-    }
+    let facts = BwdFacts {
+        shape: call.shape,
+        tensors: call.tensors,
+        packed: call.packed,
+        dq_splits: p.dq_splits as usize,
+        deterministic: p.deterministic != 0,
+    };
+    let work = steps::backward(&kernel.variant, &facts);
+    // SAFETY: `p` is the call's `BwdParams`, built and validated for this variant (`pack::backward`).
+    unsafe { run(lane, kernel, &work, Arg::Bwd(&p), &call.qkv_do) }
 }
 
 /// What a call with no (query, key) pair writes (`ProblemShape::has_no_pairs`): `o = 0` and
@@ -371,88 +362,4 @@ fn zero_tensor(stream: &CudaStream, t: &TensorView, what: &str) -> Result<()> {
 fn zero(stream: &CudaStream, ptr: u64, words: usize, what: &str) -> Result<()> {
     // SAFETY: `ptr` is scratch memory of at least `words` u32, used in stream order.
     unsafe { sys::cuMemsetD32Async(ptr, 0, words, stream.cu_stream()) }.result().ctx(what.to_string())
-}
-
-/// D_i, then the main kernel (a CTA per key block, KV head and batch, or `p.dq_splits` CTAs
-/// a head walking the key blocks in deterministic mode), then dQ's conversion, over the
-/// tensors' rows; dQ's f32 accumulator zeroed first. A launch of an empty grid is left out.
-fn backward_sm80(stream: &CudaStream, kernel: &LoadedKernel, p: &BwdParams, call: &BwdLaunch) -> Result<()> {
-    let [dsum_fn, dq_fn] = kernel.aux.as_slice() else {
-        return Err(Error::Unsupported { kernel: kernel.variant.name(), msg: "lacks its D_i and dQ entry points".into() });
-    };
-    let (shape, tensors) = (&call.shape, &call.tensors);
-    let accum_len = tensors.batch * tensors.seqlen_q * tensors.heads_q * tensors.head_dim;
-    zero(stream, p.dq_accum, p.dq_splits as usize * accum_len, "zeroing dQ's accumulator")?;
-    let tile = kernel.variant.tile;
-    let key_blocks = shape.seqlen_k.div_ceil(tile.block_n as usize) as u32;
-    // At least one CTA a (KV head, sequence): packed, CTA 0 also zeroes dK and dV past seqused_k.
-    let ctas = if p.deterministic != 0 { p.dq_splits as u32 } else { key_blocks.max(1) };
-    let launch = |function, grid, block, smem| Launch { function, grid, block, smem, dependent: false };
-    let launches = [
-        (launch(dsum_fn, (tensors.seqlen_q.div_ceil(4) as u32, tensors.heads_q as u32, tensors.batch as u32), 128, 0), "D_i"),
-        (launch(&kernel.function, (ctas, shape.heads_kv as u32, shape.batch as u32), 32 * tile.warps, kernel.variant.smem_bytes), "dK, dV"),
-        (launch(dq_fn, (accum_len.div_ceil(1024) as u32, 1, 1), 256, 0), "dQ"),
-    ];
-    for (launch, what) in launches.iter().filter(|(l, _)| !l.is_empty()) {
-        // SAFETY: `p` matches `BwdParams`; its pointers were validated against their layouts.
-        unsafe { launch.run(stream, &[Arg::Bwd(p)], || format!("launching {} ({what})", kernel.variant.name()))? };
-    }
-    Ok(())
-}
-
-/// The prep kernel (D_i and lse·log2e; it zeroes dQ's accumulator too), the main one and the
-/// dQ conversion, the last two programmatic dependents of the launch before them (they wait
-/// for it where they first read its output, so their launches overlap its tail). Prep and the
-/// conversion run over the query blocks (packed: the longest sequence's), the main kernel over
-/// at least one key block (packed, key block 0's CTAs zero dK and dV past seqused_k). A launch
-/// of an empty grid (a packed batch without queries) is left out.
-fn backward_sm90(stream: &CudaStream, kernel: &LoadedKernel, p: &BwdParams, call: &BwdLaunch) -> Result<()> {
-    let [prep, dq] = kernel.aux.as_slice() else {
-        return Err(Error::Unsupported { kernel: kernel.variant.name(), msg: "lacks its prep and dQ entry points".into() });
-    };
-    let (variant, shape) = (&kernel.variant, &call.shape);
-    let tile = variant.tile;
-    let (m, seqs, heads_q) = (tile.block_m as usize, shape.batch as u32, shape.heads_q as u32);
-    let m_blocks = shape.seqlen_q.div_ceil(m) as u32;
-    let what = |w: &'static str| move || format!("launching {} ({w})", variant.name());
-    let launch = |function, grid, block, smem| Launch { function, grid, block, smem, dependent: false };
-    let prep_launch = launch(prep, (m_blocks * m as u32 / bwd_sm90::PREP_ROWS, heads_q, seqs), 128, 0);
-    if !prep_launch.is_empty() {
-        // SAFETY: `fc_bwd_sm90_prep(BwdParams)`; the pointers were validated against their layouts.
-        unsafe { prep_launch.run(stream, &[Arg::Bwd(p)], what("D_i"))? };
-    }
-    let [q, k, v, dout] = &call.qkv_do;
-    let maps = [tensor_map(q, tile.block_m)?, tensor_map(k, tile.block_n)?, tensor_map(v, tile.block_n)?, tensor_map(dout, tile.block_m)?];
-    let key_blocks = shape.seqlen_k.div_ceil(tile.block_n as usize).max(usize::from(call.packed)) as u32;
-    let dependent = |function, grid, block, smem| Launch { function, grid, block, smem, dependent: true };
-    let main = dependent(&kernel.function, (key_blocks, shape.heads_kv as u32, seqs), 32 * tile.warps, variant.smem_bytes);
-    if !main.is_empty() {
-        let [tq, tk, tv, tdo] = &maps;
-        // SAFETY: the arguments match `fc_bwd_sm90(BwdParams, CUtensorMap x4)`.
-        unsafe { main.run(stream, &[Arg::Bwd(p), Arg::Map(tq), Arg::Map(tk), Arg::Map(tv), Arg::Map(tdo)], what("dK, dV"))? };
-    }
-    let dq_launch = dependent(dq, (m_blocks * bwd_sm90::dq_slices(tile, shape.head_dim), heads_q, seqs), 256, 0);
-    if !dq_launch.is_empty() {
-        // SAFETY: `fc_bwd_sm90_dq(BwdParams)`, after the main kernel in stream order.
-        unsafe { dq_launch.run(stream, &[Arg::Bwd(p)], what("dQ"))? };
-    }
-    Ok(())
-}
-
-/// dQ and D_i (a warp per query row), then dK and dV (a warp per key row): 4 warps a block.
-fn backward_reference(stream: &CudaStream, kernel: &LoadedKernel, p: &BwdParams, shape: &ProblemShape) -> Result<()> {
-    let [dq_fn, dkv_fn] = kernel.aux.as_slice() else {
-        return Err(Error::Unsupported { kernel: kernel.variant.name(), msg: "has no backward entry points".into() });
-    };
-    let rows_per_block = 4;
-    let grids = [
-        (dq_fn, (shape.seqlen_q.div_ceil(rows_per_block) as u32, shape.heads_q as u32, shape.batch as u32), "dq"),
-        (dkv_fn, (shape.seqlen_k.div_ceil(rows_per_block) as u32, shape.heads_kv as u32, shape.batch as u32), "dk, dv"),
-    ];
-    for (function, grid, what) in grids {
-        let launch = Launch { function, grid, block: 128, smem: 0, dependent: false };
-        // SAFETY: `p` matches `BwdParams`; its pointers were validated against their layouts.
-        unsafe { launch.run(stream, &[Arg::Bwd(p)], || format!("launching the reference backward ({what})"))? };
-    }
-    Ok(())
 }

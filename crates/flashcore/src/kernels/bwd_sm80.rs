@@ -2,6 +2,7 @@
 //! per (key block, KV head, batch), dQ added in f32 with atomics (or, deterministic, into a
 //! slice of the accumulator per CTA). Tiles per head dim and arch's shared memory.
 
+use super::steps::{BwdFacts, Entry, Step, Work};
 use super::{KernelFamily, ScoreMods, Tile, Variant};
 use crate::jit::Arch;
 use crate::tensor::DType;
@@ -88,6 +89,30 @@ pub fn with_mods(v: &Variant, mods: ScoreMods) -> Variant {
 /// block.
 pub fn deterministic_splits(sm_count: usize, heads_kv: usize, batch: usize, key_blocks: usize) -> usize {
     (sm_count / (heads_kv * batch).max(1)).clamp(1, key_blocks.max(1))
+}
+
+/// A backward call's work: dQ's f32 accumulator zeroed (every slice of it), D_i over the
+/// tensors' rows, the main kernel (a CTA per key block, KV head and batch, or `dq_splits` CTAs
+/// a head walking the key blocks in deterministic mode; at least one a head: packed, CTA 0
+/// also zeroes dK and dV past seqused_k), then dQ's conversion over the tensors' rows.
+pub(crate) fn steps(variant: &Variant, facts: &BwdFacts) -> Vec<Work> {
+    let (shape, tensors, tile) = (&facts.shape, &facts.tensors, variant.tile);
+    let accum_len = tensors.batch * tensors.seqlen_q * tensors.heads_q * tensors.head_dim;
+    let key_blocks = shape.seqlen_k.div_ceil(tile.block_n as usize) as u32;
+    let ctas = if facts.deterministic { facts.dq_splits as u32 } else { key_blocks.max(1) };
+    let rows_grid = (tensors.seqlen_q.div_ceil(4) as u32, tensors.heads_q as u32, tensors.batch as u32);
+    vec![
+        Work::ZeroDqAccum(facts.dq_splits * accum_len),
+        Work::Launch(Step::plain(Entry::Aux(0), rows_grid, 128, 0, "D_i")),
+        Work::Launch(Step::plain(
+            Entry::Main,
+            (ctas, shape.heads_kv as u32, shape.batch as u32),
+            32 * tile.warps,
+            variant.smem_bytes,
+            "dK, dV",
+        )),
+        Work::Launch(Step::plain(Entry::Aux(1), (accum_len.div_ceil(1024) as u32, 1, 1), 256, 0, "dQ")),
+    ]
 }
 
 #[cfg(test)]

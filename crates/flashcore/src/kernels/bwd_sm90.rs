@@ -7,6 +7,7 @@
 //! head, sequence), each sequence on its own lengths, with dQ's accumulator and the per-row
 //! statistics padded to whole query blocks per sequence (see [`padded_rows`]).
 
+use super::steps::{BwdFacts, Entry, Extra, MapOver, Step, Work};
 use super::{KernelFamily, ScoreMods, Tile, Variant};
 use crate::shape::ProblemShape;
 use crate::tensor::DType;
@@ -112,6 +113,28 @@ pub fn scratch_layout(variant: &Variant, shape: &ProblemShape, total_q: Option<u
     let head_dim = padded_head_dim(shape.head_dim);
     let counters = if deterministic { rows / variant.tile.block_m as usize * 4 } else { 0 };
     ((2 * rows * 4).next_multiple_of(256), rows * head_dim * 4 + counters)
+}
+
+/// A backward call's work: the prep kernel (D_i and lse·log2e; it zeroes dQ's accumulator
+/// too), the main one and the dQ conversion, the last two programmatic dependents of the
+/// launch before them (they wait for it where they first read its output, so their launches
+/// overlap its tail). Prep and the conversion run over the query blocks (packed: the longest
+/// sequence's), the main kernel over at least one key block (packed, key block 0's CTAs zero
+/// dK and dV past seqused_k), with the tensor maps of Q, K, V and dO.
+pub(crate) fn steps(variant: &Variant, facts: &BwdFacts) -> Vec<Work> {
+    let (shape, tile) = (&facts.shape, variant.tile);
+    let (seqs, heads_q) = (shape.batch as u32, shape.heads_q as u32);
+    let m_blocks = shape.seqlen_q.div_ceil(tile.block_m as usize) as u32;
+    let key_blocks = shape.seqlen_k.div_ceil(tile.block_n as usize).max(usize::from(facts.packed)) as u32;
+    let maps = [(0, tile.block_m), (1, tile.block_n), (2, tile.block_n), (3, tile.block_m)].map(|(view, rows)| MapOver { view, rows });
+    let prep = Step::plain(Entry::Aux(0), (m_blocks * tile.block_m / PREP_ROWS, heads_q, seqs), 128, 0, "D_i");
+    let main = Step::plain(Entry::Main, (key_blocks, shape.heads_kv as u32, seqs), 32 * tile.warps, variant.smem_bytes, "dK, dV");
+    let dq = Step::plain(Entry::Aux(1), (m_blocks * dq_slices(tile, shape.head_dim), heads_q, seqs), 256, 0, "dQ");
+    vec![
+        Work::Launch(prep),
+        Work::Launch(Step { dependent: true, extra: Extra::Maps(maps), ..main }),
+        Work::Launch(Step { dependent: true, ..dq }),
+    ]
 }
 
 #[cfg(test)]

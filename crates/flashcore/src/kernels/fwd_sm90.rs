@@ -2,6 +2,7 @@
 //! its grid, the shape of the TMA boxes it reads Q, K and V through, and its L2 sections.
 //! The launch (tensor maps, tile schedule) is `crate::launch`'s.
 
+use super::steps::{Extra, FwdFacts, MapOver, Step};
 use super::{KernelFamily, ScoreMods, Tile, Variant};
 use crate::shape::ProblemShape;
 use crate::tensor::DType;
@@ -184,6 +185,16 @@ const SHORT_SECTION_BYTES: u64 = 8 << 20;
 /// (docs/kernels/fwd_sm90.md): S512 D64 +4%, D128 +19%; S1k D64 +6%, D128 +3%. D256 S1k lost 6% (its
 /// eight tile lengths need more than a round a section to balance), and from 2k keys on
 /// smaller sections lost 1-10%: those keep the launch's section.
+/// fwd_sm90's main launch: `main` with the tensor maps (Q and K, V loads, O stores by
+/// warpgroup rows) and the tile schedule. Paged with a block table, K and V are the page pools,
+/// whose maps take boxes of `facts.page_box_rows` rows.
+pub(crate) fn main_step(main: Step, variant: &Variant, shape: &ProblemShape, facts: FwdFacts) -> Step {
+    let kv_rows = facts.page_box_rows.unwrap_or(variant.tile.block_n);
+    let maps = [(0, variant.tile.block_m), (1, kv_rows), (2, kv_rows), (3, WARPGROUP_ROWS)].map(|(view, rows)| MapOver { view, rows });
+    let section = section_heads(facts.tile_section, shape, variant.tile.block_m, main.grid.0);
+    Step { extra: Extra::MapsAndSchedule(maps, section), ..main }
+}
+
 pub(crate) fn section_heads(tile_section: i32, shape: &ProblemShape, block_m: u32, ctas: u32) -> i32 {
     if shape.seqlen_k > SHORT_SECTION_MAX_KEYS || shape.head_dim > 128 {
         return tile_section;

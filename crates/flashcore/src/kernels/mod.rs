@@ -7,6 +7,7 @@ pub(crate) mod bwd_sm90;
 pub(crate) mod fwd_sm80;
 pub(crate) mod fwd_sm90;
 pub(crate) mod reference;
+pub(crate) mod steps;
 
 use crate::jit::{Arch, KernelSource};
 use crate::shape::ProblemShape;

@@ -1,7 +1,9 @@
 //! The naive GPU reference kernel (`kernels/reference.cu`): head dim and mask are run-time
 //! arguments, so one binary per dtype serves every problem.
 
+use super::steps::{Entry, Step, Work};
 use super::{KernelFamily, ScoreMods, Tile, Variant};
+use crate::shape::ProblemShape;
 use crate::tensor::DType;
 
 /// Head dims the reference kernel takes (any multiple of 8 up to 256 works; these are the
@@ -23,4 +25,13 @@ pub fn variant(dtype: DType) -> Variant {
         paged: false,
         spread_pages: false,
     }
+}
+
+/// The naive backward's work: dQ and D_i (a warp per query row), then dK and dV (a warp per
+/// key row), 4 warps a block.
+pub(crate) fn backward_steps(shape: &ProblemShape) -> Vec<Work> {
+    let blocks = |rows: usize| rows.div_ceil(4) as u32;
+    let dq = Step::plain(Entry::Aux(0), (blocks(shape.seqlen_q), shape.heads_q as u32, shape.batch as u32), 128, 0, "dq");
+    let dkv = Step::plain(Entry::Aux(1), (blocks(shape.seqlen_k), shape.heads_kv as u32, shape.batch as u32), 128, 0, "dk, dv");
+    vec![Work::Launch(dq), Work::Launch(dkv)]
 }
