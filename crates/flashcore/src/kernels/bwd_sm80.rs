@@ -3,7 +3,7 @@
 //! slice of the accumulator per CTA). Tiles per head dim and arch's shared memory.
 
 use super::steps::{BwdFacts, Entry, Step, Work};
-use super::{KernelFamily, ScoreMods, Tile, Variant};
+use super::{Family, KernelFamily, ScoreMods, Tile, Variant};
 use crate::jit::Arch;
 use crate::tensor::DType;
 
@@ -113,6 +113,45 @@ pub(crate) fn steps(variant: &Variant, facts: &BwdFacts) -> Vec<Work> {
         )),
         Work::Launch(Step::plain(Entry::Aux(1), (accum_len.div_ceil(1024) as u32, 1, 1), 256, 0, "dQ")),
     ]
+}
+
+/// bwd_sm80 as a [`Family`]: every GPU from sm_80, its own head dims, a tile per arch's shared
+/// memory (smaller under dropout: [`with_mods`]), D_i and dQ's conversion around it.
+pub(crate) struct Spec;
+
+impl Family for Spec {
+    fn runs_on(&self, arch: Arch) -> bool {
+        arch.major >= 8
+    }
+
+    fn head_dims(&self) -> &'static [usize] {
+        HEAD_DIMS
+    }
+
+    fn takes_head_dim(&self, d: usize) -> bool {
+        HEAD_DIMS.contains(&d)
+    }
+
+    fn head_dims_text(&self) -> String {
+        HEAD_DIMS.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+    }
+
+    fn variants_at(&self, arch: Arch, dtype: DType, head_dim: usize, causal: bool) -> Vec<Variant> {
+        vec![variant(arch, dtype, head_dim, causal)]
+    }
+
+    fn source(&self, v: &Variant, defines: &mut Vec<(String, String)>) -> (&'static str, &'static str) {
+        defines.push(("FC_SMEM_BYTES".into(), v.smem_bytes.to_string()));
+        ("bwd_sm80.cu", "fc_bwd_sm80")
+    }
+
+    fn aux_entries(&self) -> &'static [&'static str] {
+        &[DSUM_ENTRY, DQ_ENTRY]
+    }
+
+    fn with_mods(&self, v: &Variant, mods: ScoreMods) -> Variant {
+        with_mods(v, mods)
+    }
 }
 
 #[cfg(test)]

@@ -8,7 +8,8 @@
 //! statistics padded to whole query blocks per sequence (see [`padded_rows`]).
 
 use super::steps::{BwdFacts, Entry, Extra, MapOver, Step, Work};
-use super::{KernelFamily, ScoreMods, Tile, Variant};
+use super::{Family, KernelFamily, ScoreMods, Tile, Variant};
+use crate::jit::Arch;
 use crate::shape::ProblemShape;
 use crate::tensor::DType;
 
@@ -135,6 +136,38 @@ pub(crate) fn steps(variant: &Variant, facts: &BwdFacts) -> Vec<Work> {
         Work::Launch(Step { dependent: true, extra: Extra::Maps(maps), ..main }),
         Work::Launch(Step { dependent: true, ..dq }),
     ]
+}
+
+/// bwd_sm90 as a [`Family`]: sm_90a, every multiple of 8 up to 256, its prep and dQ
+/// conversion around the main kernel.
+pub(crate) struct Spec;
+
+impl Family for Spec {
+    fn runs_on(&self, arch: Arch) -> bool {
+        arch.is_hopper()
+    }
+
+    fn head_dims(&self) -> &'static [usize] {
+        HEAD_DIMS
+    }
+
+    fn variants_at(&self, _: Arch, dtype: DType, head_dim: usize, causal: bool) -> Vec<Variant> {
+        vec![variant(dtype, head_dim, causal)]
+    }
+
+    fn source(&self, v: &Variant, defines: &mut Vec<(String, String)>) -> (&'static str, &'static str) {
+        defines.push(("FC_SMEM_BYTES".into(), v.smem_bytes.to_string()));
+        ("bwd_sm90.cu", "fc_bwd_sm90")
+    }
+
+    fn aux_entries(&self) -> &'static [&'static str] {
+        &[PREP_ENTRY, DQ_ENTRY]
+    }
+
+    /// Dropout alone (`dispatch::backward`: its forms with the other policies spill).
+    fn dropout_forms(&self) -> &'static [(bool, bool, bool)] {
+        &[(false, false, false)]
+    }
 }
 
 #[cfg(test)]

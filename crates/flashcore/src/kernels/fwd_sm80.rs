@@ -2,7 +2,7 @@
 //! dim and arch family. sm_86/sm_89 (A10, L4, RTX 30/40) give a block at most 99 KB of
 //! shared memory; sm_80 163 KB; sm_90 227 KB.
 
-use super::{KernelFamily, ScoreMods, Tile, Variant};
+use super::{Family, KernelFamily, ScoreMods, Tile, Variant};
 use crate::jit::Arch;
 use crate::shape::ProblemShape;
 use crate::tensor::DType;
@@ -241,6 +241,65 @@ pub fn tiles_per_split(key_tiles: usize, splits: usize) -> usize {
 /// Splits that actually get key tiles when `key_tiles` are dealt `tiles_per_split` at a time.
 pub fn effective_splits(key_tiles: usize, splits: usize) -> usize {
     key_tiles.div_ceil(tiles_per_split(key_tiles, splits)).max(1)
+}
+
+/// fwd_sm80 as a [`Family`]: every GPU from sm_80, its own head dims, the unsplit tiles and
+/// the split-KV tile of each (dtype, head dim, mask); causal tiles longest first from a 1-D
+/// grid where they take them ([`Variant::longest_first`]).
+pub(crate) struct Spec;
+
+impl Family for Spec {
+    fn runs_on(&self, arch: Arch) -> bool {
+        arch.major >= 8
+    }
+
+    fn head_dims(&self) -> &'static [usize] {
+        HEAD_DIMS
+    }
+
+    fn takes_head_dim(&self, d: usize) -> bool {
+        HEAD_DIMS.contains(&d)
+    }
+
+    fn head_dims_text(&self) -> String {
+        HEAD_DIMS.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+    }
+
+    fn variants_at(&self, arch: Arch, dtype: DType, head_dim: usize, causal: bool) -> Vec<Variant> {
+        let mut out = variants(arch, dtype, head_dim, causal);
+        out.push(split_variant(arch, dtype, head_dim, causal));
+        out
+    }
+
+    fn source(&self, _: &Variant, _: &mut Vec<(String, String)>) -> (&'static str, &'static str) {
+        ("fwd_sm80.cu", "fc_fwd_sm80")
+    }
+
+    fn with_mods(&self, v: &Variant, mods: ScoreMods) -> Variant {
+        with_mods(v, mods)
+    }
+
+    /// Decode, every arch: its split-KV tile over pages smaller than a key block takes a third
+    /// K/V slot on sm_90, so two forms there ([`paged_form`]); its unsplit tiles also the
+    /// packed-queries form ([`packed_paged_form`]).
+    fn paged_forms(&self, arch: Arch, v: &Variant) -> Vec<Variant> {
+        let (small_pages, whole_blocks) = (paged_form(arch, v, 16), paged_form(arch, v, 0));
+        let mut forms = vec![small_pages.clone()];
+        if small_pages != whole_blocks {
+            forms.push(whole_blocks);
+        }
+        if !v.split_kv {
+            forms.push(packed_paged_form(arch, v));
+        }
+        forms
+    }
+
+    fn grid(&self, v: &Variant, shape: &ProblemShape, _: u32, splits: u32) -> (u32, u32, u32) {
+        if v.longest_first() {
+            return (v.query_tiles(shape) as u32, 1, 1);
+        }
+        super::query_grid(v, shape, splits)
+    }
 }
 
 #[cfg(test)]

@@ -3,7 +3,8 @@
 //! The launch (tensor maps, tile schedule) is `crate::launch`'s.
 
 use super::steps::{Extra, FwdFacts, MapOver, Step};
-use super::{KernelFamily, ScoreMods, Tile, Variant};
+use super::{Family, KernelFamily, ScoreMods, Tile, Variant};
+use crate::jit::Arch;
 use crate::shape::ProblemShape;
 use crate::tensor::DType;
 
@@ -202,6 +203,42 @@ pub(crate) fn section_heads(tile_section: i32, shape: &ProblemShape, block_m: u3
     let m_blocks = (shape.seqlen_q.max(1) as u64).div_ceil(block_m as u64);
     let one_round = (ctas as u64).div_ceil(m_blocks);
     super::heads_within(shape, SHORT_SECTION_BYTES, one_round)
+}
+
+/// fwd_sm90 as a [`Family`]: sm_90a, every multiple of 8 up to 256, its tiles for short and
+/// long keys, a persistent grid ([`grid`]), its tiles under score policies ([`with_mods`]).
+pub(crate) struct Spec;
+
+impl Family for Spec {
+    fn runs_on(&self, arch: Arch) -> bool {
+        arch.is_hopper()
+    }
+
+    fn head_dims(&self) -> &'static [usize] {
+        HEAD_DIMS
+    }
+
+    fn variants_at(&self, _: Arch, dtype: DType, head_dim: usize, causal: bool) -> Vec<Variant> {
+        variants(dtype, head_dim, causal)
+    }
+
+    fn source(&self, v: &Variant, defines: &mut Vec<(String, String)>) -> (&'static str, &'static str) {
+        defines.extend(extra_defines(v));
+        ("fwd_sm90.cu", "fc_fwd_sm90")
+    }
+
+    fn with_mods(&self, v: &Variant, mods: ScoreMods) -> Variant {
+        with_mods(v, mods)
+    }
+
+    /// Prefill and chunked prefill on Hopper: pages of 16 keys and whole key blocks.
+    fn paged_forms(&self, _: Arch, v: &Variant) -> Vec<Variant> {
+        vec![paged_form(v, 16), paged_form(v, 0)]
+    }
+
+    fn grid(&self, v: &Variant, shape: &ProblemShape, sm_count: u32, _: u32) -> (u32, u32, u32) {
+        grid(v, shape, sm_count)
+    }
 }
 
 #[cfg(test)]

@@ -88,26 +88,27 @@ impl KernelFamily {
         Self::ALL.into_iter().find(|f| f.name() == name)
     }
 
+    /// The family's own answers ([`Family`], implemented in its module): the one match over
+    /// the families that a new one joins.
+    pub(crate) fn spec(self) -> &'static dyn Family {
+        match self {
+            KernelFamily::Reference => &reference::Spec,
+            KernelFamily::FwdSm80 => &fwd_sm80::Spec,
+            KernelFamily::FwdSm90 => &fwd_sm90::Spec,
+            KernelFamily::BwdSm80 => &bwd_sm80::Spec,
+            KernelFamily::BwdSm90 => &bwd_sm90::Spec,
+        }
+    }
+
     /// Whether the family can run on `arch` at all.
     pub fn runs_on(self, arch: Arch) -> bool {
-        match self {
-            KernelFamily::Reference => arch.major >= 8,
-            KernelFamily::FwdSm80 => arch.major >= 8,
-            KernelFamily::FwdSm90 | KernelFamily::BwdSm90 => arch.is_hopper(),
-            KernelFamily::BwdSm80 => arch.major >= 8,
-        }
+        self.spec().runs_on(arch)
     }
 
     /// Head dims with a compiled variant of their own (D96 and D192 among them on the Hopper
     /// families, which run them as D128 and D256).
     pub fn head_dims(self) -> &'static [usize] {
-        match self {
-            KernelFamily::Reference => reference::HEAD_DIMS,
-            KernelFamily::FwdSm80 => fwd_sm80::HEAD_DIMS,
-            KernelFamily::FwdSm90 => fwd_sm90::HEAD_DIMS,
-            KernelFamily::BwdSm80 => bwd_sm80::HEAD_DIMS,
-            KernelFamily::BwdSm90 => bwd_sm90::HEAD_DIMS,
-        }
+        self.spec().head_dims()
     }
 
     /// Whether the family runs head dim `d`: the sizes of [`Self::head_dims`], and on the Hopper
@@ -115,18 +116,12 @@ impl KernelFamily {
     /// the Ampere-class families only their own sizes (their mma.sync tiles take whole
     /// 16-column steps and no zero-filled columns).
     pub fn takes_head_dim(self, d: usize) -> bool {
-        match self {
-            KernelFamily::FwdSm80 | KernelFamily::BwdSm80 => self.head_dims().contains(&d),
-            KernelFamily::Reference | KernelFamily::FwdSm90 | KernelFamily::BwdSm90 => is_head_dim(d),
-        }
+        self.spec().takes_head_dim(d)
     }
 
     /// The head dims [`Self::takes_head_dim`] accepts, for an error message.
     pub fn head_dims_text(self) -> String {
-        match self {
-            KernelFamily::FwdSm80 | KernelFamily::BwdSm80 => self.head_dims().iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", "),
-            _ => format!("multiples of 8 up to {MAX_HEAD_DIM}"),
-        }
+        self.spec().head_dims_text()
     }
 
     /// Every variant the family compiles for `arch`: those of its own head dims.
@@ -137,29 +132,97 @@ impl KernelFamily {
     /// The family's variants for `arch` at `head_dims` (each one it takes; the reference has
     /// one variant for every head dim).
     pub fn variants_of(self, arch: Arch, head_dims: &[usize]) -> Vec<Variant> {
-        let dtypes = [DType::F16, DType::BF16];
-        if self == KernelFamily::Reference {
-            return dtypes.iter().map(|&d| reference::variant(d)).collect();
-        }
+        self.spec().variants_of(arch, head_dims)
+    }
+}
+
+/// What a kernel family says of itself, implemented once in its module (`fwd_sm80::Spec`,
+/// ...): where it runs, the head dims and variants it has, its source file, entry points and
+/// defines, its tiles under score policies and its grid. [`KernelFamily`]'s and [`Variant`]'s
+/// methods ask it ([`KernelFamily::spec`]); its launch sequence is its module's too
+/// ([`steps`]). The defaults are the common case.
+pub(crate) trait Family: Sync {
+    /// Whether it can run on `arch` at all.
+    fn runs_on(&self, arch: Arch) -> bool;
+
+    /// Head dims with a compiled variant of their own.
+    fn head_dims(&self) -> &'static [usize];
+
+    /// Whether it runs head dim `d` (default: every multiple of 8 up to 256, the columns past
+    /// `d` zero-filled).
+    fn takes_head_dim(&self, d: usize) -> bool {
+        is_head_dim(d)
+    }
+
+    /// The head dims it takes, for an error message.
+    fn head_dims_text(&self) -> String {
+        format!("multiples of 8 up to {MAX_HEAD_DIM}")
+    }
+
+    /// Its variants for `arch` at one (dtype, head dim, mask).
+    fn variants_at(&self, arch: Arch, dtype: DType, head_dim: usize, causal: bool) -> Vec<Variant>;
+
+    /// Its variants for `arch` at each of `head_dims` it takes, both dtypes, both masks.
+    fn variants_of(&self, arch: Arch, head_dims: &[usize]) -> Vec<Variant> {
         let mut out = Vec::new();
         for &head_dim in head_dims.iter().filter(|&&d| self.takes_head_dim(d)) {
-            for dtype in dtypes {
+            for dtype in [DType::F16, DType::BF16] {
                 for causal in [false, true] {
-                    match self {
-                        KernelFamily::BwdSm80 => out.push(bwd_sm80::variant(arch, dtype, head_dim, causal)),
-                        KernelFamily::BwdSm90 => out.push(bwd_sm90::variant(dtype, head_dim, causal)),
-                        KernelFamily::FwdSm90 => out.extend(fwd_sm90::variants(dtype, head_dim, causal)),
-                        KernelFamily::FwdSm80 => {
-                            out.extend(fwd_sm80::variants(arch, dtype, head_dim, causal));
-                            out.push(fwd_sm80::split_variant(arch, dtype, head_dim, causal));
-                        }
-                        KernelFamily::Reference => unreachable!("returned above"),
-                    }
+                    out.extend(self.variants_at(arch, dtype, head_dim, causal));
                 }
             }
         }
         out
     }
+
+    /// `v`'s source file and main entry point; the defines it needs beyond the shared ones
+    /// (`Variant::source`) pushed onto `defines`.
+    fn source(&self, v: &Variant, defines: &mut Vec<(String, String)>) -> (&'static str, &'static str);
+
+    /// The entry points after the main one, in launch order (a backward family's).
+    fn aux_entries(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    /// `v` under the score policies `mods`, as the dispatcher runs it (default: its own tile).
+    fn with_mods(&self, v: &Variant, mods: ScoreMods) -> Variant {
+        Variant { mods, ..v.clone() }
+    }
+
+    /// Whether its variants have compile-time score-policy forms (`FC_LOCAL`, `FC_SOFTCAP`,
+    /// `FC_ALIBI`; default yes: the reference takes them at run time).
+    fn takes_policies(&self) -> bool {
+        true
+    }
+
+    /// The (window, softcap, ALiBi) combinations its dropout forms come with (default: dropout
+    /// alone and with all three).
+    fn dropout_forms(&self) -> &'static [(bool, bool, bool)] {
+        &[(false, false, false), (true, true, true)]
+    }
+
+    /// `v`'s paged-KV forms on `arch` (`FC_PAGED`), for a dense variant (default: none).
+    fn paged_forms(&self, _arch: Arch, _v: &Variant) -> Vec<Variant> {
+        Vec::new()
+    }
+
+    /// Whether it runs packed batches in a varlen form (`FC_VARLEN`; default yes).
+    fn packs(&self) -> bool {
+        true
+    }
+
+    /// `v`'s grid for `shape` in `splits` key splits on a device of `sm_count` SMs (default:
+    /// one CTA per query tile, key split, head and batch).
+    fn grid(&self, v: &Variant, shape: &ProblemShape, _sm_count: u32, splits: u32) -> (u32, u32, u32) {
+        query_grid(v, shape, splits)
+    }
+}
+
+/// One CTA per (query tile, key split, head, batch) of `shape`: the grid of the families
+/// that keep no schedule of their own.
+pub(crate) fn query_grid(v: &Variant, shape: &ProblemShape, splits: u32) -> (u32, u32, u32) {
+    let m_blocks = shape.seqlen_q.div_ceil(v.tile.block_m as usize) as u32;
+    (m_blocks * splits, shape.heads_q as u32, shape.batch as u32)
 }
 
 impl std::fmt::Display for KernelFamily {
@@ -220,24 +283,14 @@ pub struct Variant {
 /// compiles on demand like these; ALiBi alone and with both others bound its cost in
 /// registers.)
 pub fn mods_forms(v: &Variant) -> Vec<Variant> {
-    let forms: &[(bool, bool, bool)] = match v.family {
-        _ if v.mods != ScoreMods::default() => &[],
-        KernelFamily::FwdSm80 | KernelFamily::FwdSm90 | KernelFamily::BwdSm80 | KernelFamily::BwdSm90 => {
-            &[(true, false, false), (false, true, false), (true, true, false), (false, false, true), (true, true, true)]
-        }
-        _ => &[],
+    let spec = v.family.spec();
+    let forms: &[(bool, bool, bool)] = if v.mods == ScoreMods::default() && spec.takes_policies() {
+        &[(true, false, false), (false, true, false), (true, true, false), (false, false, true), (true, true, true)]
+    } else {
+        &[]
     };
-    // Dropout's forms where it runs (fwd_sm80 unsplit, fwd_sm90, bwd_sm80, bwd_sm90): alone and with the others.
-    let drops = matches!(v.family, KernelFamily::FwdSm80 | KernelFamily::FwdSm90 | KernelFamily::BwdSm80 | KernelFamily::BwdSm90)
-        && !v.split_kv
-        && !v.paged
-        && !forms.is_empty();
-    // bwd_sm90 runs dropout alone (`dispatch::backward`: its other forms spill).
-    let dropout_forms: &[(bool, bool, bool)] = match v.family {
-        _ if !drops => &[],
-        KernelFamily::BwdSm90 => &[(false, false, false)],
-        _ => &[(false, false, false), (true, true, true)],
-    };
+    // Dropout's forms where it runs (not in split tiles nor paged forms): the family's.
+    let dropout_forms = if !v.split_kv && !v.paged && !forms.is_empty() { spec.dropout_forms() } else { &[] };
     let mut out: Vec<Variant> = Vec::new();
     let all = forms.iter().map(|&f| (f, false)).chain(dropout_forms.iter().map(|&f| (f, true)));
     for ((local, softcap, alibi), dropout) in all {
@@ -254,12 +307,7 @@ pub fn mods_forms(v: &Variant) -> Vec<Variant> {
 /// (fwd_sm90 with a softcap and ALiBi: `fwd_sm90::with_mods`; fwd_sm80 and bwd_sm80 with
 /// dropout: `fwd_sm80::with_mods`, `bwd_sm80::with_mods`).
 pub fn with_mods(v: &Variant, mods: ScoreMods) -> Variant {
-    match v.family {
-        KernelFamily::FwdSm90 => fwd_sm90::with_mods(v, mods),
-        KernelFamily::FwdSm80 => fwd_sm80::with_mods(v, mods),
-        KernelFamily::BwdSm80 => bwd_sm80::with_mods(v, mods),
-        _ => Variant { mods, ..v.clone() },
-    }
+    v.family.spec().with_mods(v, mods)
 }
 
 /// `v`'s paged-KV forms (`FC_PAGED`) on `arch`, where the dispatcher runs them: every fwd_sm80
@@ -268,30 +316,17 @@ pub fn with_mods(v: &Variant, mods: ScoreMods) -> Variant {
 /// its unsplit tiles also the packed-queries form, `FC_VARLEN` with `FC_PAGED`) and every
 /// fwd_sm90 variant (prefill and chunked prefill on Hopper).
 pub fn paged_forms(arch: Arch, v: &Variant) -> Vec<Variant> {
-    match v.family {
-        _ if v.varlen || v.paged => Vec::new(),
-        KernelFamily::FwdSm80 => {
-            let (small_pages, whole_blocks) = (fwd_sm80::paged_form(arch, v, 16), fwd_sm80::paged_form(arch, v, 0));
-            let mut forms = vec![small_pages.clone()];
-            if small_pages != whole_blocks {
-                forms.push(whole_blocks);
-            }
-            if !v.split_kv {
-                forms.push(fwd_sm80::packed_paged_form(arch, v));
-            }
-            forms
-        }
-        KernelFamily::FwdSm90 => vec![fwd_sm90::paged_form(v, 16), fwd_sm90::paged_form(v, 0)],
-        _ => Vec::new(),
+    if v.varlen || v.paged {
+        return Vec::new();
     }
+    v.family.spec().paged_forms(arch, v)
 }
 
 /// `v`'s varlen form (a packed batch: `cu_seqlens`), where the dispatcher runs one: every
 /// variant of fwd_sm80, fwd_sm90, bwd_sm80 and bwd_sm90 (the backward of a packed batch runs
 /// on the family of the dense one).
 pub fn varlen_form(v: &Variant) -> Option<Variant> {
-    let packs = matches!(v.family, KernelFamily::FwdSm80 | KernelFamily::FwdSm90 | KernelFamily::BwdSm80 | KernelFamily::BwdSm90);
-    (packs && !v.varlen && !v.paged).then(|| Variant { varlen: true, ..v.clone() })
+    (v.family.spec().packs() && !v.varlen && !v.paged).then(|| Variant { varlen: true, ..v.clone() })
 }
 
 /// A variant's entry points besides its main one (see [`Variant::entries`]).
@@ -391,22 +426,7 @@ impl Variant {
                 defines.push((define.into(), "1".into()));
             }
         }
-        let (file, entry) = match self.family {
-            KernelFamily::Reference => ("reference.cu", "fc_reference"),
-            KernelFamily::FwdSm80 => ("fwd_sm80.cu", "fc_fwd_sm80"),
-            KernelFamily::BwdSm80 => {
-                defines.push(("FC_SMEM_BYTES".into(), self.smem_bytes.to_string()));
-                ("bwd_sm80.cu", "fc_bwd_sm80")
-            }
-            KernelFamily::BwdSm90 => {
-                defines.push(("FC_SMEM_BYTES".into(), self.smem_bytes.to_string()));
-                ("bwd_sm90.cu", "fc_bwd_sm90")
-            }
-            KernelFamily::FwdSm90 => {
-                defines.extend(fwd_sm90::extra_defines(self));
-                ("fwd_sm90.cu", "fc_fwd_sm90")
-            }
-        };
+        let (file, entry) = self.family.spec().source(self, &mut defines);
         KernelSource { name: self.name(), file, entry, defines }
     }
 
@@ -419,28 +439,15 @@ impl Variant {
         Entries {
             combine: self.split_kv.then_some("fc_split_combine"),
             append: self.paged.then_some("fc_paged_append"),
-            aux: match self.family {
-                KernelFamily::Reference => &["fc_reference_bwd_dq", "fc_reference_bwd_dkv"],
-                KernelFamily::BwdSm80 => &[bwd_sm80::DSUM_ENTRY, bwd_sm80::DQ_ENTRY],
-                KernelFamily::BwdSm90 => &[bwd_sm90::PREP_ENTRY, bwd_sm90::DQ_ENTRY],
-                KernelFamily::FwdSm80 | KernelFamily::FwdSm90 => &[],
-            },
+            aux: self.family.spec().aux_entries(),
         }
     }
 
     /// Grid `(x, y, z)` and threads per block for `shape` on a device of `sm_count` SMs:
     /// one CTA per (query tile, key split, head, batch), or a family's own (fwd_sm90 is
-    /// persistent).
+    /// persistent; fwd_sm80's causal tiles may go longest first: [`Family::grid`]).
     pub fn grid(&self, shape: &ProblemShape, sm_count: u32, splits: u32) -> ((u32, u32, u32), u32) {
-        let threads = 32 * self.tile.warps;
-        if self.family == KernelFamily::FwdSm90 {
-            return (fwd_sm90::grid(self, shape, sm_count), threads);
-        }
-        if self.longest_first() {
-            return ((self.query_tiles(shape) as u32, 1, 1), threads);
-        }
-        let m_blocks = shape.seqlen_q.div_ceil(self.tile.block_m as usize) as u32;
-        ((m_blocks * splits, shape.heads_q as u32, shape.batch as u32), threads)
+        (self.family.spec().grid(self, shape, sm_count, splits), 32 * self.tile.warps)
     }
 
     /// Query tiles (query blocks x heads x batch) of `shape`: the CTAs of an unsplit launch,

@@ -2,7 +2,8 @@
 //! arguments, so one binary per dtype serves every problem.
 
 use super::steps::{Entry, Step, Work};
-use super::{KernelFamily, ScoreMods, Tile, Variant};
+use super::{Family, KernelFamily, ScoreMods, Tile, Variant};
+use crate::jit::Arch;
 use crate::shape::ProblemShape;
 use crate::tensor::DType;
 
@@ -34,4 +35,46 @@ pub(crate) fn backward_steps(shape: &ProblemShape) -> Vec<Work> {
     let dq = Step::plain(Entry::Aux(0), (blocks(shape.seqlen_q), shape.heads_q as u32, shape.batch as u32), 128, 0, "dq");
     let dkv = Step::plain(Entry::Aux(1), (blocks(shape.seqlen_k), shape.heads_kv as u32, shape.batch as u32), 128, 0, "dk, dv");
     vec![Work::Launch(dq), Work::Launch(dkv)]
+}
+
+/// The reference as a [`Family`]: every GPU FlashCore runs on, one variant per dtype whatever
+/// the head dim and mask (both are run-time arguments).
+pub(crate) struct Spec;
+
+impl Family for Spec {
+    fn runs_on(&self, arch: Arch) -> bool {
+        arch.major >= 8
+    }
+
+    fn head_dims(&self) -> &'static [usize] {
+        HEAD_DIMS
+    }
+
+    fn variants_at(&self, _: Arch, dtype: DType, _: usize, _: bool) -> Vec<Variant> {
+        vec![variant(dtype)]
+    }
+
+    fn variants_of(&self, _: Arch, _: &[usize]) -> Vec<Variant> {
+        [DType::F16, DType::BF16].map(variant).to_vec()
+    }
+
+    fn source(&self, _: &Variant, _: &mut Vec<(String, String)>) -> (&'static str, &'static str) {
+        ("reference.cu", "fc_reference")
+    }
+
+    fn aux_entries(&self) -> &'static [&'static str] {
+        &["fc_reference_bwd_dq", "fc_reference_bwd_dkv"]
+    }
+
+    fn takes_policies(&self) -> bool {
+        false
+    }
+
+    fn dropout_forms(&self) -> &'static [(bool, bool, bool)] {
+        &[]
+    }
+
+    fn packs(&self) -> bool {
+        false
+    }
 }
