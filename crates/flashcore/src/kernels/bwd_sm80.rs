@@ -152,11 +152,16 @@ impl Family for Spec {
     fn with_mods(&self, v: &Variant, mods: ScoreMods) -> Variant {
         with_mods(v, mods)
     }
+
+    fn backward_steps(&self, v: &Variant, facts: &BwdFacts) -> Vec<Work> {
+        steps(v, facts)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shape::ProblemShape;
 
     fn arch(major: u32, minor: u32) -> Arch {
         Arch { major, minor, specific: false }
@@ -199,5 +204,33 @@ mod tests {
         assert_eq!(deterministic_splits(132, 32, 2, 128), 2);
         assert_eq!(deterministic_splits(132, 16, 16, 8), 1);
         assert_eq!(deterministic_splits(132, 1, 1, 4), 4);
+    }
+
+    fn shape(batch: usize, seqlen_q: usize, seqlen_k: usize, head_dim: usize) -> ProblemShape {
+        ProblemShape { batch, seqlen_q, seqlen_k, heads_q: 16, heads_kv: 4, head_dim }
+    }
+    fn launches(work: &[Work]) -> Vec<Step> {
+        work.iter().filter_map(|w| if let Work::Launch(s) = w { Some(*s) } else { None }).collect()
+    }
+
+    fn facts_of(s: ProblemShape, packed: bool, deterministic: bool, dq_splits: usize) -> BwdFacts {
+        BwdFacts { shape: s, tensors: s, packed, dq_splits, deterministic }
+    }
+
+    #[test]
+    fn its_work_zeroes_the_accumulator_then_d_i_the_main_kernel_and_dq() {
+        let v = variant(arch(8, 0), DType::BF16, 64, false);
+        let s = shape(2, 300, 300, 64);
+        let work = steps(&v, &facts_of(s, false, false, 1));
+        assert_eq!(work[0], Work::ZeroDqAccum(2 * 300 * 16 * 64));
+        let launched = launches(&work);
+        assert_eq!(launched.iter().map(|s| s.entry).collect::<Vec<_>>(), [Entry::Aux(0), Entry::Main, Entry::Aux(1)]);
+        assert_eq!(launched[0].grid, (75, 16, 2), "D_i: four rows a block");
+        assert_eq!(launched[1].grid, (300usize.div_ceil(v.tile.block_n as usize) as u32, 4, 2), "a CTA a key block");
+        assert_eq!(launched[2].grid, ((2 * 300 * 16 * 64usize).div_ceil(1024) as u32, 1, 1));
+        assert!(launched.iter().all(|s| !s.dependent));
+        let det = steps(&v, &facts_of(s, false, true, 3));
+        assert_eq!(det[0], Work::ZeroDqAccum(3 * 2 * 300 * 16 * 64), "a slice a CTA");
+        assert_eq!(launches(&det)[1].grid.0, 3, "dq_splits CTAs a head");
     }
 }

@@ -168,6 +168,10 @@ impl Family for Spec {
     fn dropout_forms(&self) -> &'static [(bool, bool, bool)] {
         &[(false, false, false)]
     }
+
+    fn backward_steps(&self, v: &Variant, facts: &BwdFacts) -> Vec<Work> {
+        steps(v, facts)
+    }
 }
 
 #[cfg(test)]
@@ -207,5 +211,41 @@ mod tests {
                 start += len;
             }
         }
+    }
+
+    fn shape(batch: usize, seqlen_q: usize, seqlen_k: usize, head_dim: usize) -> ProblemShape {
+        ProblemShape { batch, seqlen_q, seqlen_k, heads_q: 16, heads_kv: 4, head_dim }
+    }
+    fn launches(work: &[Work]) -> Vec<Step> {
+        work.iter().filter_map(|w| if let Work::Launch(s) = w { Some(*s) } else { None }).collect()
+    }
+
+    fn facts_of(s: ProblemShape, packed: bool, deterministic: bool, dq_splits: usize) -> BwdFacts {
+        BwdFacts { shape: s, tensors: s, packed, dq_splits, deterministic }
+    }
+
+    #[test]
+    fn its_work_is_prep_then_the_main_kernel_and_dq_as_dependents_with_its_maps() {
+        let v = variant(DType::BF16, 128, true);
+        let s = shape(2, 1000, 1000, 128);
+        let work = steps(&v, &facts_of(s, false, false, 1));
+        assert!(work.iter().all(|w| matches!(w, Work::Launch(_))), "its prep zeroes the accumulator");
+        let launched = launches(&work);
+        let order: Vec<_> = launched.iter().map(|s| (s.entry, s.dependent)).collect();
+        assert_eq!(order, [(Entry::Aux(0), false), (Entry::Main, true), (Entry::Aux(1), true)]);
+        let (m, n) = (v.tile.block_m, v.tile.block_n);
+        let m_blocks = 1000u32.div_ceil(m);
+        assert_eq!(launched[0].grid, (m_blocks * m / PREP_ROWS, 16, 2));
+        assert_eq!(launched[1].grid, (1000u32.div_ceil(n), 4, 2));
+        assert_eq!(launched[1].extra, Extra::Maps([(0, m), (1, n), (2, n), (3, m)].map(|(view, rows)| MapOver { view, rows })));
+        assert_eq!(launched[2].grid, (m_blocks * dq_slices(v.tile, 128), 16, 2));
+    }
+
+    #[test]
+    fn a_packed_batch_without_queries_leaves_its_empty_launches_out() {
+        let v = variant(DType::BF16, 64, false);
+        let launched = launches(&steps(&v, &facts_of(shape(2, 0, 100, 64), true, false, 1)));
+        // Prep and dQ have no query block; key block 0 still runs (it zeroes dK and dV).
+        assert!(launched[0].is_empty() && launched[2].is_empty() && !launched[1].is_empty(), "{launched:?}");
     }
 }

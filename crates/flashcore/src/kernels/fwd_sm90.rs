@@ -239,6 +239,10 @@ impl Family for Spec {
     fn grid(&self, v: &Variant, shape: &ProblemShape, sm_count: u32, _: u32) -> (u32, u32, u32) {
         grid(v, shape, sm_count)
     }
+
+    fn main_step(&self, main: Step, v: &Variant, shape: &ProblemShape, facts: FwdFacts) -> Step {
+        main_step(main, v, shape, facts)
+    }
 }
 
 #[cfg(test)]
@@ -317,5 +321,28 @@ mod tests {
                 assert!(v.smem_bytes <= 227 * 1024, "{}: {}", v.name(), v.smem_bytes);
             }
         }
+    }
+
+    fn shape(batch: usize, seqlen_q: usize, seqlen_k: usize, head_dim: usize) -> ProblemShape {
+        ProblemShape { batch, seqlen_q, seqlen_k, heads_q: 16, heads_kv: 4, head_dim }
+    }
+
+    #[test]
+    fn its_main_launch_passes_the_maps_and_the_schedule() {
+        use crate::kernels::steps::{self, Entry};
+        let hopper = Arch { major: 9, minor: 0, specific: true };
+        let facts = FwdFacts { new_keys: 0, combined: false, page_box_rows: None, tile_section: 16 };
+        let v = variant(DType::BF16, 128, false, 4096);
+        let s = shape(1, 4096, 4096, 128);
+        let launched = steps::forward(&v, &s, 1, 132, hopper, facts).unwrap();
+        assert_eq!(launched.iter().map(|s| s.entry).collect::<Vec<_>>(), [Entry::Main]);
+        let Extra::MapsAndSchedule(maps, section) = launched[0].extra else { panic!("{:?}", launched[0].extra) };
+        let rows: Vec<_> = maps.iter().map(|m| (m.view, m.rows)).collect();
+        let (m, n) = (v.tile.block_m, v.tile.block_n);
+        assert_eq!(rows, [(0, m), (1, n), (2, n), (3, WARPGROUP_ROWS)]);
+        assert_eq!(section, section_heads(16, &s, m, launched[0].grid.0));
+        let paged = steps::forward(&v, &s, 1, 132, hopper, FwdFacts { page_box_rows: Some(16), ..facts }).unwrap();
+        let Extra::MapsAndSchedule(maps, _) = paged[0].extra else { panic!() };
+        assert_eq!((maps[1].rows, maps[2].rows), (16, 16), "K and V boxes of a page pool's rows");
     }
 }

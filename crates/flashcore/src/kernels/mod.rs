@@ -12,6 +12,7 @@ pub(crate) mod steps;
 use crate::jit::{Arch, KernelSource};
 use crate::shape::ProblemShape;
 use crate::tensor::DType;
+use steps::{BwdFacts, FwdFacts, Step, Work};
 
 /// Share of L2 the K and V of one longest-first section of heads should fit in (causal
 /// order: the CTAs running together work on one section, so they re-read its K and V from
@@ -209,6 +210,17 @@ pub(crate) trait Family: Sync {
     /// Whether it runs packed batches in a varlen form (`FC_VARLEN`; default yes).
     fn packs(&self) -> bool {
         true
+    }
+
+    /// A forward family's main launch, `main` as the common forward builds it (default: as it
+    /// is; fwd_sm90 adds its tensor maps and tile schedule).
+    fn main_step(&self, main: Step, _v: &Variant, _shape: &ProblemShape, _facts: FwdFacts) -> Step {
+        main
+    }
+
+    /// A backward family's work, in stream order (default: none, a forward family).
+    fn backward_steps(&self, _v: &Variant, _facts: &BwdFacts) -> Vec<Work> {
+        Vec::new()
     }
 
     /// `v`'s grid for `shape` in `splits` key splits on a device of `sm_count` SMs (default:

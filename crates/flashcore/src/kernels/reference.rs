@@ -1,7 +1,7 @@
 //! The naive GPU reference kernel (`kernels/reference.cu`): head dim and mask are run-time
 //! arguments, so one binary per dtype serves every problem.
 
-use super::steps::{Entry, Step, Work};
+use super::steps::{BwdFacts, Entry, Step, Work};
 use super::{Family, KernelFamily, ScoreMods, Tile, Variant};
 use crate::jit::Arch;
 use crate::shape::ProblemShape;
@@ -76,5 +76,22 @@ impl Family for Spec {
 
     fn packs(&self) -> bool {
         false
+    }
+
+    fn backward_steps(&self, _: &Variant, facts: &BwdFacts) -> Vec<Work> {
+        backward_steps(&facts.shape)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn its_backward_is_dq_then_dk_dv_four_rows_a_block() {
+        let shape = ProblemShape { batch: 1, seqlen_q: 9, seqlen_k: 7, heads_q: 16, heads_kv: 4, head_dim: 32 };
+        let grids: Vec<_> =
+            backward_steps(&shape).iter().map(|w| if let Work::Launch(s) = w { (s.entry, s.grid) } else { panic!("{w:?}") }).collect();
+        assert_eq!(grids, [(Entry::Aux(0), (3, 16, 1)), (Entry::Aux(1), (2, 4, 1))]);
     }
 }

@@ -1,11 +1,11 @@
 //! A call's launches as data: each family says what its call launches, in order (which entry
 //! point, grid, block, dynamic shared memory, whether it is a programmatic dependent of the
 //! launch before it, which arguments follow the parameter struct), and `launch.rs` runs the
-//! list. So a family's launch sequence lives with the family (`bwd_sm80::steps`,
-//! `bwd_sm90::steps`, `fwd_sm90::main_step`, ...), and a plan's launches can be tested
-//! without a GPU.
+//! list. So a family's launch sequence lives with the family (`Family::backward_steps`,
+//! `Family::main_step`: `bwd_sm80::steps`, `bwd_sm90::steps`, `fwd_sm90::main_step`, ...),
+//! and a plan's launches can be tested without a GPU.
 
-use super::{bwd_sm80, bwd_sm90, fwd_sm90, reference, KernelFamily, Variant};
+use super::Variant;
 use crate::error::{Error, Result};
 use crate::jit::Arch;
 use crate::shape::ProblemShape;
@@ -115,10 +115,7 @@ pub(crate) fn forward(
     }
     let (grid, block) = variant.grid(shape, sm_count, splits);
     let main = Step { dependent: pdl && facts.new_keys > 0, ..Step::plain(Entry::Main, grid, block, variant.smem_bytes, "attention") };
-    steps.push(match variant.family {
-        KernelFamily::FwdSm90 => fwd_sm90::main_step(main, variant, shape, facts),
-        _ => main,
-    });
+    steps.push(variant.family.spec().main_step(main, variant, shape, facts));
     if facts.combined {
         // One warp a (batch, head, query) row, four rows a block.
         let rows = (shape.batch * shape.heads_q * shape.seqlen_q) as u64;
@@ -143,13 +140,9 @@ pub(crate) struct BwdFacts {
     pub deterministic: bool,
 }
 
-/// The backward's work for `variant`, its family's sequence (see each family's `steps`).
+/// The backward's work for `variant`, its family's sequence (`Family::backward_steps`).
 pub(crate) fn backward(variant: &Variant, facts: &BwdFacts) -> Vec<Work> {
-    match variant.family {
-        KernelFamily::BwdSm80 => bwd_sm80::steps(variant, facts),
-        KernelFamily::BwdSm90 => bwd_sm90::steps(variant, facts),
-        _ => reference::backward_steps(&facts.shape),
-    }
+    variant.family.spec().backward_steps(variant, facts)
 }
 
 #[cfg(test)]
@@ -191,79 +184,5 @@ mod tests {
         assert_eq!(steps[2].grid, (12, 1, 1));
         let ampere = forward(&v, &s, 4, 108, AMPERE, FwdFacts { new_keys: 1, combined: true, ..facts() }).unwrap();
         assert!(ampere.iter().all(|s| !s.dependent), "no programmatic dependents before sm_90");
-    }
-
-    #[test]
-    fn fwd_sm90_passes_its_maps_and_schedule() {
-        let v = fwd_sm90::variant(DType::BF16, 128, false, 4096);
-        let s = shape(1, 4096, 4096, 128);
-        let steps = forward(&v, &s, 1, 132, HOPPER, facts()).unwrap();
-        let Extra::MapsAndSchedule(maps, _) = steps[0].extra else { panic!("{:?}", steps[0].extra) };
-        let rows: Vec<_> = maps.iter().map(|m| (m.view, m.rows)).collect();
-        let (m, n) = (v.tile.block_m, v.tile.block_n);
-        assert_eq!(rows, [(0, m), (1, n), (2, n), (3, fwd_sm90::WARPGROUP_ROWS)]);
-        let paged = forward(&v, &s, 1, 132, HOPPER, FwdFacts { page_box_rows: Some(16), ..facts() }).unwrap();
-        let Extra::MapsAndSchedule(maps, _) = paged[0].extra else { panic!() };
-        assert_eq!((maps[1].rows, maps[2].rows), (16, 16), "K and V boxes of a page pool's rows");
-    }
-
-    fn bwd(variant: &Variant, s: ProblemShape, deterministic: bool, dq_splits: usize) -> Vec<Work> {
-        backward(variant, &BwdFacts { shape: s, tensors: s, packed: false, dq_splits, deterministic })
-    }
-
-    fn launches(work: &[Work]) -> Vec<Step> {
-        work.iter().filter_map(|w| if let Work::Launch(s) = w { Some(*s) } else { None }).collect()
-    }
-
-    #[test]
-    fn bwd_sm80_zeroes_the_accumulator_then_d_i_the_main_kernel_and_dq() {
-        let v = bwd_sm80::variant(AMPERE, DType::BF16, 64, false);
-        let s = shape(2, 300, 300, 64);
-        let work = bwd(&v, s, false, 1);
-        assert_eq!(work[0], Work::ZeroDqAccum(2 * 300 * 16 * 64));
-        let steps = launches(&work);
-        let entries: Vec<_> = steps.iter().map(|s| s.entry).collect();
-        assert_eq!(entries, [Entry::Aux(0), Entry::Main, Entry::Aux(1)]);
-        assert_eq!(steps[0].grid, (75, 16, 2), "D_i: four rows a block");
-        assert_eq!(steps[1].grid, (300usize.div_ceil(v.tile.block_n as usize) as u32, 4, 2), "a CTA a key block");
-        assert_eq!(steps[2].grid, ((2 * 300 * 16 * 64usize).div_ceil(1024) as u32, 1, 1));
-        let det = bwd(&v, s, true, 3);
-        assert_eq!(det[0], Work::ZeroDqAccum(3 * 2 * 300 * 16 * 64), "a slice a CTA");
-        assert_eq!(launches(&det)[1].grid.0, 3, "dq_splits CTAs a head");
-        assert!(steps.iter().all(|s| !s.dependent));
-    }
-
-    #[test]
-    fn bwd_sm90_runs_prep_then_the_main_kernel_and_dq_as_dependents_with_its_maps() {
-        let v = bwd_sm90::variant(DType::BF16, 128, true);
-        let s = shape(2, 1000, 1000, 128);
-        let work = bwd(&v, s, false, 1);
-        assert!(work.iter().all(|w| matches!(w, Work::Launch(_))), "its prep zeroes the accumulator");
-        let steps = launches(&work);
-        let plan: Vec<_> = steps.iter().map(|s| (s.entry, s.dependent)).collect();
-        assert_eq!(plan, [(Entry::Aux(0), false), (Entry::Main, true), (Entry::Aux(1), true)]);
-        let (m, n) = (v.tile.block_m, v.tile.block_n);
-        let m_blocks = 1000u32.div_ceil(m);
-        assert_eq!(steps[0].grid, (m_blocks * m / bwd_sm90::PREP_ROWS, 16, 2));
-        assert_eq!(steps[1].grid, (1000u32.div_ceil(n), 4, 2));
-        assert_eq!(steps[1].extra, Extra::Maps([(0, m), (1, n), (2, n), (3, m)].map(|(view, rows)| MapOver { view, rows })));
-        assert_eq!(steps[2].grid, (m_blocks * bwd_sm90::dq_slices(v.tile, 128), 16, 2));
-    }
-
-    #[test]
-    fn a_packed_batch_without_queries_leaves_its_empty_launches_out() {
-        let v = bwd_sm90::variant(DType::BF16, 64, false);
-        let s = shape(2, 0, 100, 64);
-        let steps = launches(&backward(&v, &BwdFacts { shape: s, tensors: s, packed: true, dq_splits: 1, deterministic: false }));
-        // Prep and dQ have no query block; key block 0 still runs (it zeroes dK and dV).
-        assert!(steps[0].is_empty() && steps[2].is_empty() && !steps[1].is_empty(), "{steps:?}");
-    }
-
-    #[test]
-    fn the_reference_backward_is_dq_then_dk_dv() {
-        let v = reference::variant(DType::BF16);
-        let steps = launches(&bwd(&v, shape(1, 9, 7, 32), false, 1));
-        let grids: Vec<_> = steps.iter().map(|s| (s.entry, s.grid)).collect();
-        assert_eq!(grids, [(Entry::Aux(0), (3, 16, 1)), (Entry::Aux(1), (2, 4, 1))]);
     }
 }
