@@ -457,7 +457,7 @@ impl Variant {
 
     /// Grid `(x, y, z)` and threads per block for `shape` on a device of `sm_count` SMs:
     /// one CTA per (query tile, key split, head, batch), or a family's own (fwd_sm90 is
-    /// persistent; fwd_sm80's causal tiles may go longest first: [`Family::grid`]).
+    /// persistent; fwd_sm80's causal tiles may go longest first: its `Family::grid`).
     pub fn grid(&self, shape: &ProblemShape, sm_count: u32, splits: u32) -> ((u32, u32, u32), u32) {
         (self.family.spec().grid(self, shape, sm_count, splits), 32 * self.tile.warps)
     }
