@@ -120,20 +120,12 @@ pub(crate) fn steps(variant: &Variant, facts: &BwdFacts) -> Vec<Work> {
 pub(crate) struct Spec;
 
 impl Family for Spec {
-    fn runs_on(&self, arch: Arch) -> bool {
-        arch.major >= 8
-    }
-
     fn head_dims(&self) -> &'static [usize] {
         HEAD_DIMS
     }
 
-    fn takes_head_dim(&self, d: usize) -> bool {
-        HEAD_DIMS.contains(&d)
-    }
-
-    fn head_dims_text(&self) -> String {
-        HEAD_DIMS.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+    fn own_head_dims_only(&self) -> bool {
+        true
     }
 
     fn variants_at(&self, arch: Arch, dtype: DType, head_dim: usize, causal: bool) -> Vec<Variant> {
@@ -161,7 +153,7 @@ impl Family for Spec {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shape::ProblemShape;
+    use crate::kernels::steps::testing::{facts_of, launches, shape};
 
     fn arch(major: u32, minor: u32) -> Arch {
         Arch { major, minor, specific: false }
@@ -204,17 +196,6 @@ mod tests {
         assert_eq!(deterministic_splits(132, 32, 2, 128), 2);
         assert_eq!(deterministic_splits(132, 16, 16, 8), 1);
         assert_eq!(deterministic_splits(132, 1, 1, 4), 4);
-    }
-
-    fn shape(batch: usize, seqlen_q: usize, seqlen_k: usize, head_dim: usize) -> ProblemShape {
-        ProblemShape { batch, seqlen_q, seqlen_k, heads_q: 16, heads_kv: 4, head_dim }
-    }
-    fn launches(work: &[Work]) -> Vec<Step> {
-        work.iter().filter_map(|w| if let Work::Launch(s) = w { Some(*s) } else { None }).collect()
-    }
-
-    fn facts_of(s: ProblemShape, packed: bool, deterministic: bool, dq_splits: usize) -> BwdFacts {
-        BwdFacts { shape: s, tensors: s, packed, dq_splits, deterministic }
     }
 
     #[test]

@@ -143,8 +143,8 @@ pub(crate) fn steps(variant: &Variant, facts: &BwdFacts) -> Vec<Work> {
 pub(crate) struct Spec;
 
 impl Family for Spec {
-    fn runs_on(&self, arch: Arch) -> bool {
-        arch.is_hopper()
+    fn needs_sm90a(&self) -> bool {
+        true
     }
 
     fn head_dims(&self) -> &'static [usize] {
@@ -177,6 +177,7 @@ impl Family for Spec {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::steps::testing::{facts_of, launches, shape};
 
     #[test]
     fn tiles_fit_hopper() {
@@ -211,17 +212,6 @@ mod tests {
                 start += len;
             }
         }
-    }
-
-    fn shape(batch: usize, seqlen_q: usize, seqlen_k: usize, head_dim: usize) -> ProblemShape {
-        ProblemShape { batch, seqlen_q, seqlen_k, heads_q: 16, heads_kv: 4, head_dim }
-    }
-    fn launches(work: &[Work]) -> Vec<Step> {
-        work.iter().filter_map(|w| if let Work::Launch(s) = w { Some(*s) } else { None }).collect()
-    }
-
-    fn facts_of(s: ProblemShape, packed: bool, deterministic: bool, dq_splits: usize) -> BwdFacts {
-        BwdFacts { shape: s, tensors: s, packed, dq_splits, deterministic }
     }
 
     #[test]

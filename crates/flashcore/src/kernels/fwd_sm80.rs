@@ -249,20 +249,12 @@ pub fn effective_splits(key_tiles: usize, splits: usize) -> usize {
 pub(crate) struct Spec;
 
 impl Family for Spec {
-    fn runs_on(&self, arch: Arch) -> bool {
-        arch.major >= 8
-    }
-
     fn head_dims(&self) -> &'static [usize] {
         HEAD_DIMS
     }
 
-    fn takes_head_dim(&self, d: usize) -> bool {
-        HEAD_DIMS.contains(&d)
-    }
-
-    fn head_dims_text(&self) -> String {
-        HEAD_DIMS.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+    fn own_head_dims_only(&self) -> bool {
+        true
     }
 
     fn variants_at(&self, arch: Arch, dtype: DType, head_dim: usize, causal: bool) -> Vec<Variant> {

@@ -210,8 +210,8 @@ pub(crate) fn section_heads(tile_section: i32, shape: &ProblemShape, block_m: u3
 pub(crate) struct Spec;
 
 impl Family for Spec {
-    fn runs_on(&self, arch: Arch) -> bool {
-        arch.is_hopper()
+    fn needs_sm90a(&self) -> bool {
+        true
     }
 
     fn head_dims(&self) -> &'static [usize] {
@@ -248,6 +248,7 @@ impl Family for Spec {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::steps::testing::shape;
 
     #[test]
     fn pages_of_more_than_three_boxes_a_block_take_the_spread_form() {
@@ -321,10 +322,6 @@ mod tests {
                 assert!(v.smem_bytes <= 227 * 1024, "{}: {}", v.name(), v.smem_bytes);
             }
         }
-    }
-
-    fn shape(batch: usize, seqlen_q: usize, seqlen_k: usize, head_dim: usize) -> ProblemShape {
-        ProblemShape { batch, seqlen_q, seqlen_k, heads_q: 16, heads_kv: 4, head_dim }
     }
 
     #[test]

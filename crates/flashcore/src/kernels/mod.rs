@@ -143,21 +143,46 @@ impl KernelFamily {
 /// methods ask it ([`KernelFamily::spec`]); its launch sequence is its module's too
 /// ([`steps`]). The defaults are the common case.
 pub(crate) trait Family: Sync {
+    /// Whether it needs sm_90a (wgmma, TMA); else it runs on every GPU from sm_80.
+    fn needs_sm90a(&self) -> bool {
+        false
+    }
+
     /// Whether it can run on `arch` at all.
-    fn runs_on(&self, arch: Arch) -> bool;
+    fn runs_on(&self, arch: Arch) -> bool {
+        if self.needs_sm90a() {
+            arch.is_hopper()
+        } else {
+            arch.major >= 8
+        }
+    }
 
     /// Head dims with a compiled variant of their own.
     fn head_dims(&self) -> &'static [usize];
 
-    /// Whether it runs head dim `d` (default: every multiple of 8 up to 256, the columns past
-    /// `d` zero-filled).
+    /// Whether it runs only its own head dims (the Ampere-class families: their mma.sync
+    /// tiles take whole 16-column steps and no zero-filled columns); else every multiple of 8
+    /// up to 256, the columns past `d` zero-filled.
+    fn own_head_dims_only(&self) -> bool {
+        false
+    }
+
+    /// Whether it runs head dim `d` (see [`Family::own_head_dims_only`]).
     fn takes_head_dim(&self, d: usize) -> bool {
-        is_head_dim(d)
+        if self.own_head_dims_only() {
+            self.head_dims().contains(&d)
+        } else {
+            is_head_dim(d)
+        }
     }
 
     /// The head dims it takes, for an error message.
     fn head_dims_text(&self) -> String {
-        format!("multiples of 8 up to {MAX_HEAD_DIM}")
+        if self.own_head_dims_only() {
+            self.head_dims().iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
+        } else {
+            format!("multiples of 8 up to {MAX_HEAD_DIM}")
+        }
     }
 
     /// Its variants for `arch` at one (dtype, head dim, mask).

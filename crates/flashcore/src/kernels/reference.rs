@@ -42,10 +42,6 @@ pub(crate) fn backward_steps(shape: &ProblemShape) -> Vec<Work> {
 pub(crate) struct Spec;
 
 impl Family for Spec {
-    fn runs_on(&self, arch: Arch) -> bool {
-        arch.major >= 8
-    }
-
     fn head_dims(&self) -> &'static [usize] {
         HEAD_DIMS
     }

@@ -145,18 +145,36 @@ pub(crate) fn backward(variant: &Variant, facts: &BwdFacts) -> Vec<Work> {
     variant.family.spec().backward_steps(variant, facts)
 }
 
+/// What the families' step tests share.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::*;
+
+    /// `batch` sequences of `seqlen_q` queries and `seqlen_k` keys, 16 query heads, 4 KV heads.
+    pub(crate) fn shape(batch: usize, seqlen_q: usize, seqlen_k: usize, head_dim: usize) -> ProblemShape {
+        ProblemShape { batch, seqlen_q, seqlen_k, heads_q: 16, heads_kv: 4, head_dim }
+    }
+
+    /// The launches of `work`, its memsets left out.
+    pub(crate) fn launches(work: &[Work]) -> Vec<Step> {
+        work.iter().filter_map(|w| if let Work::Launch(s) = w { Some(*s) } else { None }).collect()
+    }
+
+    /// A backward over `s` (the tensors' shape too).
+    pub(crate) fn facts_of(s: ProblemShape, packed: bool, deterministic: bool, dq_splits: usize) -> BwdFacts {
+        BwdFacts { shape: s, tensors: s, packed, dq_splits, deterministic }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::testing::shape;
     use super::*;
     use crate::kernels::fwd_sm80;
     use crate::tensor::DType;
 
     const HOPPER: Arch = Arch { major: 9, minor: 0, specific: true };
     const AMPERE: Arch = Arch { major: 8, minor: 0, specific: false };
-
-    fn shape(batch: usize, seqlen_q: usize, seqlen_k: usize, head_dim: usize) -> ProblemShape {
-        ProblemShape { batch, seqlen_q, seqlen_k, heads_q: 16, heads_kv: 4, head_dim }
-    }
 
     fn facts() -> FwdFacts {
         FwdFacts { new_keys: 0, combined: false, page_box_rows: None, tile_section: 16 }
