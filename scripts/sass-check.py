@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Structural checks of the Hopper kernels' SASS, on CUBINs from the flashcore JIT cache.
 
-    sass-check.py CACHE_DIR [--nvdisasm PATH]
+    sass-check.py CACHE_DIR [--keys FILE] [--nvdisasm PATH]
 
 For every `fwd_sm90*.fcbin` and `bwd_sm90*.fcbin` in CACHE_DIR (fill it with
 `FLASHCORE_CACHE_DIR=CACHE_DIR flashcore compile --arch sm_90a --kernel fwd_sm90`, and
-`--kernel bwd_sm90`), disassembles the CUBIN and checks. The backward (check_bwd_sass): HGMMA,
+`--kernel bwd_sm90`), or with `--keys` only the entries FILE names (one `KEY.fcbin` a line,
+`flashcore compile ... --keys`: the entries this binary reads; a folder kept across source
+changes also holds others, and each one named must be there), disassembles the CUBIN and checks. The backward (check_bwd_sass): HGMMA,
 UTMALDG and the dQ bulk reduce-add (UBLKRED) present, no LDL/STL, and, up to D128, in the
 loop over query blocks the first exponentials (MUFU.EX2) come between the wait for Sᵀ alone
 (`WARPGROUP.DEPBAR.LE gsb0, 0x1`) and the wait for dPᵀ (`gsb0, 0x0`): they run under dPᵀ's
@@ -200,6 +202,7 @@ def self_test():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("cache_dir", nargs="?")
+    ap.add_argument("--keys", help="only the cache entries this file names (flashcore compile --keys)")
     ap.add_argument("--nvdisasm")
     ap.add_argument("--self-test", action="store_true")
     args = ap.parse_args()
@@ -212,6 +215,12 @@ def main():
     if not nvdisasm:
         sys.exit("sass-check.py: nvdisasm not found (pip install nvidia-cuda-nvdisasm into .venv, or pass --nvdisasm)")
     entries = sorted(glob.glob(os.path.join(args.cache_dir, "fwd_sm90*.fcbin")) + glob.glob(os.path.join(args.cache_dir, "bwd_sm90*.fcbin")))
+    if args.keys:
+        wanted = {line.strip() for line in open(args.keys) if line.strip()}
+        missing = sorted(wanted - {os.path.basename(p) for p in entries})
+        if missing:
+            sys.exit(f"sass-check.py: {len(missing)} entries named in {args.keys} are not in {args.cache_dir}, e.g. {missing[0]}")
+        entries = [p for p in entries if os.path.basename(p) in wanted]
     if not entries:
         sys.exit(f"sass-check.py: no fwd_sm90 or bwd_sm90 entries in {args.cache_dir}")
     failed = 0

@@ -34,10 +34,12 @@ stage "NVRTC: $FLASHCORE_NVRTC"
 
 # Kernels compiled by NVRTC persist in target/kernel-cache between runs: an entry's key holds
 # every source, the options and the NVRTC version, and keeps ptxas's log, so a hit checks the
-# same resources. Entries older than the newest file under kernels/ are dropped first: the
-# SASS checks read every entry of their folder, and none may be of an older source.
+# same resources, and an entry of another source or options is never read by key (the SASS
+# checks read the entries `flashcore compile --keys` names). Entries older than the newest
+# CUDA source are dropped first, which bounds the folders (a change to a family's Rust side,
+# its launch steps say, keeps every entry whose key it left alone).
 kernel_cache="$PWD/target/kernel-cache"
-newest_kernel_file=$(find crates/flashcore/src/kernels -type f -printf '%T@ %p\n' | sort -n | tail -n 1 | cut -d' ' -f2-)
+newest_kernel_file=$(find crates/flashcore/src/kernels -type f \( -name '*.cu' -o -name '*.cuh' \) -printf '%T@ %p\n' | sort -n | tail -n 1 | cut -d' ' -f2-)
 [ ! -d "$kernel_cache" ] || find "$kernel_cache" -type f ! -newer "$newest_kernel_file" -delete
 # Private (0700): FlashCore refuses a cache another user could write (a umask of 002 would
 # make mkdir's folders group-writable).
@@ -94,9 +96,13 @@ cargo build --locked -p flashcore-cli
 stage "scripts/sass-check.py (fwd_sm90 and bwd_sm90 SASS: wgmma, TMA, no local memory, exponentials under the tensor cores)"
 .venv/bin/python scripts/sass-check.py --self-test
 sass_cache="$kernel_cache/newest"  # cargo test's NVRTC: its fwd_sm90 and bwd_sm90 entries are there already
-FLASHCORE_CACHE_DIR="$sass_cache" target/debug/flashcore compile --arch sm_90a --kernel fwd_sm90 > /dev/null
-FLASHCORE_CACHE_DIR="$sass_cache" target/debug/flashcore compile --arch sm_90a --kernel bwd_sm90 > /dev/null
-.venv/bin/python scripts/sass-check.py "$sass_cache"
+sass_keys=$(mktemp)
+for kernel in fwd_sm90 bwd_sm90; do
+    FLASHCORE_CACHE_DIR="$sass_cache" target/debug/flashcore compile --arch sm_90a --kernel "$kernel" > /dev/null
+    FLASHCORE_CACHE_DIR="$sass_cache" target/debug/flashcore compile --arch sm_90a --kernel "$kernel" --keys >> "$sass_keys"
+done
+.venv/bin/python scripts/sass-check.py "$sass_cache" --keys "$sass_keys"
+rm -f "$sass_keys"
 .venv/bin/python scripts/cubin-diff.py --self-test "$sass_cache"
 # PyTorch's CUDA 13 wheels bring NVRTC 13.0, whose ptxas spilled kernels that the newest
 # NVRTC (above, for cargo test) did not: every variant must compile without spills there too.

@@ -42,6 +42,11 @@ pub struct CompileArgs {
     /// fwd_sm80 and bwd_sm80 only their own.
     #[arg(long, value_delimiter = ',')]
     head_dims: Vec<usize>,
+    /// Print the cache entry file of every selected variant (`KEY.fcbin`, the key covering
+    /// every source, the options and the NVRTC version) instead of compiling: which entries of
+    /// a cache folder this binary reads (scripts/sass-check.py checks those alone).
+    #[arg(long)]
+    keys: bool,
 }
 
 /// `v`, and with `mods` its sliding-window, softcap and combined forms where the dispatcher
@@ -79,7 +84,7 @@ pub fn run(args: &CompileArgs) -> Result<bool> {
     // One error for a cache FlashCore refuses (`jit::trust`), not one a variant.
     flashcore::jit::trust::private_dir(cache.dir())?;
     let jit = Jit::new(cache);
-    jit.nvrtc()?;
+    let nvrtc_version = jit.nvrtc()?.version();
     let jobs: Vec<(Arch, Variant)> = archs
         .iter()
         .flat_map(|&a| {
@@ -92,6 +97,12 @@ pub fn run(args: &CompileArgs) -> Result<bool> {
         .flat_map(|(a, v)| with_mods(a, v, args.mods, args.varlen, args.paged).into_iter().map(move |v| (a, v)))
         .filter(|(_, v)| args.filter.is_empty() || args.filter.iter().any(|f| v.name().contains(f.as_str())))
         .collect();
+    if args.keys {
+        for (arch, v) in &jobs {
+            println!("{}.fcbin", Jit::cache_key(&v.source(), *arch, nvrtc_version));
+        }
+        return Ok(true);
+    }
     let results: Vec<_> = jobs.par_iter().map(|(arch, v)| (arch, v, jit.compile(&v.source(), *arch))).collect();
     println!("{:<52} {:<7} {:>5} {:>10} {:>10} {:>7} {:>8}", "variant", "arch", "regs", "smem_dyn", "smem_stat", "spill", "seconds");
     let mut ok = true;
