@@ -2,7 +2,7 @@
 //! PyTorch operator with its autograd rule in C++ that the package compiles on first use
 //! (`flashcore/_native.py`), calls these with its tensors' addresses and layouts. They run the
 //! same cores as the Python functions ([`forward_on`], [`backward_on`]), for dense and packed
-//! batches (the layout is data: a [`NativeVarlen`] whose `cu_seqlens_q` is 0 is a dense call).
+//! batches (the layout is data: a [`NativeVarlen`] whose `packed` is 0 is a dense call).
 //!
 //! Why: a Python `torch.autograd.Function` costs ~10 µs of host time a call, and the
 //! arguments' trip through Python objects a few more, on calls whose kernels take
@@ -22,7 +22,7 @@ use flashcore::{AlibiSlopes, AttnParams, CallerStream, DType, Error, ExternalStr
 use crate::{backward_on, error_kind, forward_on, ErrorKind};
 
 /// The struct layouts' version: `attention.cpp` refuses entry points of another.
-pub const ABI_VERSION: u64 = 3;
+pub const ABI_VERSION: u64 = 4;
 
 /// A tensor: address, shape and strides (elements, four dims), dtype (0 f16, 1 bf16).
 #[repr(C)]
@@ -48,11 +48,12 @@ pub struct NativeOptions {
     deterministic: i32,
 }
 
-/// A packed batch (flash_attn's varlen arguments, `flashcore::VarlenBatch`): int32 device
-/// vectors as address and elements (`seqused_k` 0 where absent), the longest sequence's
-/// lengths, and `check` (1: check the vectors' values first, FLASHCORE_CHECK_VARLEN). All
-/// zero for a dense call; the tensors of a packed one are `[1, total, H, D]`, its lse `[Hq,
-/// total_q]`.
+/// A packed batch (flash_attn's varlen arguments, `flashcore::VarlenBatch`) when `packed` is
+/// 1: int32 device vectors as address and elements (`seqused_k` 0 where absent; an empty
+/// vector may have address 0, which the Rust library then refuses by name), the longest
+/// sequence's lengths, and `check` (1: check the vectors' values first,
+/// FLASHCORE_CHECK_VARLEN). All zero for a dense call; the tensors of a packed one are `[1,
+/// total, H, D]`, its lse `[Hq, total_q]`.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct NativeVarlen {
@@ -64,6 +65,7 @@ pub struct NativeVarlen {
     seqused_k_len: u64,
     max_seqlen_q: i64,
     max_seqlen_k: i64,
+    packed: i32,
     check: i32,
 }
 
@@ -87,7 +89,7 @@ pub struct NativeCall {
 }
 
 /// A forward: `o` written, and `lse` (f32, `lse_len` values) when `lse` is not 0; ALiBi's f32
-/// slopes when `alibi` is not 0; a packed batch when `varlen.cu_seqlens_q` is not 0.
+/// slopes when `alibi` is not 0; a packed batch when `varlen.packed` is 1.
 #[repr(C)]
 pub struct NativeForward {
     call: NativeCall,
@@ -165,7 +167,7 @@ impl NativeVarlen {
     /// # Safety
     /// As [`forward_on`]: int32 CUDA memory of these lengths, alive across the call.
     unsafe fn batch(&self) -> flashcore::Result<Option<VarlenBatch<'static>>> {
-        if self.cu_seqlens_q == 0 {
+        if self.packed == 0 {
             return Ok(None);
         }
         let length =

@@ -113,11 +113,13 @@ def test_native_packed_errors_are_the_python_paths(native):
     with pytest.raises(ValueError, match=r"parameter `window`: \(-5, 0\): each side must be -1"):
         flashcore.flash_attn_varlen_func(q, k, k, cu, cu, 16, 16, window_size=(-5, 0))
     short = torch.tensor([0, 16], dtype=torch.int32, device="cuda")
-    with _native.python_path(), pytest.raises(ValueError) as python_error:
-        flashcore.flash_attn_varlen_func(q, k, k, short, cu, 16, 16)
-    with pytest.raises(ValueError) as native_error:
-        flashcore.flash_attn_varlen_func(q, k, k, short, cu, 16, 16)
-    assert str(native_error.value) == str(python_error.value) and "cu_seqlens" in str(native_error.value)
+    empty = torch.zeros(0, dtype=torch.int32, device="cuda")  # its address may be 0: still a packed call
+    for vectors in ((short, cu), (empty, empty)):
+        with _native.python_path(), pytest.raises(ValueError) as python_error:
+            flashcore.flash_attn_varlen_func(q, k, k, *vectors, 16, 16)
+        with pytest.raises(ValueError) as native_error:
+            flashcore.flash_attn_varlen_func(q, k, k, *vectors, 16, 16)
+        assert str(native_error.value) == str(python_error.value) and "cu_seqlens" in str(native_error.value)
 
 
 def test_native_packed_batch_checks_its_vectors_with_flashcore_check_varlen(native, monkeypatch):

@@ -34,7 +34,7 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // The C contract of python/src/native.rs: the same structs, field for field.
-constexpr int64_t kAbiVersion = 3;
+constexpr int64_t kAbiVersion = 4;
 
 struct NativeTensor {
   uint64_t ptr;
@@ -54,10 +54,11 @@ struct NativeOptions {
 };
 
 struct NativeVarlen {
-  uint64_t cu_seqlens_q, cu_seqlens_q_len;  // all zero: a dense call
+  uint64_t cu_seqlens_q, cu_seqlens_q_len;
   uint64_t cu_seqlens_k, cu_seqlens_k_len;
   uint64_t seqused_k, seqused_k_len;
   int64_t max_seqlen_q, max_seqlen_k;
+  int32_t packed;  // 0: a dense call (every field zero)
   int32_t check;
 };
 
@@ -188,6 +189,7 @@ struct Packed {
       n.seqused_k_len = static_cast<uint64_t>(seqused_k.numel());
     }
     n.max_seqlen_q = max_seqlen_q, n.max_seqlen_k = max_seqlen_k;
+    n.packed = 1;
     n.check = check;
     return n;
   }
