@@ -1,0 +1,274 @@
+"""FlashAttention-3's `flash_attn_interface` (its `hopper/` module, at flash-attention
+0251105a) on FlashCore: `flash_attn_func`, `flash_attn_varlen_func`,
+`flash_attn_qkvpacked_func`, `flash_attn_with_kvcache`, `flash_attn_combine` and
+`get_scheduler_metadata`, with FA3's signatures and return values.
+
+    import flashcore.compat
+    flashcore.compat.use_as_flash_attn_interface()   # before anything imports flash_attn_interface
+    from flash_attn_interface import flash_attn_func  # FlashCore's
+
+Every call runs FlashCore's kernels (`flashcore.interface`). What FA3 has and FlashCore does
+not yet raises `NotImplementedError` naming the argument: `qv` (absorbed MLA's extra q·vᵀ
+term), the FP8 descales `q_descale`, `k_descale`, `v_descale`, `attention_chunk` (chunked
+attention), `seqused_q`, and in the KV-cache call `cu_seqlens_k_new` (packed new keys),
+`rotary_seqlens` and packed queries over a contiguous cache. FA3's tuning hints are taken and
+left to FlashCore's planner: `pack_gqa` (FlashCore packs GQA heads for decode itself),
+`sm_margin`, `scheduler_metadata` (`get_scheduler_metadata` returns None, which every call
+takes); `num_splits` is honoured where FlashCore splits (the dense and KV-cache calls: 1
+unsplit, 0 or less FlashCore's choice) and a hint for a packed batch. Differences: a row that
+sees no key has lse -inf (FA3: +inf), and outputs are FlashCore's numerics (docs/flash-attn-compat.md).
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from .. import interface
+from .._args import _check, _options
+from .._paths import _attention
+
+__all__ = [
+    "flash_attn_func",
+    "flash_attn_varlen_func",
+    "flash_attn_qkvpacked_func",
+    "flash_attn_with_kvcache",
+    "flash_attn_combine",
+    "get_scheduler_metadata",
+]
+
+
+def _not_yet(name: str, what: str) -> NotImplementedError:
+    return NotImplementedError(f"flashcore: `{name}` ({what}) is not supported yet")
+
+
+def _refuse_fa3_only(qv: object, descales: Tuple[object, object, object], attention_chunk: object) -> None:
+    """NotImplementedError naming the first FA3 argument FlashCore does not run yet."""
+    if qv is not None:
+        raise _not_yet("qv", "absorbed MLA's q·vᵀ term")
+    for name, descale in zip(("q_descale", "k_descale", "v_descale"), descales):
+        if descale is not None:
+            raise _not_yet(name, "FP8 inputs")
+    if attention_chunk not in (0, None):
+        raise _not_yet("attention_chunk", "chunked attention")
+
+
+def _splits(num_splits: object) -> int:
+    """FA3's `num_splits` as FlashCore's options take it: 1 unsplit, n > 1 that many, 0 or less
+    (FA3's heuristic) FlashCore's choice."""
+    if not isinstance(num_splits, numbers.Integral) or isinstance(num_splits, bool):
+        raise TypeError(f"`num_splits` must be an int, got {num_splits!r}")
+    return max(int(num_splits), 0)
+
+
+def flash_attn_func(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    qv: Optional[Tensor] = None,
+    q_descale: Optional[Tensor] = None,
+    k_descale: Optional[Tensor] = None,
+    v_descale: Optional[Tensor] = None,
+    window_size: Tuple[int, int] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    num_splits: int = 1,
+    pack_gqa: Optional[bool] = None,
+    deterministic: bool = False,
+    sm_margin: int = 0,
+    return_attn_probs: bool = False,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """FA3's `flash_attn_func`: `q [B, Sq, Hq, D]`, `k, v [B, Sk, Hkv, D]` → `out`, or `(out,
+    softmax_lse [B, Hq, Sq])` with `return_attn_probs` (FA3 returns no probabilities either).
+    Semantics as `flashcore.flash_attn_func`; `num_splits` as the module says; `pack_gqa` and
+    `sm_margin` hints. Differentiable."""
+    _refuse_fa3_only(qv, (q_descale, k_descale, v_descale), attention_chunk)
+    _check((("q", q), ("k", k), ("v", v)), "[B, S, H, D]")
+    options = _options(q, softmax_scale, causal, window_size, softcap, None, deterministic)._replace(num_splits=_splits(num_splits))
+    out, lse = _attention(q, k, v, options, return_attn_probs)
+    return (out, lse) if return_attn_probs else out
+
+
+def flash_attn_varlen_func(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    cu_seqlens_q: Tensor,
+    cu_seqlens_k: Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    seqused_q: Optional[Tensor] = None,
+    seqused_k: Optional[Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    qv: Optional[Tensor] = None,
+    q_descale: Optional[Tensor] = None,
+    k_descale: Optional[Tensor] = None,
+    v_descale: Optional[Tensor] = None,
+    window_size: Tuple[int, int] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    num_splits: int = 1,
+    pack_gqa: Optional[bool] = None,
+    deterministic: bool = False,
+    sm_margin: int = 0,
+    return_attn_probs: bool = False,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """FA3's `flash_attn_varlen_func`: a packed batch (`flashcore.flash_attn_varlen_func`'s
+    semantics, `seqused_k` included) → `out [total_q, Hq, D]`, or `(out, softmax_lse [Hq,
+    total_q])` with `return_attn_probs`. `seqused_q` is not supported yet; `num_splits`,
+    `pack_gqa` and `sm_margin` are hints. Differentiable."""
+    _refuse_fa3_only(qv, (q_descale, k_descale, v_descale), attention_chunk)
+    if seqused_q is not None:
+        raise _not_yet("seqused_q", "query rows past each sequence's used count")
+    _splits(num_splits)
+    result = interface.flash_attn_varlen_func(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 0.0, softmax_scale, causal, window_size, softcap,
+        None, deterministic, return_attn_probs, seqused_k,
+    )  # fmt: skip
+    return result[:2] if return_attn_probs else result
+
+
+def flash_attn_qkvpacked_func(
+    qkv: Tensor,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    q_descale: Optional[Tensor] = None,
+    k_descale: Optional[Tensor] = None,
+    v_descale: Optional[Tensor] = None,
+    window_size: Tuple[int, int] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    deterministic: bool = False,
+    num_heads_q: Optional[int] = None,
+    sm_margin: int = 0,
+    return_attn_probs: bool = False,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """FA3's `flash_attn_qkvpacked_func`: `qkv [B, S, 3, H, D]`, or with `num_heads_q` the
+    GQA layout `[B, S, Hq + 2·Hkv, D]` (q's heads, then k's, then v's), split into views (no
+    copy; autograd adds the gradients back into `qkv`); then `flash_attn_func`."""
+    if not isinstance(qkv, Tensor) or qkv.dim() != (4 if num_heads_q is not None else 5):
+        layout = "[B, S, Hq + 2 Hkv, D] with num_heads_q" if num_heads_q is not None else "[B, S, 3, H, D]"
+        raise ValueError(f"`qkv` must be {layout}, got {getattr(qkv, 'shape', type(qkv).__name__)}")
+    if num_heads_q is None:
+        q, k, v = qkv.unbind(dim=2)
+    else:
+        heads_kv, odd = divmod(qkv.shape[2] - int(num_heads_q), 2)
+        if odd or heads_kv <= 0:
+            raise ValueError(f"`qkv` has {qkv.shape[2]} heads: not num_heads_q = {num_heads_q} plus twice the KV heads")
+        q, k, v = qkv.split([int(num_heads_q), heads_kv, heads_kv], dim=2)
+    return flash_attn_func(
+        q, k, v, softmax_scale, causal, None, q_descale, k_descale, v_descale, window_size, attention_chunk, softcap,
+        deterministic=deterministic, sm_margin=sm_margin, return_attn_probs=return_attn_probs,
+    )  # fmt: skip
+
+
+def flash_attn_with_kvcache(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k: Optional[Tensor] = None,
+    v: Optional[Tensor] = None,
+    qv: Optional[Tensor] = None,
+    rotary_cos: Optional[Tensor] = None,
+    rotary_sin: Optional[Tensor] = None,
+    cache_seqlens: Optional[Union[int, Tensor]] = None,
+    cache_batch_idx: Optional[Tensor] = None,
+    cache_leftpad: Optional[Tensor] = None,
+    page_table: Optional[Tensor] = None,
+    cu_seqlens_q: Optional[Tensor] = None,
+    cu_seqlens_k_new: Optional[Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    rotary_seqlens: Optional[Tensor] = None,
+    q_descale: Optional[Tensor] = None,
+    k_descale: Optional[Tensor] = None,
+    v_descale: Optional[Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: Tuple[int, int] = (-1, -1),
+    attention_chunk: int = 0,
+    softcap: float = 0.0,
+    rotary_interleaved: bool = True,
+    scheduler_metadata: Optional[Tensor] = None,
+    num_splits: int = 0,
+    pack_gqa: Optional[bool] = None,
+    sm_margin: int = 0,
+    return_softmax_lse: bool = False,
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """FA3's `flash_attn_with_kvcache`: `flashcore.flash_attn_with_kvcache` (FA2's semantics:
+    new keys appended first, rotary, `cache_batch_idx`, `cache_leftpad`) with `page_table` as
+    its block table; with `cu_seqlens_q`, packed queries `[total_q, Hq, D]` over a paged
+    cache (`flashcore.flash_attn_varlen_func` with a block table; no keys appended).
+    Returns `out`, or `(out, softmax_lse)` with `return_softmax_lse`. `scheduler_metadata`,
+    `pack_gqa` and `sm_margin` are hints."""
+    _refuse_fa3_only(qv, (q_descale, k_descale, v_descale), attention_chunk)
+    for name, value, what in (("cu_seqlens_k_new", cu_seqlens_k_new, "packed new keys"), ("rotary_seqlens", rotary_seqlens, "rotary positions apart from cache_seqlens")):
+        if value is not None:
+            raise _not_yet(name, what)
+    splits = _splits(num_splits)
+    if cu_seqlens_q is not None:
+        return _packed_queries(q, (k_cache, v_cache), (cu_seqlens_q, max_seqlen_q, cache_seqlens, page_table), (k, rotary_cos, cache_batch_idx, cache_leftpad), (softmax_scale, causal, window_size, softcap), return_softmax_lse)
+    return interface.flash_attn_with_kvcache(
+        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, page_table,
+        softmax_scale, causal, window_size, softcap, rotary_interleaved, None, splits, return_softmax_lse,
+    )  # fmt: skip
+
+
+def _packed_queries(
+    q: Tensor, caches: Tuple[Tensor, Tensor], layout: tuple, unsupported: tuple, scores: tuple, return_softmax_lse: bool
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """`flash_attn_with_kvcache` with `cu_seqlens_q`: packed queries over a paged cache, FlashCore's
+    `flash_attn_varlen_func` with a block table (`layout` = (cu_seqlens_q, max_seqlen_q,
+    cache_seqlens, page_table); `unsupported` the arguments it does not take with them)."""
+    cu_seqlens_q, max_seqlen_q, cache_seqlens, page_table = layout
+    for name, value in zip(("k", "rotary_cos", "cache_batch_idx", "cache_leftpad"), unsupported):
+        if value is not None:
+            raise _not_yet(name, "with packed queries (cu_seqlens_q)")
+    if page_table is None:
+        raise _not_yet("cu_seqlens_q", "packed queries over a contiguous cache: pass a page_table")
+    if not isinstance(cache_seqlens, Tensor) or max_seqlen_q is None:
+        raise ValueError("packed queries (cu_seqlens_q) need `cache_seqlens` as an int32 tensor [B] and `max_seqlen_q`")
+    softmax_scale, causal, window_size, softcap = scores
+    zeros = torch.zeros_like(cu_seqlens_q)  # cu_seqlens_k: unused where seqused_k gives each sequence's keys
+    result = interface.flash_attn_varlen_func(
+        q, *caches, cu_seqlens_q, zeros, max_seqlen_q, 0, 0.0, softmax_scale, causal, window_size, softcap,
+        return_attn_probs=return_softmax_lse, seqused_k=cache_seqlens, block_table=page_table,
+    )  # fmt: skip
+    return result[:2] if return_softmax_lse else result
+
+
+def flash_attn_combine(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tensor] = None, out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
+    """FA3's `flash_attn_combine`: partial results of key splits merged by their log-sum-exps.
+    `out_partial [splits, ..., D]` and `lse_partial [splits, ...]` (the same leading dims, f32;
+    FA3's `[splits, B, S, H, D]` and `[splits, B, S, H]`) → `(out [..., D], lse [...])`:
+    `lse = logsumexp` over the splits, `out = Σ exp(lse_i − lse)·out_i`; a row whose every
+    split is −inf gets `out = 0`, `lse = −inf`. `out_dtype` (default: `out`'s, else
+    `out_partial`'s); written into `out` when given. In PyTorch (a few kernels), not a fused
+    kernel."""
+    for name, t in (("out_partial", out_partial), ("lse_partial", lse_partial)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"`{name}` must be a torch.Tensor, got {type(t).__name__}")
+    if out_partial.dim() != lse_partial.dim() + 1 or out_partial.shape[:-1] != lse_partial.shape:
+        raise ValueError(f"`out_partial` {tuple(out_partial.shape)} must be `lse_partial` {tuple(lse_partial.shape)} plus a head dim")
+    lse = torch.logsumexp(lse_partial.float(), dim=0)
+    scale = torch.exp(lse_partial.float() - lse)
+    scale = torch.where(torch.isfinite(scale), scale, torch.zeros_like(scale))  # every split -inf: 0, not NaN
+    combined = (scale.unsqueeze(-1) * out_partial.float()).sum(0)
+    dtype = out_dtype or (out.dtype if out is not None else out_partial.dtype)
+    if out is None:
+        return combined.to(dtype), lse
+    if out.shape != combined.shape:
+        raise ValueError(f"`out` {tuple(out.shape)} must be {tuple(combined.shape)}")
+    out.copy_(combined)
+    return out, lse
+
+
+def get_scheduler_metadata(*args: object, **kwargs: object) -> None:
+    """FA3's scheduling precomputation for `flash_attn_with_kvcache`: FlashCore plans each call
+    itself, so there is none; None, which `scheduler_metadata` takes."""
+    return None

@@ -1,0 +1,134 @@
+"""flashcore.compat's FlashAttention-3 `flash_attn_interface` (`compat/flash_attn_3.py`): the
+module under FA3's name (and not over a real one), each function bitwise FlashCore's own call
+with FA3's return values, the packed and KV-cache forms, `flash_attn_combine` against FA3's
+reference, and the arguments FlashCore does not run yet refused by name."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+import flashcore
+import flashcore.compat
+from helpers import randn
+
+
+@pytest.fixture
+def fa3(monkeypatch):
+    """`flash_attn_interface` registered for one test, sys.modules restored afterwards."""
+    monkeypatch.delitem(sys.modules, "flash_attn_interface", raising=False)
+    find_spec = __import__("importlib.util").util.find_spec
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a, **k: None if name == "flash_attn_interface" else find_spec(name, *a, **k))
+    flashcore.compat.use_as_flash_attn_interface()
+    import flash_attn_interface
+
+    yield flash_attn_interface
+    sys.modules.pop("flash_attn_interface", None)
+
+
+def test_the_module_is_flashcores_under_fa3s_name(fa3):
+    assert fa3.__name__ == "flashcore.compat.flash_attn_3"
+    flashcore.compat.use_as_flash_attn_interface()  # again: harmless
+    for name in ("flash_attn_func", "flash_attn_varlen_func", "flash_attn_combine", "flash_attn_with_kvcache", "get_scheduler_metadata"):
+        assert callable(getattr(fa3, name)), name
+
+
+def test_a_real_flash_attn_interface_is_not_shadowed(monkeypatch, tmp_path):
+    (tmp_path / "flash_attn_interface.py").write_text("REAL = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "flash_attn_interface", raising=False)
+    with pytest.raises(RuntimeError, match="a flash_attn_interface module is installed"):
+        flashcore.compat.use_as_flash_attn_interface()
+    assert "flash_attn_interface" not in sys.modules
+
+
+def test_dense_and_packed_calls_are_flashcores_with_fa3s_returns(fa3):
+    q, k, v = randn(2, 77, 8, 128, seed=1), randn(2, 90, 2, 128, seed=2), randn(2, 90, 2, 128, seed=3)
+    args = dict(causal=True, window_size=(40, 0), softcap=20.0)
+    # num_splits=0: FlashCore's choice, as its own call makes it (FA3's default 1 runs unsplit).
+    out = fa3.flash_attn_func(q, k, v, num_splits=0, pack_gqa=True, sm_margin=4, **args)
+    out_lse = fa3.flash_attn_func(q, k, v, num_splits=0, return_attn_probs=True, **args)
+    mine, lse, _ = flashcore.flash_attn_func(q, k, v, return_attn_probs=True, **args)
+    assert isinstance(out_lse, tuple) and len(out_lse) == 2
+    assert torch.equal(out, mine) and torch.equal(out_lse[0], mine) and torch.equal(out_lse[1], lse)
+    unsplit = fa3.flash_attn_func(q, k, v, **args)
+    assert (unsplit.float() - mine.float()).abs().max() < 2e-2 and not unsplit.isnan().any()
+    qkv = torch.stack((q, q, q), dim=2)
+    assert torch.equal(fa3.flash_attn_qkvpacked_func(qkv, causal=True), flashcore.flash_attn_func(q, q, q, causal=True))
+    gqa = torch.cat((q, k[:, :77], v[:, :77]), dim=2)
+    want = flashcore.flash_attn_func(q, k[:, :77], v[:, :77])
+    assert torch.equal(fa3.flash_attn_qkvpacked_func(gqa, num_heads_q=8), want)
+    lens = [30, 47]
+    cu = torch.tensor([0, 30, 77], dtype=torch.int32, device="cuda")
+    qp, kp = q[0], k[0, :77]
+    got, got_lse = fa3.flash_attn_varlen_func(qp, kp, kp, cu, cu, max(lens), max(lens), causal=True, return_attn_probs=True)
+    want, want_lse, _ = flashcore.flash_attn_varlen_func(qp, kp, kp, cu, cu, max(lens), max(lens), causal=True, return_attn_probs=True)
+    assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
+
+
+def test_gradients_flow_through_the_fa3_names(fa3):
+    q, k, v = (randn(1, 65, 4, 64, seed=s).requires_grad_() for s in (1, 2, 3))
+    do = randn(1, 65, 4, 64, seed=4)
+    grads = torch.autograd.grad(fa3.flash_attn_func(q, k, v, causal=True, deterministic=True), (q, k, v), do)
+    want = torch.autograd.grad(flashcore.flash_attn_func(q, k, v, causal=True, deterministic=True), (q, k, v), do)
+    for g, w in zip(grads, want):
+        assert torch.equal(g, w) and not g.isnan().any()
+
+
+def test_kvcache_calls_are_flashcores(fa3):
+    b, hq, hkv, d = 2, 8, 2, 128
+    q, k_new = randn(b, 1, hq, d, seed=1), randn(b, 1, hkv, d, seed=2)
+    caches = [randn(b, 64, hkv, d, seed=s) for s in (3, 4)]
+    mine = [c.clone() for c in caches]
+    lens = torch.tensor([5, 40], dtype=torch.int32, device="cuda")
+    out, lse, *rest = fa3.flash_attn_with_kvcache(q, *caches, k=k_new, v=k_new, cache_seqlens=lens, causal=True, return_softmax_lse=True, scheduler_metadata=fa3.get_scheduler_metadata(b, 1, 64))
+    want, want_lse = flashcore.flash_attn_with_kvcache(q, *mine, k=k_new, v=k_new, cache_seqlens=lens, causal=True, return_softmax_lse=True)
+    assert not rest and torch.equal(out, want) and torch.equal(lse, want_lse)
+    assert all(torch.equal(c, m) for c, m in zip(caches, mine)), "the new keys appended alike"
+    # Packed queries over a paged cache (FA3's cu_seqlens_q): FlashCore's paged varlen call.
+    pools = [randn(8, 16, hkv, d, seed=s) for s in (5, 6)]
+    table = torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7]], dtype=torch.int32, device="cuda")
+    qp, cu = randn(7, hq, d, seed=7), torch.tensor([0, 3, 7], dtype=torch.int32, device="cuda")
+    got = fa3.flash_attn_with_kvcache(qp, *pools, cache_seqlens=lens, page_table=table, cu_seqlens_q=cu, max_seqlen_q=4, causal=True)
+    want = flashcore.flash_attn_varlen_func(qp, *pools, cu, torch.zeros_like(cu), 4, 0, causal=True, seqused_k=lens, block_table=table)
+    assert torch.equal(got, want) and not got.isnan().any()
+
+
+def combine_reference(out_partial, lse_partial):
+    """FA3's test_flash_attn.py's `attention_combine_ref`, spelled out."""
+    lse = torch.logsumexp(lse_partial, dim=0)
+    scale = torch.exp(lse_partial - lse)
+    scale = torch.where(torch.isinf(scale) | torch.isnan(scale), torch.zeros_like(scale), scale)
+    return (scale.unsqueeze(-1) * out_partial).sum(0), lse
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 5, 33])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_flash_attn_combine_is_fa3s_merge(fa3, num_splits, dtype):
+    torch.manual_seed(num_splits)
+    out_partial = torch.randn(2 * num_splits, 5, 16, 37, 64, device="cuda").transpose(2, 3)[:num_splits]  # strided, as FA3's test
+    lse_partial = torch.randn(num_splits, 5, 32, 37, device="cuda").transpose(-1, -2)[:, :, :, :16]
+    lse_partial[num_splits // 2 :, :1] = -float("inf")  # every split -inf for some rows when num_splits is 1
+    out, lse = fa3.flash_attn_combine(out_partial, lse_partial, out_dtype=dtype)
+    want, want_lse = combine_reference(out_partial, lse_partial)
+    assert out.dtype == dtype and out.shape == want.shape and not out.isnan().any()
+    assert torch.allclose(lse, want_lse, atol=1e-5, rtol=1e-5)
+    assert (out.float() - want).abs().max() <= 2 * (want.to(dtype).float() - want).abs().max() + 1e-6
+    into = torch.empty_like(want, dtype=dtype)
+    assert fa3.flash_attn_combine(out_partial, lse_partial, out=into)[0] is into and torch.equal(into, out)
+
+
+def test_what_flashcore_does_not_run_yet_is_refused_by_name(fa3):
+    q = randn(1, 16, 4, 64)
+    cu = torch.tensor([0, 16], dtype=torch.int32, device="cuda")
+    for kwargs, name in ((dict(qv=q), "qv"), (dict(q_descale=q), "q_descale"), (dict(v_descale=q), "v_descale"), (dict(attention_chunk=8), "attention_chunk")):
+        with pytest.raises(NotImplementedError, match=f"`{name}`"):
+            fa3.flash_attn_func(q, q, q, **kwargs)
+    with pytest.raises(NotImplementedError, match="`seqused_q`"):
+        fa3.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 16, 16, seqused_q=cu[1:])
+    with pytest.raises(NotImplementedError, match="`cu_seqlens_k_new`"):
+        fa3.flash_attn_with_kvcache(q, q, q, cu_seqlens_k_new=cu)
+    with pytest.raises(TypeError, match="`num_splits`"):
+        fa3.flash_attn_func(q, q, q, num_splits=1.5)
