@@ -133,10 +133,17 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Adds the "while …" context to a driver result.
 pub(crate) trait DriverContext<T> {
     fn ctx(self, context: impl Into<String>) -> Result<T>;
+    /// As `ctx`, the context made only on failure: for the launch path, which would otherwise
+    /// format a string on every call.
+    fn ctx_with(self, context: impl FnOnce() -> String) -> Result<T>;
 }
 
 impl<T> DriverContext<T> for std::result::Result<T, cudarc::driver::DriverError> {
     fn ctx(self, context: impl Into<String>) -> Result<T> {
         self.map_err(|source| Error::Driver { context: context.into(), source })
+    }
+
+    fn ctx_with(self, context: impl FnOnce() -> String) -> Result<T> {
+        self.map_err(|source| Error::Driver { context: context(), source })
     }
 }

@@ -81,10 +81,10 @@ impl Launch<'_> {
     /// # Safety
     /// `args` are the kernel's parameters, of its types, and every pointer among them is
     /// device memory the kernel may use in stream order.
-    unsafe fn run(&self, stream: &CudaStream, args: &[Arg], what: impl FnOnce() -> String) -> Result<()> {
+    unsafe fn run<const N: usize>(&self, stream: &CudaStream, args: [Arg; N], what: impl FnOnce() -> String) -> Result<()> {
         if !self.dependent {
             let mut builder = stream.launch_builder(self.function);
-            for arg in args {
+            for arg in &args {
                 match arg {
                     Arg::Fwd(p) => builder.arg(*p),
                     Arg::Bwd(p) => builder.arg(*p),
@@ -93,7 +93,7 @@ impl Launch<'_> {
                 };
             }
             // SAFETY: this function's contract.
-            return unsafe { builder.launch(self.config()) }.map(|_| ()).ctx(what());
+            return unsafe { builder.launch(self.config()) }.map(|_| ()).ctx_with(what);
         }
         // SAFETY: a plain C struct (an id and a union of plain values); all zeros is valid.
         let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
@@ -111,12 +111,12 @@ impl Launch<'_> {
             attrs: &mut attr,
             numAttrs: 1,
         };
-        let mut pointers: Vec<*mut c_void> = args.iter().map(Arg::pointer).collect();
+        let mut pointers = args.map(|arg| arg.pointer());
         // SAFETY: `pointers` point at the kernel's parameters (this function's contract) for
         // the call's duration; `config` and `attr` outlive the call.
         unsafe { sys::cuLaunchKernelEx(&config, self.function.cu_function(), pointers.as_mut_ptr(), std::ptr::null_mut()) }
             .result()
-            .ctx(what())
+            .ctx_with(what)
     }
 }
 
@@ -161,9 +161,8 @@ pub(crate) fn forward(lane: &mut Lane, kernel: &LoadedKernel, plan: &Plan, mut c
         tile_section: p.tile_section,
     };
     let steps = steps::forward(variant, &plan.shape, plan.splits as u32, sm_count, arch, facts)?;
-    let work: Vec<Work> = steps.into_iter().map(Work::Launch).collect();
     // SAFETY: `p` is the call's `FwdParams`, built and validated for this variant (`pack::forward`).
-    unsafe { run(lane, kernel, &work, Arg::Fwd(p), &call.views) }
+    unsafe { run(lane, kernel, steps.into_iter().map(Work::Launch), Arg::Fwd(p), &call.views) }
 }
 
 /// Runs `work` in stream order: each launch of a non-empty grid with `params` and what its step
@@ -172,9 +171,9 @@ pub(crate) fn forward(lane: &mut Lane, kernel: &LoadedKernel, plan: &Plan, mut c
 /// # Safety
 /// `params` is the parameter struct of every kernel `work` launches, its pointers validated
 /// device memory the kernels may use in stream order; `views` the call's validated views.
-unsafe fn run(lane: &Lane, kernel: &LoadedKernel, work: &[Work], params: Arg, views: &[TensorView; 4]) -> Result<()> {
+unsafe fn run(lane: &Lane, kernel: &LoadedKernel, work: impl IntoIterator<Item = Work>, params: Arg, views: &[TensorView; 4]) -> Result<()> {
     for w in work {
-        let step = match *w {
+        let step = match w {
             Work::ZeroDqAccum(words) => {
                 let Arg::Bwd(p) = params else { unreachable!("only a backward zeroes dQ's accumulator") };
                 zero(lane.stream, p.dq_accum, words, "zeroing dQ's accumulator")?;
@@ -203,16 +202,16 @@ unsafe fn run(lane: &Lane, kernel: &LoadedKernel, work: &[Work], params: Arg, vi
         // SAFETY (each launch): `params` as this function's contract; the maps describe the
         // call's views; the schedule's counter is this lane's (zero between launches).
         match step.extra {
-            Extra::None => unsafe { launch.run(lane.stream, &[params], what)? },
+            Extra::None => unsafe { launch.run(lane.stream, [params], what)? },
             Extra::Maps(maps) => {
                 let [a, b, c, d] = maps_of(maps)?;
-                unsafe { launch.run(lane.stream, &[params, Arg::Map(&a), Arg::Map(&b), Arg::Map(&c), Arg::Map(&d)], what)? }
+                unsafe { launch.run(lane.stream, [params, Arg::Map(&a), Arg::Map(&b), Arg::Map(&c), Arg::Map(&d)], what)? }
             }
             Extra::MapsAndSchedule(maps, section) => {
                 let [a, b, c, d] = maps_of(maps)?;
                 let schedule = TileSchedule { counter: lane.tile_counter, section, _pad: 0 };
                 let args = [params, Arg::Map(&a), Arg::Map(&b), Arg::Map(&c), Arg::Map(&d), Arg::Schedule(&schedule)];
-                unsafe { launch.run(lane.stream, &args, what)? }
+                unsafe { launch.run(lane.stream, args, what)? }
             }
         }
     }
@@ -303,7 +302,7 @@ pub(crate) fn backward(lane: &mut Lane, kernel: &LoadedKernel, plan: &BwdPlan, m
     };
     let work = steps::backward(&kernel.variant, &facts);
     // SAFETY: `p` is the call's `BwdParams`, built and validated for this variant (`pack::backward`).
-    unsafe { run(lane, kernel, &work, Arg::Bwd(&p), &call.qkv_do) }
+    unsafe { run(lane, kernel, work, Arg::Bwd(&p), &call.qkv_do) }
 }
 
 /// What a call with no (query, key) pair writes (`ProblemShape::has_no_pairs`): `o = 0` and
@@ -346,14 +345,14 @@ fn zero_tensor(stream: &CudaStream, t: &TensorView, what: &str) -> Result<()> {
     if t.layout.span() == elements {
         // SAFETY: `t` is a checked output view: `elements` 2-byte elements from `t.ptr`, the
         // span they fill, written in stream order.
-        return unsafe { sys::cuMemsetD16Async(t.ptr, 0, elements, cu_stream) }.result().ctx(what.to_string());
+        return unsafe { sys::cuMemsetD16Async(t.ptr, 0, elements, cu_stream) }.result().ctx(what);
     }
     // A single row's pitch is unused; CUDA still wants it at least the row's width.
     let pitch = if s == 1 { d } else { seq_stride } * bytes;
     for (bi, hi) in (0..b).flat_map(|bi| (0..h).map(move |hi| (bi, hi))) {
         let row0 = t.ptr + ((bi * batch_stride + hi * head_stride) * bytes) as u64;
         // SAFETY: as above: `s` rows of `d` elements, `seq_stride` apart, of the view.
-        unsafe { sys::cuMemsetD2D16Async(row0, pitch, 0, d, s, cu_stream) }.result().ctx(what.to_string())?;
+        unsafe { sys::cuMemsetD2D16Async(row0, pitch, 0, d, s, cu_stream) }.result().ctx(what)?;
     }
     Ok(())
 }
@@ -361,5 +360,5 @@ fn zero_tensor(stream: &CudaStream, t: &TensorView, what: &str) -> Result<()> {
 /// Zeroes `words` u32 of scratch at `ptr` in stream order.
 fn zero(stream: &CudaStream, ptr: u64, words: usize, what: &str) -> Result<()> {
     // SAFETY: `ptr` is scratch memory of at least `words` u32, used in stream order.
-    unsafe { sys::cuMemsetD32Async(ptr, 0, words, stream.cu_stream()) }.result().ctx(what.to_string())
+    unsafe { sys::cuMemsetD32Async(ptr, 0, words, stream.cu_stream()) }.result().ctx(what)
 }
