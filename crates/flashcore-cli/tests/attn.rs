@@ -111,8 +111,10 @@ fn run(args: &[&str]) -> Run {
 #[test]
 fn every_form_runs_on_the_cpu() {
     for form in [dense(), packed(), cache()] {
-        let r = attn(&form, &["--cpu"]);
-        assert!(r.ok && r.stdout.starts_with("wrote o, lse"), "{}{}", r.stdout, r.stderr);
+        for args in [&["--cpu"][..], &["--cpu", "--causal", "--attention-chunk", "3"]] {
+            let r = attn(&form, args);
+            assert!(r.ok && r.stdout.starts_with("wrote o, lse"), "{args:?}: {}{}", r.stdout, r.stderr);
+        }
     }
 }
 
@@ -197,6 +199,7 @@ fn the_cpu_refuses_the_parameters_the_gpu_refuses() {
         ("--scale=-1", "--scale: -1 must be finite"),
         ("--softcap=-1", "--softcap: -1 must be 0 (off)"),
         ("--window=-2,0", "--window: (-2, 0): each side"),
+        ("--attention-chunk=4294967296", "--attention-chunk: 4294967296 must be at most 2147483647"),
     ];
     for form in [dense(), packed(), cache()] {
         for (arg, want) in refused {

@@ -171,7 +171,13 @@ pub(crate) fn forward(lane: &mut Lane, kernel: &LoadedKernel, plan: &Plan, mut c
 /// # Safety
 /// `params` is the parameter struct of every kernel `work` launches, its pointers validated
 /// device memory the kernels may use in stream order; `views` the call's validated views.
-unsafe fn run(lane: &Lane, kernel: &LoadedKernel, work: impl IntoIterator<Item = Work>, params: Arg, views: &[TensorView; 4]) -> Result<()> {
+unsafe fn run(
+    lane: &Lane,
+    kernel: &LoadedKernel,
+    work: impl IntoIterator<Item = Work>,
+    params: Arg,
+    views: &[TensorView; 4],
+) -> Result<()> {
     for w in work {
         let step = match w {
             Work::ZeroDqAccum(words) => {

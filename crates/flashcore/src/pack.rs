@@ -34,7 +34,7 @@ pub(crate) struct ProblemArgs {
 
 /// The score policies' run-time values (`FC_SCORE_MOD_FIELDS`): ALiBi's slopes (first: the
 /// group starts 8-aligned on both sides), the window's sides (causal folded in), the softcap,
-/// ALiBi's scale and batch stride.
+/// ALiBi's scale and batch stride, dropout's state, the attention chunk.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct ScoreModArgs {
@@ -50,6 +50,9 @@ pub(crate) struct ScoreModArgs {
     pub dropout_state: u64,
     pub dropout_threshold: u32,
     pub dropout_scale: f32,
+    /// Chunked attention's chunk in keys, 0 off ([`AttnParams::attention_chunk`]).
+    pub attention_chunk: i32,
+    pub _pad: i32,
 }
 
 /// A packed batch (`FC_VARLEN_FIELDS`); the paged forward reuses `seqused_k` as the cache
@@ -109,9 +112,9 @@ pub(crate) struct FwdParams {
     pub probs_cols: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<ProblemArgs>() == 36 && std::mem::size_of::<ScoreModArgs>() == 64);
+const _: () = assert!(std::mem::size_of::<ProblemArgs>() == 36 && std::mem::size_of::<ScoreModArgs>() == 72);
 const _: () = assert!(std::mem::size_of::<VarlenArgs>() == 32);
-const _: () = assert!(std::mem::size_of::<FwdParams>() == 440);
+const _: () = assert!(std::mem::size_of::<FwdParams>() == 448);
 
 // SAFETY: plain old data with the C layout the kernels expect.
 unsafe impl DeviceRepr for FwdParams {}
@@ -147,7 +150,7 @@ pub(crate) struct BwdParams {
     pub varlen: VarlenArgs,
 }
 
-const _: () = assert!(std::mem::size_of::<BwdParams>() == 88 + 8 * 24 + 112 + 32);
+const _: () = assert!(std::mem::size_of::<BwdParams>() == 88 + 8 * 24 + 120 + 32);
 
 // SAFETY: plain old data with the C layout the kernels expect.
 unsafe impl DeviceRepr for BwdParams {}
@@ -198,6 +201,8 @@ fn score_mod_args(shape: &ProblemShape, params: &AttnParams, alibi: Option<Alibi
         dropout_state,
         dropout_threshold: params.dropout.map_or(0, |d| d.threshold()),
         dropout_scale: params.dropout.map_or(1.0, |d| d.scale()),
+        attention_chunk: params.attention_chunk as i32, // checked to fit (AttnParams::check)
+        _pad: 0,
     }
 }
 

@@ -52,6 +52,12 @@ pub struct AttnParams {
     /// mask); `-1` leaves a side unbounded. With `causal` the right side is 0. The default,
     /// [`Window::UNBOUNDED`], is no window. The backward takes it too (the same window).
     pub window: Window,
+    /// Chunked attention (Llama 4; FlashAttention-3's `attention_chunk`): the keys are cut into
+    /// chunks of this many from key 0, and query `i` sees only keys of the chunk that holds its
+    /// diagonal key `i + Sk - Sq` (with `causal`, those up to the diagonal; with a `window`,
+    /// those the window keeps too). `0` is off. Runs as a window whose sides are at most
+    /// `attention_chunk - 1` ([`AttnParams::mask`]).
+    pub attention_chunk: usize,
     /// Logit softcapping (Gemma 2): each score `s = q·k · softmax_scale` becomes
     /// `softcap · tanh(s / softcap)` before the softmax (the scale applies inside the tanh,
     /// as in flash_attn). `0` is off; otherwise finite and > 0. The backward takes it too.
@@ -108,8 +114,15 @@ impl AttnParams {
     /// The mask the kernels run: (causal, a window), with causal folded into the window's
     /// right side (0) when there is a window, and a window that is only causal (`(-1, 0)`)
     /// or unbounded returned as none.
+    /// Chunked attention runs as a window too, each side at most a chunk less one (a key
+    /// further from the diagonal is in another chunk), the chunk's bounds beside it.
     pub fn mask(&self) -> (bool, Option<Window>) {
         let right = if self.causal { 0 } else { self.window.right };
+        if self.attention_chunk > 0 {
+            let most = i32::try_from(self.attention_chunk - 1).unwrap_or(i32::MAX);
+            let side = |s: i32| if s < 0 { most } else { s.min(most) };
+            return (false, Some(Window { left: side(self.window.left), right: side(right) }));
+        }
         match (self.window.left, right) {
             (-1, -1) => (false, None),
             (-1, 0) => (true, None),
@@ -136,13 +149,17 @@ impl AttnParams {
         self.check_window_and_softcap()
     }
 
-    /// Checks the window's sides (-1 or >= 0) and the softcap (0, or finite and > 0), the
-    /// part of [`AttnParams::check`] that needs no head dim: the error names the argument.
+    /// Checks the window's sides (-1 or >= 0), the chunk (fits an `i32`) and the softcap (0, or
+    /// finite and > 0), the part of [`AttnParams::check`] that needs no head dim: the error
+    /// names the argument.
     pub fn check_window_and_softcap(&self) -> Result<()> {
         let Window { left, right } = self.window;
         if left < -1 || right < -1 {
             let msg = format!("({left}, {right}): each side must be -1 (unbounded) or >= 0");
             return Err(Error::Param { arg: "window", msg });
+        }
+        if self.attention_chunk > i32::MAX as usize {
+            return Err(Error::Param { arg: "attention_chunk", msg: format!("{} must be at most {}", self.attention_chunk, i32::MAX) });
         }
         if !self.softcap.is_finite() || self.softcap < 0.0 {
             return Err(Error::Param { arg: "softcap", msg: format!("{} must be 0 (off), or finite and > 0", self.softcap) });
@@ -170,20 +187,42 @@ impl AttnParams {
     /// ```
     pub fn visible_pairs(&self, seqlen_q: usize, seqlen_k: usize) -> u64 {
         let (causal, window) = self.mask();
-        let (sq, sk) = (seqlen_q as i64, seqlen_k as i64);
-        let (left, right) = match window {
-            Some(w) => (w.left as i64, w.right as i64),
-            None => (-1, if causal { 0 } else { -1 }),
-        };
-        (0..sq)
+        (0..seqlen_q)
             .map(|i| {
-                let diag = i + sk - sq;
-                let first = if left < 0 { 0 } else { (diag - left).max(0) };
-                let last = if right < 0 { sk - 1 } else { (diag + right).min(sk - 1) };
-                (last - first + 1).max(0) as u64
+                let (first, end) =
+                    visible_keys(i as i64 + seqlen_k as i64 - seqlen_q as i64, seqlen_k, causal, window, self.attention_chunk);
+                (end - first) as u64
             })
             .sum()
     }
+}
+
+/// Keys `[first, end)` that a query row sees among `seqlen_k` (`first == end`: none), its
+/// diagonal key `diagonal = i + Sk - Sq` (bottom-right aligned; may be negative or past the
+/// keys): up to the diagonal when `causal`; within `window`'s sides of it (-1 unbounded); with
+/// `chunk` > 0, within the diagonal's chunk `[c, c + chunk)`, `c` the largest multiple of
+/// `chunk` not above it. The host's one statement of the rule the kernels' `KeyMask`
+/// (`kernels/common/mask.cuh`) applies: the reference and the pair counts take it.
+pub(crate) fn visible_keys(diagonal: i64, seqlen_k: usize, causal: bool, window: Option<Window>, chunk: usize) -> (usize, usize) {
+    let (mut first, mut end) = (0i64, seqlen_k as i64);
+    if causal {
+        end = end.min(diagonal + 1);
+    }
+    if let Some(w) = window {
+        if w.right >= 0 {
+            end = end.min(diagonal + w.right as i64 + 1);
+        }
+        if w.left >= 0 {
+            first = first.max(diagonal - w.left as i64);
+        }
+    }
+    if chunk > 0 {
+        let start = diagonal.div_euclid(chunk as i64) * chunk as i64;
+        first = first.max(start);
+        end = end.min(start + chunk as i64);
+    }
+    let end = end.max(0);
+    (first.clamp(0, end) as usize, end as usize)
 }
 
 /// The problem's counts under a mask, here beside the mask's rules.
@@ -224,9 +263,12 @@ mod tests {
     /// The pairs by brute force over every (query, key) under the documented rule.
     fn brute(sq: usize, sk: usize, p: &AttnParams) -> u64 {
         let right = if p.causal { 0 } else { p.window.right };
+        let chunk = p.attention_chunk as i64;
         let sees = |i: i64, j: i64| {
             let diag = i + sk as i64 - sq as i64;
-            (p.window.left < 0 || j >= diag - p.window.left as i64) && (right < 0 || j <= diag + right as i64)
+            (p.window.left < 0 || j >= diag - p.window.left as i64)
+                && (right < 0 || j <= diag + right as i64)
+                && (chunk == 0 || j.div_euclid(chunk) == diag.div_euclid(chunk))
         };
         (0..sq as i64).map(|i| (0..sk as i64).filter(|&j| sees(i, j)).count() as u64).sum()
     }
@@ -244,9 +286,10 @@ mod tests {
     fn visible_pairs_count_windows_exactly() {
         for (sq, sk) in [(1, 1), (4, 4), (3, 5), (5, 2), (1, 7), (7, 1), (37, 100), (100, 37), (0, 5), (5, 0)] {
             for (left, right) in [(-1, -1), (-1, 0), (0, 0), (1, 0), (3, 2), (-1, 4), (6, -1), (200, 0)] {
-                for causal in [false, true] {
-                    let p = windowed(left, right, causal);
-                    assert_eq!(p.visible_pairs(sq, sk), brute(sq, sk, &p), "sq {sq} sk {sk} window ({left}, {right}) causal {causal}");
+                for (causal, chunk) in [false, true].into_iter().flat_map(|c| [0, 1, 3, 8, 64].map(|n| (c, n))) {
+                    let p = AttnParams { attention_chunk: chunk, ..windowed(left, right, causal) };
+                    let what = format!("sq {sq} sk {sk} window ({left}, {right}) causal {causal} chunk {chunk}");
+                    assert_eq!(p.visible_pairs(sq, sk), brute(sq, sk, &p), "{what}");
                 }
             }
         }
@@ -263,6 +306,21 @@ mod tests {
         for bad in [-0.125, f32::NAN, f32::INFINITY] {
             assert!(matches!(scaled(bad).check(64), Err(Error::Param { arg: "softmax_scale", .. })), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_chunk_runs_as_a_window_of_at_most_a_chunk_each_side() {
+        let chunked = |left, right, causal| AttnParams { attention_chunk: 8, ..windowed(left, right, causal) };
+        assert_eq!(chunked(-1, -1, false).mask(), (false, Some(Window::new(7, 7))));
+        assert_eq!(chunked(-1, -1, true).mask(), (false, Some(Window::new(7, 0))), "causal folded in");
+        assert_eq!(chunked(3, 100, false).mask(), (false, Some(Window::new(3, 7))));
+        let one = AttnParams { attention_chunk: 1, ..AttnParams::default() };
+        assert_eq!(one.mask(), (false, Some(Window::new(0, 0))), "a chunk of one key: the diagonal alone");
+        let too_long = AttnParams { attention_chunk: 1 << 31, ..AttnParams::default() };
+        assert!(matches!(too_long.check(64), Err(Error::Param { arg: "attention_chunk", .. })));
+        // Llama 4's chunk of 8192 keys over 16k causal: each row sees its chunk's keys up to itself.
+        let llama = AttnParams { attention_chunk: 8192, ..AttnParams::causal() };
+        assert_eq!(llama.visible_pairs(16384, 16384), 2 * (8192 * 8193 / 2));
     }
 
     #[test]

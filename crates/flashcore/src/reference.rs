@@ -39,6 +39,8 @@ pub struct RefMask<'a> {
     pub causal: bool,
     /// A sliding window, or none.
     pub window: Option<Window>,
+    /// Chunked attention's chunk ([`AttnParams::attention_chunk`]); 0 is off.
+    pub chunk: usize,
     /// Logit softcap; 0 is off.
     pub softcap: f64,
     /// ALiBi slopes: `[Hq]` (every sequence's) or `[B, Hq]` row-major; empty is off. Score
@@ -52,12 +54,13 @@ pub struct RefMask<'a> {
 }
 
 impl<'a> RefMask<'a> {
-    /// The mask and softcap of `params` (its window as given, causal besides); no ALiBi.
+    /// The mask and softcap of `params` (its window and chunk as given, causal besides); no ALiBi.
     pub fn of(params: &AttnParams) -> Self {
         let window = (params.window != Window::UNBOUNDED).then_some(params.window);
         RefMask {
             causal: params.causal,
             window,
+            chunk: params.attention_chunk,
             softcap: params.softcap as f64,
             alibi_slopes: &[],
             dropout: params.dropout,
@@ -98,22 +101,7 @@ impl<'a> RefMask<'a> {
 
     /// Keys `[first, last)` query row `i` of `sq` sees among `sk` (empty: none).
     fn visible(&self, i: usize, sq: usize, sk: usize) -> (usize, usize) {
-        let diagonal = i as i64 + sk as i64 - sq as i64;
-        let mut last = sk as i64; // one past
-        let mut first = 0i64;
-        if self.causal {
-            last = last.min(diagonal + 1);
-        }
-        if let Some(w) = self.window {
-            if w.right >= 0 {
-                last = last.min(diagonal + w.right as i64 + 1);
-            }
-            if w.left >= 0 {
-                first = first.max(diagonal - w.left as i64);
-            }
-        }
-        let last = last.max(0) as usize;
-        (first.clamp(0, last as i64) as usize, last)
+        crate::params::visible_keys(i as i64 + sk as i64 - sq as i64, sk, self.causal, self.window, self.chunk)
     }
 
     fn score(&self, s: f64) -> f64 {
@@ -463,15 +451,37 @@ mod tests {
     }
 
     #[test]
+    fn a_causal_chunk_is_each_chunk_alone() {
+        // Sq = Sk = 12 in chunks of 4 under the causal mask: rows 4c..4c+3 attend to keys
+        // 4c..4c+3 as a causal problem of 4 tokens of its own.
+        let whole = shape(1, 12, 12, 2, 1, 3);
+        let (q, k, v) = qkv(&whole, 5);
+        let chunked = attention_masked(&q, &k, &v, &whole, 0.7, &RefMask { causal: true, chunk: 4, ..RefMask::default() });
+        let part = shape(1, 4, 4, 2, 1, 3);
+        for c in 0..3 {
+            let rows = |t: &[f64], heads: usize| t[c * 4 * heads * 3..][..4 * heads * 3].to_vec();
+            let alone = attention(&rows(&q, 2), &rows(&k, 1), &rows(&v, 1), &part, 0.7, true);
+            assert_close(&chunked.o[c * 4 * 2 * 3..][..4 * 2 * 3], &alone.o, 1e-14);
+            for h in 0..2 {
+                assert_close(&chunked.lse[h * 12 + c * 4..][..4], &alone.lse[h * 4..][..4], 1e-14);
+            }
+        }
+    }
+
+    #[test]
     fn window_and_softcap_match_the_brute_force() {
-        // The brute force masks with the window's inequalities on signed indices and applies
-        // the softcap to each logit; Sq < Sk and Sq > Sk both, windows that leave rows empty.
+        // The brute force masks with the window's inequalities on signed indices, keeps a key
+        // only in the chunk of the row's diagonal (equal chunk indices, floored), and applies
+        // the softcap to each logit; Sq < Sk and Sq > Sk both, windows and chunks that leave
+        // rows empty, chunks alone (the window (-1, -1)).
         for (sq, sk) in [(5, 9), (9, 4), (7, 7)] {
             let s = shape(2, sq, sk, 4, 2, 3);
             let (q, k, v) = qkv(&s, 11);
-            for (left, right, causal) in [(0, 0, false), (1, 0, false), (2, 3, false), (-1, 1, false), (2, -1, true), (3, 5, true)] {
+            let masks =
+                [(0, 0, false), (1, 0, false), (2, 3, false), (-1, 1, false), (2, -1, true), (3, 5, true), (-1, -1, false), (-1, -1, true)];
+            for ((left, right, causal), chunk) in masks.into_iter().flat_map(|m| [0usize, 1, 3, 4].map(|c| (m, c))) {
                 for softcap in [0.0, 1.5] {
-                    let mask = RefMask { causal, window: Some(Window::new(left, right)), softcap, ..RefMask::default() };
+                    let mask = RefMask { causal, window: Some(Window::new(left, right)), chunk, softcap, ..RefMask::default() };
                     let got = attention_masked(&q, &k, &v, &s, 0.9, &mask);
                     let (mut o, mut lse) = (vec![0.0; got.o.len()], vec![f64::NEG_INFINITY; got.lse.len()]);
                     for b in 0..2 {
@@ -482,6 +492,7 @@ mod tests {
                                     (left < 0 || j >= diag - left as i64)
                                         && (right < 0 || j <= diag + right as i64)
                                         && (!causal || j <= diag)
+                                        && (chunk == 0 || j.div_euclid(chunk as i64) == diag.div_euclid(chunk as i64))
                                 };
                                 let w: Vec<f64> = (0..sk)
                                     .map(|j| {
@@ -507,7 +518,7 @@ mod tests {
                     }
                     assert_close(&got.o, &o, 1e-12);
                     assert_close(&got.lse, &lse, 1e-12);
-                    assert!(got.lse.iter().any(|l| l.is_finite()));
+                    assert!(got.lse.iter().any(|l| l.is_finite()), "({left}, {right}) causal {causal} chunk {chunk}");
                 }
             }
         }
@@ -693,6 +704,10 @@ mod tests {
             (4, 7, RefMask { causal: false, window: Some(Window::new(1, 0)), ..RefMask::default() }),
             (6, 4, RefMask { causal: false, window: Some(Window::new(0, 2)), softcap: 1.5, ..RefMask::default() }),
             (5, 5, RefMask { causal: true, window: Some(Window::new(2, -1)), softcap: 4.0, ..RefMask::default() }),
+            // Chunks: causal over Sq < Sk, alone over Sq > Sk, with a window and a softcap.
+            (5, 8, RefMask { causal: true, chunk: 3, ..RefMask::default() }),
+            (7, 4, RefMask { chunk: 2, ..RefMask::default() }),
+            (6, 6, RefMask { window: Some(Window::new(1, 1)), chunk: 4, softcap: 1.5, ..RefMask::default() }),
             // ALiBi, per head and per (batch, head), with a softcap and a window.
             (4, 7, RefMask { alibi_slopes: &[0.5, 0.25, 1.0, 2.0], ..RefMask::default() }),
             (6, 3, RefMask { causal: true, softcap: 4.0, alibi_slopes: &[0.3, 0.1, 0.7, 1.1, 0.2, 0.9, 0.4, 0.6], ..RefMask::default() }),

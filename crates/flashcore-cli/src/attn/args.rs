@@ -36,6 +36,11 @@ pub struct AttnArgs {
     /// diagonal, -1 for an unbounded side (flash_attn's window_size).
     #[arg(long, allow_hyphen_values = true)]
     pub(crate) window: Option<String>,
+    /// Chunked attention (Llama 4, FlashAttention-3's attention_chunk): each query sees only
+    /// the keys of the chunk of this many that holds its diagonal key. With --cpu for now: the
+    /// GPU kernels refuse it until their check.
+    #[arg(long)]
+    pub(crate) attention_chunk: Option<usize>,
     /// Logit softcap: scores become softcap * tanh(score / softcap).
     #[arg(long, allow_hyphen_values = true)]
     pub(crate) softcap: Option<f32>,
@@ -74,7 +79,7 @@ pub(crate) fn softmax_scale(args: &AttnArgs, head_dim: usize) -> f64 {
 }
 
 /// The options as the library's parameters for head dim `head_dim` (`--causal`, `--window`,
-/// `--softcap`, the scale and the family `--kernel` names), checked as every library call
+/// `--attention-chunk`, `--softcap`, the scale and the family `--kernel` names), checked as every library call
 /// checks them (`AttnParams::check`: the scale finite and >= 0, the window's sides, the
 /// softcap), the error naming the flag typed. The f64 reference takes a scale and a mask
 /// unchecked, so this check is what makes `--cpu` refuse what the GPU refuses (`--scale nan`
@@ -84,6 +89,7 @@ pub(crate) fn attn_params(args: &AttnArgs, head_dim: usize) -> Result<AttnParams
         softmax_scale: Some(softmax_scale(args, head_dim) as f32),
         causal: args.causal,
         window: window(args)?,
+        attention_chunk: args.attention_chunk.unwrap_or(0),
         softcap: args.softcap.unwrap_or(0.0),
         kernel: kernel(args)?,
         ..AttnParams::default()
@@ -99,6 +105,7 @@ pub(crate) fn attn_params(args: &AttnArgs, head_dim: usize) -> Result<AttnParams
 fn flag_of_param(arg: &str) -> String {
     match arg {
         "softmax_scale" => "--scale".into(),
+        "attention_chunk" => "--attention-chunk".into(),
         other => format!("--{other}"),
     }
 }

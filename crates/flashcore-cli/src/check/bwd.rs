@@ -36,6 +36,7 @@ pub struct BwdSpec {
     inputs: Inputs,
     storage: Storage,
     window: Window,
+    chunk: usize,
     softcap: f32,
     pub alibi: Alibi,
     dropout: Option<flashcore::Dropout>,
@@ -53,11 +54,29 @@ impl BwdSpec {
 
 impl BwdSpec {
     fn new(family: KernelFamily, deterministic: bool, case: Case, inputs: Inputs, storage: Storage) -> Self {
-        Self { family, deterministic, case, inputs, storage, window: Window::UNBOUNDED, softcap: 0.0, alibi: Alibi::Off, dropout: None }
+        Self {
+            family,
+            deterministic,
+            case,
+            inputs,
+            storage,
+            window: Window::UNBOUNDED,
+            chunk: 0,
+            softcap: 0.0,
+            alibi: Alibi::Off,
+            dropout: None,
+        }
     }
 
     fn params(&self) -> AttnParams {
-        AttnParams { causal: self.case.causal, window: self.window, softcap: self.softcap, dropout: self.dropout, ..AttnParams::default() }
+        AttnParams {
+            causal: self.case.causal,
+            window: self.window,
+            attention_chunk: self.chunk,
+            softcap: self.softcap,
+            dropout: self.dropout,
+            ..AttnParams::default()
+        }
     }
 }
 
@@ -160,6 +179,40 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<BwdSpec> {
                 // blocks that see a query block (from the first, not from key block 0).
                 let window = Window::new(1000, 100);
                 out.push(BwdSpec { window, ..BwdSpec::new(family, deterministic, case(), Inputs::Normal, Storage::Bshd) });
+            }
+        }
+    }
+    out
+}
+
+/// Chunked attention's backward (`check --chunk`), every head dim (quick: D64, D128), both
+/// masks: chunks aligned to the key blocks and not, Sq > Sk and Sq < Sk, a chunk of one key,
+/// one longer than the keys, with a window, with a softcap and ALiBi; every other one
+/// deterministic (the fast kernels: the query blocks a key block visits are the chunk's).
+pub fn chunk_specs(family: KernelFamily, quick: bool) -> Vec<BwdSpec> {
+    let head_dims: Vec<usize> = family.head_dims().iter().copied().filter(|&d| !quick || d == 64 || d == 128).collect();
+    let fast = family != KernelFamily::Reference;
+    let mut out = Vec::new();
+    for &d in &head_dims {
+        for causal in [false, true] {
+            let mut shapes = vec![(1000, 1000, 128, 8, 2), (1000, 1000, 100, 2, 2), (257, 1000, 300, 4, 1), (1000, 257, 64, 8, 2)];
+            if !quick {
+                shapes.extend([(113, 113, 1, 4, 2), (300, 200, 8192, 4, 2)]);
+            }
+            for (i, (sq, sk, chunk, hq, hkv)) in shapes.into_iter().enumerate() {
+                let case = Case::new(1, sq, sk, hq, hkv, d, causal, DType::BF16);
+                out.push(BwdSpec { chunk, ..BwdSpec::new(family, fast && i % 2 == 1, case, Inputs::Normal, Storage::Bshd) });
+            }
+            if !quick {
+                let case = Case::new(1, 1000, 1000, 8, 2, d, causal, DType::BF16);
+                out.push(BwdSpec {
+                    window: Window::new(127, 0),
+                    chunk: 200,
+                    ..BwdSpec::new(family, fast, case, Inputs::Normal, Storage::Bshd)
+                });
+                let case = Case::new(2, 1000, 300, 4, 2, d, causal, DType::BF16);
+                let capped = BwdSpec { chunk: 96, softcap: 30.0, ..BwdSpec::new(family, false, case, Inputs::LargeLogits, Storage::Bshd) };
+                out.push(BwdSpec { alibi: Alibi::PerHead, ..capped });
             }
         }
     }
@@ -288,7 +341,7 @@ pub fn check_one(ctx: &Context, spec: &BwdSpec) -> Result<Outcome> {
     let bhsd = if spec.storage == Storage::Bhsd { "_bhsd" } else { "" };
     let large = if spec.inputs == Inputs::LargeLogits { "_large-logits" } else { "" };
     let det = if spec.deterministic { "_deterministic" } else { "" };
-    let score = super::score_suffix(spec.window, spec.softcap);
+    let score = super::score_suffix(spec.window, spec.softcap) + &super::chunk_suffix(spec.chunk);
     Ok(Outcome {
         spec_name: format!(
             "bwd_{}{bhsd}{large}{score}{}{}{det}",

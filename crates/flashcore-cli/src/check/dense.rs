@@ -29,6 +29,8 @@ pub struct Spec {
     scale: Option<f32>,
     /// Sliding window (`Window::UNBOUNDED`: none).
     window: Window,
+    /// Chunked attention's chunk (0: off).
+    chunk: usize,
     /// Logit softcap (0: off).
     softcap: f32,
     /// ALiBi's slopes.
@@ -39,7 +41,18 @@ pub struct Spec {
 
 impl Spec {
     fn new(case: Case, inputs: Inputs, storage: Storage) -> Self {
-        Self { case, inputs, storage, splits: None, scale: None, window: Window::UNBOUNDED, softcap: 0.0, alibi: Alibi::Off, dropout: None }
+        Self {
+            case,
+            inputs,
+            storage,
+            splits: None,
+            scale: None,
+            window: Window::UNBOUNDED,
+            chunk: 0,
+            softcap: 0.0,
+            alibi: Alibi::Off,
+            dropout: None,
+        }
     }
 
     fn with_alibi(self, alibi: Alibi) -> Self {
@@ -201,6 +214,39 @@ fn mods_specs(d: usize, causal: bool, dtype: DType, quick: bool) -> Vec<Spec> {
     out
 }
 
+/// Chunked attention (`check --chunk`), every head dim (quick: D64, D128), both masks, bf16
+/// (f16 on one shape): chunks aligned to the key blocks and not, a chunk of one key, one
+/// longer than the keys, Sq > Sk (diagonals left of key 0), Sq < Sk, decode over 4097 keys,
+/// with a window, with a softcap and ALiBi.
+pub fn chunk_specs(family: KernelFamily, quick: bool) -> Vec<Spec> {
+    let head_dims: Vec<usize> = family.head_dims().iter().copied().filter(|&d| !quick || d == 64 || d == 128).collect();
+    let mut out = Vec::new();
+    for &d in &head_dims {
+        for causal in [false, true] {
+            let chunked = |b, sq, sk, chunk, dtype| Spec {
+                chunk,
+                ..Spec::new(Case::new(b, sq, sk, 8, 2, d, causal, dtype), Inputs::Normal, Storage::Bshd)
+            };
+            out.push(chunked(1, 1000, 1000, 128, DType::BF16));
+            out.push(chunked(1, 1000, 1000, 100, DType::BF16));
+            out.push(chunked(2, 257, 1000, 300, DType::F16));
+            out.push(chunked(2, 1000, 257, 64, DType::BF16));
+            out.push(chunked(3, 1, 4097, 1024, DType::BF16));
+            if !quick {
+                out.push(chunked(2, 113, 113, 1, DType::BF16));
+                out.push(chunked(1, 300, 200, 8192, DType::BF16));
+                out.push(Spec { window: Window::new(127, 0), ..chunked(1, 1000, 1000, 200, DType::BF16) });
+                let capped = Spec {
+                    chunk: 96,
+                    ..Spec::with_mods(Case::new(1, 1000, 300, 4, 2, d, causal, DType::BF16), Inputs::LargeLogits, Window::UNBOUNDED, 30.0)
+                };
+                out.push(capped.with_alibi(Alibi::PerHead));
+            }
+        }
+    }
+    out
+}
+
 /// Dropout (fwd_sm80's and fwd_sm90's forms): p 0.17 on Sq < Sk with GQA, 0.5 with a window and ALiBi per
 /// sequence on Sq > Sk, 0.1 in decode (no GQA packing under dropout).
 fn dropout_specs(d: usize, causal: bool, dtype: DType, quick: bool) -> Vec<Spec> {
@@ -253,6 +299,7 @@ fn run_poisoned(ctx: &Context, family: KernelFamily, spec: &Spec, q: &Stored, k:
         num_splits: spec.splits,
         softmax_scale: Some(spec.scale()),
         window: spec.window,
+        attention_chunk: spec.chunk,
         softcap: spec.softcap,
         dropout: spec.dropout,
         ..AttnParams::default()
@@ -286,7 +333,7 @@ pub fn check_one(ctx: &Context, family: KernelFamily, spec: &Spec) -> Result<Out
     let splits = spec.splits.map(|n| format!("_split{n}")).unwrap_or_default();
     let scale = spec.scale.map(|s| format!("_scale{s}")).unwrap_or_default();
     let bhsd = if spec.storage == Storage::Bhsd { "_bhsd" } else { "" };
-    let score = super::score_suffix(spec.window, spec.softcap);
+    let score = super::score_suffix(spec.window, spec.softcap) + &super::chunk_suffix(spec.chunk);
     let drop = spec.dropout.map(|d| format!("_dropout{}", d.p)).unwrap_or_default();
     let name = format!("{}{}{bhsd}{splits}{scale}{score}{}{drop}", case.name, inputs_suffix(spec.inputs), spec.alibi.suffix());
     Ok(Outcome { spec_name: name, kernel: family, oracle, rel, max_abs, lse_err, deterministic, failure })
@@ -319,6 +366,7 @@ fn oracle(
         let mask = RefMask {
             causal: case.causal,
             window: (spec.window != Window::UNBOUNDED).then_some(spec.window),
+            chunk: spec.chunk,
             softcap: spec.softcap as f64,
             alibi_slopes: &slopes,
             dropout: spec.dropout,

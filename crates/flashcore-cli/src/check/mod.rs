@@ -72,6 +72,10 @@ pub struct CheckArgs {
     /// Only the cases with dropout (fwd_sm80's, fwd_sm90's, bwd_sm80's and bwd_sm90's forms).
     #[arg(long)]
     dropout: bool,
+    /// Only the chunked-attention cases (`attention_chunk`), forward and backward: apart from
+    /// the other runs while the library refuses chunks on the GPU (`dispatch::CHUNKS_CHECKED_ON_GPU`).
+    #[arg(long, conflicts_with_all = ["dropout", "alibi", "only"])]
+    chunk: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -96,20 +100,22 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     let group = |name: &str| args.only.as_deref().is_none_or(|only| only == name);
     let forward = families.iter().filter(|f| !f.is_backward() && group("forward"));
     let (quick, smoke) = (depth == Depth::Quick, depth == Depth::Smoke);
-    let all: Vec<(KernelFamily, dense::Spec)> =
-        forward.flat_map(|&f| dense::specs(f, quick, smoke).into_iter().map(move |s| (f, s))).collect();
+    let dense_specs = |f| if args.chunk { dense::chunk_specs(f, quick || smoke) } else { dense::specs(f, quick, smoke) };
+    let all: Vec<(KernelFamily, dense::Spec)> = forward.flat_map(|&f| dense_specs(f).into_iter().map(move |s| (f, s))).collect();
     // The backward's kernels: bwd_sm80, bwd_sm90, and the reference (which has both passes).
+    let bwd_specs = |f| if args.chunk { bwd::chunk_specs(f, quick || smoke) } else { bwd::specs(f, quick, smoke) };
     let backward: Vec<bwd::BwdSpec> = families
         .iter()
         .filter(|f| (f.is_backward() || **f == KernelFamily::Reference) && group("backward"))
-        .flat_map(|&f| bwd::specs(f, quick, smoke))
+        .flat_map(|&f| bwd_specs(f))
         .collect();
     let packed: Vec<VarlenSpec> = families
         .iter()
-        .filter(|_| group("varlen"))
+        .filter(|_| group("varlen") && !args.chunk)
         .flat_map(|&f| if f.is_backward() { varlen_bwd::specs(f, quick, smoke) } else { varlen::specs(f, quick, smoke) })
         .collect();
-    let cached: Vec<paged::PagedSpec> = families.iter().filter(|_| group("paged")).flat_map(|&f| paged::specs(f, quick, smoke)).collect();
+    let cached: Vec<paged::PagedSpec> =
+        families.iter().filter(|_| group("paged") && !args.chunk).flat_map(|&f| paged::specs(f, quick, smoke)).collect();
     let dim = |d: usize| args.head_dims.is_empty() || args.head_dims.contains(&d);
     let alibi = |a: Alibi| !args.alibi || a != Alibi::Off;
     let dropped = |d: bool| !args.dropout || d;
@@ -170,6 +176,15 @@ pub(crate) fn score_suffix(window: flashcore::Window, softcap: f32) -> String {
         suffix += &format!("_cap{softcap}");
     }
     suffix
+}
+
+/// The case-name suffix of chunked attention: `_chunk{n}`, empty when off.
+pub(crate) fn chunk_suffix(chunk: usize) -> String {
+    if chunk > 0 {
+        format!("_chunk{chunk}")
+    } else {
+        String::new()
+    }
 }
 
 /// ALiBi in a check case: off, one slope a query head, or one a sequence and query head.

@@ -285,7 +285,7 @@ struct Step {
 // The mask of one sequence: its own lengths (a varlen batch entry's), the common ones when
 // dense, where this is Mask(p).
 __device__ __forceinline__ Mask sequence_mask(const Sequence& seq, const BwdParams& p) {
-    return Mask(seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
+    return Mask(p, seq.seqlen_q, seq.seqlen_k);
 }
 
 // Issues the cp.async loads of a step's Q, dO, lse and D_i into stage `stage`.

@@ -444,7 +444,7 @@ using Mask = KeyMask<kCausal, kLocal>;  // common/mask.cuh
 // The mask of one sequence: its own lengths (a varlen batch entry's), the common ones when
 // dense, where this is Mask(p).
 __device__ __forceinline__ Mask sequence_mask(const Sequence& seq, const FwdParams& p) {
-    return Mask(seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
+    return Mask(p, seq.seqlen_q, seq.seqlen_k);
 }
 
 // Key tiles the query tile at m0 of `seq` visits ([begin, end)), and which need the mask.

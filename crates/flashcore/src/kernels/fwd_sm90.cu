@@ -248,7 +248,7 @@ using Mask = KeyMask<kCausal, kLocal>;  // common/mask.cuh
 
 // The mask of one sequence's queries and keys.
 __device__ __forceinline__ Mask mask_of(const FwdParams& p, const Sequence& seq) {
-    return Mask(seq.seqlen_q, seq.seqlen_k, p.window_left, p.window_right);
+    return Mask(p, seq.seqlen_q, seq.seqlen_k);
 }
 
 // The key blocks the query rows [m0, m0 + block_m) visit ([begin, end), last to first), and

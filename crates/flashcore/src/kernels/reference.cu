@@ -26,14 +26,24 @@ __device__ __forceinline__ const elem_t* row_ptr(const void* base, long long sb,
 
 // The keys query row `row` sees: [visible_first, visible_last] (bottom-right aligned; see
 // common/mask.cuh for the same rule in the fast kernels). Params: FwdParams or BwdParams.
+// With chunked attention (p.attention_chunk > 0) the keys of the chunk that holds the
+// diagonal key only: [chunk_start(diagonal), chunk_start(diagonal) + attention_chunk).
+template <class Params> __device__ __forceinline__ int chunk_start(const Params& p, int key) {
+    const int c = p.attention_chunk;
+    return key - (key % c + c) % c;  // floored, for diagonals left of key 0 too
+}
 template <class Params> __device__ __forceinline__ int visible_first(const Params& p, int row) {
-    return p.window_left >= 0 ? max(0, row + p.seqlen_k - p.seqlen_q - p.window_left) : 0;
+    const int diagonal = row + p.seqlen_k - p.seqlen_q;
+    int first = p.window_left >= 0 ? max(0, diagonal - p.window_left) : 0;
+    if (p.attention_chunk > 0) first = max(first, chunk_start(p, diagonal));
+    return first;
 }
 template <class Params> __device__ __forceinline__ int visible_last(const Params& p, int row) {
     const int diagonal = row + p.seqlen_k - p.seqlen_q;
     int last = p.seqlen_k - 1;
     if (p.causal) last = min(last, diagonal);
     if (p.window_right >= 0) last = min(last, diagonal + p.window_right);
+    if (p.attention_chunk > 0) last = min(last, chunk_start(p, diagonal) + p.attention_chunk - 1);
     return last;
 }
 
@@ -133,10 +143,15 @@ __device__ __forceinline__ float capped_grad(const BwdParams& p, float c) {
 __device__ __forceinline__ int seeing_first(const BwdParams& p, int key) {
     const int offset = p.seqlen_k - p.seqlen_q;
     const int right = p.causal ? 0 : p.window_right;
-    return right >= 0 ? max(0, key - offset - right) : 0;
+    int first = right >= 0 ? max(0, key - offset - right) : 0;
+    if (p.attention_chunk > 0) first = max(first, chunk_start(p, key) - offset);
+    return first;
 }
 __device__ __forceinline__ int seeing_last(const BwdParams& p, int key) {
-    return p.window_left >= 0 ? min(p.seqlen_q - 1, key - (p.seqlen_k - p.seqlen_q) + p.window_left) : p.seqlen_q - 1;
+    const int offset = p.seqlen_k - p.seqlen_q;
+    int last = p.window_left >= 0 ? min(p.seqlen_q - 1, key - offset + p.window_left) : p.seqlen_q - 1;
+    if (p.attention_chunk > 0) last = min(last, chunk_start(p, key) + p.attention_chunk - 1 - offset);
+    return last;
 }
 
 __device__ __forceinline__ elem_t* mut_row_ptr(void* base, long long sb, long long ss, long long sh, int b, int s, int h) {

@@ -28,6 +28,9 @@
 //   Sliding window (kernels built with FC_LOCAL=1): query i sees keys
 //     i + Sk - Sq - window_left ... i + Sk - Sq + window_right; -1 = unbounded on that side.
 //     The host folds causal in (window_right <= 0).
+//   Chunked attention (FC_LOCAL=1 too; attention_chunk > 0, else 0): query i sees only the keys
+//     of the chunk [c, c + attention_chunk) that holds its diagonal key i + Sk - Sq (c a
+//     multiple of attention_chunk), within the window, whose sides the host caps at a chunk.
 //   Logit softcapping (kernels built with FC_SOFTCAP=1): the scores become
 //     softcap * tanh(q·k * softcap_scale), softcap_scale = softmax_scale / softcap, before the
 //     softmax, whose softmax_scale_log2 is then log2(e). softcap = 0: off.
@@ -55,7 +58,9 @@
     unsigned long long dropout_offset;       \
     const unsigned long long* dropout_state; \
     unsigned int dropout_threshold;          \
-    float dropout_scale;
+    float dropout_scale;                     \
+    int attention_chunk;                     \
+    int score_mods_pad; /* a multiple of 8 bytes, as the Rust mirror */
 
 // Varlen (kernels built with FC_VARLEN=1; see common/sequence.cuh): one packed batch of
 // sequences, q, o (and dout, dq) [total_q, Hq, D], k, v (and dk, dv) [total_k, Hkv, D], every

@@ -20,7 +20,7 @@ template <int kBlockM, int kBlockN, bool kCausal, bool kLocal, bool kVarlen> str
     // offsets 0 and p's lengths (constants the compiler reads from the parameters).
     static __device__ __forceinline__ Sequence sequence_of(const BwdParams& p) { return sequence<kVarlen>(p, blockIdx.z); }
     static __device__ __forceinline__ Mask mask(const BwdParams& p, const Sequence& s) {
-        return Mask(s.seqlen_q, s.seqlen_k, p.window_left, p.window_right);
+        return Mask(p, s.seqlen_q, s.seqlen_k);
     }
 
     // The query blocks one CTA visits: every query head of its KV head, each over the query

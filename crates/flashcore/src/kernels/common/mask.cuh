@@ -37,28 +37,44 @@ using QueryBlocks = KeyBlocks;
 // Query row `row` sees keys [first(row), last(row)] within [0, Sk), bottom-right aligned
 // (offset = Sk - Sq, as flash_attn): causal, last = row + offset; local (a sliding window, with
 // causal folded in by the host as window_right = 0), first = row + offset - window_left and
-// last = row + offset + window_right, -1 meaning unbounded. Rows whose range is empty see no
-// key: their output is 0 and their LSE -inf.
+// last = row + offset + window_right, -1 meaning unbounded. Chunked attention (local too, the
+// window's sides capped at a chunk by the host) also keeps first and last within the chunk
+// of the row's diagonal key. Rows whose range is empty see no key: their output is 0 and
+// their LSE -inf. first and last never decrease from one row to the next: the block ranges
+// below rely on it.
 template <bool kCausal, bool kLocal> struct KeyMask {
     static constexpr int kUnbounded = 1 << 30;  // a window side of -1; row + offset stays far from overflow
-    int offset, seqlen_k, left, right;
+    int offset, seqlen_k, left, right, chunk;
 
     // One sequence of seqlen_q queries and seqlen_k keys (a varlen batch's own lengths).
-    __device__ __forceinline__ KeyMask(int seqlen_q, int seqlen_k, int window_left, int window_right)
+    __device__ __forceinline__ KeyMask(int seqlen_q, int seqlen_k, int window_left, int window_right, int attention_chunk)
         : offset(seqlen_k - seqlen_q),
           seqlen_k(seqlen_k),
           left(kLocal && window_left >= 0 ? window_left : kUnbounded),
-          right(kLocal && window_right >= 0 ? window_right : kUnbounded) {}
-    __device__ __forceinline__ explicit KeyMask(const FwdParams& p)
-        : KeyMask(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right) {}
-    __device__ __forceinline__ explicit KeyMask(const BwdParams& p)
-        : KeyMask(p.seqlen_q, p.seqlen_k, p.window_left, p.window_right) {}
+          right(kLocal && window_right >= 0 ? window_right : kUnbounded),
+          chunk(kLocal ? attention_chunk : 0) {}
+    template <class Params>  // FwdParams or BwdParams: one sequence's lengths, the call's policies
+    __device__ __forceinline__ KeyMask(const Params& p, int seqlen_q, int seqlen_k)
+        : KeyMask(seqlen_q, seqlen_k, p.window_left, p.window_right, p.attention_chunk) {}
+    __device__ __forceinline__ explicit KeyMask(const FwdParams& p) : KeyMask(p, p.seqlen_q, p.seqlen_k) {}
+    __device__ __forceinline__ explicit KeyMask(const BwdParams& p) : KeyMask(p, p.seqlen_q, p.seqlen_k) {}
+
+    // The first and last key of the chunk that holds key `key` (floored, so a diagonal left of
+    // key 0 has its own chunk); without chunks, unbounded both ways.
+    __device__ __forceinline__ int chunk_first(int key) const {
+        return chunk <= 0 ? -kUnbounded : key - (key % chunk + chunk) % chunk;  // % truncates: made floored
+    }
+    __device__ __forceinline__ int chunk_last(int key) const { return chunk <= 0 ? kUnbounded : chunk_first(key) + chunk - 1; }
 
     // First visible key (may be < 0: from key 0) and last (at most Sk - 1; < first: none).
-    __device__ __forceinline__ int first(int row) const { return kLocal ? row + offset - left : 0; }
+    __device__ __forceinline__ int first(int row) const {
+        return kLocal ? max(row + offset - left, chunk_first(row + offset)) : 0;
+    }
     __device__ __forceinline__ int last(int row) const {
         const int diagonal = row + offset;
-        return kLocal ? min(seqlen_k - 1, diagonal + right) : kCausal ? min(seqlen_k - 1, diagonal) : seqlen_k - 1;
+        return kLocal ? min(seqlen_k - 1, min(diagonal + right, chunk_last(diagonal)))
+               : kCausal ? min(seqlen_k - 1, diagonal)
+                         : seqlen_k - 1;
     }
     // Keys are >= 0: without a window only the upper bound is tested.
     // Whether key block n of `b` needs the mask (without a window only the upper end can).
@@ -97,12 +113,14 @@ template <bool kCausal, bool kLocal> struct KeyMask {
 
     // The transposed view (the backward, which walks queries per key): the rows that see key
     // `key` (< Sk) are [first_row(key), last_row(key)], not clamped to [0, Sq). From
-    // first(i) <= key <= i + offset + right: i >= key - offset - right and i <= key - offset +
-    // left.
+    // first(i) <= key <= last(i): the diagonal i + offset lies within [key - right, key +
+    // left] and, with chunks, in key's chunk.
     __device__ __forceinline__ int first_row(int key) const {
-        return kLocal || !kCausal ? key - offset - right : key - offset;
+        return kLocal ? max(key - right, chunk_first(key)) - offset : kCausal ? key - offset : key - offset - right;
     }
-    __device__ __forceinline__ int last_row(int key) const { return key - offset + left; }
+    __device__ __forceinline__ int last_row(int key) const {
+        return kLocal ? min(key + left, chunk_last(key)) - offset : key - offset + left;
+    }
 
     // Query blocks (of `block` rows) that see keys [key0, key_end) (a key block: key_end may
     // pass Sk, whose keys no row sees, and then no block is full). Exact: a block outside
