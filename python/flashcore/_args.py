@@ -130,7 +130,7 @@ def _options(
     window = NO_WINDOW if window_size == NO_WINDOW else _window(window_size)
     cap = 0.0 if softcap == 0.0 else _softcap(softcap)
     slopes = None if alibi_slopes is None else _alibi(alibi_slopes, q)
-    return _ops.options((_scale(softmax_scale, q.shape[-1]), bool(causal), window, cap, 0, bool(deterministic), slopes, dropout))
+    return _ops.options((_scale(softmax_scale, q.shape[-1]), bool(causal), window, cap, 0, bool(deterministic), slopes, dropout, 0))
 
 
 def _no_dropout(dropout_p: object) -> None:

@@ -38,8 +38,8 @@ GradArg = Union[int, TensorArg]
 GradsArg = Tuple[GradArg, GradArg, GradArg]
 # Every call's options: softmax_scale (None: 1/sqrt(D)), causal, window_left, window_right
 # (flash_attn's window_size, -1 unbounded), softcap (0: none), num_splits (None: FlashCore's
-# choice), deterministic (the backward's): `flashcore._ops.Options.arg()`
-OptionsArg = Tuple[Optional[float], bool, int, int, float, Optional[int], bool]
+# choice), deterministic (the backward's), attention_chunk (0: none): `flashcore._ops.Options.arg()`
+OptionsArg = Tuple[Optional[float], bool, int, int, float, Optional[int], bool, int]
 
 def attention_forward(
     call: CallArg,

@@ -64,35 +64,44 @@ class Options(NamedTuple):
     deterministic: bool = False  # bitwise-reproducible gradients (the backward's)
     alibi_slopes: Optional[Tensor] = None  # f32 [Hq] or [B, Hq], checked and contiguous
     dropout: Optional[Dropout] = None
+    attention_chunk: int = 0  # chunked attention's chunk in keys (FA3's attention_chunk), 0: off
 
     # The registered ops' form: the window as its two sides, dropout as `dropout_p` and its
     # `rng_state` (None: no dropout). No defaults: the dispatcher drops trailing arguments
     # equal to their defaults before a Python kernel sees them.
     SCHEMA = (
         "float softmax_scale, bool causal, SymInt window_left, SymInt window_right, float softcap, SymInt num_splits, "
-        "bool deterministic, Tensor? alibi_slopes, float dropout_p, Tensor? rng_state"
+        "bool deterministic, Tensor? alibi_slopes, float dropout_p, Tensor? rng_state, SymInt attention_chunk"
     )
     FLAT_LEN = SCHEMA.count(",") + 1
 
     def arg(self) -> _flashcore.OptionsArg:
         """The extension's form (`flashcore::AttnParams`)."""
-        return (self.softmax_scale, self.causal, self.window[0], self.window[1], self.softcap, self.num_splits or None, self.deterministic)
+        return (
+            self.softmax_scale, self.causal, self.window[0], self.window[1], self.softcap, self.num_splits or None, self.deterministic,
+            self.attention_chunk,
+        )  # fmt: skip
 
     def flat(self) -> tuple:
         """The values of `SCHEMA`, in its order."""
         p, state = (0.0, None) if self.dropout is None else self.dropout
-        return (self.softmax_scale, self.causal, self.window[0], self.window[1], self.softcap, self.num_splits, self.deterministic, self.alibi_slopes, p, state)
+        return (
+            self.softmax_scale, self.causal, self.window[0], self.window[1], self.softcap, self.num_splits, self.deterministic,
+            self.alibi_slopes, p, state, self.attention_chunk,
+        )  # fmt: skip
 
     @staticmethod
     def from_flat(values: tuple) -> "Options":
         """The record from the values of `SCHEMA`."""
-        scale, causal, left, right, softcap, num_splits, deterministic, alibi_slopes, p, state = values
-        return Options(scale, causal, (left, right), softcap, num_splits, deterministic, alibi_slopes, None if state is None else (p, state))
+        scale, causal, left, right, softcap, num_splits, deterministic, alibi_slopes, p, state, chunk = values
+        dropout = None if state is None else (p, state)
+        return Options(scale, causal, (left, right), softcap, num_splits, deterministic, alibi_slopes, dropout, chunk)
 
 
 # `Options(...)` runs NamedTuple's generated `__new__`, a Python frame (~0.4 µs a call on the
 # H200 host, 2% of a small call's host time); the public functions' path makes the record from
-# its eight fields in order with the tuple constructor itself.
+# its nine fields in order with the tuple constructor itself (every field: a shorter tuple
+# would lack the last ones).
 options: Callable[[tuple], Options] = functools.partial(tuple.__new__, Options)
 
 

@@ -76,8 +76,8 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, options: _ops.Options, want_lse:
         return out[..., :d], lse
     path = route(q, k, v, options.dropout)
     if path is NATIVE:
-        scale, causal, (left, right), softcap, num_splits, deterministic, alibi_slopes, _ = options  # unpacked: faster than 8 attribute reads
-        return _native.attention()(q, k, v, scale, causal, left, right, softcap, num_splits, deterministic, want_lse, alibi_slopes)
+        scale, causal, (left, right), softcap, num_splits, deterministic, alibi_slopes, _, chunk = options  # unpacked: faster than attribute reads
+        return _native.attention()(q, k, v, scale, causal, left, right, chunk, softcap, num_splits, deterministic, want_lse, alibi_slopes)
     if path is AUTOGRAD:
         if want_lse:
             return _ops.record(_ops.Attention, q, k, v, (options, True, probs))
@@ -117,11 +117,11 @@ def _varlen_attention(
         return out[..., :d], lse
     path = route(q, k, v, options.dropout)
     if path is NATIVE:
-        scale, causal, (left, right), softcap, _, deterministic, alibi_slopes, _ = options
+        scale, causal, (left, right), softcap, _, deterministic, alibi_slopes, _, chunk = options
         cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, _ = batch
         return _native.varlen_attention()(
             q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, batch.check(),
-            scale, causal, left, right, softcap, deterministic, want_lse, alibi_slopes,
+            scale, causal, left, right, chunk, softcap, deterministic, want_lse, alibi_slopes,
         )  # fmt: skip
     if path is AUTOGRAD:
         return _ops.record(_ops.VarlenAttention, q, k, v, batch, (options, probs))

@@ -119,19 +119,19 @@ enum GradArg {
 struct GradsArg(GradArg, GradArg, GradArg);
 
 /// A call's options (`flashcore::AttnParams`), as the Python tuple `(softmax_scale, causal,
-/// window_left, window_right, softcap, num_splits, deterministic)`: `softmax_scale` `None` for
-/// `1/sqrt(D)`, `window_left`, `window_right` flash_attn's `window_size` (-1 unbounded),
-/// `softcap` 0 for none, `num_splits` `None` for FlashCore's choice, `deterministic` for the
-/// backward. The Rust API validates them. The Python side's record is `flashcore._ops.Options`
+/// window_left, window_right, softcap, num_splits, deterministic, attention_chunk)`:
+/// `softmax_scale` `None` for `1/sqrt(D)`, `window_left`, `window_right` flash_attn's
+/// `window_size` (-1 unbounded), `softcap` 0 for none, `num_splits` `None` for FlashCore's
+/// choice, `deterministic` for the backward, `attention_chunk` 0 for none. The Rust API validates them. The Python side's record is `flashcore._ops.Options`
 /// (its `arg()`).
 #[derive(FromPyObject)]
-struct OptionsArg(Option<f32>, bool, i32, i32, f32, Option<usize>, bool);
+struct OptionsArg(Option<f32>, bool, i32, i32, f32, Option<usize>, bool, usize);
 
 /// `options` as the Rust API takes them.
 fn params(options: OptionsArg) -> AttnParams {
-    let OptionsArg(softmax_scale, causal, window_left, window_right, softcap, num_splits, deterministic) = options;
+    let OptionsArg(softmax_scale, causal, window_left, window_right, softcap, num_splits, deterministic, attention_chunk) = options;
     let window = Window::new(window_left, window_right);
-    AttnParams { softmax_scale, causal, window, softcap, num_splits, deterministic, ..AttnParams::default() }
+    AttnParams { softmax_scale, causal, window, attention_chunk, softcap, num_splits, deterministic, ..AttnParams::default() }
 }
 
 /// A packed batch's arguments (flash_attn's varlen form; `flashcore::VarlenBatch`):

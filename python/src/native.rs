@@ -22,7 +22,7 @@ use flashcore::{AlibiSlopes, AttnParams, CallerStream, DType, Error, ExternalStr
 use crate::{backward_on, error_kind, forward_on, ErrorKind};
 
 /// The struct layouts' version: `attention.cpp` refuses entry points of another.
-pub const ABI_VERSION: u64 = 4;
+pub const ABI_VERSION: u64 = 5;
 
 /// A tensor: address, shape and strides (elements, four dims), dtype (0 f16, 1 bf16).
 #[repr(C)]
@@ -43,6 +43,7 @@ pub struct NativeOptions {
     causal: i32,
     window_left: i32,
     window_right: i32,
+    attention_chunk: i32,
     softcap: f32,
     num_splits: i32,
     deterministic: i32,
@@ -152,6 +153,8 @@ impl NativeOptions {
             softmax_scale: Some(self.softmax_scale),
             causal: self.causal != 0,
             window: Window::new(self.window_left, self.window_right),
+            // A negative chunk reads as too long: the Rust API refuses it by name.
+            attention_chunk: usize::try_from(self.attention_chunk).unwrap_or(usize::MAX),
             softcap: self.softcap,
             num_splits: (self.num_splits > 0).then_some(self.num_splits as usize),
             deterministic: self.deterministic != 0,

@@ -123,9 +123,20 @@ def test_flash_attn_combine_is_fa3s_merge(fa3, num_splits, dtype):
 def test_what_flashcore_does_not_run_yet_is_refused_by_name(fa3):
     q = randn(1, 16, 4, 64)
     cu = torch.tensor([0, 16], dtype=torch.int32, device="cuda")
-    for kwargs, name in ((dict(qv=q), "qv"), (dict(q_descale=q), "q_descale"), (dict(v_descale=q), "v_descale"), (dict(attention_chunk=8), "attention_chunk")):
+    for kwargs, name in ((dict(qv=q), "qv"), (dict(q_descale=q), "q_descale"), (dict(v_descale=q), "v_descale")):
         with pytest.raises(NotImplementedError, match=f"`{name}`"):
             fa3.flash_attn_func(q, q, q, **kwargs)
+    # Chunked attention reaches the core, whose GPU kernels refuse it until their check
+    # (dispatch::CHUNKS_CHECKED_ON_GPU); the packed and KV-cache calls do not carry it yet.
+    with pytest.raises(NotImplementedError, match="attention_chunk"):
+        fa3.flash_attn_func(q, q, q, causal=True, attention_chunk=8)
+    with pytest.raises(NotImplementedError, match="`attention_chunk`"):
+        fa3.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 16, 16, attention_chunk=8)
+    with pytest.raises(NotImplementedError, match="`attention_chunk`"):
+        fa3.flash_attn_with_kvcache(q, q, q, attention_chunk=8)
+    for chunk, error in ((-1, ValueError), (2.5, TypeError), (True, TypeError)):
+        with pytest.raises(error, match="`attention_chunk`"):
+            fa3.flash_attn_func(q, q, q, attention_chunk=chunk)
     with pytest.raises(NotImplementedError, match="`seqused_q`"):
         fa3.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 16, 16, seqused_q=cu[1:])
     with pytest.raises(NotImplementedError, match="`cu_seqlens_k_new`"):

@@ -26,7 +26,7 @@ NVRTC = os.environ.get("FLASHCORE_NVRTC")
 
 # The extension's call and options tuples for a dense call on device 0, default options.
 CALL = (0, 0, lambda n: 0, False)
-OPTIONS = (None, False, -1, -1, 0.0, None, False)
+OPTIONS = (None, False, -1, -1, 0.0, None, False, 0)
 
 
 @pytest.fixture(scope="module")
@@ -143,12 +143,14 @@ def test_bad_dtype_is_a_type_error_before_any_gpu_work(ext):
         ext.attention_forward(CALL, (t, bad, t), (t, None), OPTIONS)
 
 
-def test_bad_window_and_softcap_are_value_errors_before_any_gpu_work(ext):
+def test_bad_window_softcap_and_chunk_are_value_errors_before_any_gpu_work(ext):
     shape = (1, 16, 4, 64)
     with pytest.raises(ValueError, match=r"parameter `window`: \(-2, 0\): each side must be -1"):
-        ext.plan(0, shape, shape, "bf16", (None, False, -2, 0, 0.0, None, False))
+        ext.plan(0, shape, shape, "bf16", (None, False, -2, 0, 0.0, None, False, 0))
     with pytest.raises(ValueError, match=r"parameter `softcap`: NaN must be 0 \(off\), or finite and > 0"):
-        ext.plan(0, shape, shape, "bf16", (None, True, 127, 0, float("nan"), None, False))
+        ext.plan(0, shape, shape, "bf16", (None, True, 127, 0, float("nan"), None, False, 0))
+    with pytest.raises(ValueError, match=r"parameter `attention_chunk`: 2147483648 must be at most 2147483647"):
+        ext.plan(0, shape, shape, "bf16", (None, True, -1, -1, 0.0, None, False, 2**31))
 
 
 def abi_structs_cpp(text: str) -> dict:

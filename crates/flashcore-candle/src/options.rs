@@ -22,6 +22,10 @@ pub struct AttnOptions {
     /// Sliding window `(left, right)` around each query's bottom-right diagonal, in keys;
     /// `None` leaves a side unbounded (candle-flash-attn's `window_size_left/right`).
     pub window: (Option<usize>, Option<usize>),
+    /// Chunked attention (Llama 4): each query sees only the keys of the chunk of this many
+    /// that holds its diagonal key ([`AttnParams::attention_chunk`]); `None` off. The GPU
+    /// kernels refuse it until their check (see FlashCore's docs/features.md).
+    pub attention_chunk: Option<usize>,
     /// Logit softcap: scores become `softcap · tanh(score / softcap)` (Gemma 2).
     pub softcap: Option<f32>,
     /// ALiBi slopes, f32 `[Hq]` or `[B, Hq]` on the GPU: score `(i, j)` gains
@@ -84,6 +88,7 @@ impl AttnOptions {
             kernel: if backward { self.backward_kernel } else { self.forward_kernel },
             deterministic: self.deterministic,
             window,
+            attention_chunk: self.attention_chunk.unwrap_or(0),
             softcap: self.softcap.unwrap_or(0.0),
             ..AttnParams::default()
         }

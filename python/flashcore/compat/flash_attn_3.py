@@ -9,8 +9,9 @@
 
 Every call runs FlashCore's kernels (`flashcore.interface`). What FA3 has and FlashCore does
 not yet raises `NotImplementedError` naming the argument: `qv` (absorbed MLA's extra q·vᵀ
-term), the FP8 descales `q_descale`, `k_descale`, `v_descale`, `attention_chunk` (chunked
-attention), `seqused_q`, and in the KV-cache call `cu_seqlens_k_new` (packed new keys),
+term), the FP8 descales `q_descale`, `k_descale`, `v_descale`, `attention_chunk` in the
+packed and KV-cache calls (the dense call carries it to the core, whose GPU kernels refuse it
+until their check), `seqused_q`, and in the KV-cache call `cu_seqlens_k_new` (packed new keys),
 `rotary_seqlens` and packed queries over a contiguous cache. FA3's tuning hints are taken and
 left to FlashCore's planner: `pack_gqa` (FlashCore packs GQA heads for decode itself),
 `sm_margin`, `scheduler_metadata` (`get_scheduler_metadata` returns None, which every call
@@ -45,15 +46,30 @@ def _not_yet(name: str, what: str) -> NotImplementedError:
     return NotImplementedError(f"flashcore: `{name}` ({what}) is not supported yet")
 
 
-def _refuse_fa3_only(qv: object, descales: Tuple[object, object, object], attention_chunk: object) -> None:
+def _refuse_fa3_only(qv: object, descales: Tuple[object, object, object]) -> None:
     """NotImplementedError naming the first FA3 argument FlashCore does not run yet."""
     if qv is not None:
         raise _not_yet("qv", "absorbed MLA's q·vᵀ term")
     for name, descale in zip(("q_descale", "k_descale", "v_descale"), descales):
         if descale is not None:
             raise _not_yet(name, "FP8 inputs")
-    if attention_chunk not in (0, None):
-        raise _not_yet("attention_chunk", "chunked attention")
+
+
+def _chunk(attention_chunk: object) -> int:
+    """FA3's `attention_chunk` (0 or None: off), checked: an int >= 0, else the error naming it."""
+    if attention_chunk is None:
+        return 0
+    if not isinstance(attention_chunk, numbers.Integral) or isinstance(attention_chunk, bool):
+        raise TypeError(f"`attention_chunk` must be an int, got {attention_chunk!r}")
+    if attention_chunk < 0:
+        raise ValueError(f"`attention_chunk` must be >= 0 (0: off), got {attention_chunk}")
+    return int(attention_chunk)
+
+
+def _no_chunk_with(attention_chunk: object, call: str) -> None:
+    """NotImplementedError naming `attention_chunk` for the calls that do not carry it yet."""
+    if _chunk(attention_chunk):
+        raise _not_yet("attention_chunk", f"chunked attention {call}")
 
 
 def _splits(num_splits: object) -> int:
@@ -87,9 +103,10 @@ def flash_attn_func(
     softmax_lse [B, Hq, Sq])` with `return_attn_probs` (FA3 returns no probabilities either).
     Semantics as `flashcore.flash_attn_func`; `num_splits` as the module says; `pack_gqa` and
     `sm_margin` hints. Differentiable."""
-    _refuse_fa3_only(qv, (q_descale, k_descale, v_descale), attention_chunk)
+    _refuse_fa3_only(qv, (q_descale, k_descale, v_descale))
     _check((("q", q), ("k", k), ("v", v)), "[B, S, H, D]")
-    options = _options(q, softmax_scale, causal, window_size, softcap, None, deterministic)._replace(num_splits=_splits(num_splits))
+    options = _options(q, softmax_scale, causal, window_size, softcap, None, deterministic)
+    options = options._replace(num_splits=_splits(num_splits), attention_chunk=_chunk(attention_chunk))
     out, lse = _attention(q, k, v, options, return_attn_probs)
     return (out, lse) if return_attn_probs else out
 
@@ -123,7 +140,8 @@ def flash_attn_varlen_func(
     semantics, `seqused_k` included) → `out [total_q, Hq, D]`, or `(out, softmax_lse [Hq,
     total_q])` with `return_attn_probs`. `seqused_q` is not supported yet; `num_splits`,
     `pack_gqa` and `sm_margin` are hints. Differentiable."""
-    _refuse_fa3_only(qv, (q_descale, k_descale, v_descale), attention_chunk)
+    _refuse_fa3_only(qv, (q_descale, k_descale, v_descale))
+    _no_chunk_with(attention_chunk, "over a packed batch")
     if seqused_q is not None:
         raise _not_yet("seqused_q", "query rows past each sequence's used count")
     _splits(num_splits)
@@ -206,7 +224,8 @@ def flash_attn_with_kvcache(
     cache (`flashcore.flash_attn_varlen_func` with a block table; no keys appended).
     Returns `out`, or `(out, softmax_lse)` with `return_softmax_lse`. `scheduler_metadata`,
     `pack_gqa` and `sm_margin` are hints."""
-    _refuse_fa3_only(qv, (q_descale, k_descale, v_descale), attention_chunk)
+    _refuse_fa3_only(qv, (q_descale, k_descale, v_descale))
+    _no_chunk_with(attention_chunk, "over a KV cache")
     for name, value, what in (("cu_seqlens_k_new", cu_seqlens_k_new, "packed new keys"), ("rotary_seqlens", rotary_seqlens, "rotary positions apart from cache_seqlens")):
         if value is not None:
             raise _not_yet(name, what)

@@ -34,7 +34,7 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 // The C contract of python/src/native.rs: the same structs, field for field.
-constexpr int64_t kAbiVersion = 4;
+constexpr int64_t kAbiVersion = 5;
 
 struct NativeTensor {
   uint64_t ptr;
@@ -48,6 +48,7 @@ struct NativeOptions {
   int32_t causal;
   int32_t window_left;
   int32_t window_right;
+  int32_t attention_chunk;
   float softcap;
   int32_t num_splits;
   int32_t deterministic;
@@ -212,9 +213,11 @@ struct Packed {
   }
 };
 
-NativeOptions options_of(double scale, bool causal, int64_t window_left, int64_t window_right, double softcap, int64_t num_splits,
-                         bool deterministic) {
-  return NativeOptions{static_cast<float>(scale), causal, static_cast<int32_t>(window_left), static_cast<int32_t>(window_right),
+// A chunk past int32 is sent as -1, which the Rust library refuses by name (as too long).
+NativeOptions options_of(double scale, bool causal, int64_t window_left, int64_t window_right, int64_t attention_chunk,
+                         double softcap, int64_t num_splits, bool deterministic) {
+  const int32_t chunk = attention_chunk >= 0 && attention_chunk <= INT32_MAX ? static_cast<int32_t>(attention_chunk) : -1;
+  return NativeOptions{static_cast<float>(scale), causal, static_cast<int32_t>(window_left), static_cast<int32_t>(window_right), chunk,
                        static_cast<float>(softcap), static_cast<int32_t>(num_splits), deterministic};
 }
 
@@ -300,6 +303,7 @@ struct Attention : public torch::autograd::Function<Attention> {
     auto& saved = ctx->saved_data;
     saved["scale"] = options.softmax_scale, saved["causal"] = options.causal != 0, saved["deterministic"] = options.deterministic != 0;
     saved["window_left"] = options.window_left, saved["window_right"] = options.window_right, saved["softcap"] = options.softcap;
+    saved["attention_chunk"] = options.attention_chunk;
     packed.save(ctx);
     ctx->mark_non_differentiable({lse});
     ctx->set_materialize_grads(false);
@@ -310,8 +314,8 @@ struct Attention : public torch::autograd::Function<Attention> {
     if (!grads[0].defined()) return variable_list(kInputs);  // the loss did not use o
     auto saved = ctx->get_saved_variables();
     auto& data = ctx->saved_data;
-    auto options = options_of(data["scale"].toDouble(), data["causal"].toBool(), data["window_left"].toInt(),
-                              data["window_right"].toInt(), data["softcap"].toDouble(), 0, data["deterministic"].toBool());
+    auto options = options_of(data["scale"].toDouble(), data["causal"].toBool(), data["window_left"].toInt(), data["window_right"].toInt(),
+                              data["attention_chunk"].toInt(), data["softcap"].toDouble(), 0, data["deterministic"].toBool());
     std::optional<Tensor> alibi = saved[5].defined() ? std::optional<Tensor>(saved[5]) : std::nullopt;
     auto [dq, dk, dv] = run_backward(saved[0], saved[1], saved[2], saved[3], saved[4], grads[0], Packed::saved(ctx), options, alibi);
     variable_list out(kInputs);
@@ -340,9 +344,9 @@ using Runner = std::tuple<Tensor, Tensor> (*)(const Tensor&, const Tensor&, cons
 
 template <Runner Run>
 std::tuple<Tensor, Tensor> attention(const Tensor& q, const Tensor& k, const Tensor& v, double scale, bool causal, int64_t window_left,
-                                     int64_t window_right, double softcap, int64_t num_splits, bool deterministic, bool want_lse,
-                                     const std::optional<Tensor>& alibi_slopes) {
-  auto options = options_of(scale, causal, window_left, window_right, softcap, num_splits, deterministic);
+                                     int64_t window_right, int64_t attention_chunk, double softcap, int64_t num_splits, bool deterministic,
+                                     bool want_lse, const std::optional<Tensor>& alibi_slopes) {
+  auto options = options_of(scale, causal, window_left, window_right, attention_chunk, softcap, num_splits, deterministic);
   return Run(q, k, v, Packed{}, options, want_lse, alibi_slopes);
 }
 
@@ -350,10 +354,10 @@ template <Runner Run>
 std::tuple<Tensor, Tensor> varlen_attention(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cu_seqlens_q,
                                             const Tensor& cu_seqlens_k, const std::optional<Tensor>& seqused_k, int64_t max_seqlen_q,
                                             int64_t max_seqlen_k, bool check, double scale, bool causal, int64_t window_left,
-                                            int64_t window_right, double softcap, bool deterministic, bool want_lse,
-                                            const std::optional<Tensor>& alibi_slopes) {
+                                            int64_t window_right, int64_t attention_chunk, double softcap, bool deterministic,
+                                            bool want_lse, const std::optional<Tensor>& alibi_slopes) {
   Packed packed{cu_seqlens_q, cu_seqlens_k, seqused_k.value_or(Tensor()), max_seqlen_q, max_seqlen_k, check};
-  auto options = options_of(scale, causal, window_left, window_right, softcap, 0, deterministic);
+  auto options = options_of(scale, causal, window_left, window_right, attention_chunk, softcap, 0, deterministic);
   return Run(q, k, v, packed, options, want_lse, alibi_slopes);
 }
 
@@ -371,11 +375,11 @@ int64_t stream_of(const Tensor& t) { return static_cast<int64_t>(current_stream(
 TORCH_LIBRARY(flashcore_native, m) {
   m.def(
       "attention(Tensor q, Tensor k, Tensor v, float softmax_scale, bool causal, int window_left, int window_right, "
-      "float softcap, int num_splits, bool deterministic, bool want_lse, Tensor? alibi_slopes) -> (Tensor, Tensor)");
+      "int attention_chunk, float softcap, int num_splits, bool deterministic, bool want_lse, Tensor? alibi_slopes) -> (Tensor, Tensor)");
   m.def(
       "varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_k, "
       "int max_seqlen_q, int max_seqlen_k, bool check, float softmax_scale, bool causal, int window_left, int window_right, "
-      "float softcap, bool deterministic, bool want_lse, Tensor? alibi_slopes) -> (Tensor, Tensor)");
+      "int attention_chunk, float softcap, bool deterministic, bool want_lse, Tensor? alibi_slopes) -> (Tensor, Tensor)");
   m.def("connect(int abi_version, int forward, int backward) -> ()", &connect);
   // The raw stream the operator launches on, for the tests (PyTorch's current stream).
   m.def("stream_of(Tensor t) -> int", &stream_of);
