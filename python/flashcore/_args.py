@@ -133,6 +133,15 @@ def _options(
     return _ops.options((_scale(softmax_scale, q.shape[-1]), bool(causal), window, cap, 0, bool(deterministic), slopes, dropout, 0))
 
 
+def _num_splits(num_splits: object) -> int:
+    """flash-attn's `num_splits` (FA3's calls, flash-attn 2's `_flash_attn_varlen_forward`) as
+    the options record takes it: 1 unsplit, n > 1 that many, 0 or less (flash-attn's
+    heuristic) FlashCore's choice; TypeError naming it unless an int."""
+    if not isinstance(num_splits, numbers.Integral) or isinstance(num_splits, bool):
+        raise TypeError(f"`num_splits` must be an int, got {num_splits!r}")
+    return max(int(num_splits), 0)
+
+
 def _no_dropout(dropout_p: object) -> None:
     """NotImplementedError naming `dropout_p` unless it is 0 (calls without a dropout form)."""
     if dropout_p != 0.0:

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from . import _ops
-from ._args import _check, _check_packed, _check_paged_varlen, _dropout, _no_dropout, _options, _probs_for, _unsupported
+from ._args import _check, _check_packed, _check_paged_varlen, _dropout, _no_dropout, _num_splits, _options, _probs_for, _unsupported
 from .interface import _paged_varlen
 
 
@@ -110,22 +110,27 @@ def _flash_attn_varlen_forward(
     block_table: Optional[Tensor] = None,
     leftpad_k: Optional[Tensor] = None,
     seqused_k: Optional[Tensor] = None,
+    zero_tensors: bool = False,
+    num_splits: int = 0,
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """Attention over a packed batch (`q [total_q, Hq, D]`, `k`, `v [total_k, Hkv, D]`, int32
-    `cu_seqlens_*` on q's device): `(out, softmax_lse [Hq, total_q], S_dmask, rng_state)`."""
+    `cu_seqlens_*` on q's device): `(out, softmax_lse [Hq, total_q], S_dmask, rng_state)`.
+    flash-attn's main branch's `zero_tensors` (every output is written: nothing to zero) and
+    `num_splits` (0 FlashCore's choice, 1 unsplit, n > 1 that many where fwd_sm80 splits) too."""
     if leftpad_k is not None:
         raise _unsupported("leftpad_k", "<tensor>")
     window = (window_size_left, window_size_right)
+    splits = _num_splits(num_splits)
     if block_table is not None:
         vectors = (cu_seqlens_q, cu_seqlens_k, seqused_k)
         _check_paged_varlen(q, (k, v), vectors, block_table, max_seqlen_q)
         _no_dropout(dropout_p)
-        options = _options(q, softmax_scale, causal, window, softcap, alibi_slopes)
+        options = _options(q, softmax_scale, causal, window, softcap, alibi_slopes)._replace(num_splits=splits)
         out, lse = _paged_varlen(q, (k, v), vectors, (block_table, int(max_seqlen_q)), options)
         return (out, lse, *_placeholders(q))
     q, k, v = _last_dim_contiguous(q, k, v)
     _check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
-    options = _options(q, softmax_scale, causal, window, softcap, alibi_slopes, dropout=_dropout(q, dropout_p))
+    options = _options(q, softmax_scale, causal, window, softcap, alibi_slopes, dropout=_dropout(q, dropout_p))._replace(num_splits=splits)
     batch = _ops.Batch(cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), int(max_seqlen_k))
     probs = None
     if options.dropout is not None and return_softmax:

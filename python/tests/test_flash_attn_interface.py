@@ -14,10 +14,10 @@ import flashcore
 from flashcore import flash_attn_interface as fai
 from helpers import REL_BOUND, eager_autograd_node, randn, reference, reference_autograd, rel_l2
 
-SIGNATURES = {  # flash-attn 2.8's argument names, in order (libraries read them by name)
+SIGNATURES = {  # flash-attn 2.8's argument names, in order (libraries read them by name); main's zero_tensors, num_splits
     "_flash_attn_forward": "q k v dropout_p softmax_scale causal window_size_left window_size_right softcap alibi_slopes return_softmax",
     "_flash_attn_varlen_forward": "q k v cu_seqlens_q cu_seqlens_k max_seqlen_q max_seqlen_k dropout_p softmax_scale causal window_size_left "
-    "window_size_right softcap alibi_slopes return_softmax block_table leftpad_k seqused_k",
+    "window_size_right softcap alibi_slopes return_softmax block_table leftpad_k seqused_k zero_tensors num_splits",
     "_flash_attn_backward": "dout q k v out softmax_lse dq dk dv dropout_p softmax_scale causal window_size_left window_size_right softcap "
     "alibi_slopes deterministic rng_state",
     "_flash_attn_varlen_backward": "dout q k v out softmax_lse dq dk dv cu_seqlens_q cu_seqlens_k max_seqlen_q max_seqlen_k dropout_p "
@@ -159,6 +159,23 @@ def test_varlen_forward_and_backward_match_each_sequence_alone():
         want_d = (dout[rows].double() * out[rows].double()).sum(-1).transpose(0, 1)
         assert rel_l2(softmax_d[:, start + 128 * i : start + 128 * i + n], want_d) < 1e-5
         start += n
+
+
+def test_varlen_forward_takes_main_branch_num_splits():
+    # flash-attn's main branch passes num_splits (and zero_tensors) to the packed forward: a
+    # decode batch (one query a sequence) split 1 and 3 ways gives the unsplit answer.
+    lens_k = [700, 65, 1000]
+    h, d = 8, 128
+    cu_q = torch.arange(4, dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 700, 765, 1765], dtype=torch.int32, device="cuda")
+    q, k, v = randn(3, h, d, seed=3), randn(sum(lens_k), 2, d, seed=4), randn(sum(lens_k), 2, d, seed=5)
+    call = lambda splits: fai._flash_attn_varlen_forward(q, k, v, cu_q, cu_k, 1, max(lens_k), 0.0, d**-0.5, True, zero_tensors=True, num_splits=splits)
+    want, want_lse = call(0)[:2]
+    for splits in (1, 3):
+        out, lse = call(splits)[:2]
+        assert rel_l2(out, want) < 1e-2 and torch.allclose(lse, want_lse, atol=1e-3), splits
+    with pytest.raises(TypeError, match="`num_splits`"):
+        call(1.5)
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from .. import interface
-from .._args import _check, _options
+from .._args import _check, _num_splits, _options
 from .._paths import _attention
 
 __all__ = [
@@ -72,14 +72,6 @@ def _no_chunk_with(attention_chunk: object, call: str) -> None:
         raise _not_yet("attention_chunk", f"chunked attention {call}")
 
 
-def _splits(num_splits: object) -> int:
-    """FA3's `num_splits` as FlashCore's options take it: 1 unsplit, n > 1 that many, 0 or less
-    (FA3's heuristic) FlashCore's choice."""
-    if not isinstance(num_splits, numbers.Integral) or isinstance(num_splits, bool):
-        raise TypeError(f"`num_splits` must be an int, got {num_splits!r}")
-    return max(int(num_splits), 0)
-
-
 def flash_attn_func(
     q: Tensor,
     k: Tensor,
@@ -106,7 +98,7 @@ def flash_attn_func(
     _refuse_fa3_only(qv, (q_descale, k_descale, v_descale))
     _check((("q", q), ("k", k), ("v", v)), "[B, S, H, D]")
     options = _options(q, softmax_scale, causal, window_size, softcap, None, deterministic)
-    options = options._replace(num_splits=_splits(num_splits), attention_chunk=_chunk(attention_chunk))
+    options = options._replace(num_splits=_num_splits(num_splits), attention_chunk=_chunk(attention_chunk))
     out, lse = _attention(q, k, v, options, return_attn_probs)
     return (out, lse) if return_attn_probs else out
 
@@ -144,7 +136,7 @@ def flash_attn_varlen_func(
     _no_chunk_with(attention_chunk, "over a packed batch")
     if seqused_q is not None:
         raise _not_yet("seqused_q", "query rows past each sequence's used count")
-    _splits(num_splits)
+    _num_splits(num_splits)
     result = interface.flash_attn_varlen_func(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 0.0, softmax_scale, causal, window_size, softcap,
         None, deterministic, return_attn_probs, seqused_k,
@@ -229,7 +221,7 @@ def flash_attn_with_kvcache(
     for name, value, what in (("cu_seqlens_k_new", cu_seqlens_k_new, "packed new keys"), ("rotary_seqlens", rotary_seqlens, "rotary positions apart from cache_seqlens")):
         if value is not None:
             raise _not_yet(name, what)
-    splits = _splits(num_splits)
+    splits = _num_splits(num_splits)
     if cu_seqlens_q is not None:
         return _packed_queries(q, (k_cache, v_cache), (cu_seqlens_q, max_seqlen_q, cache_seqlens, page_table), (k, rotary_cos, cache_batch_idx, cache_leftpad), (softmax_scale, causal, window_size, softcap), return_softmax_lse)
     return interface.flash_attn_with_kvcache(
