@@ -172,15 +172,27 @@ def flash_attn_varlen_func(
         return (out, lse, None) if return_attn_probs else out
     _check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
     options = _options(q, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, _dropout(q, dropout_p))
-    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+    out, lse, probs = _packed_batch(q, k, v, (cu_seqlens_q, cu_seqlens_k, seqused_k), (max_seqlen_q, max_seqlen_k), options, return_attn_probs)
+    return (out, lse, probs) if return_attn_probs else out
+
+
+def _packed_batch(
+    q: Tensor, k: Tensor, v: Tensor, vectors: tuple, max_seqlens: Tuple[int, int], options: _ops.Options, want_lse: bool
+) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+    """`(out, lse, probs)` of a packed batch whose tensors and vectors `(cu_seqlens_q,
+    cu_seqlens_k, seqused_k)` are checked (`_check_packed`) and whose options are made:
+    `flash_attn_varlen_func`'s call without a block table, and FA3's, which carries options of
+    its own. `max_seqlens` `(max_seqlen_q, max_seqlen_k)` are checked here; `probs` is
+    dropout's probabilities where wanted (`want_lse`, flash_attn's `return_attn_probs`), else None."""
+    for name, value in zip(("max_seqlen_q", "max_seqlen_k"), max_seqlens):
         if not isinstance(value, numbers.Integral) or value < 0:
             raise ValueError(f"`{name}` must be an int >= 0, got {value!r}")
-    batch = _ops.Batch(cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q), int(max_seqlen_k))
+    batch = _ops.Batch(*vectors, int(max_seqlens[0]), int(max_seqlens[1]))
     probs = None
-    if options.dropout is not None and return_attn_probs:
-        probs = _probs_for(q.shape, cu_seqlens_q.shape[0] - 1, batch.max_seqlen_q, batch.max_seqlen_k, q)
-    out, lse = _varlen_attention(q, k, v, batch, options, return_attn_probs, probs)
-    return (out, lse, probs) if return_attn_probs else out
+    if options.dropout is not None and want_lse:
+        probs = _probs_for(q.shape, vectors[0].shape[0] - 1, batch.max_seqlen_q, batch.max_seqlen_k, q)
+    out, lse = _varlen_attention(q, k, v, batch, options, want_lse, probs)
+    return out, lse, probs
 
 
 def _paged_varlen(

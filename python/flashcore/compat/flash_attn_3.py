@@ -10,7 +10,7 @@
 Every call runs FlashCore's kernels (`flashcore.interface`). What FA3 has and FlashCore does
 not yet raises `NotImplementedError` naming the argument: `qv` (absorbed MLA's extra q·vᵀ
 term), the FP8 descales `q_descale`, `k_descale`, `v_descale`, `attention_chunk` in the
-packed and KV-cache calls (the dense call carries it to the core, whose GPU kernels refuse it
+KV-cache call (the dense and packed calls carry it to the core, whose GPU kernels refuse it
 until their check), `seqused_q`, and in the KV-cache call `cu_seqlens_k_new` (packed new keys),
 `rotary_seqlens` and packed queries over a contiguous cache. FA3's tuning hints are taken and
 left to FlashCore's planner: `pack_gqa` (FlashCore packs GQA heads for decode itself),
@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from .. import interface
-from .._args import _check, _num_splits, _options
+from .._args import _check, _check_packed, _num_splits, _options
 from .._paths import _attention
 
 __all__ = [
@@ -133,15 +133,14 @@ def flash_attn_varlen_func(
     total_q])` with `return_attn_probs`. `seqused_q` is not supported yet; `num_splits`,
     `pack_gqa` and `sm_margin` are hints. Differentiable."""
     _refuse_fa3_only(qv, (q_descale, k_descale, v_descale))
-    _no_chunk_with(attention_chunk, "over a packed batch")
     if seqused_q is not None:
         raise _not_yet("seqused_q", "query rows past each sequence's used count")
     _num_splits(num_splits)
-    result = interface.flash_attn_varlen_func(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 0.0, softmax_scale, causal, window_size, softcap,
-        None, deterministic, return_attn_probs, seqused_k,
-    )  # fmt: skip
-    return result[:2] if return_attn_probs else result
+    _check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
+    options = _options(q, softmax_scale, causal, window_size, softcap, None, deterministic)._replace(attention_chunk=_chunk(attention_chunk))
+    vectors = (cu_seqlens_q, cu_seqlens_k, seqused_k)
+    out, lse, _ = interface._packed_batch(q, k, v, vectors, (max_seqlen_q, max_seqlen_k), options, return_attn_probs)
+    return (out, lse) if return_attn_probs else out
 
 
 def flash_attn_qkvpacked_func(
