@@ -108,8 +108,10 @@ pub(crate) fn backward_variant(
         _ => return Ok(reference::variant(dtype)),
     };
     let dropout = params.dropout.is_some();
-    let mut variant =
-        crate::kernels::with_mods(&variant, ScoreMods { local: window.is_some(), softcap: params.has_softcap(), alibi, dropout });
+    let mut variant = crate::kernels::with_mods(
+        &variant,
+        ScoreMods { local: window.is_some(), chunk: params.attention_chunk > 0, softcap: params.has_softcap(), alibi, dropout },
+    );
     variant.varlen = varlen;
     Ok(variant)
 }

@@ -231,7 +231,8 @@ pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &At
     }
     let kshape = if packed_gqa { packed(shape) } else { *shape };
     let causal = causal && !packed_gqa;
-    let mods = ScoreMods { local: window.is_some(), softcap: params.has_softcap(), alibi, dropout };
+    let chunk = params.attention_chunk > 0;
+    let mods = ScoreMods { local: window.is_some(), chunk, softcap: params.has_softcap(), alibi, dropout };
     // Keys one query tile visits at most: the window's span and the tile's height, or all.
     let visited = |block_m: u32| match window {
         Some(w) if w.left >= 0 && w.right >= 0 => kshape.seqlen_k.min(w.left as usize + w.right as usize + block_m as usize),

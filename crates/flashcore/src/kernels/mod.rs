@@ -331,7 +331,7 @@ pub fn mods_forms(v: &Variant) -> Vec<Variant> {
     let mut out: Vec<Variant> = Vec::new();
     let all = forms.iter().map(|&f| (f, false)).chain(dropout_forms.iter().map(|&f| (f, true)));
     for ((local, softcap, alibi), dropout) in all {
-        let form = with_mods(v, ScoreMods { local, softcap, alibi, dropout });
+        let form = with_mods(v, ScoreMods { local, softcap, alibi, dropout, chunk: false });
         if !out.contains(&form) {
             out.push(form);
         }
@@ -384,6 +384,9 @@ pub struct Entries {
 pub struct ScoreMods {
     /// `FC_LOCAL`: the sliding-window mask (causal folded in).
     pub local: bool,
+    /// `FC_CHUNK`: chunked attention's bounds beside the window (with `local`: the chunk runs
+    /// as a window capped at it). Its own form, so that a window alone compiles as before.
+    pub chunk: bool,
     /// `FC_SOFTCAP`: `softcap · tanh(s / softcap)` on every score.
     pub softcap: bool,
     /// `FC_ALIBI`: `-slope · |i + Sk - Sq - j|` added to every score.
@@ -395,7 +398,7 @@ pub struct ScoreMods {
 
 impl Variant {
     /// A name unique per compiled binary, e.g. `fwd_sm80_bf16_d128_causal_128x64w4s2`
-    /// (`..._splitkv` for a split-KV variant, `_local`, `_softcap`, `_alibi` for [`ScoreMods`], `_varlen`,
+    /// (`..._splitkv` for a split-KV variant, `_local`, `_chunk`, `_softcap`, `_alibi` for [`ScoreMods`], `_varlen`,
     /// `_paged`, `_spread`).
     pub fn name(&self) -> String {
         let mut name = format!("{}_{}", self.family.name(), self.dtype.name());
@@ -412,6 +415,9 @@ impl Variant {
         }
         if self.mods.local {
             name += "_local";
+        }
+        if self.mods.chunk {
+            name += "_chunk";
         }
         if self.mods.softcap {
             name += "_softcap";
@@ -452,6 +458,7 @@ impl Variant {
         }
         for (define, on) in [
             ("FC_LOCAL", self.mods.local),
+            ("FC_CHUNK", self.mods.chunk),
             ("FC_SOFTCAP", self.mods.softcap),
             ("FC_ALIBI", self.mods.alibi),
             ("FC_DROPOUT", self.mods.dropout),

@@ -15,6 +15,9 @@
 #ifndef FC_LOCAL
 #define FC_LOCAL 0
 #endif
+#ifndef FC_CHUNK
+#define FC_CHUNK 0
+#endif
 #ifndef FC_SOFTCAP
 #define FC_SOFTCAP 0
 #endif
@@ -44,6 +47,10 @@ using QueryBlocks = KeyBlocks;
 // below rely on it.
 template <bool kCausal, bool kLocal> struct KeyMask {
     static constexpr int kUnbounded = 1 << 30;  // a window side of -1; row + offset stays far from overflow
+    // Chunked attention's bounds (FC_CHUNK, with FC_LOCAL): a form of its own, so that a window
+    // alone compiles to the code it had before chunks (the bounds cost registers: with them,
+    // fwd_sm90's window-and-softcap forms spilled under NVRTC 13.0).
+    static constexpr bool kChunked = kLocal && FC_CHUNK;
     int offset, seqlen_k, left, right, chunk;
 
     // One sequence of seqlen_q queries and seqlen_k keys (a varlen batch's own lengths).
@@ -52,7 +59,7 @@ template <bool kCausal, bool kLocal> struct KeyMask {
           seqlen_k(seqlen_k),
           left(kLocal && window_left >= 0 ? window_left : kUnbounded),
           right(kLocal && window_right >= 0 ? window_right : kUnbounded),
-          chunk(kLocal ? attention_chunk : 0) {}
+          chunk(kChunked ? attention_chunk : 0) {}
     template <class Params>  // FwdParams or BwdParams: one sequence's lengths, the call's policies
     __device__ __forceinline__ KeyMask(const Params& p, int seqlen_q, int seqlen_k)
         : KeyMask(seqlen_q, seqlen_k, p.window_left, p.window_right, p.attention_chunk) {}
@@ -68,13 +75,13 @@ template <bool kCausal, bool kLocal> struct KeyMask {
 
     // First visible key (may be < 0: from key 0) and last (at most Sk - 1; < first: none).
     __device__ __forceinline__ int first(int row) const {
-        return kLocal ? max(row + offset - left, chunk_first(row + offset)) : 0;
+        if (kChunked) return max(row + offset - left, chunk_first(row + offset));
+        return kLocal ? row + offset - left : 0;
     }
     __device__ __forceinline__ int last(int row) const {
         const int diagonal = row + offset;
-        return kLocal ? min(seqlen_k - 1, min(diagonal + right, chunk_last(diagonal)))
-               : kCausal ? min(seqlen_k - 1, diagonal)
-                         : seqlen_k - 1;
+        if (kChunked) return min(seqlen_k - 1, min(diagonal + right, chunk_last(diagonal)));
+        return kLocal ? min(seqlen_k - 1, diagonal + right) : kCausal ? min(seqlen_k - 1, diagonal) : seqlen_k - 1;
     }
     // Keys are >= 0: without a window only the upper bound is tested.
     // Whether key block n of `b` needs the mask (without a window only the upper end can).
@@ -116,10 +123,12 @@ template <bool kCausal, bool kLocal> struct KeyMask {
     // first(i) <= key <= last(i): the diagonal i + offset lies within [key - right, key +
     // left] and, with chunks, in key's chunk.
     __device__ __forceinline__ int first_row(int key) const {
-        return kLocal ? max(key - right, chunk_first(key)) - offset : kCausal ? key - offset : key - offset - right;
+        if (kChunked) return max(key - right, chunk_first(key)) - offset;
+        return kLocal || !kCausal ? key - offset - right : key - offset;
     }
     __device__ __forceinline__ int last_row(int key) const {
-        return kLocal ? min(key + left, chunk_last(key)) - offset : key - offset + left;
+        if (kChunked) return min(key + left, chunk_last(key)) - offset;
+        return key - offset + left;
     }
 
     // Query blocks (of `block` rows) that see keys [key0, key_end) (a key block: key_end may
