@@ -43,6 +43,11 @@ pub struct RefMask<'a> {
     pub chunk: usize,
     /// Logit softcap; 0 is off.
     pub softcap: f64,
+    /// Learnable sinks (gpt-oss; FlashAttention-4's `learnable_sink`): one logit a query head,
+    /// `[Hq]`, in every row's softmax denominator beside the visible keys' scores, with no value:
+    /// `o = Σ exp(s − m)·v / (Σ exp(s − m) + exp(sink − m))`, the LSE including it. Neither
+    /// scaled nor softcapped; a row that sees no key gives `o = 0` and `lse = sink`. Empty: none.
+    pub sinks: &'a [f64],
     /// ALiBi slopes: `[Hq]` (every sequence's) or `[B, Hq]` row-major; empty is off. Score
     /// `(i, j)` of sequence `b`, head `h` gains `-slope · |i + Sk - Sq - j|` after the softcap.
     pub alibi_slopes: &'a [f64],
@@ -62,6 +67,7 @@ impl<'a> RefMask<'a> {
             window,
             chunk: params.attention_chunk,
             softcap: params.softcap as f64,
+            sinks: &[],
             alibi_slopes: &[],
             dropout: params.dropout,
             first_batch: 0,
@@ -135,7 +141,7 @@ pub fn attention(q: &[f64], k: &[f64], v: &[f64], shape: &ProblemShape, softmax_
 /// [`attention`] under any [`RefMask`]: a sliding window, softcapping.
 ///
 /// # Panics
-/// As [`attention`].
+/// As [`attention`], and if `mask.sinks` is neither empty nor one a query head.
 pub fn attention_masked(q: &[f64], k: &[f64], v: &[f64], shape: &ProblemShape, softmax_scale: f64, mask: &RefMask) -> ReferenceOutput {
     let ProblemShape { batch, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d } = *shape;
     assert!(hkv > 0 && hq % hkv == 0, "heads_q = {hq} must be a multiple of heads_kv = {hkv}");
@@ -143,6 +149,7 @@ pub fn attention_masked(q: &[f64], k: &[f64], v: &[f64], shape: &ProblemShape, s
     for (name, t, want) in [("q", q, q_len), ("k", k, kv_len), ("v", v, kv_len)] {
         assert_eq!(t.len(), want, "{name} has {} elements, {shape:?} needs {want}", t.len());
     }
+    assert!(mask.sinks.is_empty() || mask.sinks.len() == hq, "sinks has {} elements, one a query head ({hq}) needed", mask.sinks.len());
     let group = hq / hkv;
 
     // One job per (batch, query head); each returns that head's [Sq, D] output and [Sq] lse.
@@ -154,16 +161,18 @@ pub fn attention_masked(q: &[f64], k: &[f64], v: &[f64], shape: &ProblemShape, s
             let kv_at = |j: usize| ((b * sk + j) * hkv + h / group) * d;
             let mut o = vec![0.0; sq * d];
             let mut lse = vec![f64::NEG_INFINITY; sq];
+            let sink = mask.sinks.get(h).copied().unwrap_or(f64::NEG_INFINITY);
             for i in 0..sq {
                 let (first, last) = mask.visible(i, sq, sk);
                 if first == last {
+                    lse[i] = sink; // o stays 0: only the sink, which has no value
                     continue;
                 }
                 let bias = |j| mask.bias((b, h, hq), i, j, (sq, sk));
                 let s: Vec<f64> = (first..last).map(|j| mask.score(softmax_scale * dot(q_row(i), &k[kv_at(j)..][..d])) + bias(j)).collect();
-                let max = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let max = s.iter().copied().fold(sink, f64::max);
                 let p: Vec<f64> = s.iter().map(|&s| (s - max).exp()).collect();
-                let sum: f64 = p.iter().sum();
+                let sum: f64 = p.iter().sum::<f64>() + (sink - max).exp();
                 let o_i = &mut o[i * d..][..d];
                 for (j, &p) in (first..last).zip(&p) {
                     let weight = p / sum * mask.kept((b, h, hq), i, j);
@@ -252,12 +261,16 @@ pub struct ReferenceGrads {
     pub dk: Vec<f64>,
     /// Gradient with respect to `v` (likewise summed).
     pub dv: Vec<f64>,
+    /// Gradient with respect to the sinks, `[Hq]` (empty without sinks): `−Σ P_sink · D_i`
+    /// over every batch entry's rows, `P_sink = exp(sink − lse)` and `D_i = rowsum(dO ∘ O)`.
+    pub dsinks: Vec<f64>,
 }
 
 /// Gradients of `Σ dout ∘ o` with `o = attention(q, k, v)`, by the textbook formulas, per
 /// (batch, query head), over the visible keys: `P = softmax(S)`, `dV = Pᵀ dO`,
 /// `dP = dO Vᵀ`, `dS = P ∘ (dP − rowsum(dO ∘ O))`, `dQ = scale · dS K`,
-/// `dK = scale · dSᵀ Q`; query heads sharing a KV head add their dK and dV. `o` comes from
+/// `dK = scale · dSᵀ Q`; query heads sharing a KV head add their dK and dV. With sinks, `P`
+/// includes the sink's share of each row and `dsink = −Σ P_sink · D_i`. `o` comes from
 /// this module's own forward, so the result is the exact gradient of the f64 forward. Rows
 /// that see no key contribute nothing (their dQ is 0).
 ///
@@ -299,17 +312,21 @@ pub fn attention_backward_masked(
     let q_at = |b: usize, i: usize, h: usize| ((b * sq + i) * hq + h) * d;
     let kv_at = |b: usize, j: usize, h: usize| ((b * sk + j) * hkv + h / group) * d;
 
-    // One job per (batch, query head): its dQ rows, and its share of dK and dV.
-    let heads: Vec<(Vec<f64>, Vec<f64>, Vec<f64>)> = (0..batch * hq)
+    // One job per (batch, query head): its dQ rows, its share of dK and dV, and of its sink's.
+    let heads: Vec<(Vec<f64>, Vec<f64>, Vec<f64>, f64)> = (0..batch * hq)
         .into_par_iter()
         .map(|bh| {
             let (b, h) = (bh / hq, bh % hq);
             let (mut dq, mut dk, mut dv) = (vec![0.0; sq * d], vec![0.0; sk * d], vec![0.0; sk * d]);
+            let mut dsink = 0.0;
             for i in 0..sq {
                 let (first, last) = mask.visible(i, sq, sk);
                 let lse = fwd.lse[(b * hq + h) * sq + i];
                 let (q_i, do_i, o_i) = (&q[q_at(b, i, h)..][..d], &dout[q_at(b, i, h)..][..d], &fwd.o[q_at(b, i, h)..][..d]);
                 let d_i = dot(do_i, o_i);
+                if let Some(&sink) = mask.sinks.get(h) {
+                    dsink -= (sink - lse).exp() * d_i;
+                }
                 for j in first..last {
                     let (k_j, v_j) = (&k[kv_at(b, j, h)..][..d], &v[kv_at(b, j, h)..][..d]);
                     let c = mask.score(softmax_scale * dot(q_i, k_j));
@@ -323,13 +340,17 @@ pub fn attention_backward_masked(
                     }
                 }
             }
-            (dq, dk, dv)
+            (dq, dk, dv, dsink)
         })
         .collect();
 
-    let mut grads = ReferenceGrads { dq: vec![0.0; q.len()], dk: vec![0.0; k.len()], dv: vec![0.0; v.len()] };
-    for (bh, (dq, dk, dv)) in heads.into_iter().enumerate() {
+    let dsinks = vec![0.0; mask.sinks.len()];
+    let mut grads = ReferenceGrads { dq: vec![0.0; q.len()], dk: vec![0.0; k.len()], dv: vec![0.0; v.len()], dsinks };
+    for (bh, (dq, dk, dv, dsink)) in heads.into_iter().enumerate() {
         let (b, h) = (bh / hq, bh % hq);
+        if let Some(total) = grads.dsinks.get_mut(h) {
+            *total += dsink;
+        }
         for i in 0..sq {
             grads.dq[q_at(b, i, h)..][..d].copy_from_slice(&dq[i * d..][..d]);
         }
@@ -465,6 +486,70 @@ mod tests {
             for h in 0..2 {
                 assert_close(&chunked.lse[h * 12 + c * 4..][..4], &alone.lse[h * 4..][..4], 1e-14);
             }
+        }
+    }
+
+    #[test]
+    fn sinks_join_each_rows_denominator_without_a_value() {
+        // Brute force: the softmax over the visible keys' scores and the head's sink, whose
+        // probability multiplies no value; a row that sees no key (causal, Sq > Sk) gives o = 0
+        // and lse = sink. Sinks far below, near and above the scores.
+        let s = shape(2, 6, 4, 4, 2, 3);
+        let (q, k, v) = qkv(&s, 21);
+        let sinks = [-30.0, 0.0, 0.7, 5.0];
+        let got = attention_masked(&q, &k, &v, &s, 0.8, &RefMask { causal: true, sinks: &sinks, ..RefMask::default() });
+        for b in 0..2 {
+            for h in 0..4 {
+                for i in 0..6 {
+                    let diag = i as i64 + 4 - 6;
+                    let logits: Vec<f64> = (0..=diag.max(-1))
+                        .filter(|&j| j >= 0)
+                        .map(|j| 0.8 * dot(&q[((b * 6 + i) * 4 + h) * 3..][..3], &k[((b * 4 + j as usize) * 2 + h / 2) * 3..][..3]))
+                        .collect();
+                    let denominator: f64 = logits.iter().map(|l| l.exp()).sum::<f64>() + sinks[h].exp();
+                    let lse = got.lse[(b * 4 + h) * 6 + i];
+                    assert!((lse - denominator.ln()).abs() < 1e-12, "b{b} h{h} i{i}: {lse} vs {}", denominator.ln());
+                    for c in 0..3 {
+                        let want: f64 =
+                            logits.iter().enumerate().map(|(j, l)| l.exp() / denominator * v[((b * 4 + j) * 2 + h / 2) * 3 + c]).sum();
+                        assert!((got.o[((b * 6 + i) * 4 + h) * 3 + c] - want).abs() < 1e-12);
+                    }
+                    if logits.is_empty() {
+                        assert_eq!(lse, sinks[h], "a row without keys: lse = sink");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn sink_gradients_match_finite_differences() {
+        // d/dsink of Σ dout ∘ o, by central differences, beside dq, dk, dv (checked as the
+        // other masks' are): causal Sq > Sk (rows without keys), a window, GQA.
+        let s = shape(2, 5, 4, 4, 2, 3);
+        let (q, k, v) = qkv(&s, 33);
+        let dout: Vec<f64> = (0..q.len()).map(|i| ((i * 37 % 17) as f64 - 8.0) / 8.0).collect();
+        let sinks = [0.3, -1.2, 2.0, 0.0];
+        for window in [None, Some(Window::new(1, 0))] {
+            fn mask(window: Option<Window>, sinks: &[f64]) -> RefMask<'_> {
+                RefMask { causal: true, window, sinks, ..RefMask::default() }
+            }
+            let grads = attention_backward_masked(&q, &k, &v, &dout, &s, 0.9, &mask(window, &sinks));
+            let loss = |sinks: &[f64]| -> f64 {
+                let o = attention_masked(&q, &k, &v, &s, 0.9, &mask(window, sinks)).o;
+                o.iter().zip(&dout).map(|(o, g)| o * g).sum()
+            };
+            for h in 0..4 {
+                let eps = 1e-6;
+                let (mut up, mut down) = (sinks, sinks);
+                up[h] += eps;
+                down[h] -= eps;
+                let want = (loss(&up) - loss(&down)) / (2.0 * eps);
+                assert!((grads.dsinks[h] - want).abs() < 1e-7, "{window:?} h{h}: {} vs {want}", grads.dsinks[h]);
+            }
+            let no_sinks = attention_backward_masked(&q, &k, &v, &dout, &s, 0.9, &mask(window, &[]));
+            assert!(no_sinks.dsinks.is_empty());
+            assert!(grads.dq.iter().zip(&no_sinks.dq).any(|(a, b)| (a - b).abs() > 1e-6), "the sinks change dq");
         }
     }
 
@@ -704,6 +789,9 @@ mod tests {
             (4, 7, RefMask { causal: false, window: Some(Window::new(1, 0)), ..RefMask::default() }),
             (6, 4, RefMask { causal: false, window: Some(Window::new(0, 2)), softcap: 1.5, ..RefMask::default() }),
             (5, 5, RefMask { causal: true, window: Some(Window::new(2, -1)), softcap: 4.0, ..RefMask::default() }),
+            // Sinks (one a query head of 4): causal Sq > Sk (rows without keys), with a softcap.
+            (6, 4, RefMask { causal: true, sinks: &[0.3, -1.2, 2.0, 0.0], ..RefMask::default() }),
+            (5, 7, RefMask { softcap: 1.5, sinks: &[1.0, 1.0, -0.5, 3.0], ..RefMask::default() }),
             // Chunks: causal over Sq < Sk, alone over Sq > Sk, with a window and a softcap.
             (5, 8, RefMask { causal: true, chunk: 3, ..RefMask::default() }),
             (7, 4, RefMask { chunk: 2, ..RefMask::default() }),
