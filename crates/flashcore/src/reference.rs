@@ -313,7 +313,7 @@ pub fn attention_backward_masked(
     let kv_at = |b: usize, j: usize, h: usize| ((b * sk + j) * hkv + h / group) * d;
 
     // One job per (batch, query head): its dQ rows, its share of dK and dV, and of its sink's.
-    let heads: Vec<(Vec<f64>, Vec<f64>, Vec<f64>, f64)> = (0..batch * hq)
+    let heads: Vec<HeadGrads> = (0..batch * hq)
         .into_par_iter()
         .map(|bh| {
             let (b, h) = (bh / hq, bh % hq);
@@ -340,13 +340,13 @@ pub fn attention_backward_masked(
                     }
                 }
             }
-            (dq, dk, dv, dsink)
+            HeadGrads { dq, dk, dv, dsink }
         })
         .collect();
 
     let dsinks = vec![0.0; mask.sinks.len()];
     let mut grads = ReferenceGrads { dq: vec![0.0; q.len()], dk: vec![0.0; k.len()], dv: vec![0.0; v.len()], dsinks };
-    for (bh, (dq, dk, dv, dsink)) in heads.into_iter().enumerate() {
+    for (bh, HeadGrads { dq, dk, dv, dsink }) in heads.into_iter().enumerate() {
         let (b, h) = (bh / hq, bh % hq);
         if let Some(total) = grads.dsinks.get_mut(h) {
             *total += dsink;
@@ -363,6 +363,15 @@ pub fn attention_backward_masked(
         }
     }
     grads
+}
+
+/// One (batch, query head)'s gradients in the backward: its dQ rows `[Sq, D]`, its share of
+/// dK and dV `[Sk, D]` (its KV head's), and of its sink's.
+struct HeadGrads {
+    dq: Vec<f64>,
+    dk: Vec<f64>,
+    dv: Vec<f64>,
+    dsink: f64,
 }
 
 fn dot(a: &[f64], b: &[f64]) -> f64 {
