@@ -101,6 +101,9 @@ def calls(case):
     scale = d**-0.5
     sdpa_causal = causal and sq == sk
 
+    op_options = (scale, causal, -1, -1, 0.0, 0, False, None, 0.0, None, 0)
+    op_option_count = len(torch.ops.flashcore.fwd.default._schema.arguments) - 3  # after q, k, v
+
     def sdpa(backend):
         def run():
             with sdpa_kernel([backend]):
@@ -110,9 +113,9 @@ def calls(case):
 
     return {
         "flashcore.flash_attn_func": lambda: flashcore.flash_attn_func(q, k, v, causal=causal),
-        # Every argument given: the schema has no defaults since the options record (and a
-        # wheel of before it takes them all the same).
-        "torch.ops.flashcore.fwd": lambda: torch.ops.flashcore.fwd(q, k, v, scale, causal, -1, -1, 0.0, 0, False, None, 0.0, None),
+        # Every argument given (the schema has no defaults), as many as the installed wheel's
+        # schema has: a wheel of before `attention_chunk` takes one fewer.
+        "torch.ops.flashcore.fwd": lambda: torch.ops.flashcore.fwd(q, k, v, *op_options[:op_option_count]),
         "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
         "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),
     }

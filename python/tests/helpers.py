@@ -12,11 +12,12 @@ import torch
 REL_BOUND = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
 
 
-def visible(sq, sk, causal, top_left=False, window=(-1, -1), device="cuda"):
+def visible(sq, sk, causal, top_left=False, window=(-1, -1), device="cuda", chunk=0):
     """[Sq, Sk] bool: which keys each query sees. Bottom-right aligned (query i sits on key
     i + Sk - Sq), or top-left (on key i) with `top_left`. causal: keys up to the diagonal.
     window (left, right), flash_attn's window_size: keys from diagonal - left to diagonal +
-    right, -1 unbounded; with causal the right side is 0."""
+    right, -1 unbounded; with causal the right side is 0. chunk (FA3's attention_chunk, 0
+    off): only keys in the diagonal's chunk of `chunk` keys (floor(j / chunk) equal)."""
     i = torch.arange(sq, device=device)[:, None]
     j = torch.arange(sk, device=device)[None, :]
     diag = i if top_left else i + (sk - sq)
@@ -28,6 +29,8 @@ def visible(sq, sk, causal, top_left=False, window=(-1, -1), device="cuda"):
         seen &= j >= diag - left
     if right >= 0:
         seen &= j <= diag + right
+    if chunk:
+        seen &= torch.div(j, chunk, rounding_mode="floor") == torch.div(diag, chunk, rounding_mode="floor")
     return seen
 
 
@@ -40,7 +43,7 @@ def alibi_bias(slopes, sq, sk):
     return -slopes.double()[..., None, None] * (i + sk - sq - j).abs().double()
 
 
-def reference(q, k, v, scale, causal, top_left=False, window=(-1, -1), softcap=0.0, alibi=None):
+def reference(q, k, v, scale, causal, top_left=False, window=(-1, -1), softcap=0.0, alibi=None, chunk=0):
     """float64 attention on BSHD tensors: (o [B, Sq, Hq, D], lse [B, Hq, Sq]); the mask as in
     `visible`; softcap: scores s = q·k·scale become softcap·tanh(s / softcap) first; alibi
     (slopes `[Hq]` or `[B, Hq]`): `alibi_bias` added after the softcap. Rows that see no key
@@ -53,7 +56,7 @@ def reference(q, k, v, scale, causal, top_left=False, window=(-1, -1), softcap=0
         s = softcap * torch.tanh(s / softcap)
     if alibi is not None:
         s = s + alibi_bias(alibi, q.shape[2], k.shape[2])
-    s = s.masked_fill(~visible(q.shape[2], k.shape[2], causal, top_left, window, q.device), -math.inf)
+    s = s.masked_fill(~visible(q.shape[2], k.shape[2], causal, top_left, window, q.device, chunk), -math.inf)
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - lse[..., None]).nan_to_num(0.0)  # rows with no key: exp(-inf - -inf)
     o = torch.matmul(p, v)
@@ -76,10 +79,10 @@ def randn(*shape, dtype=torch.bfloat16, scale=1.0, seed=0):
     return torch.randn(*shape, device="cuda", dtype=torch.float32, generator=g).mul_(scale).to(dtype)
 
 
-def reference_autograd(q, k, v, scale, causal, top_left=False, window=(-1, -1), softcap=0.0, alibi=None):
+def reference_autograd(q, k, v, scale, causal, top_left=False, window=(-1, -1), softcap=0.0, alibi=None, chunk=0):
     """float64 attention on BSHD tensors that autograd can differentiate, rows that see no
     key included (their output is 0 and their gradient 0, with no NaN on the way); window,
-    softcap and alibi as in `reference`."""
+    softcap, alibi and chunk as in `reference`."""
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # BHSD
     group = q.shape[1] // k.shape[1]
     k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
@@ -88,7 +91,7 @@ def reference_autograd(q, k, v, scale, causal, top_left=False, window=(-1, -1), 
         s = softcap * torch.tanh(s / softcap)
     if alibi is not None:
         s = s + alibi_bias(alibi, q.shape[2], k.shape[2])
-    mask = visible(q.shape[2], k.shape[2], causal, top_left, window, q.device)
+    mask = visible(q.shape[2], k.shape[2], causal, top_left, window, q.device, chunk)
     seen = mask.any(-1, keepdim=True)
     s = s.masked_fill(~mask, -math.inf).masked_fill(~seen, 0.0)
     p = torch.softmax(s, dim=-1) * seen
@@ -103,10 +106,10 @@ def qkv(b, sq, sk, hq, hkv, d, dtype, scale=1.0, seed=0):
     )
 
 
-def check_against_reference(q, k, v, out, lse, scale, causal, window=(-1, -1), softcap=0.0, alibi=None):
+def check_against_reference(q, k, v, out, lse, scale, causal, window=(-1, -1), softcap=0.0, alibi=None, chunk=0):
     """out and lse of FlashCore against `reference` (docs/design.md §8 bounds); rows that see no key
     must give 0 and lse = -inf exactly."""
-    ref_o, ref_lse = reference(q, k, v, scale, causal, window=window, softcap=softcap, alibi=alibi)
+    ref_o, ref_lse = reference(q, k, v, scale, causal, window=window, softcap=softcap, alibi=alibi, chunk=chunk)
     assert out.shape == q.shape and out.dtype == q.dtype and out.is_contiguous()
     err = rel_l2(out, ref_o)
     assert err <= REL_BOUND[q.dtype], f"rel L2 error of o {err:.3g} over {REL_BOUND[q.dtype]:g}"

@@ -12,7 +12,7 @@ import torch
 
 import flashcore
 import flashcore.compat
-from helpers import randn
+from helpers import REL_BOUND, check_against_reference, randn, reference, reference_autograd, rel_l2
 
 
 @pytest.fixture
@@ -77,6 +77,45 @@ def test_gradients_flow_through_the_fa3_names(fa3):
         assert torch.equal(g, w) and not g.isnan().any()
 
 
+# Chunked attention (B, Sq, Sk, Hq, Hkv, D, chunk): chunks aligned to the key blocks and not,
+# Sq < Sk and Sq > Sk (the diagonal below key 0), GQA, a chunk of one key, one past the keys.
+CHUNKED = [(2, 300, 300, 4, 2, 64, 64), (1, 257, 1000, 4, 1, 128, 100), (1, 500, 200, 2, 2, 128, 96), (1, 65, 65, 2, 1, 64, 1), (1, 200, 120, 2, 2, 96, 4096)]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", CHUNKED, ids=lambda s: "x".join(map(str, s)))
+def test_chunked_attention_against_the_float64_oracle(fa3, shape, causal):
+    """FA3's `construct_chunk_mask`: query i at p = i + Sk - Sq sees key j iff floor(j / C) ==
+    floor(p / C), with the causal mask and a window; forward and gradients (FA3's backward
+    refuses chunks; FlashCore's takes them)."""
+    b, sq, sk, hq, hkv, d, chunk = shape
+    q, k, v = (randn(b, s, h, d, seed=i).requires_grad_() for i, (s, h) in enumerate(((sq, hq), (sk, hkv), (sk, hkv))))
+    window = (150, 0 if causal else 40)
+    for win in ((-1, -1), window):
+        out, lse = fa3.flash_attn_func(q, k, v, causal=causal, window_size=win, attention_chunk=chunk, return_attn_probs=True)
+        check_against_reference(q.detach(), k.detach(), v.detach(), out, lse, d**-0.5, causal, window=win, chunk=chunk)
+    do = randn(b, sq, hq, d, seed=7)
+    grads = torch.autograd.grad(fa3.flash_attn_func(q, k, v, causal=causal, attention_chunk=chunk), (q, k, v), do)
+    wide = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    want = torch.autograd.grad(reference_autograd(*wide, d**-0.5, causal, chunk=chunk), wide, do.double())
+    floor = 1e-3 * do.double().norm().item()
+    for name, g, r in zip(("dq", "dk", "dv"), grads, want):
+        assert rel_l2(g, r, floor) <= REL_BOUND[torch.bfloat16], f"{name}: rel L2 error {rel_l2(g, r, floor):.3g}"
+
+
+def test_chunked_attention_in_packed_batches_is_each_sequences_own(fa3):
+    """Chunks count from each sequence's own first key (flash_attn_varlen_func): each sequence
+    against the float64 oracle on that sequence alone."""
+    lens_q, lens_k = [130, 1, 300], [200, 77, 300]
+    cu_q, cu_k = (torch.tensor([0, *torch.tensor(n).cumsum(0).tolist()], dtype=torch.int32, device="cuda") for n in (lens_q, lens_k))
+    q, k, v = randn(sum(lens_q), 4, 64, seed=1), randn(sum(lens_k), 2, 64, seed=2), randn(sum(lens_k), 2, 64, seed=3)
+    out = fa3.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True, attention_chunk=48)
+    for i in range(3):
+        rows, keys = slice(cu_q[i], cu_q[i + 1]), slice(cu_k[i], cu_k[i + 1])
+        want, _ = reference(q[None, rows], k[None, keys], v[None, keys], 64**-0.5, True, chunk=48)
+        assert rel_l2(out[None, rows], want) <= REL_BOUND[torch.bfloat16], f"sequence {i}"
+
+
 def test_kvcache_calls_are_flashcores(fa3):
     b, hq, hkv, d = 2, 8, 2, 128
     q, k_new = randn(b, 1, hq, d, seed=1), randn(b, 1, hkv, d, seed=2)
@@ -126,14 +165,6 @@ def test_what_flashcore_does_not_run_yet_is_refused_by_name(fa3):
     for kwargs, name in ((dict(qv=q), "qv"), (dict(q_descale=q), "q_descale"), (dict(v_descale=q), "v_descale")):
         with pytest.raises(NotImplementedError, match=f"`{name}`"):
             fa3.flash_attn_func(q, q, q, **kwargs)
-    # Chunked attention reaches the core, whose GPU kernels refuse it until their check
-    # (dispatch::CHUNKS_CHECKED_ON_GPU); the KV-cache call does not carry it yet.
-    with pytest.raises(NotImplementedError, match="attention_chunk"):
-        fa3.flash_attn_func(q, q, q, causal=True, attention_chunk=8)
-    with pytest.raises(NotImplementedError, match="attention_chunk"):
-        fa3.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 16, 16, attention_chunk=8)
-    with pytest.raises(NotImplementedError, match="`attention_chunk`"):
-        fa3.flash_attn_with_kvcache(q, q, q, attention_chunk=8)
     for chunk, error in ((-1, ValueError), (2.5, TypeError), (True, TypeError)):
         with pytest.raises(error, match="`attention_chunk`"):
             fa3.flash_attn_func(q, q, q, attention_chunk=chunk)

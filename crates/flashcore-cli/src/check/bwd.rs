@@ -36,7 +36,7 @@ pub struct BwdSpec {
     inputs: Inputs,
     storage: Storage,
     window: Window,
-    chunk: usize,
+    pub chunk: usize,
     softcap: f32,
     pub alibi: Alibi,
     dropout: Option<flashcore::Dropout>,
@@ -182,14 +182,17 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<BwdSpec> {
             }
         }
     }
+    if !smoke {
+        out.extend(chunk_specs(family, quick));
+    }
     out
 }
 
-/// Chunked attention's backward (`check --chunk`), every head dim (quick: D64, D128), both
+/// Chunked attention's backward (`check --chunk` alone), every head dim (quick: D64, D128), both
 /// masks: chunks aligned to the key blocks and not, Sq > Sk and Sq < Sk, a chunk of one key,
 /// one longer than the keys, with a window, with a softcap and ALiBi; every other one
 /// deterministic (the fast kernels: the query blocks a key block visits are the chunk's).
-pub fn chunk_specs(family: KernelFamily, quick: bool) -> Vec<BwdSpec> {
+fn chunk_specs(family: KernelFamily, quick: bool) -> Vec<BwdSpec> {
     let head_dims: Vec<usize> = family.head_dims().iter().copied().filter(|&d| !quick || d == 64 || d == 128).collect();
     let fast = family != KernelFamily::Reference;
     let mut out = Vec::new();

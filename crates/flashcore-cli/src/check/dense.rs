@@ -30,7 +30,7 @@ pub struct Spec {
     /// Sliding window (`Window::UNBOUNDED`: none).
     window: Window,
     /// Chunked attention's chunk (0: off).
-    chunk: usize,
+    pub chunk: usize,
     /// Logit softcap (0: off).
     softcap: f32,
     /// ALiBi's slopes.
@@ -159,6 +159,7 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<Spec> {
         }
     }
     out.extend(padded_specs(family, quick));
+    out.extend(chunk_specs(family, quick));
     out
 }
 
@@ -214,11 +215,11 @@ fn mods_specs(d: usize, causal: bool, dtype: DType, quick: bool) -> Vec<Spec> {
     out
 }
 
-/// Chunked attention (`check --chunk`), every head dim (quick: D64, D128), both masks, bf16
+/// Chunked attention (`check --chunk` alone), every head dim (quick: D64, D128), both masks, bf16
 /// (f16 on one shape): chunks aligned to the key blocks and not, a chunk of one key, one
 /// longer than the keys, Sq > Sk (diagonals left of key 0), Sq < Sk, decode over 4097 keys,
 /// with a window, with a softcap and ALiBi.
-pub fn chunk_specs(family: KernelFamily, quick: bool) -> Vec<Spec> {
+fn chunk_specs(family: KernelFamily, quick: bool) -> Vec<Spec> {
     let head_dims: Vec<usize> = family.head_dims().iter().copied().filter(|&d| !quick || d == 64 || d == 128).collect();
     let mut out = Vec::new();
     for &d in &head_dims {

@@ -72,9 +72,8 @@ pub struct CheckArgs {
     /// Only the cases with dropout (fwd_sm80's, fwd_sm90's, bwd_sm80's and bwd_sm90's forms).
     #[arg(long)]
     dropout: bool,
-    /// Only the chunked-attention cases (`attention_chunk`), forward and backward: apart from
-    /// the other runs while the library refuses chunks on the GPU (`dispatch::CHUNKS_CHECKED_ON_GPU`).
-    #[arg(long, conflicts_with_all = ["dropout", "alibi", "only"])]
+    /// Only the chunked-attention cases (`attention_chunk`, forward and backward).
+    #[arg(long)]
     chunk: bool,
 }
 
@@ -100,29 +99,33 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     let group = |name: &str| args.only.as_deref().is_none_or(|only| only == name);
     let forward = families.iter().filter(|f| !f.is_backward() && group("forward"));
     let (quick, smoke) = (depth == Depth::Quick, depth == Depth::Smoke);
-    let dense_specs = |f| if args.chunk { dense::chunk_specs(f, quick || smoke) } else { dense::specs(f, quick, smoke) };
-    let all: Vec<(KernelFamily, dense::Spec)> = forward.flat_map(|&f| dense_specs(f).into_iter().map(move |s| (f, s))).collect();
+    let all: Vec<(KernelFamily, dense::Spec)> =
+        forward.flat_map(|&f| dense::specs(f, quick, smoke).into_iter().map(move |s| (f, s))).collect();
     // The backward's kernels: bwd_sm80, bwd_sm90, and the reference (which has both passes).
-    let bwd_specs = |f| if args.chunk { bwd::chunk_specs(f, quick || smoke) } else { bwd::specs(f, quick, smoke) };
     let backward: Vec<bwd::BwdSpec> = families
         .iter()
         .filter(|f| (f.is_backward() || **f == KernelFamily::Reference) && group("backward"))
-        .flat_map(|&f| bwd_specs(f))
+        .flat_map(|&f| bwd::specs(f, quick, smoke))
         .collect();
     let packed: Vec<VarlenSpec> = families
         .iter()
-        .filter(|_| group("varlen") && !args.chunk)
+        .filter(|_| group("varlen"))
         .flat_map(|&f| if f.is_backward() { varlen_bwd::specs(f, quick, smoke) } else { varlen::specs(f, quick, smoke) })
         .collect();
-    let cached: Vec<paged::PagedSpec> =
-        families.iter().filter(|_| group("paged") && !args.chunk).flat_map(|&f| paged::specs(f, quick, smoke)).collect();
+    let cached: Vec<paged::PagedSpec> = families.iter().filter(|_| group("paged")).flat_map(|&f| paged::specs(f, quick, smoke)).collect();
     let dim = |d: usize| args.head_dims.is_empty() || args.head_dims.contains(&d);
     let alibi = |a: Alibi| !args.alibi || a != Alibi::Off;
     let dropped = |d: bool| !args.dropout || d;
-    let all: Vec<_> = all.into_iter().filter(|(_, s)| dim(s.case.head_dim) && alibi(s.alibi) && dropped(s.dropout.is_some())).collect();
-    let backward: Vec<_> = backward.into_iter().filter(|s| dim(s.head_dim()) && alibi(s.alibi) && dropped(s.has_dropout())).collect();
-    let packed: Vec<_> = packed.into_iter().filter(|s| dim(s.head_dim) && alibi(s.alibi) && dropped(s.dropout.is_some())).collect();
-    let cached: Vec<_> = cached.into_iter().filter(|s| dim(s.head_dim) && alibi(s.alibi) && dropped(false)).collect();
+    let chunked = |chunk: usize| !args.chunk || chunk > 0;
+    let all: Vec<_> = all
+        .into_iter()
+        .filter(|(_, s)| dim(s.case.head_dim) && alibi(s.alibi) && dropped(s.dropout.is_some()) && chunked(s.chunk))
+        .collect();
+    let backward: Vec<_> =
+        backward.into_iter().filter(|s| dim(s.head_dim()) && alibi(s.alibi) && dropped(s.has_dropout()) && chunked(s.chunk)).collect();
+    let packed: Vec<_> =
+        packed.into_iter().filter(|s| dim(s.head_dim) && alibi(s.alibi) && dropped(s.dropout.is_some()) && chunked(0)).collect();
+    let cached: Vec<_> = cached.into_iter().filter(|s| dim(s.head_dim) && alibi(s.alibi) && dropped(false) && chunked(0)).collect();
     // In the order they run (below), so that the parts of one N cover the run once.
     let mut part = PartFilter { part: args.part, next: 0 };
     let (all, packed, cached, backward) = (part.take(all), part.take(packed), part.take(cached), part.take(backward));

@@ -101,7 +101,6 @@ pub(crate) fn backward_variant(
 ) -> Result<Variant> {
     let (causal, window) = params.mask();
     let family = backward_family(shape, params, arch, varlen, alibi)?;
-    super::chunks_run_on(family, params)?;
     let variant = match family {
         KernelFamily::BwdSm80 => bwd_sm80::variant(arch, dtype, shape.head_dim, causal),
         KernelFamily::BwdSm90 => bwd_sm90::variant(dtype, shape.head_dim, causal),

@@ -207,7 +207,6 @@ pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &At
     if family.is_backward() {
         return Err(not_a_forward(family));
     }
-    chunks_run_on(family, params)?;
     if !family.runs_on(arch) {
         return Err(Error::Unsupported { kernel: family.name().into(), msg: format!("does not run on {arch}") });
     }
@@ -263,22 +262,6 @@ pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &At
     }
     plan.packed_gqa = packed_gqa;
     Ok(plan)
-}
-
-/// Whether the GPU kernels' chunked attention (`KeyMask`'s chunk bounds in every family) has
-/// passed `flashcore check --chunk` against the f64 reference on a GPU. Until it has, a call
-/// with `attention_chunk` is refused by name rather than run unchecked; the reference
-/// (`flashcore::reference`, `flashcore attn --cpu --attention-chunk N`) runs it.
-const CHUNKS_CHECKED_ON_GPU: bool = false;
-
-/// `Ok` unless `params` asks for chunked attention and the GPU kernels may not run it yet
-/// ([`CHUNKS_CHECKED_ON_GPU`]): forward and backward ask it here.
-pub(crate) fn chunks_run_on(family: KernelFamily, params: &AttnParams) -> Result<()> {
-    if params.attention_chunk == 0 || CHUNKS_CHECKED_ON_GPU {
-        return Ok(());
-    }
-    let msg = "does not run attention_chunk yet: its GPU forms await their check; the f64 reference (flashcore::reference) runs it".into();
-    Err(Error::Unsupported { kernel: family.name().into(), msg })
 }
 
 fn not_a_forward(family: KernelFamily) -> Error {
@@ -352,21 +335,6 @@ mod tests {
 
     fn h100() -> Device {
         Device { arch: Arch::parse("sm_90a").unwrap(), sm_count: 132, max_smem_per_block: 227 * 1024 }
-    }
-
-    #[test]
-    fn chunked_attention_waits_for_its_gpu_check_in_both_passes() {
-        let chunked = AttnParams { attention_chunk: 64, ..AttnParams::causal() };
-        for family in [None, Some(KernelFamily::FwdSm90), Some(KernelFamily::FwdSm80), Some(KernelFamily::Reference)] {
-            let result = plan(&h100(), &shape(128), DType::BF16, &AttnParams { kernel: family, ..chunked });
-            assert_eq!(result.is_ok(), CHUNKS_CHECKED_ON_GPU, "{family:?}");
-            if let Err(e) = result {
-                assert!(e.to_string().contains("attention_chunk"), "{e}");
-            }
-        }
-        let backward = backward::backward_variant(&shape(128), DType::BF16, &chunked, h100().arch, false, false);
-        assert_eq!(backward.is_ok(), CHUNKS_CHECKED_ON_GPU);
-        assert!(plan(&h100(), &shape(128), DType::BF16, &AttnParams::causal()).is_ok(), "no chunk: as before");
     }
 
     fn on(arch: &str) -> Device {

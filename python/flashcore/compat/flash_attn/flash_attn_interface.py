@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ... import _flashcore, interface
+from ... import _flashcore, _ops, interface
 from ...flash_attn_interface import (
     _flash_attn_backward,
     _flash_attn_forward,
@@ -48,7 +48,7 @@ def _get_block_size_n(device, head_dim: int, is_dropout: bool, is_causal: bool) 
     sequence, whose tile elsewhere may differ from a short one's)."""
     index = (torch.device(device).index if not isinstance(device, int) else device) or 0
     d = _flashcore.run_head_dim(index, head_dim, "dropout") if is_dropout else head_dim
-    options = (None, bool(is_causal), -1, -1, 0.0, None, False)
+    options = _ops.Options(softmax_scale=d**-0.5, causal=bool(is_causal)).arg()
     plan = _flashcore.plan(index, [1, 4096, 1, d], [1, 4096, 1, d], "bf16", options, dropout=0.5 if is_dropout else 0.0, probs=bool(is_dropout))
     return int(re.search(r"_\d+x(\d+)w", plan).group(1))
 
