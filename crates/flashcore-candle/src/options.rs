@@ -23,8 +23,8 @@ pub struct AttnOptions {
     /// `None` leaves a side unbounded (candle-flash-attn's `window_size_left/right`).
     pub window: (Option<usize>, Option<usize>),
     /// Chunked attention (Llama 4): each query sees only the keys of the chunk of this many
-    /// that holds its diagonal key ([`AttnParams::attention_chunk`]); `None` off. The GPU
-    /// kernels refuse it until their check (see FlashCore's docs/features.md).
+    /// that holds its diagonal key ([`AttnParams::attention_chunk`]); `None` off. Forward and
+    /// backward.
     pub attention_chunk: Option<usize>,
     /// Logit softcap: scores become `softcap · tanh(score / softcap)` (Gemma 2).
     pub softcap: Option<f32>,
