@@ -209,7 +209,11 @@ class Runner:
         self.kernel = self.system
         self.flashcore = key in ("flashcore-py", "flashcore-py-det")
         self.fa4 = key == "fa4"
-        if self.flashcore:
+        if c.get("attention_chunk"):
+            # No anchor has chunked attention's backward (FA3's forward only; FA4, cuDNN and SDPA
+            # none), and flashcore's rows of it compare with its causal rows: `flashcore bench`.
+            self.refuse = "chunked attention not supported here: time it with `flashcore bench --suite chunked` (or bwd-chunked)"
+        elif self.flashcore:
             self.kernel = "flashcore.flash_attn_varlen_func" if self.packed else "flashcore.flash_attn_func"
         elif self.fa4:
             self.kernel = "flash_attn.cute.flash_attn_func"

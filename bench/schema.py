@@ -54,7 +54,7 @@ def _counted(case, key):
     counts = case.get("counts")
     if counts is not None:
         return float(counts[key])
-    if case.get("window") is not None or case.get("packed") is not None:
+    if case.get("window") is not None or case.get("packed") is not None or case.get("attention_chunk"):
         raise ValueError(f"case {case.get('name')}: a window's or a packed batch's {key} come from `flashcore bench --list-json` (its 'counts')")
     return None
 

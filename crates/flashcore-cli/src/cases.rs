@@ -25,6 +25,9 @@ pub struct Case {
     /// Logit softcap (`bench --softcap`); none when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub softcap: Option<f32>,
+    /// Chunked attention's chunk in keys (the `chunked` suites); none when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attention_chunk: Option<usize>,
     /// A packed (varlen) batch: `batch` sequences of these lengths, `seqlen_q` and
     /// `seqlen_k` then the longest (max_seqlen_q, max_seqlen_k).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -103,6 +106,7 @@ impl Case {
             dtype,
             window: None,
             softcap: None,
+            attention_chunk: None,
             packed: None,
             counts: None,
         }
@@ -133,17 +137,25 @@ impl Case {
         self
     }
 
+    /// The case with chunked attention of `chunk` keys, which its name then says (`_chunk{chunk}`).
+    pub fn with_chunk(mut self, chunk: usize) -> Self {
+        self.name += &format!("_chunk{chunk}");
+        self.attention_chunk = Some(chunk);
+        self
+    }
+
     /// The case with its [`Counts`] filled in (what `bench` writes).
     pub fn with_counts(mut self) -> Self {
         self.counts = Some(Counts { flops: self.flops(), kv_bytes: self.kv_bytes() });
         self
     }
 
-    /// The mask and score transform of the case (its causal flag, window and softcap).
+    /// The mask and score transform of the case (its causal flag, window, chunk and softcap).
     pub fn params(&self) -> AttnParams {
         AttnParams {
             causal: self.causal,
             window: self.window.map_or(Window::UNBOUNDED, |[l, r]| Window::new(l, r)),
+            attention_chunk: self.attention_chunk.unwrap_or(0),
             softcap: self.softcap.unwrap_or(0.0),
             ..AttnParams::default()
         }

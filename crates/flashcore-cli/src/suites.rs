@@ -5,7 +5,7 @@ use rand::{Rng, SeedableRng};
 
 use crate::cases::{Case, Packed};
 
-pub const NAMES: &[&str] = &["quick", "seed", "sweep", "small", "dims", "bwd", "bwd-dims", "varlen", "paged"];
+pub const NAMES: &[&str] = &["quick", "seed", "sweep", "small", "dims", "bwd", "bwd-dims", "varlen", "paged", "chunked", "bwd-chunked"];
 
 /// The varlen suite's packed batches: 64k tokens in sequences of lengths drawn from
 /// 128..=8192 (issue 17's speed goal), the same batch at every head dim and mask.
@@ -63,7 +63,7 @@ fn varlen_suite() -> Vec<Case> {
 
 /// Whether suite `name` times the backward (`bench::bwd`) rather than the forward.
 pub fn is_backward(name: &str) -> bool {
-    matches!(name, "bwd" | "bwd-dims")
+    matches!(name, "bwd" | "bwd-dims" | "bwd-chunked")
 }
 
 /// 16k tokens per batch, hidden 2048: `B = 16384 / S`, `H = 2048 / D`.
@@ -134,6 +134,21 @@ pub fn suite(name: &str) -> Option<Vec<Case>> {
             v
         }
         "varlen" => varlen_suite(),
+        // Chunked attention (Llama 4's local layers: chunks of 8k keys) at 32k and 128k tokens,
+        // each beside causal attention of the same shape: TFLOPS count the visible pairs, so the
+        // rows compare per pair (issue 51's goal: the chunked time per pair within 1.02x the
+        // causal). `bwd-chunked` times their backward.
+        "chunked" | "bwd-chunked" => {
+            let mut v = Vec::new();
+            for d in [64, 128] {
+                for s in [32768, 131072] {
+                    let causal = Case::new(1, s, s, 2048 / d, 2048 / d, d, true, DType::BF16);
+                    v.push(causal.clone());
+                    v.push(causal.with_chunk(8192));
+                }
+            }
+            v
+        }
         // Decode (B8 Hq32/Hkv8 D128) from 4k to 128k keys: each case's contiguous decode beside
         // the same cache paged (`bench::paged`); then chunked prefill, chunks of 512, 1k and 2k
         // queries ending a 16k-key cache (B2, causal), beside the dense attention of the shape.

@@ -32,6 +32,17 @@ with causal=True, whose right side causal makes 0). The mask builder leaves the 
 (FlashCore applies the layer's `sliding_window`, per sequence in a padded or packed batch).
 Differentiable: a training step runs the window and the softcap in the backward kernels
 too, padded and packed batches included.
+
+Chunked attention (Llama 4's "chunked_attention" layers, `config.attention_chunk_size` C):
+transformers' mask lets query q see key k iff both are in one chunk of C positions counted
+from the sequence's first real token (`chunked_overlay`, causal besides). FlashCore's
+`attention_chunk` counts chunks from each sequence's first key, so the layer's chunk (read
+from `module.config.layer_types[module.layer_idx]`) runs in its kernels, forward and
+backward, with padding and packing as above. With a cache, a chunked layer's keys are a
+window of the last C - 1 positions plus the new ones (transformers' sliding cache layer),
+whose first key is no chunk's start: the mask builder then gives the 2-D mask with the keys
+before the first query's chunk left out (no query sees them), so that the kept keys start
+at a chunk, and generation runs past the chunk without a 4-D mask.
 """
 
 from __future__ import annotations
@@ -43,9 +54,9 @@ import torch
 from torch import Tensor
 
 from .. import _ops
-from .._args import NO_WINDOW, _check, _scale, _unsupported
+from .._args import NO_WINDOW, _check, _check_packed, _scale, _unsupported
 from .._paths import _attention
-from ..interface import flash_attn_varlen_func
+from ..interface import _packed_batch
 
 NAME = "fc_attention"
 
@@ -116,9 +127,11 @@ _PACKED = _PerTensor()
 
 def _varlen(q: Tensor, k: Tensor, v: Tensor, lengths: Tuple[Tensor, Tensor, int, int], options: _ops.Options) -> Tensor:
     """flash_attn_varlen_func over a packed batch of these `lengths` (`(cu_seqlens_q,
-    cu_seqlens_k, max_seqlen_q, max_seqlen_k)`) under the layer's `options`."""
-    o = options
-    return flash_attn_varlen_func(q, k, v, *lengths, softmax_scale=o.softmax_scale, causal=o.causal, window_size=o.window, softcap=o.softcap)
+    cu_seqlens_k, max_seqlen_q, max_seqlen_k)`) under the layer's `options` (its chunk
+    included, which flash-attn 2's signature has no place for)."""
+    cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k = lengths
+    _check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, None)
+    return _packed_batch(q, k, v, (cu_seqlens_q, cu_seqlens_k, None), (max_seqlen_q, max_seqlen_k), options, False)[0]
 
 
 def _padded_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, options: _ops.Options) -> Tensor:
@@ -199,28 +212,39 @@ def attention_forward(
             raise _unsupported("sliding_window", sliding_window, "without a causal mask is not supported yet")
         window = (int(sliding_window) - 1, 0)  # see the module's docstring
     scale, cap = _scale(scaling, query.shape[-1]), float(softcap or 0.0)
+    options = _ops.Options(scale, model_causal, window, cap, attention_chunk=_layer_chunk(module))
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # BSHD views
     q_len, kv_len = q.shape[1], k.shape[1]
     if attention_mask is not None:
-        return _padded_attention(q, k, v, attention_mask, _ops.Options(scale, model_causal, window, cap)), None
+        return _padded_attention(q, k, v, attention_mask, options), None
     packed = _packed_lengths(kwargs, q) if q_len == kv_len else None
     if packed is not None:
-        out = _varlen(q[0], k[0], v[0], packed, _ops.Options(scale, model_causal, window, cap))
+        out = _varlen(q[0], k[0], v[0], packed, options)
         return out.unsqueeze(0), None
     causal = model_causal and q_len > 1
     if causal and kv_len > q_len:
         # No mask and more keys than queries: SDPA's top-left causal (the prefill of an empty
         # static cache), under which no query sees the keys past q_len.
         k, v = k[:, :q_len], v[:, :q_len]
-    # One query row (decode) with a window: bottom-right aligned, it sees the last keys.
-    out, _ = _attention(q, k, v, _ops.Options(scale, causal, window, cap), False)
+    # One query row (decode) with a window or a chunk: bottom-right aligned, it sees the last keys.
+    out, _ = _attention(q, k, v, options._replace(causal=causal), False)
     return out, None
 
 
+def _layer_chunk(module: torch.nn.Module) -> int:
+    """The chunk of a chunked-attention layer (`layer_types[layer_idx] == "chunked_attention"`,
+    `config.attention_chunk_size`: Llama 4), else 0."""
+    config = getattr(module, "config", None)
+    types, index = getattr(config, "layer_types", None), getattr(module, "layer_idx", None)
+    if types is None or index is None or types[index] != "chunked_attention":
+        return 0
+    return int(config.attention_chunk_size)
+
+
 def _expressible(mask_function: Optional[Callable]) -> bool:
-    """Whether transformers' mask function is causal, its sliding-window form, its packed
-    sequences, or an `and_masks` of these: what FlashCore applies from the layer's arguments
-    and `position_ids`. Anything else (an `or_masks` overlay, image tokens, ...) is not."""
+    """Whether transformers' mask function is causal, its sliding-window or chunked form, its
+    packed sequences, or an `and_masks` of these: what FlashCore applies from the layer's
+    arguments and `position_ids`. Anything else (an `or_masks` overlay, image tokens, ...) is not."""
     if mask_function is None:
         return True
     from transformers import masking_utils
@@ -228,13 +252,18 @@ def _expressible(mask_function: Optional[Callable]) -> bool:
     if mask_function is masking_utils.causal_mask_function:
         return True
     name = getattr(mask_function, "__qualname__", "")
-    if name.startswith(("sliding_window_causal_mask_function.", "sliding_window_overlay.", "packed_sequence_mask_function.")):
+    if name.startswith(("sliding_window_causal_mask_function.", "sliding_window_overlay.", "chunked_overlay.", "packed_sequence_mask_function.")):
         return True
-    if name.startswith("and_masks."):
-        parts = [c.cell_contents for c in (mask_function.__closure__ or ())]
-        functions = [f for part in parts for f in (part if isinstance(part, tuple) else (part,)) if callable(f)]
-        return bool(functions) and all(_expressible(f) for f in functions)
-    return False
+    parts = _and_parts(mask_function)
+    return bool(parts) and all(_expressible(f) for f in parts)
+
+
+def _and_parts(mask_function: Callable) -> list:
+    """The mask functions an `and_masks` mask function joins (from its closure), else []."""
+    if not getattr(mask_function, "__qualname__", "").startswith("and_masks."):
+        return []
+    cells = [c.cell_contents for c in (mask_function.__closure__ or ())]
+    return [f for cell in cells for f in (cell if isinstance(cell, tuple) else (cell,)) if callable(f)]
 
 
 def _mask(**kwargs):
@@ -247,7 +276,14 @@ def _mask(**kwargs):
     later `q_length` and `q_offset`): only the ones read here are assumed."""
     kv_length, attention_mask = kwargs["kv_length"], kwargs.get("attention_mask")
     q_length = kwargs["q_length"] if "q_length" in kwargs else kwargs["cache_position"].shape[0]
-    if _expressible(kwargs.get("mask_function")) and (kwargs.get("allow_is_causal_skip", True) or kv_length == q_length):
+    function = kwargs.get("mask_function")
+    chunked = _holds(function, "chunked_overlay.")
+    # Packed sequences reach FlashCore as `position_ids`, which Llama 4's layers do not hand
+    # to their attention: a chunked layer's packed batch takes SDPA's mask (refused).
+    packed_chunks = chunked and _holds(function, "packed_sequence_mask_function.")
+    if _expressible(function) and not packed_chunks and (kwargs.get("allow_is_causal_skip", True) or kv_length == q_length):
+        if chunked and kwargs.get("kv_offset", 0) > 0:
+            attention_mask = _from_the_first_querys_chunk(attention_mask, kwargs)
         if attention_mask is not None:
             attention_mask = attention_mask[:, -kv_length:]
             if attention_mask.all():  # synchronises, once per forward pass
@@ -256,6 +292,34 @@ def _mask(**kwargs):
     from transformers.masking_utils import sdpa_mask
 
     return sdpa_mask(**kwargs)
+
+
+def _holds(mask_function: Optional[Callable], prefix: str) -> bool:
+    """Whether transformers' mask function is, or `and_masks` together, a function whose
+    qualified name starts with `prefix` (`_expressible`'s walk)."""
+    if getattr(mask_function, "__qualname__", "").startswith(prefix):
+        return True
+    return mask_function is not None and any(_holds(f, prefix) for f in _and_parts(mask_function))
+
+
+def _from_the_first_querys_chunk(attention_mask: Optional[Tensor], kwargs: dict) -> Tensor:
+    """The 2-D mask `[B, kv_offset + kv_length]` of a chunked layer whose cache holds a window
+    of keys (from `kv_offset`): the padding mask with every key before the chunk of each
+    sequence's first query left out. Chunks count from the sequence's first real token
+    (transformers' `chunked_overlay`); no query of this call sees an earlier key, and the kept
+    keys then start at a chunk, where FlashCore's chunks count from."""
+    kv_offset, kv_length, q_offset = kwargs["kv_offset"], kwargs["kv_length"], kwargs.get("q_offset")
+    batch, chunk = kwargs["batch_size"], int(kwargs["local_size"])
+    if q_offset is None:  # transformers before q_offset: the queries are the last q_length keys
+        q_offset = kv_offset + kv_length - (kwargs["q_length"] if "q_length" in kwargs else kwargs["cache_position"].shape[0])
+    device = kwargs.get("device", attention_mask.device if attention_mask is not None else None)
+    total = kv_offset + kv_length
+    if attention_mask is None:
+        attention_mask = torch.ones(batch, total, dtype=torch.bool, device=device)
+    attention_mask = attention_mask[:, -total:].bool()
+    left_padding = (attention_mask.cumsum(-1) == 0).sum(-1)  # as create_chunked_causal_mask counts it
+    start = left_padding + torch.div(q_offset - left_padding, chunk, rounding_mode="floor").clamp(min=0) * chunk
+    return attention_mask & (torch.arange(total, device=attention_mask.device) >= start[:, None])
 
 
 def register(name: str = NAME) -> str:
