@@ -295,6 +295,23 @@ def flash_attn_with_kvcache(
     loads per page) on sm_90, on the Ampere-class kernel elsewhere. Forward only (no
     autograd).
     """
+    q, new, cache_seqlens = _checked_kvcache_call(q, (k_cache, v_cache), (k, v), (cache_seqlens, cache_batch_idx, cache_leftpad, block_table))
+    if not isinstance(num_splits, numbers.Integral) or num_splits < 0:
+        raise ValueError(f"`num_splits` must be an int >= 0, got {num_splits!r}")
+    options = _options(q, softmax_scale, causal, window_size, softcap, alibi_slopes)
+    if num_splits:
+        options = options._replace(num_splits=int(num_splits))
+    lengths = (cache_seqlens, cache_batch_idx, cache_leftpad, block_table)
+    return _kvcache(q, (k_cache, v_cache), new, (rotary_cos, rotary_sin, rotary_interleaved), lengths, options, return_softmax_lse)
+
+
+def _checked_kvcache_call(q: Tensor, caches: Tuple[Tensor, Tensor], new: tuple, lengths: tuple) -> Tuple[Tensor, Optional[Tuple[Tensor, Tensor]], Optional[Tensor]]:
+    """`flash_attn_with_kvcache`'s tensors checked, or the error naming the argument: `(q, new,
+    cache_seqlens)` with `new` the keys and values to append (None: none, or empty ones) and
+    an int `cache_seqlens` made a tensor. `lengths` `(cache_seqlens, cache_batch_idx,
+    cache_leftpad, block_table)`."""
+    (k_cache, v_cache), (k, v) = caches, new
+    cache_seqlens, cache_batch_idx, cache_leftpad, block_table = lengths
     tensors = (("q", q), ("k_cache", k_cache), ("v_cache", v_cache))
     if k is not None and v is not None and k.dim() == 4 and k.shape[1] == 0 and v.shape[1] == 0:
         k = v = None  # nothing to append
@@ -316,11 +333,19 @@ def flash_attn_with_kvcache(
                 raise _unsupported(name, "<tensor>", "with a block table is not supported (as in flash_attn): contiguous caches only")
             if t.shape[0] != q.shape[0]:
                 raise ValueError(f"`{name}` has {t.shape[0]} entries, q's batch is {q.shape[0]}")
-    if not isinstance(num_splits, numbers.Integral) or num_splits < 0:
-        raise ValueError(f"`num_splits` must be an int >= 0, got {num_splits!r}")
-    options = _options(q, softmax_scale, causal, window_size, softcap, alibi_slopes)
-    if num_splits:
-        options = options._replace(num_splits=int(num_splits))
+    return q, None if k is None else (k, v), cache_seqlens
+
+
+def _kvcache(
+    q: Tensor, caches: Tuple[Tensor, Tensor], new: Optional[Tuple[Tensor, Tensor]], rotary: tuple, lengths: tuple, options: _ops.Options, want_lse: bool
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """`flash_attn_with_kvcache` on checked arguments (`_checked_kvcache_call`) and its made
+    options record: flash-attn 2's call, and FA3's, which carries options of its own (a chunk).
+    `rotary` `(rotary_cos, rotary_sin, rotary_interleaved)`; `lengths` as the checker's."""
+    k_cache, v_cache = caches
+    k, v = new if new is not None else (None, None)
+    rotary_cos, rotary_sin, rotary_interleaved = rotary
+    cache_seqlens, cache_batch_idx, cache_leftpad, block_table = lengths
     if rotary_cos is not None or rotary_sin is not None:
         q, k = _rotated_for_cache(q, k, rotary_cos, rotary_sin, cache_seqlens, bool(rotary_interleaved), options.causal or options.window != NO_WINDOW)
     d = q.shape[-1]
@@ -329,26 +354,21 @@ def flash_attn_with_kvcache(
         # flash_attn's way with such a head dim: the caches run zero-padded to a multiple of 8
         # (a copy of each), and the appended keys are copied back into the caller's caches.
         padded = [torch.nn.functional.pad(t, (0, -d % 8)) for t in present]
-        q_p, k_cache_p, v_cache_p = padded[:3]
-        k_p, v_p = padded[3:] if k is not None else (None, None)
-        out, lse = flash_attn_with_kvcache(
-            q_p, k_cache_p, v_cache_p, k_p, v_p, cache_seqlens=cache_seqlens, cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
-            block_table=block_table, softmax_scale=options.softmax_scale, causal=causal, window_size=options.window, softcap=options.softcap,
-            alibi_slopes=options.alibi_slopes, num_splits=num_splits, return_softmax_lse=True,
-        )
+        new_p = (padded[3], padded[4]) if k is not None else None
+        out, lse = _kvcache(padded[0], (padded[1], padded[2]), new_p, (None, None, False), lengths, options, True)
         if k is not None:
-            k_cache.copy_(k_cache_p[..., :d])
-            v_cache.copy_(v_cache_p[..., :d])
-        return (out[..., :d], lse) if return_softmax_lse else out[..., :d]
+            k_cache.copy_(padded[1][..., :d])
+            v_cache.copy_(padded[2][..., :d])
+        return (out[..., :d], lse) if want_lse else out[..., :d]
     if cache_batch_idx is not None or cache_leftpad is not None:
         out, lse = _kvcache_rows(q, (k_cache, v_cache), None if k is None else (k, v), (cache_seqlens, cache_batch_idx, cache_leftpad), options)
-        return (out, lse) if return_softmax_lse else out
+        return (out, lse) if want_lse else out
     cache = _ops.Cache(k, v, cache_seqlens, block_table)
     if _eager(q, k_cache, v_cache):  # no autograd: the op has none either
-        out, lse = _ops.kvcache_forward(q, (k_cache, v_cache), cache, options, return_softmax_lse)
+        out, lse = _ops.kvcache_forward(q, (k_cache, v_cache), cache, options, want_lse)
     else:
         out, lse = _ops.fwd_kvcache(q, k_cache, v_cache, *cache, *options.flat())
-    return (out, lse) if return_softmax_lse else out
+    return (out, lse) if want_lse else out
 
 
 def _kvcache_rows(

@@ -135,6 +135,38 @@ def test_kvcache_calls_are_flashcores(fa3):
     assert torch.equal(got, want) and not got.isnan().any()
 
 
+@pytest.mark.parametrize("sq,new", [(1, 1), (300, 300)], ids=["decode", "prefill"])
+def test_chunked_attention_over_a_kv_cache(fa3, sq, new):
+    """Chunks over a paged cache and a contiguous one (query row i at its cache position
+    cache_seqlens[b] + S_new - Sq + i, FA3's rule), decode and chunked prefill, each sequence
+    against the float64 oracle; and packed queries over the pages (cu_seqlens_q)."""
+    from test_kvcache import Cache
+
+    lens, d, chunk = [1, 15, 1000, 4097], 128, 256
+    cache = Cache(lens, new, 2, d, 64, torch.bfloat16)
+    q = randn(len(lens), sq, 8, d, seed=99)
+    args = dict(cache_seqlens=cache.cache_seqlens, causal=True, attention_chunk=chunk, return_softmax_lse=True)
+    out, lse = fa3.flash_attn_with_kvcache(q, cache.k_pool, cache.v_pool, cache.k_new, cache.v_new, page_table=cache.block_table, **args)
+    flat, flat_lse = fa3.flash_attn_with_kvcache(q, cache.k_flat, cache.v_flat, cache.k_new, cache.v_new, **args)
+    assert torch.equal(out, flat) and torch.equal(lse, flat_lse), "paged and contiguous differ bitwise"
+    for b in range(len(lens)):
+        check_against_reference(q[b : b + 1], cache.keys[b], cache.values[b], out[b : b + 1], lse[b : b + 1], d**-0.5, True, chunk=chunk)
+    if new == 0 or sq == 1:
+        return
+    # The keys are in the pages now: packed queries, the last 7 and 1 rows of two sequences.
+    rows = [7, 1]
+    qp = torch.cat([q[2, -rows[0]:], q[3, -rows[1]:]])
+    cu = torch.tensor([0, rows[0], sum(rows)], dtype=torch.int32, device="cuda")
+    used = cache.cache_seqlens[2:] + new
+    got, _ = fa3.flash_attn_with_kvcache(
+        qp, cache.k_pool, cache.v_pool, cache_seqlens=used, page_table=cache.block_table[2:], cu_seqlens_q=cu, max_seqlen_q=7,
+        causal=True, attention_chunk=chunk, return_softmax_lse=True,
+    )  # fmt: skip
+    for i, b in enumerate((2, 3)):
+        want, _ = reference(q[b : b + 1, -rows[i]:], cache.keys[b], cache.values[b], d**-0.5, True, chunk=chunk)
+        assert rel_l2(got[None, cu[i] : cu[i + 1]], want) <= REL_BOUND[torch.bfloat16], f"packed sequence {i}"
+
+
 def combine_reference(out_partial, lse_partial):
     """FA3's test_flash_attn.py's `attention_combine_ref`, spelled out."""
     lse = torch.logsumexp(lse_partial, dim=0)

@@ -9,14 +9,14 @@
 
 Every call runs FlashCore's kernels (`flashcore.interface`). What FA3 has and FlashCore does
 not yet raises `NotImplementedError` naming the argument: `qv` (absorbed MLA's extra q·vᵀ
-term), the FP8 descales `q_descale`, `k_descale`, `v_descale`, `attention_chunk` in the
-KV-cache call (the dense and packed calls carry it to the core, whose GPU kernels refuse it
-until their check), `seqused_q`, and in the KV-cache call `cu_seqlens_k_new` (packed new keys),
+term), the FP8 descales `q_descale`, `k_descale`, `v_descale`, `seqused_q`, and in the
+KV-cache call `cu_seqlens_k_new` (packed new keys),
 `rotary_seqlens` and packed queries over a contiguous cache. FA3's tuning hints are taken and
 left to FlashCore's planner: `pack_gqa` (FlashCore packs GQA heads for decode itself),
 `sm_margin`, `scheduler_metadata` (`get_scheduler_metadata` returns None, which every call
 takes); `num_splits` is honoured where FlashCore splits (the dense and KV-cache calls: 1
-unsplit, 0 or less FlashCore's choice) and a hint for a packed batch. Differences: a row that
+unsplit, 0 or less FlashCore's choice) and a hint for a packed batch. `attention_chunk` runs in
+every call, forward and backward (FA3's backward refuses it). Differences: a row that
 sees no key has lse -inf (FA3: +inf), and outputs are FlashCore's numerics (docs/flash-attn-compat.md).
 """
 
@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from .. import interface
-from .._args import _check, _check_packed, _num_splits, _options
+from .._args import _check, _check_packed, _check_paged_varlen, _num_splits, _options
 from .._paths import _attention
 
 __all__ = [
@@ -64,12 +64,6 @@ def _chunk(attention_chunk: object) -> int:
     if attention_chunk < 0:
         raise ValueError(f"`attention_chunk` must be >= 0 (0: off), got {attention_chunk}")
     return int(attention_chunk)
-
-
-def _no_chunk_with(attention_chunk: object, call: str) -> None:
-    """NotImplementedError naming `attention_chunk` for the calls that do not carry it yet."""
-    if _chunk(attention_chunk):
-        raise _not_yet("attention_chunk", f"chunked attention {call}")
 
 
 def flash_attn_func(
@@ -216,25 +210,28 @@ def flash_attn_with_kvcache(
     Returns `out`, or `(out, softmax_lse)` with `return_softmax_lse`. `scheduler_metadata`,
     `pack_gqa` and `sm_margin` are hints."""
     _refuse_fa3_only(qv, (q_descale, k_descale, v_descale))
-    _no_chunk_with(attention_chunk, "over a KV cache")
     for name, value, what in (("cu_seqlens_k_new", cu_seqlens_k_new, "packed new keys"), ("rotary_seqlens", rotary_seqlens, "rotary positions apart from cache_seqlens")):
         if value is not None:
             raise _not_yet(name, what)
-    splits = _num_splits(num_splits)
+    splits, chunk = _num_splits(num_splits), _chunk(attention_chunk)
+    scores = (softmax_scale, causal, window_size, softcap)
     if cu_seqlens_q is not None:
-        return _packed_queries(q, (k_cache, v_cache), (cu_seqlens_q, max_seqlen_q, cache_seqlens, page_table), (k, rotary_cos, cache_batch_idx, cache_leftpad), (softmax_scale, causal, window_size, softcap), return_softmax_lse)
-    return interface.flash_attn_with_kvcache(
-        q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, page_table,
-        softmax_scale, causal, window_size, softcap, rotary_interleaved, None, splits, return_softmax_lse,
-    )  # fmt: skip
+        layout = (cu_seqlens_q, max_seqlen_q, cache_seqlens, page_table)
+        return _packed_queries(q, (k_cache, v_cache), layout, (k, rotary_cos, cache_batch_idx, cache_leftpad), scores, chunk, return_softmax_lse)
+    lengths = (cache_seqlens, cache_batch_idx, cache_leftpad, page_table)
+    q, new, cache_seqlens = interface._checked_kvcache_call(q, (k_cache, v_cache), (k, v), lengths)
+    options = _options(q, *scores)._replace(num_splits=splits, attention_chunk=chunk)
+    lengths = (cache_seqlens, cache_batch_idx, cache_leftpad, page_table)
+    return interface._kvcache(q, (k_cache, v_cache), new, (rotary_cos, rotary_sin, rotary_interleaved), lengths, options, return_softmax_lse)
 
 
 def _packed_queries(
-    q: Tensor, caches: Tuple[Tensor, Tensor], layout: tuple, unsupported: tuple, scores: tuple, return_softmax_lse: bool
+    q: Tensor, caches: Tuple[Tensor, Tensor], layout: tuple, unsupported: tuple, scores: tuple, chunk: int, return_softmax_lse: bool
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """`flash_attn_with_kvcache` with `cu_seqlens_q`: packed queries over a paged cache, FlashCore's
     `flash_attn_varlen_func` with a block table (`layout` = (cu_seqlens_q, max_seqlen_q,
-    cache_seqlens, page_table); `unsupported` the arguments it does not take with them)."""
+    cache_seqlens, page_table); `unsupported` the arguments it does not take with them;
+    `scores` (softmax_scale, causal, window_size, softcap) and `chunk` the options')."""
     cu_seqlens_q, max_seqlen_q, cache_seqlens, page_table = layout
     for name, value in zip(("k", "rotary_cos", "cache_batch_idx", "cache_leftpad"), unsupported):
         if value is not None:
@@ -243,13 +240,12 @@ def _packed_queries(
         raise _not_yet("cu_seqlens_q", "packed queries over a contiguous cache: pass a page_table")
     if not isinstance(cache_seqlens, Tensor) or max_seqlen_q is None:
         raise ValueError("packed queries (cu_seqlens_q) need `cache_seqlens` as an int32 tensor [B] and `max_seqlen_q`")
-    softmax_scale, causal, window_size, softcap = scores
     zeros = torch.zeros_like(cu_seqlens_q)  # cu_seqlens_k: unused where seqused_k gives each sequence's keys
-    result = interface.flash_attn_varlen_func(
-        q, *caches, cu_seqlens_q, zeros, max_seqlen_q, 0, 0.0, softmax_scale, causal, window_size, softcap,
-        return_attn_probs=return_softmax_lse, seqused_k=cache_seqlens, block_table=page_table,
-    )  # fmt: skip
-    return result[:2] if return_softmax_lse else result
+    vectors = (cu_seqlens_q, zeros, cache_seqlens)
+    _check_paged_varlen(q, caches, vectors, page_table, max_seqlen_q)
+    options = _options(q, *scores)._replace(attention_chunk=chunk)
+    out, lse = interface._paged_varlen(q, caches, vectors, (page_table, int(max_seqlen_q)), options)
+    return (out, lse) if return_softmax_lse else out
 
 
 def flash_attn_combine(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tensor] = None, out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
