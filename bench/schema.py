@@ -55,7 +55,7 @@ def _counted(case, key):
     if counts is not None:
         return float(counts[key])
     if case.get("window") is not None or case.get("packed") is not None or case.get("attention_chunk"):
-        raise ValueError(f"case {case.get('name')}: a window's or a packed batch's {key} come from `flashcore bench --list-json` (its 'counts')")
+        raise ValueError(f"case {case.get('name')}: a window's, a chunk's or a packed batch's {key} come from `flashcore bench --list-json` (its 'counts')")
     return None
 
 
@@ -190,7 +190,7 @@ def normalize_case(c):
     """Validates a list-json case and returns a copy with canonical dtype; raises ValueError.
     Optional fields, as flashcore writes them: `window` [left, right], `softcap`, `packed`
     {seqlens_q, seqlens_k, seqused_k?} (then batch = sequences, seqlen_q/k = the longest),
-    `counts` {flops, kv_bytes}."""
+    `attention_chunk` (keys a chunk), `counts` {flops, kv_bytes}."""
     missing = [f for f in CASE_FIELDS if f not in c]
     if missing:
         raise ValueError(f"case {c.get('name', c)!r} lacks {missing}")
@@ -212,9 +212,13 @@ def normalize_case(c):
             raise ValueError(f"case {c['name']}: packed needs batch = {c['batch']} lengths in seqlens_q, seqlens_k (and seqused_k)")
         if used is not None and any(u > h for u, h in zip(used, p["seqlens_k"])):
             raise ValueError(f"case {c['name']}: seqused_k above the keys a sequence holds")
-    if (c.get("window") is not None or p is not None) and c.get("counts") is None:
-        raise ValueError(f"case {c['name']}: a window or a packed batch needs flashcore's 'counts' (from `flashcore bench --list-json`)")
-    if c.get("counts") is not None and c.get("window") is None and p is None:
+    chunk = c.get("attention_chunk")
+    if chunk is not None and (not isinstance(chunk, int) or chunk < 1):
+        raise ValueError(f"case {c['name']}: attention_chunk must be a positive integer, got {chunk!r}")
+    counted_by_flashcore = c.get("window") is not None or p is not None or chunk is not None
+    if counted_by_flashcore and c.get("counts") is None:
+        raise ValueError(f"case {c['name']}: a window, a chunk or a packed batch needs flashcore's 'counts' (from `flashcore bench --list-json`)")
+    if c.get("counts") is not None and not counted_by_flashcore:
         # A plain case is counted on both sides: they must agree (the formulas drifting apart
         # would make the anchors' TFLOPS and flashcore's incomparable).
         mine = flops(dict(out, counts=None))
