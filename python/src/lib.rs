@@ -310,7 +310,15 @@ pub(crate) unsafe fn forward_on(
     // SAFETY: this function's contract.
     unsafe {
         let view = |(ptr, layout): (u64, Layout)| TensorView::from_raw(ptr, layout, device);
-        let inputs = FwdInputs { q: view(tensors[0]), k: view(tensors[1]), v: view(tensors[2]), kv: keys, alibi_slopes, dropout_state };
+        let inputs = FwdInputs {
+            q: view(tensors[0]),
+            k: view(tensors[1]),
+            v: view(tensors[2]),
+            kv: keys,
+            alibi_slopes,
+            dropout_state,
+            learnable_sink: None,
+        };
         if check {
             ctx.check_values(&inputs)?;
         }

@@ -20,6 +20,15 @@ use crate::varlen::VarlenBatch;
 /// (flash_attn's causal kernels add `slope · j`): the same output, an LSE that differs by it.
 pub type AlibiSlopes<'a> = DeviceVec<'a, f32>;
 
+/// Learnable sinks (gpt-oss; FlashAttention-4's `learnable_sink`): f32 on the device, one logit
+/// a query head (`[Hq]`), in every row's softmax denominator beside the visible keys' scores,
+/// with no value: `o = Σ exp(s − m)·v / (Σ exp(s − m) + exp(sink − m))`, the LSE including it.
+/// Neither scaled by the softmax scale nor softcapped; a row that sees no key gives `o = 0` and
+/// `lse = sink`. The forward takes them; the backward's dQ, dK and dV need only the forward's
+/// LSE (which holds the sink), and the sinks' own gradient is `-Σ_i exp(sink - lse_i)·D_i`
+/// over a head's rows, `D_i = dO_i·O_i` ([`crate::reference::ReferenceGrads::dsinks`]).
+pub type LearnableSinks<'a> = DeviceVec<'a, f32>;
+
 /// How a call's keys (and, packed, its queries) are laid out.
 #[derive(Debug, Clone, Copy, Default)]
 pub enum KvLayout<'a> {
@@ -75,17 +84,19 @@ pub struct FwdInputs<'a> {
     pub alibi_slopes: Option<AlibiSlopes<'a>>,
     /// Dropout's generator state on the device, or none (then `Dropout`'s own).
     pub dropout_state: Option<DropoutState<'a>>,
+    /// Learnable sinks, or none.
+    pub learnable_sink: Option<LearnableSinks<'a>>,
 }
 
 impl<'a> FwdInputs<'a> {
     /// Dense tensors: `q [B, Sq, Hq, D]`, `k, v [B, Sk, Hkv, D]`.
     pub fn dense(q: TensorView<'a>, k: TensorView<'a>, v: TensorView<'a>) -> Self {
-        Self { q, k, v, kv: KvLayout::Dense, alibi_slopes: None, dropout_state: None }
+        Self { q, k, v, kv: KvLayout::Dense, alibi_slopes: None, dropout_state: None, learnable_sink: None }
     }
 
     /// A packed batch: `q [1, total_q, Hq, D]`, `k, v [1, total_k, Hkv, D]` (see [`VarlenBatch`]).
     pub fn varlen(q: TensorView<'a>, k: TensorView<'a>, v: TensorView<'a>, batch: VarlenBatch<'a>) -> Self {
-        Self { q, k, v, kv: KvLayout::Varlen(batch), alibi_slopes: None, dropout_state: None }
+        Self { q, k, v, kv: KvLayout::Varlen(batch), alibi_slopes: None, dropout_state: None, learnable_sink: None }
     }
 
     /// These inputs with ALiBi `slopes` (see [`AlibiSlopes`]).
@@ -98,11 +109,16 @@ impl<'a> FwdInputs<'a> {
         Self { dropout_state: Some(state), ..self }
     }
 
+    /// These inputs with learnable `sinks` (see [`LearnableSinks`]).
+    pub fn with_learnable_sink(self, sinks: LearnableSinks<'a>) -> Self {
+        Self { learnable_sink: Some(sinks), ..self }
+    }
+
     /// A KV cache: `q [B, Sq, Hq, D]`, `k_cache`, `v_cache` the pools `[num_pages, page_size,
     /// Hkv, D]` (with a block table) or `[B, S_cache, Hkv, D]`; `cache.k_new`, `cache.v_new`
     /// are appended first (see [`PagedKv`]).
     pub fn paged(q: TensorView<'a>, k_cache: TensorView<'a>, v_cache: TensorView<'a>, cache: PagedKv<'a>) -> Self {
-        Self { q, k: k_cache, v: v_cache, kv: KvLayout::Paged(cache), alibi_slopes: None, dropout_state: None }
+        Self { q, k: k_cache, v: v_cache, kv: KvLayout::Paged(cache), alibi_slopes: None, dropout_state: None, learnable_sink: None }
     }
 }
 
@@ -162,7 +178,7 @@ pub struct GradsMut<'a> {
 /// A checked call: the tensors' own shape (packed: `[1, total, H, D]`; a cache: `Sk` its
 /// capacity), the kernels' (packed: B sequences of the longest lengths), a cache's geometry,
 /// ALiBi's slopes (their address and batch stride), dropout's state on the device (its
-/// address, 0 for none).
+/// address, 0 for none), the learnable sinks (their address, 0 for none).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Checked {
     pub tensors: ProblemShape,
@@ -170,6 +186,15 @@ pub(crate) struct Checked {
     pub cache: Option<CacheGeometry>,
     pub alibi: Option<Alibi>,
     pub dropout_state: u64,
+    /// The learnable sinks' address, 0 for none.
+    pub learnable_sink: u64,
+}
+
+impl Checked {
+    /// What the planner needs to know of the score policies given as tensors.
+    pub(crate) fn score_tensors(&self) -> crate::dispatch::ScoreTensors {
+        crate::dispatch::ScoreTensors { alibi: self.alibi.is_some(), learnable_sink: self.learnable_sink != 0 }
+    }
 }
 
 /// Checked ALiBi slopes: their address and batch stride (0: one slope a head for every
@@ -209,27 +234,30 @@ impl FwdInputs<'_> {
             // No queries: nothing to compute and nothing appended, whatever the cache holds.
             KvLayout::Paged(_) if q.layout.shape[0] == 0 || q.layout.shape[1] == 0 => {
                 let tensors = validate::queries_only(q, o, device)?;
-                Checked { tensors, shape: tensors, cache: None, alibi: None, dropout_state: 0 }
+                Checked { tensors, shape: tensors, cache: None, alibi: None, dropout_state: 0, learnable_sink: 0 }
             }
             KvLayout::Paged(cache) => {
                 let g = cache.validate(q, k, v, o, device)?;
                 // Packed queries: the tensors are one batch of all the rows.
                 let tensors = g.total_q.map_or(g.shape, |total_q| ProblemShape { batch: 1, seqlen_q: total_q, ..g.shape });
-                Checked { tensors, shape: g.shape, cache: Some(g), alibi: None, dropout_state: 0 }
+                Checked { tensors, shape: g.shape, cache: Some(g), alibi: None, dropout_state: 0, learnable_sink: 0 }
             }
             KvLayout::Varlen(batch) => {
                 let tensors = validate::problem(q, k, v, o, device)?;
                 batch.validate(&tensors)?;
-                Checked { tensors, shape: batch.kernel_shape(&tensors), cache: None, alibi: None, dropout_state: 0 }
+                Checked { tensors, shape: batch.kernel_shape(&tensors), cache: None, alibi: None, dropout_state: 0, learnable_sink: 0 }
             }
             KvLayout::Dense => {
                 let tensors = validate::problem(q, k, v, o, device)?;
-                Checked { tensors, shape: tensors, cache: None, alibi: None, dropout_state: 0 }
+                Checked { tensors, shape: tensors, cache: None, alibi: None, dropout_state: 0, learnable_sink: 0 }
             }
         };
         params.check(checked.shape.head_dim)?;
         let alibi = check_alibi(self.alibi_slopes.as_ref(), &checked.shape)?;
-        let checked = Checked { alibi, dropout_state: check_dropout_state(self.dropout_state.as_ref(), params)?, ..checked };
+        let dropout_state = check_dropout_state(self.dropout_state.as_ref(), params)?;
+        let learnable_sink =
+            self.learnable_sink.map_or(Ok(0), |s| validate::learnable_sink(s.ptr, s.len, &checked.shape).map(|()| s.ptr))?;
+        let checked = Checked { alibi, dropout_state, learnable_sink, ..checked };
         if let Some(lse) = lse {
             // [B, Hq, Sq] as the tensors are shaped; packed, [Hq, total_q]: one sequence of all
             // the rows (a cache's tensors are its kernels' shape, packed queries aside).
@@ -306,7 +334,8 @@ impl BwdInputs<'_> {
         validate::lse_alignment(lse.ptr)?;
         params.check(shape.head_dim)?;
         let alibi = check_alibi(alibi_slopes.as_ref(), &shape)?;
-        Ok(Checked { tensors, shape, cache: None, alibi, dropout_state: check_dropout_state(dropout_state.as_ref(), params)? })
+        let dropout_state = check_dropout_state(dropout_state.as_ref(), params)?;
+        Ok(Checked { tensors, shape, cache: None, alibi, dropout_state, learnable_sink: 0 })
     }
 }
 
@@ -368,6 +397,23 @@ mod tests {
         assert_eq!(checked.alibi, Some(Alibi { ptr: 0x9000, batch_stride: 8 }));
         assert!(packed.with_alibi(slopes(0x9000, 16)).check(&view(q, 0x400000), None, &AttnParams::default(), 0).is_err());
         assert!(inputs.check(&view([2, 16, 8, 64], 0x400000), None, &AttnParams::default(), 0).unwrap().alibi.is_none());
+    }
+
+    #[test]
+    fn learnable_sinks_are_one_a_query_head() {
+        let (q, kv) = ([2, 16, 8, 64], [2, 64, 2, 64]);
+        let inputs = FwdInputs::dense(view(q, 0x1000), view(kv, 0x100000), view(kv, 0x200000));
+        // SAFETY: as above.
+        let sinks = |at, len| unsafe { LearnableSinks::from_raw(at, len) };
+        let check = |s| inputs.with_learnable_sink(s).check(&view(q, 0x400000), None, &AttnParams::default(), 0);
+        let checked = check(sinks(0x9000, 8)).unwrap();
+        assert_eq!(checked.learnable_sink, 0x9000);
+        assert!(checked.score_tensors().learnable_sink && !checked.score_tensors().alibi);
+        for (at, len) in [(0x9000, 2), (0x9000, 16), (0x9002, 8)] {
+            let err = check(sinks(at, len)).unwrap_err();
+            assert!(err.to_string().contains("learnable_sink"), "{err}");
+        }
+        assert_eq!(inputs.check(&view(q, 0x400000), None, &AttnParams::default(), 0).unwrap().learnable_sink, 0);
     }
 
     #[test]

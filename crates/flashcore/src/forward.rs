@@ -96,7 +96,7 @@ impl Context {
             None => None,
         };
         let params = if probs.is_some() { dispatch::probs_params(params)? } else { *params };
-        let plan = dispatch::plan_for(&device, &checked.shape, dtype, &params, layout, checked.alibi.is_some())?;
+        let plan = dispatch::plan_for(&device, &checked.shape, dtype, &params, layout, checked.score_tensors())?;
         let kernel = self.load(&plan.variant)?;
         let mut call = pack::forward(&plan, &checked, inputs, o, out.lse.map_or(0, |l| l.ptr), &params);
         if let Some((ptr, rows, cols)) = probs {

@@ -9,7 +9,7 @@
 
 use cudarc::driver::DeviceRepr;
 
-use crate::call::{Alibi, Checked, FwdInputs, KvLayout};
+use crate::call::{Checked, FwdInputs, KvLayout};
 use crate::dispatch::{BwdPlan, Plan};
 use crate::kernels::{fwd_sm80, fwd_sm90, section_heads, KernelFamily};
 use crate::params::{AttnParams, Window};
@@ -53,6 +53,8 @@ pub(crate) struct ScoreModArgs {
     /// Chunked attention's chunk in keys, 0 off ([`AttnParams::attention_chunk`]).
     pub attention_chunk: i32,
     pub _pad: i32,
+    /// Learnable sinks, f32 `[Hq]` on the device (0: none; [`crate::LearnableSinks`]).
+    pub learnable_sink: u64,
 }
 
 /// A packed batch (`FC_VARLEN_FIELDS`); the paged forward reuses `seqused_k` as the cache
@@ -112,9 +114,9 @@ pub(crate) struct FwdParams {
     pub probs_cols: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<ProblemArgs>() == 36 && std::mem::size_of::<ScoreModArgs>() == 72);
+const _: () = assert!(std::mem::size_of::<ProblemArgs>() == 36 && std::mem::size_of::<ScoreModArgs>() == 80);
 const _: () = assert!(std::mem::size_of::<VarlenArgs>() == 32);
-const _: () = assert!(std::mem::size_of::<FwdParams>() == 448);
+const _: () = assert!(std::mem::size_of::<FwdParams>() == 456);
 
 // SAFETY: plain old data with the C layout the kernels expect.
 unsafe impl DeviceRepr for FwdParams {}
@@ -150,7 +152,7 @@ pub(crate) struct BwdParams {
     pub varlen: VarlenArgs,
 }
 
-const _: () = assert!(std::mem::size_of::<BwdParams>() == 88 + 8 * 24 + 120 + 32);
+const _: () = assert!(std::mem::size_of::<BwdParams>() == 88 + 8 * 24 + 128 + 32);
 
 // SAFETY: plain old data with the C layout the kernels expect.
 unsafe impl DeviceRepr for BwdParams {}
@@ -184,7 +186,8 @@ fn problem_args(shape: &ProblemShape, params: &AttnParams) -> ProblemArgs {
 /// the factor that takes a slope (in logit units) to the units of the
 /// scores the fast kernels hold, which their softmax multiplies by `softmax_scale_log2`:
 /// `log2(e) / softmax_scale_log2` (`1 / scale`; 1 under a softcap, whose scores are logits).
-fn score_mod_args(shape: &ProblemShape, params: &AttnParams, alibi: Option<Alibi>, dropout_state: u64) -> ScoreModArgs {
+fn score_mod_args(shape: &ProblemShape, params: &AttnParams, checked: &Checked) -> ScoreModArgs {
+    let (alibi, dropout_state) = (checked.alibi, checked.dropout_state);
     let window = params.mask().1.unwrap_or(Window::UNBOUNDED);
     let scale = params.scale_for(shape.head_dim);
     let scale_log2 = problem_args(shape, params).softmax_scale_log2;
@@ -203,6 +206,7 @@ fn score_mod_args(shape: &ProblemShape, params: &AttnParams, alibi: Option<Alibi
         dropout_scale: params.dropout.map_or(1.0, |d| d.scale()),
         attention_chunk: params.attention_chunk as i32, // checked to fit (AttnParams::check)
         _pad: 0,
+        learnable_sink: checked.learnable_sink,
     }
 }
 
@@ -281,7 +285,7 @@ pub(crate) fn forward<'a>(
         tile_section: section_heads(&shape),
         num_splits: plan.splits as i32,
         split_tiles: plan.split_tiles as i32,
-        score: score_mod_args(&shape, params, checked.alibi, checked.dropout_state),
+        score: score_mod_args(&shape, params, checked),
         varlen: varlen_args(varlen.as_ref(), &checked.tensors),
         gqa_packed: i32::from(plan.packed_gqa && !dense_rows),
         q_stride_token,
@@ -377,7 +381,7 @@ pub(crate) fn backward(
         deterministic: i32::from(params.deterministic),
         dq_splits: plan.dq_splits as i32,
         spread_walks: i32::from(plan.spread_walks),
-        score: score_mod_args(&checked.shape, params, checked.alibi, checked.dropout_state),
+        score: score_mod_args(&checked.shape, params, checked),
         varlen: varlen_args(varlen, &checked.tensors),
     }
 }
@@ -385,6 +389,19 @@ pub(crate) fn backward(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::call::Alibi;
+
+    fn checked(shape: ProblemShape, alibi: Option<Alibi>) -> Checked {
+        Checked { tensors: shape, shape, cache: None, alibi, dropout_state: 0, learnable_sink: 0 }
+    }
+
+    #[test]
+    fn learnable_sinks_reach_the_kernels_as_given() {
+        let shape = ProblemShape { batch: 1, seqlen_q: 4, seqlen_k: 4, heads_q: 8, heads_kv: 1, head_dim: 64 };
+        let sinks = Checked { learnable_sink: 0x2000, ..checked(shape, None) };
+        assert_eq!(score_mod_args(&shape, &AttnParams::default(), &sinks).learnable_sink, 0x2000);
+        assert_eq!(score_mod_args(&shape, &AttnParams::default(), &checked(shape, None)).learnable_sink, 0);
+    }
 
     #[test]
     fn a_zero_scale_stays_a_normal_float_in_both_passes() {
@@ -393,27 +410,27 @@ mod tests {
         assert_eq!(problem_args(&shape, &zero).softmax_scale_log2, f32::MIN_POSITIVE);
         let capped = AttnParams { softcap: 30.0, ..zero };
         assert_eq!(problem_args(&shape, &capped).softmax_scale_log2, std::f32::consts::LOG2_E);
-        assert_eq!(score_mod_args(&shape, &capped, None, 0).softcap_scale, 0.0);
+        assert_eq!(score_mod_args(&shape, &capped, &checked(shape, None)).softcap_scale, 0.0);
     }
 
     #[test]
     fn alibi_slopes_reach_the_kernels_in_the_units_of_their_scores() {
         let shape = ProblemShape { batch: 2, seqlen_q: 4, seqlen_k: 4, heads_q: 8, heads_kv: 1, head_dim: 64 };
         let alibi = Some(Alibi { ptr: 0x1000, batch_stride: 8 });
-        let plain = score_mod_args(&shape, &AttnParams::default(), alibi, 0);
+        let plain = score_mod_args(&shape, &AttnParams::default(), &checked(shape, alibi));
         assert_eq!((plain.alibi_slopes, plain.alibi_batch_stride), (0x1000, 8));
         // q·k times alibi_scale·slope, then times softmax_scale_log2: slope·log2(e) a key.
         assert!((plain.alibi_scale - 8.0).abs() < 1e-5, "1 / scale at D64: {}", plain.alibi_scale);
-        let capped = score_mod_args(&shape, &AttnParams { softcap: 30.0, ..AttnParams::default() }, alibi, 0);
+        let capped = score_mod_args(&shape, &AttnParams { softcap: 30.0, ..AttnParams::default() }, &checked(shape, alibi));
         assert_eq!(capped.alibi_scale, 1.0, "capped scores are logits");
-        assert_eq!(score_mod_args(&shape, &AttnParams::default(), None, 0).alibi_slopes, 0);
+        assert_eq!(score_mod_args(&shape, &AttnParams::default(), &checked(shape, None)).alibi_slopes, 0);
     }
 
     #[test]
     fn causal_is_folded_into_a_window_as_the_kernels_read_it() {
         let p = AttnParams { causal: true, window: Window::new(127, 5), ..AttnParams::default() };
         let shape = ProblemShape { batch: 1, seqlen_q: 4, seqlen_k: 4, heads_q: 1, heads_kv: 1, head_dim: 128 };
-        let score = score_mod_args(&shape, &p, None, 0);
+        let score = score_mod_args(&shape, &p, &checked(shape, None));
         assert_eq!((score.window_left, score.window_right), (127, 0));
         assert_eq!(problem_args(&shape, &p).causal, 0, "a window carries the causal side itself");
         assert_eq!(problem_args(&shape, &AttnParams::causal()).causal, 1);

@@ -151,6 +151,17 @@ pub(crate) fn alibi_slopes(ptr: u64, len: usize, shape: &ProblemShape) -> Result
     }
 }
 
+/// Validates learnable sinks (`FwdInputs::learnable_sink`): f32 `[Hq]`, 4-byte aligned.
+pub(crate) fn learnable_sink(ptr: u64, len: usize, shape: &ProblemShape) -> Result<()> {
+    if !ptr.is_multiple_of(4) {
+        return Err(Error::Param { arg: "learnable_sink", msg: format!("device pointer {ptr:#x} is not 4-byte aligned") });
+    }
+    if len != shape.heads_q {
+        return Err(shape_err("learnable_sink", format!("{len} values: need one a query head, [Hq] = {}", shape.heads_q)));
+    }
+    Ok(())
+}
+
 /// Validates dropout's probabilities (`FwdOutputs::probs`) for the kernels' `shape` (B
 /// sequences of the longest lengths) in q's `dtype`: a call with dropout, `[B, Hq, rows,
 /// cols]` contiguous with `rows >= Sq`, `cols >= Sk` (flash_attn rounds both up to 128), on

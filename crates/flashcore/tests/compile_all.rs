@@ -67,7 +67,7 @@ fn chunked_forms_compile_in_every_family() {
     let jit = Jit::new(DiskCache::new(&dir));
     let hopper = Arch { major: 9, minor: 0, specific: true };
     let ampere = Arch { major: 8, minor: 0, specific: false };
-    let everything = ScoreMods { local: true, chunk: true, softcap: true, alibi: true, dropout: false };
+    let everything = ScoreMods { local: true, chunk: true, softcap: true, alibi: true, dropout: false, sinks: false };
     let jobs: Vec<_> = [
         (hopper, KernelFamily::FwdSm90),
         (hopper, KernelFamily::BwdSm90),
@@ -97,6 +97,53 @@ fn chunked_forms_compile_in_every_family() {
         })
         .collect();
     assert!(failures.is_empty(), "{} of {} chunk forms failed:\n{}", failures.len(), jobs.len(), failures.join("\n"));
+}
+
+/// Learnable sinks' forms (`FC_SINKS`) compile in both forward families, every head dim of
+/// theirs, alone and with every other policy (window, softcap, ALiBi), and spill only where
+/// the same form without them does: the fold is an epilogue's few instructions. (fwd_sm90's
+/// D256 forms with every policy spill 8-12 bytes without sinks, 12-20 with them: printed.)
+#[test]
+fn sinks_forms_compile_in_the_forward_families() {
+    use flashcore::kernels::{with_mods, ScoreMods};
+    let fresh = tempfile::tempdir().unwrap();
+    let dir = std::env::var_os("FLASHCORE_TEST_CACHE_DIR").map_or_else(|| fresh.path().to_path_buf(), std::path::PathBuf::from);
+    let jit = Jit::new(DiskCache::new(&dir));
+    let hopper = Arch { major: 9, minor: 0, specific: true };
+    let ampere = Arch { major: 8, minor: 0, specific: false };
+    let all = ScoreMods { local: true, softcap: true, alibi: true, ..ScoreMods::default() };
+    let jobs: Vec<_> = [(hopper, KernelFamily::FwdSm90), (ampere, KernelFamily::FwdSm80)]
+        .into_iter()
+        .flat_map(|(arch, family)| {
+            let plain =
+                family.variants_of(arch, &[64, 128, 256]).into_iter().filter(|v| v.mods == ScoreMods::default() && !v.split_kv && !v.paged);
+            plain.filter(|v| v.dtype == flashcore::DType::BF16).flat_map(move |v| {
+                [ScoreMods::default(), all].map(|base| (arch, with_mods(&v, base), with_mods(&v, ScoreMods { sinks: true, ..base })))
+            })
+        })
+        .collect();
+    assert!(jobs.len() >= 12, "{} sinks forms", jobs.len());
+    let failures: Vec<String> = jobs
+        .par_iter()
+        .filter_map(|(arch, without, with)| {
+            assert!(with.name().ends_with("_sinks"), "{}", with.name());
+            let compiled =
+                |v: &flashcore::kernels::Variant| jit.compile(&v.source(), *arch).map_err(|e| format!("{} on {arch}: {e}", v.name()));
+            match (compiled(without), compiled(with)) {
+                (Ok(a), Ok(b)) if b.resources.spills() && !a.resources.spills() => {
+                    Some(format!("{} on {arch} spills {:?}, without sinks none", with.name(), b.resources))
+                }
+                (Ok(a), Ok(b)) => {
+                    if b.resources.spills() {
+                        eprintln!("{} on {arch}: {:?}, without sinks {:?}", with.name(), b.resources, a.resources);
+                    }
+                    None
+                }
+                (Err(e), _) | (_, Err(e)) => Some(e),
+            }
+        })
+        .collect();
+    assert!(failures.is_empty(), "{} of {} sinks forms failed:\n{}", failures.len(), jobs.len(), failures.join("\n"));
 }
 
 #[test]

@@ -136,7 +136,7 @@ pub fn rows(ctx: &Context, case: &Case, samples: usize) -> Result<Vec<Row>> {
 /// page size picks: fwd_sm80's ring depth, fwd_sm90's page-box spread).
 fn paged_plan(ctx: &Context, case: &Case, params: &AttnParams, page: usize) -> Result<String> {
     let layout = KeyLayout::Paged { page_size: page, packed_queries: false };
-    Ok(flashcore::dispatch::plan_for(&ctx.info().device(), &case.shape(), case.dtype, params, layout, false)?.describe())
+    Ok(flashcore::dispatch::plan_for(&ctx.info().device(), &case.shape(), case.dtype, params, layout, Default::default())?.describe())
 }
 
 /// The chunked-prefill rows after the dense anchor: page size (shuffled tables), whether the

@@ -49,7 +49,7 @@ pub fn bench_case(ctx: &Context, case: &Case, family: Option<KernelFamily>, args
     let packed = case.packed.as_ref().expect("a packed case");
     let params = AttnParams { kernel: family, num_splits: args.splits, ..case.params() };
     let layout = KeyLayout::Varlen { total_k: packed.seqlens_k.iter().sum() };
-    let plan = match flashcore::dispatch::plan_for(&ctx.info().device(), &case.shape(), case.dtype, &params, layout, false) {
+    let plan = match flashcore::dispatch::plan_for(&ctx.info().device(), &case.shape(), case.dtype, &params, layout, Default::default()) {
         Ok(p) => p,
         Err(e @ (Error::HeadDim { .. } | Error::Unsupported { .. })) => return Ok(unsupported(case, "unsupported", e.to_string())),
         Err(e) => return Err(e.into()),

@@ -6,7 +6,8 @@
 use anyhow::{bail, Result};
 use flashcore::reference::RefMask;
 use flashcore::{
-    reference, AlibiSlopes, AttnParams, Context, DType, DropoutState, FwdInputs, FwdOutputs, KernelFamily, LseViewMut, Window,
+    reference, AlibiSlopes, AttnParams, Context, DType, DropoutState, FwdInputs, FwdOutputs, KernelFamily, LearnableSinks, LseViewMut,
+    Window,
 };
 
 use crate::cases::{random_qkv, Case, HostQkv, Inputs, Storage, Stored};
@@ -37,6 +38,8 @@ pub struct Spec {
     pub alibi: Alibi,
     /// Dropout (fwd_sm80's form), its mask from the spec's fixed generator state.
     pub dropout: Option<flashcore::Dropout>,
+    /// Learnable sinks, one a query head ([`Spec::sinks`]).
+    pub sinks: bool,
 }
 
 impl Spec {
@@ -52,6 +55,7 @@ impl Spec {
             softcap: 0.0,
             alibi: Alibi::Off,
             dropout: None,
+            sinks: false,
         }
     }
 
@@ -61,6 +65,16 @@ impl Spec {
 
     fn slopes(&self) -> Vec<f32> {
         self.alibi.slopes(self.case.batch, self.case.heads_q)
+    }
+
+    /// The learnable sinks, one a query head (none without `sinks`): spread over [-1, 8], below
+    /// and above a row's LSE (ln of ~1000 keys is ~7), so that some rows barely feel theirs and
+    /// others are mostly sink.
+    pub fn sinks(&self) -> Vec<f32> {
+        if !self.sinks {
+            return Vec::new();
+        }
+        (0..self.case.heads_q).map(|h| (h as f32 * 2.7).rem_euclid(9.0) - 1.0).collect()
     }
 
     fn with_mods(case: Case, inputs: Inputs, window: Window, softcap: f32) -> Self {
@@ -248,6 +262,34 @@ fn chunk_specs(family: KernelFamily, quick: bool) -> Vec<Spec> {
     out
 }
 
+/// Learnable sinks (`check --sinks`, alone while the library refuses them on the GPU:
+/// `dispatch::SINKS_CHECKED_ON_GPU`), the forward families' every head dim (quick: D64, D128),
+/// both masks: Sq = Sk with GQA, Sq < Sk in f16, Sq > Sk (causal rows with no key: o = 0, lse =
+/// the sink), decode over 4k keys (unsplit), gpt-oss's window (128, 0), and a softcap with ALiBi.
+pub fn sinks_specs(family: KernelFamily, quick: bool) -> Vec<Spec> {
+    let head_dims: Vec<usize> = family.head_dims().iter().copied().filter(|&d| !quick || d == 64 || d == 128).collect();
+    let mut out = Vec::new();
+    for &d in &head_dims {
+        for causal in [false, true] {
+            let with_sinks = |b, sq, sk, hq, hkv, dtype| Spec {
+                sinks: true,
+                ..Spec::new(Case::new(b, sq, sk, hq, hkv, d, causal, dtype), Inputs::Normal, Storage::Bshd)
+            };
+            out.push(with_sinks(1, 1000, 1000, 8, 2, DType::BF16));
+            out.push(with_sinks(2, 257, 1000, 4, 1, DType::F16));
+            out.push(with_sinks(2, 1000, 257, 8, 2, DType::BF16));
+            out.push(with_sinks(3, 1, 4097, 8, 2, DType::BF16));
+            if !quick {
+                out.push(Spec { window: Window::new(128, 0), ..with_sinks(1, 1000, 1000, 8, 2, DType::BF16) });
+                let capped =
+                    Spec::with_mods(Case::new(1, 1000, 300, 4, 2, d, causal, DType::BF16), Inputs::LargeLogits, Window::UNBOUNDED, 30.0);
+                out.push(Spec { sinks: true, ..capped.with_alibi(Alibi::PerHead) });
+            }
+        }
+    }
+    out
+}
+
 /// Dropout (fwd_sm80's and fwd_sm90's forms): p 0.17 on Sq < Sk with GQA, 0.5 with a window and ALiBi per
 /// sequence on Sq > Sk, 0.1 in decode (no GQA packing under dropout).
 fn dropout_specs(d: usize, causal: bool, dtype: DType, quick: bool) -> Vec<Spec> {
@@ -308,9 +350,11 @@ fn run_poisoned(ctx: &Context, family: KernelFamily, spec: &Spec, q: &Stored, k:
     let lse_len = case.batch * case.heads_q * case.seqlen_q;
     let slopes = upload_slopes(ctx, &spec.slopes())?;
     let state = upload_dropout_state(ctx, spec.dropout)?;
+    let sinks = upload_slopes(ctx, &spec.sinks())?;
     let inputs = FwdInputs {
         alibi_slopes: slopes.as_ref().map(AlibiSlopes::of),
         dropout_state: state.as_ref().map(DropoutState::of),
+        learnable_sink: sinks.as_ref().map(LearnableSinks::of),
         ..FwdInputs::dense(q.view(), k.view(), v.view())
     };
     poisoned_run(ctx, case.q_shape(), case.dtype, lse_len, |o, lse| {
@@ -336,7 +380,8 @@ pub fn check_one(ctx: &Context, family: KernelFamily, spec: &Spec) -> Result<Out
     let bhsd = if spec.storage == Storage::Bhsd { "_bhsd" } else { "" };
     let score = super::score_suffix(spec.window, spec.softcap) + &super::chunk_suffix(spec.chunk);
     let drop = spec.dropout.map(|d| format!("_dropout{}", d.p)).unwrap_or_default();
-    let name = format!("{}{}{bhsd}{splits}{scale}{score}{}{drop}", case.name, inputs_suffix(spec.inputs), spec.alibi.suffix());
+    let sinks = if spec.sinks { "_sinks" } else { "" };
+    let name = format!("{}{}{bhsd}{splits}{scale}{score}{}{drop}{sinks}", case.name, inputs_suffix(spec.inputs), spec.alibi.suffix());
     Ok(Outcome { spec_name: name, kernel: family, oracle, rel, max_abs, lse_err, deterministic, failure })
 }
 
@@ -364,11 +409,13 @@ fn oracle(
     if work <= CPU_REFERENCE_MAX_WORK {
         let wide = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
         let slopes = wide_slopes(&spec.slopes());
+        let sinks = wide_slopes(&spec.sinks());
         let mask = RefMask {
             causal: case.causal,
             window: (spec.window != Window::UNBOUNDED).then_some(spec.window),
             chunk: spec.chunk,
             softcap: spec.softcap as f64,
+            sinks: &sinks,
             alibi_slopes: &slopes,
             dropout: spec.dropout,
             ..RefMask::default()

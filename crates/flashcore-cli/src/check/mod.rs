@@ -75,6 +75,10 @@ pub struct CheckArgs {
     /// Only the chunked-attention cases (`attention_chunk`, forward and backward).
     #[arg(long)]
     chunk: bool,
+    /// Only the learnable-sinks cases (forward): apart from the other runs while the library
+    /// refuses sinks on the GPU (`dispatch::SINKS_CHECKED_ON_GPU`).
+    #[arg(long, conflicts_with_all = ["dropout", "alibi", "chunk"])]
+    sinks: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -99,20 +103,21 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     let group = |name: &str| args.only.as_deref().is_none_or(|only| only == name);
     let forward = families.iter().filter(|f| !f.is_backward() && group("forward"));
     let (quick, smoke) = (depth == Depth::Quick, depth == Depth::Smoke);
-    let all: Vec<(KernelFamily, dense::Spec)> =
-        forward.flat_map(|&f| dense::specs(f, quick, smoke).into_iter().map(move |s| (f, s))).collect();
+    let dense_specs = |f| if args.sinks { dense::sinks_specs(f, quick || smoke) } else { dense::specs(f, quick, smoke) };
+    let all: Vec<(KernelFamily, dense::Spec)> = forward.flat_map(|&f| dense_specs(f).into_iter().map(move |s| (f, s))).collect();
     // The backward's kernels: bwd_sm80, bwd_sm90, and the reference (which has both passes).
     let backward: Vec<bwd::BwdSpec> = families
         .iter()
-        .filter(|f| (f.is_backward() || **f == KernelFamily::Reference) && group("backward"))
+        .filter(|f| (f.is_backward() || **f == KernelFamily::Reference) && group("backward") && !args.sinks)
         .flat_map(|&f| bwd::specs(f, quick, smoke))
         .collect();
     let packed: Vec<VarlenSpec> = families
         .iter()
-        .filter(|_| group("varlen"))
+        .filter(|_| group("varlen") && !args.sinks)
         .flat_map(|&f| if f.is_backward() { varlen_bwd::specs(f, quick, smoke) } else { varlen::specs(f, quick, smoke) })
         .collect();
-    let cached: Vec<paged::PagedSpec> = families.iter().filter(|_| group("paged")).flat_map(|&f| paged::specs(f, quick, smoke)).collect();
+    let cached: Vec<paged::PagedSpec> =
+        families.iter().filter(|_| group("paged") && !args.sinks).flat_map(|&f| paged::specs(f, quick, smoke)).collect();
     let dim = |d: usize| args.head_dims.is_empty() || args.head_dims.contains(&d);
     let alibi = |a: Alibi| !args.alibi || a != Alibi::Off;
     let dropped = |d: bool| !args.dropout || d;

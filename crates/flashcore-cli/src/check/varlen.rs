@@ -74,7 +74,15 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
     let kernel_shape = ProblemShape { batch: spec.seqs.len(), seqlen_q: max.0, seqlen_k: max.1, heads_q: hq, heads_kv: hkv, head_dim: d };
     let layout = KeyLayout::Varlen { total_k: spec.seqs.iter().map(|s| s.keys + s.slack).sum() };
     let alibi = !slopes.is_empty();
-    let splits = flashcore::dispatch::plan_for(&ctx.info().device(), &kernel_shape, spec.dtype, &spec.params(), layout, alibi)?.splits;
+    let splits = flashcore::dispatch::plan_for(
+        &ctx.info().device(),
+        &kernel_shape,
+        spec.dtype,
+        &spec.params(),
+        layout,
+        flashcore::dispatch::ScoreTensors { alibi, ..Default::default() },
+    )?
+    .splits;
 
     // The oracle per sequence, and each sequence alone (a batch of one) against its rows of
     // the packed result.

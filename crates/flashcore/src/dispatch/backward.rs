@@ -109,7 +109,14 @@ pub(crate) fn backward_variant(
     let dropout = params.dropout.is_some();
     let mut variant = crate::kernels::with_mods(
         &variant,
-        ScoreMods { local: window.is_some(), chunk: params.attention_chunk > 0, softcap: params.has_softcap(), alibi, dropout },
+        ScoreMods {
+            local: window.is_some(),
+            chunk: params.attention_chunk > 0,
+            softcap: params.has_softcap(),
+            alibi,
+            dropout,
+            sinks: false,
+        },
     );
     variant.varlen = varlen;
     Ok(variant)

@@ -120,7 +120,7 @@ pub fn probs_params(params: &AttnParams) -> Result<AttnParams> {
 
 /// Picks the variant and launch plan for a validated dense problem without ALiBi.
 pub fn plan(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnParams) -> Result<Plan> {
-    plan_for(device, shape, dtype, params, KeyLayout::Dense, false)
+    plan_for(device, shape, dtype, params, KeyLayout::Dense, ScoreTensors::default())
 }
 
 /// How a problem's keys are laid out, beyond the dense `[B, Sk, Hkv, D]`.
@@ -146,6 +146,17 @@ pub enum KeyLayout {
     },
 }
 
+/// The score policies a call gives as tensors, as the planner needs them (present or not).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ScoreTensors {
+    /// ALiBi's slopes (the `_alibi` form; the reference takes them at run time): GQA heads of
+    /// a decode step are then not packed as rows (each row would need its own head's slope).
+    pub alibi: bool,
+    /// Learnable sinks (the `_sinks` form): folded where a row is final, so the call runs
+    /// unsplit, over dense or packed keys (no KV cache yet), without GQA heads packed as rows.
+    pub learnable_sink: bool,
+}
+
 /// [`plan`] for keys laid out as `layout` says. A packed batch (`shape` its kernel shape:
 /// `shape.batch` sequences of at most `shape.seqlen_q` / `seqlen_k`) runs the varlen form of
 /// the same variant, GQA-packed on fwd_sm80 for decode (`max_seqlen_q` 1) as a dense batch
@@ -155,10 +166,17 @@ pub enum KeyLayout {
 /// kernel for decode (and small grids), with GQA heads packed as rows for decode as dense;
 /// fwd_sm80 elsewhere. Packed queries over a paged cache run fwd_sm80's form with both (varlen
 /// and paged), unsplit (its chunked split tiles count a head's query tiles as a dense batch's),
-/// GQA-packed for decode. `alibi`: the call adds ALiBi's bias (the `_alibi` form; the reference
-/// takes slopes at run time), which keeps GQA heads of a decode step from being packed as
-/// rows (each row would need its own head's slope).
-pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &AttnParams, layout: KeyLayout, alibi: bool) -> Result<Plan> {
+/// GQA-packed for decode. `tensors`: the score policies the call gives as tensors (see
+/// [`ScoreTensors`]).
+pub fn plan_for(
+    device: &Device,
+    shape: &ProblemShape,
+    dtype: DType,
+    params: &AttnParams,
+    layout: KeyLayout,
+    tensors: ScoreTensors,
+) -> Result<Plan> {
+    let ScoreTensors { alibi, learnable_sink: sinks } = tensors;
     let (page_size, packed_queries) = match layout {
         KeyLayout::Paged { page_size, packed_queries } => (Some(page_size), packed_queries),
         _ => (None, false),
@@ -189,6 +207,19 @@ pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &At
             return Err(Error::Param { arg: "num_splits", msg: "dropout runs unsplit: None or 1".into() });
         }
     }
+    if sinks {
+        if paged {
+            return Err(Error::Param { arg: "learnable_sink", msg: "a KV cache takes no learnable sinks yet".into() });
+        }
+        if params.num_splits.is_some_and(|n| n > 1) {
+            return Err(Error::Param { arg: "num_splits", msg: "learnable sinks run unsplit: None or 1".into() });
+        }
+        if !SINKS_CHECKED_ON_GPU {
+            let msg =
+                "does not run learnable_sink yet: its GPU forms await their check; the f64 reference (flashcore::reference) runs it".into();
+            return Err(Error::Unsupported { kernel: family.name().into(), msg });
+        }
+    }
     if packed_queries && family != KernelFamily::FwdSm80 {
         let msg = "takes no packed queries over a paged cache: fwd_sm80 does".into();
         return Err(Error::Unsupported { kernel: family.name().into(), msg });
@@ -197,7 +228,7 @@ pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &At
         let msg = "packed queries over a paged cache run unsplit: None or 1".into();
         return Err(Error::Param { arg: "num_splits", msg });
     }
-    let num_splits = if packed_queries || dropout { Some(1) } else { params.num_splits };
+    let num_splits = if packed_queries || dropout || sinks { Some(1) } else { params.num_splits };
     if paged && family == KernelFamily::Reference {
         return Err(Error::Unsupported {
             kernel: family.name().into(),
@@ -221,7 +252,8 @@ pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &At
     // Packed rows of one query position would each take their own row's window: not packed.
     // A packed batch packs on fwd_sm80 alone (the only kernel with the row mapping for it).
     // Nor under ALiBi or dropout, whose slope and mask are a head's and a row's.
-    let packed_gqa = packs_gqa(shape, family) && window.is_none() && !alibi && !dropout && (!varlen || family == KernelFamily::FwdSm80);
+    let packed_gqa =
+        packs_gqa(shape, family) && window.is_none() && !alibi && !sinks && !dropout && (!varlen || family == KernelFamily::FwdSm80);
     if varlen && family == KernelFamily::Reference {
         return Err(Error::Unsupported {
             kernel: family.name().into(),
@@ -231,7 +263,7 @@ pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &At
     let kshape = if packed_gqa { packed(shape) } else { *shape };
     let causal = causal && !packed_gqa;
     let chunk = params.attention_chunk > 0;
-    let mods = ScoreMods { local: window.is_some(), chunk, softcap: params.has_softcap(), alibi, dropout };
+    let mods = ScoreMods { local: window.is_some(), chunk, softcap: params.has_softcap(), alibi, dropout, sinks };
     // Keys one query tile visits at most: the window's span and the tile's height, or all.
     let visited = |block_m: u32| match window {
         Some(w) if w.left >= 0 && w.right >= 0 => kshape.seqlen_k.min(w.left as usize + w.right as usize + block_m as usize),
@@ -263,6 +295,11 @@ pub fn plan_for(device: &Device, shape: &ProblemShape, dtype: DType, params: &At
     plan.packed_gqa = packed_gqa;
     Ok(plan)
 }
+
+/// Whether the forward kernels' learnable sinks (`FC_SINKS`, and the reference kernel's) have
+/// passed `flashcore check --sinks` against the f64 reference on a GPU. Until they have, a call
+/// with `learnable_sink` is refused by name rather than run unchecked.
+const SINKS_CHECKED_ON_GPU: bool = false;
 
 fn not_a_forward(family: KernelFamily) -> Error {
     Error::Unsupported { kernel: family.name().into(), msg: "is a backward kernel: see Context::attention_backward".into() }
@@ -354,6 +391,24 @@ mod tests {
     }
 
     #[test]
+    fn learnable_sinks_run_unsplit_unpacked_and_wait_for_their_gpu_check() {
+        let sinks = ScoreTensors { learnable_sink: true, ..ScoreTensors::default() };
+        let run = |s: &ProblemShape, p: &AttnParams, layout| plan_for(&h100(), s, DType::BF16, p, layout, sinks);
+        for family in [None, Some(KernelFamily::FwdSm90), Some(KernelFamily::FwdSm80), Some(KernelFamily::Reference)] {
+            let p = AttnParams { kernel: family, ..AttnParams::causal() };
+            match run(&shape(64), &p, KeyLayout::Dense) {
+                Ok(plan) => assert!(SINKS_CHECKED_ON_GPU && plan.variant.mods.sinks == (family != Some(KernelFamily::Reference))),
+                Err(e) => assert!(!SINKS_CHECKED_ON_GPU && e.to_string().contains("learnable_sink"), "{e}"),
+            }
+        }
+        let split = AttnParams { num_splits: Some(4), ..AttnParams::default() };
+        assert!(matches!(run(&decode(8, 4096), &split, KeyLayout::Dense), Err(Error::Param { arg: "num_splits", .. })));
+        let paged = KeyLayout::Paged { page_size: 16, packed_queries: false };
+        assert!(matches!(run(&decode(8, 4096), &AttnParams::default(), paged), Err(Error::Param { arg: "learnable_sink", .. })));
+        assert!(plan_for(&h100(), &decode(8, 4096), DType::BF16, &AttnParams::default(), paged, ScoreTensors::default()).is_ok());
+    }
+
+    #[test]
     fn unsupported_head_dim_is_a_head_dim_error() {
         let err = plan(&on("sm_80"), &shape(72), DType::BF16, &AttnParams::default()).unwrap_err();
         assert!(matches!(err, Error::HeadDim { head_dim: 72, .. }), "{err}");
@@ -402,7 +457,7 @@ mod tests {
     #[test]
     fn varlen_decode_packs_gqa_heads_as_rows_on_fwd_sm80_alone() {
         let varlen = |shape: &ProblemShape, params: &AttnParams| {
-            plan_for(&h100(), shape, DType::BF16, params, KeyLayout::Varlen { total_k: 8 * 4096 }, false).unwrap()
+            plan_for(&h100(), shape, DType::BF16, params, KeyLayout::Varlen { total_k: 8 * 4096 }, ScoreTensors::default()).unwrap()
         };
         // B 8 sequences of one query token over at most 4096 keys (max_seqlen_q 1).
         let p = varlen(&decode(8, 4096), &AttnParams::causal());
@@ -457,7 +512,7 @@ mod tests {
     #[test]
     fn a_kv_cache_decodes_on_fwd_sm80_split_and_prefills_on_fwd_sm90_as_dense() {
         let paged16 = KeyLayout::Paged { page_size: 16, packed_queries: false };
-        let paged = plan_for(&h100(), &decode(8, 4096), DType::BF16, &AttnParams::default(), paged16, false).unwrap();
+        let paged = plan_for(&h100(), &decode(8, 4096), DType::BF16, &AttnParams::default(), paged16, ScoreTensors::default()).unwrap();
         let dense = pick(&h100(), &decode(8, 4096), &AttnParams::default());
         assert!(paged.variant.paged && paged.variant.name().ends_with("_paged"));
         assert_eq!(paged.variant.family, KernelFamily::FwdSm80);
@@ -471,14 +526,14 @@ mod tests {
             DType::BF16,
             &AttnParams::default(),
             KeyLayout::Paged { page_size: 256, packed_queries: false },
-            false,
+            ScoreTensors::default(),
         );
         assert_eq!(paged256.unwrap().variant, Variant { paged: true, ..dense.variant.clone() });
         assert_eq!((paged.splits, paged.split_tiles, paged.packed_gqa), (dense.splits, dense.split_tiles, true));
         // Chunked prefill on Hopper: fwd_sm90's paged form of the dense tile, its boxes spread
         // over four producer threads at page 16 (12 boxes a block), not at 64 (3).
         let prefill = ProblemShape { batch: 4, seqlen_q: 2048, seqlen_k: 16384, heads_q: 32, heads_kv: 8, head_dim: 128 };
-        let p = plan_for(&h100(), &prefill, DType::BF16, &AttnParams::causal(), paged16, false).unwrap();
+        let p = plan_for(&h100(), &prefill, DType::BF16, &AttnParams::causal(), paged16, ScoreTensors::default()).unwrap();
         assert!(p.variant.paged && p.variant.spread_pages && p.variant.family == KernelFamily::FwdSm90);
         let dense_prefill = pick(&h100(), &prefill, &AttnParams::causal()).variant;
         assert_eq!(Variant { paged: false, spread_pages: false, ..p.variant.clone() }, dense_prefill);
@@ -488,17 +543,17 @@ mod tests {
             DType::BF16,
             &AttnParams::causal(),
             KeyLayout::Paged { page_size: 64, packed_queries: false },
-            false,
+            ScoreTensors::default(),
         )
         .unwrap();
         assert_eq!(p64.variant, Variant { paged: true, ..dense_prefill });
         // Elsewhere fwd_sm80, unsplit; forced, either; the reference takes no cache.
-        let p = plan_for(&on("sm_89"), &prefill, DType::BF16, &AttnParams::causal(), paged16, false).unwrap();
+        let p = plan_for(&on("sm_89"), &prefill, DType::BF16, &AttnParams::causal(), paged16, ScoreTensors::default()).unwrap();
         assert!(p.variant.paged && !p.variant.split_kv && p.variant.family == KernelFamily::FwdSm80);
         let force = |kernel| AttnParams { kernel: Some(kernel), ..AttnParams::default() };
-        let p = plan_for(&h100(), &decode(8, 4096), DType::BF16, &force(KernelFamily::FwdSm90), paged16, false).unwrap();
+        let p = plan_for(&h100(), &decode(8, 4096), DType::BF16, &force(KernelFamily::FwdSm90), paged16, ScoreTensors::default()).unwrap();
         assert!(p.variant.paged && p.variant.family == KernelFamily::FwdSm90 && p.packed_gqa);
-        let reference = plan_for(&h100(), &prefill, DType::BF16, &force(KernelFamily::Reference), paged16, false);
+        let reference = plan_for(&h100(), &prefill, DType::BF16, &force(KernelFamily::Reference), paged16, ScoreTensors::default());
         assert!(matches!(reference, Err(Error::Unsupported { .. })));
     }
 
@@ -506,21 +561,33 @@ mod tests {
     fn alibi_picks_the_alibi_form_and_never_packs_gqa_heads_as_rows() {
         for layout in [KeyLayout::Dense, KeyLayout::Paged { page_size: 16, packed_queries: false }, KeyLayout::Varlen { total_k: 8 * 4096 }]
         {
-            let plain = plan_for(&h100(), &decode(8, 4096), DType::BF16, &AttnParams::default(), layout, false).unwrap();
-            let alibi = plan_for(&h100(), &decode(8, 4096), DType::BF16, &AttnParams::default(), layout, true).unwrap();
+            let plain = plan_for(&h100(), &decode(8, 4096), DType::BF16, &AttnParams::default(), layout, ScoreTensors::default()).unwrap();
+            let alibi = plan_for(
+                &h100(),
+                &decode(8, 4096),
+                DType::BF16,
+                &AttnParams::default(),
+                layout,
+                ScoreTensors { alibi: true, ..ScoreTensors::default() },
+            )
+            .unwrap();
             assert!(plain.packed_gqa && !alibi.packed_gqa, "{layout:?}: rows of one head each take its slope");
             assert!(alibi.variant.mods.alibi && alibi.variant.name().contains("_alibi"), "{}", alibi.variant.name());
         }
         // With a softcap too, fwd_sm90 takes its short tile (the default one spills).
         let prefill = ProblemShape { batch: 4, seqlen_q: 8192, seqlen_k: 8192, heads_q: 16, heads_kv: 16, head_dim: 128 };
         let capped = AttnParams { softcap: 30.0, ..AttnParams::default() };
-        let plain = plan_for(&h100(), &prefill, DType::BF16, &capped, KeyLayout::Dense, false).unwrap();
-        let both = plan_for(&h100(), &prefill, DType::BF16, &capped, KeyLayout::Dense, true).unwrap();
+        let plain = plan_for(&h100(), &prefill, DType::BF16, &capped, KeyLayout::Dense, ScoreTensors::default()).unwrap();
+        let both =
+            plan_for(&h100(), &prefill, DType::BF16, &capped, KeyLayout::Dense, ScoreTensors { alibi: true, ..ScoreTensors::default() })
+                .unwrap();
         assert_eq!(plain.variant.family, KernelFamily::FwdSm90);
         assert_eq!((plain.variant.tile.block_n, both.variant.tile.block_n), (192, 128));
         assert_eq!(both.split_tiles, 8192 / 128, "the key tiles of the tile that runs");
         let force = AttnParams { kernel: Some(KernelFamily::Reference), ..AttnParams::default() };
-        let reference = plan_for(&h100(), &shape(64), DType::BF16, &force, KeyLayout::Dense, true).unwrap();
+        let reference =
+            plan_for(&h100(), &shape(64), DType::BF16, &force, KeyLayout::Dense, ScoreTensors { alibi: true, ..ScoreTensors::default() })
+                .unwrap();
         assert!(!reference.variant.mods.alibi, "the reference takes the slopes at run time");
     }
 
@@ -529,7 +596,7 @@ mod tests {
         let layout = KeyLayout::Paged { page_size: 16, packed_queries: true };
         for shape in [decode(8, 4096), ProblemShape { batch: 4, seqlen_q: 2048, seqlen_k: 16384, heads_q: 32, heads_kv: 8, head_dim: 128 }]
         {
-            let p = plan_for(&h100(), &shape, DType::BF16, &AttnParams::causal(), layout, false).unwrap();
+            let p = plan_for(&h100(), &shape, DType::BF16, &AttnParams::causal(), layout, ScoreTensors::default()).unwrap();
             assert_eq!(
                 (p.variant.family, p.variant.varlen, p.variant.paged, p.variant.split_kv),
                 (KernelFamily::FwdSm80, true, true, false)
@@ -538,11 +605,11 @@ mod tests {
             assert_eq!((p.splits, p.packed_gqa), (1, shape.seqlen_q == 1), "decode packs GQA heads as rows");
         }
         let force = |kernel| AttnParams { kernel: Some(kernel), ..AttnParams::default() };
-        let hopper = plan_for(&h100(), &decode(8, 4096), DType::BF16, &force(KernelFamily::FwdSm90), layout, false);
+        let hopper = plan_for(&h100(), &decode(8, 4096), DType::BF16, &force(KernelFamily::FwdSm90), layout, ScoreTensors::default());
         assert!(matches!(hopper, Err(Error::Unsupported { .. })), "{hopper:?}");
         let split = AttnParams { num_splits: Some(4), ..AttnParams::default() };
         assert!(matches!(
-            plan_for(&h100(), &decode(8, 4096), DType::BF16, &split, layout, false),
+            plan_for(&h100(), &decode(8, 4096), DType::BF16, &split, layout, ScoreTensors::default()),
             Err(Error::Param { arg: "num_splits", .. })
         ));
     }
@@ -559,7 +626,8 @@ mod tests {
         }
         let forced = AttnParams { kernel: Some(KernelFamily::FwdSm80), ..dropout };
         assert_eq!(plan(&h100(), &shape(128), DType::BF16, &forced).unwrap().variant.family, KernelFamily::FwdSm80);
-        let packed = plan_for(&h100(), &shape(128), DType::BF16, &dropout, KeyLayout::Varlen { total_k: 256 }, false).unwrap();
+        let packed =
+            plan_for(&h100(), &shape(128), DType::BF16, &dropout, KeyLayout::Varlen { total_k: 256 }, ScoreTensors::default()).unwrap();
         assert_eq!((packed.variant.family, packed.variant.varlen), (KernelFamily::FwdSm90, true), "a packed batch");
         let reference = AttnParams { kernel: Some(KernelFamily::Reference), ..dropout };
         assert!(matches!(plan(&h100(), &shape(128), DType::BF16, &reference), Err(Error::Unsupported { .. })));
@@ -572,7 +640,10 @@ mod tests {
         let split = AttnParams { num_splits: Some(3), ..dropout };
         assert!(matches!(plan(&h100(), &shape(128), DType::BF16, &split), Err(Error::Param { arg: "num_splits", .. })));
         let paged = KeyLayout::Paged { page_size: 16, packed_queries: false };
-        assert!(matches!(plan_for(&h100(), &shape(128), DType::BF16, &dropout, paged, false), Err(Error::Param { arg: "dropout_p", .. })));
+        assert!(matches!(
+            plan_for(&h100(), &shape(128), DType::BF16, &dropout, paged, ScoreTensors::default()),
+            Err(Error::Param { arg: "dropout_p", .. })
+        ));
         // The backward: bwd_sm90 on Hopper with dropout alone; bwd_sm80 with another score
         // policy, and elsewhere.
         let backward = |device: &Device, d: usize, params: &AttnParams, alibi: bool| {

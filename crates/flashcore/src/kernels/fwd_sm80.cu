@@ -121,6 +121,7 @@
 #include "common/paged.cuh"
 #include "common/params.cuh"
 #include "common/sequence.cuh"
+#include "common/sinks.cuh"
 #include "common/softmax.cuh"
 #include "common/split_combine.cuh"
 #include "common/swizzle.cuh"
@@ -167,6 +168,9 @@ constexpr bool kLocal = FC_LOCAL != 0;      // sliding window (common/mask.cuh)
 constexpr bool kSoftcap = FC_SOFTCAP != 0;  // logit softcapping (common/mask.cuh)
 constexpr bool kAlibi = FC_ALIBI != 0;      // ALiBi (common/mask.cuh)
 constexpr bool kDropout = FC_DROPOUT != 0;  // attention dropout (common/dropout.cuh)
+// Learnable sinks (common/sinks.cuh), folded where a row is final: the host runs them unsplit,
+// over dense or packed keys, without GQA packing (the combine does not fold them yet).
+constexpr bool kSinks = FC_SINKS != 0;
 constexpr bool kSplitKv = FC_SPLIT_KV != 0;
 constexpr bool kVarlen = FC_VARLEN != 0;  // a packed batch of sequences (common/sequence.cuh)
 constexpr bool kPaged = FC_PAGED != 0;    // keys from a paged (or contiguous) cache (common/paged.cuh)
@@ -973,6 +977,11 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
             store_partial(p, o, inv_sum, lse, kChunked ? seg.partial : t.split * rows + first_row, rows_left, q_row0, lane);
             if constexpr (!kChunked) return;
         } else {
+            if constexpr (kSinks) {  // final rows only: a split's partial is folded by the combine, never here
+                const float sink = p.learnable_sink[t.head];
+#pragma unroll
+                for (int m = 0; m < kMTiles; ++m) sinks::fold(sink, inv_sum[m][0], lse[m][0]), sinks::fold(sink, inv_sum[m][1], lse[m][1]);
+            }
             if (p.lse != nullptr && lane % 4 == 0) {
                 float* lse_row = p.lse + lse_at(p, seq, t.batch, t.head, t.m0);
                 const i64 step = lse_row_step(p);

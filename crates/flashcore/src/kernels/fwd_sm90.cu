@@ -107,6 +107,7 @@
 #include "common/params.cuh"
 #include "common/pipeline.cuh"
 #include "common/sequence.cuh"
+#include "common/sinks.cuh"
 #include "common/softmax_sm90.cuh"
 #include "common/tile_scheduler.cuh"
 #include "common/tile_sm90.cuh"
@@ -174,6 +175,7 @@ constexpr bool kPaged = FC_PAGED != 0;      // keys from a paged (or contiguous)
 constexpr bool kSpread = FC_PAGE_SPREAD != 0;  // paged: a key block's page boxes from four threads (kBoxIssuers)
 constexpr bool kSkipMax = FC_SKIP_MAX != 0;
 constexpr bool kDropout = FC_DROPOUT != 0;  // attention dropout (common/dropout.cuh)
+constexpr bool kSinks = FC_SINKS != 0;      // learnable sinks, folded in store_output (common/sinks.cuh)
 static_assert(!(kDropout && kPaged), "dropout runs over dense or packed keys");
 static_assert(!(kVarlen && kPaged), "a packed batch over a paged cache is not a form");
 static_assert(!kSpread || kPaged, "FC_PAGE_SPREAD is a paged form");
@@ -508,6 +510,11 @@ __device__ __forceinline__ void store_output(SharedStorage& smem, float (&o)[kHe
     float inv[2], lse[2];
     softmax.finish(inv, lse);
     if constexpr (kDropout) inv[0] *= p.dropout_scale, inv[1] *= p.dropout_scale;  // the kept P's 1 / (1 - p)
+    if constexpr (kSinks) {
+        const float sink = p.learnable_sink[t.head];
+        sinks::fold(sink, inv[0], lse[0]);
+        sinks::fold(sink, inv[1], lse[1]);
+    }
     const int m0 = t.m0 + 64 * wg;
     if (kVarlen && m0 + 64 > t.seq.seqlen_q) {
         // A sequence's last rows: the TMA store's box would write over the next sequence's

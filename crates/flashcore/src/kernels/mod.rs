@@ -331,7 +331,7 @@ pub fn mods_forms(v: &Variant) -> Vec<Variant> {
     let mut out: Vec<Variant> = Vec::new();
     let all = forms.iter().map(|&f| (f, false)).chain(dropout_forms.iter().map(|&f| (f, true)));
     for ((local, softcap, alibi), dropout) in all {
-        let form = with_mods(v, ScoreMods { local, softcap, alibi, dropout, chunk: false });
+        let form = with_mods(v, ScoreMods { local, softcap, alibi, dropout, chunk: false, sinks: false });
         if !out.contains(&form) {
             out.push(form);
         }
@@ -394,11 +394,14 @@ pub struct ScoreMods {
     /// `FC_DROPOUT`: attention dropout on the probabilities (fwd_sm80 unsplit over dense or
     /// packed keys, bwd_sm80).
     pub dropout: bool,
+    /// `FC_SINKS`: learnable sinks folded into each final row's sum and LSE (the forward
+    /// families, unsplit; `kernels/common/sinks.cuh`).
+    pub sinks: bool,
 }
 
 impl Variant {
     /// A name unique per compiled binary, e.g. `fwd_sm80_bf16_d128_causal_128x64w4s2`
-    /// (`..._splitkv` for a split-KV variant, `_local`, `_chunk`, `_softcap`, `_alibi` for [`ScoreMods`], `_varlen`,
+    /// (`..._splitkv` for a split-KV variant, `_local`, `_chunk`, `_softcap`, `_alibi`, `_dropout`, `_sinks` for [`ScoreMods`], `_varlen`,
     /// `_paged`, `_spread`).
     pub fn name(&self) -> String {
         let mut name = format!("{}_{}", self.family.name(), self.dtype.name());
@@ -427,6 +430,9 @@ impl Variant {
         }
         if self.mods.dropout {
             name += "_dropout";
+        }
+        if self.mods.sinks {
+            name += "_sinks";
         }
         if self.varlen {
             name += "_varlen";
@@ -462,6 +468,7 @@ impl Variant {
             ("FC_SOFTCAP", self.mods.softcap),
             ("FC_ALIBI", self.mods.alibi),
             ("FC_DROPOUT", self.mods.dropout),
+            ("FC_SINKS", self.mods.sinks),
             ("FC_VARLEN", self.varlen),
             ("FC_PAGED", self.paged),
             ("FC_PAGE_SPREAD", self.spread_pages),

@@ -4,10 +4,11 @@
 // Tile: 1 query row per warp, 4 warps per block; no shared memory; head dim <= 256
 // (each lane owns dims lane, lane+32, ...). Registers: see `flashcore compile`.
 // Same semantics as the f64 CPU reference: bottom-right causal, GQA, lse in natural log,
-// fully masked rows give o = 0 and lse = -inf.
+// fully masked rows give o = 0 and lse = -inf (with learnable sinks, lse = the sink).
 #include "common/types.cuh"
 #include "common/params.cuh"
 #include "common/bwd_params.cuh"
+#include "common/sinks.cuh"
 
 namespace fc {
 
@@ -107,7 +108,9 @@ extern "C" __global__ void __launch_bounds__(32 * fc::kRefWarps) fc_reference(co
         row_max = new_max;
     }
 
-    const float inv_sum = last >= first ? 1.f / row_sum : 0.f;
+    float inv_sum = last >= first ? 1.f / row_sum : 0.f;
+    float lse = last >= first ? row_max + logf(row_sum) : -__int_as_float(0x7f800000);
+    if (p.learnable_sink != nullptr) sinks::fold(p.learnable_sink[head], inv_sum, lse);  // run-time here
     elem_t* o_row = static_cast<elem_t*>(p.o) + batch * p.o_stride_b + row * p.o_stride_s + head * p.o_stride_h;
 #pragma unroll
     for (int c = 0; c < kRefMaxDimPerLane; ++c) {
@@ -115,8 +118,7 @@ extern "C" __global__ void __launch_bounds__(32 * fc::kRefWarps) fc_reference(co
         if (d < p.head_dim) o_row[d] = from_float<elem_t>(acc[c] * inv_sum);
     }
     if (p.lse != nullptr && lane == 0) {
-        p.lse[((long long)batch * p.heads_q + head) * p.seqlen_q + row] =
-            last >= first ? row_max + logf(row_sum) : row_max;  // row_max is -inf when masked
+        p.lse[((long long)batch * p.heads_q + head) * p.seqlen_q + row] = lse;
     }
 }
 

@@ -44,6 +44,9 @@
 //     (seed, offset) pair it points to on the device, read by the kernel (so that a CUDA
 //     graph's replays draw the pair each replay writes there); the byte below which a
 //     probability is dropped (dropout_threshold = round(p · 256)); the keepers' scale 1 / (1 - p).
+//   Learnable sinks (forward kernels built with FC_SINKS=1; common/sinks.cuh): learnable_sink[h],
+//     f32 on the device, one logit a query head in every row's softmax denominator, folded into
+//     each row's 1 / sum and LSE where the row is final. Null without sinks.
 //   The reference kernels take the window, softcap and ALiBi at run time (no dropout). The
 //   pointer leads the group, so that the group starts 8-aligned in C as in its Rust mirror.
 #define FC_SCORE_MOD_FIELDS                  \
@@ -60,7 +63,8 @@
     unsigned int dropout_threshold;          \
     float dropout_scale;                     \
     int attention_chunk;                     \
-    int score_mods_pad; /* a multiple of 8 bytes, as the Rust mirror */
+    int score_mods_pad; /* 8-aligned below, as the Rust mirror */ \
+    const float* learnable_sink;
 
 // Varlen (kernels built with FC_VARLEN=1; see common/sequence.cuh): one packed batch of
 // sequences, q, o (and dout, dq) [total_q, Hq, D], k, v (and dk, dv) [total_k, Hkv, D], every

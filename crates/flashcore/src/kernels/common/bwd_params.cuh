@@ -43,4 +43,4 @@ struct BwdParams {
     FC_SCORE_MOD_FIELDS
     FC_VARLEN_FIELDS
 };
-static_assert(sizeof(BwdParams) == 88 + 8 * 24 + 120 + 32, "out of step with pack.rs's BwdParams");
+static_assert(sizeof(BwdParams) == 88 + 8 * 24 + 128 + 32, "out of step with pack.rs's BwdParams");

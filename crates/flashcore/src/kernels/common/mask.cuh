@@ -24,6 +24,9 @@
 #ifndef FC_ALIBI
 #define FC_ALIBI 0
 #endif
+#ifndef FC_SINKS
+#define FC_SINKS 0
+#endif
 
 namespace fc {
 

@@ -79,4 +79,4 @@ struct FwdParams {
     int probs_rows;
     int probs_cols;
 };
-static_assert(sizeof(FwdParams) == 448, "out of step with pack.rs's FwdParams");
+static_assert(sizeof(FwdParams) == 456, "out of step with pack.rs's FwdParams");
