@@ -47,7 +47,7 @@
 //   Learnable sinks (forward kernels built with FC_SINKS=1; common/sinks.cuh): learnable_sink[h],
 //     f32 on the device, one logit a query head in every row's softmax denominator, folded into
 //     each row's 1 / sum and LSE where the row is final. Null without sinks.
-//   The reference kernels take the window, softcap and ALiBi at run time (no dropout). The
+//   The reference kernels take the window, softcap, ALiBi and sinks at run time (no dropout). The
 //   pointer leads the group, so that the group starts 8-aligned in C as in its Rust mirror.
 #define FC_SCORE_MOD_FIELDS                  \
     const float* alibi_slopes;               \

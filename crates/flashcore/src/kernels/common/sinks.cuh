@@ -5,7 +5,8 @@
 // seen: from the row's 1 / sum and natural-log LSE (OnlineSoftmax::finish), the new LSE is
 // logaddexp(lse, sink) and O's factor shrinks by exp(lse − new lse) ≤ 1, so nothing overflows
 // whatever the sink. A row that saw no key (lse −inf, 1 / sum 0) gets lse = sink and o = 0.
-// Split-KV partials are not final: the combine folds it (common/split_combine.cuh).
+// Split-KV partials are not final and the combine does not fold it yet: the host runs sinks
+// unsplit.
 #pragma once
 #include "common/types.cuh"
 #include "ptx/math.cuh"
