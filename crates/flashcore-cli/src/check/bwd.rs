@@ -19,7 +19,7 @@ use anyhow::Result;
 use flashcore::reference::RefMask;
 use flashcore::{
     reference, AlibiSlopes, AttnParams, BwdInputs, Context, DType, DeviceTensor, DropoutState, FwdInputs, GradsMut, KernelFamily, KvLayout,
-    LseView, Window,
+    LearnableSinks, LseView, Window,
 };
 
 use crate::cases::{errors, normal, random_qkv, Case, Inputs, Storage, Stored};
@@ -40,6 +40,9 @@ pub struct BwdSpec {
     softcap: f32,
     pub alibi: Alibi,
     dropout: Option<flashcore::Dropout>,
+    /// Learnable sinks in the forward (`check::sink_values`): the backward's dQ, dK and dV take
+    /// them through the forward's LSE alone.
+    sinks: bool,
 }
 
 impl BwdSpec {
@@ -65,6 +68,7 @@ impl BwdSpec {
             softcap: 0.0,
             alibi: Alibi::Off,
             dropout: None,
+            sinks: false,
         }
     }
 
@@ -188,6 +192,34 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<BwdSpec> {
     out
 }
 
+/// Learnable sinks through the backward (`check --sinks`): the forward with sinks (the default
+/// kernel), then each backward family's dQ, dK and dV against the f64 oracle with the same
+/// sinks, every head dim (quick: D64, D128), both masks: Sq = Sk with GQA, Sq < Sk, Sq > Sk
+/// (rows with no key), a window (gpt-oss's 128), every other one deterministic.
+pub fn sinks_specs(family: KernelFamily, quick: bool) -> Vec<BwdSpec> {
+    let head_dims: Vec<usize> = family.head_dims().iter().copied().filter(|&d| !quick || d == 64 || d == 128).collect();
+    let fast = family != KernelFamily::Reference;
+    let mut out = Vec::new();
+    for &d in &head_dims {
+        for causal in [false, true] {
+            let shapes = [(1000, 1000, 8, 2), (257, 1000, 4, 1), (1000, 257, 8, 2)];
+            for (i, (sq, sk, hq, hkv)) in shapes.into_iter().enumerate() {
+                let case = Case::new(1, sq, sk, hq, hkv, d, causal, DType::BF16);
+                out.push(BwdSpec { sinks: true, ..BwdSpec::new(family, fast && i % 2 == 1, case, Inputs::Normal, Storage::Bshd) });
+            }
+            if !quick {
+                let case = Case::new(1, 1000, 1000, 8, 2, d, causal, DType::BF16);
+                out.push(BwdSpec {
+                    sinks: true,
+                    window: Window::new(128, 0),
+                    ..BwdSpec::new(family, false, case, Inputs::Normal, Storage::Bshd)
+                });
+            }
+        }
+    }
+    out
+}
+
 /// Chunked attention's backward (`check --chunk` alone), every head dim (quick: D64, D128), both
 /// masks: chunks aligned to the key blocks and not, Sq > Sk and Sq < Sk, a chunk of one key,
 /// one longer than the keys, with a window, with a softcap and ALiBi; every other one
@@ -283,7 +315,11 @@ pub fn check_one(ctx: &Context, spec: &BwdSpec) -> Result<Outcome> {
     let slopes_host = spec.alibi.slopes(case.batch, case.heads_q);
     let slopes = upload_slopes(ctx, &slopes_host)?;
     let alibi_slopes = slopes.as_ref().map(AlibiSlopes::of);
-    let fwd = ctx.attention(&FwdInputs { alibi_slopes, ..FwdInputs::dense(q.view(), k.view(), v.view()) }, &spec.params())?;
+    let sinks_host = super::sink_values(spec.sinks, case.heads_q);
+    let sinks = upload_slopes(ctx, &sinks_host)?;
+    let learnable_sink = sinks.as_ref().map(LearnableSinks::of);
+    let fwd =
+        ctx.attention(&FwdInputs { alibi_slopes, learnable_sink, ..FwdInputs::dense(q.view(), k.view(), v.view()) }, &spec.params())?;
     let params = AttnParams { kernel: Some(spec.family), deterministic: spec.deterministic, ..spec.params() };
     // The forward above drew its mask from the host's pair; the backward reads it on the device.
     let state = upload_dropout_state(ctx, spec.dropout)?;
@@ -315,7 +351,8 @@ pub fn check_one(ctx: &Context, spec: &BwdSpec) -> Result<Outcome> {
     let wide = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
     let scale = 1.0 / (case.head_dim as f64).sqrt();
     let wide_slopes = wide_slopes(&slopes_host);
-    let mask = RefMask::of(&spec.params()).with_alibi(&wide_slopes);
+    let wide_sinks = super::wide_slopes(&sinks_host);
+    let mask = RefMask { sinks: &wide_sinks, ..RefMask::of(&spec.params()).with_alibi(&wide_slopes) };
     let want = reference::attention_backward_masked(
         &wide(&host.q),
         &wide(&host.k),
@@ -347,10 +384,11 @@ pub fn check_one(ctx: &Context, spec: &BwdSpec) -> Result<Outcome> {
     let score = super::score_suffix(spec.window, spec.softcap) + &super::chunk_suffix(spec.chunk);
     Ok(Outcome {
         spec_name: format!(
-            "bwd_{}{bhsd}{large}{score}{}{}{det}",
+            "bwd_{}{bhsd}{large}{score}{}{}{}{det}",
             case.name,
             spec.alibi.suffix(),
-            spec.dropout.map(|d| format!("_dropout{}", d.p)).unwrap_or_default()
+            spec.dropout.map(|d| format!("_dropout{}", d.p)).unwrap_or_default(),
+            if spec.sinks { "_sinks" } else { "" }
         ),
         kernel: spec.family,
         oracle: "cpu-f64",

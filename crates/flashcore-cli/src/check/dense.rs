@@ -67,14 +67,9 @@ impl Spec {
         self.alibi.slopes(self.case.batch, self.case.heads_q)
     }
 
-    /// The learnable sinks, one a query head (none without `sinks`): spread over [-1, 8], below
-    /// and above a row's LSE (ln of ~1000 keys is ~7), so that some rows barely feel theirs and
-    /// others are mostly sink.
+    /// The learnable sinks, one a query head (none without `sinks`): see `check::sink_values`.
     pub fn sinks(&self) -> Vec<f32> {
-        if !self.sinks {
-            return Vec::new();
-        }
-        (0..self.case.heads_q).map(|h| (h as f32 * 2.7).rem_euclid(9.0) - 1.0).collect()
+        super::sink_values(self.sinks, self.case.heads_q)
     }
 
     fn with_mods(case: Case, inputs: Inputs, window: Window, softcap: f32) -> Self {

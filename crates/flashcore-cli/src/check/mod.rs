@@ -75,8 +75,9 @@ pub struct CheckArgs {
     /// Only the chunked-attention cases (`attention_chunk`, forward and backward).
     #[arg(long)]
     chunk: bool,
-    /// Only the learnable-sinks cases (forward): apart from the other runs while the library
-    /// refuses sinks on the GPU (`dispatch::SINKS_CHECKED_ON_GPU`).
+    /// Only the learnable-sinks cases (the forward's output and LSE, the backward's dQ, dK, dV):
+    /// apart from the other runs while the library refuses sinks on the GPU
+    /// (`dispatch::SINKS_CHECKED_ON_GPU`).
     #[arg(long, conflicts_with_all = ["dropout", "alibi", "chunk"])]
     sinks: bool,
 }
@@ -108,8 +109,8 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     // The backward's kernels: bwd_sm80, bwd_sm90, and the reference (which has both passes).
     let backward: Vec<bwd::BwdSpec> = families
         .iter()
-        .filter(|f| (f.is_backward() || **f == KernelFamily::Reference) && group("backward") && !args.sinks)
-        .flat_map(|&f| bwd::specs(f, quick, smoke))
+        .filter(|f| (f.is_backward() || **f == KernelFamily::Reference) && group("backward"))
+        .flat_map(|&f| if args.sinks { bwd::sinks_specs(f, quick || smoke) } else { bwd::specs(f, quick, smoke) })
         .collect();
     let packed: Vec<VarlenSpec> = families
         .iter()
@@ -253,6 +254,16 @@ pub(crate) fn upload_dropout_state(
         Some(d) => Some(ctx.stream().clone_htod(&[d.seed, d.offset])?),
         None => None,
     })
+}
+
+/// Learnable sinks for a check, one a query head (none unless `on`): spread over [-1, 8], below
+/// and above a row's LSE (ln of ~1000 keys is ~7), so that some rows barely feel theirs and
+/// others are mostly sink.
+pub(crate) fn sink_values(on: bool, heads_q: usize) -> Vec<f32> {
+    if !on {
+        return Vec::new();
+    }
+    (0..heads_q).map(|h| (h as f32 * 2.7).rem_euclid(9.0) - 1.0).collect()
 }
 
 /// `slopes` widened for the f64 oracle.
