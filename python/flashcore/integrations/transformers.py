@@ -38,7 +38,9 @@ transformers' mask lets query q see key k iff both are in one chunk of C positio
 from the sequence's first real token (`chunked_overlay`, causal besides). FlashCore's
 `attention_chunk` counts chunks from each sequence's first key, so the layer's chunk (read
 from `module.config.layer_types[module.layer_idx]`) runs in its kernels, forward and
-backward, with padding and packing as above. With a cache, a chunked layer's keys are a
+backward, padded batches as above. Packed sequences in a chunked layer take SDPA's mask,
+refused by name: Llama 4's layers do not hand `position_ids` to their attention, so the
+boundaries would not reach FlashCore. With a cache, a chunked layer's keys are a
 window of the last C - 1 positions plus the new ones (transformers' sliding cache layer),
 whose first key is no chunk's start: the mask builder then gives the 2-D mask with the keys
 before the first query's chunk left out (no query sees them), so that the kept keys start
