@@ -131,7 +131,7 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
         backward.into_iter().filter(|s| dim(s.head_dim()) && alibi(s.alibi) && dropped(s.has_dropout()) && chunked(s.chunk)).collect();
     let packed: Vec<_> =
         packed.into_iter().filter(|s| dim(s.head_dim) && alibi(s.alibi) && dropped(s.dropout.is_some()) && chunked(0)).collect();
-    let cached: Vec<_> = cached.into_iter().filter(|s| dim(s.head_dim) && alibi(s.alibi) && dropped(false) && chunked(0)).collect();
+    let cached: Vec<_> = cached.into_iter().filter(|s| dim(s.head_dim) && alibi(s.alibi) && dropped(false) && chunked(s.chunk)).collect();
     // In the order they run (below), so that the parts of one N cover the run once.
     let mut part = PartFilter { part: args.part, next: 0 };
     let (all, packed, cached, backward) = (part.take(all), part.take(packed), part.take(cached), part.take(backward));

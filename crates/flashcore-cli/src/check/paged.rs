@@ -35,6 +35,8 @@ pub struct PagedSpec {
     pub causal: bool,
     pub dtype: DType,
     pub window: Window,
+    /// Chunked attention's chunk (0: off), counted from each sequence's first cache key.
+    pub chunk: usize,
     pub softcap: f32,
     pub alibi: Alibi,
     pub splits: Option<usize>,
@@ -62,6 +64,7 @@ impl PagedSpec {
             self.dtype.name()
         );
         name += &super::score_suffix(self.window, self.softcap);
+        name += &super::chunk_suffix(self.chunk);
         name += self.alibi.suffix();
         if let Some(queries) = &self.packed_queries {
             let rows: Vec<String> = queries.iter().map(|n| n.to_string()).collect();
@@ -82,6 +85,7 @@ impl PagedSpec {
             kernel: Some(self.kernel),
             num_splits: self.splits,
             window: self.window,
+            attention_chunk: self.chunk,
             softcap: self.softcap,
             ..AttnParams::default()
         }
@@ -132,6 +136,7 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<PagedSpec> {
                 causal,
                 dtype: DType::BF16,
                 window: Window::UNBOUNDED,
+                chunk: 0,
                 softcap: 0.0,
                 alibi: Alibi::Off,
                 splits: None,
@@ -160,6 +165,10 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<PagedSpec> {
     out.push(PagedSpec { dtype: DType::F16, head_dim: 128, ..base.clone() });
     out.push(PagedSpec { window: Window::new(127, 0), softcap: 30.0, page_size: 64, head_dim: 128, ..base.clone() });
     out.push(PagedSpec { alibi: Alibi::PerSequence, head_dim: 128, ..base.clone() });
+    // Chunked attention over a cache (FA3's flash_attn_with_kvcache): decode, whose row sits
+    // at its cache position, and a chunked prefill crossing chunks of 100.
+    out.push(PagedSpec { chunk: 256, head_dim: 128, ..base.clone() });
+    out.push(PagedSpec { chunk: 100, new_keys: 300, seqlen_q: 300, page_size: 64, head_dim: 128, ..base.clone() });
     out.push(PagedSpec { alibi: Alibi::PerHead, new_keys: 300, seqlen_q: 300, page_size: 64, head_dim: 128, ..base.clone() });
     if family == KernelFamily::FwdSm80 {
         out.push(PagedSpec { splits: Some(5), page_size: 64, ..base.clone() });
