@@ -102,7 +102,15 @@ impl AttnOp {
         let lse_shape = lse_shape(shape.dims());
         let lse = Output::alloc(device, DType::F32, lse_shape.elem_count())?;
         let extras = Extras::of(self);
-        let inputs = FwdInputs { q: qv, k: kv, v: vv, kv: extras.layout()?, alibi_slopes: extras.alibi()?, dropout_state: None, learnable_sink: None };
+        let inputs = FwdInputs {
+            q: qv,
+            k: kv,
+            v: vv,
+            kv: extras.layout()?,
+            alibi_slopes: extras.alibi()?,
+            dropout_state: None,
+            learnable_sink: None,
+        };
         let o_view = o.view_mut(qv.layout().shape, qv.layout().dtype, qv.device());
         // SAFETY: the LSE buffer holds `lse_shape`'s values and is written by this call alone.
         let lse_view = unsafe { flashcore::LseViewMut::from_raw(lse.ptr, lse_shape.elem_count()) };
