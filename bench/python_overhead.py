@@ -173,8 +173,9 @@ def training_rows():
         "flashcore.flash_attn_func": (lambda q, k, v: flashcore.flash_attn_func(q, k, v, causal=True), False, None),
         "flash_attn_func, Python path": (lambda q, k, v: flashcore.flash_attn_func(q, k, v, causal=True), False, PYTHON_PATH),
         # FlashAttention-3's name for the same call (flashcore.compat.flash_attn_3): issue 51's
-        # goal, no host cost over flash-attn 2's (the row above it).
-        **({"FA3 flash_attn_func": (lambda q, k, v: flash_attn_3.flash_attn_func(q, k, v, causal=True), False, None)} if flash_attn_3 else {}),
+        # goal, no host cost over flash-attn 2's (the first row). num_splits=0: FlashCore's choice,
+        # as that row's (FA3's default 1 could plan another kernel, with its own launches).
+        **({"FA3 flash_attn_func": (lambda q, k, v: flash_attn_3.flash_attn_func(q, k, v, causal=True, num_splits=0), False, None)} if flash_attn_3 else {}),
         # A packed batch of the same tokens (two sequences of S/2): the call transformers'
         # padded and packed training makes (its own autograd node, in Python).
         "flash_attn_varlen_func, 2 seqs": (lambda q, k, v: flashcore.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, s // 2, s // 2, causal=True), False, None),
