@@ -175,6 +175,9 @@ def torch_env(torch, command):
 # What the fa4 backend does not take: recorded "unsupported" (`refusal`).
 FA4_PACKED = "packed batches not supported here: FA4's varlen function is not wired into this harness"
 FA4_DROPOUT = "dropout not supported by FlashAttention-4"
+# Chunked attention, refused by every backend here: no anchor has its backward (FA3's forward
+# only; FA4, cuDNN and SDPA none), and flashcore's rows of it compare with its own causal rows.
+CHUNK_REFUSAL = "chunked attention not supported here: time it with `flashcore bench --suite chunked` (or bwd-chunked)"
 
 
 class Runner:
@@ -210,9 +213,7 @@ class Runner:
         self.flashcore = key in ("flashcore-py", "flashcore-py-det")
         self.fa4 = key == "fa4"
         if c.get("attention_chunk"):
-            # No anchor has chunked attention's backward (FA3's forward only; FA4, cuDNN and SDPA
-            # none), and flashcore's rows of it compare with its causal rows: `flashcore bench`.
-            self.refuse = "chunked attention not supported here: time it with `flashcore bench --suite chunked` (or bwd-chunked)"
+            self.refuse = CHUNK_REFUSAL
         elif self.flashcore:
             self.kernel = "flashcore.flash_attn_varlen_func" if self.packed else "flashcore.flash_attn_func"
         elif self.fa4:
@@ -880,7 +881,7 @@ def self_test():
     # The fa4 backend: its own system name, BSHD like flashcore (no SDPA backend forced); what
     # it does not take is a refusal (an "unsupported" row, not an error).
     assert SYSTEMS["fa4"] == ("fa4", None)
-    assert refusal(RuntimeError(FA4_PACKED)) and refusal(RuntimeError(FA4_DROPOUT))
+    assert refusal(RuntimeError(FA4_PACKED)) and refusal(RuntimeError(FA4_DROPOUT)) and refusal(RuntimeError(CHUNK_REFUSAL))
     # The SM clock: an int from NVML where a GPU and its driver are, else None and the reason.
     clock = SmClock()
     mhz = clock.read()
@@ -989,6 +990,15 @@ def self_test():
             raise AssertionError("accepted a window or a packed batch without counts")
         except ValueError:
             pass
+    # A chunk's pairs are flashcore's count alone too; the chunk a positive int.
+    chunked = dict(c, attention_chunk=8)
+    for bad in (chunked, dict(chunked, attention_chunk=0, counts={"flops": 1.0, "kv_bytes": 2.0})):
+        try:
+            normalize_case(bad)
+            raise AssertionError(f"accepted a chunk case {bad.get('attention_chunk')} / {bad.get('counts')}")
+        except ValueError:
+            pass
+    assert flops(normalize_case(dict(chunked, counts={"flops": 5.0, "kv_bytes": 2.0}))) == 5.0
     packed = dict(c, batch=3, packed={"seqlens_q": [1, 1, 1], "seqlens_k": [8, 16, 8], "seqused_k": [5, 16, 2]}, counts={"flops": 1.0, "kv_bytes": 2.0})
     assert normalize_case(packed)["packed"]["seqused_k"] == [5, 16, 2]
     assert storage_lengths(packed) == (3, 32) and packed_used_k(packed["packed"]) == [5, 16, 2] and cumulative([3, 0, 2]) == [0, 3, 3, 5]
