@@ -8,6 +8,7 @@
 //! a warm run checks the same resources without compiling again.
 
 use flashcore::jit::{Arch, DiskCache, Jit};
+use flashcore::kernels::{with_mods, ScoreMods, Variant};
 use flashcore::KernelFamily;
 use rayon::prelude::*;
 
@@ -20,11 +21,25 @@ fn smem_limit(arch: Arch) -> u32 {
     }
 }
 
+/// The JIT the tests compile with: into `$FLASHCORE_TEST_CACHE_DIR` when set, else `fresh`.
+fn test_jit(fresh: &tempfile::TempDir) -> Jit {
+    let dir = std::env::var_os("FLASHCORE_TEST_CACHE_DIR").map_or_else(|| fresh.path().to_path_buf(), std::path::PathBuf::from);
+    Jit::new(DiskCache::new(&dir))
+}
+
+const HOPPER: Arch = Arch { major: 9, minor: 0, specific: true };
+const AMPERE: Arch = Arch { major: 8, minor: 0, specific: false };
+
+/// A family's variants on `arch` at `head_dims` without score policies, unsplit, unpaged: the
+/// bases the policy forms are made from.
+fn plain_variants(family: KernelFamily, arch: Arch, head_dims: &[usize]) -> impl Iterator<Item = Variant> {
+    family.variants_of(arch, head_dims).into_iter().filter(|v| v.mods == ScoreMods::default() && !v.split_kv && !v.paged)
+}
+
 #[test]
 fn every_variant_compiles_for_every_arch_without_spills() {
     let fresh = tempfile::tempdir().unwrap();
-    let dir = std::env::var_os("FLASHCORE_TEST_CACHE_DIR").map_or_else(|| fresh.path().to_path_buf(), std::path::PathBuf::from);
-    let jit = Jit::new(DiskCache::new(&dir));
+    let jit = test_jit(&fresh);
     let nvrtc = jit.nvrtc().expect("NVRTC is required for this test: run the README's test command, which installs it");
     eprintln!("NVRTC {:?} from {}", nvrtc.version(), nvrtc.path().display());
     let jobs: Vec<_> = Arch::all_supported()
@@ -61,24 +76,17 @@ fn every_variant_compiles_for_every_arch_without_spills() {
 /// with every policy spills (80 bytes under NVRTC 13.0), a form no model asks for yet.
 #[test]
 fn chunked_forms_compile_in_every_family() {
-    use flashcore::kernels::{with_mods, ScoreMods};
     let fresh = tempfile::tempdir().unwrap();
-    let dir = std::env::var_os("FLASHCORE_TEST_CACHE_DIR").map_or_else(|| fresh.path().to_path_buf(), std::path::PathBuf::from);
-    let jit = Jit::new(DiskCache::new(&dir));
-    let hopper = Arch { major: 9, minor: 0, specific: true };
-    let ampere = Arch { major: 8, minor: 0, specific: false };
+    let jit = test_jit(&fresh);
     let everything = ScoreMods { local: true, chunk: true, softcap: true, alibi: true, dropout: false, sinks: false };
     let jobs: Vec<_> = [
-        (hopper, KernelFamily::FwdSm90),
-        (hopper, KernelFamily::BwdSm90),
-        (ampere, KernelFamily::FwdSm80),
-        (ampere, KernelFamily::BwdSm80),
+        (HOPPER, KernelFamily::FwdSm90),
+        (HOPPER, KernelFamily::BwdSm90),
+        (AMPERE, KernelFamily::FwdSm80),
+        (AMPERE, KernelFamily::BwdSm80),
     ]
     .into_iter()
-    .flat_map(|(arch, family)| {
-        let plain = family.variants_of(arch, &[64, 128]).into_iter().filter(|v| v.mods == ScoreMods::default() && !v.split_kv && !v.paged);
-        plain.take(2).map(move |v| (arch, with_mods(&v, everything)))
-    })
+    .flat_map(|(arch, family)| plain_variants(family, arch, &[64, 128]).take(2).map(move |v| (arch, with_mods(&v, everything))))
     .collect();
     assert_eq!(jobs.len(), 8, "two chunk forms of each of four families");
     let failures: Vec<String> = jobs
@@ -105,19 +113,13 @@ fn chunked_forms_compile_in_every_family() {
 /// D256 forms with every policy spill 8-12 bytes without sinks, 12-20 with them: printed.)
 #[test]
 fn sinks_forms_compile_in_the_forward_families() {
-    use flashcore::kernels::{with_mods, ScoreMods};
     let fresh = tempfile::tempdir().unwrap();
-    let dir = std::env::var_os("FLASHCORE_TEST_CACHE_DIR").map_or_else(|| fresh.path().to_path_buf(), std::path::PathBuf::from);
-    let jit = Jit::new(DiskCache::new(&dir));
-    let hopper = Arch { major: 9, minor: 0, specific: true };
-    let ampere = Arch { major: 8, minor: 0, specific: false };
+    let jit = test_jit(&fresh);
     let all = ScoreMods { local: true, softcap: true, alibi: true, ..ScoreMods::default() };
-    let jobs: Vec<_> = [(hopper, KernelFamily::FwdSm90), (ampere, KernelFamily::FwdSm80)]
+    let jobs: Vec<_> = [(HOPPER, KernelFamily::FwdSm90), (AMPERE, KernelFamily::FwdSm80)]
         .into_iter()
         .flat_map(|(arch, family)| {
-            let plain =
-                family.variants_of(arch, &[64, 128, 256]).into_iter().filter(|v| v.mods == ScoreMods::default() && !v.split_kv && !v.paged);
-            plain.filter(|v| v.dtype == flashcore::DType::BF16).flat_map(move |v| {
+            plain_variants(family, arch, &[64, 128, 256]).filter(|v| v.dtype == flashcore::DType::BF16).flat_map(move |v| {
                 [ScoreMods::default(), all].map(|base| (arch, with_mods(&v, base), with_mods(&v, ScoreMods { sinks: true, ..base })))
             })
         })
@@ -127,8 +129,7 @@ fn sinks_forms_compile_in_the_forward_families() {
         .par_iter()
         .filter_map(|(arch, without, with)| {
             assert!(with.name().ends_with("_sinks"), "{}", with.name());
-            let compiled =
-                |v: &flashcore::kernels::Variant| jit.compile(&v.source(), *arch).map_err(|e| format!("{} on {arch}: {e}", v.name()));
+            let compiled = |v: &Variant| jit.compile(&v.source(), *arch).map_err(|e| format!("{} on {arch}: {e}", v.name()));
             match (compiled(without), compiled(with)) {
                 (Ok(a), Ok(b)) if b.resources.spills() && !a.resources.spills() => {
                     Some(format!("{} on {arch} spills {:?}, without sinks none", with.name(), b.resources))
