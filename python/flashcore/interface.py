@@ -295,21 +295,20 @@ def flash_attn_with_kvcache(
     loads per page) on sm_90, on the Ampere-class kernel elsewhere. Forward only (no
     autograd).
     """
-    q, new, cache_seqlens = _checked_kvcache_call(q, (k_cache, v_cache), (k, v), (cache_seqlens, cache_batch_idx, cache_leftpad, block_table))
+    new, lengths = _checked_kvcache_call(q, (k_cache, v_cache), (k, v), (cache_seqlens, cache_batch_idx, cache_leftpad, block_table))
     if not isinstance(num_splits, numbers.Integral) or num_splits < 0:
         raise ValueError(f"`num_splits` must be an int >= 0, got {num_splits!r}")
     options = _options(q, softmax_scale, causal, window_size, softcap, alibi_slopes)
     if num_splits:
         options = options._replace(num_splits=int(num_splits))
-    lengths = (cache_seqlens, cache_batch_idx, cache_leftpad, block_table)
     return _kvcache(q, (k_cache, v_cache), new, (rotary_cos, rotary_sin, rotary_interleaved), lengths, options, return_softmax_lse)
 
 
-def _checked_kvcache_call(q: Tensor, caches: Tuple[Tensor, Tensor], new: tuple, lengths: tuple) -> Tuple[Tensor, Optional[Tuple[Tensor, Tensor]], Optional[Tensor]]:
-    """`flash_attn_with_kvcache`'s tensors checked, or the error naming the argument: `(q, new,
-    cache_seqlens)` with `new` the keys and values to append (None: none, or empty ones) and
-    an int `cache_seqlens` made a tensor. `lengths` `(cache_seqlens, cache_batch_idx,
-    cache_leftpad, block_table)`."""
+def _checked_kvcache_call(q: Tensor, caches: Tuple[Tensor, Tensor], new: tuple, lengths: tuple) -> Tuple[Optional[Tuple[Tensor, Tensor]], tuple]:
+    """`flash_attn_with_kvcache`'s tensors checked, or the error naming the argument: `(new,
+    lengths)` with `new` the keys and values to append (None: none, or empty ones) and
+    `lengths` `(cache_seqlens, cache_batch_idx, cache_leftpad, block_table)` as given, an int
+    `cache_seqlens` made a tensor."""
     (k_cache, v_cache), (k, v) = caches, new
     cache_seqlens, cache_batch_idx, cache_leftpad, block_table = lengths
     tensors = (("q", q), ("k_cache", k_cache), ("v_cache", v_cache))
@@ -333,7 +332,7 @@ def _checked_kvcache_call(q: Tensor, caches: Tuple[Tensor, Tensor], new: tuple, 
                 raise _unsupported(name, "<tensor>", "with a block table is not supported (as in flash_attn): contiguous caches only")
             if t.shape[0] != q.shape[0]:
                 raise ValueError(f"`{name}` has {t.shape[0]} entries, q's batch is {q.shape[0]}")
-    return q, None if k is None else (k, v), cache_seqlens
+    return None if k is None else (k, v), (cache_seqlens, cache_batch_idx, cache_leftpad, block_table)
 
 
 def _kvcache(

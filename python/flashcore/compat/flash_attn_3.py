@@ -218,10 +218,8 @@ def flash_attn_with_kvcache(
     if cu_seqlens_q is not None:
         layout = (cu_seqlens_q, max_seqlen_q, cache_seqlens, page_table)
         return _packed_queries(q, (k_cache, v_cache), layout, (k, rotary_cos, cache_batch_idx, cache_leftpad), scores, chunk, return_softmax_lse)
-    lengths = (cache_seqlens, cache_batch_idx, cache_leftpad, page_table)
-    q, new, cache_seqlens = interface._checked_kvcache_call(q, (k_cache, v_cache), (k, v), lengths)
+    new, lengths = interface._checked_kvcache_call(q, (k_cache, v_cache), (k, v), (cache_seqlens, cache_batch_idx, cache_leftpad, page_table))
     options = _options(q, *scores)._replace(num_splits=splits, attention_chunk=chunk)
-    lengths = (cache_seqlens, cache_batch_idx, cache_leftpad, page_table)
     return interface._kvcache(q, (k_cache, v_cache), new, (rotary_cos, rotary_sin, rotary_interleaved), lengths, options, return_softmax_lse)
 
 
