@@ -417,8 +417,19 @@ pub(crate) unsafe fn backward_on(
             ctx.check_values(&FwdInputs::varlen(view(0), view(1), view(2), batch))?;
         }
         let lse = LseView::from_raw(lse.0, lse.1);
-        let inputs = BwdInputs { q: view(0), k: view(1), v: view(2), o: view(3), lse, dout: view(4), kv, alibi_slopes, dropout_state };
-        let grads = GradsMut { dq: grad(5), dk: grad(6), dv: grad(7) };
+        let inputs = BwdInputs {
+            q: view(0),
+            k: view(1),
+            v: view(2),
+            o: view(3),
+            lse,
+            dout: view(4),
+            kv,
+            alibi_slopes,
+            dropout_state,
+            learnable_sink: None,
+        };
+        let grads = GradsMut::new(grad(5), grad(6), grad(7));
         ctx.attention_backward_on_stream(caller, &inputs, grads, params)
     }
 }

@@ -153,17 +153,18 @@ impl AttnOp {
             kv: extras.layout()?,
             alibi_slopes: extras.alibi()?,
             dropout_state: None,
+            learnable_sink: None,
         };
         let (dtype, ordinal) = (q.dtype(), inputs.q.device());
         let dq = Output::alloc(device, dtype, q.elem_count())?;
         let dk = Output::alloc(device, dtype, k.elem_count())?;
         let dv = Output::alloc(device, dtype, v.elem_count())?;
         let fc = inputs.q.layout().dtype;
-        let grads = GradsMut {
-            dq: dq.view_mut(inputs.q.layout().shape, fc, ordinal),
-            dk: dk.view_mut(inputs.k.layout().shape, fc, ordinal),
-            dv: dv.view_mut(inputs.v.layout().shape, fc, ordinal),
-        };
+        let grads = GradsMut::new(
+            dq.view_mut(inputs.q.layout().shape, fc, ordinal),
+            dk.view_mut(inputs.k.layout().shape, fc, ordinal),
+            dv.view_mut(inputs.v.layout().shape, fc, ordinal),
+        );
         let params = self.options.params(true);
         device::on_candle_stream(device, |caller| {
             // SAFETY: as the forward's: candle memory of this device, alive until the stream ran.

@@ -40,7 +40,7 @@ impl Context {
         let mut dq = DeviceTensor::filled(self, 0, inputs.q.layout.shape, dtype)?;
         let mut dk = DeviceTensor::filled(self, 0, inputs.k.layout.shape, dtype)?;
         let mut dv = DeviceTensor::filled(self, 0, inputs.v.layout.shape, dtype)?;
-        self.attention_backward_into(inputs, GradsMut { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut() }, params)?;
+        self.attention_backward_into(inputs, GradsMut::new(dq.view_mut(), dk.view_mut(), dv.view_mut()), params)?;
         Ok(AttnGrads { dq, dk, dv })
     }
 
@@ -78,15 +78,24 @@ impl Context {
     /// The layers of one backward call on `lane`.
     fn backward(&self, lane: &mut Lane, inputs: &BwdInputs, grads: GradsMut, params: &AttnParams) -> Result<()> {
         let checked = inputs.check(&grads, params, self.ordinal())?;
+        let dsink = grads.dsink.as_ref().map(|d| (d.ptr, d.len));
         if checked.tensors.has_no_pairs() {
-            return launch::no_pairs_backward(lane, [&grads.dq.as_view(), &grads.dk.as_view(), &grads.dv.as_view()]);
+            return launch::no_pairs_backward(lane, [&grads.dq.as_view(), &grads.dk.as_view(), &grads.dv.as_view()], dsink);
         }
         let batch = inputs.batch();
         let (dtype, alibi) = (inputs.q.layout.dtype, checked.alibi.is_some());
         let plan = dispatch::plan_backward(&self.info().device(), &checked.shape, dtype, params, batch.is_some(), alibi)?;
+        if dsink.is_some() {
+            dispatch::sinks_checked_on_gpu(plan.variant.family)?;
+        }
         let kernel = self.load(&plan.variant)?;
         let BwdInputs { q, k, v, o, lse, dout, .. } = *inputs;
-        let views = BwdViews { inputs: [q, k, v, o, dout], lse, grads: [grads.dq.as_view(), grads.dk.as_view(), grads.dv.as_view()] };
+        let views = BwdViews {
+            inputs: [q, k, v, o, dout],
+            lse,
+            grads: [grads.dq.as_view(), grads.dk.as_view(), grads.dv.as_view()],
+            dsink: dsink.map_or(0, |(ptr, _)| ptr),
+        };
         let p = pack::backward(&plan, &checked, &views, batch, params);
         let call = BwdLaunch { shape: checked.shape, tensors: checked.tensors, packed: batch.is_some(), qkv_do: [q, k, v, dout] };
         launch::backward(lane, &kernel, &plan, p, &call)

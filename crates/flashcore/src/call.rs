@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::paged::{CacheGeometry, PagedKv};
 use crate::params::AttnParams;
 use crate::shape::ProblemShape;
-use crate::tensor::{DeviceVec, LseView, LseViewMut, TensorView, TensorViewMut};
+use crate::tensor::{DeviceVec, DeviceVecMut, LseView, LseViewMut, TensorView, TensorViewMut};
 use crate::validate;
 use crate::varlen::VarlenBatch;
 
@@ -28,6 +28,11 @@ pub type AlibiSlopes<'a> = DeviceVec<'a, f32>;
 /// LSE (which holds the sink), and the sinks' own gradient is `-Σ_i exp(sink - lse_i)·D_i`
 /// over a head's rows, `D_i = dO_i·O_i` ([`crate::reference::ReferenceGrads::dsinks`]).
 pub type LearnableSinks<'a> = DeviceVec<'a, f32>;
+
+/// Where the backward writes the learnable sinks' gradient ([`GradsMut::dsink`]): f32 on the
+/// device, `[Hq]`, every row of every sequence of a head summed, in a fixed order (the same
+/// bits every run).
+pub type SinkGradMut<'a> = DeviceVecMut<'a, f32>;
 
 /// How a call's keys (and, packed, its queries) are laid out.
 #[derive(Debug, Clone, Copy, Default)]
@@ -161,6 +166,9 @@ pub struct BwdInputs<'a> {
     pub alibi_slopes: Option<AlibiSlopes<'a>>,
     /// Dropout's generator state on the device, as the forward's (or none).
     pub dropout_state: Option<DropoutState<'a>>,
+    /// The forward's learnable sinks: read only for their gradient ([`GradsMut::dsink`]);
+    /// dQ, dK and dV need only the forward's LSE, which holds them.
+    pub learnable_sink: Option<LearnableSinks<'a>>,
 }
 
 /// Where the gradients go: `dq` shaped like `q`, `dk` and `dv` like `k` (the query heads
@@ -173,6 +181,21 @@ pub struct GradsMut<'a> {
     pub dk: TensorViewMut<'a>,
     /// Gradient with respect to `v`.
     pub dv: TensorViewMut<'a>,
+    /// Where the learnable sinks' gradient goes, when wanted (the inputs' `learnable_sink`
+    /// given): `[Hq]` f32.
+    pub dsink: Option<SinkGradMut<'a>>,
+}
+
+impl<'a> GradsMut<'a> {
+    /// `dq`, `dk` and `dv`; no sinks' gradient (see [`GradsMut::with_dsink`]).
+    pub fn new(dq: TensorViewMut<'a>, dk: TensorViewMut<'a>, dv: TensorViewMut<'a>) -> Self {
+        Self { dq, dk, dv, dsink: None }
+    }
+
+    /// These gradients and the learnable sinks' into `dsink`.
+    pub fn with_dsink(self, dsink: SinkGradMut<'a>) -> Self {
+        Self { dsink: Some(dsink), ..self }
+    }
 }
 
 /// A checked call: the tensors' own shape (packed: `[1, total, H, D]`; a cache: `Sk` its
@@ -281,7 +304,7 @@ impl<'a> BwdInputs<'a> {
         dout: TensorView<'a>,
         kv: KvLayout<'a>,
     ) -> Self {
-        Self { q, k, v, o, lse, dout, kv, alibi_slopes: None, dropout_state: None }
+        Self { q, k, v, o, lse, dout, kv, alibi_slopes: None, dropout_state: None, learnable_sink: None }
     }
 
     /// These inputs with the forward's ALiBi `slopes`.
@@ -293,6 +316,11 @@ impl<'a> BwdInputs<'a> {
     pub fn with_dropout_state(self, state: DropoutState<'a>) -> Self {
         Self { dropout_state: Some(state), ..self }
     }
+
+    /// These inputs with the forward's learnable `sinks`, for their gradient.
+    pub fn with_learnable_sink(self, sinks: LearnableSinks<'a>) -> Self {
+        Self { learnable_sink: Some(sinks), ..self }
+    }
 }
 
 impl BwdInputs<'_> {
@@ -303,7 +331,7 @@ impl BwdInputs<'_> {
 
     /// Checks everything the host can see of a backward call into `grads` on `device`.
     pub(crate) fn check(&self, grads: &GradsMut, params: &AttnParams, device: usize) -> Result<Checked> {
-        let BwdInputs { q, k, v, o, lse, dout, kv, alibi_slopes, dropout_state } = self;
+        let BwdInputs { q, k, v, o, lse, dout, kv, alibi_slopes, dropout_state, learnable_sink } = self;
         if let KvLayout::Paged(_) = kv {
             return Err(Error::Param { arg: "kv", msg: "a KV cache has no backward: dense or packed (varlen) batches do".into() });
         }
@@ -335,7 +363,19 @@ impl BwdInputs<'_> {
         params.check(shape.head_dim)?;
         let alibi = check_alibi(alibi_slopes.as_ref(), &shape)?;
         let dropout_state = check_dropout_state(dropout_state.as_ref(), params)?;
-        Ok(Checked { tensors, shape, cache: None, alibi, dropout_state, learnable_sink: 0 })
+        let learnable_sink = match (learnable_sink, &grads.dsink) {
+            (Some(sinks), Some(dsink)) => {
+                validate::learnable_sink(sinks.ptr, sinks.len, &shape)?;
+                validate::sink_grad(dsink.ptr, dsink.len, &shape)?;
+                sinks.ptr
+            }
+            (None, Some(_)) => {
+                return Err(Error::Param { arg: "dsink", msg: "the sinks' gradient needs the forward's learnable_sink".into() })
+            }
+            (Some(sinks), None) => validate::learnable_sink(sinks.ptr, sinks.len, &shape).map(|()| 0)?,
+            (None, None) => 0,
+        };
+        Ok(Checked { tensors, shape, cache: None, alibi, dropout_state, learnable_sink })
     }
 }
 
@@ -485,11 +525,44 @@ mod tests {
             kv: KvLayout::Paged(PagedKv::default()),
             alibi_slopes: None,
             dropout_state: None,
+            learnable_sink: None,
         };
-        let grads = GradsMut { dq: view_mut(q, 0x600000), dk: view_mut(kv, 0x700000), dv: view_mut(kv, 0x800000) };
+        let grads = GradsMut::new(view_mut(q, 0x600000), view_mut(kv, 0x700000), view_mut(kv, 0x800000));
         let err = inputs.check(&grads, &AttnParams::default(), 0).unwrap_err();
         assert!(matches!(err, Error::Param { arg: "kv", .. }), "{err}");
         let dense = BwdInputs { kv: KvLayout::Dense, ..inputs };
         assert!(dense.check(&grads, &AttnParams::default(), 0).is_ok());
+    }
+
+    #[test]
+    fn the_sinks_gradient_needs_the_sinks_and_one_value_a_query_head() {
+        let (q, kv) = ([2, 16, 8, 64], [2, 64, 2, 64]);
+        // SAFETY: as above.
+        let (lse, sinks) = unsafe { (LseView::from_raw(0x400000, 2 * 8 * 16), LearnableSinks::from_raw(0x9000, 8)) };
+        let inputs = BwdInputs::new(
+            view(q, 0x1000),
+            view(kv, 0x100000),
+            view(kv, 0x200000),
+            view(q, 0x300000),
+            lse,
+            view(q, 0x500000),
+            KvLayout::Dense,
+        );
+        let grads = || GradsMut::new(view_mut(q, 0x600000), view_mut(kv, 0x700000), view_mut(kv, 0x800000));
+        // SAFETY: as above.
+        let dsink = |at, len| unsafe { SinkGradMut::from_raw(at, len) };
+        let check = |inputs: BwdInputs, grads: GradsMut| inputs.check(&grads, &AttnParams::default(), 0);
+        let sinks_in = inputs.with_learnable_sink(sinks);
+        assert_eq!(check(sinks_in, grads().with_dsink(dsink(0xa000, 8))).unwrap().learnable_sink, 0x9000);
+        assert_eq!(check(sinks_in, grads()).unwrap().learnable_sink, 0, "dQ, dK and dV alone do not read the sinks");
+        let err = check(inputs, grads().with_dsink(dsink(0xa000, 8))).unwrap_err();
+        assert!(matches!(err, Error::Param { arg: "dsink", .. }), "{err}");
+        for (at, len) in [(0xa000, 16), (0xa002, 8)] {
+            let err = check(sinks_in, grads().with_dsink(dsink(at, len))).unwrap_err();
+            assert!(err.to_string().contains("dsink"), "{err}");
+        }
+        // SAFETY: as above.
+        let short = inputs.with_learnable_sink(unsafe { LearnableSinks::from_raw(0x9000, 4) });
+        assert!(check(short, grads().with_dsink(dsink(0xa000, 8))).unwrap_err().to_string().contains("learnable_sink"));
     }
 }

@@ -305,6 +305,7 @@ pub(crate) fn backward(lane: &mut Lane, kernel: &LoadedKernel, plan: &BwdPlan, m
         packed: call.packed,
         dq_splits: p.dq_splits as usize,
         deterministic: p.deterministic != 0,
+        sink_grad: p.dsink != 0,
     };
     let work = steps::backward(&kernel.variant, &facts);
     // SAFETY: `p` is the call's `BwdParams`, built and validated for this variant (`pack::backward`).
@@ -327,12 +328,20 @@ pub(crate) fn no_pairs_forward(lane: &Lane, o: &TensorView, lse: Option<(u64, us
     }
 }
 
-/// The backward's answer with no (query, key) pair: every gradient 0.
-pub(crate) fn no_pairs_backward(lane: &Lane, grads: [&TensorView; 3]) -> Result<()> {
+/// The backward's answer with no (query, key) pair: every gradient 0, the sinks' too (`dsink`:
+/// its address and length, when wanted; each row's D_i = dO·O is 0 with o = 0).
+pub(crate) fn no_pairs_backward(lane: &Lane, grads: [&TensorView; 3], dsink: Option<(u64, usize)>) -> Result<()> {
     for (g, what) in grads.into_iter().zip(["zeroing dq (no pairs)", "zeroing dk (no pairs)", "zeroing dv (no pairs)"]) {
         zero_tensor(lane.stream, g, what)?;
     }
-    Ok(())
+    match dsink {
+        Some((ptr, len)) if len > 0 => {
+            // SAFETY: `ptr` is the call's checked dsink: `len` f32 of device memory, written in
+            // stream order.
+            unsafe { sys::cuMemsetD32Async(ptr, 0, len, lane.stream.cu_stream()) }.result().ctx("zeroing dsink (no pairs)")
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Zeroes every element of `t` (BSHD, 2-byte elements, D contiguous, other strides free) in

@@ -134,6 +134,7 @@ pub(crate) struct BwdParams {
     pub dq: u64,
     pub dk: u64,
     pub dv: u64,
+    pub dsink: u64,
     pub dsum: u64,
     pub dq_accum: u64,
     pub q_strides: [i64; 3],
@@ -152,7 +153,7 @@ pub(crate) struct BwdParams {
     pub varlen: VarlenArgs,
 }
 
-const _: () = assert!(std::mem::size_of::<BwdParams>() == 88 + 8 * 24 + 128 + 32);
+const _: () = assert!(std::mem::size_of::<BwdParams>() == 96 + 8 * 24 + 128 + 32);
 
 // SAFETY: plain old data with the C layout the kernels expect.
 unsafe impl DeviceRepr for BwdParams {}
@@ -341,6 +342,8 @@ pub(crate) struct BwdViews<'a> {
     pub inputs: [TensorView<'a>; 5],
     pub lse: LseView<'a>,
     pub grads: [TensorView<'a>; 3],
+    /// Where the sinks' gradient goes (0: not wanted).
+    pub dsink: u64,
 }
 
 /// The backward's launch ABI for `plan`; its scratch pointers (`dsum`, `dq_accum`) are the
@@ -367,6 +370,7 @@ pub(crate) fn backward(
         dq: dq.ptr,
         dk: dk.ptr,
         dv: dv.ptr,
+        dsink: views.dsink,
         dsum: 0,
         dq_accum: 0,
         q_strides: s(q),

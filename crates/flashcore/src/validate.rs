@@ -153,11 +153,20 @@ pub(crate) fn alibi_slopes(ptr: u64, len: usize, shape: &ProblemShape) -> Result
 
 /// Validates learnable sinks (`FwdInputs::learnable_sink`): f32 `[Hq]`, 4-byte aligned.
 pub(crate) fn learnable_sink(ptr: u64, len: usize, shape: &ProblemShape) -> Result<()> {
+    one_a_query_head("learnable_sink", ptr, len, shape)
+}
+
+/// Validates where the sinks' gradient goes (`GradsMut::dsink`): f32 `[Hq]`, 4-byte aligned.
+pub(crate) fn sink_grad(ptr: u64, len: usize, shape: &ProblemShape) -> Result<()> {
+    one_a_query_head("dsink", ptr, len, shape)
+}
+
+fn one_a_query_head(arg: &'static str, ptr: u64, len: usize, shape: &ProblemShape) -> Result<()> {
     if !ptr.is_multiple_of(4) {
-        return Err(Error::Param { arg: "learnable_sink", msg: format!("device pointer {ptr:#x} is not 4-byte aligned") });
+        return Err(Error::Param { arg, msg: format!("device pointer {ptr:#x} is not 4-byte aligned") });
     }
     if len != shape.heads_q {
-        return Err(shape_err("learnable_sink", format!("{len} values: need one a query head, [Hq] = {}", shape.heads_q)));
+        return Err(shape_err(arg, format!("{len} values: need one a query head, [Hq] = {}", shape.heads_q)));
     }
     Ok(())
 }

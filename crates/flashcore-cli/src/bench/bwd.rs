@@ -67,18 +67,9 @@ pub fn bench_case(
     let mut backward = |graph: bool| {
         time(ctx, opts(graph), |i| {
             let s = &sets[i % n_sets];
-            let inputs = BwdInputs {
-                q: s.q.view(),
-                k: s.k.view(),
-                v: s.v.view(),
-                o: s.fwd.o.view(),
-                lse: LseView::of(&s.fwd.lse),
-                dout: s.dout.view(),
-                kv: KvLayout::Dense,
-                alibi_slopes: None,
-                dropout_state: None,
-            };
-            ctx.attention_backward_into(&inputs, GradsMut { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut() }, &params)
+            let inputs =
+                BwdInputs::new(s.q.view(), s.k.view(), s.v.view(), s.fwd.o.view(), LseView::of(&s.fwd.lse), s.dout.view(), KvLayout::Dense);
+            ctx.attention_backward_into(&inputs, GradsMut::new(dq.view_mut(), dk.view_mut(), dv.view_mut()), &params)
         })
     };
     let timings = backward(!eager_only).and_then(|t| Ok((t, backward(false)?)));
@@ -96,7 +87,7 @@ pub fn bench_case(
         )?;
         let (o, lse) = (o.view(), LseView::of(&lse));
         let inputs = BwdInputs::new(s.q.view(), s.k.view(), s.v.view(), o, lse, s.dout.view(), KvLayout::Dense);
-        ctx.attention_backward_into(&inputs, GradsMut { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut() }, &params)
+        ctx.attention_backward_into(&inputs, GradsMut::new(dq.view_mut(), dk.view_mut(), dv.view_mut()), &params)
     })?;
     let flops = case.flops();
     let tflops = |ms: f64, factor: f64| factor * flops / (ms * 1e-3) * 1e-12;

@@ -19,7 +19,7 @@ use anyhow::Result;
 use flashcore::reference::RefMask;
 use flashcore::{
     reference, AlibiSlopes, AttnParams, BwdInputs, Context, DType, DeviceTensor, DropoutState, FwdInputs, GradsMut, KernelFamily, KvLayout,
-    LearnableSinks, LseView, Window,
+    LearnableSinks, LseView, SinkGradMut, Window,
 };
 
 use crate::cases::{errors, normal, random_qkv, Case, Inputs, Storage, Stored};
@@ -41,7 +41,7 @@ pub struct BwdSpec {
     pub alibi: Alibi,
     dropout: Option<flashcore::Dropout>,
     /// Learnable sinks in the forward (`check::sink_values`): the backward's dQ, dK and dV take
-    /// them through the forward's LSE alone.
+    /// them through the forward's LSE alone; their own gradient (`GradsMut::dsink`) is checked.
     sinks: bool,
 }
 
@@ -193,18 +193,19 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<BwdSpec> {
 }
 
 /// Learnable sinks through the backward (`check --sinks`): the forward with sinks (the default
-/// kernel), then each backward family's dQ, dK and dV against the f64 oracle with the same
-/// sinks, every head dim (quick: D64, D128), both masks: Sq = Sk with GQA, Sq < Sk, Sq > Sk
-/// (rows with no key), a window (gpt-oss's 128), every other one deterministic.
+/// kernel), then each backward family's dQ, dK, dV and dsink against the f64 oracle with the
+/// same sinks, every head dim (quick: D64, D128), both masks: two sequences of Sq = Sk with GQA
+/// (dsink sums over both), Sq < Sk, Sq > Sk (rows with no key), a window (gpt-oss's 128),
+/// every other one deterministic.
 pub fn sinks_specs(family: KernelFamily, quick: bool) -> Vec<BwdSpec> {
     let head_dims: Vec<usize> = family.head_dims().iter().copied().filter(|&d| !quick || d == 64 || d == 128).collect();
     let fast = family != KernelFamily::Reference;
     let mut out = Vec::new();
     for &d in &head_dims {
         for causal in [false, true] {
-            let shapes = [(1000, 1000, 8, 2), (257, 1000, 4, 1), (1000, 257, 8, 2)];
-            for (i, (sq, sk, hq, hkv)) in shapes.into_iter().enumerate() {
-                let case = Case::new(1, sq, sk, hq, hkv, d, causal, DType::BF16);
+            let shapes = [(2, 1000, 1000, 8, 2), (1, 257, 1000, 4, 1), (1, 1000, 257, 8, 2)];
+            for (i, (b, sq, sk, hq, hkv)) in shapes.into_iter().enumerate() {
+                let case = Case::new(b, sq, sk, hq, hkv, d, causal, DType::BF16);
                 out.push(BwdSpec { sinks: true, ..BwdSpec::new(family, fast && i % 2 == 1, case, Inputs::Normal, Storage::Bshd) });
             }
             if !quick {
@@ -325,7 +326,8 @@ pub fn check_one(ctx: &Context, spec: &BwdSpec) -> Result<Outcome> {
     let state = upload_dropout_state(ctx, spec.dropout)?;
     let dropout_state = state.as_ref().map(DropoutState::of);
 
-    let run = || -> Result<[Vec<u16>; 3]> {
+    // With sinks, their gradient too (f32 [Hq]; empty without).
+    let run = || -> Result<([Vec<u16>; 3], Vec<f32>)> {
         let nan = match case.dtype {
             DType::F16 => 0x7e00,
             DType::BF16 => 0x7fc0,
@@ -335,18 +337,22 @@ pub fn check_one(ctx: &Context, spec: &BwdSpec) -> Result<Outcome> {
         let mut dv = DeviceTensor::filled(ctx, nan, case.kv_shape(), case.dtype)?;
         let (o, lse) = (fwd.o.view(), LseView::of(&fwd.lse));
         let dense = BwdInputs::new(q.view(), k.view(), v.view(), o, lse, dout.view(), KvLayout::Dense);
-        let inputs = BwdInputs { alibi_slopes, dropout_state, ..dense };
-        ctx.attention_backward_into(&inputs, GradsMut { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut() }, &params)?;
-        Ok([dq.to_bits(ctx)?, dk.to_bits(ctx)?, dv.to_bits(ctx)?])
+        let inputs = BwdInputs { alibi_slopes, dropout_state, learnable_sink, ..dense };
+        let mut dsink = ctx.stream().clone_htod(&vec![f32::NAN; if spec.sinks { case.heads_q } else { 0 }])?;
+        let grads = GradsMut::new(dq.view_mut(), dk.view_mut(), dv.view_mut());
+        let grads = if spec.sinks { grads.with_dsink(SinkGradMut::of(&mut dsink)) } else { grads };
+        ctx.attention_backward_into(&inputs, grads, &params)?;
+        Ok(([dq.to_bits(ctx)?, dk.to_bits(ctx)?, dv.to_bits(ctx)?], ctx.stream().clone_dtoh(&dsink)?))
     };
     // bwd_sm80 and bwd_sm90 add dQ with atomics (bulk reduce-adds), in an order that varies
     // run to run, unless deterministic; their dK and dV (no atomics) and everything of the
     // reference kernels must repeat bit for bit.
-    let first = run()?;
-    let second = run()?;
+    let (first, first_dsink) = run()?;
+    let (second, second_dsink) = run()?;
     let atomic_dq = matches!(spec.family, KernelFamily::BwdSm80 | KernelFamily::BwdSm90);
     let repeats = if atomic_dq && !spec.deterministic { 1 } else { 0 };
-    let deterministic = first[repeats..] == second[repeats..];
+    let same_bits = |a: &[f32], b: &[f32]| a.iter().map(|x| x.to_bits()).eq(b.iter().map(|x| x.to_bits()));
+    let deterministic = first[repeats..] == second[repeats..] && same_bits(&first_dsink, &second_dsink);
 
     let wide = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
     let scale = 1.0 / (case.head_dim as f64).sqrt();
@@ -370,6 +376,16 @@ pub fn check_one(ctx: &Context, spec: &BwdSpec) -> Result<Outcome> {
             failure.get_or_insert(format!("NaN/Inf in {name} (unwritten or overflowed elements)"));
         } else if r > grad_tolerance(case.dtype, spec.inputs) {
             failure.get_or_insert(format!("{name} rel error {r:.2e} > {:.1e}", grad_tolerance(case.dtype, spec.inputs)));
+        }
+        rel = rel.max(r);
+        max_abs = max_abs.max(m);
+    }
+    if spec.sinks {
+        let (r, m) = errors(&first_dsink, &want.dsinks);
+        if first_dsink.iter().any(|x| !x.is_finite()) {
+            failure.get_or_insert("NaN/Inf in dsink (unwritten or overflowed)".to_string());
+        } else if r > grad_tolerance(case.dtype, spec.inputs) {
+            failure.get_or_insert(format!("dsink rel error {r:.2e} > {:.1e}", grad_tolerance(case.dtype, spec.inputs)));
         }
         rel = rel.max(r);
         max_abs = max_abs.max(m);

@@ -89,8 +89,9 @@ fn gradients(ctx: &Context, spec: &VarlenSpec, packed: &Packed, batch: &VarlenBa
         kv: KvLayout::Varlen(*batch),
         alibi_slopes: packed.alibi_slopes(),
         dropout_state: saved.dropout_state,
+        learnable_sink: None,
     };
-    let grads = GradsMut { dq: dq.view_mut(), dk: dk.view_mut(), dv: dv.view_mut() };
+    let grads = GradsMut::new(dq.view_mut(), dk.view_mut(), dv.view_mut());
     ctx.attention_backward_into(&inputs, grads, &spec.params())?;
     Ok([dq.to_bits(ctx)?, dk.to_bits(ctx)?, dv.to_bits(ctx)?])
 }

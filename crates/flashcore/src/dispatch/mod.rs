@@ -214,11 +214,7 @@ pub fn plan_for(
         if params.num_splits.is_some_and(|n| n > 1) {
             return Err(Error::Param { arg: "num_splits", msg: "learnable sinks run unsplit: None or 1".into() });
         }
-        if !SINKS_CHECKED_ON_GPU {
-            let msg =
-                "does not run learnable_sink yet: its GPU forms await their check; the f64 reference (flashcore::reference) runs it".into();
-            return Err(Error::Unsupported { kernel: family.name().into(), msg });
-        }
+        sinks_checked_on_gpu(family)?;
     }
     if packed_queries && family != KernelFamily::FwdSm80 {
         let msg = "takes no packed queries over a paged cache: fwd_sm80 does".into();
@@ -300,6 +296,16 @@ pub fn plan_for(
 /// passed `flashcore check --sinks` against the f64 reference on a GPU. Until they have, a call
 /// with `learnable_sink` is refused by name rather than run unchecked.
 const SINKS_CHECKED_ON_GPU: bool = false;
+
+/// `family`'s refusal of learnable sinks (the forward's, the backward's gradient) while
+/// [`SINKS_CHECKED_ON_GPU`] is false.
+pub(crate) fn sinks_checked_on_gpu(family: KernelFamily) -> Result<()> {
+    if SINKS_CHECKED_ON_GPU {
+        return Ok(());
+    }
+    let msg = "does not run learnable_sink yet: its GPU forms await their check; the f64 reference (flashcore::reference) runs it".into();
+    Err(Error::Unsupported { kernel: family.name().into(), msg })
+}
 
 fn not_a_forward(family: KernelFamily) -> Error {
     Error::Unsupported { kernel: family.name().into(), msg: "is a backward kernel: see Context::attention_backward".into() }

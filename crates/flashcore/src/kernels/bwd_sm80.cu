@@ -57,6 +57,7 @@
 #include "common/dropout.cuh"
 #include "common/mask.cuh"
 #include "common/sequence.cuh"
+#include "common/sinks.cuh"
 #include "common/types.cuh"
 #include "ptx/atomic.cuh"
 #include "ptx/cp_async.cuh"
@@ -611,4 +612,10 @@ extern "C" __global__ void __launch_bounds__(256) fc_bwd_sm80_dq(const BwdParams
         u32 lo, hi;
     };
     *reinterpret_cast<U2*>(dq) = U2{pack2<elem_t>(sum.x * c, sum.y * c), pack2<elem_t>(sum.z * c, sum.w * c)};
+}
+
+// dsink (common/sinks.cuh) from fc_bwd_sm80_dsum's D_i: one block a query head.
+extern "C" __global__ void __launch_bounds__(fc::sinks::kGradThreads) fc_bwd_sm80_dsink(const BwdParams p) {
+    using namespace fc;
+    sinks::grad_over_rows(p, p.dsum, row_batches<bwd_sm80::kVarlen>(p), rows_q<bwd_sm80::kVarlen>(p));
 }

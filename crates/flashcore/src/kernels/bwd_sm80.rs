@@ -2,7 +2,7 @@
 //! per (key block, KV head, batch), dQ added in f32 with atomics (or, deterministic, into a
 //! slice of the accumulator per CTA). Tiles per head dim and arch's shared memory.
 
-use super::steps::{BwdFacts, Entry, Step, Work};
+use super::steps::{sink_grad, BwdFacts, Entry, Step, Work};
 use super::{Family, KernelFamily, ScoreMods, Tile, Variant};
 use crate::jit::Arch;
 use crate::tensor::DType;
@@ -11,10 +11,12 @@ use crate::tensor::DType;
 pub const HEAD_DIMS: &[usize] = &[32, 64, 96, 128, 192, 256];
 
 /// The entry points besides the main one, in launch order around it: D_i before, dQ's
-/// conversion after.
+/// conversion after, and the learnable sinks' gradient last when wanted.
 pub const DSUM_ENTRY: &str = "fc_bwd_sm80_dsum";
 /// See [`DSUM_ENTRY`].
 pub const DQ_ENTRY: &str = "fc_bwd_sm80_dq";
+/// See [`DSUM_ENTRY`].
+pub const DSINK_ENTRY: &str = "fc_bwd_sm80_dsink";
 
 /// The tile for `head_dim` on `arch`: `block_m` query rows a step, `block_n` keys a CTA,
 /// `stages` query blocks in flight. FlashAttention-2's shapes where they fit, 8 warps: 128 x
@@ -94,14 +96,15 @@ pub fn deterministic_splits(sm_count: usize, heads_kv: usize, batch: usize, key_
 /// A backward call's work: dQ's f32 accumulator zeroed (every slice of it), D_i over the
 /// tensors' rows, the main kernel (a CTA per key block, KV head and batch, or `dq_splits` CTAs
 /// a head walking the key blocks in deterministic mode; at least one a head: packed, CTA 0
-/// also zeroes dK and dV past seqused_k), then dQ's conversion over the tensors' rows.
+/// also zeroes dK and dV past seqused_k), then dQ's conversion over the tensors' rows, and
+/// the sinks' gradient when wanted (from D_i).
 pub(crate) fn steps(variant: &Variant, facts: &BwdFacts) -> Vec<Work> {
     let (shape, tensors, tile) = (&facts.shape, &facts.tensors, variant.tile);
     let accum_len = tensors.batch * tensors.seqlen_q * tensors.heads_q * tensors.head_dim;
     let key_blocks = shape.seqlen_k.div_ceil(tile.block_n as usize) as u32;
     let ctas = if facts.deterministic { facts.dq_splits as u32 } else { key_blocks.max(1) };
     let rows_grid = (tensors.seqlen_q.div_ceil(4) as u32, tensors.heads_q as u32, tensors.batch as u32);
-    vec![
+    let mut work = vec![
         Work::ZeroDqAccum(facts.dq_splits * accum_len),
         Work::Launch(Step::plain(Entry::Aux(0), rows_grid, 128, 0, "D_i")),
         Work::Launch(Step::plain(
@@ -112,7 +115,9 @@ pub(crate) fn steps(variant: &Variant, facts: &BwdFacts) -> Vec<Work> {
             "dK, dV",
         )),
         Work::Launch(Step::plain(Entry::Aux(1), (accum_len.div_ceil(1024) as u32, 1, 1), 256, 0, "dQ")),
-    ]
+    ];
+    work.extend(sink_grad(shape, facts, 2));
+    work
 }
 
 /// bwd_sm80 as a [`Family`]: every GPU from sm_80, its own head dims, a tile per arch's shared
@@ -138,7 +143,7 @@ impl Family for Spec {
     }
 
     fn aux_entries(&self) -> &'static [&'static str] {
-        &[DSUM_ENTRY, DQ_ENTRY]
+        &[DSUM_ENTRY, DQ_ENTRY, DSINK_ENTRY]
     }
 
     fn with_mods(&self, v: &Variant, mods: ScoreMods) -> Variant {
@@ -213,5 +218,7 @@ mod tests {
         let det = steps(&v, &facts_of(s, false, true, 3));
         assert_eq!(det[0], Work::ZeroDqAccum(3 * 2 * 300 * 16 * 64), "a slice a CTA");
         assert_eq!(launches(&det)[1].grid.0, 3, "dq_splits CTAs a head");
+        let with_dsink = launches(&steps(&v, &BwdFacts { sink_grad: true, ..facts_of(s, false, false, 1) }));
+        assert_eq!((with_dsink.len(), with_dsink[3].entry, with_dsink[3].grid), (4, Entry::Aux(2), (16, 1, 1)), "dsink last");
     }
 }

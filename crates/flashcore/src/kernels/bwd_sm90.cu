@@ -61,6 +61,7 @@
 #include "common/dropout.cuh"
 #include "common/mask.cuh"
 #include "common/pipeline.cuh"
+#include "common/sinks.cuh"
 #include "common/tile_sm90.cuh"
 #include "common/types.cuh"
 #include "ptx/atomic.cuh"
@@ -853,4 +854,22 @@ extern "C" __global__ void __launch_bounds__(256) fc_bwd_sm90_dq(const BwdParams
     elem_t* rows = static_cast<elem_t*>(p.dq) + batch * p.dq_stride_b + s.q_start * p.dq_stride_s + head * p.dq_stride_h;
     const uint2 lo = tile[threadIdx.x / 2][2 * (threadIdx.x % 2)], hi = tile[threadIdx.x / 2][2 * (threadIdx.x % 2) + 1];
     *reinterpret_cast<u32x4*>(rows + static_cast<i64>(out_row) * p.dq_stride_s + out_col) = u32x4{lo.x, lo.y, hi.x, hi.y};
+}
+
+// dsink (common/sinks.cuh) from fc_bwd_sm90_prep's statistics, by query block (D_i, then
+// lse·log2e; the rows past a sequence's end 0 and +inf): one block a query head.
+extern "C" __global__ void __launch_bounds__(sinks::kGradThreads) fc_bwd_sm90_dsink(const BwdParams p) {
+    const int head = blockIdx.x;
+    const float sink_log2 = p.learnable_sink[head] * kLog2e;
+    float part = 0.f;
+    for (int batch = 0; batch < p.batch; ++batch) {
+        const Sequence s = sequence<kVarlen>(p, batch);
+        const int rows = ceil_div(s.seqlen_q, kBlockM) * kBlockM;
+        for (int r = threadIdx.x; r < rows; r += sinks::kGradThreads) {
+            const float* stats = Schedule::block_stats(p, Schedule::query_block(p, s, batch, head, r / kBlockM));
+            part += sinks::grad_share(sink_log2, stats[kBlockM + r % kBlockM], stats[r % kBlockM]);
+        }
+    }
+    const float sum = sinks::block_sum(part);
+    if (threadIdx.x == 0) p.dsink[head] = sum;
 }

@@ -7,7 +7,7 @@
 //! head, sequence), each sequence on its own lengths, with dQ's accumulator and the per-row
 //! statistics padded to whole query blocks per sequence (see [`padded_rows`]).
 
-use super::steps::{BwdFacts, Entry, Extra, MapOver, Step, Work};
+use super::steps::{sink_grad, BwdFacts, Entry, Extra, MapOver, Step, Work};
 use super::{Family, KernelFamily, ScoreMods, Tile, Variant};
 use crate::jit::Arch;
 use crate::shape::ProblemShape;
@@ -18,10 +18,12 @@ use crate::tensor::DType;
 pub const HEAD_DIMS: &[usize] = &[64, 96, 128, 192, 256];
 
 /// The entry points besides the main one, in launch order around it: D_i and lse·log2e
-/// before, dQ's conversion after.
+/// before, dQ's conversion after, and the learnable sinks' gradient last when wanted.
 pub const PREP_ENTRY: &str = "fc_bwd_sm90_prep";
 /// See [`PREP_ENTRY`].
 pub const DQ_ENTRY: &str = "fc_bwd_sm90_dq";
+/// See [`PREP_ENTRY`].
+pub const DSINK_ENTRY: &str = "fc_bwd_sm90_dsink";
 /// Query rows a CTA of [`PREP_ENTRY`] takes (`kPrepRows`; 128 threads).
 pub const PREP_ROWS: u32 = 16;
 
@@ -121,7 +123,8 @@ pub fn scratch_layout(variant: &Variant, shape: &ProblemShape, total_q: Option<u
 /// launch before them (they wait for it where they first read its output, so their launches
 /// overlap its tail). Prep and the conversion run over the query blocks (packed: the longest
 /// sequence's), the main kernel over at least one key block (packed, key block 0's CTAs zero
-/// dK and dV past seqused_k), with the tensor maps of Q, K, V and dO.
+/// dK and dV past seqused_k), with the tensor maps of Q, K, V and dO; then the sinks'
+/// gradient when wanted (from prep's statistics; not a dependent: it reads no dQ).
 pub(crate) fn steps(variant: &Variant, facts: &BwdFacts) -> Vec<Work> {
     let (shape, tile) = (&facts.shape, variant.tile);
     let (seqs, heads_q) = (shape.batch as u32, shape.heads_q as u32);
@@ -131,11 +134,13 @@ pub(crate) fn steps(variant: &Variant, facts: &BwdFacts) -> Vec<Work> {
     let prep = Step::plain(Entry::Aux(0), (m_blocks * tile.block_m / PREP_ROWS, heads_q, seqs), 128, 0, "D_i");
     let main = Step::plain(Entry::Main, (key_blocks, shape.heads_kv as u32, seqs), 32 * tile.warps, variant.smem_bytes, "dK, dV");
     let dq = Step::plain(Entry::Aux(1), (m_blocks * dq_slices(tile, shape.head_dim), heads_q, seqs), 256, 0, "dQ");
-    vec![
+    let mut work = vec![
         Work::Launch(prep),
         Work::Launch(Step { dependent: true, extra: Extra::Maps(maps), ..main }),
         Work::Launch(Step { dependent: true, ..dq }),
-    ]
+    ];
+    work.extend(sink_grad(shape, facts, 2));
+    work
 }
 
 /// bwd_sm90 as a [`Family`]: sm_90a, every multiple of 8 up to 256, its prep and dQ
@@ -161,7 +166,7 @@ impl Family for Spec {
     }
 
     fn aux_entries(&self) -> &'static [&'static str] {
-        &[PREP_ENTRY, DQ_ENTRY]
+        &[PREP_ENTRY, DQ_ENTRY, DSINK_ENTRY]
     }
 
     /// Dropout alone (`dispatch::backward`: its forms with the other policies spill).
@@ -229,6 +234,10 @@ mod tests {
         assert_eq!(launched[1].grid, (1000u32.div_ceil(n), 4, 2));
         assert_eq!(launched[1].extra, Extra::Maps([(0, m), (1, n), (2, n), (3, m)].map(|(view, rows)| MapOver { view, rows })));
         assert_eq!(launched[2].grid, (m_blocks * dq_slices(v.tile, 128), 16, 2));
+        // The sinks' gradient, when wanted, last and not a dependent: a block a query head.
+        let with_dsink = launches(&steps(&v, &BwdFacts { sink_grad: true, ..facts_of(s, false, false, 1) }));
+        assert_eq!(with_dsink[..3], launched[..]);
+        assert_eq!((with_dsink[3].entry, with_dsink[3].grid, with_dsink[3].dependent), (Entry::Aux(2), (16, 1, 1), false));
     }
 
     #[test]

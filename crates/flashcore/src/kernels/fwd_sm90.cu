@@ -537,12 +537,14 @@ __device__ __forceinline__ void store_output(SharedStorage& smem, float (&o)[kHe
     store_lse(lse, p, m0, t);
 }
 
-// A tile with no visible key (causal with seqlen_q > seqlen_k): O = 0 and LSE = -inf,
-// stored straight from registers so that the O/V hand-over above only counts tiles that
-// loaded V. The warpgroup's rows start at m0.
+// A tile with no visible key (causal with seqlen_q > seqlen_k): O = 0 and LSE = -inf (with
+// a sink, the sink: common/sinks.cuh's row that saw no key), stored straight from registers
+// so that the O/V hand-over above only counts tiles that loaded V. The warpgroup's rows
+// start at m0.
 __device__ __forceinline__ void store_empty(const FwdParams& p, const Tile& t, int m0) {
     store_rows(p, t, m0, [](int) { return 0.f; });
-    const float lse[2] = {math::neg_inf(), math::neg_inf()};
+    const float none = kSinks ? p.learnable_sink[t.head] : math::neg_inf();
+    const float lse[2] = {none, none};
     store_lse(lse, p, m0, t);
 }
 

@@ -265,3 +265,8 @@ extern "C" __global__ void __launch_bounds__(32 * fc::kRefWarps) fc_reference_bw
     store_row(mut_row_ptr(p.dk, p.dk_stride_b, p.dk_stride_s, p.dk_stride_h, batch, key, kv_head), dk, p.softmax_scale, p.head_dim, lane);
     store_row(mut_row_ptr(p.dv, p.dv_stride_b, p.dv_stride_s, p.dv_stride_h, batch, key, kv_head), dv, 1.f, p.head_dim, lane);
 }
+
+// dsink (common/sinks.cuh) from fc_reference_bwd_dq's D_i: one block a query head.
+extern "C" __global__ void __launch_bounds__(fc::sinks::kGradThreads) fc_reference_bwd_dsink(const BwdParams p) {
+    fc::sinks::grad_over_rows(p, p.dsum, p.batch, p.seqlen_q);
+}

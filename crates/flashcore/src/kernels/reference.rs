@@ -1,10 +1,9 @@
 //! The naive GPU reference kernel (`kernels/reference.cu`): head dim and mask are run-time
 //! arguments, so one binary per dtype serves every problem.
 
-use super::steps::{BwdFacts, Entry, Step, Work};
+use super::steps::{sink_grad, BwdFacts, Entry, Step, Work};
 use super::{Family, KernelFamily, ScoreMods, Tile, Variant};
 use crate::jit::Arch;
-use crate::shape::ProblemShape;
 use crate::tensor::DType;
 
 /// Head dims the reference kernel takes (any multiple of 8 up to 256 works; these are the
@@ -29,12 +28,15 @@ pub fn variant(dtype: DType) -> Variant {
 }
 
 /// The naive backward's work: dQ and D_i (a warp per query row), then dK and dV (a warp per
-/// key row), 4 warps a block.
-pub(crate) fn backward_steps(shape: &ProblemShape) -> Vec<Work> {
+/// key row), 4 warps a block; then the sinks' gradient when wanted (from D_i).
+pub(crate) fn backward_steps(facts: &BwdFacts) -> Vec<Work> {
+    let shape = &facts.shape;
     let blocks = |rows: usize| rows.div_ceil(4) as u32;
     let dq = Step::plain(Entry::Aux(0), (blocks(shape.seqlen_q), shape.heads_q as u32, shape.batch as u32), 128, 0, "dq");
     let dkv = Step::plain(Entry::Aux(1), (blocks(shape.seqlen_k), shape.heads_kv as u32, shape.batch as u32), 128, 0, "dk, dv");
-    vec![Work::Launch(dq), Work::Launch(dkv)]
+    let mut work = vec![Work::Launch(dq), Work::Launch(dkv)];
+    work.extend(sink_grad(shape, facts, 2));
+    work
 }
 
 /// The reference as a [`Family`]: every GPU FlashCore runs on, one variant per dtype whatever
@@ -59,7 +61,7 @@ impl Family for Spec {
     }
 
     fn aux_entries(&self) -> &'static [&'static str] {
-        &["fc_reference_bwd_dq", "fc_reference_bwd_dkv"]
+        &["fc_reference_bwd_dq", "fc_reference_bwd_dkv", "fc_reference_bwd_dsink"]
     }
 
     fn takes_policies(&self) -> bool {
@@ -75,19 +77,23 @@ impl Family for Spec {
     }
 
     fn backward_steps(&self, _: &Variant, facts: &BwdFacts) -> Vec<Work> {
-        backward_steps(&facts.shape)
+        backward_steps(facts)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kernels::steps::testing::{facts_of, launches};
+    use crate::shape::ProblemShape;
 
     #[test]
-    fn its_backward_is_dq_then_dk_dv_four_rows_a_block() {
+    fn its_backward_is_dq_then_dk_dv_four_rows_a_block_and_dsink_last_a_block_a_head() {
         let shape = ProblemShape { batch: 1, seqlen_q: 9, seqlen_k: 7, heads_q: 16, heads_kv: 4, head_dim: 32 };
-        let grids: Vec<_> =
-            backward_steps(&shape).iter().map(|w| if let Work::Launch(s) = w { (s.entry, s.grid) } else { panic!("{w:?}") }).collect();
-        assert_eq!(grids, [(Entry::Aux(0), (3, 16, 1)), (Entry::Aux(1), (2, 4, 1))]);
+        let grids = |facts| launches(&backward_steps(&facts)).iter().map(|s| (s.entry, s.grid)).collect::<Vec<_>>();
+        let facts = facts_of(shape, false, false, 1);
+        assert_eq!(grids(facts), [(Entry::Aux(0), (3, 16, 1)), (Entry::Aux(1), (2, 4, 1))]);
+        let with_dsink = grids(BwdFacts { sink_grad: true, ..facts });
+        assert_eq!(with_dsink[2..], [(Entry::Aux(2), (16, 1, 1))]);
     }
 }

@@ -138,6 +138,17 @@ pub(crate) struct BwdFacts {
     pub dq_splits: usize,
     /// Deterministic mode.
     pub deterministic: bool,
+    /// Whether the learnable sinks' gradient is wanted (`BwdParams::dsink` set).
+    pub sink_grad: bool,
+}
+
+/// Threads of a block of the families' sinks' gradient kernels (`sinks::kGradThreads`).
+pub(crate) const SINK_GRAD_THREADS: u32 = 256;
+
+/// The sinks' gradient, when wanted: entry `Aux(entry)` of the family, one block a query head,
+/// after the rest (it reads the statistics the backward's first kernel wrote).
+pub(crate) fn sink_grad(shape: &ProblemShape, facts: &BwdFacts, entry: usize) -> Option<Work> {
+    facts.sink_grad.then(|| Work::Launch(Step::plain(Entry::Aux(entry), (shape.heads_q as u32, 1, 1), SINK_GRAD_THREADS, 0, "dsink")))
 }
 
 /// The backward's work for `variant`, its family's sequence (`Family::backward_steps`).
@@ -162,7 +173,7 @@ pub(crate) mod testing {
 
     /// A backward over `s` (the tensors' shape too).
     pub(crate) fn facts_of(s: ProblemShape, packed: bool, deterministic: bool, dq_splits: usize) -> BwdFacts {
-        BwdFacts { shape: s, tensors: s, packed, dq_splits, deterministic }
+        BwdFacts { shape: s, tensors: s, packed, dq_splits, deterministic, sink_grad: false }
     }
 }
 

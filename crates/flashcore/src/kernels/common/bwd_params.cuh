@@ -18,6 +18,9 @@ struct BwdParams {
     void* dq;
     void* dk;
     void* dv;
+    // The learnable sinks' gradient, f32 [Hq] (null: not wanted): each family's
+    // `fc_bwd_*_dsink`, after the rest (common/sinks.cuh).
+    float* dsink;
     // Workspace: D_i = rowsum(dO ∘ O), [B, Hq, Sq] f32 ([Hq, total_q] packed, as lse); and
     // dQ's f32 accumulator dq_splits x [B, Sq, Hq, D] contiguous ([total_q, Hq, D] packed)
     // (bwd_sm80; unused by the reference).
@@ -43,4 +46,4 @@ struct BwdParams {
     FC_SCORE_MOD_FIELDS
     FC_VARLEN_FIELDS
 };
-static_assert(sizeof(BwdParams) == 88 + 8 * 24 + 128 + 32, "out of step with pack.rs's BwdParams");
+static_assert(sizeof(BwdParams) == 96 + 8 * 24 + 128 + 32, "out of step with pack.rs's BwdParams");
