@@ -85,9 +85,6 @@ impl Context {
         let batch = inputs.batch();
         let (dtype, alibi) = (inputs.q.layout.dtype, checked.alibi.is_some());
         let plan = dispatch::plan_backward(&self.info().device(), &checked.shape, dtype, params, batch.is_some(), alibi)?;
-        if dsink.is_some() {
-            dispatch::sinks_checked_on_gpu(plan.variant.family)?;
-        }
         let kernel = self.load(&plan.variant)?;
         let BwdInputs { q, k, v, o, lse, dout, .. } = *inputs;
         let views = BwdViews {

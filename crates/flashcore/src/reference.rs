@@ -264,6 +264,11 @@ pub struct ReferenceGrads {
     /// Gradient with respect to the sinks, `[Hq]` (empty without sinks): `−Σ P_sink · D_i`
     /// over every batch entry's rows, `P_sink = exp(sink − lse)` and `D_i = rowsum(dO ∘ O)`.
     pub dsinks: Vec<f64>,
+    /// The size of `dsinks`' terms, `Σ P_sink · Σ_c |dO_c · O_c|` a head: what a kernel's
+    /// rounding of `dsinks` is relative to. Its `D_i` comes from `O` stored in the inputs'
+    /// dtype, an error of `D_i` that scales with `|dO|·|O|`, not with `D_i`, which cancels;
+    /// and the rows' shares cancel in the sum again.
+    pub dsink_scales: Vec<f64>,
 }
 
 /// Gradients of `Σ dout ∘ o` with `o = attention(q, k, v)`, by the textbook formulas, per
@@ -318,7 +323,7 @@ pub fn attention_backward_masked(
         .map(|bh| {
             let (b, h) = (bh / hq, bh % hq);
             let (mut dq, mut dk, mut dv) = (vec![0.0; sq * d], vec![0.0; sk * d], vec![0.0; sk * d]);
-            let mut dsink = 0.0;
+            let (mut dsink, mut dsink_scale) = (0.0, 0.0);
             for i in 0..sq {
                 let (first, last) = mask.visible(i, sq, sk);
                 let lse = fwd.lse[(b * hq + h) * sq + i];
@@ -326,6 +331,7 @@ pub fn attention_backward_masked(
                 let d_i = dot(do_i, o_i);
                 if let Some(&sink) = mask.sinks.get(h) {
                     dsink -= (sink - lse).exp() * d_i;
+                    dsink_scale += (sink - lse).exp() * do_i.iter().zip(o_i).map(|(a, b)| (a * b).abs()).sum::<f64>();
                 }
                 for j in first..last {
                     let (k_j, v_j) = (&k[kv_at(b, j, h)..][..d], &v[kv_at(b, j, h)..][..d]);
@@ -340,16 +346,17 @@ pub fn attention_backward_masked(
                     }
                 }
             }
-            HeadGrads { dq, dk, dv, dsink }
+            HeadGrads { dq, dk, dv, dsink, dsink_scale }
         })
         .collect();
 
-    let dsinks = vec![0.0; mask.sinks.len()];
-    let mut grads = ReferenceGrads { dq: vec![0.0; q.len()], dk: vec![0.0; k.len()], dv: vec![0.0; v.len()], dsinks };
-    for (bh, HeadGrads { dq, dk, dv, dsink }) in heads.into_iter().enumerate() {
+    let (dsinks, dsink_scales) = (vec![0.0; mask.sinks.len()], vec![0.0; mask.sinks.len()]);
+    let mut grads = ReferenceGrads { dq: vec![0.0; q.len()], dk: vec![0.0; k.len()], dv: vec![0.0; v.len()], dsinks, dsink_scales };
+    for (bh, HeadGrads { dq, dk, dv, dsink, dsink_scale }) in heads.into_iter().enumerate() {
         let (b, h) = (bh / hq, bh % hq);
         if let Some(total) = grads.dsinks.get_mut(h) {
             *total += dsink;
+            grads.dsink_scales[h] += dsink_scale;
         }
         for i in 0..sq {
             grads.dq[q_at(b, i, h)..][..d].copy_from_slice(&dq[i * d..][..d]);
@@ -372,6 +379,7 @@ struct HeadGrads {
     dk: Vec<f64>,
     dv: Vec<f64>,
     dsink: f64,
+    dsink_scale: f64,
 }
 
 fn dot(a: &[f64], b: &[f64]) -> f64 {

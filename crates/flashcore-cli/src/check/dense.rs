@@ -257,8 +257,8 @@ fn chunk_specs(family: KernelFamily, quick: bool) -> Vec<Spec> {
     out
 }
 
-/// Learnable sinks (`check --sinks`, alone while the library refuses them on the GPU:
-/// `dispatch::SINKS_CHECKED_ON_GPU`), the forward families' every head dim (quick: D64, D128),
+/// Learnable sinks (part of every run; `check --sinks` runs them alone), the forward families'
+/// every head dim (quick: D64, D128),
 /// both masks: Sq = Sk with GQA, Sq < Sk in f16, Sq > Sk (causal rows with no key: o = 0, lse =
 /// the sink), decode over 4k keys (unsplit), gpt-oss's window (128, 0), and a softcap with ALiBi.
 pub fn sinks_specs(family: KernelFamily, quick: bool) -> Vec<Spec> {

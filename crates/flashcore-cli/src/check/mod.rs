@@ -75,10 +75,9 @@ pub struct CheckArgs {
     /// Only the chunked-attention cases (`attention_chunk`, forward and backward).
     #[arg(long)]
     chunk: bool,
-    /// Only the learnable-sinks cases (the forward's output and LSE, the backward's dQ, dK, dV):
-    /// apart from the other runs while the library refuses sinks on the GPU
-    /// (`dispatch::SINKS_CHECKED_ON_GPU`).
-    #[arg(long, conflicts_with_all = ["dropout", "alibi", "chunk"])]
+    /// Only the learnable-sinks cases (the forward's output and LSE, the backward's dQ, dK, dV
+    /// and the sinks' gradient).
+    #[arg(long)]
     sinks: bool,
 }
 
@@ -104,13 +103,14 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     let group = |name: &str| args.only.as_deref().is_none_or(|only| only == name);
     let forward = families.iter().filter(|f| !f.is_backward() && group("forward"));
     let (quick, smoke) = (depth == Depth::Quick, depth == Depth::Smoke);
-    let dense_specs = |f| if args.sinks { dense::sinks_specs(f, quick || smoke) } else { dense::specs(f, quick, smoke) };
-    let all: Vec<(KernelFamily, dense::Spec)> = forward.flat_map(|&f| dense_specs(f).into_iter().map(move |s| (f, s))).collect();
+    // Every depth takes the sinks cases (smoke: the quick ones; their forms are variants too).
+    let dense_specs = |f| dense::specs(f, quick, smoke).into_iter().chain(dense::sinks_specs(f, quick || smoke));
+    let all: Vec<(KernelFamily, dense::Spec)> = forward.flat_map(|&f| dense_specs(f).map(move |s| (f, s))).collect();
     // The backward's kernels: bwd_sm80, bwd_sm90, and the reference (which has both passes).
     let backward: Vec<bwd::BwdSpec> = families
         .iter()
         .filter(|f| (f.is_backward() || **f == KernelFamily::Reference) && group("backward"))
-        .flat_map(|&f| if args.sinks { bwd::sinks_specs(f, quick || smoke) } else { bwd::specs(f, quick, smoke) })
+        .flat_map(|&f| bwd::specs(f, quick, smoke).into_iter().chain(bwd::sinks_specs(f, quick || smoke)))
         .collect();
     let packed: Vec<VarlenSpec> = families
         .iter()
@@ -123,12 +123,15 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     let alibi = |a: Alibi| !args.alibi || a != Alibi::Off;
     let dropped = |d: bool| !args.dropout || d;
     let chunked = |chunk: usize| !args.chunk || chunk > 0;
+    let sunk = |sinks: bool| !args.sinks || sinks;
     let all: Vec<_> = all
         .into_iter()
-        .filter(|(_, s)| dim(s.case.head_dim) && alibi(s.alibi) && dropped(s.dropout.is_some()) && chunked(s.chunk))
+        .filter(|(_, s)| dim(s.case.head_dim) && alibi(s.alibi) && dropped(s.dropout.is_some()) && chunked(s.chunk) && sunk(s.sinks))
         .collect();
-    let backward: Vec<_> =
-        backward.into_iter().filter(|s| dim(s.head_dim()) && alibi(s.alibi) && dropped(s.has_dropout()) && chunked(s.chunk)).collect();
+    let backward: Vec<_> = backward
+        .into_iter()
+        .filter(|s| dim(s.head_dim()) && alibi(s.alibi) && dropped(s.has_dropout()) && chunked(s.chunk) && sunk(s.sinks))
+        .collect();
     let packed: Vec<_> =
         packed.into_iter().filter(|s| dim(s.head_dim) && alibi(s.alibi) && dropped(s.dropout.is_some()) && chunked(0)).collect();
     let cached: Vec<_> = cached.into_iter().filter(|s| dim(s.head_dim) && alibi(s.alibi) && dropped(false) && chunked(s.chunk)).collect();

@@ -34,6 +34,17 @@ pub fn grad_tolerance(dtype: DType, inputs: Inputs) -> f64 {
     }
 }
 
+/// The bound on the sinks' gradient's error a head, against the size of its terms
+/// (`ReferenceGrads::dsink_scales`): the kernels' D_i = dO·O read O rounded to the dtype, each
+/// product off by at most its unit roundoff (bf16 2⁻⁹, f16 2⁻¹¹), doubled for the f32 sums and
+/// the sink's probability from the f32 LSE. A row or a sequence left out is far beyond it.
+pub fn dsink_tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::BF16 => 2f64.powi(-8),
+        DType::F16 => 2f64.powi(-10),
+    }
+}
+
 /// A forward result against the oracle's: (relative L2 error, max abs error, max LSE error,
 /// the first failure: NaN/Inf in o, o beyond the dtype's tolerance, an LSE not -inf where the
 /// oracle's is (a row without keys) or not finite where it is finite, LSE error > 2e-3, two

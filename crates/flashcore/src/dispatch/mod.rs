@@ -214,7 +214,6 @@ pub fn plan_for(
         if params.num_splits.is_some_and(|n| n > 1) {
             return Err(Error::Param { arg: "num_splits", msg: "learnable sinks run unsplit: None or 1".into() });
         }
-        sinks_checked_on_gpu(family)?;
     }
     if packed_queries && family != KernelFamily::FwdSm80 {
         let msg = "takes no packed queries over a paged cache: fwd_sm80 does".into();
@@ -290,21 +289,6 @@ pub fn plan_for(
     }
     plan.packed_gqa = packed_gqa;
     Ok(plan)
-}
-
-/// Whether the forward kernels' learnable sinks (`FC_SINKS`, and the reference kernel's) have
-/// passed `flashcore check --sinks` against the f64 reference on a GPU. Until they have, a call
-/// with `learnable_sink` is refused by name rather than run unchecked.
-const SINKS_CHECKED_ON_GPU: bool = false;
-
-/// `family`'s refusal of learnable sinks (the forward's, the backward's gradient) while
-/// [`SINKS_CHECKED_ON_GPU`] is false.
-pub(crate) fn sinks_checked_on_gpu(family: KernelFamily) -> Result<()> {
-    if SINKS_CHECKED_ON_GPU {
-        return Ok(());
-    }
-    let msg = "does not run learnable_sink yet: its GPU forms await their check; the f64 reference (flashcore::reference) runs it".into();
-    Err(Error::Unsupported { kernel: family.name().into(), msg })
 }
 
 fn not_a_forward(family: KernelFamily) -> Error {
@@ -397,15 +381,14 @@ mod tests {
     }
 
     #[test]
-    fn learnable_sinks_run_unsplit_unpacked_and_wait_for_their_gpu_check() {
+    fn learnable_sinks_run_unsplit_and_unpacked() {
         let sinks = ScoreTensors { learnable_sink: true, ..ScoreTensors::default() };
         let run = |s: &ProblemShape, p: &AttnParams, layout| plan_for(&h100(), s, DType::BF16, p, layout, sinks);
         for family in [None, Some(KernelFamily::FwdSm90), Some(KernelFamily::FwdSm80), Some(KernelFamily::Reference)] {
             let p = AttnParams { kernel: family, ..AttnParams::causal() };
-            match run(&shape(64), &p, KeyLayout::Dense) {
-                Ok(plan) => assert!(SINKS_CHECKED_ON_GPU && plan.variant.mods.sinks == (family != Some(KernelFamily::Reference))),
-                Err(e) => assert!(!SINKS_CHECKED_ON_GPU && e.to_string().contains("learnable_sink"), "{e}"),
-            }
+            let plan = run(&shape(64), &p, KeyLayout::Dense).unwrap();
+            assert_eq!(plan.variant.mods.sinks, family != Some(KernelFamily::Reference), "the reference takes them at run time");
+            assert!(!plan.packed_gqa && plan.splits == 1);
         }
         let split = AttnParams { num_splits: Some(4), ..AttnParams::default() };
         assert!(matches!(run(&decode(8, 4096), &split, KeyLayout::Dense), Err(Error::Param { arg: "num_splits", .. })));
