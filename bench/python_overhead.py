@@ -106,7 +106,7 @@ def calls(case):
     scale = d**-0.5
     sdpa_causal = causal and sq == sk
 
-    op_options = (scale, causal, -1, -1, 0.0, 0, False, None, 0.0, None, 0)
+    op_options = (scale, causal, -1, -1, 0.0, 0, False, None, 0.0, None, 0, None)
     op_option_count = len(torch.ops.flashcore.fwd.default._schema.arguments) - 3  # after q, k, v
 
     def sdpa(backend):
@@ -119,7 +119,8 @@ def calls(case):
     return {
         "flashcore.flash_attn_func": lambda: flashcore.flash_attn_func(q, k, v, causal=causal),
         # Every argument given (the schema has no defaults), as many as the installed wheel's
-        # schema has: a wheel of before `attention_chunk` takes one fewer.
+        # schema has: a wheel of before `attention_chunk` takes two fewer, one of before
+        # `learnable_sink` one fewer.
         "torch.ops.flashcore.fwd": lambda: torch.ops.flashcore.fwd(q, k, v, *op_options[:op_option_count]),
         "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
         "sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION),

@@ -120,6 +120,22 @@ def _alibi(alibi_slopes: object, q: Tensor) -> Optional[Tensor]:
     return alibi_slopes.contiguous()
 
 
+def _learnable_sink(learnable_sink: object, q: Tensor) -> Tensor:
+    """`learnable_sink` checked: a floating tensor `[Hq]` on q's device, as the kernels
+    take it: float32, contiguous (a differentiable conversion, so that its gradient reaches the
+    caller's tensor in its own dtype); else the TypeError / ValueError naming it."""
+    if not isinstance(learnable_sink, Tensor):
+        raise TypeError(f"`learnable_sink` must be a torch.Tensor, got {type(learnable_sink).__name__}")
+    if not learnable_sink.is_floating_point():
+        raise TypeError(f"`learnable_sink` has dtype {learnable_sink.dtype}: it must be a floating dtype")
+    if learnable_sink.device != q.device:
+        raise ValueError(f"`learnable_sink` is on {learnable_sink.device} and `q` on {q.device}: it must live on q's device")
+    heads = q.shape[-2]
+    if learnable_sink.dim() != 1 or learnable_sink.shape[0] != heads:
+        raise ValueError(f"`learnable_sink` must be [Hq] with Hq = {heads}, q's heads; got shape {tuple(learnable_sink.shape)}")
+    return learnable_sink.float().contiguous()
+
+
 def _options(
     q: Tensor, softmax_scale: Optional[float], causal: object, window_size: object, softcap: object, alibi_slopes: object = None,
     deterministic: object = False, dropout: Optional[_ops.Dropout] = None,
@@ -130,7 +146,12 @@ def _options(
     window = NO_WINDOW if window_size == NO_WINDOW else _window(window_size)
     cap = 0.0 if softcap == 0.0 else _softcap(softcap)
     slopes = None if alibi_slopes is None else _alibi(alibi_slopes, q)
-    return _ops.options((_scale(softmax_scale, q.shape[-1]), bool(causal), window, cap, 0, bool(deterministic), slopes, dropout, 0))
+    return _ops.options((_scale(softmax_scale, q.shape[-1]), bool(causal), window, cap, 0, bool(deterministic), slopes, dropout, 0, None))
+
+
+def _with_sinks(options: _ops.Options, learnable_sink: object, q: Tensor) -> _ops.Options:
+    """`options` with `learnable_sink` checked (`_learnable_sink`)."""
+    return options._replace(learnable_sink=_learnable_sink(learnable_sink, q))
 
 
 def _num_splits(num_splits: object) -> int:

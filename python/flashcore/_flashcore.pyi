@@ -51,6 +51,7 @@ def attention_forward(
     alibi: Optional[AlibiArg] = None,
     dropout: Optional[DropoutArg] = None,
     probs: Optional[TensorArg] = None,
+    sinks: Optional[Tuple[int, int]] = None,
 ) -> None:
     """Attention forward on the call's stream into `outputs`' o and lse ((address, elements),
     f32 [B, Hq, Sq]). With `varlen`, a packed batch: q, o [1, total_q, Hq, D], k, v [1,
@@ -71,11 +72,15 @@ def attention_backward(
     varlen: Optional[VarlenArg] = None,
     alibi: Optional[AlibiArg] = None,
     dropout: Optional[DropoutArg] = None,
+    sinks: Optional[Tuple[int, int]] = None,
+    dsink: Optional[Tuple[int, int]] = None,
 ) -> None:
     """Gradients dq, dk, dv (written) of attention under the forward's options, from its
     inputs, o and lse (f32 [B, Hq, Sq]) given dout. With `varlen`, a packed batch (tensors with
     a leading 1 and lse [Hq, total_q], as in attention_forward; the call's `check` as there);
-    `alibi` the forward's slopes, `dropout` the forward's dropout (the same state)."""
+    `alibi` the forward's slopes, `dropout` the forward's dropout (the same state); `sinks` the
+    forward's learnable sinks and `dsink` where their gradient goes ((address, elements) of
+    f32 [Hq] each)."""
 
 def plan(device: int, q_shape: Sequence[int], k_shape: Sequence[int], dtype_name: str, options: OptionsArg, dropout: float = 0.0, probs: bool = False) -> str:
     """The kernel variant, tile and grid FlashCore would run for this problem under `options`

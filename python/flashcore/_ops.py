@@ -53,8 +53,8 @@ Dropout = Tuple[float, Tensor]
 class Options(NamedTuple):
     """A call's options, checked by `interface` (the Rust library checks the values again and
     its errors name the argument). Frozen: autograd keeps the record for the backward as it
-    is. The extension reads it as `flashcore::AttnParams` (`arg`), ALiBi's slopes and dropout
-    beside it."""
+    is. The extension reads it as `flashcore::AttnParams` (`arg`), ALiBi's slopes, dropout and
+    learnable sinks beside it."""
 
     softmax_scale: float
     causal: bool = False
@@ -65,13 +65,14 @@ class Options(NamedTuple):
     alibi_slopes: Optional[Tensor] = None  # f32 [Hq] or [B, Hq], checked and contiguous
     dropout: Optional[Dropout] = None
     attention_chunk: int = 0  # chunked attention's chunk in keys (FA3's attention_chunk), 0: off
+    learnable_sink: Optional[Tensor] = None  # f32 [Hq], contiguous (FA4's learnable_sink); its gradient: `_fwd_backward`
 
     # The registered ops' form: the window as its two sides, dropout as `dropout_p` and its
     # `rng_state` (None: no dropout). No defaults: the dispatcher drops trailing arguments
     # equal to their defaults before a Python kernel sees them.
     SCHEMA = (
         "float softmax_scale, bool causal, SymInt window_left, SymInt window_right, float softcap, SymInt num_splits, "
-        "bool deterministic, Tensor? alibi_slopes, float dropout_p, Tensor? rng_state, SymInt attention_chunk"
+        "bool deterministic, Tensor? alibi_slopes, float dropout_p, Tensor? rng_state, SymInt attention_chunk, Tensor? learnable_sink"
     )
     FLAT_LEN = SCHEMA.count(",") + 1
 
@@ -87,20 +88,20 @@ class Options(NamedTuple):
         p, state = (0.0, None) if self.dropout is None else self.dropout
         return (
             self.softmax_scale, self.causal, self.window[0], self.window[1], self.softcap, self.num_splits, self.deterministic,
-            self.alibi_slopes, p, state, self.attention_chunk,
+            self.alibi_slopes, p, state, self.attention_chunk, self.learnable_sink,
         )  # fmt: skip
 
     @staticmethod
     def from_flat(values: tuple) -> "Options":
         """The record from the values of `SCHEMA`."""
-        scale, causal, left, right, softcap, num_splits, deterministic, alibi_slopes, p, state, chunk = values
+        scale, causal, left, right, softcap, num_splits, deterministic, alibi_slopes, p, state, chunk, sink = values
         dropout = None if state is None else (p, state)
-        return Options(scale, causal, (left, right), softcap, num_splits, deterministic, alibi_slopes, dropout, chunk)
+        return Options(scale, causal, (left, right), softcap, num_splits, deterministic, alibi_slopes, dropout, chunk, sink)
 
 
 # `Options(...)` runs NamedTuple's generated `__new__`, a Python frame (~0.4 µs a call on the
 # H200 host, 2% of a small call's host time); the public functions' path makes the record from
-# its nine fields in order with the tuple constructor itself (every field: a shorter tuple
+# its ten fields in order with the tuple constructor itself (every field: a shorter tuple
 # would lack the last ones).
 options: Callable[[tuple], Options] = functools.partial(tuple.__new__, Options)
 
@@ -235,6 +236,7 @@ def forward_into(q: Tensor, k: Tensor, v: Tensor, outputs: Tuple[Tensor, Optiona
         alibi=_optional_vector(options.alibi_slopes),
         dropout=_dropout_arg(options.dropout),
         probs=None if probs is None else _arg(probs),
+        sinks=_optional_vector(options.learnable_sink),
     )
 
 
@@ -262,6 +264,7 @@ def varlen_forward(q: Tensor, k: Tensor, v: Tensor, batch: Batch, options: Optio
         alibi=_optional_vector(options.alibi_slopes),
         dropout=_dropout_arg(options.dropout),
         probs=None if probs is None else _arg(probs),
+        sinks=_optional_vector(options.learnable_sink),
     )
     return o, lse
 
@@ -285,16 +288,21 @@ def kvcache_forward(q: Tensor, caches: Tuple[Tensor, Tensor], cache: Cache, opti
         options.arg(),
         paged=cache.arg(),
         alibi=_optional_vector(options.alibi_slopes),
+        sinks=_optional_vector(options.learnable_sink),
     )
     return o, lse
 
 
-def backward_into(saved: Tuple[Tensor, ...], dout: Tensor, grads: Tuple[Tensor, Tensor, Tensor], options: Options, grads_like_inputs: bool = False) -> None:
+def backward_into(
+    saved: Tuple[Tensor, ...], dout: Tensor, grads: Tuple[Tensor, Tensor, Tensor], options: Options, grads_like_inputs: bool = False,
+    dsink: Optional[Tensor] = None,
+) -> None:
     """The gradients of attention on BSHD tensors into `grads` = `(dq, dk, dv)` (like q, k, v;
     every element written; dk and dv summed over the query heads that share a KV head), from
     the forward's `saved` = `(q, k, v, o, lse [B, Hq, Sq])` and its `options` (the slopes get
     no gradient). `grads_like_inputs`: the caller vouches that each grad has its input's shape
-    and strides, so only their addresses cross into the extension."""
+    and strides, so only their addresses cross into the extension. `dsink` (f32 `[Hq]`, with
+    the options' learnable sinks): where their gradient goes, or None."""
     q, k, v, o, lse = saved
     dq, dk, dv = grads
     grad_args = (dq.data_ptr(), dk.data_ptr(), dv.data_ptr()) if grads_like_inputs else (_arg(dq), _arg(dk), _arg(dv))
@@ -305,6 +313,8 @@ def backward_into(saved: Tuple[Tensor, ...], dout: Tensor, grads: Tuple[Tensor, 
         options.arg(),
         alibi=_optional_vector(options.alibi_slopes),
         dropout=_dropout_arg(options.dropout),
+        sinks=_optional_vector(options.learnable_sink),
+        dsink=_optional_vector(dsink),
     )
 
 
@@ -317,11 +327,13 @@ def backward(saved: Tuple[Tensor, ...], dout: Tensor, options: Options) -> Tuple
     return grads
 
 
-def varlen_backward_into(saved: Tuple[Tensor, ...], dout: Tensor, grads: Tuple[Tensor, Tensor, Tensor], batch: Batch, options: Options) -> None:
+def varlen_backward_into(
+    saved: Tuple[Tensor, ...], dout: Tensor, grads: Tuple[Tensor, Tensor, Tensor], batch: Batch, options: Options, dsink: Optional[Tensor] = None
+) -> None:
     """The gradients of a packed batch into `grads` = `(dq, dk, dv)` (packed like q, k, v,
     `[total, H, D]`; every element written: zero for rows that saw no key and keys no row saw,
     those past seqused_k included), from the forward's `saved` = `(q, k, v, o, lse [Hq,
-    total_q])`."""
+    total_q])`; `dsink` as in `backward_into`."""
     q, k, v, o, lse = saved
     _flashcore.attention_backward(
         _call(q, batch.check()),
@@ -331,6 +343,8 @@ def varlen_backward_into(saved: Tuple[Tensor, ...], dout: Tensor, grads: Tuple[T
         varlen=batch.arg(),
         alibi=_optional_vector(options.alibi_slopes),
         dropout=_dropout_arg(options.dropout),
+        sinks=_optional_vector(options.learnable_sink),
+        dsink=_optional_vector(dsink),
     )
 
 
@@ -340,6 +354,20 @@ def varlen_backward(saved: Tuple[Tensor, ...], dout: Tensor, batch: Batch, optio
     grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     varlen_backward_into(saved, dout, grads, batch, options)
     return grads
+
+
+def sink_backward(saved: Tuple[Tensor, ...], dout: Tensor, options: Options, batch: Optional[Batch] = None) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`(dq, dk, dv, dsink)`: `backward` (`varlen_backward` with a `batch`) and the gradient of
+    the options' learnable sinks, f32 `[Hq]`, every row of every sequence of a head summed in
+    one fixed order (the same bits every run)."""
+    q, k, v = saved[:3]
+    grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
+    dsink = torch.empty_like(options.learnable_sink)
+    if batch is None:
+        backward_into(saved, dout, grads, options, q.is_contiguous() and k.is_contiguous() and v.is_contiguous(), dsink)
+    else:
+        varlen_backward_into(saved, dout, grads, batch, options, dsink)
+    return (*grads, dsink)
 
 
 # ---- the registered ops (torch.compile, tracing, fake and subclass tensors) -----------------
@@ -372,6 +400,20 @@ def _varlen_bwd(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, dout: T
     return varlen_backward((q, k, v, o, lse), dout, Batch(*flat[: Batch.FLAT_LEN]), Options.from_flat(flat[Batch.FLAT_LEN :]))
 
 
+def _bwd_sinks(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, dout: Tensor, *options: object) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    return sink_backward((q, k, v, o, lse), dout, Options.from_flat(options))
+
+
+def _varlen_bwd_sinks(q: Tensor, k: Tensor, v: Tensor, o: Tensor, lse: Tensor, dout: Tensor, *flat: object) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    return sink_backward((q, k, v, o, lse), dout, Options.from_flat(flat[Batch.FLAT_LEN :]), Batch(*flat[: Batch.FLAT_LEN]))
+
+
+def _sink_grads_fake(q: Tensor, k: Tensor, v: Tensor, *rest: object) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The sinks' backward ops' fake: `_grads_fake`'s and dsink like the sinks (the options'
+    last value)."""
+    return (*_grads_fake(q, k, v), torch.empty_like(rest[-1]))
+
+
 def _kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, *flat: object) -> Tuple[Tensor, Tensor]:
     return kvcache_forward(q, (k_cache, v_cache), Cache(*flat[: Cache.FLAT_LEN]), Options.from_flat(flat[Cache.FLAT_LEN :]))
 
@@ -380,6 +422,12 @@ fwd = _op("fwd", f"({_FWD_TENSORS}, {Options.SCHEMA}) -> (Tensor, Tensor)", _fwd
 bwd = _op("bwd", f"({_BWD_TENSORS}, {Options.SCHEMA}) -> (Tensor, Tensor, Tensor)", _bwd, _grads_fake)
 varlen_fwd = _op("varlen_fwd", f"({_FWD_TENSORS}, {Batch.SCHEMA}, {Options.SCHEMA}) -> (Tensor, Tensor)", _varlen_fwd, _empty_outputs)
 varlen_bwd = _op("varlen_bwd", f"({_BWD_TENSORS}, {Batch.SCHEMA}, {Options.SCHEMA}) -> (Tensor, Tensor, Tensor)", _varlen_bwd, _grads_fake)
+# The backward with the learnable sinks' gradient too: the forward ops' autograd runs these when
+# the sinks want a gradient (their own ops, so that the others keep three outputs).
+bwd_sinks = _op("bwd_sinks", f"({_BWD_TENSORS}, {Options.SCHEMA}) -> (Tensor, Tensor, Tensor, Tensor)", _bwd_sinks, _sink_grads_fake)
+varlen_bwd_sinks = _op(
+    "varlen_bwd_sinks", f"({_BWD_TENSORS}, {Batch.SCHEMA}, {Options.SCHEMA}) -> (Tensor, Tensor, Tensor, Tensor)", _varlen_bwd_sinks, _sink_grads_fake
+)  # fmt: skip
 # The caches are written (the appended keys): the op says so, so that torch.compile orders it.
 # Packed queries over a paged cache append nothing: their op writes nothing (a written cache
 # would be copied by torch.compile's functionalisation).
@@ -403,20 +451,20 @@ def _save(ctx, tensors: Tuple[Tensor, ...], options: Options, batch: Optional[Ba
     fields on `ctx`."""
     state = None if options.dropout is None else options.dropout[1]
     vectors = () if batch is None else (batch.cu_seqlens_q, batch.cu_seqlens_k, batch.seqused_k)
-    ctx.save_for_backward(*tensors, *vectors, options.alibi_slopes, state)
-    ctx.options = options._replace(alibi_slopes=None, dropout=None if options.dropout is None else (options.dropout[0], None))
+    ctx.save_for_backward(*tensors, *vectors, options.alibi_slopes, state, options.learnable_sink)
+    ctx.options = options._replace(alibi_slopes=None, dropout=None if options.dropout is None else (options.dropout[0], None), learnable_sink=None)
     ctx.batch = None if batch is None else batch._replace(cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=None)
 
 
 def _saved(ctx) -> Tuple[tuple, Optional[Batch], Options]:
     """What `_save` kept: `(tensors, batch, options)`."""
-    *tensors, alibi_slopes, state = ctx.saved_tensors
+    *tensors, alibi_slopes, state, sink = ctx.saved_tensors
     batch = ctx.batch
     if batch is not None:
         *tensors, cu_seqlens_q, cu_seqlens_k, seqused_k = tensors
         batch = batch._replace(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, seqused_k=seqused_k)
     options = ctx.options
-    options = options._replace(alibi_slopes=alibi_slopes, dropout=None if options.dropout is None else (options.dropout[0], state))
+    options = options._replace(alibi_slopes=alibi_slopes, dropout=None if options.dropout is None else (options.dropout[0], state), learnable_sink=sink)
     return tuple(tensors), batch, options
 
 
@@ -427,10 +475,17 @@ def _fwd_setup_context(ctx, inputs: tuple, output: Tuple[Tensor, Tensor]) -> Non
     _lse_has_no_gradient(ctx, lse)
 
 
+# learnable_sink's place in the options' values: the last (the one option with a gradient).
+_SINK_AT = Options.FLAT_LEN - 1
+
+
 def _fwd_backward(ctx, grad_o: Optional[Tensor], grad_lse: Optional[Tensor]) -> tuple:
     if grad_o is None:  # the loss did not use o
         return (None,) * (3 + Options.FLAT_LEN)
     saved, _, options = _saved(ctx)
+    if options.learnable_sink is not None and ctx.needs_input_grad[3 + _SINK_AT]:
+        dq, dk, dv, dsink = bwd_sinks(*saved, grad_o, *options.flat())
+        return (dq, dk, dv) + (None,) * _SINK_AT + (dsink,)
     dq, dk, dv = bwd(*saved, grad_o, *options.flat())
     return (dq, dk, dv) + (None,) * Options.FLAT_LEN
 
@@ -446,6 +501,9 @@ def _varlen_backward(ctx, grad_o: Optional[Tensor], grad_lse: Optional[Tensor]) 
     if grad_o is None:  # the loss did not use o
         return (None,) * (3 + Batch.FLAT_LEN + Options.FLAT_LEN)
     saved, batch, options = _saved(ctx)
+    if options.learnable_sink is not None and ctx.needs_input_grad[3 + Batch.FLAT_LEN + _SINK_AT]:
+        dq, dk, dv, dsink = varlen_bwd_sinks(*saved, grad_o, *batch, *options.flat())
+        return (dq, dk, dv) + (None,) * (Batch.FLAT_LEN + _SINK_AT) + (dsink,)
     dq, dk, dv = varlen_bwd(*saved, grad_o, *batch, *options.flat())
     return (dq, dk, dv) + (None,) * (Batch.FLAT_LEN + Options.FLAT_LEN)
 
@@ -467,7 +525,8 @@ class Attention(torch.autograd.Function):
     caller wants lse: `Function.apply`'s own host cost grows with each argument and output (on
     the H100 host, B1 S128: 12 µs with three tensors in and one out, 22 with nine arguments
     in, two out and lse marked non-differentiable). The ALiBi slopes ride in the options: they
-    get no gradient, and `ctx.options` keeps them alive for the backward."""
+    get no gradient, and `ctx.options` keeps them alive for the backward; so do learnable sinks
+    that want no gradient (`_paths.route` sends those that do to the registered op)."""
 
     @staticmethod
     def forward(ctx, q, k, v, call):

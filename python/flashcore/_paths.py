@@ -34,15 +34,19 @@ DIRECT = "extension"  # the extension called directly (nothing to record)
 OP = "registered op"  # torch.ops.flashcore.fwd: traced, compiled, fake or subclass tensors
 
 
-def route(q: Tensor, k: Tensor, v: Tensor, dropout: Optional[_ops.Dropout]) -> str:
+def route(q: Tensor, k: Tensor, v: Tensor, dropout: Optional[_ops.Dropout], sink: Optional[Tensor] = None) -> str:
     """The one place that picks the path of a dense or packed batch's call (`_attention`,
-    `_varlen_attention`): the registered op unless the call is eager on plain tensors; then
-    the native operator where it is built (not with dropout, whose mask state it does not
-    carry, nor under a functorch transform); else the Python autograd node when autograd
-    records, else the extension directly."""
+    `_varlen_attention`): the registered op unless the call is eager on plain tensors, or when
+    learnable sinks want a gradient (the op's autograd computes it); then the native operator
+    where it is built (not with dropout, whose mask state it does not carry, nor with sinks,
+    nor under a functorch transform); else the Python autograd node when autograd records,
+    else the extension directly."""
     if not _eager(q, k, v):
         return OP
-    if dropout is None and not torch._C._are_functorch_transforms_active() and _native.attention() is not None:
+    if sink is not None:
+        if sink.requires_grad and torch.is_grad_enabled():
+            return OP
+    elif dropout is None and not torch._C._are_functorch_transforms_active() and _native.attention() is not None:
         return NATIVE
     return AUTOGRAD if _records_grad(q, k, v) else DIRECT
 
@@ -74,9 +78,9 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, options: _ops.Options, want_lse:
     if size != d and k.shape[-1] == d and v.shape[-1] == d:
         out, lse = _attention(*_padded(q, k, v, size), options, want_lse, probs)
         return out[..., :d], lse
-    path = route(q, k, v, options.dropout)
+    path = route(q, k, v, options.dropout, options.learnable_sink)
     if path is NATIVE:
-        scale, causal, (left, right), softcap, num_splits, deterministic, alibi_slopes, _, chunk = options  # unpacked: faster than attribute reads
+        scale, causal, (left, right), softcap, num_splits, deterministic, alibi_slopes, _, chunk, _ = options  # unpacked: faster than attribute reads
         return _native.attention()(q, k, v, scale, causal, left, right, chunk, softcap, num_splits, deterministic, want_lse, alibi_slopes)
     if path is AUTOGRAD:
         if want_lse:
@@ -115,9 +119,9 @@ def _varlen_attention(
     if size != d and k.shape[-1] == d and v.shape[-1] == d:
         out, lse = _varlen_attention(*_padded(q, k, v, size), batch, options, want_lse, probs)
         return out[..., :d], lse
-    path = route(q, k, v, options.dropout)
+    path = route(q, k, v, options.dropout, options.learnable_sink)
     if path is NATIVE:
-        scale, causal, (left, right), softcap, _, deterministic, alibi_slopes, _, chunk = options
+        scale, causal, (left, right), softcap, _, deterministic, alibi_slopes, _, chunk, _ = options
         cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, _ = batch
         return _native.varlen_attention()(
             q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, batch.check(),

@@ -25,6 +25,7 @@ from ._args import (
     _probs_for,
     _scale,
     _unsupported,
+    _with_sinks,
 )
 from ._paths import _AS_THEY_ARE, AUTOGRAD, DIRECT, _attention, _eager, _run_head_dim, _varlen_attention, route
 
@@ -41,8 +42,9 @@ def flash_attn_func(
     alibi_slopes: Optional[Tensor] = None,
     deterministic: bool = False,
     return_attn_probs: bool = False,
+    learnable_sink: Optional[Tensor] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor, None]]:
-    """Attention with flash_attn 2.x semantics.
+    """Attention with flash_attn 2.x semantics (and FlashAttention-4's `learnable_sink`).
 
     Args:
         q: `[B, Sq, Hq, D]`, float16 or bfloat16, on a CUDA device.
@@ -83,6 +85,13 @@ def flash_attn_func(
             score's exp(s·scale − m), m the row's running max at its key block (the kernel
             walks 64-key blocks from the last: `flash_attn_interface._get_block_size_n`),
             negated where dropped; 0 where no block visited.
+        learnable_sink: learnable sinks (gpt-oss; FlashAttention-4's `learnable_sink`): a
+            floating `[Hq]` tensor on q's device, one logit a query head in every row's softmax
+            denominator with no value behind it: `o = Σ exp(s − m)·v / (Σ exp(s − m) +
+            exp(sink − m))`, neither scaled nor softcapped; lse includes it; a row that sees no
+            key gives o = 0 and lse = sink. Differentiable: its gradient `−Σ_i exp(sink −
+            lse_i)·(dO_i·O_i)` over every row of every sequence, in a fixed order (bitwise
+            repeatable), returned in its dtype. Runs unsplit and without dropout.
 
     Returns:
         `out [B, Sq, Hq, D]` (contiguous, q's dtype), or `(out, softmax_lse, None)` with
@@ -96,6 +105,8 @@ def flash_attn_func(
     """
     _check((("q", q), ("k", k), ("v", v)), "[B, S, H, D]")
     options = _options(q, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, _dropout(q, dropout_p))
+    if learnable_sink is not None:  # tested inline: every call's path
+        options = _with_sinks(options, learnable_sink, q)
     probs = _probs_for(q.shape, q.shape[0], q.shape[1], k.shape[1], q) if options.dropout is not None and return_attn_probs else None
     out, lse = _attention(q, k, v, options, return_attn_probs, probs)
     return (out, lse, probs) if return_attn_probs else out
@@ -119,6 +130,7 @@ def flash_attn_varlen_func(
     return_attn_probs: bool = False,
     seqused_k: Optional[Tensor] = None,
     block_table: Optional[Tensor] = None,
+    learnable_sink: Optional[Tensor] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor, None]]:
     """Attention over a packed batch of sequences of their own lengths, flash_attn 2.x's
     `flash_attn_varlen_func` (no padding: each sequence is its own attention problem).
@@ -152,6 +164,8 @@ def flash_attn_varlen_func(
             packed as rows; a head dim other than 32, 64, 96, 128, 192, 256 zero-padded to the
             next of them, the pools copied); forward only (flash_attn has no backward for it either: the
             result records no autograd). FLASHCORE_CHECK_PAGED=1 checks the table.
+        learnable_sink: as in `flash_attn_func`, `[Hq]`: each head's sink in every sequence's
+            rows, its gradient summed over all of them (not with `block_table`).
 
     The cu_seqlens values are the caller's contract: they are read only by the kernels, which
     clamp every offset to the tensors (a bad vector gives wrong output, never a bad memory
@@ -167,11 +181,13 @@ def flash_attn_varlen_func(
         vectors = (cu_seqlens_q, cu_seqlens_k, seqused_k)
         _check_paged_varlen(q, (k, v), vectors, block_table, max_seqlen_q)
         _no_dropout(dropout_p)
-        options = _options(q, softmax_scale, causal, window_size, softcap, alibi_slopes)
+        options = _with_sinks(_options(q, softmax_scale, causal, window_size, softcap, alibi_slopes), learnable_sink, q)
         out, lse = _paged_varlen(q, (k, v), vectors, (block_table, int(max_seqlen_q)), options)
         return (out, lse, None) if return_attn_probs else out
     _check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
     options = _options(q, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, _dropout(q, dropout_p))
+    if learnable_sink is not None:
+        options = _with_sinks(options, learnable_sink, q)
     out, lse, probs = _packed_batch(q, k, v, (cu_seqlens_q, cu_seqlens_k, seqused_k), (max_seqlen_q, max_seqlen_k), options, return_attn_probs)
     return (out, lse, probs) if return_attn_probs else out
 

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use flashcore::dispatch::HeadDimUse;
 use flashcore::{
     AlibiSlopes, AttnParams, BlockTableView, BwdInputs, CallerStream, Context, DType, Dropout, DropoutState, Error, ExternalStream,
-    FwdInputs, FwdOutputs, GradsMut, KvLayout, Layout, LseView, LseViewMut, PackedQueries, PagedKv, ProblemShape, SeqLensView, TensorView,
-    TensorViewMut, VarlenBatch, Window,
+    FwdInputs, FwdOutputs, GradsMut, KvLayout, Layout, LearnableSinks, LseView, LseViewMut, PackedQueries, PagedKv, ProblemShape,
+    SeqLensView, SinkGradMut, TensorView, TensorViewMut, VarlenBatch, Window,
 };
 use pyo3::exceptions::{PyNotImplementedError, PyPermissionError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -157,6 +157,10 @@ type AlibiArg = (u64, usize);
 /// kernels read there, which the Python side draws with PyTorch's generator; CUDA-graph safe).
 type DropoutArg = (f32, u64);
 
+/// The tensors a call's scores read besides q and k, as the Rust API takes them: ALiBi's
+/// slopes, dropout's generator state, learnable sinks.
+pub(crate) type ScoreTensorsArg = (Option<AlibiSlopes<'static>>, Option<DropoutState<'static>>, Option<LearnableSinks<'static>>);
+
 /// `options` with `dropout`'s probability, as the Rust API takes them (the generator state
 /// is on the device: [`dropout_state`]).
 fn params_with(options: OptionsArg, dropout: Option<DropoutArg>) -> AttnParams {
@@ -171,6 +175,19 @@ fn params_with(options: OptionsArg, dropout: Option<DropoutArg>) -> AttnParams {
 unsafe fn dropout_state(dropout: Option<DropoutArg>) -> Option<DropoutState<'static>> {
     // SAFETY: this function's contract.
     dropout.map(|(_, ptr)| unsafe { DropoutState::from_raw(ptr, 2) })
+}
+
+/// Learnable sinks (`flashcore::LearnableSinks`), or where their gradient goes
+/// (`flashcore::SinkGradMut`), as `(address, elements)` of an f32 device vector `[Hq]`.
+type SinksArg = (u64, usize);
+
+/// `sinks` as the Rust API takes them.
+///
+/// # Safety
+/// As [`alibi_slopes`].
+unsafe fn learnable_sink(sinks: Option<SinksArg>) -> Option<LearnableSinks<'static>> {
+    // SAFETY: this function's contract.
+    sinks.map(|(ptr, len)| unsafe { LearnableSinks::from_raw(ptr, len) })
 }
 
 /// `alibi` as the Rust API takes it.
@@ -237,9 +254,10 @@ unsafe fn keys(device: usize, varlen: Option<VarlenArg>, paged: Option<PagedArg>
 /// `[num_pages, page_size, Hkv, D]` with a block table). `call`'s `check` checks the batch's
 /// or the cache's device values first. With `alibi` ([`AlibiArg`]), ALiBi's slopes; with
 /// `dropout` ([`DropoutArg`]), attention dropout, and `probs` the tensor `[B, Hq, rows, cols]`
-/// its probabilities go to (`flashcore::FwdOutputs::probs`).
+/// its probabilities go to (`flashcore::FwdOutputs::probs`); with `sinks` ([`SinksArg`]),
+/// learnable sinks.
 #[pyfunction]
-#[pyo3(signature = (call, inputs, outputs, options, varlen=None, paged=None, alibi=None, dropout=None, probs=None))]
+#[pyo3(signature = (call, inputs, outputs, options, varlen=None, paged=None, alibi=None, dropout=None, probs=None, sinks=None))]
 #[allow(clippy::too_many_arguments)] // the Python signature: one tuple per concern
 fn attention_forward(
     py: Python<'_>,
@@ -252,6 +270,7 @@ fn attention_forward(
     alibi: Option<AlibiArg>,
     dropout: Option<DropoutArg>,
     probs: Option<TensorArg>,
+    sinks: Option<SinksArg>,
 ) -> PyResult<()> {
     let CallArg(device, stream, scratch, check) = call;
     let FwdInputsArg(q, k, v) = inputs;
@@ -268,6 +287,8 @@ fn attention_forward(
     let alibi_slopes = unsafe { alibi_slopes(alibi) };
     // SAFETY: as for `keys`.
     let dropout_state = unsafe { dropout_state(dropout) };
+    // SAFETY: as for `keys`.
+    let learnable_sink = unsafe { learnable_sink(sinks) };
     let ctx = context(device)?;
     let params = params_with(options, dropout);
     let mut scratch_error: Option<PyErr> = None;
@@ -278,21 +299,23 @@ fn attention_forward(
         let mut scratch = scratch_fn(&scratch, &mut scratch_error);
         let caller = CallerStream { stream: ExternalStream::from_raw(stream), scratch: &mut scratch };
         // SAFETY: as for `keys` above.
-        unsafe { forward_on(&ctx, device, caller, tensors, lse, keys, alibi_slopes, dropout_state, probs, &params, check) }
+        unsafe {
+            forward_on(&ctx, device, caller, tensors, lse, keys, (alibi_slopes, dropout_state, learnable_sink), probs, &params, check)
+        }
     });
     finish(result, scratch_error, to_py)
 }
 
 /// A forward on `caller`'s stream (PyTorch's current stream of `device`), the layer under [`attention_forward`] and the native
 /// autograd path's (`native::native_forward`): `tensors` are `q`, `k`, `v`, `o` (address and
-/// layout), `lse` the f32 log-sum-exp `(address, elements)` or `None`, `probs` dropout's
-/// probabilities; `check` checks a packed batch's or a cache's device values first.
+/// layout), `lse` the f32 log-sum-exp `(address, elements)` or `None`, `scores` ALiBi's slopes,
+/// dropout's state and learnable sinks, `probs` dropout's probabilities; `check` checks a
+/// packed batch's or a cache's device values first.
 ///
 /// # Safety
 /// Every address is live CUDA memory of `device` with the layout or extent given, alive
 /// across the call, its reuse ordered on `caller.stream` (PyTorch's current stream of the
-/// device) by the caller's allocator; `keys`, `alibi_slopes` and `dropout_state` hold
-/// the same.
+/// device) by the caller's allocator; `keys` and `scores` hold the same.
 #[allow(clippy::too_many_arguments)] // the Rust API's inputs, outputs and options, spelled out
 pub(crate) unsafe fn forward_on(
     ctx: &Context,
@@ -301,12 +324,12 @@ pub(crate) unsafe fn forward_on(
     tensors: [(u64, Layout); 4],
     lse: Option<(u64, usize)>,
     keys: KvLayout,
-    alibi_slopes: Option<AlibiSlopes>,
-    dropout_state: Option<DropoutState>,
+    scores: ScoreTensorsArg,
     probs: Option<(u64, Layout)>,
     params: &AttnParams,
     check: bool,
 ) -> flashcore::Result<()> {
+    let (alibi_slopes, dropout_state, learnable_sink) = scores;
     // SAFETY: this function's contract.
     unsafe {
         let view = |(ptr, layout): (u64, Layout)| TensorView::from_raw(ptr, layout, device);
@@ -317,7 +340,7 @@ pub(crate) unsafe fn forward_on(
             kv: keys,
             alibi_slopes,
             dropout_state,
-            learnable_sink: None,
+            learnable_sink,
         };
         if check {
             ctx.check_values(&inputs)?;
@@ -336,9 +359,10 @@ pub(crate) unsafe fn forward_on(
 /// `inputs` ([`BwdInputsArg`]: the forward's inputs, `o` and `lse`, and `dout`) under the
 /// forward's `options` ([`OptionsArg`]). With `varlen`, a packed batch (all tensors with a
 /// leading 1 as in `attention_forward`, `lse [Hq, total_q]`; `check` as there); `alibi` the
-/// forward's slopes, `dropout` its dropout ([`DropoutArg`]).
+/// forward's slopes, `dropout` its dropout ([`DropoutArg`]); `sinks` the forward's learnable
+/// sinks and `dsink` where their gradient goes (both [`SinksArg`], together or not at all).
 #[pyfunction]
-#[pyo3(signature = (call, inputs, grads, options, varlen=None, alibi=None, dropout=None))]
+#[pyo3(signature = (call, inputs, grads, options, varlen=None, alibi=None, dropout=None, sinks=None, dsink=None))]
 #[allow(clippy::too_many_arguments)] // the Python signature: one tuple per concern
 fn attention_backward(
     py: Python<'_>,
@@ -349,6 +373,8 @@ fn attention_backward(
     varlen: Option<VarlenArg>,
     alibi: Option<AlibiArg>,
     dropout: Option<DropoutArg>,
+    sinks: Option<SinksArg>,
+    dsink: Option<SinksArg>,
 ) -> PyResult<()> {
     let CallArg(device, stream, scratch, check) = call;
     let BwdInputsArg(q, k, v, o, lse, dout) = inputs;
@@ -376,6 +402,8 @@ fn attention_backward(
     let alibi_slopes = unsafe { alibi_slopes(alibi) };
     // SAFETY: as in `attention_forward`.
     let dropout_state = unsafe { dropout_state(dropout) };
+    // SAFETY: as in `attention_forward`; `dsink` is written.
+    let (learnable_sink, dsink) = unsafe { (learnable_sink(sinks), dsink.map(|(ptr, len)| SinkGradMut::from_raw(ptr, len))) };
     let mut scratch_error: Option<PyErr> = None;
     let tensors: [(u64, Layout); 8] = std::array::from_fn(|i| (addresses[i], layouts[i]));
     let result = py.detach(|| {
@@ -383,7 +411,9 @@ fn attention_backward(
         let caller = CallerStream { stream: ExternalStream::from_raw(stream), scratch: &mut scratch };
         // SAFETY: as in `attention_forward`: live CUDA tensors of `device` with these layouts,
         // kept alive by the Python side across the call, on PyTorch's current stream.
-        unsafe { backward_on(&ctx, device, caller, tensors, lse, batch, alibi_slopes, dropout_state, &params, check) }
+        unsafe {
+            backward_on(&ctx, device, caller, tensors, lse, batch, (alibi_slopes, dropout_state, learnable_sink), dsink, &params, check)
+        }
     });
     finish(result, scratch_error, to_py)
 }
@@ -391,7 +421,8 @@ fn attention_backward(
 /// A backward on `caller`'s stream, the layer under [`attention_backward`] and the native
 /// autograd path's (`native::native_backward`): `tensors` are `q`, `k`, `v`, `o`, `dout`, then the
 /// gradients `dq`, `dk`, `dv` (written), `lse` the forward's `(address, elements)`; `batch`
-/// a packed batch, whose device values `check` checks first.
+/// a packed batch, whose device values `check` checks first; `scores` as the forward's, and
+/// `dsink` where the sinks' gradient goes (written).
 ///
 /// # Safety
 /// As [`forward_on`].
@@ -403,11 +434,12 @@ pub(crate) unsafe fn backward_on(
     tensors: [(u64, Layout); 8],
     lse: (u64, usize),
     batch: Option<VarlenBatch>,
-    alibi_slopes: Option<AlibiSlopes>,
-    dropout_state: Option<DropoutState>,
+    scores: ScoreTensorsArg,
+    dsink: Option<SinkGradMut>,
     params: &AttnParams,
     check: bool,
 ) -> flashcore::Result<()> {
+    let (alibi_slopes, dropout_state, learnable_sink) = scores;
     // SAFETY: this function's contract.
     unsafe {
         let view = |i: usize| TensorView::from_raw(tensors[i].0, tensors[i].1, device);
@@ -427,9 +459,9 @@ pub(crate) unsafe fn backward_on(
             kv,
             alibi_slopes,
             dropout_state,
-            learnable_sink: None,
+            learnable_sink,
         };
-        let grads = GradsMut::new(grad(5), grad(6), grad(7));
+        let grads = GradsMut { dsink, ..GradsMut::new(grad(5), grad(6), grad(7)) };
         ctx.attention_backward_on_stream(caller, &inputs, grads, params)
     }
 }

@@ -90,7 +90,7 @@ def test_torch_compile_runs_dropout_through_the_ops_with_their_rng_state():
     state = torch.empty(2, dtype=torch.int64, device="cuda").random_()
 
     def f(q, k, v, state):
-        o, _ = torch.ops.flashcore.fwd(q, k, v, 0.125, True, -1, 0, 0.0, 0, True, None, 0.3, state, 0)
+        o, _ = torch.ops.flashcore.fwd(q, k, v, 0.125, True, -1, 0, 0.0, 0, True, None, 0.3, state, 0, None)
         return o
 
     torch._dynamo.reset()
@@ -110,7 +110,7 @@ def test_torch_compile_runs_dropout_through_the_ops_with_their_rng_state():
     cu = torch.tensor([0, 150, 400], dtype=torch.int32, device="cuda")
 
     def packed(q, k, v, state):
-        return torch.ops.flashcore.varlen_fwd(q, k, v, cu, cu, None, 250, 250, True, 0.125, True, -1, 0, 0.0, 0, True, None, 0.3, state, 0)[0]
+        return torch.ops.flashcore.varlen_fwd(q, k, v, cu, cu, None, 250, 250, True, 0.125, True, -1, 0, 0.0, 0, True, None, 0.3, state, 0, None)[0]
 
     out = torch.compile(packed, fullgraph=True)(pq, pk, pv, state)
     grads = torch.autograd.grad(out, (pq, pk, pv), pg)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import flashcore
+from flashcore import _ops
 from flashcore import flash_attn_interface as fai
 from helpers import REL_BOUND, eager_autograd_node, randn, reference, reference_autograd, rel_l2
 
@@ -241,7 +242,7 @@ def test_eager_autograd_path_equals_the_registered_op():
     o = flashcore.flash_attn_func(q, k, v, causal=True, deterministic=True)
     assert type(o.grad_fn).__name__ == eager_autograd_node()
     eager = torch.autograd.grad(o, (q, k, v), dout)
-    o_op, _ = torch.ops.flashcore.fwd(q, k, v, 0.125, True, -1, -1, 0.0, 0, True, None, 0.0, None, 0)
+    o_op, _ = torch.ops.flashcore.fwd(q, k, v, *_ops.Options(0.125, True, deterministic=True).flat())
     assert type(o_op.grad_fn).__name__ not in ("AttentionBackward", "CppFunction")
     through_op = torch.autograd.grad(o_op, (q, k, v), dout)
     assert torch.equal(o, o_op)
