@@ -45,6 +45,10 @@ window of the last C - 1 positions plus the new ones (transformers' sliding cach
 whose first key is no chunk's start: the mask builder then gives the 2-D mask with the keys
 before the first query's chunk left out (no query sees them), so that the kept keys start
 at a chunk, and generation runs past the chunk without a 4-D mask.
+
+Learnable sinks (gpt-oss: the layer's `sinks` parameter, handed over as `s_aux`) run in
+FlashCore's kernels as `learnable_sink`: one logit a query head in every row's softmax, with
+their gradient in a training step.
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ import torch
 from torch import Tensor
 
 from .. import _ops
-from .._args import NO_WINDOW, _check, _check_packed, _scale, _unsupported
+from .._args import NO_WINDOW, _check, _check_packed, _scale, _unsupported, _with_sinks
 from .._paths import _attention
 from ..interface import _packed_batch
 
@@ -216,6 +220,9 @@ def attention_forward(
     scale, cap = _scale(scaling, query.shape[-1]), float(softcap or 0.0)
     options = _ops.Options(scale, model_causal, window, cap, attention_chunk=_layer_chunk(module))
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))  # BSHD views
+    sinks = kwargs.get("s_aux")  # gpt-oss's learnable sinks, `module.sinks` [Hq]
+    if sinks is not None:
+        options = _with_sinks(options, sinks, q)
     q_len, kv_len = q.shape[1], k.shape[1]
     if attention_mask is not None:
         return _padded_attention(q, k, v, attention_mask, options), None
