@@ -122,6 +122,19 @@ def check_against_reference(q, k, v, out, lse, scale, causal, window=(-1, -1), s
         assert (out[blind] == 0).all(), "rows that see no key give 0"
 
 
+def model_logits(model, ids, impl):
+    """The model's float32 logits on token `ids` with attention implementation `impl`, no grad."""
+    model.set_attn_implementation(impl)
+    with torch.no_grad():
+        return model(ids).logits.float()
+
+
+def token_ids(batch, length, seed, vocab=32000, low=0):
+    """`[batch, length]` random token ids in [low, vocab) on the GPU, from `seed`."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randint(low, vocab, (batch, length), device="cuda", generator=g)
+
+
 def model_rel_l2(x, ref):
     """||x - ref|| / ||ref|| in float64 for model outputs; x must be finite."""
     x, ref = x.double(), ref.double()

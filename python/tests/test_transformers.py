@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="needs PyTorch")
 transformers = pytest.importorskip("transformers", reason="needs transformers")
 import flashcore  # noqa: E402
-from helpers import check_training_step, model_rel_l2 as rel_l2  # noqa: E402
+from helpers import check_training_step, model_logits as logits, model_rel_l2 as rel_l2  # noqa: E402
 
 FLASHCORE = flashcore.integrations.transformers.register()
 
@@ -42,12 +42,6 @@ def make_model(name):
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa", dtype=torch.float32)
     return model.cuda().eval()
-
-
-def logits(model, ids, impl):
-    model.set_attn_implementation(impl)
-    with torch.no_grad():
-        return model(ids).logits.float()
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))

@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="needs PyTorch")
 transformers = pytest.importorskip("transformers", reason="needs transformers")
 import flashcore  # noqa: E402
-from helpers import check_training_step, model_rel_l2 as rel_l2  # noqa: E402
+from helpers import check_training_step, model_logits as logits, model_rel_l2 as rel_l2, token_ids as ids_of  # noqa: E402
 
 FLASHCORE = flashcore.integrations.transformers.register()
 VOCAB = 32000
@@ -39,17 +39,6 @@ def make_model(dtype, sinks=True):
             heads = layer.self_attn.sinks.shape[0]
             layer.self_attn.sinks.copy_(torch.rand(heads, generator=g) * 4 - 1 if sinks else torch.full((heads,), -30.0))
     return model.to(dtype).cuda().eval()
-
-
-def logits(model, ids, impl):
-    model.set_attn_implementation(impl)
-    with torch.no_grad():
-        return model(ids).logits.float()
-
-
-def ids_of(batch, length, seed):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    return torch.randint(0, VOCAB, (batch, length), device="cuda", generator=g)
 
 
 @pytest.fixture(scope="module")

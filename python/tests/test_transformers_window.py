@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="needs PyTorch")
 transformers = pytest.importorskip("transformers", reason="needs transformers")
 import flashcore  # noqa: E402
-from helpers import check_training_step, model_rel_l2 as rel_l2  # noqa: E402
+from helpers import check_training_step, model_logits as logits, model_rel_l2 as rel_l2, token_ids as ids_of  # noqa: E402
 
 FLASHCORE = flashcore.integrations.transformers.register()
 VOCAB = 32000
@@ -52,17 +52,6 @@ def make_model(name, dtype, **overrides):
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager", dtype=torch.float32)
     return model.to(dtype).cuda().eval()
-
-
-def logits(model, ids, impl):
-    model.set_attn_implementation(impl)
-    with torch.no_grad():
-        return model(ids).logits.float()
-
-
-def ids_of(batch, length, seed):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    return torch.randint(0, VOCAB, (batch, length), device="cuda", generator=g)
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))
