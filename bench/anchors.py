@@ -18,10 +18,12 @@ file holding that output) and every backend
 
 this times one forward pass the way `flashcore bench` does (docs/design.md §9) and writes
 `anchors-<suite>-<system>.json` in the schema of `flashcore bench --json` (schema 1).
-For the backward suites (`bwd`, `bwd-dims`) it times the backward alone instead,
+For the backward suites (`bwd`, `bwd-dims`, `bwd-sinks`) it times the backward alone instead,
 `torch.autograd.grad` of one forward (graph retained; TFLOPS at 2.5x the forward's FLOPs),
 and a training step's attention (forward and backward: `fwd_bwd_median_ms`), both as
-CUDA-graph replays like the forward.
+CUDA-graph replays like the forward. A case with `learnable_sink` (the `sinks` suites) runs
+flashcore's sinks (`sink_values`) on flashcore-py and fa4 (FA4's `learnable_sink`), their
+gradient part of the backward; the SDPA backends refuse it.
 
 One harness: run every backend of a comparison in ONE invocation (one process), e.g.
 `--backends cudnn,flash,flashcore-py`: each backend gets its own layout (SDPA contiguous
@@ -178,6 +180,15 @@ FA4_DROPOUT = "dropout not supported by FlashAttention-4"
 # Chunked attention, refused by every backend here: no anchor has its backward (FA3's forward
 # only; FA4, cuDNN and SDPA none), and flashcore's rows of it compare with its own causal rows.
 CHUNK_REFUSAL = "chunked attention not supported here: time it with `flashcore bench --suite chunked` (or bwd-chunked)"
+# Learnable sinks (the `sinks` suites): flashcore and FA4 take them (FA4's `learnable_sink`);
+# PyTorch's SDPA backends have none.
+SINKS_REFUSAL = "learnable sinks not supported here: flashcore-py and fa4 take them"
+
+
+def sink_values(heads):
+    """The sinks `flashcore bench` puts on a case with `learnable_sink` (its `check::sink_values`),
+    one a query head, spread over [-1, 8)."""
+    return [math.fmod(h * 2.7, 9.0) - 1.0 for h in range(heads)]
 
 
 class Runner:
@@ -235,6 +246,12 @@ class Runner:
         elif self.bottom_right:
             self.kernel = f"{self.system}+bool-mask"
             self.mask = bottom_right_mask(c["seqlen_q"], c["seqlen_k"], torch_arange(torch))
+        self.sinks = None
+        if c.get("learnable_sink") and not self.refuse:
+            if self.flashcore or self.fa4:
+                self.sinks = torch.tensor(sink_values(c["heads_q"]), dtype=torch.float32, device="cuda")
+            else:
+                self.refuse = SINKS_REFUSAL
         if self.packed:
             cuda = lambda x: torch.tensor(x, dtype=torch.int32, device="cuda")  # noqa: E731
             p = self.packed
@@ -258,6 +275,8 @@ class Runner:
             kw = dict(softmax_scale=self.scale, causal=c["causal"], window_size=self.window or (-1, -1), softcap=self.softcap)
             kw["deterministic"] = self.key == "flashcore-py-det"
             kw["dropout_p"] = self.dropout
+            if self.sinks is not None:
+                kw["learnable_sink"] = self.sinks
             if self.packed:
                 return flashcore.flash_attn_varlen_func(q, k, v, self.cu_q, self.cu_k, c["seqlen_q"], c["seqlen_k"], seqused_k=self.used, **kw)
             bshd = (t.transpose(1, 2) for t in (q, k, v))
@@ -268,7 +287,8 @@ class Runner:
             left, right = self.window or (-1, -1)
             window = (None if left < 0 else left, None if right < 0 or c["causal"] else right)
             bshd = (t.transpose(1, 2) for t in (q, k, v))
-            out = fa4_func(*bshd, softmax_scale=self.scale, causal=c["causal"], window_size=window, softcap=self.softcap)
+            sinks = {} if self.sinks is None else {"learnable_sink": self.sinks}
+            out = fa4_func(*bshd, softmax_scale=self.scale, causal=c["causal"], window_size=window, softcap=self.softcap, **sinks)
             # Some FA4 releases return (out, lse), others out alone.
             return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
         if self.key == "flash" and self.packed:
@@ -333,9 +353,10 @@ def make_inputs(torch, case, seed):
     return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # BHSD views of BSHD storage
 
 
-def reference_head(torch, case, q, k, v, rows):
+def reference_head(torch, case, q, k, v, rows, sink=None):
     """float64 output of query rows `rows` (a tensor) of one head, q [Sq, D], k, v [Sk, D]:
-    the case's scale, softcap (scores become softcap·tanh(s / softcap)) and mask."""
+    the case's scale, softcap (scores become softcap·tanh(s / softcap)) and mask; with the
+    head's learnable `sink`, one more logit a row with no value."""
     sq, sk = q.shape[0], k.shape[0]
     s = (q.index_select(0, rows).double() @ k.double().T) / math.sqrt(case["head_dim"])
     cap = case.get("softcap") or 0.0
@@ -344,6 +365,9 @@ def reference_head(torch, case, q, k, v, rows):
     window = case_window(case)
     if window is not None:
         s = s.masked_fill(~window_mask(sq, sk, window, torch_arange(torch), rows), float("-inf"))
+    if sink is not None:
+        p = torch.softmax(torch.cat([s, s.new_full((s.shape[0], 1), sink)], dim=-1), dim=-1)[:, :-1]
+        return p @ v.double()
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # fully masked rows: 0, as flashcore
     return p @ v.double()
 
@@ -353,6 +377,7 @@ def reference_rel_error(torch, case, q, k, v, o):
     A packed batch: the sequence with the most keys and the last one (what a wrong offset
     breaks first), each against the reference on that sequence alone."""
     group = case["heads_q"] // case["heads_kv"]
+    sinks = sink_values(case["heads_q"]) if case.get("learnable_sink") else None
     pieces = []  # (q [Sq, Hq, D], k, v [Sk, Hkv, D], o) of one batch entry or sequence
     p = case.get("packed")
     if p is not None:
@@ -371,7 +396,7 @@ def reference_rel_error(torch, case, q, k, v, o):
             continue
         rows = torch.tensor(rows, device="cuda")
         for h in check_heads(case["heads_q"], case["heads_kv"]):
-            ref = reference_head(torch, case, qb[:, h], kb[:, h // group], vb[:, h // group], rows)
+            ref = reference_head(torch, case, qb[:, h], kb[:, h // group], vb[:, h // group], rows, None if sinks is None else sinks[h])
             got = ob[:, h].index_select(0, rows).double()
             num += (got - ref).pow(2).sum().item()
             den += ref.pow(2).sum().item()
@@ -660,13 +685,15 @@ def bench_backward_case(torch, key, case, args):
     try:
         with torch.cuda.stream(stream):
             q, k, v = (t.detach().requires_grad_() for t in runner.native(*make_inputs(torch, case, 1000)))
+        # Learnable sinks are trained: their gradient is part of the backward timed.
+        wrt = (q, k, v) if runner.sinks is None else (q, k, v, runner.sinks.requires_grad_())
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
                 with torch.cuda.stream(stream), runner.ctx():
                     o = runner(q, k, v)
                     dout = torch.randn_like(o)
-                    torch.autograd.grad(o, (q, k, v), dout, retain_graph=True)
+                    torch.autograd.grad(o, wrt, dout, retain_graph=True)
                 torch.cuda.synchronize()
             except Exception as e:  # noqa: BLE001 - recorded, not swallowed
                 status = "unsupported" if refusal(e) else "error"
@@ -674,11 +701,11 @@ def bench_backward_case(torch, key, case, args):
 
         def backward():
             with runner.ctx():
-                torch.autograd.grad(o, (q, k, v), dout, retain_graph=True)
+                torch.autograd.grad(o, wrt, dout, retain_graph=True)
 
         def forward_backward():
             with runner.ctx():
-                torch.autograd.grad(runner(q, k, v), (q, k, v), dout)
+                torch.autograd.grad(runner(q, k, v), wrt, dout)
 
         clocks = []
 
@@ -882,6 +909,9 @@ def self_test():
     # it does not take is a refusal (an "unsupported" row, not an error).
     assert SYSTEMS["fa4"] == ("fa4", None)
     assert refusal(RuntimeError(FA4_PACKED)) and refusal(RuntimeError(FA4_DROPOUT)) and refusal(RuntimeError(CHUNK_REFUSAL))
+    assert refusal(RuntimeError(SINKS_REFUSAL))
+    # The sinks flashcore bench draws (check::sink_values: (h * 2.7) mod 9 - 1).
+    assert [round(x, 4) for x in sink_values(5)] == [-1.0, 1.7, 4.4, 7.1, 0.8]
     # The SM clock: an int from NVML where a GPU and its driver are, else None and the reason.
     clock = SmClock()
     mhz = clock.read()
@@ -990,6 +1020,13 @@ def self_test():
             raise AssertionError("accepted a window or a packed batch without counts")
         except ValueError:
             pass
+    # learnable_sink is a bool.
+    try:
+        normalize_case(dict(c, learnable_sink=1))
+        raise AssertionError("accepted a learnable_sink that is not a bool")
+    except ValueError:
+        pass
+    assert normalize_case(dict(c, learnable_sink=True))["learnable_sink"] is True
     # A chunk's pairs are flashcore's count alone too; the chunk a positive int.
     chunked = dict(c, attention_chunk=8)
     for bad in (chunked, dict(chunked, attention_chunk=0, counts={"flops": 1.0, "kv_bytes": 2.0})):

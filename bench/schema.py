@@ -110,7 +110,7 @@ def is_decode(case):
 
 # The backward's FLOPs over the forward's (FlashAttention's convention), for suites that time
 # the backward (`flashcore bench --suite bwd`).
-BACKWARD_SUITES = {"bwd": 2.5, "bwd-dims": 2.5}
+BACKWARD_SUITES = {"bwd": 2.5, "bwd-dims": 2.5, "bwd-sinks": 2.5}
 
 
 def metrics(case, median_ms, flop_factor=1.0):
@@ -190,7 +190,8 @@ def normalize_case(c):
     """Validates a list-json case and returns a copy with canonical dtype; raises ValueError.
     Optional fields, as flashcore writes them: `window` [left, right], `softcap`, `packed`
     {seqlens_q, seqlens_k, seqused_k?} (then batch = sequences, seqlen_q/k = the longest),
-    `attention_chunk` (keys a chunk), `counts` {flops, kv_bytes}."""
+    `attention_chunk` (keys a chunk), `learnable_sink` (a bool: the call has `flashcore bench`'s
+    sinks), `counts` {flops, kv_bytes}."""
     missing = [f for f in CASE_FIELDS if f not in c]
     if missing:
         raise ValueError(f"case {c.get('name', c)!r} lacks {missing}")
@@ -212,6 +213,8 @@ def normalize_case(c):
             raise ValueError(f"case {c['name']}: packed needs batch = {c['batch']} lengths in seqlens_q, seqlens_k (and seqused_k)")
         if used is not None and any(u > h for u, h in zip(used, p["seqlens_k"])):
             raise ValueError(f"case {c['name']}: seqused_k above the keys a sequence holds")
+    if not isinstance(c.get("learnable_sink", False), bool):
+        raise ValueError(f"case {c['name']}: learnable_sink must be true or false, got {c['learnable_sink']!r}")
     chunk = c.get("attention_chunk")
     if chunk is not None and (not isinstance(chunk, int) or chunk < 1):
         raise ValueError(f"case {c['name']}: attention_chunk must be a positive integer, got {chunk!r}")

@@ -188,7 +188,7 @@ stage "bench self-tests"
 .venv/bin/python bench/context_parallel_plot.py --self-test
 # Every suite as the anchors read it (a plain case's FLOPs must agree on both sides; a window
 # or a packed batch carries flashcore's counts and lengths).
-for s in quick seed sweep small dims bwd bwd-dims varlen chunked bwd-chunked; do
+for s in quick seed sweep small dims bwd bwd-dims varlen chunked bwd-chunked sinks bwd-sinks; do
     target/debug/flashcore bench --suite "$s" --list-json > target/suite.json
     .venv/bin/python -c 'import sys; sys.path.insert(0, "bench"); import schema; schema.parse_suite(open("target/suite.json").read())'
 done

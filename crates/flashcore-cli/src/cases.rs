@@ -28,6 +28,10 @@ pub struct Case {
     /// Chunked attention's chunk in keys (the `chunked` suites); none when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention_chunk: Option<usize>,
+    /// Learnable sinks, one a query head (`check::sink_values`'s), on the call (the `sinks`
+    /// suites); absent when off.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub learnable_sink: bool,
     /// A packed (varlen) batch: `batch` sequences of these lengths, `seqlen_q` and
     /// `seqlen_k` then the longest (max_seqlen_q, max_seqlen_k).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -107,6 +111,7 @@ impl Case {
             window: None,
             softcap: None,
             attention_chunk: None,
+            learnable_sink: false,
             packed: None,
             counts: None,
         }
@@ -142,6 +147,18 @@ impl Case {
         self.name += &format!("_chunk{chunk}");
         self.attention_chunk = Some(chunk);
         self
+    }
+
+    /// The case with learnable sinks, which its name then says (`_sinks`).
+    pub fn with_sinks(mut self) -> Self {
+        self.name += "_sinks";
+        self.learnable_sink = true;
+        self
+    }
+
+    /// The sinks of the case on the device (`check::sink_values`'s), or none.
+    pub fn sinks(&self, ctx: &flashcore::Context) -> anyhow::Result<Option<cudarc::driver::CudaSlice<f32>>> {
+        crate::check::upload_slopes(ctx, &crate::check::sink_values(self.learnable_sink, self.heads_q))
     }
 
     /// The case with its [`Counts`] filled in (what `bench` writes).

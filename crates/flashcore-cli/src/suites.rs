@@ -1,11 +1,12 @@
 //! Benchmark suites: named lists of cases (docs/design.md §10).
 
-use flashcore::DType;
+use flashcore::{DType, Window};
 use rand::{Rng, SeedableRng};
 
 use crate::cases::{Case, Packed};
 
-pub const NAMES: &[&str] = &["quick", "seed", "sweep", "small", "dims", "bwd", "bwd-dims", "varlen", "paged", "chunked", "bwd-chunked"];
+pub const NAMES: &[&str] =
+    &["quick", "seed", "sweep", "small", "dims", "bwd", "bwd-dims", "varlen", "paged", "chunked", "bwd-chunked", "sinks", "bwd-sinks"];
 
 /// The varlen suite's packed batches: 64k tokens in sequences of lengths drawn from
 /// 128..=8192 (issue 17's speed goal), the same batch at every head dim and mask.
@@ -63,7 +64,7 @@ fn varlen_suite() -> Vec<Case> {
 
 /// Whether suite `name` times the backward (`bench::bwd`) rather than the forward.
 pub fn is_backward(name: &str) -> bool {
-    matches!(name, "bwd" | "bwd-dims" | "bwd-chunked")
+    matches!(name, "bwd" | "bwd-dims" | "bwd-chunked" | "bwd-sinks")
 }
 
 /// 16k tokens per batch, hidden 2048: `B = 16384 / S`, `H = 2048 / D`.
@@ -138,6 +139,21 @@ pub fn suite(name: &str) -> Option<Vec<Case>> {
         // each beside causal attention of the same shape: TFLOPS count the visible pairs, so the
         // rows compare per pair (issue 51's goal: the chunked time per pair within 1.02x the
         // causal). `bwd-chunked` times their backward.
+        // Learnable sinks on gpt-oss's attention (Hq 64, Hkv 8, D64, causal; its sliding
+        // layers' window (128, 0)) at 2k and 8k tokens a sequence, 16k a batch, each case beside
+        // the same call without sinks (issue 52's goal: sinks cost at most 3%). `bwd-sinks`
+        // times their backward, the sinks' gradient included.
+        "sinks" | "bwd-sinks" => {
+            let mut v = Vec::new();
+            for s in [2048, 8192] {
+                for window in [Window::UNBOUNDED, Window::new(128, 0)] {
+                    let plain = Case::new(16384 / s, s, s, 64, 8, 64, true, DType::BF16).with_mods(window, 0.0);
+                    v.push(plain.clone());
+                    v.push(plain.with_sinks());
+                }
+            }
+            v
+        }
         "chunked" | "bwd-chunked" => {
             let mut v = Vec::new();
             for d in [64, 128] {

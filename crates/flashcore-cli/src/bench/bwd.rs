@@ -2,13 +2,14 @@
 //! forward is (CUDA events, warm-up, median of the samples, input sets rotated while they fit
 //! in L2). FLOPs: the backward counts 2.5x the forward's, forward + backward 3.5x
 //! (FlashAttention's convention), the forward's on the visible pairs (a window, `--window`,
-//! counts its own); `tflops` is the backward's. `--window` and `--softcap` reach both passes.
+//! counts its own); `tflops` is the backward's. `--window` and `--softcap` reach both passes;
+//! a case's learnable sinks (the `bwd-sinks` suite) too, the backward computing their gradient.
 
 use anyhow::Result;
 use flashcore::bench::{time, TimingOptions};
 use flashcore::{
-    AttnOutput, AttnParams, BwdInputs, Context, DeviceTensor, Error, FwdInputs, FwdOutputs, GradsMut, KernelFamily, KvLayout, LseView,
-    LseViewMut,
+    AttnOutput, AttnParams, BwdInputs, Context, DeviceTensor, Error, FwdInputs, FwdOutputs, GradsMut, KernelFamily, KvLayout,
+    LearnableSinks, LseView, LseViewMut, SinkGradMut,
 };
 
 use crate::bench::report::{unsupported, Row};
@@ -47,6 +48,9 @@ pub fn bench_case(
     let shape = case.shape();
     let set_bytes = 2.0 * shape.min_bytes(case.dtype.size_bytes()); // q, k, v, o and dout
     let n_sets = ((4.0 * ctx.info().l2_bytes as f64 / set_bytes).ceil() as usize).clamp(1, 8);
+    let sinks = case.sinks(ctx)?;
+    let learnable_sink = sinks.as_ref().map(LearnableSinks::of);
+    let mut dsink = ctx.stream().alloc_zeros::<f32>(if case.learnable_sink { case.heads_q } else { 0 })?;
     let mut sets = Vec::new();
     for s in 0..n_sets {
         let seed = 2000 + s as u64;
@@ -54,7 +58,7 @@ pub fn bench_case(
         let up = |data: &[f32], sh| Stored::upload(ctx, data, sh, case.dtype, Storage::Bshd);
         let (q, k, v) = (up(&h.q, case.q_shape())?, up(&h.k, case.kv_shape())?, up(&h.v, case.kv_shape())?);
         let dout = up(&normal(h.q.len(), 1.0, case.dtype, seed ^ 0xd0), case.q_shape())?;
-        let fwd = ctx.attention(&FwdInputs::dense(q.view(), k.view(), v.view()), &fwd_params)?;
+        let fwd = ctx.attention(&FwdInputs { learnable_sink, ..FwdInputs::dense(q.view(), k.view(), v.view()) }, &fwd_params)?;
         sets.push(Set { q, k, v, dout, fwd });
     }
     let mut dq = DeviceTensor::filled(ctx, 0, case.q_shape(), case.dtype)?;
@@ -63,13 +67,18 @@ pub fn bench_case(
     let mut o = DeviceTensor::filled(ctx, 0, case.q_shape(), case.dtype)?;
     let mut lse = ctx.stream().alloc_zeros::<f32>(case.batch * case.heads_q * case.seqlen_q)?;
     let opts = |graph| TimingOptions { samples, graph, ..Default::default() };
+    // The backward's inputs and gradients, the sinks' with them when the case has sinks.
+    let backward_of = |inputs: BwdInputs<'_>, grads: GradsMut<'_>, dsink: &mut cudarc::driver::CudaSlice<f32>| match learnable_sink {
+        Some(sinks) => ctx.attention_backward_into(&inputs.with_learnable_sink(sinks), grads.with_dsink(SinkGradMut::of(dsink)), &params),
+        None => ctx.attention_backward_into(&inputs, grads, &params),
+    };
 
     let mut backward = |graph: bool| {
         time(ctx, opts(graph), |i| {
             let s = &sets[i % n_sets];
             let inputs =
                 BwdInputs::new(s.q.view(), s.k.view(), s.v.view(), s.fwd.o.view(), LseView::of(&s.fwd.lse), s.dout.view(), KvLayout::Dense);
-            ctx.attention_backward_into(&inputs, GradsMut::new(dq.view_mut(), dk.view_mut(), dv.view_mut()), &params)
+            backward_of(inputs, GradsMut::new(dq.view_mut(), dk.view_mut(), dv.view_mut()), &mut dsink)
         })
     };
     let timings = backward(!eager_only).and_then(|t| Ok((t, backward(false)?)));
@@ -81,13 +90,13 @@ pub fn bench_case(
     let fwd_bwd = time(ctx, opts(!eager_only), |i| {
         let s = &sets[i % n_sets];
         ctx.attention_into(
-            &FwdInputs::dense(s.q.view(), s.k.view(), s.v.view()),
+            &FwdInputs { learnable_sink, ..FwdInputs::dense(s.q.view(), s.k.view(), s.v.view()) },
             FwdOutputs { o: o.view_mut(), lse: Some(LseViewMut::of(&mut lse)), probs: None },
             &fwd_params,
         )?;
         let (o, lse) = (o.view(), LseView::of(&lse));
         let inputs = BwdInputs::new(s.q.view(), s.k.view(), s.v.view(), o, lse, s.dout.view(), KvLayout::Dense);
-        ctx.attention_backward_into(&inputs, GradsMut::new(dq.view_mut(), dk.view_mut(), dv.view_mut()), &params)
+        backward_of(inputs, GradsMut::new(dq.view_mut(), dk.view_mut(), dv.view_mut()), &mut dsink)
     })?;
     let flops = case.flops();
     let tflops = |ms: f64, factor: f64| factor * flops / (ms * 1e-3) * 1e-12;

@@ -4,7 +4,7 @@
 
 use anyhow::Result;
 use flashcore::bench::{time, TimingOptions};
-use flashcore::{AttnParams, Context, DeviceTensor, Error, FwdInputs, FwdOutputs, KernelFamily, LseViewMut};
+use flashcore::{AttnParams, Context, DeviceTensor, Error, FwdInputs, FwdOutputs, KernelFamily, LearnableSinks, LseViewMut};
 
 use crate::bench::options::{CaseOptions, VERIFY_ROWS};
 use crate::bench::report::{timed_and_eager, unsupported, Row};
@@ -30,12 +30,14 @@ pub fn bench_case(ctx: &Context, case: &Case, family: Option<KernelFamily>, args
     }
     let mut o = DeviceTensor::filled(ctx, 0x7fc0, case.q_shape(), case.dtype)?;
     let mut lse = ctx.stream().alloc_zeros::<f32>(case.batch * case.heads_q * case.seqlen_q)?;
+    let sinks = case.sinks(ctx)?;
+    let learnable_sink = sinks.as_ref().map(LearnableSinks::of);
     let timed = |graph: bool| {
         let opts = TimingOptions { samples: args.samples, graph, ..Default::default() };
         time(ctx, opts, |i| {
             let (q, k, v) = &inputs[i % sets];
             ctx.attention_into(
-                &FwdInputs::dense(q.view(), k.view(), v.view()),
+                &FwdInputs { learnable_sink, ..FwdInputs::dense(q.view(), k.view(), v.view()) },
                 FwdOutputs { o: o.view_mut(), lse: Some(LseViewMut::of(&mut lse)), probs: None },
                 &params,
             )
@@ -45,7 +47,7 @@ pub fn bench_case(ctx: &Context, case: &Case, family: Option<KernelFamily>, args
         Ok(t) => t,
         Err(row) => return Ok(*row),
     };
-    let rel_error = if args.no_verify { None } else { Some(verify(ctx, case, &inputs[0], &params)?) };
+    let rel_error = if args.no_verify { None } else { Some(verify(ctx, case, &inputs[0], learnable_sink, &params)?) };
     let secs = timing.median_ms * 1e-3;
     let decode = case.seqlen_q == 1;
     Ok(Row {
@@ -67,18 +69,26 @@ pub fn bench_case(ctx: &Context, case: &Case, family: Option<KernelFamily>, args
     })
 }
 
-/// Relative error of the last `VERIFY_ROWS` query rows against the GPU reference kernel.
-fn verify(ctx: &Context, case: &Case, (q, k, v): &(Stored, Stored, Stored), params: &AttnParams) -> Result<f64> {
+/// Relative error of the last `VERIFY_ROWS` query rows against the GPU reference kernel (with
+/// the case's sinks, when it has them).
+fn verify(
+    ctx: &Context,
+    case: &Case,
+    (q, k, v): &(Stored, Stored, Stored),
+    learnable_sink: Option<LearnableSinks>,
+    params: &AttnParams,
+) -> Result<f64> {
     let rows = case.seqlen_q.min(VERIFY_ROWS);
     let start = case.seqlen_q - rows;
     let mut o = DeviceTensor::filled(ctx, 0x7fc0, case.q_shape(), case.dtype)?;
-    ctx.attention_into(&FwdInputs::dense(q.view(), k.view(), v.view()), FwdOutputs { o: o.view_mut(), lse: None, probs: None }, params)?;
+    let inputs = FwdInputs { learnable_sink, ..FwdInputs::dense(q.view(), k.view(), v.view()) };
+    ctx.attention_into(&inputs, FwdOutputs { o: o.view_mut(), lse: None, probs: None }, params)?;
     let sliced_shape = [case.batch, rows, case.heads_q, case.head_dim];
     let mut o_ref = DeviceTensor::filled(ctx, 0x7fc0, sliced_shape, case.dtype)?;
     let q_rows = q.view().narrow_seq(start, rows).expect("rows are in range");
     let ref_params = AttnParams { kernel: Some(KernelFamily::Reference), ..*params };
     ctx.attention_into(
-        &FwdInputs::dense(q_rows, k.view(), v.view()),
+        &FwdInputs { learnable_sink, ..FwdInputs::dense(q_rows, k.view(), v.view()) },
         FwdOutputs { o: o_ref.view_mut(), lse: None, probs: None },
         &ref_params,
     )?;
