@@ -23,7 +23,7 @@ use flashcore::{
 };
 
 use crate::cases::{errors, normal, random_qkv, Case, Inputs, Storage, Stored};
-use crate::check::outcome::{dsink_tolerance, grad_tolerance, Outcome};
+use crate::check::outcome::{dsink_error, dsink_tolerance, grad_tolerance, Outcome};
 use crate::check::{upload_dropout_state, upload_slopes, wide_slopes, Alibi};
 
 /// A backward case: the kernels, the problem, its inputs and the storage of q, k, v and dout,
@@ -385,12 +385,7 @@ pub fn check_one(ctx: &Context, spec: &BwdSpec) -> Result<Outcome> {
         // kernels' D_i come from O in bf16 / f16, and dsink is a sum that cancels, so a relative
         // error of the sum would measure the cancellation. A lost row, sequence or head is an
         // error of the terms' own size.
-        let r = first_dsink
-            .iter()
-            .zip(&want.dsinks)
-            .zip(&want.dsink_scales)
-            .map(|((&g, w), s)| (g as f64 - w).abs() / s.max(f64::MIN_POSITIVE))
-            .fold(0f64, f64::max);
+        let r = dsink_error(&first_dsink, &want.dsinks, &want.dsink_scales);
         let m = first_dsink.iter().zip(&want.dsinks).map(|(&g, w)| (g as f64 - w).abs()).fold(0f64, f64::max);
         if first_dsink.iter().any(|x| !x.is_finite()) {
             failure.get_or_insert("NaN/Inf in dsink (unwritten or overflowed)".to_string());

@@ -45,6 +45,12 @@ pub fn dsink_tolerance(dtype: DType) -> f64 {
     }
 }
 
+/// The sinks' gradient's error: the largest over the heads of `|got − want|` over the size of
+/// the head's terms (`scales`, [`dsink_tolerance`]'s measure).
+pub fn dsink_error(got: &[f32], want: &[f64], scales: &[f64]) -> f64 {
+    got.iter().zip(want).zip(scales).map(|((&g, w), s)| (g as f64 - w).abs() / s.max(f64::MIN_POSITIVE)).fold(0f64, f64::max)
+}
+
 /// A forward result against the oracle's: (relative L2 error, max abs error, max LSE error,
 /// the first failure: NaN/Inf in o, o beyond the dtype's tolerance, an LSE not -inf where the
 /// oracle's is (a row without keys) or not finite where it is finite, LSE error > 2e-3, two

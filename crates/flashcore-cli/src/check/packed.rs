@@ -6,13 +6,13 @@ use anyhow::Result;
 use cudarc::driver::CudaSlice;
 use flashcore::reference::RefMask;
 use flashcore::{
-    AlibiSlopes, AttnParams, Context, DType, DeviceTensor, FwdInputs, FwdOutputs, KernelFamily, LseViewMut, SeqLensView, VarlenBatch,
-    Window,
+    AlibiSlopes, AttnParams, Context, DType, DeviceTensor, FwdInputs, FwdOutputs, KernelFamily, LearnableSinks, LseViewMut, SeqLensView,
+    VarlenBatch, Window,
 };
 
 use crate::cases::{random_qkv, Case, HostQkv, Inputs};
 use crate::check::poison::poisoned_run;
-use crate::check::{upload_slopes, Alibi};
+use crate::check::{sink_values, upload_slopes, Alibi};
 
 /// One sequence of a packed batch: its queries, the keys it uses, and the keys after those
 /// it holds but does not use (`seqused_k`'s slack; 0 without seqused_k).
@@ -46,6 +46,9 @@ pub struct VarlenSpec {
     /// Dropout: each sequence's mask is that of its place in the batch, so a sequence run
     /// alone draws another and is not compared with its rows bitwise; the oracle keeps its place.
     pub dropout: Option<flashcore::Dropout>,
+    /// Learnable sinks (`check::sink_values`), one a query head for every sequence (the
+    /// backward's checks: their gradient sums every sequence's rows).
+    pub sinks: bool,
 }
 
 impl VarlenSpec {
@@ -71,6 +74,9 @@ impl VarlenSpec {
         }
         if let Some(n) = self.splits {
             name += &format!("_split{n}");
+        }
+        if self.sinks {
+            name += "_sinks";
         }
         if self.deterministic {
             name += "_deterministic";
@@ -154,6 +160,7 @@ impl Point {
             inputs: Inputs::Normal,
             deterministic: false,
             dropout: None,
+            sinks: false,
         }
     }
 
@@ -191,6 +198,7 @@ pub(crate) struct Packed {
     cu_k: CudaSlice<i32>,
     used: Option<CudaSlice<i32>>,
     slopes: Option<CudaSlice<f32>>,
+    sinks: Option<CudaSlice<f32>>,
     pub total_q: usize,
 }
 
@@ -211,6 +219,11 @@ impl Packed {
     /// ALiBi's slopes on the device, if any.
     pub fn alibi_slopes(&self) -> Option<AlibiSlopes<'_>> {
         self.slopes.as_ref().map(AlibiSlopes::of)
+    }
+
+    /// The learnable sinks on the device, if any.
+    pub fn learnable_sink(&self) -> Option<LearnableSinks<'_>> {
+        self.sinks.as_ref().map(LearnableSinks::of)
     }
 
     /// `seqs`' host tensors (each `[1, S, H, D]`, keys with their slack) packed, with ALiBi's
@@ -237,6 +250,7 @@ impl Packed {
             cu_k: ctx.stream().clone_htod(&cu_k)?,
             used: if spec.seqused { Some(ctx.stream().clone_htod(&used)?) } else { None },
             slopes: upload_slopes(ctx, slopes)?,
+            sinks: upload_slopes(ctx, &sink_values(spec.sinks, hq))?,
             total_q,
         })
     }

@@ -11,13 +11,14 @@
 
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
+use flashcore::reference::RefMask;
 use flashcore::{
     reference, BwdInputs, Context, DType, DeviceTensor, DropoutState, FwdInputs, GradsMut, KernelFamily, KvLayout, LseView, ProblemShape,
-    VarlenBatch, Window,
+    SinkGradMut, VarlenBatch, Window,
 };
 
 use crate::cases::{errors, normal, Inputs};
-use crate::check::outcome::{grad_tolerance, Outcome};
+use crate::check::outcome::{dsink_error, dsink_tolerance, grad_tolerance, Outcome};
 use crate::check::packed::{seqs, sweep, Packed, Seq, VarlenSpec};
 use crate::check::poison::nan_bits;
 use crate::check::{slopes_of, upload_dropout_state, wide_slopes, Alibi};
@@ -28,8 +29,8 @@ use crate::check::{slopes_of, upload_dropout_state, wide_slopes, Alibi};
 /// dispatcher's split count (bwd_sm80; bwd_sm90 has no split count); keys past seqused_k; a
 /// window, a softcap, both; ALiBi per sequence (deterministic: each sequence bitwise alone,
 /// with its row of slopes), and with a window and a softcap; dropout, alone and deterministic
-/// (forced splits on bwd_sm80). Every head dim of `family` in a full check; D64 and D128
-/// otherwise.
+/// (forced splits on bwd_sm80); learnable sinks, their gradient summed over every sequence
+/// (deterministic). Every head dim of `family` in a full check; D64 and D128 otherwise.
 pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<VarlenSpec> {
     let issue = seqs(&[(0, 5), (1, 1), (7, 300), (113, 113), (1000, 1200), (4097, 4097), (3, 0), (250, 90)]);
     let mixed = seqs(&[(0, 5), (1, 1), (7, 300), (113, 113), (1000, 1200), (3, 0), (250, 90)]);
@@ -46,6 +47,7 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<VarlenSpec> 
             return;
         }
         out.push(VarlenSpec { seqused: true, ..p.spec(&slacked, (4, 1)) });
+        out.push(VarlenSpec { sinks: true, deterministic: true, ..p.spec(&mixed, (8, 2)) });
         out.push(VarlenSpec { window: Window::new(127, 0), deterministic: true, ..p.spec(&policies, (4, 2)) });
         out.push(VarlenSpec { softcap: 30.0, inputs: Inputs::LargeLogits, ..p.spec(&policies, (4, 1)) });
         out.push(VarlenSpec { dropout: p.dropout(0.17, 0), ..p.spec(&mixed, (8, 2)) });
@@ -73,8 +75,9 @@ struct Saved<'a> {
     dropout_state: Option<DropoutState<'a>>,
 }
 
-/// The gradients (dq, dk, dv bits) of a packed problem into NaN-poisoned buffers.
-fn gradients(ctx: &Context, spec: &VarlenSpec, packed: &Packed, batch: &VarlenBatch, saved: &Saved) -> Result<[Vec<u16>; 3]> {
+/// The gradients (dq, dk, dv bits) of a packed problem into NaN-poisoned buffers, and with
+/// sinks their gradient (f32 `[Hq]`; empty without).
+fn gradients(ctx: &Context, spec: &VarlenSpec, packed: &Packed, batch: &VarlenBatch, saved: &Saved) -> Result<([Vec<u16>; 3], Vec<f32>)> {
     let nan = nan_bits(spec.dtype);
     let mut dq = DeviceTensor::filled(ctx, nan, packed.q.layout().shape, spec.dtype)?;
     let mut dk = DeviceTensor::filled(ctx, nan, packed.k.layout().shape, spec.dtype)?;
@@ -89,11 +92,13 @@ fn gradients(ctx: &Context, spec: &VarlenSpec, packed: &Packed, batch: &VarlenBa
         kv: KvLayout::Varlen(*batch),
         alibi_slopes: packed.alibi_slopes(),
         dropout_state: saved.dropout_state,
-        learnable_sink: None,
+        learnable_sink: packed.learnable_sink(),
     };
+    let mut dsink = ctx.stream().clone_htod(&vec![f32::NAN; if spec.sinks { spec.heads_q } else { 0 }])?;
     let grads = GradsMut::new(dq.view_mut(), dk.view_mut(), dv.view_mut());
+    let grads = if spec.sinks { grads.with_dsink(SinkGradMut::of(&mut dsink)) } else { grads };
     ctx.attention_backward_into(&inputs, grads, &spec.params())?;
-    Ok([dq.to_bits(ctx)?, dk.to_bits(ctx)?, dv.to_bits(ctx)?])
+    Ok(([dq.to_bits(ctx)?, dk.to_bits(ctx)?, dv.to_bits(ctx)?], ctx.stream().clone_dtoh(&dsink)?))
 }
 
 pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
@@ -109,17 +114,25 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
     let batch = packed.batch(ctx, max)?;
     let dout = DeviceTensor::from_f32(ctx, &douts.concat(), [1, packed.total_q, hq, d], dtype)?;
     let forward = flashcore::AttnParams { kernel: None, num_splits: None, deterministic: false, ..spec.params() };
-    let inputs =
-        FwdInputs { alibi_slopes: packed.alibi_slopes(), ..FwdInputs::varlen(packed.q.view(), packed.k.view(), packed.v.view(), batch) };
+    let inputs = FwdInputs {
+        alibi_slopes: packed.alibi_slopes(),
+        learnable_sink: packed.learnable_sink(),
+        ..FwdInputs::varlen(packed.q.view(), packed.k.view(), packed.v.view(), batch)
+    };
     let fwd = ctx.attention(&inputs, &forward)?;
     // The forward drew its mask from the host's pair; the backward reads it on the device.
     let state = upload_dropout_state(ctx, spec.dropout)?;
     let saved = Saved { o: &fwd.o, lse: &fwd.lse, dout: &dout, dropout_state: state.as_ref().map(DropoutState::of) };
-    let first = gradients(ctx, spec, &packed, &batch, &saved)?;
-    let second = gradients(ctx, spec, &packed, &batch, &saved)?;
-    // dq adds with atomics in a varying order unless deterministic; dk and dv never do.
+    let (first, first_dsink) = gradients(ctx, spec, &packed, &batch, &saved)?;
+    let (second, second_dsink) = gradients(ctx, spec, &packed, &batch, &saved)?;
+    // dq adds with atomics in a varying order unless deterministic; dk, dv and dsink never do.
     let repeats = usize::from(!spec.deterministic);
-    let deterministic = first[repeats..] == second[repeats..];
+    let same_bits = |a: &[f32], b: &[f32]| a.iter().map(|x| x.to_bits()).eq(b.iter().map(|x| x.to_bits()));
+    let deterministic = first[repeats..] == second[repeats..] && same_bits(&first_dsink, &second_dsink);
+    let sinks = super::sink_values(spec.sinks, hq);
+    let wide_sinks = super::wide_slopes(&sinks);
+    // The sinks' gradient and the size of its terms, summed over the sequences' oracles.
+    let (mut want_dsink, mut dsink_scale) = (vec![0f64; sinks.len()], vec![0f64; sinks.len()]);
 
     let (o_bits, lse) = (fwd.o.to_bits(ctx)?, ctx.stream().clone_dtoh(&fwd.lse)?);
     let total_k: usize = spec.seqs.iter().map(|s| s.keys + s.slack).sum();
@@ -133,8 +146,12 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
             let shape = ProblemShape { batch: 1, seqlen_q: s.queries, seqlen_k: s.keys, heads_q: hq, heads_kv: hkv, head_dim: d };
             let used = s.keys * hkv * d;
             let (k, v) = (wide(&h.k[..used]), wide(&h.v[..used]));
-            let (scale, mask) = (1.0 / (d as f64).sqrt(), spec.mask(&wide_slopes, b));
+            let (scale, mask) = (1.0 / (d as f64).sqrt(), RefMask { sinks: &wide_sinks, ..spec.mask(&wide_slopes, b) });
             let r = reference::attention_backward_masked(&wide(&h.q), &k, &v, &wide(&douts[b]), &shape, scale, &mask);
+            for (h, (g, s)) in r.dsinks.iter().zip(&r.dsink_scales).enumerate() {
+                want_dsink[h] += g;
+                dsink_scale[h] += s;
+            }
             want[0][q_rows.clone()].copy_from_slice(&r.dq);
             want[1][k_rows.start..][..used].copy_from_slice(&r.dk);
             want[2][k_rows.start..][..used].copy_from_slice(&r.dv);
@@ -148,7 +165,7 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
             let lse_alone = ctx.stream().clone_htod(&rows)?;
             let dout_alone = DeviceTensor::from_f32(ctx, &douts[b], [1, s.queries, hq, d], dtype)?;
             let saved = Saved { o: &o, lse: &lse_alone, dout: &dout_alone, dropout_state: None };
-            let got = gradients(ctx, spec, &alone, &alone.batch(ctx, max)?, &saved)?;
+            let (got, _) = gradients(ctx, spec, &alone, &alone.batch(ctx, max)?, &saved)?;
             let dq_too = spec.deterministic && (spec.splits.is_some() || spec.family == KernelFamily::BwdSm90);
             if got[1] != first[1][k_rows.clone()] || got[2] != first[2][k_rows.clone()] {
                 failure = Some(format!("sequence {b}: dk or dv differs bitwise from the same sequence run alone"));
@@ -172,8 +189,18 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
         rel = rel.max(r);
         max_abs = max_abs.max(m);
     }
+    if spec.sinks {
+        let r = dsink_error(&first_dsink, &want_dsink, &dsink_scale);
+        if first_dsink.iter().any(|x| !x.is_finite()) {
+            failure.get_or_insert("NaN/Inf in dsink (unwritten or overflowed)".to_string());
+        } else if r > dsink_tolerance(dtype) {
+            failure.get_or_insert(format!("dsink error {r:.2e} of its terms' size > {:.1e}", dsink_tolerance(dtype)));
+        }
+        rel = rel.max(r);
+    }
     if !deterministic {
-        failure.get_or_insert(format!("{} differ bitwise between two runs", if repeats == 1 { "dk or dv" } else { "the gradients" }));
+        failure
+            .get_or_insert(format!("{} differ bitwise between two runs", if repeats == 1 { "dk, dv or dsink" } else { "the gradients" }));
     }
     Ok(Outcome { spec_name: spec.name(), kernel: spec.family, oracle: "cpu-f64", rel, max_abs, lse_err: 0.0, deterministic, failure })
 }
