@@ -563,9 +563,12 @@ mod tests {
                 down[h] -= eps;
                 let want = (loss(&up) - loss(&down)) / (2.0 * eps);
                 assert!((grads.dsinks[h] - want).abs() < 1e-7, "{window:?} h{h}: {} vs {want}", grads.dsinks[h]);
+                // The size of dsink's terms bounds the sum, and exceeds it where the terms cancel.
+                assert!(grads.dsink_scales[h] >= grads.dsinks[h].abs() - 1e-12, "h{h}: {} < |{}|", grads.dsink_scales[h], grads.dsinks[h]);
             }
+            assert!(grads.dsink_scales.iter().zip(&grads.dsinks).any(|(s, g)| *s > g.abs() + 1e-6), "some head's terms cancel");
             let no_sinks = attention_backward_masked(&q, &k, &v, &dout, &s, 0.9, &mask(window, &[]));
-            assert!(no_sinks.dsinks.is_empty());
+            assert!(no_sinks.dsinks.is_empty() && no_sinks.dsink_scales.is_empty());
             assert!(grads.dq.iter().zip(&no_sinks.dq).any(|(a, b)| (a - b).abs() > 1e-6), "the sinks change dq");
         }
     }
