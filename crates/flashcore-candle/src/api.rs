@@ -38,8 +38,12 @@ fn check_options_and_devices(
     if let Some(slopes) = &options.alibi_slopes {
         check::alibi_slopes(slopes, batch, heads)?;
     }
+    if let Some(sinks) = &options.learnable_sink {
+        check::learnable_sink(sinks, heads)?;
+    }
     let mut all = others.to_vec();
     all.push(("alibi_slopes", options.alibi_slopes.as_ref()));
+    all.push(("learnable_sink", options.learnable_sink.as_ref()));
     check::devices(q, &all)
 }
 

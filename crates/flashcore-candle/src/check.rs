@@ -101,6 +101,20 @@ pub(crate) fn index_vector(arg: &str, t: &Tensor, len: Option<usize>) -> Result<
     Ok(())
 }
 
+/// Learnable sinks: f32, `[Hq]`, contiguous.
+pub(crate) fn learnable_sink(t: &Tensor, heads: usize) -> Result<()> {
+    if t.dtype() != DType::F32 {
+        candle_core::bail!("flashcore: `learnable_sink` must be f32, got {:?}", t.dtype())
+    }
+    if t.dims() != [heads] {
+        candle_core::bail!("flashcore: `learnable_sink` must be [{heads}], it is {:?}", t.dims())
+    }
+    if !t.is_contiguous() {
+        candle_core::bail!("flashcore: `learnable_sink` must be contiguous")
+    }
+    Ok(())
+}
+
 /// ALiBi slopes: f32, `[Hq]` or `[B, Hq]`, contiguous.
 pub(crate) fn alibi_slopes(t: &Tensor, batch: usize, heads: usize) -> Result<()> {
     if t.dtype() != DType::F32 {

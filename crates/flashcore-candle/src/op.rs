@@ -43,6 +43,7 @@ type Arg<'a> = (&'a CudaStorage, &'a Layout);
 struct Extras<'a> {
     cu_seqlens: Option<(Held<'a>, Held<'a>, usize, usize)>,
     alibi: Option<Held<'a>>,
+    sinks: Option<Held<'a>>,
 }
 
 impl<'a> Extras<'a> {
@@ -53,7 +54,11 @@ impl<'a> Extras<'a> {
                 Some((Held::of(cu_seqlens_q), Held::of(cu_seqlens_k), *max_seqlen_q, *max_seqlen_k))
             }
         };
-        Extras { cu_seqlens, alibi: op.options.alibi_slopes.as_ref().map(Held::of) }
+        Extras {
+            cu_seqlens,
+            alibi: op.options.alibi_slopes.as_ref().map(Held::of),
+            sinks: op.options.learnable_sink.as_ref().map(Held::of),
+        }
     }
 
     fn layout(&self) -> Result<KvLayout<'_>> {
@@ -74,6 +79,10 @@ impl<'a> Extras<'a> {
 
     fn alibi(&self) -> Result<Option<flashcore::AlibiSlopes<'_>>> {
         self.alibi.as_ref().map(|a| a.vector("alibi_slopes")).transpose()
+    }
+
+    fn sinks(&self) -> Result<Option<flashcore::LearnableSinks<'_>>> {
+        self.sinks.as_ref().map(|s| s.vector("learnable_sink")).transpose()
     }
 }
 
@@ -109,7 +118,7 @@ impl AttnOp {
             kv: extras.layout()?,
             alibi_slopes: extras.alibi()?,
             dropout_state: None,
-            learnable_sink: None,
+            learnable_sink: extras.sinks()?,
         };
         let o_view = o.view_mut(qv.layout().shape, qv.layout().dtype, qv.device());
         // SAFETY: the LSE buffer holds `lse_shape`'s values and is written by this call alone.

@@ -31,6 +31,12 @@ pub struct AttnOptions {
     /// ALiBi slopes, f32 `[Hq]` or `[B, Hq]` on the GPU: score `(i, j)` gains
     /// `-slope · |i + Sk - Sq - j|`.
     pub alibi_slopes: Option<Tensor>,
+    /// Learnable sinks (gpt-oss; [`flashcore::LearnableSinks`]), f32 `[Hq]` on the GPU: one
+    /// logit a query head in every row's softmax denominator, with no value. The gradients of
+    /// `q`, `k` and `v` take them into account; the sinks themselves get none through candle's
+    /// autograd (its three-input custom op): frozen sinks, as in inference or fine-tuning
+    /// that keeps them fixed.
+    pub learnable_sink: Option<Tensor>,
     /// Bitwise-reproducible gradients (no order-dependent float atomics in the backward), at
     /// a cost. The forward is always deterministic.
     pub deterministic: bool,

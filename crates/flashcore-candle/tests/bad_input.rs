@@ -74,3 +74,12 @@ fn alibi_slopes_are_checked_by_name() {
     let options = AttnOptions { alibi_slopes: Some(zeros(&[4], DType::BF16)), ..AttnOptions::default() };
     names(attention(&q, &q, &q, &options), "alibi_slopes");
 }
+
+#[test]
+fn learnable_sinks_are_checked_by_name() {
+    let q = zeros(&[2, 8, 4, 64], DType::BF16);
+    for sinks in [zeros(&[3], DType::F32), zeros(&[2, 4], DType::F32), zeros(&[4], DType::BF16)] {
+        let options = AttnOptions { learnable_sink: Some(sinks), ..AttnOptions::default() };
+        names(attention(&q, &q, &q, &options), "learnable_sink");
+    }
+}
