@@ -203,6 +203,9 @@ def test_what_flashcore_does_not_run_yet_is_refused_by_name(fa3):
     with pytest.raises(NotImplementedError, match="`seqused_q`"):
         fa3.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 16, 16, seqused_q=cu[1:])
     with pytest.raises(NotImplementedError, match="`cu_seqlens_k_new`"):
-        fa3.flash_attn_with_kvcache(q, q, q, cu_seqlens_k_new=cu)
+        fa3.flash_attn_with_kvcache(q, q.clone(), q.clone(), k=q[:, :1], v=q[:, :1], cache_seqlens=8, cu_seqlens_k_new=cu[:2])
+    # Without new keys FA3 ignores it (serving code passes it anyway): the same call as without.
+    lengths = torch.full((1,), 16, dtype=torch.int32, device="cuda")
+    assert torch.equal(fa3.flash_attn_with_kvcache(q, q, q, cache_seqlens=lengths, cu_seqlens_k_new=cu), fa3.flash_attn_with_kvcache(q, q, q, cache_seqlens=lengths))
     with pytest.raises(TypeError, match="`num_splits`"):
         fa3.flash_attn_func(q, q, q, num_splits=1.5)

@@ -208,9 +208,13 @@ def flash_attn_with_kvcache(
     its block table; with `cu_seqlens_q`, packed queries `[total_q, Hq, D]` over a paged
     cache (`flashcore.flash_attn_varlen_func` with a block table; no keys appended).
     Returns `out`, or `(out, softmax_lse)` with `return_softmax_lse`. `scheduler_metadata`,
-    `pack_gqa` and `sm_margin` are hints."""
+    `pack_gqa` and `sm_margin` are hints; `cu_seqlens_k_new` without new keys is ignored, as
+    FA3 ignores it."""
     _refuse_fa3_only(qv, (q_descale, k_descale, v_descale))
-    for name, value, what in (("cu_seqlens_k_new", cu_seqlens_k_new, "packed new keys"), ("rotary_seqlens", rotary_seqlens, "rotary positions apart from cache_seqlens")):
+    # FA3 reads cu_seqlens_k_new only when keys are appended (its AppendKV path): without `k`
+    # it is ignored, as serving code passes it (SGLang's FA3 backend does).
+    packed_new = cu_seqlens_k_new if k is not None or v is not None else None
+    for name, value, what in (("cu_seqlens_k_new", packed_new, "packed new keys"), ("rotary_seqlens", rotary_seqlens, "rotary positions apart from cache_seqlens")):
         if value is not None:
             raise _not_yet(name, what)
     splits, chunk = _num_splits(num_splits), _chunk(attention_chunk)
