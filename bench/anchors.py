@@ -186,7 +186,7 @@ SINKS_REFUSAL = "learnable sinks not supported here: flashcore-py and fa4 take t
 
 
 def sink_values(heads):
-    """The sinks `flashcore bench` puts on a case with `learnable_sink` (its `check::sink_values`),
+    """The sinks `flashcore bench` puts on a case with `learnable_sink` (its `cases::sink_values`),
     one a query head, spread over [-1, 8)."""
     return [math.fmod(h * 2.7, 9.0) - 1.0 for h in range(heads)]
 
@@ -910,7 +910,7 @@ def self_test():
     assert SYSTEMS["fa4"] == ("fa4", None)
     assert refusal(RuntimeError(FA4_PACKED)) and refusal(RuntimeError(FA4_DROPOUT)) and refusal(RuntimeError(CHUNK_REFUSAL))
     assert refusal(RuntimeError(SINKS_REFUSAL))
-    # The sinks flashcore bench draws (check::sink_values: (h * 2.7) mod 9 - 1).
+    # The sinks flashcore bench draws (cases::sink_values: (h * 2.7) mod 9 - 1).
     assert [round(x, 4) for x in sink_values(5)] == [-1.0, 1.7, 4.4, 7.1, 0.8]
     # The SM clock: an int from NVML where a GPU and its driver are, else None and the reason.
     clock = SmClock()

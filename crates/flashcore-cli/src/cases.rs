@@ -28,7 +28,7 @@ pub struct Case {
     /// Chunked attention's chunk in keys (the `chunked` suites); none when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attention_chunk: Option<usize>,
-    /// Learnable sinks, one a query head (`check::sink_values`'s), on the call (the `sinks`
+    /// Learnable sinks, one a query head (`cases::sink_values`'s), on the call (the `sinks`
     /// suites); absent when off.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub learnable_sink: bool,
@@ -156,9 +156,9 @@ impl Case {
         self
     }
 
-    /// The sinks of the case on the device (`check::sink_values`'s), or none.
+    /// The sinks of the case on the device ([`sink_values`]), or none.
     pub fn sinks(&self, ctx: &flashcore::Context) -> anyhow::Result<Option<cudarc::driver::CudaSlice<f32>>> {
-        crate::check::upload_slopes(ctx, &crate::check::sink_values(self.learnable_sink, self.heads_q))
+        upload_slopes(ctx, &sink_values(self.learnable_sink, self.heads_q))
     }
 
     /// The case with its [`Counts`] filled in (what `bench` writes).
@@ -356,6 +356,21 @@ pub fn errors(out: &[f32], reference: &[f64]) -> (f64, f64) {
     }
     let rel = if ref2 > 0.0 { (diff2 / ref2).sqrt() } else { diff2.sqrt() };
     (rel, max_abs)
+}
+
+/// `slopes` on the device (`None` when empty: ALiBi off).
+pub fn upload_slopes(ctx: &flashcore::Context, slopes: &[f32]) -> anyhow::Result<Option<cudarc::driver::CudaSlice<f32>>> {
+    Ok(if slopes.is_empty() { None } else { Some(ctx.stream().clone_htod(slopes)?) })
+}
+
+/// Learnable sinks for a check, one a query head (none unless `on`): spread over [-1, 8], below
+/// and above a row's LSE (ln of ~1000 keys is ~7), so that some rows barely feel theirs and
+/// others are mostly sink.
+pub fn sink_values(on: bool, heads_q: usize) -> Vec<f32> {
+    if !on {
+        return Vec::new();
+    }
+    (0..heads_q).map(|h| (h as f32 * 2.7).rem_euclid(9.0) - 1.0).collect()
 }
 
 #[cfg(test)]

@@ -67,7 +67,7 @@ impl Spec {
         self.alibi.slopes(self.case.batch, self.case.heads_q)
     }
 
-    /// The learnable sinks, one a query head (none without `sinks`): see `check::sink_values`.
+    /// The learnable sinks, one a query head (none without `sinks`): see `cases::sink_values`.
     pub fn sinks(&self) -> Vec<f32> {
         super::sink_values(self.sinks, self.case.heads_q)
     }

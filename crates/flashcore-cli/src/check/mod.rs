@@ -20,6 +20,7 @@ mod varlen_bwd;
 use anyhow::Result;
 use flashcore::{Context, KernelFamily};
 
+pub(crate) use crate::cases::{sink_values, upload_slopes};
 use crate::check::packed::VarlenSpec;
 
 /// The head dims without a variant of their own that `family` runs as the next of its sizes
@@ -241,11 +242,6 @@ pub(crate) fn slopes_of(slopes: &[f32], b: usize, heads: usize) -> &[f32] {
     }
 }
 
-/// `slopes` on the device (`None` when empty: ALiBi off).
-pub(crate) fn upload_slopes(ctx: &flashcore::Context, slopes: &[f32]) -> anyhow::Result<Option<cudarc::driver::CudaSlice<f32>>> {
-    Ok(if slopes.is_empty() { None } else { Some(ctx.stream().clone_htod(slopes)?) })
-}
-
 /// Dropout's `(seed, offset)` on the device, for the kernel under check to read there
 /// (`flashcore::DropoutState`) while the oracle draws the host's pair: a state read wrong is
 /// a wrong mask, which fails the check.
@@ -257,16 +253,6 @@ pub(crate) fn upload_dropout_state(
         Some(d) => Some(ctx.stream().clone_htod(&[d.seed, d.offset])?),
         None => None,
     })
-}
-
-/// Learnable sinks for a check, one a query head (none unless `on`): spread over [-1, 8], below
-/// and above a row's LSE (ln of ~1000 keys is ~7), so that some rows barely feel theirs and
-/// others are mostly sink.
-pub(crate) fn sink_values(on: bool, heads_q: usize) -> Vec<f32> {
-    if !on {
-        return Vec::new();
-    }
-    (0..heads_q).map(|h| (h as f32 * 2.7).rem_euclid(9.0) - 1.0).collect()
 }
 
 /// `slopes` widened for the f64 oracle.

@@ -45,10 +45,27 @@ pub fn dsink_tolerance(dtype: DType) -> f64 {
     }
 }
 
-/// The sinks' gradient's error: the largest over the heads of `|got − want|` over the size of
-/// the head's terms (`scales`, [`dsink_tolerance`]'s measure).
-pub fn dsink_error(got: &[f32], want: &[f64], scales: &[f64]) -> f64 {
-    got.iter().zip(want).zip(scales).map(|((&g, w), s)| (g as f64 - w).abs() / s.max(f64::MIN_POSITIVE)).fold(0f64, f64::max)
+/// The sinks' gradient against the oracle's: `(error, failure)`, the error the largest over the
+/// heads of `|got − want|` over the size of the head's terms (`scales`,
+/// `ReferenceGrads::dsink_scales`): the kernels' D_i come from O in bf16 / f16 and dsink is a
+/// sum that cancels, so its own relative error would measure the cancellation, while a lost
+/// row, sequence or head is an error of the terms' size. Fails on NaN/Inf or beyond
+/// [`dsink_tolerance`].
+pub fn judge_dsink(got: &[f32], want: &[f64], scales: &[f64], dtype: DType) -> (f64, Option<String>) {
+    let r = got.iter().zip(want).zip(scales).map(|((&g, w), s)| (g as f64 - w).abs() / s.max(f64::MIN_POSITIVE)).fold(0f64, f64::max);
+    let failure = if got.iter().any(|x| !x.is_finite()) {
+        Some("NaN/Inf in dsink (unwritten or overflowed)".to_string())
+    } else if r > dsink_tolerance(dtype) {
+        Some(format!("dsink error {r:.2e} of its terms' size > {:.1e}", dsink_tolerance(dtype)))
+    } else {
+        None
+    };
+    (r, failure)
+}
+
+/// Whether two runs' f32 results are the same bits.
+pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.iter().map(|x| x.to_bits()).eq(b.iter().map(|x| x.to_bits()))
 }
 
 /// A forward result against the oracle's: (relative L2 error, max abs error, max LSE error,

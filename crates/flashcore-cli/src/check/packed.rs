@@ -46,7 +46,7 @@ pub struct VarlenSpec {
     /// Dropout: each sequence's mask is that of its place in the batch, so a sequence run
     /// alone draws another and is not compared with its rows bitwise; the oracle keeps its place.
     pub dropout: Option<flashcore::Dropout>,
-    /// Learnable sinks (`check::sink_values`), one a query head for every sequence (the
+    /// Learnable sinks (`cases::sink_values`), one a query head for every sequence (the
     /// backward's checks: their gradient sums every sequence's rows).
     pub sinks: bool,
 }

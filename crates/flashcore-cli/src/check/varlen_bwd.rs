@@ -18,7 +18,7 @@ use flashcore::{
 };
 
 use crate::cases::{errors, normal, Inputs};
-use crate::check::outcome::{dsink_error, dsink_tolerance, grad_tolerance, Outcome};
+use crate::check::outcome::{grad_tolerance, judge_dsink, same_bits, Outcome};
 use crate::check::packed::{seqs, sweep, Packed, Seq, VarlenSpec};
 use crate::check::poison::nan_bits;
 use crate::check::{slopes_of, upload_dropout_state, wide_slopes, Alibi};
@@ -127,7 +127,6 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
     let (second, second_dsink) = gradients(ctx, spec, &packed, &batch, &saved)?;
     // dq adds with atomics in a varying order unless deterministic; dk, dv and dsink never do.
     let repeats = usize::from(!spec.deterministic);
-    let same_bits = |a: &[f32], b: &[f32]| a.iter().map(|x| x.to_bits()).eq(b.iter().map(|x| x.to_bits()));
     let deterministic = first[repeats..] == second[repeats..] && same_bits(&first_dsink, &second_dsink);
     let sinks = super::sink_values(spec.sinks, hq);
     let wide_sinks = super::wide_slopes(&sinks);
@@ -190,12 +189,8 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
         max_abs = max_abs.max(m);
     }
     if spec.sinks {
-        let r = dsink_error(&first_dsink, &want_dsink, &dsink_scale);
-        if first_dsink.iter().any(|x| !x.is_finite()) {
-            failure.get_or_insert("NaN/Inf in dsink (unwritten or overflowed)".to_string());
-        } else if r > dsink_tolerance(dtype) {
-            failure.get_or_insert(format!("dsink error {r:.2e} of its terms' size > {:.1e}", dsink_tolerance(dtype)));
-        }
+        let (r, judged) = judge_dsink(&first_dsink, &want_dsink, &dsink_scale, dtype);
+        failure = failure.or(judged);
         rel = rel.max(r);
     }
     if !deterministic {
