@@ -150,7 +150,9 @@ def _options(
 
 
 def _with_sinks(options: _ops.Options, learnable_sink: object, q: Tensor) -> _ops.Options:
-    """`options` with `learnable_sink` checked (`_learnable_sink`)."""
+    """`options` with `learnable_sink` checked (`_learnable_sink`); `options` itself without one."""
+    if learnable_sink is None:
+        return options
     return options._replace(learnable_sink=_learnable_sink(learnable_sink, q))
 
 

@@ -186,8 +186,7 @@ def flash_attn_varlen_func(
         return (out, lse, None) if return_attn_probs else out
     _check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
     options = _options(q, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, _dropout(q, dropout_p))
-    if learnable_sink is not None:
-        options = _with_sinks(options, learnable_sink, q)
+    options = _with_sinks(options, learnable_sink, q)
     out, lse, probs = _packed_batch(q, k, v, (cu_seqlens_q, cu_seqlens_k, seqused_k), (max_seqlen_q, max_seqlen_k), options, return_attn_probs)
     return (out, lse, probs) if return_attn_probs else out
 
