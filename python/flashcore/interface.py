@@ -165,7 +165,7 @@ def flash_attn_varlen_func(
             next of them, the pools copied); forward only (flash_attn has no backward for it either: the
             result records no autograd). FLASHCORE_CHECK_PAGED=1 checks the table.
         learnable_sink: as in `flash_attn_func`, `[Hq]`: each head's sink in every sequence's
-            rows, its gradient summed over all of them (not with `block_table`).
+            rows, its gradient summed over all of them (with `block_table`, forward only).
 
     The cu_seqlens values are the caller's contract: they are read only by the kernels, which
     clamp every offset to the tensors (a bad vector gives wrong output, never a bad memory
@@ -255,6 +255,8 @@ def flash_attn_with_kvcache(
     alibi_slopes: Optional[Tensor] = None,
     num_splits: int = 0,
     return_softmax_lse: bool = False,
+    *,
+    learnable_sink: Optional[Tensor] = None,
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """Attention over a KV cache with flash_attn 2.x's `flash_attn_with_kvcache` semantics
     (and its argument order): decode and chunked prefill over a paged or contiguous cache,
@@ -281,7 +283,11 @@ def flash_attn_with_kvcache(
         alibi_slopes: as in `flash_attn_func`, `[B, Hq]` one row a sequence; Sk is each
             sequence's keys, `cache_seqlens[b] + S_new`.
         num_splits: split-KV count (0: FlashCore picks it).
-        return_softmax_lse: also return the log-sum-exp `[B, Hq, Sq]` float32.
+        return_softmax_lse: also return the log-sum-exp `[B, Hq, Sq]` float32 (with sinks,
+            the sink included).
+        learnable_sink: keyword only, as in `flash_attn_func`: `[Hq]`, each head's sink in
+            every row's softmax denominator (gpt-oss serving); decode with GQA heads packed as
+            rows and split-KV take it as every other call does (each row its own head's sink).
         rotary_cos, rotary_sin: `[seqlen_rotary, rotary_dim / 2]` (rotary_dim a multiple of 16,
             at most D; with `k` and `v` alone): q and the appended keys are rotated first, as
             flash_attn does: the keys at their cache positions `cache_seqlens[b] + j`, the
@@ -313,7 +319,7 @@ def flash_attn_with_kvcache(
     new, lengths = _checked_kvcache_call(q, (k_cache, v_cache), (k, v), (cache_seqlens, cache_batch_idx, cache_leftpad, block_table))
     if not isinstance(num_splits, numbers.Integral) or num_splits < 0:
         raise ValueError(f"`num_splits` must be an int >= 0, got {num_splits!r}")
-    options = _options(q, softmax_scale, causal, window_size, softcap, alibi_slopes)
+    options = _with_sinks(_options(q, softmax_scale, causal, window_size, softcap, alibi_slopes), learnable_sink, q)
     if num_splits:
         options = options._replace(num_splits=int(num_splits))
     return _kvcache(q, (k_cache, v_cache), new, (rotary_cos, rotary_sin, rotary_interleaved), lengths, options, return_softmax_lse)

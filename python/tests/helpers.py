@@ -154,11 +154,13 @@ def training_step_gradients(model, impl, **inputs):
     return out
 
 
-def check_training_step(label, fp32, bf16, flashcore_impl, baseline, **inputs):
+def check_training_step(label, fp32, bf16, flashcore_impl, baseline, cancelling=(), **inputs):
     """One training step's gradients of the bf16 model with FlashCore's attention against the
     float32 model's with `baseline` (the reference), within the yardstick of the logits: 1.5x
-    the bf16 model's own error with `baseline`, plus 1e-3, for every parameter. `inputs` go
-    to the model (`input_ids`, `labels`, and an `attention_mask` or `position_ids`)."""
+    the bf16 model's own error with `baseline`, plus 1e-3, for every parameter; three times
+    that for the parameters whose names contain one of `cancelling` (a gradient that is a
+    difference of near-equal terms, whose relative error measures the cancellation). `inputs`
+    go to the model (`input_ids`, `labels`, and an `attention_mask` or `position_ids`)."""
     ref, theirs = training_step_gradients(fp32, baseline, **inputs), training_step_gradients(bf16, baseline, **inputs)
     ours = training_step_gradients(bf16, flashcore_impl, **inputs)
     assert ref.keys() == ours.keys() and len(ours) > 0
@@ -166,7 +168,8 @@ def check_training_step(label, fp32, bf16, flashcore_impl, baseline, **inputs):
     worst = max(rows, key=lambda r: r[0] - 1.5 * r[1])
     print(f"{label} training step, {len(rows)} parameters: worst against fp32 {worst[2]}: flashcore {worst[0]:.3e}, {baseline} {worst[1]:.3e}")
     for err_ours, err_theirs, n in rows:
-        assert err_ours <= 1.5 * err_theirs + 1e-3, f"{n}: flashcore {err_ours:.3e}, {baseline} {err_theirs:.3e}"
+        slack = 3.0 if any(c in n for c in cancelling) else 1.0
+        assert err_ours <= slack * (1.5 * err_theirs + 1e-3), f"{n}: flashcore {err_ours:.3e}, {baseline} {err_theirs:.3e}"
 
 
 def eager_autograd_node() -> str:

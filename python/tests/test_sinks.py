@@ -3,7 +3,8 @@ with the sink as one more logit a row and no value: the output, the lse (which h
 the gradients of q, k, v and of the sinks themselves, causal or not, Sq != Sk both ways (rows
 with no key: o = 0, lse = sink), GQA, gpt-oss's window; the sinks' gradient bitwise repeatable
 and in their own dtype; sinks without a gradient; a packed batch against its sequences alone;
-the compiled call as the eager one; bad sinks named."""
+KV-cache calls (contiguous and paged, split or not, appending or not; decode with GQA heads
+packed as rows); the compiled call as the eager one; bad sinks named."""
 
 from __future__ import annotations
 
@@ -137,6 +138,45 @@ def test_a_packed_batch_with_sinks_is_its_sequences_alone():
         alone_dsink += grads[3]
         row += sq
     assert torch.allclose(packed_sink.grad, alone_dsink, rtol=1e-4, atol=1e-4), "dsink sums every sequence's rows"
+
+
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+@pytest.mark.parametrize("num_splits", [0, 5])
+@pytest.mark.parametrize("sq,new", [(1, 0), (1, 1), (5, 5)], ids=["decode", "decode-append", "speculative"])
+def test_a_kv_cache_call_with_sinks_matches_the_reference(paged, num_splits, sq, new):
+    # gpt-oss serving: GQA 8:2 (decode packs a KV head's query heads as rows, each its own
+    # head's sink), FlashCore's split count or 5 splits (the combine folds the sinks), and a
+    # sequence that holds no key before the call (decode without append: o = 0, lse = sink).
+    lens, hq, hkv, d, page = [0, 37, 1000], 8, 2, 64, 16
+    b, capacity = len(lens), 1024
+    sink = draw_sinks(hq, seed=sq + new)
+    q = randn(b, sq, hq, d, seed=1)
+    k_full, v_full = randn(b, capacity, hkv, d, seed=2), randn(b, capacity, hkv, d, seed=3)
+    k_new, v_new = (randn(b, new, hkv, d, seed=4), randn(b, new, hkv, d, seed=5)) if new else (None, None)
+    k_cache, v_cache = k_full.clone(), v_full.clone()
+    table = None
+    if paged:  # the same keys in shuffled pages of 16
+        pages = capacity // page
+        order = torch.randperm(b * pages, generator=torch.Generator().manual_seed(0)).to(torch.int32).cuda()
+        table = order.view(b, pages)
+        k_cache, v_cache = (torch.empty(b * pages, page, hkv, d, dtype=BF16, device="cuda") for _ in range(2))
+        k_cache[table.long().flatten()] = k_full.view(b * pages, page, hkv, d)
+        v_cache[table.long().flatten()] = v_full.view(b * pages, page, hkv, d)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    out, lse = flashcore.flash_attn_with_kvcache(
+        q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens, block_table=table, causal=True, num_splits=num_splits,
+        return_softmax_lse=True, learnable_sink=sink,
+    )  # fmt: skip
+    for i, n in enumerate(lens):
+        keys, values = k_full[i : i + 1, :n], v_full[i : i + 1, :n]
+        if new:
+            keys, values = torch.cat([keys, k_new[i : i + 1]], 1), torch.cat([values, v_new[i : i + 1]], 1)
+        ref_o, ref_lse = sink_reference(q[i : i + 1].double(), keys.double(), values.double(), sink.double(), d**-0.5, True)
+        if keys.shape[1] == 0:
+            assert (out[i] == 0).all() and torch.equal(lse[i], sink[:, None].expand(hq, sq)), "no key: o = 0, lse = the sink"
+            continue
+        assert rel_l2(out[i : i + 1], ref_o) <= REL_BOUND[BF16], f"sequence {i}"
+        assert (lse[i : i + 1].double() - ref_lse).abs().max().item() <= 2e-3 * max(1.0, ref_lse.abs().max().item()), f"sequence {i}"
 
 
 def test_the_compiled_call_gives_the_eager_ones_results():

@@ -74,6 +74,9 @@ def test_logits_agree_with_eager(models, length):
 def test_a_training_step_agrees_with_eager(models):
     # Every parameter's gradient, the sinks' included (FlashCore's dsink), in eval mode as the
     # other models' tests (no dropout either way).
+    # The routers' gradients, with both experts taken by every token, are [g, -g]-shaped
+    # differences of the two experts' outputs: H200, bf16, eager 1.9e-3 and FlashCore 5.5e-3
+    # against fp32 for layer 0's bias: a cancellation, not attention.
     fp32, bf16 = models
     ids = ids_of(1, 512, 11)
-    check_training_step("gpt-oss", fp32, bf16, FLASHCORE, "eager", input_ids=ids, labels=ids)
+    check_training_step("gpt-oss", fp32, bf16, FLASHCORE, "eager", cancelling=(".mlp.router.",), input_ids=ids, labels=ids)

@@ -3,7 +3,7 @@
 
 use anyhow::{anyhow, Result};
 use flashcore::jit::{Arch, DiskCache, Jit};
-use flashcore::{Context, KernelFamily, Variant};
+use flashcore::{Context, KernelFamily, ScoreMods, Variant};
 use rayon::prelude::*;
 
 #[derive(clap::Args)]
@@ -31,6 +31,10 @@ pub struct CompileArgs {
     /// policies' paged forms).
     #[arg(long)]
     paged: bool,
+    /// Also the learnable-sinks form (`_sinks`) of every forward variant and policy form
+    /// selected (and, with --varlen / --paged, their varlen and paged forms).
+    #[arg(long)]
+    sinks: bool,
     /// Only the variants of this dtype (f16 or bf16).
     #[arg(long)]
     dtype: Option<String>,
@@ -50,11 +54,19 @@ pub struct CompileArgs {
 }
 
 /// `v`, and with `mods` its sliding-window, softcap and combined forms where the dispatcher
-/// runs them (see `kernels::mods_forms`), with `varlen` the varlen form of each, with `paged`
-/// the paged-KV form of each.
-fn with_mods(arch: Arch, v: Variant, mods: bool, varlen: bool, paged: bool) -> Vec<Variant> {
-    let forms = if mods { flashcore::kernels::mods_forms(&v) } else { Vec::new() };
-    let dense: Vec<Variant> = std::iter::once(v).chain(forms).collect();
+/// runs them (see `kernels::mods_forms`), with `sinks` the learnable-sinks form of each (a
+/// forward kernel's; the reference takes them at run time), with `varlen` the varlen form of
+/// each, with `paged` the paged-KV form of each: in the dispatcher's order.
+fn with_mods(arch: Arch, v: Variant, args: &CompileArgs) -> Vec<Variant> {
+    let forms = if args.mods { flashcore::kernels::mods_forms(&v) } else { Vec::new() };
+    let mut dense: Vec<Variant> = std::iter::once(v).chain(forms).collect();
+    if args.sinks {
+        let takes_sinks = |v: &&Variant| !v.family.is_backward() && v.family != KernelFamily::Reference;
+        let with_sinks: Vec<Variant> =
+            dense.iter().filter(takes_sinks).map(|v| flashcore::kernels::with_mods(v, ScoreMods { sinks: true, ..v.mods })).collect();
+        dense.extend(with_sinks);
+    }
+    let (varlen, paged) = (args.varlen, args.paged);
     let packed = dense.iter().filter(|_| varlen).filter_map(flashcore::kernels::varlen_form);
     let paged_forms: Vec<Variant> = dense.iter().filter(|_| paged).flat_map(|v| flashcore::kernels::paged_forms(arch, v)).collect();
     packed.chain(paged_forms).chain(dense.iter().cloned()).collect()
@@ -94,7 +106,7 @@ pub fn run(args: &CompileArgs) -> Result<bool> {
             })
         })
         .filter(|(_, v)| dtype.is_none_or(|d| v.dtype == d))
-        .flat_map(|(a, v)| with_mods(a, v, args.mods, args.varlen, args.paged).into_iter().map(move |v| (a, v)))
+        .flat_map(|(a, v)| with_mods(a, v, args).into_iter().map(move |v| (a, v)))
         .filter(|(_, v)| args.filter.is_empty() || args.filter.iter().any(|f| v.name().contains(f.as_str())))
         .collect();
     if args.keys {

@@ -52,7 +52,9 @@ pub(crate) struct ScoreModArgs {
     pub dropout_scale: f32,
     /// Chunked attention's chunk in keys, 0 off ([`AttnParams::attention_chunk`]).
     pub attention_chunk: i32,
-    pub _pad: i32,
+    /// 0, or the query heads a KV head packs as its rows (decode with GQA packed) where their
+    /// sinks are then found (`sinks::sink_of`): row r of KV head h is query head h·G + r.
+    pub sink_group: i32,
     /// Learnable sinks, f32 `[Hq]` on the device (0: none; [`crate::LearnableSinks`]).
     pub learnable_sink: u64,
 }
@@ -206,7 +208,7 @@ fn score_mod_args(shape: &ProblemShape, params: &AttnParams, checked: &Checked) 
         dropout_threshold: params.dropout.map_or(0, |d| d.threshold()),
         dropout_scale: params.dropout.map_or(1.0, |d| d.scale()),
         attention_chunk: params.attention_chunk as i32, // checked to fit (AttnParams::check)
-        _pad: 0,
+        sink_group: 0,
         learnable_sink: checked.learnable_sink,
     }
 }
@@ -293,6 +295,9 @@ pub(crate) fn forward<'a>(
         o_stride_token,
         ..FwdParams::default()
     };
+    if plan.packed_gqa && checked.learnable_sink != 0 {
+        p.score.sink_group = shape.seqlen_q as i32; // the packed rows of decode's one token: Hq / Hkv
+    }
     let mut append = false;
     if let (Some(cache), Some(g)) = (paged, checked.cache) {
         p.varlen.seqused_k = cache.cache_seqlens.map_or(0, |l| l.ptr);

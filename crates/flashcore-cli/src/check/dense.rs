@@ -260,7 +260,10 @@ fn chunk_specs(family: KernelFamily, quick: bool) -> Vec<Spec> {
 /// Learnable sinks (part of every run; `check --sinks` runs them alone), the forward families'
 /// every head dim (quick: D64, D128),
 /// both masks: Sq = Sk with GQA, Sq < Sk in f16, Sq > Sk (causal rows with no key: o = 0, lse =
-/// the sink), decode over 4k keys (unsplit), gpt-oss's window (128, 0), and a softcap with ALiBi.
+/// the sink), decode over 4k keys (GQA heads packed as rows, each its own head's sink; split
+/// as the dispatcher splits it), gpt-oss's window (128, 0), and a softcap with ALiBi; for the
+/// family that splits, forced splits (the combine folds the sink): Sq > 1 causal, Sq > Sk
+/// (rows every split finds empty), MQA decode over more splits than some rows' keys.
 pub fn sinks_specs(family: KernelFamily, quick: bool) -> Vec<Spec> {
     let head_dims: Vec<usize> = family.head_dims().iter().copied().filter(|&d| !quick || d == 64 || d == 128).collect();
     let mut out = Vec::new();
@@ -279,6 +282,13 @@ pub fn sinks_specs(family: KernelFamily, quick: bool) -> Vec<Spec> {
                 let capped =
                     Spec::with_mods(Case::new(1, 1000, 300, 4, 2, d, causal, DType::BF16), Inputs::LargeLogits, Window::UNBOUNDED, 30.0);
                 out.push(Spec { sinks: true, ..capped.with_alibi(Alibi::PerHead) });
+            }
+            if family == KernelFamily::FwdSm80 {
+                out.push(Spec { splits: Some(3), ..with_sinks(2, 113, 1000, 4, 2, DType::BF16) });
+                out.push(Spec { splits: Some(2), ..with_sinks(1, 300, 200, 4, 2, DType::F16) });
+                if !quick {
+                    out.push(Spec { splits: Some(64), ..with_sinks(2, 1, 1000, 8, 1, DType::BF16) });
+                }
             }
         }
     }

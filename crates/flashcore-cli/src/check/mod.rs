@@ -115,11 +115,10 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
         .collect();
     let packed: Vec<VarlenSpec> = families
         .iter()
-        .filter(|_| group("varlen") && !args.sinks)
+        .filter(|_| group("varlen"))
         .flat_map(|&f| if f.is_backward() { varlen_bwd::specs(f, quick, smoke) } else { varlen::specs(f, quick, smoke) })
         .collect();
-    let cached: Vec<paged::PagedSpec> =
-        families.iter().filter(|_| group("paged") && !args.sinks).flat_map(|&f| paged::specs(f, quick, smoke)).collect();
+    let cached: Vec<paged::PagedSpec> = families.iter().filter(|_| group("paged")).flat_map(|&f| paged::specs(f, quick, smoke)).collect();
     let dim = |d: usize| args.head_dims.is_empty() || args.head_dims.contains(&d);
     let alibi = |a: Alibi| !args.alibi || a != Alibi::Off;
     let dropped = |d: bool| !args.dropout || d;
@@ -133,9 +132,12 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
         .into_iter()
         .filter(|s| dim(s.head_dim()) && alibi(s.alibi) && dropped(s.has_dropout()) && chunked(s.chunk) && sunk(s.sinks))
         .collect();
-    let packed: Vec<_> =
-        packed.into_iter().filter(|s| dim(s.head_dim) && alibi(s.alibi) && dropped(s.dropout.is_some()) && chunked(0)).collect();
-    let cached: Vec<_> = cached.into_iter().filter(|s| dim(s.head_dim) && alibi(s.alibi) && dropped(false) && chunked(s.chunk)).collect();
+    let packed: Vec<_> = packed
+        .into_iter()
+        .filter(|s| dim(s.head_dim) && alibi(s.alibi) && dropped(s.dropout.is_some()) && chunked(0) && sunk(s.sinks))
+        .collect();
+    let cached: Vec<_> =
+        cached.into_iter().filter(|s| dim(s.head_dim) && alibi(s.alibi) && dropped(false) && chunked(s.chunk) && sunk(s.sinks)).collect();
     // In the order they run (below), so that the parts of one N cover the run once.
     let mut part = PartFilter { part: args.part, next: 0 };
     let (all, packed, cached, backward) = (part.take(all), part.take(packed), part.take(cached), part.take(backward));

@@ -8,8 +8,8 @@
 use anyhow::Result;
 use flashcore::reference::{self, RefMask, RefPagedCache};
 use flashcore::{
-    AlibiSlopes, AttnParams, BlockTableView, Context, DType, DeviceTensor, FwdInputs, FwdOutputs, KernelFamily, LseViewMut, PagedKv,
-    ProblemShape, SeqLensView, Window,
+    AlibiSlopes, AttnParams, BlockTableView, Context, DType, DeviceTensor, FwdInputs, FwdOutputs, KernelFamily, LearnableSinks, LseViewMut,
+    PagedKv, ProblemShape, SeqLensView, Window,
 };
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -17,7 +17,7 @@ use rand::SeedableRng;
 use crate::cases::normal;
 use crate::check::outcome::{judge, Outcome};
 use crate::check::poison::{nan_bits, poisoned_run, same_bits};
-use crate::check::{upload_slopes, wide_slopes, Alibi};
+use crate::check::{sink_values, upload_slopes, wide_slopes, Alibi};
 
 #[derive(Debug, Clone)]
 pub struct PagedSpec {
@@ -39,6 +39,8 @@ pub struct PagedSpec {
     pub chunk: usize,
     pub softcap: f32,
     pub alibi: Alibi,
+    /// Learnable sinks, one a query head (`cases::sink_values`).
+    pub sinks: bool,
     pub splits: Option<usize>,
     /// Packed queries over the paged cache (`check::paged_packed`): each sequence's query
     /// count (`seqlen_q` their longest; no new keys).
@@ -66,6 +68,9 @@ impl PagedSpec {
         name += &super::score_suffix(self.window, self.softcap);
         name += &super::chunk_suffix(self.chunk);
         name += self.alibi.suffix();
+        if self.sinks {
+            name += "_sinks";
+        }
         if let Some(queries) = &self.packed_queries {
             let rows: Vec<String> = queries.iter().map(|n| n.to_string()).collect();
             name += &format!("_packed[{}]", rows.join(","));
@@ -109,8 +114,9 @@ impl PagedSpec {
 /// GQA 1/4/8 and D 64/128/256: decode, decode appending one key (16 -> 17 crosses a page
 /// boundary at page size 16), speculative decode appending 4, chunked prefill appending 300
 /// (bottom-right causal); a window with a softcap, ALiBi (per sequence; in decode, GQA heads
-/// are then not packed as rows), forced splits (fwd_sm80: fwd_sm90 does not split), fp16, and
-/// a corrupt table. For fwd_sm80 and fwd_sm90, the two with paged forms.
+/// are then not packed as rows), learnable sinks (decode with GQA heads packed as rows, a
+/// windowed chunked prefill, and split sequences without keys: lse = the sink), forced splits
+/// (fwd_sm80: fwd_sm90 does not split), fp16, and a corrupt table. For fwd_sm80 and fwd_sm90, the two with paged forms.
 /// On fwd_sm90 the key blocks (D64 128, D128 192, D256 80 keys) take 1 to 12 page boxes
 /// (gcd(page, block)), and a block of 192 straddles two pages of 256.
 pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<PagedSpec> {
@@ -139,6 +145,7 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<PagedSpec> {
                 chunk: 0,
                 softcap: 0.0,
                 alibi: Alibi::Off,
+                sinks: false,
                 splits: None,
                 packed_queries: None,
                 corrupt_table: false,
@@ -170,12 +177,19 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<PagedSpec> {
     out.push(PagedSpec { chunk: 256, head_dim: 128, ..base.clone() });
     out.push(PagedSpec { chunk: 100, new_keys: 300, seqlen_q: 300, page_size: 64, head_dim: 128, ..base.clone() });
     out.push(PagedSpec { alibi: Alibi::PerHead, new_keys: 300, seqlen_q: 300, page_size: 64, head_dim: 128, ..base.clone() });
+    // Learnable sinks (gpt-oss serving): decode with GQA heads packed as rows (each its own
+    // head's sink), and a chunked prefill under gpt-oss's window.
+    let gqa_sinks = PagedSpec { sinks: true, heads_q: 8, heads_kv: 2, ..base.clone() };
+    out.push(gqa_sinks.clone());
+    out.push(PagedSpec { window: Window::new(127, 0), new_keys: 300, seqlen_q: 300, page_size: 64, head_dim: 128, ..gqa_sinks.clone() });
     if family == KernelFamily::FwdSm80 {
         out.push(PagedSpec { splits: Some(5), page_size: 64, ..base.clone() });
         // The split tiles' chunks (fwd_sm80.cu, start_chunk): sequences without keys (the
         // combine writes them), and several query tiles a sequence (200 queries: 4 tiles of
         // 64, causal), split 3 ways, one sequence empty before the append.
         out.push(PagedSpec { cached: vec![0, 4097, 1, 0, 33], new_keys: 0, seqlen_q: 1, causal: false, ..base.clone() });
+        // The same with sinks: the combine folds them, and a row without keys gets lse = sink.
+        out.push(PagedSpec { cached: vec![0, 4097, 1, 0, 33], new_keys: 0, seqlen_q: 1, causal: false, splits: Some(5), ..gqa_sinks });
         out.push(PagedSpec {
             cached: vec![3000, 0, 2100],
             new_keys: 200,
@@ -231,7 +245,8 @@ fn packed_specs(base: &PagedSpec, smoke: bool) -> Vec<PagedSpec> {
     out.push(spec(vec![1; 6], 64, 128));
     out.push(PagedSpec { window: Window::new(127, 0), softcap: 30.0, alibi: Alibi::PerSequence, ..spec(mixed.clone(), 256, 64) });
     out.push(PagedSpec { cached: vec![0, 31, 700], causal: false, ..spec(vec![3, 0, 100], 16, 128) });
-    out.push(PagedSpec { dtype: DType::F16, ..spec(mixed, 64, 256) });
+    out.push(PagedSpec { dtype: DType::F16, ..spec(mixed.clone(), 64, 256) });
+    out.push(PagedSpec { sinks: true, ..spec(mixed, 16, 128) });
     out
 }
 
@@ -246,6 +261,7 @@ pub(crate) struct Caches {
     table: cudarc::driver::CudaSlice<i32>,
     lens: cudarc::driver::CudaSlice<i32>,
     slopes: Option<cudarc::driver::CudaSlice<f32>>,
+    sinks: Option<cudarc::driver::CudaSlice<f32>>,
     /// The pools as the append must leave them.
     want_k: Vec<u16>,
     want_v: Vec<u16>,
@@ -307,6 +323,7 @@ pub(crate) fn build(ctx: &Context, spec: &PagedSpec, host_k: &[Vec<f32>], host_v
         table: ctx.stream().clone_htod(&device_table)?,
         lens: ctx.stream().clone_htod(&spec.cached.iter().map(|&l| l as i32).collect::<Vec<i32>>())?,
         slopes: upload_slopes(ctx, &spec.alibi.slopes(b, spec.heads_q))?,
+        sinks: upload_slopes(ctx, &sink_values(spec.sinks, spec.heads_q))?,
         want_k,
         want_v,
         table_host: table,
@@ -356,7 +373,7 @@ impl Caches {
     }
 
     /// Runs `q` over `kv` (the cache's pools `k`, `v` or its contiguous form) with ALiBi's
-    /// `slopes`, into NaN-poisoned o and lse (`[B, Hq, Sq]`, or packed `[Hq, total_q]`: as many).
+    /// `slopes` and the spec's sinks, into NaN-poisoned o and lse (`[B, Hq, Sq]`, or packed `[Hq, total_q]`: as many).
     pub(crate) fn run_over(
         &self,
         ctx: &Context,
@@ -369,7 +386,11 @@ impl Caches {
         let shape = q.layout().shape;
         poisoned_run(ctx, shape, spec.dtype, shape[0] * shape[1] * shape[2], |o, lse| {
             ctx.attention_into(
-                &FwdInputs { alibi_slopes: slopes.map(AlibiSlopes::of), ..FwdInputs::paged(q.view(), k.view(), v.view(), kv) },
+                &FwdInputs {
+                    alibi_slopes: slopes.map(AlibiSlopes::of),
+                    learnable_sink: self.sinks.as_ref().map(LearnableSinks::of),
+                    ..FwdInputs::paged(q.view(), k.view(), v.view(), kv)
+                },
                 FwdOutputs { o, lse: Some(LseViewMut::of(lse)), probs: None },
                 &spec.params(),
             )
@@ -438,8 +459,8 @@ pub fn check_one(ctx: &Context, spec: &PagedSpec) -> Result<Outcome> {
     let seqlens: Vec<usize> = (0..b).map(|i| spec.keys(i)).collect();
     let cache = caches.reference(spec, &pools, &seqlens);
     let shape = ProblemShape { batch: b, seqlen_q: sq, seqlen_k: 0, heads_q: hq, heads_kv: hkv, head_dim: d };
-    let slopes = wide_slopes(&spec.alibi.slopes(b, hq));
-    let mask = RefMask::of(&spec.params()).with_alibi(&slopes);
+    let (slopes, sinks) = (wide_slopes(&spec.alibi.slopes(b, hq)), wide_slopes(&sink_values(spec.sinks, hq)));
+    let mask = RefMask { sinks: &sinks, ..RefMask::of(&spec.params()).with_alibi(&slopes) };
     let q64: Vec<f64> = q.iter().map(|&x| x as f64).collect();
     let r = reference::attention_paged(&q64, &cache, &shape, 1.0 / (d as f64).sqrt(), &mask);
     let o: Vec<f32> = o_bits.iter().map(|&x| spec.dtype.decode(x)).collect();

@@ -11,7 +11,7 @@ use flashcore::{BlockTableView, Context, DeviceTensor, FwdInputs, PackedQueries,
 use crate::check::outcome::{judge, Outcome};
 use crate::check::paged::{build, host_data, Caches, PagedSpec};
 use crate::check::poison::same_bits;
-use crate::check::{slopes_of, upload_slopes, wide_slopes};
+use crate::check::{sink_values, slopes_of, upload_slopes, wide_slopes};
 
 /// The sequences `seqs` of `spec` (their query counts `queries`, keys `lens`, table rows
 /// `table`, slopes `slopes`) as one packed call over the pools: (o bits, lse `[Hq, total_q]`).
@@ -57,7 +57,7 @@ pub fn check_one(ctx: &Context, spec: &PagedSpec) -> Result<Outcome> {
     let pools = caches.wide_pools(spec.dtype);
     let seqlens: Vec<usize> = spec.cached.clone();
     let cache = caches.reference(spec, &pools, &seqlens);
-    let wide_slopes = wide_slopes(&slopes);
+    let (wide_slopes, sinks) = (wide_slopes(&slopes), wide_slopes(&sink_values(spec.sinks, hq)));
     let (mut ref_o, mut ref_lse) = (Vec::with_capacity(o_bits.len()), vec![f64::NAN; hq * total_q]);
     let mut failure = None;
     let mut row0 = 0;
@@ -66,7 +66,7 @@ pub fn check_one(ctx: &Context, spec: &PagedSpec) -> Result<Outcome> {
         let (k, v) = cache.gather(s, hkv * d);
         let shape = ProblemShape { batch: 1, seqlen_q: n, seqlen_k: seqlens[s], heads_q: hq, heads_kv: hkv, head_dim: d };
         let q_s: Vec<f64> = q[row0 * rows..(row0 + n) * rows].iter().map(|&x| x as f64).collect();
-        let mask = RefMask::of(&spec.params()).with_alibi(&wide_slopes).for_sequence(s, hq);
+        let mask = RefMask { sinks: &sinks, ..RefMask::of(&spec.params()).with_alibi(&wide_slopes) }.for_sequence(s, hq);
         let r = reference::attention_masked(&q_s, &k, &v, &shape, 1.0 / (d as f64).sqrt(), &mask);
         ref_o.extend(r.o);
         for h in 0..hq {

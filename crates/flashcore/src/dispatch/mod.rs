@@ -152,8 +152,9 @@ pub struct ScoreTensors {
     /// ALiBi's slopes (the `_alibi` form; the reference takes them at run time): GQA heads of
     /// a decode step are then not packed as rows (each row would need its own head's slope).
     pub alibi: bool,
-    /// Learnable sinks (the `_sinks` form): folded where a row is final, so the call runs
-    /// unsplit, over dense or packed keys (no KV cache yet), without GQA heads packed as rows.
+    /// Learnable sinks (the `_sinks` form): folded where a row is final (the epilogue, or the
+    /// split-KV combine), so every plan takes them: split or not, dense, packed or paged keys,
+    /// GQA heads packed as rows (each row then finds its own head's sink).
     pub learnable_sink: bool,
 }
 
@@ -207,14 +208,6 @@ pub fn plan_for(
             return Err(Error::Param { arg: "num_splits", msg: "dropout runs unsplit: None or 1".into() });
         }
     }
-    if sinks {
-        if paged {
-            return Err(Error::Param { arg: "learnable_sink", msg: "a KV cache takes no learnable sinks yet".into() });
-        }
-        if params.num_splits.is_some_and(|n| n > 1) {
-            return Err(Error::Param { arg: "num_splits", msg: "learnable sinks run unsplit: None or 1".into() });
-        }
-    }
     if packed_queries && family != KernelFamily::FwdSm80 {
         let msg = "takes no packed queries over a paged cache: fwd_sm80 does".into();
         return Err(Error::Unsupported { kernel: family.name().into(), msg });
@@ -223,7 +216,7 @@ pub fn plan_for(
         let msg = "packed queries over a paged cache run unsplit: None or 1".into();
         return Err(Error::Param { arg: "num_splits", msg });
     }
-    let num_splits = if packed_queries || dropout || sinks { Some(1) } else { params.num_splits };
+    let num_splits = if packed_queries || dropout { Some(1) } else { params.num_splits };
     if paged && family == KernelFamily::Reference {
         return Err(Error::Unsupported {
             kernel: family.name().into(),
@@ -247,8 +240,14 @@ pub fn plan_for(
     // Packed rows of one query position would each take their own row's window: not packed.
     // A packed batch packs on fwd_sm80 alone (the only kernel with the row mapping for it).
     // Nor under ALiBi or dropout, whose slope and mask are a head's and a row's.
-    let packed_gqa =
-        packs_gqa(shape, family) && window.is_none() && !alibi && !sinks && !dropout && (!varlen || family == KernelFamily::FwdSm80);
+    // Learnable sinks: fwd_sm80 finds each packed row's own head (`sink_group`); fwd_sm90 reads
+    // its tile's head's alone (a row's cost registers its widest forms lack).
+    let packed_gqa = packs_gqa(shape, family)
+        && window.is_none()
+        && !alibi
+        && !dropout
+        && !(sinks && family == KernelFamily::FwdSm90)
+        && (!varlen || family == KernelFamily::FwdSm80);
     if varlen && family == KernelFamily::Reference {
         return Err(Error::Unsupported {
             kernel: family.name().into(),
@@ -381,20 +380,38 @@ mod tests {
     }
 
     #[test]
-    fn learnable_sinks_run_unsplit_and_unpacked() {
+    fn learnable_sinks_plan_as_the_call_without_them() {
         let sinks = ScoreTensors { learnable_sink: true, ..ScoreTensors::default() };
-        let run = |s: &ProblemShape, p: &AttnParams, layout| plan_for(&h100(), s, DType::BF16, p, layout, sinks);
-        for family in [None, Some(KernelFamily::FwdSm90), Some(KernelFamily::FwdSm80), Some(KernelFamily::Reference)] {
-            let p = AttnParams { kernel: family, ..AttnParams::causal() };
-            let plan = run(&shape(64), &p, KeyLayout::Dense).unwrap();
-            assert_eq!(plan.variant.mods.sinks, family != Some(KernelFamily::Reference), "the reference takes them at run time");
-            assert!(!plan.packed_gqa && plan.splits == 1);
-        }
-        let split = AttnParams { num_splits: Some(4), ..AttnParams::default() };
-        assert!(matches!(run(&decode(8, 4096), &split, KeyLayout::Dense), Err(Error::Param { arg: "num_splits", .. })));
+        let plans = |s: &ProblemShape, p: &AttnParams, layout| {
+            let with = plan_for(&h100(), s, DType::BF16, p, layout, sinks).unwrap();
+            let without = plan_for(&h100(), s, DType::BF16, p, layout, ScoreTensors::default()).unwrap();
+            (with, without)
+        };
         let paged = KeyLayout::Paged { page_size: 16, packed_queries: false };
-        assert!(matches!(run(&decode(8, 4096), &AttnParams::default(), paged), Err(Error::Param { arg: "learnable_sink", .. })));
-        assert!(plan_for(&h100(), &decode(8, 4096), DType::BF16, &AttnParams::default(), paged, ScoreTensors::default()).is_ok());
+        let split = AttnParams { num_splits: Some(4), ..AttnParams::default() };
+        let mut packed_and_split = 0;
+        for family in [None, Some(KernelFamily::FwdSm90), Some(KernelFamily::FwdSm80), Some(KernelFamily::Reference)] {
+            for (s, p, layout) in [
+                (shape(64), AttnParams { kernel: family, ..AttnParams::causal() }, KeyLayout::Dense),
+                (decode(8, 4096), AttnParams { kernel: family, ..AttnParams::default() }, KeyLayout::Dense),
+                (decode(8, 4096), AttnParams { kernel: family, ..split }, KeyLayout::Dense),
+                (decode(8, 4096), AttnParams { kernel: family, ..AttnParams::default() }, paged),
+            ] {
+                if family == Some(KernelFamily::Reference) && layout != KeyLayout::Dense {
+                    continue; // the reference takes no KV cache
+                }
+                let (with, without) = plans(&s, &p, layout);
+                assert_eq!(with.variant.mods.sinks, family != Some(KernelFamily::Reference), "the reference takes them at run time");
+                assert_eq!(with.splits, without.splits, "{family:?} {p:?}");
+                if with.variant.family == KernelFamily::FwdSm90 {
+                    assert!(!with.packed_gqa, "fwd_sm90 reads its tile's head's sink: GQA heads stay heads");
+                } else {
+                    assert_eq!((with.packed_gqa, with.shape), (without.packed_gqa, without.shape), "{family:?} {p:?}");
+                }
+                packed_and_split += usize::from(with.packed_gqa && with.splits > 1);
+            }
+        }
+        assert!(packed_and_split > 0, "some decode plan packs GQA heads as rows and splits the keys");
     }
 
     #[test]

@@ -168,8 +168,9 @@ constexpr bool kLocal = FC_LOCAL != 0;      // sliding window (common/mask.cuh)
 constexpr bool kSoftcap = FC_SOFTCAP != 0;  // logit softcapping (common/mask.cuh)
 constexpr bool kAlibi = FC_ALIBI != 0;      // ALiBi (common/mask.cuh)
 constexpr bool kDropout = FC_DROPOUT != 0;  // attention dropout (common/dropout.cuh)
-// Learnable sinks (common/sinks.cuh), folded where a row is final: the host runs them unsplit,
-// over dense or packed keys, without GQA packing (the combine does not fold them yet).
+// Learnable sinks (common/sinks.cuh), folded where a row is final: in the epilogue of an
+// unsplit tile, else in the combine (split-KV, the paged split tiles' chunks); dense, packed
+// or paged keys, GQA heads packed as rows or not (sinks::sink_of).
 constexpr bool kSinks = FC_SINKS != 0;
 constexpr bool kSplitKv = FC_SPLIT_KV != 0;
 constexpr bool kVarlen = FC_VARLEN != 0;  // a packed batch of sequences (common/sequence.cuh)
@@ -426,6 +427,28 @@ __device__ __forceinline__ i64 lse_row_step(const FwdParams& p) { return packs_g
 struct QueryTile {
     int m0, head, batch, kv_head, split;
 };
+
+// Learnable sinks folded into this thread's final rows (common/sinks.cuh). With GQA heads
+// packed as rows (decode) each row has its own head's sink: lane l reads the sink of the
+// warp's row l (and l + 32, ...) once, and each row takes it by a shuffle. Loads per row took
+// registers the widest tiles lack (D64 128x128 causal, paged, spilled).
+__device__ __forceinline__ void fold_sinks(const FwdParams& p, const QueryTile& t, int q_row0, float (&inv_sum)[kMTiles][2],
+                                           float (&lse)[kMTiles][2], int lane) {
+    constexpr int kLoads = (16 * kMTiles + 31) / 32;
+    float mine[kLoads];
+#pragma unroll
+    for (int j = 0; j < kLoads; ++j) {
+        mine[j] = p.sink_group == 0 ? p.learnable_sink[t.head] : sinks::sink_of(p, t.head, t.m0 + q_row0 + 32 * j + lane);
+    }
+#pragma unroll
+    for (int m = 0; m < kMTiles; ++m)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+            const int row = 16 * m + 8 * r + lane / 4;  // in the warp's rows
+            sinks::fold(__shfl_sync(0xffffffffu, mine[row / 32], row % 32), inv_sum[m][r], lse[m][r]);
+        }
+}
+
 __device__ __forceinline__ QueryTile query_tile(const FwdParams& p) {
     const int splits = kSplitKv ? p.num_splits : 1;
     QueryTile t;
@@ -977,11 +1000,7 @@ extern "C" __global__ void __launch_bounds__(fc::fwd_sm80::kThreads, 1) fc_fwd_s
             store_partial(p, o, inv_sum, lse, kChunked ? seg.partial : t.split * rows + first_row, rows_left, q_row0, lane);
             if constexpr (!kChunked) return;
         } else {
-            if constexpr (kSinks) {  // final rows only: a split's partial is folded by the combine, never here
-                const float sink = p.learnable_sink[t.head];
-#pragma unroll
-                for (int m = 0; m < kMTiles; ++m) sinks::fold(sink, inv_sum[m][0], lse[m][0]), sinks::fold(sink, inv_sum[m][1], lse[m][1]);
-            }
+            if constexpr (kSinks) fold_sinks(p, t, q_row0, inv_sum, lse, lane);  // final rows only: a split's in the combine
             if (p.lse != nullptr && lane % 4 == 0) {
                 float* lse_row = p.lse + lse_at(p, seq, t.batch, t.head, t.m0);
                 const i64 step = lse_row_step(p);
@@ -1026,6 +1045,7 @@ extern "C" __global__ void __launch_bounds__(128) fc_split_combine(const FwdPara
     // Dense, the LSE index is the partial row (lse_offset's (batch * Hq + head) * Sq + query).
     const i64 lse_index = kVarlen ? lse_at(p, seq, batch, head, query) : row;
     float* lse_out = p.lse == nullptr ? nullptr : p.lse + lse_index;
+    const float sink = kSinks ? sinks::sink_of(p, head, query) : 0.f;  // read with kSinks alone
     if constexpr (kChunked) {
         // Row `query` of item batch * M + query / BLOCK_M (start_chunk): merged from the
         // partials of the chunks its key tiles span; written by its chunk when one holds them
@@ -1043,10 +1063,10 @@ extern "C" __global__ void __launch_bounds__(128) fc_split_combine(const FwdPara
             return ((static_cast<i64>(first + j) * 2 + (j == 0 && first_in_slot_1)) * heads + head) * rows_per_slot + slot_row;
         };
         griddep::wait();  // launched early (programmatic dependent launch): the partials are ready now
-        split_kv::combine_partials<FC_HEAD_DIM>(p.o_accum, p.lse_accum, partial_row, parts, out, lse_out, lane);
+        split_kv::combine_partials<FC_HEAD_DIM, kSinks>(p.o_accum, p.lse_accum, partial_row, parts, sink, out, lse_out, lane);
     } else {
         griddep::wait();  // launched early (programmatic dependent launch): the partials are ready now
-        split_kv::combine_row<FC_HEAD_DIM>(p.o_accum, p.lse_accum, rows, row, p.num_splits, out, lse_out, lane);
+        split_kv::combine_row<FC_HEAD_DIM, kSinks>(p.o_accum, p.lse_accum, rows, row, p.num_splits, sink, out, lse_out, lane);
     }
 }
 #endif

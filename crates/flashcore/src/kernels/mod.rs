@@ -351,9 +351,10 @@ pub fn with_mods(v: &Variant, mods: ScoreMods) -> Variant {
 /// forward variant (decode, and every arch; its split-KV tile over pages smaller than a key
 /// block takes a third K/V slot on sm_90, so it has two forms there: `fwd_sm80::paged_form`;
 /// its unsplit tiles also the packed-queries form, `FC_VARLEN` with `FC_PAGED`) and every
-/// fwd_sm90 variant (prefill and chunked prefill on Hopper).
+/// fwd_sm90 variant (prefill and chunked prefill on Hopper); none for a dropout form (a KV
+/// cache takes no dropout: `dispatch::plan_for`).
 pub fn paged_forms(arch: Arch, v: &Variant) -> Vec<Variant> {
-    if v.varlen || v.paged {
+    if v.varlen || v.paged || v.mods.dropout {
         return Vec::new();
     }
     v.family.spec().paged_forms(arch, v)

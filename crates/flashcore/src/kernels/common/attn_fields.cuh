@@ -46,7 +46,10 @@
 //     probability is dropped (dropout_threshold = round(p · 256)); the keepers' scale 1 / (1 - p).
 //   Learnable sinks (forward kernels built with FC_SINKS=1; common/sinks.cuh): learnable_sink[h],
 //     f32 on the device, one logit a query head in every row's softmax denominator, folded into
-//     each row's 1 / sum and LSE where the row is final. Null without sinks.
+//     each row's 1 / sum and LSE where the row is final (the split-KV combine's, where a split
+//     holds a partial row). Null without sinks. sink_group: 0, or G = Hq / Hkv where decode
+//     packs a KV head's G query heads as its rows (fwd_sm80; the host never packs fwd_sm90's
+//     rows with sinks): row r of KV head h is then query head h·G + r (sinks::sink_of).
 //   The reference kernels take the window, softcap, ALiBi and sinks at run time (no dropout). The
 //   pointer leads the group, so that the group starts 8-aligned in C as in its Rust mirror.
 #define FC_SCORE_MOD_FIELDS                  \
@@ -63,7 +66,7 @@
     unsigned int dropout_threshold;          \
     float dropout_scale;                     \
     int attention_chunk;                     \
-    int score_mods_pad; /* 8-aligned below, as the Rust mirror */ \
+    int sink_group;                          \
     const float* learnable_sink;
 
 // Varlen (kernels built with FC_VARLEN=1; see common/sequence.cuh): one packed batch of

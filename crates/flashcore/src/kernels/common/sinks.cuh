@@ -5,8 +5,9 @@
 // seen: from the row's 1 / sum and natural-log LSE (OnlineSoftmax::finish), the new LSE is
 // logaddexp(lse, sink) and O's factor shrinks by exp(lse − new lse) ≤ 1, so nothing overflows
 // whatever the sink. A row that saw no key (lse −inf, 1 / sum 0) gets lse = sink and o = 0.
-// Split-KV partials are not final and the combine does not fold it yet: the host runs sinks
-// unsplit.
+// Split-KV partials are not final: the combine (common/split_combine.cuh) takes the sink as
+// one more partial with no value. With GQA heads packed as rows (decode), a row's sink is its
+// own query head's (sink_of).
 //
 // The backward: dQ, dK and dV need only the forward's LSE, which holds the sink. The sink's
 // own gradient is dsink = −Σ_i P_i(sink)·D_i over a head's rows (every sequence's), with
@@ -28,6 +29,15 @@ __device__ __forceinline__ void fold(float sink, float& inv_sum, float& lse) {
     const float total = fmaxf(lse, sink) + math::lg2(1.f + math::ex2(gap)) * kLn2;  // logaddexp
     inv_sum *= math::ex2((lse - total) * kLog2e);
     lse = total;
+}
+
+// The sink of row `row` of head `head` as the kernel holds them (FC_SCORE_MOD_FIELDS): the
+// head's, or, with p.sink_group = G query heads packed as a KV head's rows, query head
+// head·G + row (a tile's padding rows past G read the last one's, and store nothing).
+template <class Params>
+__device__ __forceinline__ float sink_of(const Params& p, int head, int row) {
+    const int group = p.sink_group;
+    return p.learnable_sink[group == 0 ? head : head * group + min(row, group - 1)];
 }
 
 // The sinks' gradient kernels: one block of kGradThreads threads a query head.

@@ -3,7 +3,9 @@
 // log-sum-exp L_s. Over all keys L = log Σ_s e^(L_s) and O = Σ_s e^(L_s − L) · O_s,
 // computed with the largest L_s subtracted first so no term overflows. A split that saw
 // no visible key has L_s = −inf and weight 0; a row that every split found empty (fully
-// masked) ends with O = 0 and L = −inf, never NaN.
+// masked) ends with O = 0 and L = −inf, never NaN. A learnable sink (common/sinks.cuh) joins
+// as one more partial whose O is 0: L = log(Σ_s e^(L_s) + e^sink), the weights e^(L_s − L)
+// shrink by its share, and a row no split saw ends with O = 0 and L = sink.
 //
 // Partial layout (row = (batch · Hq + head) · Sq + query, the LSE index of the output):
 // lse_accum[s · rows + row], o_accum[(s · rows + row) · D + column], f32. Varlen (a packed
@@ -20,15 +22,17 @@ namespace fc {
 namespace split_kv {
 
 // One warp merges the partials of one row, partial s (of num_splits) being partial row
-// at(s) of o_accum and lse_accum: every lane reduces the LSEs, then owns kD / 32 columns.
-template <int kD, class PartialRow>
+// at(s) of o_accum and lse_accum, and with kSink the row's `sink`: every lane reduces the
+// LSEs, then owns kD / 32 columns.
+template <int kD, bool kSink, class PartialRow>
 __device__ __forceinline__ void combine_partials(const float* o_accum, const float* lse_accum, PartialRow at,
-                                                 int num_splits, elem_t* out, float* lse_out, int lane) {
+                                                 int num_splits, float sink, elem_t* out, float* lse_out, int lane) {
     static_assert(kD % 32 == 0, "whole columns per lane");
     constexpr int kCols = kD / 32;
     float mx = math::neg_inf();
     for (int s = lane; s < num_splits; s += 32) mx = fmaxf(mx, lse_accum[at(s)]);
     mx = warp_max(mx);
+    if constexpr (kSink) mx = fmaxf(mx, sink);
     float acc[kCols];
 #pragma unroll
     for (int c = 0; c < kCols; ++c) acc[c] = 0.f;
@@ -37,6 +41,7 @@ __device__ __forceinline__ void combine_partials(const float* o_accum, const flo
         float sum = 0.f;
         for (int s = lane; s < num_splits; s += 32) sum += math::ex2((lse_accum[at(s)] - mx) * kLog2e);
         sum = warp_sum(sum);
+        if constexpr (kSink) sum += math::ex2((sink - mx) * kLog2e);
         lse = mx + math::lg2(sum) * kLn2;
         for (int s = 0; s < num_splits; ++s) {
             const float w = math::ex2((lse_accum[at(s)] - lse) * kLog2e);
@@ -51,10 +56,10 @@ __device__ __forceinline__ void combine_partials(const float* o_accum, const flo
 }
 
 // The partials of split s at s * rows + row (the layout above).
-template <int kD>
+template <int kD, bool kSink>
 __device__ __forceinline__ void combine_row(const float* o_accum, const float* lse_accum, i64 rows, i64 row,
-                                            int num_splits, elem_t* out, float* lse_out, int lane) {
-    combine_partials<kD>(o_accum, lse_accum, [=](int s) { return s * rows + row; }, num_splits, out, lse_out, lane);
+                                            int num_splits, float sink, elem_t* out, float* lse_out, int lane) {
+    combine_partials<kD, kSink>(o_accum, lse_accum, [=](int s) { return s * rows + row; }, num_splits, sink, out, lse_out, lane);
 }
 
 }  // namespace split_kv
