@@ -146,9 +146,24 @@ def case_cells(case):
         str(case["seqlen_k"]),
         f"{hq}" if hq == hkv else f"{hq}/{hkv}",
         str(case["head_dim"]),
-        "causal" if case["causal"] else "—",
+        mask_cell(case),
         case["dtype"],
     ]
+
+
+def mask_cell(case):
+    """The case's mask and score policies as the suite's rows differ in them: causal (or —),
+    then a window `win L,R`, a softcap `cap C`, a chunk `chunk N`, learnable `sinks`."""
+    parts = ["causal" if case["causal"] else "—"]
+    if case.get("window"):
+        parts.append("win {},{}".format(*case["window"]))
+    if case.get("softcap"):
+        parts.append(f"cap {case['softcap']:g}")
+    if case.get("attention_chunk"):
+        parts.append(f"chunk {case['attention_chunk']}")
+    if case.get("learnable_sink"):
+        parts.append("sinks")
+    return " + ".join(parts)
 
 
 def comparable(row, anchor_row):
