@@ -172,6 +172,9 @@ constexpr bool kDropout = FC_DROPOUT != 0;  // attention dropout (common/dropout
 // unsplit tile, else in the combine (split-KV, the paged split tiles' chunks); dense, packed
 // or paged keys, GQA heads packed as rows or not (sinks::sink_of).
 constexpr bool kSinks = FC_SINKS != 0;
+// The forms whose rows may be GQA heads packed as rows, each with its own sink: the host packs
+// none under a window, ALiBi or dropout (dispatch::plan_for), whose forms read the tile's.
+constexpr bool kRowSinks = kSinks && !kLocal && !kAlibi && !kDropout;
 constexpr bool kSplitKv = FC_SPLIT_KV != 0;
 constexpr bool kVarlen = FC_VARLEN != 0;  // a packed batch of sequences (common/sequence.cuh)
 constexpr bool kPaged = FC_PAGED != 0;    // keys from a paged (or contiguous) cache (common/paged.cuh)
@@ -431,9 +434,16 @@ struct QueryTile {
 // Learnable sinks folded into this thread's final rows (common/sinks.cuh). With GQA heads
 // packed as rows (decode) each row has its own head's sink: lane l reads the sink of the
 // warp's row l (and l + 32, ...) once, and each row takes it by a shuffle. Loads per row took
-// registers the widest tiles lack (D64 128x128 causal, paged, spilled).
+// registers the widest tiles lack (D64 128x128 causal, paged, spilled); the forms never
+// packed read the tile's head's alone (the shuffles spilled D64 128x128's windowed varlen form).
 __device__ __forceinline__ void fold_sinks(const FwdParams& p, const QueryTile& t, int q_row0, float (&inv_sum)[kMTiles][2],
                                            float (&lse)[kMTiles][2], int lane) {
+    if constexpr (!kRowSinks) {
+        const float sink = p.learnable_sink[t.head];
+#pragma unroll
+        for (int m = 0; m < kMTiles; ++m) sinks::fold(sink, inv_sum[m][0], lse[m][0]), sinks::fold(sink, inv_sum[m][1], lse[m][1]);
+        return;
+    }
     constexpr int kLoads = (16 * kMTiles + 31) / 32;
     float mine[kLoads];
 #pragma unroll
