@@ -54,6 +54,13 @@ def unsupported_fa3(params: dict, test: str, hopper: bool) -> str | None:
             return "packed queries appending to a cache (cu_seqlens_k_new)"
         if params.get("has_batch_idx") or params.get("has_leftpad") or params.get("rotary_fraction"):
             return "packed queries over a cache with cache_batch_idx, cache_leftpad or rotary"
+        if params.get("page_size") is None:
+            return "packed queries over a contiguous cache"
+    if test == "test_flash_attn_kvcache" and params.get("page_size") is not None:
+        if params["page_size"] % 16:
+            return f"page size {params['page_size']} (FlashCore's pages: multiples of 16)"
+        if params.get("has_batch_idx") or params.get("has_leftpad"):
+            return "cache_batch_idx or cache_leftpad with a page table (as flash_attn 2 refuses them)"
     if test == "test_flash3_bw_compatibility":
         return "FA3's extension internals (torch.ops.flash_attn_3's schemas)"
     if not hopper and params.get("d") not in (None, 32, 64, 96, 128, 192, 256):

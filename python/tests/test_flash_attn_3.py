@@ -191,6 +191,58 @@ def test_flash_attn_combine_is_fa3s_merge(fa3, num_splits, dtype):
     assert fa3.flash_attn_combine(out_partial, lse_partial, out=into)[0] is into and torch.equal(into, out)
 
 
+def test_seqused_q_runs_each_sequences_used_rows_alone(fa3):
+    # Sequence b's first seqused_q[b] rows are its queries (0, some, all of them); the rest give
+    # o = 0, lse = -inf and no gradient, and add nothing to dk, dv.
+    lengths, used, hq, hkv, d = [(37, 100), (64, 64), (5, 300)], [20, 0, 5], 8, 2, 64
+    cu_q = torch.tensor([0, 37, 101, 106], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 100, 164, 464], dtype=torch.int32, device="cuda")
+    q, k, v = (randn(n, h, d, seed=i).requires_grad_() for i, (n, h) in enumerate([(106, hq), (464, hkv), (464, hkv)]))
+    seqused_q = torch.tensor(used, dtype=torch.int32, device="cuda")
+    out, lse = fa3.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 64, 300, seqused_q=seqused_q, causal=True, return_attn_probs=True)
+    dout = randn(*out.shape, seed=9)
+    out.backward(dout)
+    grads = [t.grad.clone() for t in (q, k, v)]
+    # Each sequence's used rows alone, through flashcore's own call.
+    dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+    for b, ((_, nk), n) in enumerate(zip(lengths, used)):
+        q0, k0 = cu_q[b].item(), cu_k[b].item()
+        rows = slice(q0 + n, cu_q[b + 1].item())
+        assert (out[rows] == 0).all() and (lse[:, rows] == float("-inf")).all() and (grads[0][rows] == 0).all(), f"sequence {b}'s unused rows"
+        if n == 0:
+            continue
+        qs, ks, vs = (t.detach()[a : a + m].unsqueeze(0).requires_grad_() for t, a, m in ((q, q0, n), (k, k0, nk), (v, k0, nk)))
+        alone, alone_lse, _ = flashcore.flash_attn_func(qs, ks, vs, causal=True, return_attn_probs=True)
+        alone.backward(dout[q0 : q0 + n].unsqueeze(0))
+        assert rel_l2(out[q0 : q0 + n], alone[0].double()) < 1e-3, f"sequence {b}"
+        assert torch.allclose(lse[:, q0 : q0 + n], alone_lse[0], atol=1e-4), f"sequence {b}'s lse"
+        assert rel_l2(grads[0][q0 : q0 + n], qs.grad[0].double()) < 1e-3
+        dk[k0 : k0 + nk], dv[k0 : k0 + nk] = ks.grad[0], vs.grad[0]
+    assert rel_l2(grads[1], dk.double()) < 1e-3 and rel_l2(grads[2], dv.double()) < 1e-3, "dk, dv from the used rows alone"
+
+
+def test_rotary_seqlens_rotates_at_those_positions(fa3):
+    # FA3's rotary positions apart from cache_seqlens: the same as rotating q and the new keys
+    # at those positions first and calling without rotary.
+    from flashcore.rotary import apply_rotary_emb
+
+    b, cap, hq, hkv, d, new = 2, 128, 4, 2, 64, 3
+    lens = torch.tensor([40, 7], dtype=torch.int32, device="cuda")
+    positions = lens // 2
+    q, k_new, v_new = randn(b, new, hq, d, seed=1), randn(b, new, hkv, d, seed=2), randn(b, new, hkv, d, seed=3)
+    angle = torch.rand(cap, d // 4, device="cuda", generator=torch.Generator(device="cuda").manual_seed(4)) * 6.28
+    cos, sin = torch.cos(angle).to(q.dtype), torch.sin(angle).to(q.dtype)
+    caches = [randn(b, cap, hkv, d, seed=5), randn(b, cap, hkv, d, seed=6)]
+    want_caches = [t.clone() for t in caches]
+    got = fa3.flash_attn_with_kvcache(q, *caches, k=k_new, v=v_new, rotary_cos=cos, rotary_sin=sin, cache_seqlens=lens, rotary_seqlens=positions, causal=True)
+    q_rot = apply_rotary_emb(q, cos, sin, interleaved=True, seqlen_offsets=positions)  # FA3's default
+    k_rot = apply_rotary_emb(k_new, cos, sin, interleaved=True, seqlen_offsets=positions)
+    want = flashcore.flash_attn_with_kvcache(q_rot, *want_caches, k_rot, v_new, cache_seqlens=lens, causal=True)
+    assert torch.equal(got, want) and torch.equal(caches[0], want_caches[0]) and torch.equal(caches[1], want_caches[1])
+    plain = fa3.flash_attn_with_kvcache(q, *[t.clone() for t in caches], k=k_new, v=v_new, rotary_cos=cos, rotary_sin=sin, cache_seqlens=lens, causal=True)
+    assert rel_l2(got, plain.double()) > 1e-2, "positions apart from cache_seqlens change the result"
+
+
 def test_what_flashcore_does_not_run_yet_is_refused_by_name(fa3):
     q = randn(1, 16, 4, 64)
     cu = torch.tensor([0, 16], dtype=torch.int32, device="cuda")
@@ -200,8 +252,6 @@ def test_what_flashcore_does_not_run_yet_is_refused_by_name(fa3):
     for chunk, error in ((-1, ValueError), (2.5, TypeError), (True, TypeError)):
         with pytest.raises(error, match="`attention_chunk`"):
             fa3.flash_attn_func(q, q, q, attention_chunk=chunk)
-    with pytest.raises(NotImplementedError, match="`seqused_q`"):
-        fa3.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 16, 16, seqused_q=cu[1:])
     with pytest.raises(NotImplementedError, match="`cu_seqlens_k_new`"):
         fa3.flash_attn_with_kvcache(q, q.clone(), q.clone(), k=q[:, :1], v=q[:, :1], cache_seqlens=8, cu_seqlens_k_new=cu[:2])
     # Without new keys FA3 ignores it (serving code passes it anyway): the same call as without.

@@ -9,10 +9,11 @@
 
 Every call runs FlashCore's kernels (`flashcore.interface`). What FA3 has and FlashCore does
 not yet raises `NotImplementedError` naming the argument: `qv` (absorbed MLA's extra q·vᵀ
-term), the FP8 descales `q_descale`, `k_descale`, `v_descale`, `seqused_q`, and in the
-KV-cache call `cu_seqlens_k_new` (packed new keys),
-`rotary_seqlens` and packed queries over a contiguous cache. FA3's tuning hints are taken and
-left to FlashCore's planner: `pack_gqa` (FlashCore packs GQA heads for decode itself),
+term), the FP8 descales `q_descale`, `k_descale`, `v_descale`, and in the KV-cache call
+`cu_seqlens_k_new` (packed new keys) and packed queries over a contiguous cache.
+`seqused_q` runs by gathers in PyTorch around the kernels (no host synchronisation), and
+`rotary_seqlens` rotates q and the new keys at those positions before the call. FA3's tuning
+hints are taken and left to FlashCore's planner: `pack_gqa` (FlashCore packs GQA heads for decode itself),
 `sm_margin`, `scheduler_metadata` (`get_scheduler_metadata` returns None, which every call
 takes); `num_splits` is honoured where FlashCore splits (the dense and KV-cache calls: 1
 unsplit, 0 or less FlashCore's choice) and a hint for a packed batch. `attention_chunk` runs in
@@ -29,7 +30,7 @@ import torch
 from torch import Tensor
 
 from .. import interface
-from .._args import _check, _check_packed, _check_paged_varlen, _num_splits, _options
+from .._args import NO_WINDOW, _check, _check_int32, _check_packed, _check_paged_varlen, _num_splits, _options
 from .._paths import _attention
 
 __all__ = [
@@ -124,17 +125,51 @@ def flash_attn_varlen_func(
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """FA3's `flash_attn_varlen_func`: a packed batch (`flashcore.flash_attn_varlen_func`'s
     semantics, `seqused_k` included) → `out [total_q, Hq, D]`, or `(out, softmax_lse [Hq,
-    total_q])` with `return_attn_probs`. `seqused_q` is not supported yet; `num_splits`,
-    `pack_gqa` and `sm_margin` are hints. Differentiable."""
+    total_q])` with `return_attn_probs`. `seqused_q` (int32 `[B]`): sequence b's first
+    `seqused_q[b]` rows are its queries, the rest padding that gives out = 0, lse = -inf and no
+    gradient (see `_used_queries`). `num_splits`, `pack_gqa` and `sm_margin` are hints.
+    Differentiable."""
     _refuse_fa3_only(qv, (q_descale, k_descale, v_descale))
-    if seqused_q is not None:
-        raise _not_yet("seqused_q", "query rows past each sequence's used count")
     _num_splits(num_splits)
     _check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
     options = _options(q, softmax_scale, causal, window_size, softcap, None, deterministic)._replace(attention_chunk=_chunk(attention_chunk))
+    max_seqlens = (max_seqlen_q, max_seqlen_k)
+    if seqused_q is not None:
+        _check_int32("seqused_q", seqused_q, q, 1)
+        if seqused_q.shape[0] != cu_seqlens_q.shape[0] - 1:
+            raise ValueError(f"`seqused_q` has {seqused_q.shape[0]} entries, cu_seqlens_q {cu_seqlens_q.shape[0] - 1} sequences")
+        return _used_queries(q, (k, v), (cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q), max_seqlens, options, return_attn_probs)
     vectors = (cu_seqlens_q, cu_seqlens_k, seqused_k)
-    out, lse, _ = interface._packed_batch(q, k, v, vectors, (max_seqlen_q, max_seqlen_k), options, return_attn_probs)
+    out, lse, _ = interface._packed_batch(q, k, v, vectors, max_seqlens, options, return_attn_probs)
     return (out, lse) if return_attn_probs else out
+
+
+def _used_queries(
+    q: Tensor, kv: Tuple[Tensor, Tensor], vectors: tuple, max_seqlens: tuple, options, want_lse: bool
+) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """FA3's `seqused_q` on FlashCore's packed batch, which has none: the used rows (row i of
+    sequence b with i < seqused_q[b], clamped to its length) gathered into a packed batch of
+    their own (`cu_seqlens_q` the prefix sums of the used counts), run, and gathered back; the
+    other rows give out = 0 and lse = -inf, and no gradient to q, k or v. All on the device:
+    no host synchronisation; differentiable (index_copy and index_select)."""
+    cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q = vectors
+    total_q = q.shape[0]
+    rows = torch.arange(total_q, device=q.device)
+    lengths = cu_seqlens_q[1:] - cu_seqlens_q[:-1]
+    counts = torch.minimum(seqused_q.clamp(min=0), lengths)
+    sequence = torch.searchsorted(cu_seqlens_q[1:].long(), rows, right=True).clamp(max=max(lengths.shape[0] - 1, 0))
+    offset = rows - cu_seqlens_q.long()[sequence]
+    used = offset < counts.long()[sequence]
+    cu_used = torch.nn.functional.pad(counts.cumsum(0), (1, 0)).to(torch.int32)
+    compact = cu_used.long()[sequence] + offset  # a used row's place in the gathered batch
+    dump = torch.full_like(compact, total_q)  # the other rows go to one spare row, dropped
+    q_used = q.new_zeros((total_q + 1, *q.shape[1:])).index_copy(0, torch.where(used, compact, dump), q)[:total_q]
+    out_used, lse_used, _ = interface._packed_batch(q_used, *kv, (cu_used, cu_seqlens_k, seqused_k), max_seqlens, options, want_lse)
+    back = torch.where(used, compact, 0)
+    out = torch.where(used[:, None, None], out_used.index_select(0, back), 0)
+    if not want_lse:
+        return out
+    return out, torch.where(used[None, :], lse_used.index_select(1, back), float("-inf"))
 
 
 def flash_attn_qkvpacked_func(
@@ -214,9 +249,8 @@ def flash_attn_with_kvcache(
     # FA3 reads cu_seqlens_k_new only when keys are appended (its AppendKV path): without `k`
     # it is ignored, as serving code passes it (SGLang's FA3 backend does).
     packed_new = cu_seqlens_k_new if k is not None or v is not None else None
-    for name, value, what in (("cu_seqlens_k_new", packed_new, "packed new keys"), ("rotary_seqlens", rotary_seqlens, "rotary positions apart from cache_seqlens")):
-        if value is not None:
-            raise _not_yet(name, what)
+    if packed_new is not None:
+        raise _not_yet("cu_seqlens_k_new", "packed new keys")
     splits, chunk = _num_splits(num_splits), _chunk(attention_chunk)
     scores = (softmax_scale, causal, window_size, softcap)
     if cu_seqlens_q is not None:
@@ -224,7 +258,15 @@ def flash_attn_with_kvcache(
         return _packed_queries(q, (k_cache, v_cache), layout, (k, rotary_cos, cache_batch_idx, cache_leftpad), scores, chunk, return_softmax_lse)
     new, lengths = interface._checked_kvcache_call(q, (k_cache, v_cache), (k, v), (cache_seqlens, cache_batch_idx, cache_leftpad, page_table))
     options = _options(q, *scores)._replace(num_splits=splits, attention_chunk=chunk)
-    return interface._kvcache(q, (k_cache, v_cache), new, (rotary_cos, rotary_sin, rotary_interleaved), lengths, options, return_softmax_lse)
+    rotary = (rotary_cos, rotary_sin, rotary_interleaved)
+    if rotary_seqlens is not None and (rotary_cos is not None or rotary_sin is not None):
+        # FA3's rotary positions apart from cache_seqlens: q and the new keys rotated here at
+        # those positions (as the call would at cache_seqlens), then the call without rotary.
+        _check_int32("rotary_seqlens", rotary_seqlens, q, 1)
+        per_row = options.causal or options.window != NO_WINDOW
+        q, k_rotated = interface._rotated_for_cache(q, None if new is None else new[0], rotary_cos, rotary_sin, rotary_seqlens, bool(rotary_interleaved), per_row)
+        new, rotary = (k_rotated, new[1]), (None, None, False)
+    return interface._kvcache(q, (k_cache, v_cache), new, rotary, lengths, options, return_softmax_lse)
 
 
 def _packed_queries(
