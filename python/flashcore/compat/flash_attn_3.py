@@ -10,15 +10,15 @@
 Every call runs FlashCore's kernels (`flashcore.interface`). What FA3 has and FlashCore does
 not yet raises `NotImplementedError` naming the argument: `qv` (absorbed MLA's extra q·vᵀ
 term), the FP8 descales `q_descale`, `k_descale`, `v_descale`, and in the KV-cache call
-`cu_seqlens_k_new` (packed new keys) and packed queries over a contiguous cache.
-`seqused_q` runs by gathers in PyTorch around the kernels (no host synchronisation), and
-`rotary_seqlens` rotates q and the new keys at those positions before the call. FA3's tuning
-hints are taken and left to FlashCore's planner: `pack_gqa` (FlashCore packs GQA heads for decode itself),
+`cu_seqlens_k_new` (packed new keys) and packed queries over a contiguous cache. `seqused_q`
+runs by gathers in PyTorch around the kernels (no host synchronisation), and `rotary_seqlens`
+rotates q and the new keys at those positions before the call. FA3's tuning hints are taken and
+left to FlashCore's planner: `pack_gqa` (FlashCore packs GQA heads for decode itself),
 `sm_margin`, `scheduler_metadata` (`get_scheduler_metadata` returns None, which every call
 takes); `num_splits` is honoured where FlashCore splits (the dense and KV-cache calls: 1
 unsplit, 0 or less FlashCore's choice) and a hint for a packed batch. `attention_chunk` runs in
-every call, forward and backward (FA3's backward refuses it). Differences: a row that
-sees no key has lse -inf (FA3: +inf), and outputs are FlashCore's numerics (docs/flash-attn-compat.md).
+every call, forward and backward (FA3's backward refuses it). Differences: a row that sees no
+key has lse -inf (FA3: +inf), and outputs are FlashCore's numerics (docs/flash-attn-compat.md).
 """
 
 from __future__ import annotations

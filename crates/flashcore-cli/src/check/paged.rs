@@ -116,7 +116,8 @@ impl PagedSpec {
 /// (bottom-right causal); a window with a softcap, ALiBi (per sequence; in decode, GQA heads
 /// are then not packed as rows), learnable sinks (decode with GQA heads packed as rows, a
 /// windowed chunked prefill, and split sequences without keys: lse = the sink), forced splits
-/// (fwd_sm80: fwd_sm90 does not split), fp16, and a corrupt table. For fwd_sm80 and fwd_sm90, the two with paged forms.
+/// (fwd_sm80: fwd_sm90 does not split), fp16, and a corrupt table. For fwd_sm80 and fwd_sm90,
+/// the two with paged forms.
 /// On fwd_sm90 the key blocks (D64 128, D128 192, D256 80 keys) take 1 to 12 page boxes
 /// (gcd(page, block)), and a block of 192 straddles two pages of 256.
 pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<PagedSpec> {
