@@ -231,9 +231,14 @@ __device__ __forceinline__ Fragment fragment() {
 // value that P replaces: both 16-bit, so that they take the registers of the f32 Pᵀ they
 // replace (D64's 128 queries have none to spare); pg's rounding adds ~2^-9 (bf16) to dSᵀ's.
 // With ALiBi, `alibi`'s bias is added after the cap (softcap_grad takes the capped score).
-__device__ __forceinline__ void probabilities(float (&s)[kScoreN / 2], u32 (&pk)[kScoreN / 4], u32 (&pg)[kSoftcap ? kScoreN / 4 : 1],
-                                              const float* lse_log2, int k0, int m0, bool masked, const Mask& mask, const AlibiBias& alibi,
-                                              const BwdParams& p) {
+// A hidden score's exponent becomes -inf (ex2 gives 0), a select a score; a block without
+// hidden scores (kMasked false: most of them) tests none. As `seen ? ex2(...) : 0.f` the
+// compiler predicated each score's FFMA and MUFU, zeroed its register apart and reloaded the
+// scale from the constant bank: five instructions a score where this takes two or three.
+template <bool kMasked, int kFrom, int kTo>
+__device__ __forceinline__ void probabilities_of(float (&s)[kScoreN / 2], u32 (&pk)[kScoreN / 4], u32 (&pg)[kSoftcap ? kScoreN / 4 : 1],
+                                                 const float* lse_log2, int k0, int m0, const Mask& mask, const AlibiBias& alibi,
+                                                 const BwdParams& p) {
     const Fragment f = fragment();
     // Per key row r, the first column (8c + e, relative to this thread's) that sees it:
     // the query key - offset under the causal mask; none for a key past Sk. Each score then
@@ -245,14 +250,14 @@ __device__ __forceinline__ void probabilities(float (&s)[kScoreN / 2], u32 (&pk)
         const int key = k0 + f.row + 8 * r;
         const int causal_first = kCausal ? key - mask.offset - m0 - f.col : kAll;
         const int window_first = kLocal ? mask.first_row(key) - m0 - f.col : kAll;
-        first_seen[r] = !masked ? kAll : key >= mask.seqlen_k ? kNone : kLocal ? window_first : causal_first;
-        last_seen[r] = kLocal && masked ? mask.last_row(key) - m0 - f.col : kNone;
+        first_seen[r] = !kMasked ? kAll : key >= mask.seqlen_k ? kNone : kLocal ? window_first : causal_first;
+        last_seen[r] = kLocal && kMasked ? mask.last_row(key) - m0 - f.col : kNone;
     }
     const float inv_softcap = kSoftcap ? math::rcp(p.softcap) : 0.f;
     // ALiBi: the (query, key) distance of this thread's first score; the others' differ by constants.
     const float distance0 = kAlibi ? alibi.distance(m0 + f.col, k0 + f.row) : 0.f;
 #pragma unroll
-    for (int c = 0; c < kScoreN / 8; ++c) {
+    for (int c = kFrom; c < kTo; ++c) {
         const float2 l = *reinterpret_cast<const float2*>(lse_log2 + 8 * c + f.col);
         float g[4];
 #pragma unroll
@@ -264,7 +269,8 @@ __device__ __forceinline__ void probabilities(float (&s)[kScoreN / 2], u32 (&pk)
                 g[i] = softcap_grad(s[4 * c + i], inv_softcap);
             }
             if constexpr (kAlibi) s[4 * c + i] += alibi.at(distance0 + static_cast<float>(8 * c + e - 8 * (i / 2)));
-            s[4 * c + i] = seen ? math::ex2(fmaf(s[4 * c + i], p.softmax_scale_log2, -(e ? l.y : l.x))) : 0.f;
+            const float exponent = fmaf(s[4 * c + i], p.softmax_scale_log2, -(e ? l.y : l.x));
+            s[4 * c + i] = math::ex2(kMasked && !seen ? math::neg_inf() : exponent);
         }
         if constexpr (kSoftcap) {
 #pragma unroll
@@ -275,6 +281,30 @@ __device__ __forceinline__ void probabilities(float (&s)[kScoreN / 2], u32 (&pk)
         }
     }
 }
+
+// Chunks [kFrom, kTo) of 8 queries of Pᵀ (probabilities_of).
+template <int kFrom, int kTo>
+__device__ __forceinline__ void probabilities(float (&s)[kScoreN / 2], u32 (&pk)[kScoreN / 4], u32 (&pg)[kSoftcap ? kScoreN / 4 : 1],
+                                              const float* lse_log2, int k0, int m0, bool masked, const Mask& mask, const AlibiBias& alibi,
+                                              const BwdParams& p) {
+    if (masked) {
+        probabilities_of<true, kFrom, kTo>(s, pk, pg, lse_log2, k0, m0, mask, alibi, p);
+    } else {
+        probabilities_of<false, kFrom, kTo>(s, pk, pg, lse_log2, k0, m0, mask, alibi, p);
+    }
+}
+
+// Chunks of Pᵀ exponentiated while dPᵀ is in the tensor cores; the rest come after its wait,
+// where the compiler can interleave their exponentials (the MUFU pipe) with dSᵀ's arithmetic
+// (the FMA pipe) chunk by chunk.
+#ifndef FC_EARLY_CHUNKS
+#define FC_EARLY_CHUNKS (kScoreN / 32)
+#endif
+#ifndef FC_LEAD_CHUNKS
+#define FC_LEAD_CHUNKS 2
+#endif
+constexpr int kScoreChunks = kScoreN / 8, kEarlyChunks = FC_EARLY_CHUNKS, kLeadChunks = FC_LEAD_CHUNKS;
+static_assert(kEarlyChunks >= 0 && kEarlyChunks <= kScoreChunks && kLeadChunks >= 0, "early chunks");
 
 // Score i of chunk c (8 queries) of Pᵀ in f32, or of pg packed in pairs (probabilities).
 __device__ __forceinline__ float score_at(const float (&s)[kScoreN / 2], int c, int i) { return s[4 * c + i]; }
@@ -359,12 +389,13 @@ struct Dropout {
 // operand of dK's product chunk by chunk, so that the f32 values die as they are packed.
 // Softcapped, from pg = Pᵀ ∘ softcap_grad (16-bit: see probabilities) instead of the f32 Pᵀ.
 // With dropout, `z` then zeroes the dropped scores of the packed Pᵀ.
-template <class Probs, class DropoutMask = NoDropout>
+// Chunks [kFrom, kTo) of 8 queries.
+template <int kFrom, int kTo, class Probs, class DropoutMask = NoDropout>
 __device__ __forceinline__ void score_gradients(const Probs& pf, const float (&dp)[kScoreN / 2], u32 (&dsk)[kScoreN / 4], const float* dsum,
                                                 const DropoutMask& z = {}) {
     const Fragment f = fragment();
 #pragma unroll
-    for (int c = 0; c < kScoreN / 8; ++c) {
+    for (int c = kFrom; c < kTo; ++c) {
         const float2 d = *reinterpret_cast<const float2*>(dsum + 8 * c + f.col);
         float ds[4];
 #pragma unroll
@@ -397,9 +428,50 @@ __device__ __forceinline__ void gradient_operands(float (&sc)[kScoreN / 2], u32 
                                                   const u32 (&keep)[kKeepWords], const BwdParams& p) {
     if constexpr (kDropout) {
         if constexpr (!kSoftcap) sm90::to_operand(sc, pk);
-        score_gradients(gradient_probs(sc, pg), dp, dsk, dsum, Dropout{keep, pk, math::rcp(p.dropout_scale)});
+        score_gradients<0, kScoreChunks>(gradient_probs(sc, pg), dp, dsk, dsum, Dropout{keep, pk, math::rcp(p.dropout_scale)});
     } else {
-        score_gradients(gradient_probs(sc, pg), dp, dsk, dsum);
+        score_gradients<0, kScoreChunks>(gradient_probs(sc, pg), dp, dsk, dsum);
+        if constexpr (!kSoftcap) sm90::to_operand(sc, pk);
+    }
+}
+
+// The exponentials of chunk c + kLeadChunks of Pᵀ beside dSᵀ's arithmetic of chunk c, for c
+// from kChunk on: in source order the compiler keeps them apart (every exponential, then every
+// dSᵀ), the MUFU pipe busy while the FMA pipe idles and then the reverse. Chunks below
+// kEarlyChunks were exponentiated under dPᵀ.
+template <bool kMasked, int kChunk>
+__device__ __forceinline__ void interleave_late_scores(float (&sc)[kScoreN / 2], u32 (&pk)[kScoreN / 4], u32 (&pg)[kSoftcap ? kScoreN / 4 : 1],
+                                                       const float (&dp)[kScoreN / 2], u32 (&dsk)[kScoreN / 4], const float* lse_log2,
+                                                       const float* dsum, int k0, int m0, const Mask& mask, const AlibiBias& alibi,
+                                                       const BwdParams& p) {
+    if constexpr (kChunk < kScoreChunks) {
+        constexpr int kNext = kChunk + kLeadChunks;
+        if constexpr (kNext >= kEarlyChunks && kNext >= kLeadChunks && kNext < kScoreChunks)
+            probabilities_of<kMasked, kNext, kNext + 1>(sc, pk, pg, lse_log2, k0, m0, mask, alibi, p);
+        score_gradients<kChunk, kChunk + 1>(gradient_probs(sc, pg), dp, dsk, dsum);
+        interleave_late_scores<kMasked, kChunk + 1>(sc, pk, pg, dp, dsk, lse_log2, dsum, k0, m0, mask, alibi, p);
+    }
+}
+
+// After dPᵀ's wait: Pᵀ's chunks from kEarlyChunks on and the step's two A operands (dSᵀ into
+// `dsk`, the Pᵀ for dV into `pk`), the exponentials interleaved with dSᵀ
+// (interleave_late_scores). With dropout as gradient_operands, the exponentials first.
+__device__ __forceinline__ void late_scores(float (&sc)[kScoreN / 2], u32 (&pk)[kScoreN / 4], u32 (&pg)[kSoftcap ? kScoreN / 4 : 1],
+                                            const float (&dp)[kScoreN / 2], u32 (&dsk)[kScoreN / 4], const float* lse_log2, const float* dsum,
+                                            const u32 (&keep)[kKeepWords], int k0, int m0, bool masked, const Mask& mask,
+                                            const AlibiBias& alibi, const BwdParams& p) {
+    if constexpr (kDropout) {
+        probabilities<kEarlyChunks, kScoreChunks>(sc, pk, pg, lse_log2, k0, m0, masked, mask, alibi, p);
+        gradient_operands(sc, pk, pg, dp, dsk, dsum, keep, p);
+    } else {
+        constexpr int kFirst = kEarlyChunks > kLeadChunks ? kEarlyChunks : kLeadChunks;
+        if (masked) {
+            probabilities_of<true, kEarlyChunks, kFirst>(sc, pk, pg, lse_log2, k0, m0, mask, alibi, p);
+            interleave_late_scores<true, 0>(sc, pk, pg, dp, dsk, lse_log2, dsum, k0, m0, mask, alibi, p);
+        } else {
+            probabilities_of<false, kEarlyChunks, kFirst>(sc, pk, pg, lse_log2, k0, m0, mask, alibi, p);
+            interleave_late_scores<false, 0>(sc, pk, pg, dp, dsk, lse_log2, dsum, k0, m0, mask, alibi, p);
+        }
         if constexpr (!kSoftcap) sm90::to_operand(sc, pk);
     }
 }
@@ -486,7 +558,7 @@ __device__ __forceinline__ void write_dq(SharedStorage& smem, const BwdParams& p
         u32* counter = nullptr;
 #pragma unroll
         for (int wg = 0; wg < kConsumerWG; ++wg) {
-            mbarrier::wait(bar(smem.dq_full[wg]), handover.full_parity());
+            mbarrier::wait_sleeping(bar(smem.dq_full[wg]), handover.full_parity());
             float* dst = smem.dq_dst[wg];
             more = dst != nullptr;
             if (more) {
@@ -563,10 +635,10 @@ template <class Smem> __device__ __forceinline__ void consume(Smem& smem, const 
             kLocal ? Mask::query_block_masked(w.blocks, c.m_block) : k0 + 64 > s.seqlen_k || (kCausal && k0 + 63 > m0 + offset);
         u32 pk[kBlockM / 4], dsk[kBlockM / 4], pg[kSoftcap ? kBlockM / 4 : 1];
         const AlibiBias alibi = kAlibi ? alibi_of(p, batch, c.head, s.seqlen_q, s.seqlen_k) : AlibiBias{};
-        probabilities(sc, pk, pg, smem.stats[stage][1], k0, m0, masked, Schedule::mask(p, s), alibi, p);
+        probabilities<0, kEarlyChunks>(sc, pk, pg, smem.stats[stage][1], k0, m0, masked, Schedule::mask(p, s), alibi, p);
         wgmma::wait<0>();
         wgmma::fence_operands(dp);
-        gradient_operands(sc, pk, pg, dp, dsk, smem.stats[stage][0], keep, p);
+        late_scores(sc, pk, pg, dp, dsk, smem.stats[stage][1], smem.stats[stage][0], keep, k0, m0, masked, Schedule::mask(p, s), alibi, p);
         sm90::gemm_pv(dv, pk, smem.dout[stage]);
         const DsTile& ds = smem.scores.ds[j % 2];
         sm90::write_operand(ds, 64 * wg, dsk);
@@ -629,10 +701,11 @@ template <class Smem> __device__ __forceinline__ void consume_wide(Smem& smem, c
             kLocal ? Mask::query_block_masked(w.blocks, c.m_block) : n0 + 64 > s.seqlen_k || (kCausal && n0 + 63 > m0 + q0 + offset);
         u32 pk[kScoreN / 4], dsk[kScoreN / 4], pg[kSoftcap ? kScoreN / 4 : 1];
         const AlibiBias alibi = kAlibi ? alibi_of(p, batch, c.head, s.seqlen_q, s.seqlen_k) : AlibiBias{};
-        probabilities(sc, pk, pg, smem.stats[stage][1] + q0, n0, m0 + q0, masked, Schedule::mask(p, s), alibi, p);
+        probabilities<0, kEarlyChunks>(sc, pk, pg, smem.stats[stage][1] + q0, n0, m0 + q0, masked, Schedule::mask(p, s), alibi, p);
         wgmma::wait<0>();
         wgmma::fence_operands(dp);
-        gradient_operands(sc, pk, pg, dp, dsk, smem.stats[stage][0] + q0, keep, p);
+        late_scores(sc, pk, pg, dp, dsk, smem.stats[stage][1] + q0, smem.stats[stage][0] + q0, keep, n0, m0 + q0, masked, Schedule::mask(p, s),
+                    alibi, p);
         const DsTile &pt = smem.scores.pt[j % 2], &ds = smem.scores.ds[j % 2];
         sm90::write_operand(pt, 0, pk, q0 / 8);
         sm90::write_operand(ds, 0, dsk, q0 / 8);

@@ -38,5 +38,24 @@ __device__ __forceinline__ void wait(u32 bar, u32 parity) {
     }
 }
 
+// How long a sleeping wait may hold its thread, in nanoseconds (it resumes as the phase
+// completes): CUTLASS's 10 ms.
+constexpr u32 kSuspendTimeHintNs = 10000000;
+
+// As wait, for a thread that waits most of the time: try_wait with a suspend-time hint puts it
+// to sleep (NANOSLEEP.SYNCS) instead of returning at once to spin. bwd_sm90's dQ writer, one
+// thread waiting on its consumers most of each step, spun ~660 times a step in `wait`: a fifth
+// of the kernel's instructions (ncu, D64 S16k), on a scheduler it shares with two consumer
+// warps. Every other wait spins: with the hint on all of them fwd_sm90's D128 full S8k row ran
+// 4-8% slower in two rounds (the rest of its S2k/S8k rows within 2%), not yet explained.
+__device__ __forceinline__ void wait_sleeping(u32 bar, u32 parity) {
+    u32 done;
+    do {
+        asm volatile(
+            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\nselp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done) : "r"(bar), "r"(parity), "r"(kSuspendTimeHintNs) : "memory");
+    } while (done == 0);
+}
+
 }  // namespace mbarrier
 }  // namespace fc
