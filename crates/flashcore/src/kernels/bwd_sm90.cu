@@ -296,14 +296,15 @@ __device__ __forceinline__ void probabilities(float (&s)[kScoreN / 2], u32 (&pk)
 
 // Chunks of Pᵀ exponentiated while dPᵀ is in the tensor cores; the rest come after its wait,
 // where the compiler can interleave their exponentials (the MUFU pipe) with dSᵀ's arithmetic
-// (the FMA pipe) chunk by chunk.
+// (the FMA pipe) chunk by chunk (late_scores). Dropout takes them all under dPᵀ, as before the
+// interleave: its dSᵀ needs Pᵀ packed whole first (gradient_operands).
 #ifndef FC_EARLY_CHUNKS
 #define FC_EARLY_CHUNKS (kScoreN / 32)
 #endif
 #ifndef FC_LEAD_CHUNKS
 #define FC_LEAD_CHUNKS 2
 #endif
-constexpr int kScoreChunks = kScoreN / 8, kEarlyChunks = FC_EARLY_CHUNKS, kLeadChunks = FC_LEAD_CHUNKS;
+constexpr int kScoreChunks = kScoreN / 8, kEarlyChunks = kDropout ? kScoreChunks : FC_EARLY_CHUNKS, kLeadChunks = FC_LEAD_CHUNKS;
 static_assert(kEarlyChunks >= 0 && kEarlyChunks <= kScoreChunks && kLeadChunks >= 0, "early chunks");
 
 // Score i of chunk c (8 queries) of Pᵀ in f32, or of pg packed in pairs (probabilities).
@@ -455,13 +456,12 @@ __device__ __forceinline__ void interleave_late_scores(float (&sc)[kScoreN / 2],
 
 // After dPᵀ's wait: Pᵀ's chunks from kEarlyChunks on and the step's two A operands (dSᵀ into
 // `dsk`, the Pᵀ for dV into `pk`), the exponentials interleaved with dSᵀ
-// (interleave_late_scores). With dropout as gradient_operands, the exponentials first.
+// (interleave_late_scores). With dropout (every exponential early) as gradient_operands.
 __device__ __forceinline__ void late_scores(float (&sc)[kScoreN / 2], u32 (&pk)[kScoreN / 4], u32 (&pg)[kSoftcap ? kScoreN / 4 : 1],
                                             const float (&dp)[kScoreN / 2], u32 (&dsk)[kScoreN / 4], const float* lse_log2, const float* dsum,
                                             const u32 (&keep)[kKeepWords], int k0, int m0, bool masked, const Mask& mask,
                                             const AlibiBias& alibi, const BwdParams& p) {
     if constexpr (kDropout) {
-        probabilities<kEarlyChunks, kScoreChunks>(sc, pk, pg, lse_log2, k0, m0, masked, mask, alibi, p);
         gradient_operands(sc, pk, pg, dp, dsk, dsum, keep, p);
     } else {
         constexpr int kFirst = kEarlyChunks > kLeadChunks ? kEarlyChunks : kLeadChunks;
