@@ -297,7 +297,7 @@ __device__ __forceinline__ void probabilities(float (&s)[kScoreN / 2], u32 (&pk)
 // Chunks of Pᵀ exponentiated while dPᵀ is in the tensor cores; the rest come after its wait,
 // where the compiler can interleave their exponentials (the MUFU pipe) with dSᵀ's arithmetic
 // (the FMA pipe) chunk by chunk (late_scores). Dropout takes them all under dPᵀ, as before the
-// interleave: its dSᵀ needs Pᵀ packed whole first (gradient_operands).
+// interleave: its dSᵀ needs Pᵀ packed whole first (dropout_operands).
 #ifndef FC_EARLY_CHUNKS
 #define FC_EARLY_CHUNKS (kScoreN / 32)
 #endif
@@ -419,21 +419,15 @@ __device__ __forceinline__ const auto& gradient_probs(const float (&sc)[kScoreN 
     }
 }
 
-// The step's two A operands from registers: dSᵀ into `dsk` (score_gradients) and the Pᵀ for
-// dV into `pk` (probabilities packed it already when softcapped). Without dropout dSᵀ comes
-// first and then Pᵀ is packed from the f32 tile, which dies as it goes; with dropout Pᵀ is
-// packed first and the mask zeroes the dropped scores there: zeroed in f32, the masked and
-// the unmasked tile were live at once (D64's 128 queries spilled 208-452 bytes).
-__device__ __forceinline__ void gradient_operands(float (&sc)[kScoreN / 2], u32 (&pk)[kScoreN / 4], const u32 (&pg)[kSoftcap ? kScoreN / 4 : 1],
-                                                  const float (&dp)[kScoreN / 2], u32 (&dsk)[kScoreN / 4], const float* dsum,
-                                                  const u32 (&keep)[kKeepWords], const BwdParams& p) {
-    if constexpr (kDropout) {
-        if constexpr (!kSoftcap) sm90::to_operand(sc, pk);
-        score_gradients<0, kScoreChunks>(gradient_probs(sc, pg), dp, dsk, dsum, Dropout{keep, pk, math::rcp(p.dropout_scale)});
-    } else {
-        score_gradients<0, kScoreChunks>(gradient_probs(sc, pg), dp, dsk, dsum);
-        if constexpr (!kSoftcap) sm90::to_operand(sc, pk);
-    }
+// Dropout's two A operands from registers: Pᵀ for dV packed into `pk` first (probabilities
+// packed it already when softcapped), the mask zeroing the dropped scores there, then dSᵀ into
+// `dsk` (score_gradients). Zeroed in f32, the masked and the unmasked tile were live at once
+// (D64's 128 queries spilled 208-452 bytes). Without dropout: late_scores.
+__device__ __forceinline__ void dropout_operands(float (&sc)[kScoreN / 2], u32 (&pk)[kScoreN / 4], const u32 (&pg)[kSoftcap ? kScoreN / 4 : 1],
+                                                 const float (&dp)[kScoreN / 2], u32 (&dsk)[kScoreN / 4], const float* dsum,
+                                                 const u32 (&keep)[kKeepWords], const BwdParams& p) {
+    if constexpr (!kSoftcap) sm90::to_operand(sc, pk);
+    score_gradients<0, kScoreChunks>(gradient_probs(sc, pg), dp, dsk, dsum, Dropout{keep, pk, math::rcp(p.dropout_scale)});
 }
 
 // The exponentials of chunk c + kLeadChunks of Pᵀ beside dSᵀ's arithmetic of chunk c, for c
@@ -447,7 +441,7 @@ __device__ __forceinline__ void interleave_late_scores(float (&sc)[kScoreN / 2],
                                                        const BwdParams& p) {
     if constexpr (kChunk < kScoreChunks) {
         constexpr int kNext = kChunk + kLeadChunks;
-        if constexpr (kNext >= kEarlyChunks && kNext >= kLeadChunks && kNext < kScoreChunks)
+        if constexpr (kNext >= kEarlyChunks && kNext < kScoreChunks)  // else early, or done
             probabilities_of<kMasked, kNext, kNext + 1>(sc, pk, pg, lse_log2, k0, m0, mask, alibi, p);
         score_gradients<kChunk, kChunk + 1>(gradient_probs(sc, pg), dp, dsk, dsum);
         interleave_late_scores<kMasked, kChunk + 1>(sc, pk, pg, dp, dsk, lse_log2, dsum, k0, m0, mask, alibi, p);
@@ -456,13 +450,14 @@ __device__ __forceinline__ void interleave_late_scores(float (&sc)[kScoreN / 2],
 
 // After dPᵀ's wait: Pᵀ's chunks from kEarlyChunks on and the step's two A operands (dSᵀ into
 // `dsk`, the Pᵀ for dV into `pk`), the exponentials interleaved with dSᵀ
-// (interleave_late_scores). With dropout (every exponential early) as gradient_operands.
+// (interleave_late_scores); without dropout dSᵀ first, Pᵀ packed after from the f32 tile, which
+// dies as it goes. With dropout (every exponential early): dropout_operands.
 __device__ __forceinline__ void late_scores(float (&sc)[kScoreN / 2], u32 (&pk)[kScoreN / 4], u32 (&pg)[kSoftcap ? kScoreN / 4 : 1],
                                             const float (&dp)[kScoreN / 2], u32 (&dsk)[kScoreN / 4], const float* lse_log2, const float* dsum,
                                             const u32 (&keep)[kKeepWords], int k0, int m0, bool masked, const Mask& mask,
                                             const AlibiBias& alibi, const BwdParams& p) {
     if constexpr (kDropout) {
-        gradient_operands(sc, pk, pg, dp, dsk, dsum, keep, p);
+        dropout_operands(sc, pk, pg, dp, dsk, dsum, keep, p);
     } else {
         constexpr int kFirst = kEarlyChunks > kLeadChunks ? kEarlyChunks : kLeadChunks;
         if (masked) {
