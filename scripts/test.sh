@@ -98,14 +98,19 @@ stage "scripts/sass-check.py (fwd_sm90 and bwd_sm90 SASS: wgmma, TMA, no local m
 sass_cache="$kernel_cache/newest"  # cargo test's NVRTC: its fwd_sm90 and bwd_sm90 entries are there already
 sass_keys=$(mktemp)
 for kernel in fwd_sm90 bwd_sm90; do
-    FLASHCORE_CACHE_DIR="$sass_cache" target/debug/flashcore compile --arch sm_90a --kernel "$kernel" > /dev/null
+    if ! FLASHCORE_CACHE_DIR="$sass_cache" target/debug/flashcore compile --arch sm_90a --kernel "$kernel" > "$sass_keys.log"; then
+        grep -E "SPILLS|SERIALIZED|FAILED" "$sass_keys.log" >&2 || cat "$sass_keys.log" >&2
+        echo "error: a $kernel variant spills, serializes its wgmma or fails to compile with the newest NVRTC" >&2
+        exit 1
+    fi
     FLASHCORE_CACHE_DIR="$sass_cache" target/debug/flashcore compile --arch sm_90a --kernel "$kernel" --keys >> "$sass_keys"
 done
 .venv/bin/python scripts/sass-check.py "$sass_cache" --keys "$sass_keys"
-rm -f "$sass_keys"
+rm -f "$sass_keys" "$sass_keys.log"
 .venv/bin/python scripts/cubin-diff.py --self-test "$sass_cache"
 # PyTorch's CUDA 13 wheels bring NVRTC 13.0, whose ptxas spilled kernels that the newest
-# NVRTC (above, for cargo test) did not: every variant must compile without spills there too.
+# NVRTC (above, for cargo test) did not: every variant must compile without spills there too,
+# and without serialized wgmma (ptxas's C75xx notes: `compile` flags them SERIALIZED).
 stage "flashcore compile --all-archs with NVRTC 13.0 (PyTorch's)"
 nvrtc_13_0=.venv-nvrtc-13.0/nvidia/cu13/lib/libnvrtc.so.13
 [ -f "$nvrtc_13_0" ] || .venv/bin/python -m pip install --quiet --disable-pip-version-check --target .venv-nvrtc-13.0 "nvidia-cuda-nvrtc==13.0.*"
@@ -113,8 +118,8 @@ compile_cache="$kernel_cache/nvrtc-13.0"
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 if ! FLASHCORE_NVRTC="$(realpath "$nvrtc_13_0")" FLASHCORE_CACHE_DIR="$compile_cache" target/debug/flashcore compile --all-archs > "$logs/log"; then
-    grep -E "SPILLS|error" "$logs/log" >&2 || cat "$logs/log" >&2
-    echo "error: a kernel variant spills or fails to compile with NVRTC 13.0" >&2
+    grep -E "SPILLS|SERIALIZED|error" "$logs/log" >&2 || cat "$logs/log" >&2
+    echo "error: a kernel variant spills, serializes its wgmma or fails to compile with NVRTC 13.0" >&2
     exit 1
 fi
 tail -n 1 "$logs/log"
@@ -130,8 +135,8 @@ stage "flashcore compile --mods (sliding window, softcap, ALiBi) with NVRTC 13.0
 for target in "sm_80 fwd_sm80" "sm_90a fwd_sm90" "sm_80 bwd_sm80" "sm_90a bwd_sm90"; do
     set -- $target
     FLASHCORE_NVRTC="$(realpath "$nvrtc_13_0")" FLASHCORE_CACHE_DIR="$compile_cache" target/debug/flashcore compile --arch "$1" --kernel "$2" --mods --dtype bf16 > "$logs/mods.log" || true
-    if grep -E "FAILED" "$logs/mods.log" >&2 || grep SPILLS "$logs/mods.log" | grep -Ev "bwd_sm(90_bf16_d64|80_bf16_d(96|128))_.*_local_softcap_alibi" >&2; then
-        echo "error: a $2 score-policy variant fails to compile or spills where none is known" >&2
+    if grep -E "FAILED|SERIALIZED" "$logs/mods.log" >&2 || grep SPILLS "$logs/mods.log" | grep -Ev "bwd_sm(90_bf16_d64|80_bf16_d(96|128))_.*_local_softcap_alibi" >&2; then
+        echo "error: a $2 score-policy variant fails to compile, serializes its wgmma or spills where none is known" >&2
         exit 1
     fi
     grep -c "$2" "$logs/mods.log" | sed "s/^/   $2 variants compiled: /"
@@ -142,8 +147,8 @@ done
 stage "flashcore compile --head-dims (padded head dims) with NVRTC 13.0"
 for kernel in fwd_sm90 bwd_sm90; do
     if ! FLASHCORE_NVRTC="$(realpath "$nvrtc_13_0")" FLASHCORE_CACHE_DIR="$compile_cache" target/debug/flashcore compile --arch sm_90a --kernel "$kernel" --head-dims 8,40,80,104,160,224 --dtype bf16 > "$logs/padded.log"; then
-        grep -E "SPILLS|FAILED|error" "$logs/padded.log" >&2 || cat "$logs/padded.log" >&2
-        echo "error: a $kernel variant of a padded head dim spills or fails to compile" >&2
+        grep -E "SPILLS|SERIALIZED|FAILED|error" "$logs/padded.log" >&2 || cat "$logs/padded.log" >&2
+        echo "error: a $kernel variant of a padded head dim spills, serializes its wgmma or fails to compile" >&2
         exit 1
     fi
     tail -n 1 "$logs/padded.log" | sed "s/^/   $kernel: /"

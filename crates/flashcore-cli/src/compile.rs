@@ -122,9 +122,10 @@ pub fn run(args: &CompileArgs) -> Result<bool> {
         match r {
             Ok(c) => {
                 let spill = c.resources.spill_stores + c.resources.spill_loads;
-                ok &= spill == 0;
+                let serialized = c.resources.wgmma_serialized;
+                ok &= spill == 0 && !serialized;
                 println!(
-                    "{:<52} {:<7} {:>5} {:>10} {:>10} {:>7} {:>8.2}{}",
+                    "{:<52} {:<7} {:>5} {:>10} {:>10} {:>7} {:>8.2}{}{}",
                     v.name(),
                     arch.to_string(),
                     c.resources.registers,
@@ -132,7 +133,8 @@ pub fn run(args: &CompileArgs) -> Result<bool> {
                     c.resources.static_smem,
                     spill,
                     c.seconds,
-                    if spill > 0 { "  SPILLS" } else { "" }
+                    if spill > 0 { "  SPILLS" } else { "" },
+                    if serialized { "  SERIALIZED (ptxas: wgmma waits for wgmma)" } else { "" }
                 );
             }
             Err(e) => {
@@ -141,6 +143,6 @@ pub fn run(args: &CompileArgs) -> Result<bool> {
             }
         }
     }
-    println!("{} variants, {}", results.len(), if ok { "all compiled, no spills" } else { "FAILURES above" });
+    println!("{} variants, {}", results.len(), if ok { "all compiled, no spills, no serialized wgmma" } else { "FAILURES above" });
     Ok(ok)
 }

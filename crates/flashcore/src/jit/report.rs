@@ -13,6 +13,11 @@ pub struct ResourceReport {
     pub spill_stores: u32,
     /// Spill load bytes.
     pub spill_loads: u32,
+    /// ptxas serialized the entry's wgmma instructions (its C75xx "Potential Performance Loss"
+    /// notes: too few registers for the asynchronous pipeline, or instructions inside it that
+    /// it cannot prove safe): each product waits for the one before, at a large cost and with
+    /// no other sign in the resource numbers.
+    pub wgmma_serialized: bool,
 }
 
 impl ResourceReport {
@@ -22,6 +27,11 @@ impl ResourceReport {
         let mut in_entry = false;
         let mut found = false;
         for line in log.lines() {
+            // Printed before the entries' sections, naming the function.
+            if line.contains("wgmma.mma_async instructions are serialized") && line.contains(&format!("'{entry}'")) {
+                report.wgmma_serialized = true;
+                continue;
+            }
             if line.contains("Compiling entry function") || line.contains("Function properties for") {
                 in_entry = line.contains(&format!("'{entry}'")) || line.trim_end().ends_with(&format!(" {entry}"));
                 continue;
@@ -58,7 +68,8 @@ fn number_before(line: &str, marker: &str) -> Option<u32> {
 mod tests {
     use super::*;
 
-    const LOG: &str = "ptxas info    : 4 bytes gmem
+    const LOG: &str = "ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized due to insufficient register resources for the function 'other'
+ptxas info    : 4 bytes gmem
 ptxas info    : Compiling entry function 'other' for 'sm_90a'
 ptxas info    : Function properties for other
 ptxas         .     8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
@@ -72,10 +83,11 @@ ptxas info    : Used 168 registers, used 1 barriers, 1024 bytes smem, 400 bytes 
     #[test]
     fn parses_the_named_entry_only() {
         let r = ResourceReport::parse(LOG, "fc_fwd").unwrap();
-        assert_eq!(r, ResourceReport { registers: 168, static_smem: 1024, stack_frame: 0, spill_stores: 0, spill_loads: 0 });
+        let clean = ResourceReport { registers: 168, static_smem: 1024, stack_frame: 0, spill_stores: 0, spill_loads: 0, wgmma_serialized: false };
+        assert_eq!(r, clean);
         assert!(!r.spills());
         let o = ResourceReport::parse(LOG, "other").unwrap();
-        assert_eq!((o.registers, o.spill_stores, o.stack_frame), (255, 4, 8));
+        assert_eq!((o.registers, o.spill_stores, o.stack_frame, o.wgmma_serialized), (255, 4, 8, true));
         assert!(o.spills());
         assert_eq!(ResourceReport::parse(LOG, "missing"), None);
     }
