@@ -62,6 +62,7 @@ fn every_variant_compiles_for_every_arch_without_spills() {
             match jit.compile(&v.source(), *arch) {
                 Ok(c) if c.resources.registers == 0 => Some(format!("{name}: no ptxas report in the log")),
                 Ok(c) if c.resources.spills() => Some(format!("{name}: spills {:?}", c.resources)),
+                Ok(c) if c.resources.wgmma_serialized => Some(format!("{name}: ptxas serialized its wgmma {:?}", c.resources)),
                 Ok(_) => None,
                 Err(e) => Some(format!("{name}: {e}")),
             }
