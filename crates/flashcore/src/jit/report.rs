@@ -83,7 +83,8 @@ ptxas info    : Used 168 registers, used 1 barriers, 1024 bytes smem, 400 bytes 
     #[test]
     fn parses_the_named_entry_only() {
         let r = ResourceReport::parse(LOG, "fc_fwd").unwrap();
-        let clean = ResourceReport { registers: 168, static_smem: 1024, stack_frame: 0, spill_stores: 0, spill_loads: 0, wgmma_serialized: false };
+        let clean =
+            ResourceReport { registers: 168, static_smem: 1024, stack_frame: 0, spill_stores: 0, spill_loads: 0, wgmma_serialized: false };
         assert_eq!(r, clean);
         assert!(!r.spills());
         let o = ResourceReport::parse(LOG, "other").unwrap();
