@@ -31,6 +31,10 @@ pub struct CompileArgs {
     /// policies' paged forms).
     #[arg(long)]
     paged: bool,
+    /// Also the chunked-attention form (`_chunk`) of every windowed form selected (with
+    /// --mods: chunked attention runs as a window with the chunk's bounds beside it).
+    #[arg(long)]
+    chunk: bool,
     /// Also the learnable-sinks form (`_sinks`) of every forward variant and policy form
     /// selected (and, with --varlen / --paged, their varlen and paged forms).
     #[arg(long)]
@@ -54,12 +58,18 @@ pub struct CompileArgs {
 }
 
 /// `v`, and with `mods` its sliding-window, softcap and combined forms where the dispatcher
-/// runs them (see `kernels::mods_forms`), with `sinks` the learnable-sinks form of each (a
+/// runs them (see `kernels::mods_forms`), with `chunk` the chunked form of each windowed one,
+/// with `sinks` the learnable-sinks form of each (a
 /// forward kernel's; the reference takes them at run time), with `varlen` the varlen form of
 /// each, with `paged` the paged-KV form of each: in the dispatcher's order.
 fn with_mods(arch: Arch, v: Variant, args: &CompileArgs) -> Vec<Variant> {
     let forms = if args.mods { flashcore::kernels::mods_forms(&v) } else { Vec::new() };
     let mut dense: Vec<Variant> = std::iter::once(v).chain(forms).collect();
+    if args.chunk {
+        let chunked: Vec<Variant> =
+            dense.iter().filter(|v| v.mods.local).map(|v| flashcore::kernels::with_mods(v, ScoreMods { chunk: true, ..v.mods })).collect();
+        dense.extend(chunked);
+    }
     if args.sinks {
         let takes_sinks = |v: &&Variant| !v.family.is_backward() && v.family != KernelFamily::Reference;
         let with_sinks: Vec<Variant> =

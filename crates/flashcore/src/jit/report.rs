@@ -26,14 +26,15 @@ impl ResourceReport {
         let mut report = ResourceReport::default();
         let mut in_entry = false;
         let mut found = false;
+        let (quoted, spaced) = (format!("'{entry}'"), format!(" {entry}"));
         for line in log.lines() {
             // Printed before the entries' sections, naming the function.
-            if line.contains("wgmma.mma_async instructions are serialized") && line.contains(&format!("'{entry}'")) {
+            if line.contains("wgmma.mma_async instructions are serialized") && line.contains(&quoted) {
                 report.wgmma_serialized = true;
                 continue;
             }
             if line.contains("Compiling entry function") || line.contains("Function properties for") {
-                in_entry = line.contains(&format!("'{entry}'")) || line.trim_end().ends_with(&format!(" {entry}"));
+                in_entry = line.contains(&quoted) || line.trim_end().ends_with(&spaced);
                 continue;
             }
             if !in_entry {

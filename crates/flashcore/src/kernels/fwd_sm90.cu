@@ -275,15 +275,27 @@ __device__ __forceinline__ Fragment fragment() {
 // Masks the scores of keys the row does not see (past seqlen_k, after its causal diagonal,
 // outside its window: Mask); the scores are rows [m0, m0 + 64) x keys [n0, n0 + N) of the
 // tile's product.
+// Chunked, each of the thread's two rows' key range is taken once (Mask::keys: its chunk
+// bounds are integer divisions) and counted from the thread's first column, so that a score
+// costs compares with constants; the other forms test visible() score by score, the machine
+// code they were measured and checked with.
 template <int R>
 __device__ __forceinline__ void apply_mask(float (&s)[R], int m0, int n0, const Mask& mask) {
     const Fragment f = fragment();
     const int row0 = m0 + f.row, col0 = n0 + f.col;
+    if constexpr (Mask::kChunked) {
+        const Mask::Keys rows[2] = {mask.keys(row0).from(col0), mask.keys(row0 + 8).from(col0)};
 #pragma unroll
-    for (int i = 0; i < R; ++i) {
-        const int col = col0 + 8 * (i / 4) + (i % 2);
-        const int row = row0 + 8 * ((i / 2) % 2);
-        if (!mask.visible(row, col)) s[i] = math::neg_inf();
+        for (int i = 0; i < R; ++i) {
+            if (!rows[(i / 2) % 2].sees(8 * (i / 4) + (i % 2))) s[i] = math::neg_inf();
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+            const int col = col0 + 8 * (i / 4) + (i % 2);
+            const int row = row0 + 8 * ((i / 2) % 2);
+            if (!mask.visible(row, col)) s[i] = math::neg_inf();
+        }
     }
 }
 

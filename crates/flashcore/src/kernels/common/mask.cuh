@@ -72,7 +72,9 @@ template <bool kCausal, bool kLocal> struct KeyMask {
     // The first and last key of the chunk that holds key `key` (floored, so a diagonal left of
     // key 0 has its own chunk); without chunks, unbounded both ways.
     __device__ __forceinline__ int chunk_first(int key) const {
-        return chunk <= 0 ? -kUnbounded : key - (key % chunk + chunk) % chunk;  // % truncates: made floored
+        if (chunk <= 0) return -kUnbounded;
+        const int q = key / chunk;                    // truncated: one step down for a negative
+        return (q - (q * chunk > key ? 1 : 0)) * chunk;  // key off a chunk's start (floored)
     }
     __device__ __forceinline__ int chunk_last(int key) const { return chunk <= 0 ? kUnbounded : chunk_first(key) + chunk - 1; }
 
@@ -86,6 +88,17 @@ template <bool kCausal, bool kLocal> struct KeyMask {
         if (kChunked) return min(seqlen_k - 1, min(diagonal + right, chunk_last(diagonal)));
         return kLocal ? min(seqlen_k - 1, diagonal + right) : kCausal ? min(seqlen_k - 1, diagonal) : seqlen_k - 1;
     }
+    // A row's visible keys [first, last], taken once for a loop over the row's keys. With
+    // chunks, first and last each take a floored modulo (an integer division): tested score by
+    // score through visible(), they made fwd_sm90's chunked forms 5.5 times the machine code
+    // of the window's (20,648 SASS instructions against 3,728, a third of them IMAD).
+    struct Keys {
+        int first, last;
+        __device__ __forceinline__ bool sees(int key) const { return key >= first && key <= last; }
+        // The range with keys counted from `key0` (then sees() takes key - key0).
+        __device__ __forceinline__ Keys from(int key0) const { return Keys{first - key0, last - key0}; }
+    };
+    __device__ __forceinline__ Keys keys(int row) const { return Keys{first(row), last(row)}; }
     // Keys are >= 0: without a window only the upper bound is tested.
     // Whether key block n of `b` needs the mask (without a window only the upper end can).
     __device__ __forceinline__ static bool masked(const KeyBlocks& b, int n) {
