@@ -132,8 +132,8 @@ tail -n 1 "$logs/log"
 # bwd_sm80 D64 causal with a softcap on sm_90a, not compiled here).
 stage "flashcore compile --mods (sliding window, softcap, ALiBi) with NVRTC 13.0"
 # (bwd_sm80's forms on sm_80 only: on Hopper it runs D32 alone; CI's time.)
-# fwd_sm90's chunked-attention forms too (their mask is their own code: common/mask.cuh's keys).
-for target in "sm_80 fwd_sm80" "sm_90a fwd_sm90 --chunk" "sm_80 bwd_sm80" "sm_90a bwd_sm90"; do
+# fwd_sm90's and bwd_sm80's chunked-attention forms too (their masks are their own code: KeyMask::keys).
+for target in "sm_80 fwd_sm80" "sm_90a fwd_sm90 --chunk" "sm_80 bwd_sm80 --chunk" "sm_90a bwd_sm90"; do
     set -- $target
     FLASHCORE_NVRTC="$(realpath "$nvrtc_13_0")" FLASHCORE_CACHE_DIR="$compile_cache" target/debug/flashcore compile --arch "$1" --kernel "$2" --mods ${3:-} --dtype bf16 > "$logs/mods.log" || true
     if grep -E "FAILED|SERIALIZED" "$logs/mods.log" >&2 || grep SPILLS "$logs/mods.log" | grep -Ev "bwd_sm(90_bf16_d64|80_bf16_d(96|128))_.*_local_softcap_alibi" >&2; then

@@ -353,6 +353,15 @@ __device__ __forceinline__ void scores_to_p_ds(Smem& sm, const BwdParams& p, con
 #pragma unroll
         for (int mi = 0; mi < kMT; ++mi) {
             u32x4 cell{};  // dropout: the forward's words for this lane's share of a 16 x 32 cell
+            // Chunked: the lane's two rows' key ranges, taken once (their chunk bounds are
+            // integer divisions: score by score they were 2.3 times the window form's code)
+            // and counted from its first column, n0 + c0 + 2t.
+            Mask::Keys row_keys[2] = {};
+            if constexpr (kMasked && Mask::kChunked) {
+#pragma unroll
+                for (int half = 0; half < 2; ++half)
+                    row_keys[half] = sequence_mask(seq, p).keys(m0 + r0 + 16 * mi + g + 8 * half).from(n0 + c0 + 2 * t);
+            }
 #pragma unroll
             for (int nj = 0; nj < kNT; ++nj) {
                 // Dropout: a cell's words at its first fragment (a warp's columns start a cell,
@@ -375,8 +384,10 @@ __device__ __forceinline__ void scores_to_p_ds(Smem& sm, const BwdParams& p, con
                         pv[e] = math::ex2(biased * p.softmax_scale_log2 - lse_log2[mi][half]);
                         if constexpr (kMasked) {
                             // (Unsplit, this copy runs unmasked tiles too.)
-                            const bool seen = (!kSplit && !masked) || (kLocal ? sequence_mask(seq, p).visible(m0 + row, key)
-                                                                              : key < seq.seqlen_k && (!kCausal || key <= m0 + row + offset));
+                            const bool seen = (!kSplit && !masked) ||
+                                              (Mask::kChunked ? row_keys[half].sees(8 * nj + e)
+                                               : kLocal       ? sequence_mask(seq, p).visible(m0 + row, key)
+                                                              : key < seq.seqlen_k && (!kCausal || key <= m0 + row + offset));
                             pv[e] = seen ? pv[e] : 0.f;
                         }
                     }
