@@ -1,7 +1,7 @@
 """Calls without (query, key) pairs: no sequences, no rows or no keys. The core answers them
-(`ProblemShape::has_no_pairs`: o = 0 and lse = -inf where they have elements, gradients 0),
-so every Python entry point gives the core's answer and none restates it. The outputs start
-as NaN here: what the core did not write stays NaN and fails."""
+(`ProblemShape::has_no_pairs`: o = 0 and lse = -inf, or each head's learnable sink, where they
+have elements; gradients 0), so every Python entry point gives the core's answer and none
+restates it. The outputs start as NaN here: what the core did not write stays NaN and fails."""
 
 from __future__ import annotations
 
@@ -82,3 +82,23 @@ def test_a_problem_without_heads_is_refused_naming_q():
     q, k = randn(2, 5, 0, 64), randn(2, 5, 0, 64)
     with pytest.raises(ValueError, match="`q`.*no heads or no head dim"):
         flashcore.flash_attn_func(q, k, k)
+
+
+def test_with_learnable_sinks_a_call_without_keys_has_each_heads_sink_as_lse():
+    """With learnable sinks a row that sees no key gives o = 0 and lse = its head's sink (the
+    sink is the softmax's only term); a call without any key takes the core's shortcut, which
+    writes that in the dense layout `[B, Hq, Sq]` and the packed one `[Hq, total_q]`. The
+    backward's gradients are 0, the sinks' too (each row's D_i = dO·O = 0)."""
+    sink = torch.randn(4, device="cuda", dtype=torch.float32)
+    q, k = randn(3, 5, 4, 64), randn(3, 0, 2, 64)
+    out, lse, _ = flashcore.flash_attn_func(q, k, k, causal=True, learnable_sink=sink, return_attn_probs=True)
+    assert (out == 0).all() and torch.equal(lse, sink[None, :, None].expand(3, 4, 5))
+    leaves = [t.clone().requires_grad_() for t in (q, k, k, sink)]
+    flashcore.flash_attn_func(*leaves[:3], causal=True, learnable_sink=leaves[3]).backward(randn(3, 5, 4, 64))
+    for name, t in zip(("dq", "dk", "dv", "dsink"), leaves):
+        assert t.grad is not None and (t.grad == 0).all(), name
+    cu_q = torch.tensor([0, 3, 7], dtype=torch.int32, device="cuda")
+    cu_k = torch.zeros(3, dtype=torch.int32, device="cuda")
+    qp, kp = randn(7, 4, 64), randn(0, 2, 64)
+    out, lse, _ = flashcore.flash_attn_varlen_func(qp, kp, kp, cu_q, cu_k, 4, 0, learnable_sink=sink, return_attn_probs=True)
+    assert (out == 0).all() and torch.equal(lse, sink[:, None].expand(4, 7))

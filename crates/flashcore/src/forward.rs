@@ -81,7 +81,13 @@ impl Context {
         let o = out.o.as_view();
         let checked = inputs.check(&o, out.lse.as_ref(), params, self.ordinal())?;
         if checked.tensors.has_no_pairs() {
-            return launch::no_pairs_forward(lane, &o, out.lse.as_ref().map(|l| (l.ptr, l.len)));
+            let t = &checked.tensors;
+            let sinks = (checked.learnable_sink != 0).then(|| launch::NoPairsSinks {
+                ptr: checked.learnable_sink,
+                heads: t.heads_q,
+                blocks: t.batch * t.heads_q,
+            });
+            return launch::no_pairs_forward(lane, &o, out.lse.as_ref().map(|l| (l.ptr, l.len)), sinks);
         }
         if checked.shape.seqlen_q == 0 {
             return Ok(()); // packed, every sequence empty: nothing to write

@@ -312,12 +312,23 @@ pub(crate) fn backward(lane: &mut Lane, kernel: &LoadedKernel, plan: &BwdPlan, m
     unsafe { run(lane, kernel, work, Arg::Bwd(&p), &call.qkv_do) }
 }
 
+/// The learnable sinks of a call without (query, key) pairs, for its LSE: their address (f32
+/// `[heads]`), and the LSE's `blocks` runs of rows, run `j` of head `j % heads` (dense and
+/// KV-cache `[B, Hq, Sq]`: `B·Hq` runs; packed `[Hq, total_q]`: `Hq`).
+pub(crate) struct NoPairsSinks {
+    pub ptr: u64,
+    pub heads: usize,
+    pub blocks: usize,
+}
+
 /// What a call with no (query, key) pair writes (`ProblemShape::has_no_pairs`): `o = 0` and
-/// `lse = -inf` for the forward, each a no-op where the tensor has no elements.
-pub(crate) fn no_pairs_forward(lane: &Lane, o: &TensorView, lse: Option<(u64, usize)>) -> Result<()> {
+/// `lse = -inf` for the forward, or with learnable sinks `lse` = each row's head's sink (a row
+/// that sees no key), each a no-op where the tensor has no elements.
+pub(crate) fn no_pairs_forward(lane: &Lane, o: &TensorView, lse: Option<(u64, usize)>, sinks: Option<NoPairsSinks>) -> Result<()> {
     zero_tensor(lane.stream, o, "zeroing o (no keys)")?;
-    match lse {
-        Some((ptr, len)) if len > 0 => {
+    match (lse, sinks) {
+        (Some((ptr, len)), Some(sinks)) if len > 0 => lse_of_sinks(lane.stream, ptr, len, &sinks),
+        (Some((ptr, len)), None) if len > 0 => {
             // SAFETY: `ptr` is the call's checked lse: `len` f32 of device memory, written in
             // stream order.
             unsafe { sys::cuMemsetD32Async(ptr, f32::NEG_INFINITY.to_bits(), len, lane.stream.cu_stream()) }
@@ -326,6 +337,63 @@ pub(crate) fn no_pairs_forward(lane: &Lane, o: &TensorView, lse: Option<(u64, us
         }
         _ => Ok(()),
     }
+}
+
+/// `lse` (`len` f32 at `ptr`) = the sinks, run by run (see [`NoPairsSinks`]), by the
+/// device-to-device copies of [`sink_copies`] in stream order. A call without pairs launches
+/// no kernel.
+fn lse_of_sinks(stream: &CudaStream, ptr: u64, len: usize, sinks: &NoPairsSinks) -> Result<()> {
+    const F32: u64 = std::mem::size_of::<f32>() as u64;
+    for c in sink_copies(len, sinks.heads, sinks.blocks) {
+        let (dst, src, count) = match c {
+            SinkCopy::FromSink { dst, head } => (dst, sinks.ptr + head as u64 * F32, 1),
+            SinkCopy::Within { dst, src, count } => (dst, ptr + src as u64 * F32, count),
+        };
+        // SAFETY: `dst .. dst + count` lies within the call's checked lse (`len` f32 at `ptr`)
+        // and the source within it or the checked sinks (`heads` f32) (`sink_copies`); stream
+        // order makes each copy see the ones before it.
+        unsafe { sys::cuMemcpyDtoDAsync_v2(ptr + dst as u64 * F32, src, count * F32 as usize, stream.cu_stream()) }
+            .result()
+            .ctx("writing lse = the sinks (no keys)")?;
+    }
+    Ok(())
+}
+
+/// One copy of [`sink_copies`]: f32 elements of the LSE, by index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SinkCopy {
+    /// `lse[dst] = sinks[head]`.
+    FromSink { dst: usize, head: usize },
+    /// `lse[dst .. dst + count] = lse[src .. src + count]` (never overlapping).
+    Within { dst: usize, src: usize, count: usize },
+}
+
+/// The copies that make an LSE of `len` rows, `blocks` runs of them, run `j` of head `j %
+/// heads`, hold each row's head's sink, in order: a head's first row from its sink, then the
+/// run from itself in doubling spans, then the first `heads` runs over the rest the same way:
+/// `heads·(1 + log2 run) + log2(blocks / heads)` copies.
+fn sink_copies(len: usize, heads: usize, blocks: usize) -> Vec<SinkCopy> {
+    // [start, end) from its first `filled` elements, each copy doubling what is filled.
+    fn doubling(start: usize, filled: usize, end: usize, copies: &mut Vec<SinkCopy>) {
+        let mut done = filled;
+        while start + done < end {
+            let count = done.min(end - start - done);
+            copies.push(SinkCopy::Within { dst: start + done, src: start, count });
+            done += count;
+        }
+    }
+    let run = len / blocks.max(1);
+    let first_runs = heads.min(blocks);
+    let mut copies = Vec::new();
+    if run == 0 {
+        return copies;
+    }
+    for head in 0..first_runs {
+        copies.push(SinkCopy::FromSink { dst: head * run, head });
+        doubling(head * run, 1, (head + 1) * run, &mut copies);
+    }
+    doubling(0, first_runs * run, len, &mut copies);
+    copies
 }
 
 /// The backward's answer with no (query, key) pair: every gradient 0, the sinks' too (`dsink`:
@@ -376,4 +444,37 @@ fn zero_tensor(stream: &CudaStream, t: &TensorView, what: &str) -> Result<()> {
 fn zero(stream: &CudaStream, ptr: u64, words: usize, what: &str) -> Result<()> {
     // SAFETY: `ptr` is scratch memory of at least `words` u32, used in stream order.
     unsafe { sys::cuMemsetD32Async(ptr, 0, words, stream.cu_stream()) }.result().ctx(what)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The copies, replayed on the host, leave every row with its head's sink and never
+    /// overlap their source.
+    #[test]
+    fn sink_copies_give_each_row_its_heads_sink() {
+        // (len, blocks): dense [B, Hq, Sq] (B·Hq runs), packed [Hq, total_q] (Hq runs).
+        for (b, hq, sq) in [(1, 1, 1), (3, 4, 5), (2, 64, 2048), (5, 3, 1), (1, 8, 7), (4, 2, 16)] {
+            for (len, blocks) in [(b * hq * sq, b * hq), (hq * sq, hq)] {
+                let sinks: Vec<f32> = (0..hq).map(|h| 10.0 + h as f32).collect();
+                let mut lse = vec![f32::NAN; len];
+                for c in sink_copies(len, hq, blocks) {
+                    match c {
+                        SinkCopy::FromSink { dst, head } => lse[dst] = sinks[head],
+                        SinkCopy::Within { dst, src, count } => {
+                            assert!(src + count <= dst || dst + count <= src, "{c:?} overlaps");
+                            let from = lse[src..src + count].to_vec();
+                            lse[dst..dst + count].copy_from_slice(&from);
+                        }
+                    }
+                }
+                let run = len / blocks;
+                for (i, x) in lse.iter().enumerate() {
+                    assert_eq!(*x, sinks[(i / run) % hq], "b {b} hq {hq} sq {sq} blocks {blocks}: row {i}");
+                }
+            }
+        }
+        assert!(sink_copies(0, 4, 12).is_empty());
+    }
 }

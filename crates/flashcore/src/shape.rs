@@ -21,8 +21,9 @@ impl ProblemShape {
     /// Whether no (query, key) pair exists: no sequences, no queries or no keys. Such a call
     /// computes nothing and writes what attention over no keys is, wherever its outputs have
     /// elements: `o = 0` and `lse = -inf` (FlashAttention-4's convention; flash-attn 2 and 3
-    /// write `+inf`), gradients 0. Every entry point and every binding gets this answer from
-    /// here (docs/design.md, "Calls with nothing to compute").
+    /// write `+inf`), with learnable sinks each row's head's sink, gradients 0. Every entry
+    /// point and every binding gets this answer from here (docs/design.md, "Calls with
+    /// nothing to compute").
     pub fn has_no_pairs(&self) -> bool {
         self.batch == 0 || self.seqlen_q == 0 || self.seqlen_k == 0
     }
