@@ -59,9 +59,9 @@ pub struct CompileArgs {
 
 /// `v`, and with `mods` its sliding-window, softcap and combined forms where the dispatcher
 /// runs them (see `kernels::mods_forms`), with `chunk` the chunked form of each windowed one,
-/// with `sinks` the learnable-sinks form of each (a
-/// forward kernel's; the reference takes them at run time), with `varlen` the varlen form of
-/// each, with `paged` the paged-KV form of each: in the dispatcher's order.
+/// with `sinks` the learnable-sinks form of each (a forward kernel's; the reference takes them
+/// at run time), with `varlen` the varlen form of each, with `paged` the paged-KV form of
+/// each: in the dispatcher's order.
 fn with_mods(arch: Arch, v: Variant, args: &CompileArgs) -> Vec<Variant> {
     let forms = if args.mods { flashcore::kernels::mods_forms(&v) } else { Vec::new() };
     let mut dense: Vec<Variant> = std::iter::once(v).chain(forms).collect();
