@@ -52,10 +52,12 @@ def unsupported_fa3(params: dict, test: str, hopper: bool) -> str | None:
     if test == "test_flash_attn_kvcache" and params.get("varlen_q"):
         if params.get("new_kv"):
             return "packed queries appending to a cache (cu_seqlens_k_new)"
-        if params.get("has_batch_idx") or params.get("has_leftpad") or params.get("rotary_fraction"):
-            return "packed queries over a cache with cache_batch_idx, cache_leftpad or rotary"
-        if params.get("page_size") is None:
-            return "packed queries over a contiguous cache"
+        if params.get("has_leftpad") or params.get("rotary_fraction"):
+            return "packed queries over a cache with cache_leftpad or rotary"
+        if params.get("has_batch_idx") and params.get("page_size") is not None:
+            return "packed queries with cache_batch_idx and a page table (as flash_attn 2 refuses them)"
+        if params.get("page_size") is None and params.get("seqlen_k", 0) % 16:
+            return "packed queries over a contiguous cache not a multiple of 16 keys long (FlashCore's pages)"
     if test == "test_flash_attn_kvcache" and params.get("page_size") is not None:
         if params["page_size"] % 16:
             return f"page size {params['page_size']} (FlashCore's pages: multiples of 16)"

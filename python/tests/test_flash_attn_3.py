@@ -135,6 +135,34 @@ def test_kvcache_calls_are_flashcores(fa3):
     assert torch.equal(got, want) and not got.isnan().any()
 
 
+@pytest.mark.parametrize("batch_idx", [False, True], ids=["entries-in-order", "cache_batch_idx"])
+def test_packed_queries_over_a_contiguous_cache_are_each_sequences_own_call(fa3, batch_idx):
+    """FA3's `cu_seqlens_q` over a contiguous cache (its entries run as pages of S_cache keys,
+    `cache_batch_idx` picking them): each sequence's rows as its own dense KV-cache call would
+    give them, within bf16's error of that other kernel; a cache whose length is not a multiple
+    of 16 refused by name."""
+    b, hq, hkv, d, capacity = 3, 8, 2, 128, 96
+    entries = 5 if batch_idx else b
+    caches = [randn(entries, capacity, hkv, d, seed=s) for s in (1, 2)]
+    index = torch.tensor([4, 0, 2], dtype=torch.int32, device="cuda") if batch_idx else None
+    lens = torch.tensor([17, 96, 40], dtype=torch.int32, device="cuda")
+    cu = torch.tensor([0, 5, 6, 13], dtype=torch.int32, device="cuda")
+    qp = randn(13, hq, d, seed=3)
+    got, lse = fa3.flash_attn_with_kvcache(
+        qp, *caches, cache_seqlens=lens, cache_batch_idx=index, cu_seqlens_q=cu, max_seqlen_q=7, causal=True, return_softmax_lse=True
+    )
+    assert got.shape == qp.shape and lse.shape == (hq, 13)
+    for i in range(b):
+        rows, entry = slice(int(cu[i]), int(cu[i + 1])), int(index[i]) if batch_idx else i
+        one = [c[entry : entry + 1] for c in caches]
+        want, want_lse = flashcore.flash_attn_with_kvcache(qp[rows][None], *one, cache_seqlens=lens[i : i + 1], causal=True, return_softmax_lse=True)
+        assert rel_l2(got[rows], want[0]) < REL_BOUND[torch.bfloat16], i
+        assert torch.allclose(lse[:, rows], want_lse[0], atol=1e-3), i
+    short = [randn(b, 40, hkv, d, seed=s) for s in (4, 5)]
+    with pytest.raises(NotImplementedError, match="`cu_seqlens_q`.*40 keys"):
+        fa3.flash_attn_with_kvcache(qp, *short, cache_seqlens=lens.clamp(max=40), cu_seqlens_q=cu, max_seqlen_q=7)
+
+
 @pytest.mark.parametrize("sq,new", [(1, 1), (300, 300)], ids=["decode", "prefill"])
 def test_chunked_attention_over_a_kv_cache(fa3, sq, new):
     """Chunks over a paged cache and a contiguous one (query row i at its cache position

@@ -10,7 +10,9 @@
 Every call runs FlashCore's kernels (`flashcore.interface`). What FA3 has and FlashCore does
 not yet raises `NotImplementedError` naming the argument: `qv` (absorbed MLA's extra q·vᵀ
 term), the FP8 descales `q_descale`, `k_descale`, `v_descale`, and in the KV-cache call
-`cu_seqlens_k_new` (packed new keys) and packed queries over a contiguous cache. `seqused_q`
+`cu_seqlens_k_new` (packed new keys), and with packed queries new keys, rotary and
+`cache_leftpad` (packed queries over a contiguous cache run as pages of whole entries, whose
+length must then be a multiple of 16). `seqused_q`
 runs by gathers in PyTorch around the kernels (no host synchronisation), and `rotary_seqlens`
 rotates q and the new keys at those positions before the call. FA3's tuning hints are taken and
 left to FlashCore's planner: `pack_gqa` (FlashCore packs GQA heads for decode itself),
@@ -241,7 +243,8 @@ def flash_attn_with_kvcache(
     """FA3's `flash_attn_with_kvcache`: `flashcore.flash_attn_with_kvcache` (FA2's semantics:
     new keys appended first, rotary, `cache_batch_idx`, `cache_leftpad`) with `page_table` as
     its block table; with `cu_seqlens_q`, packed queries `[total_q, Hq, D]` over a paged
-    cache (`flashcore.flash_attn_varlen_func` with a block table; no keys appended).
+    cache (`flashcore.flash_attn_varlen_func` with a block table; no keys appended), or over a
+    contiguous one as pages of its whole entries (`cache_batch_idx` picking them).
     Returns `out`, or `(out, softmax_lse)` with `return_softmax_lse`. `scheduler_metadata`,
     `pack_gqa` and `sm_margin` are hints; `cu_seqlens_k_new` without new keys is ignored, as
     FA3 ignores it."""
@@ -277,11 +280,14 @@ def _packed_queries(
     cache_seqlens, page_table); `unsupported` the arguments it does not take with them;
     `scores` (softmax_scale, causal, window_size, softcap) and `chunk` the options')."""
     cu_seqlens_q, max_seqlen_q, cache_seqlens, page_table = layout
-    for name, value in zip(("k", "rotary_cos", "cache_batch_idx", "cache_leftpad"), unsupported):
+    k, rotary_cos, cache_batch_idx, cache_leftpad = unsupported
+    for name, value in (("k", k), ("rotary_cos", rotary_cos), ("cache_leftpad", cache_leftpad)):
         if value is not None:
             raise _not_yet(name, "with packed queries (cu_seqlens_q)")
+    if page_table is not None and cache_batch_idx is not None:
+        raise _not_yet("cache_batch_idx", "with a page_table")
     if page_table is None:
-        raise _not_yet("cu_seqlens_q", "packed queries over a contiguous cache: pass a page_table")
+        page_table = _whole_entries_as_pages(caches[0], cache_batch_idx, cu_seqlens_q)
     if not isinstance(cache_seqlens, Tensor) or max_seqlen_q is None:
         raise ValueError("packed queries (cu_seqlens_q) need `cache_seqlens` as an int32 tensor [B] and `max_seqlen_q`")
     zeros = torch.zeros_like(cu_seqlens_q)  # cu_seqlens_k: unused where seqused_k gives each sequence's keys
@@ -290,6 +296,21 @@ def _packed_queries(
     options = _options(q, *scores)._replace(attention_chunk=chunk)
     out, lse = interface._paged_varlen(q, caches, vectors, (page_table, int(max_seqlen_q)), options)
     return (out, lse) if return_softmax_lse else out
+
+
+def _whole_entries_as_pages(k_cache: Tensor, cache_batch_idx: Optional[Tensor], cu_seqlens_q: Tensor) -> Tensor:
+    """A contiguous cache `[entries, S_cache, Hkv, D]` as FlashCore's paged pools: pages of
+    `S_cache` keys, sequence b's table one page, entry `cache_batch_idx[b]` (default b). No copy:
+    its entries are pages whose stride is a multiple of the row stride. FlashCore's pages are
+    multiples of 16 keys, so a cache of another length is refused by name."""
+    if not isinstance(k_cache, Tensor) or k_cache.dim() != 4:
+        raise ValueError(f"`k_cache` must be a 4-D tensor [B, S_cache, Hkv, D], got {k_cache if not isinstance(k_cache, Tensor) else tuple(k_cache.shape)}")
+    if k_cache.shape[1] % 16:
+        raise _not_yet("cu_seqlens_q", f"packed queries over a contiguous cache of {k_cache.shape[1]} keys a sequence (FlashCore's pages: multiples of 16)")
+    if cache_batch_idx is not None:
+        _check_int32("cache_batch_idx", cache_batch_idx, k_cache, 1)
+        return cache_batch_idx.reshape(-1, 1)
+    return torch.arange(cu_seqlens_q.shape[0] - 1, dtype=torch.int32, device=cu_seqlens_q.device).reshape(-1, 1)
 
 
 def flash_attn_combine(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tensor] = None, out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
