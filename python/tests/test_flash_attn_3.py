@@ -163,6 +163,35 @@ def test_packed_queries_over_a_contiguous_cache_are_each_sequences_own_call(fa3,
         fa3.flash_attn_with_kvcache(qp, *short, cache_seqlens=lens.clamp(max=40), cu_seqlens_q=cu, max_seqlen_q=7)
 
 
+@pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
+def test_packed_new_keys_append_as_each_sequences_own_call(fa3, paged):
+    """FA3's `cu_seqlens_k_new`: packed new keys written at each sequence's `cache_seqlens`
+    (through the page table, or into entry `cache_batch_idx[b]`), then packed queries attend
+    over the lengths after: each sequence's rows and cache as its own dense KV-cache call with
+    its new keys appended gives them (outputs within bf16's error of that other kernel, caches
+    bitwise). Paged, sequence b's pages are consecutive, so the pool is also the contiguous
+    caches the reference appends to."""
+    b, hq, hkv, d, pages, page_size = 3, 8, 2, 64, 4, 16
+    capacity = pages * page_size
+    pools = [randn(b * pages, page_size, hkv, d, seed=s) for s in (1, 2)]
+    mine = [p.clone().view(b, capacity, hkv, d) for p in pools]
+    table = torch.arange(b * pages, dtype=torch.int32, device="cuda").view(b, pages)
+    lens = torch.tensor([10, 0, 30], dtype=torch.int32, device="cuda")
+    cu_new = torch.tensor([0, 3, 8, 8], dtype=torch.int32, device="cuda")
+    cu_q = torch.tensor([0, 3, 8, 9], dtype=torch.int32, device="cuda")
+    k_new, v_new, qp = randn(8, hkv, d, seed=3), randn(8, hkv, d, seed=4), randn(9, hq, d, seed=5)
+    caches = pools if paged else [p.view(b, capacity, hkv, d) for p in pools]
+    where = dict(page_table=table) if paged else dict(cache_batch_idx=torch.arange(b, dtype=torch.int32, device="cuda"))
+    got = fa3.flash_attn_with_kvcache(qp, *caches, k=k_new, v=v_new, cache_seqlens=lens, cu_seqlens_k_new=cu_new, cu_seqlens_q=cu_q, max_seqlen_q=5, causal=True, **where)
+    for i in range(b):
+        rows, new = slice(int(cu_q[i]), int(cu_q[i + 1])), slice(int(cu_new[i]), int(cu_new[i + 1]))
+        one = [c[i : i + 1] for c in mine]
+        want = flashcore.flash_attn_with_kvcache(qp[rows][None], *one, k=k_new[new][None], v=v_new[new][None], cache_seqlens=lens[i : i + 1], causal=True)
+        assert rel_l2(got[rows], want[0]) < REL_BOUND[torch.bfloat16], i
+    for c, m in zip(pools, mine):
+        assert torch.equal(c.view(b, capacity, hkv, d), m), "the new keys written where the reference wrote them"
+
+
 @pytest.mark.parametrize("sq,new", [(1, 1), (300, 300)], ids=["decode", "prefill"])
 def test_chunked_attention_over_a_kv_cache(fa3, sq, new):
     """Chunks over a paged cache and a contiguous one (query row i at its cache position
@@ -280,8 +309,12 @@ def test_what_flashcore_does_not_run_yet_is_refused_by_name(fa3):
     for chunk, error in ((-1, ValueError), (2.5, TypeError), (True, TypeError)):
         with pytest.raises(error, match="`attention_chunk`"):
             fa3.flash_attn_func(q, q, q, attention_chunk=chunk)
-    with pytest.raises(NotImplementedError, match="`cu_seqlens_k_new`"):
+    # Packed new keys are [total_new, Hkv, D]; with rotary or left padding not yet.
+    with pytest.raises(ValueError, match="`cu_seqlens_k_new`.*packed new keys"):
         fa3.flash_attn_with_kvcache(q, q.clone(), q.clone(), k=q[:, :1], v=q[:, :1], cache_seqlens=8, cu_seqlens_k_new=cu[:2])
+    lengths = torch.full((1,), 8, dtype=torch.int32, device="cuda")
+    with pytest.raises(NotImplementedError, match="`cache_leftpad`"):
+        fa3.flash_attn_with_kvcache(q, q.clone(), q.clone(), k=q[0, :1], v=q[0, :1], cache_seqlens=lengths, cu_seqlens_k_new=cu[:2], cache_leftpad=lengths)
     # Without new keys FA3 ignores it (serving code passes it anyway): the same call as without.
     lengths = torch.full((1,), 16, dtype=torch.int32, device="cuda")
     assert torch.equal(fa3.flash_attn_with_kvcache(q, q, q, cache_seqlens=lengths, cu_seqlens_k_new=cu), fa3.flash_attn_with_kvcache(q, q, q, cache_seqlens=lengths))

@@ -10,9 +10,9 @@
 Every call runs FlashCore's kernels (`flashcore.interface`). What FA3 has and FlashCore does
 not yet raises `NotImplementedError` naming the argument: `qv` (absorbed MLA's extra q·vᵀ
 term), the FP8 descales `q_descale`, `k_descale`, `v_descale`, and in the KV-cache call
-`cu_seqlens_k_new` (packed new keys), and with packed queries new keys, rotary and
-`cache_leftpad` (packed queries over a contiguous cache run as pages of whole entries, whose
-length must then be a multiple of 16). `seqused_q`
+rotary and `cache_leftpad` beside packed queries or packed new keys (`cu_seqlens_k_new`: the
+new keys are written into the caches by PyTorch first; packed queries over a contiguous cache
+run as pages of its whole entries, whose length must then be a multiple of 16). `seqused_q`
 runs by gathers in PyTorch around the kernels (no host synchronisation), and `rotary_seqlens`
 rotates q and the new keys at those positions before the call. FA3's tuning hints are taken and
 left to FlashCore's planner: `pack_gqa` (FlashCore packs GQA heads for decode itself),
@@ -253,7 +253,9 @@ def flash_attn_with_kvcache(
     # it is ignored, as serving code passes it (SGLang's FA3 backend does).
     packed_new = cu_seqlens_k_new if k is not None or v is not None else None
     if packed_new is not None:
-        raise _not_yet("cu_seqlens_k_new", "packed new keys")
+        lengths = (cache_seqlens, cache_batch_idx, cache_leftpad, page_table)
+        cache_seqlens = _append_packed_keys(q, (k_cache, v_cache), (k, v), packed_new, lengths, rotary_cos)
+        k = v = None
     splits, chunk = _num_splits(num_splits), _chunk(attention_chunk)
     scores = (softmax_scale, causal, window_size, softcap)
     if cu_seqlens_q is not None:
@@ -270,6 +272,61 @@ def flash_attn_with_kvcache(
         q, k_rotated = interface._rotated_for_cache(q, None if new is None else new[0], rotary_cos, rotary_sin, rotary_seqlens, bool(rotary_interleaved), per_row)
         new, rotary = (k_rotated, new[1]), (None, None, False)
     return interface._kvcache(q, (k_cache, v_cache), new, rotary, lengths, options, return_softmax_lse)
+
+
+def _append_packed_keys(
+    q: Tensor, caches: Tuple[Tensor, Tensor], new: Tuple[Tensor, Tensor], cu_seqlens_k_new: Tensor, lengths: tuple, rotary_cos: object
+) -> Tensor:
+    """FA3's packed new keys: `k`, `v` `[total_new, Hkv, D]`, sequence b's rows
+    `cu_seqlens_k_new[b] .. [b + 1]`, written at its positions `cache_seqlens[b] + i` (through
+    `page_table`, or of entry `cache_batch_idx[b]` of a contiguous cache) by PyTorch on the
+    device, no host synchronisation; positions clamped into the cache, as the kernels clamp a
+    table (bad lengths give wrong output, never a write outside the caches). Returns the
+    lengths after, which the call then attends over with no keys to append. `lengths`:
+    `(cache_seqlens, cache_batch_idx, cache_leftpad, page_table)`."""
+    (k_cache, v_cache), (k, v) = caches, new
+    cache_seqlens, cache_batch_idx, cache_leftpad, page_table = lengths
+    for name, value in (("rotary_cos", rotary_cos), ("cache_leftpad", cache_leftpad)):
+        if value is not None:
+            raise _not_yet(name, "with packed new keys (cu_seqlens_k_new)")
+    if page_table is not None and cache_batch_idx is not None:
+        raise _not_yet("cache_batch_idx", "with a page_table")
+    if (k is None) != (v is None):
+        raise ValueError("`k` and `v` come together: pass both or neither")
+    if not all(isinstance(t, Tensor) and t.dim() == 3 for t in (k, v)):
+        shapes = [tuple(t.shape) if isinstance(t, Tensor) else type(t).__name__ for t in (k, v)]
+        raise ValueError(f"with `cu_seqlens_k_new`, `k` and `v` are packed new keys [total_new, Hkv, D], got {shapes[0]} and {shapes[1]}")
+    _check((("k", k.unsqueeze(0)), ("v", v.unsqueeze(0)), ("k_cache", k_cache), ("v_cache", v_cache)), "packed new keys [total_new, Hkv, D] and the caches")
+    if k.shape != v.shape or k.shape[1:] != k_cache.shape[2:]:
+        raise ValueError(f"`k` {tuple(k.shape)} and `v` {tuple(v.shape)} must be [total_new, Hkv, D] with k_cache's {tuple(k_cache.shape[2:])}")
+    _check_int32("cu_seqlens_k_new", cu_seqlens_k_new, q, 1)
+    batch = cu_seqlens_k_new.shape[0] - 1
+    if batch < 1:
+        raise ValueError("`cu_seqlens_k_new` needs B + 1 >= 2 entries")
+    if not isinstance(cache_seqlens, Tensor):
+        raise ValueError("packed new keys (cu_seqlens_k_new) need `cache_seqlens` as an int32 tensor [B]")
+    _check_int32("cache_seqlens", cache_seqlens, q, 1)
+    if cache_seqlens.shape[0] != batch:
+        raise ValueError(f"`cu_seqlens_k_new` has {batch + 1} entries, `cache_seqlens` {cache_seqlens.shape[0]}: need B + 1 and B")
+    rows = torch.arange(k.shape[0], device=k.device)
+    sequence = torch.searchsorted(cu_seqlens_k_new[1:].long(), rows, right=True).clamp_(max=batch - 1)
+    positions = cache_seqlens.long()[sequence] + rows - cu_seqlens_k_new.long()[sequence]
+    if cache_batch_idx is not None:
+        _check_int32("cache_batch_idx", cache_batch_idx, q, 1)
+        if cache_batch_idx.shape[0] != batch:
+            raise ValueError(f"`cache_batch_idx` has {cache_batch_idx.shape[0]} entries, `cu_seqlens_k_new` {batch + 1}: need B and B + 1")
+    if page_table is None:
+        entries, capacity = k_cache.shape[0], k_cache.shape[1]
+        entry = sequence if cache_batch_idx is None else cache_batch_idx.long()[sequence]
+        at = (entry.clamp(0, entries - 1), positions.clamp(0, capacity - 1))
+    else:
+        _check_int32("page_table", page_table, q, 2)
+        pages, page_size = k_cache.shape[0], k_cache.shape[1]
+        positions = positions.clamp(0, page_table.shape[1] * page_size - 1)
+        at = (page_table.long()[sequence, positions // page_size].clamp(0, pages - 1), positions % page_size)
+    k_cache[at] = k
+    v_cache[at] = v
+    return (cache_seqlens + cu_seqlens_k_new.diff()).to(torch.int32)
 
 
 def _packed_queries(
