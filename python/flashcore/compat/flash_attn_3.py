@@ -243,8 +243,9 @@ def flash_attn_with_kvcache(
     """FA3's `flash_attn_with_kvcache`: `flashcore.flash_attn_with_kvcache` (FA2's semantics:
     new keys appended first, rotary, `cache_batch_idx`, `cache_leftpad`) with `page_table` as
     its block table; with `cu_seqlens_q`, packed queries `[total_q, Hq, D]` over a paged
-    cache (`flashcore.flash_attn_varlen_func` with a block table; no keys appended), or over a
-    contiguous one as pages of its whole entries (`cache_batch_idx` picking them).
+    cache (`flashcore.flash_attn_varlen_func` with a block table), or over a contiguous one as
+    pages of its whole entries (`cache_batch_idx` picking them); with `cu_seqlens_k_new`, packed
+    new keys `[total_new, Hkv, D]` written into the caches first (`_append_packed_keys`).
     Returns `out`, or `(out, softmax_lse)` with `return_softmax_lse`. `scheduler_metadata`,
     `pack_gqa` and `sm_margin` are hints; `cu_seqlens_k_new` without new keys is ignored, as
     FA3 ignores it."""
