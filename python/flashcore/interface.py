@@ -399,17 +399,15 @@ def _kvcache_rows(
     batch_idx, leftpad)`): `(out, lse [B, Hq, Sq])`. The new keys are written at
     `cache_seqlens[b]...` of entry `batch_idx[b]` by PyTorch (their positions clamped into the
     cache, as the kernels clamp a table: bad lengths give wrong output, never an access
-    outside the cache); then each sequence's keys, rows `leftpad[b] ... cache_seqlens[b] +
-    S_new - 1` of its entry, are a packed batch's sequence over the caches viewed as `[entries
-    · S_cache, Hkv, D]` (`cu_seqlens_k[b]` its first row, `seqused_k[b]` its count: the
-    varlen kernels take sequences anywhere in the keys), and q's rows `[B · Sq, Hq, D]` its
-    queries: no copy of the caches (unless their entries are not evenly strided), no host
+    outside the cache); then q's rows `[B · Sq, Hq, D]` attend to each sequence's keys, rows
+    `leftpad[b] ... cache_seqlens[b] + S_new - 1` of its entry (`_queries_over_entries`): no
+    copy of the caches (unless their entries are not evenly strided), no host
     synchronisation, and masks, positions and ALiBi counted from each sequence's first key,
     as flash_attn."""
     k_cache, v_cache = caches
     cache_seqlens, batch_idx, leftpad = lengths
     b, sq, hq, d = q.shape
-    entries, capacity, hkv = k_cache.shape[0], k_cache.shape[1], k_cache.shape[2]
+    entries, capacity = k_cache.shape[0], k_cache.shape[1]
     if entries == 0 or capacity == 0:
         raise ValueError(f"`k_cache` {tuple(k_cache.shape)} holds no keys")
     if appended is not None and sq > capacity:  # as the paged path and flash_attn refuse it
@@ -422,19 +420,34 @@ def _kvcache_rows(
         rows = index.long()[:, None].clamp(0, entries - 1)
         k_cache[rows, positions] = appended[0]
         v_cache[rows, positions] = appended[1]
+    cu_seqlens_q = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32, device=q.device)
+    keys = ((lens + new).clamp(0, capacity), index, leftpad)
+    out, lse = _queries_over_entries(q.reshape(b * sq, hq, d), (cu_seqlens_q, sq), caches, keys, options)
+    return out.view(b, sq, hq, d), lse.view(hq, b, sq).transpose(0, 1).contiguous()
+
+
+def _queries_over_entries(
+    q: Tensor, queries: Tuple[Tensor, int], caches: Tuple[Tensor, Tensor], keys: Tuple[Tensor, Tensor, Optional[Tensor]], options: _ops.Options
+) -> Tuple[Tensor, Tensor]:
+    """Packed queries `q [total_q, Hq, D]` (`queries`: `(cu_seqlens_q, max_seqlen_q)`) over a
+    contiguous cache's entries: sequence b's keys are rows `leftpad[b] ... lens[b] - 1` of entry
+    `index[b]` (`keys`: `(lens, index, leftpad)`, leftpad None: from row 0), run as a packed
+    batch's sequence over the caches viewed as `[entries · S_cache, Hkv, D]` (`cu_seqlens_k[b]`
+    its first row, `seqused_k[b]` its count: the varlen kernels take sequences anywhere in the
+    keys). `(out [total_q, Hq, D], lse [Hq, total_q])`, without autograd."""
+    k_cache, v_cache = caches
+    lens, index, leftpad = keys
+    entries, capacity, hkv, d = k_cache.shape
     first = torch.zeros_like(lens) if leftpad is None else leftpad.clamp(0, capacity)
-    used = (lens + new).clamp(0, capacity) - first
+    used = lens.clamp(0, capacity) - first
     starts = index.clamp(0, entries - 1) * capacity + first
     cu_seqlens_k = torch.cat([starts, starts.new_full((1,), entries * capacity)]).to(torch.int32)
-    cu_seqlens_q = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32, device=q.device)
-    packed = (q.reshape(b * sq, hq, d), k_cache.reshape(entries * capacity, hkv, d), v_cache.reshape(entries * capacity, hkv, d))
+    packed = (q, k_cache.reshape(entries * capacity, hkv, d), v_cache.reshape(entries * capacity, hkv, d))
     # Sequences anywhere in the keys: not the packed-batch contract FLASHCORE_CHECK_VARLEN checks.
-    batch = _ops.Batch(cu_seqlens_q, cu_seqlens_k, used.clamp(min=0).to(torch.int32), sq, capacity, checkable=False)
+    batch = _ops.Batch(queries[0], cu_seqlens_k, used.clamp(min=0).to(torch.int32), int(queries[1]), capacity, checkable=False)
     if _eager(q, k_cache, v_cache):
-        out, lse = _ops.varlen_forward(*packed, batch, options)
-    else:
-        out, lse = _ops.varlen_fwd(*packed, *batch, *options.flat())
-    return out.view(b, sq, hq, d), lse.view(hq, b, sq).transpose(0, 1).contiguous()
+        return _ops.varlen_forward(*packed, batch, options)
+    return _ops.varlen_fwd(*packed, *batch, *options.flat())
 
 
 def _rotated_for_cache(q: Tensor, k: Optional[Tensor], cos: object, sin: object, cache_seqlens: Optional[Tensor], interleaved: bool, per_row: bool) -> Tuple[Tensor, Tensor]:

@@ -135,32 +135,32 @@ def test_kvcache_calls_are_flashcores(fa3):
     assert torch.equal(got, want) and not got.isnan().any()
 
 
-@pytest.mark.parametrize("batch_idx", [False, True], ids=["entries-in-order", "cache_batch_idx"])
-def test_packed_queries_over_a_contiguous_cache_are_each_sequences_own_call(fa3, batch_idx):
-    """FA3's `cu_seqlens_q` over a contiguous cache (its entries run as pages of S_cache keys,
-    `cache_batch_idx` picking them): each sequence's rows as its own dense KV-cache call would
-    give them, within bf16's error of that other kernel; a cache whose length is not a multiple
-    of 16 refused by name."""
-    b, hq, hkv, d, capacity = 3, 8, 2, 128, 96
-    entries = 5 if batch_idx else b
+@pytest.mark.parametrize("rows", ["entries-in-order", "cache_batch_idx", "cache_leftpad"])
+def test_packed_queries_over_a_contiguous_cache_are_each_sequences_own_call(fa3, rows):
+    """FA3's `cu_seqlens_q` over a contiguous cache (a packed batch over its rows, with
+    `cache_batch_idx` picking entries and `cache_leftpad` their first keys): each sequence's
+    rows as its own dense KV-cache call gives them, within bf16's error of that other kernel.
+    The capacity, 90, is no multiple of a key block."""
+    b, hq, hkv, d, capacity = 3, 8, 2, 128, 90
+    entries = 5 if rows == "cache_batch_idx" else b
     caches = [randn(entries, capacity, hkv, d, seed=s) for s in (1, 2)]
-    index = torch.tensor([4, 0, 2], dtype=torch.int32, device="cuda") if batch_idx else None
-    lens = torch.tensor([17, 96, 40], dtype=torch.int32, device="cuda")
+    index = torch.tensor([4, 0, 2], dtype=torch.int32, device="cuda") if rows == "cache_batch_idx" else None
+    leftpad = torch.tensor([3, 0, 20], dtype=torch.int32, device="cuda") if rows == "cache_leftpad" else None
+    lens = torch.tensor([17, 90, 40], dtype=torch.int32, device="cuda")
     cu = torch.tensor([0, 5, 6, 13], dtype=torch.int32, device="cuda")
     qp = randn(13, hq, d, seed=3)
     got, lse = fa3.flash_attn_with_kvcache(
-        qp, *caches, cache_seqlens=lens, cache_batch_idx=index, cu_seqlens_q=cu, max_seqlen_q=7, causal=True, return_softmax_lse=True
-    )
+        qp, *caches, cache_seqlens=lens, cache_batch_idx=index, cache_leftpad=leftpad, cu_seqlens_q=cu, max_seqlen_q=7, causal=True,
+        return_softmax_lse=True,
+    )  # fmt: skip
     assert got.shape == qp.shape and lse.shape == (hq, 13)
     for i in range(b):
-        rows, entry = slice(int(cu[i]), int(cu[i + 1])), int(index[i]) if batch_idx else i
+        span, entry = slice(int(cu[i]), int(cu[i + 1])), int(index[i]) if index is not None else i
         one = [c[entry : entry + 1] for c in caches]
-        want, want_lse = flashcore.flash_attn_with_kvcache(qp[rows][None], *one, cache_seqlens=lens[i : i + 1], causal=True, return_softmax_lse=True)
-        assert rel_l2(got[rows], want[0]) < REL_BOUND[torch.bfloat16], i
-        assert torch.allclose(lse[:, rows], want_lse[0], atol=1e-3), i
-    short = [randn(b, 40, hkv, d, seed=s) for s in (4, 5)]
-    with pytest.raises(NotImplementedError, match="`cu_seqlens_q`.*40 keys"):
-        fa3.flash_attn_with_kvcache(qp, *short, cache_seqlens=lens.clamp(max=40), cu_seqlens_q=cu, max_seqlen_q=7)
+        pad = dict(cache_leftpad=leftpad[i : i + 1]) if leftpad is not None else {}
+        want, want_lse = flashcore.flash_attn_with_kvcache(qp[span][None], *one, cache_seqlens=lens[i : i + 1], causal=True, return_softmax_lse=True, **pad)
+        assert rel_l2(got[span], want[0]) < REL_BOUND[torch.bfloat16], i
+        assert torch.allclose(lse[:, span], want_lse[0], atol=1e-3), i
 
 
 @pytest.mark.parametrize("paged", [False, True], ids=["contiguous", "paged"])
@@ -309,12 +309,12 @@ def test_what_flashcore_does_not_run_yet_is_refused_by_name(fa3):
     for chunk, error in ((-1, ValueError), (2.5, TypeError), (True, TypeError)):
         with pytest.raises(error, match="`attention_chunk`"):
             fa3.flash_attn_func(q, q, q, attention_chunk=chunk)
-    # Packed new keys are [total_new, Hkv, D]; with rotary or left padding not yet.
+    # Packed new keys are [total_new, Hkv, D]; with rotary not yet.
     with pytest.raises(ValueError, match="`cu_seqlens_k_new`.*packed new keys"):
         fa3.flash_attn_with_kvcache(q, q.clone(), q.clone(), k=q[:, :1], v=q[:, :1], cache_seqlens=8, cu_seqlens_k_new=cu[:2])
     lengths = torch.full((1,), 8, dtype=torch.int32, device="cuda")
-    with pytest.raises(NotImplementedError, match="`cache_leftpad`"):
-        fa3.flash_attn_with_kvcache(q, q.clone(), q.clone(), k=q[0, :1], v=q[0, :1], cache_seqlens=lengths, cu_seqlens_k_new=cu[:2], cache_leftpad=lengths)
+    with pytest.raises(NotImplementedError, match="`rotary_cos`"):
+        fa3.flash_attn_with_kvcache(q, q.clone(), q.clone(), k=q[0, :1], v=q[0, :1], cache_seqlens=lengths, cu_seqlens_k_new=cu[:2], rotary_cos=q)
     # Without new keys FA3 ignores it (serving code passes it anyway): the same call as without.
     lengths = torch.full((1,), 16, dtype=torch.int32, device="cuda")
     assert torch.equal(fa3.flash_attn_with_kvcache(q, q, q, cache_seqlens=lengths, cu_seqlens_k_new=cu), fa3.flash_attn_with_kvcache(q, q, q, cache_seqlens=lengths))

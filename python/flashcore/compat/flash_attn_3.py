@@ -10,9 +10,9 @@
 Every call runs FlashCore's kernels (`flashcore.interface`). What FA3 has and FlashCore does
 not yet raises `NotImplementedError` naming the argument: `qv` (absorbed MLA's extra q·vᵀ
 term), the FP8 descales `q_descale`, `k_descale`, `v_descale`, and in the KV-cache call
-rotary and `cache_leftpad` beside packed queries or packed new keys (`cu_seqlens_k_new`: the
-new keys are written into the caches by PyTorch first; packed queries over a contiguous cache
-run as pages of its whole entries, whose length must then be a multiple of 16). `seqused_q`
+rotary beside packed queries or packed new keys, and `cache_batch_idx` / `cache_leftpad`
+with a page table (packed new keys, `cu_seqlens_k_new`, are written into the caches by PyTorch
+first; packed queries over a contiguous cache run as a packed batch over its rows). `seqused_q`
 runs by gathers in PyTorch around the kernels (no host synchronisation), and `rotary_seqlens`
 rotates q and the new keys at those positions before the call. FA3's tuning hints are taken and
 left to FlashCore's planner: `pack_gqa` (FlashCore packs GQA heads for decode itself),
@@ -243,8 +243,8 @@ def flash_attn_with_kvcache(
     """FA3's `flash_attn_with_kvcache`: `flashcore.flash_attn_with_kvcache` (FA2's semantics:
     new keys appended first, rotary, `cache_batch_idx`, `cache_leftpad`) with `page_table` as
     its block table; with `cu_seqlens_q`, packed queries `[total_q, Hq, D]` over a paged
-    cache (`flashcore.flash_attn_varlen_func` with a block table), or over a contiguous one as
-    pages of its whole entries (`cache_batch_idx` picking them); with `cu_seqlens_k_new`, packed
+    cache (`flashcore.flash_attn_varlen_func` with a block table), or over a contiguous one
+    (`cache_batch_idx`, `cache_leftpad` as in the dense call); with `cu_seqlens_k_new`, packed
     new keys `[total_new, Hkv, D]` written into the caches first (`_append_packed_keys`).
     Returns `out`, or `(out, softmax_lse)` with `return_softmax_lse`. `scheduler_metadata`,
     `pack_gqa` and `sm_margin` are hints; `cu_seqlens_k_new` without new keys is ignored, as
@@ -280,18 +280,20 @@ def _append_packed_keys(
 ) -> Tensor:
     """FA3's packed new keys: `k`, `v` `[total_new, Hkv, D]`, sequence b's rows
     `cu_seqlens_k_new[b] .. [b + 1]`, written at its positions `cache_seqlens[b] + i` (through
-    `page_table`, or of entry `cache_batch_idx[b]` of a contiguous cache) by PyTorch on the
+    `page_table`, or of entry `cache_batch_idx[b]` of a contiguous cache, `cache_leftpad` not
+    moving them: as flash_attn 2 appends) by PyTorch on the
     device, no host synchronisation; positions clamped into the cache, as the kernels clamp a
     table (bad lengths give wrong output, never a write outside the caches). Returns the
     lengths after, which the call then attends over with no keys to append. `lengths`:
     `(cache_seqlens, cache_batch_idx, cache_leftpad, page_table)`."""
     (k_cache, v_cache), (k, v) = caches, new
     cache_seqlens, cache_batch_idx, cache_leftpad, page_table = lengths
-    for name, value in (("rotary_cos", rotary_cos), ("cache_leftpad", cache_leftpad)):
-        if value is not None:
-            raise _not_yet(name, "with packed new keys (cu_seqlens_k_new)")
-    if page_table is not None and cache_batch_idx is not None:
-        raise _not_yet("cache_batch_idx", "with a page_table")
+    if rotary_cos is not None:
+        raise _not_yet("rotary_cos", "with packed new keys (cu_seqlens_k_new)")
+    if page_table is not None:
+        for name, value in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
+            if value is not None:
+                raise _not_yet(name, "with a page_table")
     if (k is None) != (v is None):
         raise ValueError("`k` and `v` come together: pass both or neither")
     if not all(isinstance(t, Tensor) and t.dim() == 3 for t in (k, v)):
@@ -331,44 +333,59 @@ def _append_packed_keys(
 
 
 def _packed_queries(
-    q: Tensor, caches: Tuple[Tensor, Tensor], layout: tuple, unsupported: tuple, scores: tuple, chunk: int, return_softmax_lse: bool
+    q: Tensor, caches: Tuple[Tensor, Tensor], layout: tuple, extra: tuple, scores: tuple, chunk: int, return_softmax_lse: bool
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """`flash_attn_with_kvcache` with `cu_seqlens_q`: packed queries over a paged cache, FlashCore's
-    `flash_attn_varlen_func` with a block table (`layout` = (cu_seqlens_q, max_seqlen_q,
-    cache_seqlens, page_table); `unsupported` the arguments it does not take with them;
-    `scores` (softmax_scale, causal, window_size, softcap) and `chunk` the options')."""
+    `flash_attn_varlen_func` with a block table, or over a contiguous one
+    (`_over_contiguous_entries`). `layout` = (cu_seqlens_q, max_seqlen_q, cache_seqlens,
+    page_table); `extra` = (k, rotary_cos, cache_batch_idx, cache_leftpad): the first two refused
+    with packed queries (new keys come packed, appended before: `_append_packed_keys`), the last
+    two with a page table; `scores` (softmax_scale, causal, window_size, softcap) and `chunk`
+    the options'."""
     cu_seqlens_q, max_seqlen_q, cache_seqlens, page_table = layout
-    k, rotary_cos, cache_batch_idx, cache_leftpad = unsupported
-    for name, value in (("k", k), ("rotary_cos", rotary_cos), ("cache_leftpad", cache_leftpad)):
+    k, rotary_cos, cache_batch_idx, cache_leftpad = extra
+    for name, value in (("k", k), ("rotary_cos", rotary_cos)):
         if value is not None:
             raise _not_yet(name, "with packed queries (cu_seqlens_q)")
-    if page_table is not None and cache_batch_idx is not None:
-        raise _not_yet("cache_batch_idx", "with a page_table")
-    if page_table is None:
-        page_table = _whole_entries_as_pages(caches[0], cache_batch_idx, cu_seqlens_q)
+    if page_table is not None:
+        for name, value in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
+            if value is not None:
+                raise _not_yet(name, "with a page_table")
     if not isinstance(cache_seqlens, Tensor) or max_seqlen_q is None:
         raise ValueError("packed queries (cu_seqlens_q) need `cache_seqlens` as an int32 tensor [B] and `max_seqlen_q`")
     zeros = torch.zeros_like(cu_seqlens_q)  # cu_seqlens_k: unused where seqused_k gives each sequence's keys
     vectors = (cu_seqlens_q, zeros, cache_seqlens)
-    _check_paged_varlen(q, caches, vectors, page_table, max_seqlen_q)
     options = _options(q, *scores)._replace(attention_chunk=chunk)
-    out, lse = interface._paged_varlen(q, caches, vectors, (page_table, int(max_seqlen_q)), options)
+    if page_table is None:
+        out, lse = _over_contiguous_entries(q, caches, vectors, (cache_batch_idx, cache_leftpad), int(max_seqlen_q), options)
+    else:
+        _check_paged_varlen(q, caches, vectors, page_table, max_seqlen_q)
+        out, lse = interface._paged_varlen(q, caches, vectors, (page_table, int(max_seqlen_q)), options)
     return (out, lse) if return_softmax_lse else out
 
 
-def _whole_entries_as_pages(k_cache: Tensor, cache_batch_idx: Optional[Tensor], cu_seqlens_q: Tensor) -> Tensor:
-    """A contiguous cache `[entries, S_cache, Hkv, D]` as FlashCore's paged pools: pages of
-    `S_cache` keys, sequence b's table one page, entry `cache_batch_idx[b]` (default b). No copy:
-    its entries are pages whose stride is a multiple of the row stride. FlashCore's pages are
-    multiples of 16 keys, so a cache of another length is refused by name."""
-    if not isinstance(k_cache, Tensor) or k_cache.dim() != 4:
-        raise ValueError(f"`k_cache` must be a 4-D tensor [B, S_cache, Hkv, D], got {k_cache if not isinstance(k_cache, Tensor) else tuple(k_cache.shape)}")
-    if k_cache.shape[1] % 16:
-        raise _not_yet("cu_seqlens_q", f"packed queries over a contiguous cache of {k_cache.shape[1]} keys a sequence (FlashCore's pages: multiples of 16)")
-    if cache_batch_idx is not None:
-        _check_int32("cache_batch_idx", cache_batch_idx, k_cache, 1)
-        return cache_batch_idx.reshape(-1, 1)
-    return torch.arange(cu_seqlens_q.shape[0] - 1, dtype=torch.int32, device=cu_seqlens_q.device).reshape(-1, 1)
+def _over_contiguous_entries(
+    q: Tensor, caches: Tuple[Tensor, Tensor], vectors: tuple, rows: Tuple[Optional[Tensor], Optional[Tensor]], max_seqlen_q: int, options
+) -> Tuple[Tensor, Tensor]:
+    """Packed queries `q [total_q, Hq, D]` over a contiguous cache `[entries, S_cache, Hkv, D]`:
+    sequence b's keys rows `cache_leftpad[b] ... cache_seqlens[b] - 1` of entry
+    `cache_batch_idx[b]` (default b, from row 0), as flash_attn 2's `cache_batch_idx` and
+    `cache_leftpad` calls run (`interface._queries_over_entries`: a packed batch over the
+    cache's rows, no copy). `vectors` `(cu_seqlens_q, _, cache_seqlens)`, `rows`
+    `(cache_batch_idx, cache_leftpad)`."""
+    cu_seqlens_q, _, cache_seqlens = vectors
+    cache_batch_idx, cache_leftpad = rows
+    _check((("q", q.unsqueeze(0) if isinstance(q, Tensor) else q), ("k_cache", caches[0]), ("v_cache", caches[1])), "[total_q, H, D] and the caches [B, S_cache, H, D]")
+    batch = cu_seqlens_q.shape[0] - 1 if isinstance(cu_seqlens_q, Tensor) else -1
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cache_seqlens", cache_seqlens), ("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
+        if t is not None:
+            _check_int32(name, t, q, 1)
+            if name != "cu_seqlens_q" and t.shape[0] != batch:
+                raise ValueError(f"`{name}` has {t.shape[0]} entries, `cu_seqlens_q` {batch + 1}: need B and B + 1")
+    if caches[0].shape[0] == 0 or caches[0].shape[1] == 0:
+        raise ValueError(f"`k_cache` {tuple(caches[0].shape)} holds no keys")
+    index = torch.arange(batch, dtype=torch.int32, device=q.device) if cache_batch_idx is None else cache_batch_idx
+    return interface._queries_over_entries(q, (cu_seqlens_q, max_seqlen_q), caches, (cache_seqlens, index, cache_leftpad), options)
 
 
 def flash_attn_combine(out_partial: Tensor, lse_partial: Tensor, out: Optional[Tensor] = None, out_dtype: Optional[torch.dtype] = None) -> Tuple[Tensor, Tensor]:
