@@ -416,14 +416,39 @@ def _kvcache_rows(
     lens = torch.full((b,), capacity, dtype=torch.int32, device=q.device) if cache_seqlens is None else cache_seqlens
     new = 0 if appended is None else appended[0].shape[1]
     if appended is not None:
-        positions = (lens.long()[:, None] + torch.arange(new, device=q.device)).clamp_(0, capacity - 1)
-        rows = index.long()[:, None].clamp(0, entries - 1)
-        k_cache[rows, positions] = appended[0]
-        v_cache[rows, positions] = appended[1]
+        cu_new = torch.arange(0, (b + 1) * new, new, dtype=torch.int32, device=q.device)
+        packed_new = tuple(t.reshape(b * new, *t.shape[2:]) for t in appended)
+        _write_new_keys(caches, packed_new, cu_new, lens, index, None)
     cu_seqlens_q = torch.arange(0, (b + 1) * sq, sq, dtype=torch.int32, device=q.device)
     keys = ((lens + new).clamp(0, capacity), index, leftpad)
     out, lse = _queries_over_entries(q.reshape(b * sq, hq, d), (cu_seqlens_q, sq), caches, keys, options)
     return out.view(b, sq, hq, d), lse.view(hq, b, sq).transpose(0, 1).contiguous()
+
+
+def _write_new_keys(
+    caches: Tuple[Tensor, Tensor], new: Tuple[Tensor, Tensor], cu_seqlens_new: Tensor, lens: Tensor, index: Optional[Tensor], page_table: Optional[Tensor]
+) -> None:
+    """New keys and values `[total_new, Hkv, D]`, sequence b's rows `cu_seqlens_new[b] .. [b +
+    1]`, written at its positions `lens[b] + i`: through `page_table`, or of entry `index[b]` of
+    a contiguous cache. By PyTorch on the device, no host synchronisation; the positions (and
+    entries, pages) clamped into the cache, as the kernels clamp a table: bad lengths give wrong
+    output, never a write outside the caches. The core's append pre-pass takes a whole
+    `[B, S_new]` block through a table; this serves the contiguous caches' `cache_batch_idx` and
+    FA3's packed new keys."""
+    (k_cache, v_cache), (k, v) = caches, new
+    batch = cu_seqlens_new.shape[0] - 1
+    rows = torch.arange(k.shape[0], device=k.device)
+    sequence = torch.searchsorted(cu_seqlens_new[1:].long(), rows, right=True).clamp_(max=batch - 1)
+    positions = lens.long()[sequence] + rows - cu_seqlens_new.long()[sequence]
+    if page_table is None:
+        entries, capacity = k_cache.shape[0], k_cache.shape[1]
+        at = (index.long()[sequence].clamp(0, entries - 1), positions.clamp(0, capacity - 1))
+    else:
+        pages, page_size = k_cache.shape[0], k_cache.shape[1]
+        positions = positions.clamp(0, page_table.shape[1] * page_size - 1)
+        at = (page_table.long()[sequence, positions // page_size].clamp(0, pages - 1), positions % page_size)
+    k_cache[at] = k
+    v_cache[at] = v
 
 
 def _queries_over_entries(

@@ -279,13 +279,11 @@ def _append_packed_keys(
     q: Tensor, caches: Tuple[Tensor, Tensor], new: Tuple[Tensor, Tensor], cu_seqlens_k_new: Tensor, lengths: tuple, rotary_cos: object
 ) -> Tensor:
     """FA3's packed new keys: `k`, `v` `[total_new, Hkv, D]`, sequence b's rows
-    `cu_seqlens_k_new[b] .. [b + 1]`, written at its positions `cache_seqlens[b] + i` (through
-    `page_table`, or of entry `cache_batch_idx[b]` of a contiguous cache, `cache_leftpad` not
-    moving them: as flash_attn 2 appends) by PyTorch on the
-    device, no host synchronisation; positions clamped into the cache, as the kernels clamp a
-    table (bad lengths give wrong output, never a write outside the caches). Returns the
-    lengths after, which the call then attends over with no keys to append. `lengths`:
-    `(cache_seqlens, cache_batch_idx, cache_leftpad, page_table)`."""
+    `cu_seqlens_k_new[b] .. [b + 1]`, checked, then written at its positions `cache_seqlens[b] +
+    i` (through `page_table`, or of entry `cache_batch_idx[b]` of a contiguous cache,
+    `cache_leftpad` not moving them: as flash_attn 2 appends; `interface._write_new_keys`).
+    Returns the lengths after, which the call then attends over with no keys to append.
+    `lengths`: `(cache_seqlens, cache_batch_idx, cache_leftpad, page_table)`."""
     (k_cache, v_cache), (k, v) = caches, new
     cache_seqlens, cache_batch_idx, cache_leftpad, page_table = lengths
     if rotary_cos is not None:
@@ -311,24 +309,14 @@ def _append_packed_keys(
     _check_int32("cache_seqlens", cache_seqlens, q, 1)
     if cache_seqlens.shape[0] != batch:
         raise ValueError(f"`cu_seqlens_k_new` has {batch + 1} entries, `cache_seqlens` {cache_seqlens.shape[0]}: need B + 1 and B")
-    rows = torch.arange(k.shape[0], device=k.device)
-    sequence = torch.searchsorted(cu_seqlens_k_new[1:].long(), rows, right=True).clamp_(max=batch - 1)
-    positions = cache_seqlens.long()[sequence] + rows - cu_seqlens_k_new.long()[sequence]
     if cache_batch_idx is not None:
         _check_int32("cache_batch_idx", cache_batch_idx, q, 1)
         if cache_batch_idx.shape[0] != batch:
             raise ValueError(f"`cache_batch_idx` has {cache_batch_idx.shape[0]} entries, `cu_seqlens_k_new` {batch + 1}: need B and B + 1")
-    if page_table is None:
-        entries, capacity = k_cache.shape[0], k_cache.shape[1]
-        entry = sequence if cache_batch_idx is None else cache_batch_idx.long()[sequence]
-        at = (entry.clamp(0, entries - 1), positions.clamp(0, capacity - 1))
-    else:
+    if page_table is not None:
         _check_int32("page_table", page_table, q, 2)
-        pages, page_size = k_cache.shape[0], k_cache.shape[1]
-        positions = positions.clamp(0, page_table.shape[1] * page_size - 1)
-        at = (page_table.long()[sequence, positions // page_size].clamp(0, pages - 1), positions % page_size)
-    k_cache[at] = k
-    v_cache[at] = v
+    index = cache_batch_idx if cache_batch_idx is not None else torch.arange(batch, dtype=torch.int32, device=q.device)
+    interface._write_new_keys(caches, (k, v), cu_seqlens_k_new, cache_seqlens, index, page_table)
     return (cache_seqlens + cu_seqlens_k_new.diff()).to(torch.int32)
 
 
