@@ -2,7 +2,8 @@
 """flash-attention's own test files against FlashCore's namespaces (`flashcore.compat`).
 
     python3 scripts/flash-attn-tests.py TESTS_FILE [--fa 2|3] [--samples N] [--seed S]
-                                        [--functions A,B] [--deselected-out FILE] [-- PYTEST_ARGS]
+                                        [--functions A,B] [--part K/N] [--deselected-out FILE]
+                                        [-- PYTEST_ARGS]
 
 TESTS_FILE, from a clone of the public repository (github.com/Dao-AILab/flash-attention;
 nothing of it is kept in this repository):
@@ -19,7 +20,8 @@ samples N of the others per test function with the seed, prints the selection an
 unmodified. The exit status is pytest's. `--functions` keeps those test functions alone (the
 others deselected as "not in --functions"), so that a long run splits over processes, which
 may share one GPU: each function's sample depends only on the seed and the function's own
-cases. What FA3's test bodies draw inside a case (a random `attention_chunk` beside 0, V head
+cases. `--part K/N` runs the K-th of N interleaved shares of the sample (N processes with the
+same seed run it all, each case once). What FA3's test bodies draw inside a case (a random `attention_chunk` beside 0, V head
 dims other than d at d 64 and 192) is not a parametrization: the cases whose bodies need what
 FlashCore lacks are deselected by the parameters that lead to it.
 """
@@ -69,7 +71,7 @@ def unsupported_fa3(params: dict, test: str, hopper: bool) -> str | None:
 class Harness:
     """A pytest plugin: deselects and samples at collection, after enabling the namespace."""
 
-    def __init__(self, fa: int, samples: int, seed: int, deselected_out: str, functions: list):
+    def __init__(self, fa: int, samples: int, seed: int, deselected_out: str, functions: list, part: tuple):
         import torch
 
         import flashcore.compat
@@ -81,6 +83,7 @@ class Harness:
         self.unsupported = unsupported_fa2 if fa == 2 else unsupported_fa3
         self.hopper = torch.cuda.get_device_capability() == (9, 0)
         self.samples, self.seed, self.deselected_out, self.functions = samples, seed, deselected_out, functions
+        self.part = part  # (k, n): this process runs the sample's cases k-1, k-1+n, ...
 
     def pytest_collection_modifyitems(self, session, config, items):
         by_test, dropped = collections.defaultdict(list), []
@@ -98,8 +101,9 @@ class Harness:
         for test, candidates in by_test.items():
             rng = random.Random(f"{self.seed}/{test}")  # a function's sample: the same in any split
             picked = candidates if len(candidates) <= self.samples else rng.sample(candidates, self.samples)
-            chosen += picked
-            print(f"  {test:40s} {len(picked):5d} / {len(candidates)}")
+            k, n = self.part
+            chosen += picked[k - 1 :: n]
+            print(f"  {test:40s} {len(picked):5d} / {len(candidates)}" + (f", share {k} of {n}: {len(picked[k - 1 :: n])}" if n > 1 else ""))
         for reason, count in collections.Counter(r for _, r in dropped).most_common():
             print(f"  deselected: {count:7d}  {reason}")
         with open(self.deselected_out, "w") as f:
@@ -121,14 +125,19 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--deselected-out", default="", help="default: fa2-deselected.txt or fa3-deselected.txt")
     ap.add_argument("--functions", default="", help="comma-separated test functions to keep (default: all)")
+    ap.add_argument("--part", default="1/1", help="K/N: the K-th of N interleaved shares of the sample (default 1/1, all of it)")
     args, pytest_args = ap.parse_known_args(argv)  # the rest, after --, goes to pytest
+    k, _, n = args.part.partition("/")
+    if not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        ap.error(f"--part takes K/N with 1 <= K <= N, not {args.part!r}")
     pytest_args = [a for a in pytest_args if a != "--"]
     import pytest
 
     if args.fa == 3:  # FA3's tests import padding.py and test_util.py from their own folder
         sys.path.insert(0, os.path.dirname(os.path.abspath(args.tests_file)))
     deselected_out = args.deselected_out or f"fa{args.fa}-deselected.txt"
-    harness = Harness(args.fa, args.samples, args.seed, deselected_out, [f for f in args.functions.split(",") if f])
+    functions = [f for f in args.functions.split(",") if f]
+    harness = Harness(args.fa, args.samples, args.seed, deselected_out, functions, (int(k), int(n)))
     return pytest.main([args.tests_file, "-p", "no:cacheprovider", "-q", *pytest_args], plugins=[harness])
 
 

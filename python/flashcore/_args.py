@@ -137,16 +137,20 @@ def _learnable_sink(learnable_sink: object, q: Tensor) -> Tensor:
 
 
 def _options(
-    q: Tensor, softmax_scale: Optional[float], causal: object, window_size: object, softcap: object, alibi_slopes: object = None,
-    deterministic: object = False, dropout: Optional[_ops.Dropout] = None,
+    q: Tensor, scores: tuple, alibi_slopes: object = None, deterministic: object = False, dropout: Optional[_ops.Dropout] = None,
+    num_splits: int = 0, attention_chunk: int = 0,
 ) -> _ops.Options:
-    """flash_attn's score arguments, which its functions share, checked, as the call's one
-    options record (`_ops.Options`): the scale from q's real head dim (before any padding).
-    On every call's path: the defaults are tested inline, and the record made by `_ops.options`."""
+    """flash_attn's score arguments, which its functions share, `scores = (softmax_scale, causal,
+    window_size, softcap)` and the rest, checked, as the call's one options record
+    (`_ops.Options`): the scale from q's real head dim (before any padding). `num_splits` and
+    `attention_chunk` come checked (`_num_splits`, `_chunk`) and go into the record as it is
+    made: a `_replace` after it costs a call as much host time as the checks. On every call's
+    path: the defaults are tested inline, and the record made by `_ops.options`."""
+    softmax_scale, causal, window_size, softcap = scores
     window = NO_WINDOW if window_size == NO_WINDOW else _window(window_size)
     cap = 0.0 if softcap == 0.0 else _softcap(softcap)
     slopes = None if alibi_slopes is None else _alibi(alibi_slopes, q)
-    return _ops.options((_scale(softmax_scale, q.shape[-1]), bool(causal), window, cap, 0, bool(deterministic), slopes, dropout, 0, None))
+    return _ops.options((_scale(softmax_scale, q.shape[-1]), bool(causal), window, cap, num_splits, bool(deterministic), slopes, dropout, attention_chunk, None))
 
 
 def _with_sinks(options: _ops.Options, learnable_sink: object, q: Tensor) -> _ops.Options:
@@ -160,6 +164,8 @@ def _num_splits(num_splits: object) -> int:
     """flash-attn's `num_splits` (FA3's calls, flash-attn 2's `_flash_attn_varlen_forward`) as
     the options record takes it: 1 unsplit, n > 1 that many, 0 or less (flash-attn's
     heuristic) FlashCore's choice; TypeError naming it unless an int."""
+    if type(num_splits) is int:  # the usual call's path: a plain int, no ABC check
+        return num_splits if num_splits > 0 else 0
     if not isinstance(num_splits, numbers.Integral) or isinstance(num_splits, bool):
         raise TypeError(f"`num_splits` must be an int, got {num_splits!r}")
     return max(int(num_splits), 0)

@@ -104,7 +104,7 @@ def flash_attn_func(
     included.
     """
     _check((("q", q), ("k", k), ("v", v)), "[B, S, H, D]")
-    options = _options(q, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, _dropout(q, dropout_p))
+    options = _options(q, (softmax_scale, causal, window_size, softcap), alibi_slopes, deterministic, _dropout(q, dropout_p))
     if learnable_sink is not None:  # tested inline: every call's path
         options = _with_sinks(options, learnable_sink, q)
     probs = _probs_for(q.shape, q.shape[0], q.shape[1], k.shape[1], q) if options.dropout is not None and return_attn_probs else None
@@ -181,11 +181,11 @@ def flash_attn_varlen_func(
         vectors = (cu_seqlens_q, cu_seqlens_k, seqused_k)
         _check_paged_varlen(q, (k, v), vectors, block_table, max_seqlen_q)
         _no_dropout(dropout_p)
-        options = _with_sinks(_options(q, softmax_scale, causal, window_size, softcap, alibi_slopes), learnable_sink, q)
+        options = _with_sinks(_options(q, (softmax_scale, causal, window_size, softcap), alibi_slopes), learnable_sink, q)
         out, lse = _paged_varlen(q, (k, v), vectors, (block_table, int(max_seqlen_q)), options)
         return (out, lse, None) if return_attn_probs else out
     _check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
-    options = _options(q, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic, _dropout(q, dropout_p))
+    options = _options(q, (softmax_scale, causal, window_size, softcap), alibi_slopes, deterministic, _dropout(q, dropout_p))
     options = _with_sinks(options, learnable_sink, q)
     out, lse, probs = _packed_batch(q, k, v, (cu_seqlens_q, cu_seqlens_k, seqused_k), (max_seqlen_q, max_seqlen_k), options, return_attn_probs)
     return (out, lse, probs) if return_attn_probs else out
@@ -317,11 +317,10 @@ def flash_attn_with_kvcache(
     autograd).
     """
     new, lengths = _checked_kvcache_call(q, (k_cache, v_cache), (k, v), (cache_seqlens, cache_batch_idx, cache_leftpad, block_table))
-    if not isinstance(num_splits, numbers.Integral) or num_splits < 0:
+    if not (type(num_splits) is int or isinstance(num_splits, numbers.Integral)) or num_splits < 0:
         raise ValueError(f"`num_splits` must be an int >= 0, got {num_splits!r}")
-    options = _with_sinks(_options(q, softmax_scale, causal, window_size, softcap, alibi_slopes), learnable_sink, q)
-    if num_splits:
-        options = options._replace(num_splits=int(num_splits))
+    options = _options(q, (softmax_scale, causal, window_size, softcap), alibi_slopes, num_splits=int(num_splits))
+    options = _with_sinks(options, learnable_sink, q)
     return _kvcache(q, (k_cache, v_cache), new, (rotary_cos, rotary_sin, rotary_interleaved), lengths, options, return_softmax_lse)
 
 
@@ -564,6 +563,6 @@ def explain(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, window_size: 
 def kernel_plan(q: Tensor, k: Tensor, causal: bool = False, window_size: Tuple[int, int] = NO_WINDOW, softcap: float = 0.0) -> str:
     """What FlashCore would run for BSHD `q`, `k` on their device: kernel, tile, grid."""
     _check((("q", q), ("k", k)), "[B, S, H, D]")
-    options = _options(q, None, causal, window_size, softcap)
+    options = _options(q, (None, causal, window_size, softcap))
     return _flashcore.plan(q.device.index, tuple(q.shape), tuple(k.shape), _ops.DTYPE_NAMES[q.dtype], options.arg())
 

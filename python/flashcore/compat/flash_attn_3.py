@@ -60,6 +60,8 @@ def _refuse_fa3_only(qv: object, descales: Tuple[object, object, object]) -> Non
 
 def _chunk(attention_chunk: object) -> int:
     """FA3's `attention_chunk` (0 or None: off), checked: an int >= 0, else the error naming it."""
+    if type(attention_chunk) is int and attention_chunk >= 0:  # the usual call's path: no ABC check
+        return attention_chunk
     if attention_chunk is None:
         return 0
     if not isinstance(attention_chunk, numbers.Integral) or isinstance(attention_chunk, bool):
@@ -94,8 +96,8 @@ def flash_attn_func(
     `sm_margin` hints. Differentiable."""
     _refuse_fa3_only(qv, (q_descale, k_descale, v_descale))
     _check((("q", q), ("k", k), ("v", v)), "[B, S, H, D]")
-    options = _options(q, softmax_scale, causal, window_size, softcap, None, deterministic)
-    options = options._replace(num_splits=_num_splits(num_splits), attention_chunk=_chunk(attention_chunk))
+    splits, chunk = _num_splits(num_splits), _chunk(attention_chunk)
+    options = _options(q, (softmax_scale, causal, window_size, softcap), None, deterministic, num_splits=splits, attention_chunk=chunk)
     out, lse = _attention(q, k, v, options, return_attn_probs)
     return (out, lse) if return_attn_probs else out
 
@@ -134,7 +136,7 @@ def flash_attn_varlen_func(
     _refuse_fa3_only(qv, (q_descale, k_descale, v_descale))
     _num_splits(num_splits)
     _check_packed(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k)
-    options = _options(q, softmax_scale, causal, window_size, softcap, None, deterministic)._replace(attention_chunk=_chunk(attention_chunk))
+    options = _options(q, (softmax_scale, causal, window_size, softcap), None, deterministic, attention_chunk=_chunk(attention_chunk))
     max_seqlens = (max_seqlen_q, max_seqlen_k)
     if seqused_q is not None:
         _check_int32("seqused_q", seqused_q, q, 1)
@@ -263,7 +265,7 @@ def flash_attn_with_kvcache(
         layout = (cu_seqlens_q, max_seqlen_q, cache_seqlens, page_table)
         return _packed_queries(q, (k_cache, v_cache), layout, (k, rotary_cos, cache_batch_idx, cache_leftpad), scores, chunk, return_softmax_lse)
     new, lengths = interface._checked_kvcache_call(q, (k_cache, v_cache), (k, v), (cache_seqlens, cache_batch_idx, cache_leftpad, page_table))
-    options = _options(q, *scores)._replace(num_splits=splits, attention_chunk=chunk)
+    options = _options(q, scores, num_splits=splits, attention_chunk=chunk)
     rotary = (rotary_cos, rotary_sin, rotary_interleaved)
     if rotary_seqlens is not None and (rotary_cos is not None or rotary_sin is not None):
         # FA3's rotary positions apart from cache_seqlens: q and the new keys rotated here at
@@ -343,7 +345,7 @@ def _packed_queries(
         raise ValueError("packed queries (cu_seqlens_q) need `cache_seqlens` as an int32 tensor [B] and `max_seqlen_q`")
     zeros = torch.zeros_like(cu_seqlens_q)  # cu_seqlens_k: unused where seqused_k gives each sequence's keys
     vectors = (cu_seqlens_q, zeros, cache_seqlens)
-    options = _options(q, *scores)._replace(attention_chunk=chunk)
+    options = _options(q, scores, attention_chunk=chunk)
     if page_table is None:
         out, lse = _over_contiguous_entries(q, caches, vectors, (cache_batch_idx, cache_leftpad), int(max_seqlen_q), options)
     else:
