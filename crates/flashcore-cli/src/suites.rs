@@ -136,9 +136,11 @@ pub fn suite(name: &str) -> Option<Vec<Case>> {
         }
         "varlen" => varlen_suite(),
         // Chunked attention (Llama 4's local layers: chunks of 8k keys) at 32k and 128k tokens,
-        // each beside causal attention of the same shape: TFLOPS count the visible pairs, so the
-        // rows compare per pair (issue 51's goal: the chunked time per pair within 1.02x the
-        // causal). `bwd-chunked` times their backward.
+        // each beside causal attention of the same shape and beside the same tokens as a batch
+        // of chunk-long causal sequences (the same visible pairs, each chunk a sequence of its
+        // own: what a kernel that tiles every chunk apart would run at). TFLOPS count the
+        // visible pairs, so the rows compare per pair (issue 51's goal: the chunked time per pair
+        // within 1.02x the causal). `bwd-chunked` times their backward.
         // Learnable sinks on gpt-oss's attention (Hq 64, Hkv 8, D64, causal; its sliding
         // layers' window (128, 0)) at 2k and 8k tokens a sequence, 16k a batch, each case beside
         // the same call without sinks (issue 52's goal: sinks cost at most 3%). `bwd-sinks`
@@ -155,12 +157,14 @@ pub fn suite(name: &str) -> Option<Vec<Case>> {
             v
         }
         "chunked" | "bwd-chunked" => {
+            const CHUNK: usize = 8192;
             let mut v = Vec::new();
             for d in [64, 128] {
                 for s in [32768, 131072] {
                     let causal = Case::new(1, s, s, 2048 / d, 2048 / d, d, true, DType::BF16);
                     v.push(causal.clone());
-                    v.push(causal.with_chunk(8192));
+                    v.push(causal.with_chunk(CHUNK));
+                    v.push(Case::new(s / CHUNK, CHUNK, CHUNK, 2048 / d, 2048 / d, d, true, DType::BF16));
                 }
             }
             v

@@ -32,7 +32,8 @@ pub struct BenchArgs {
     /// of the same tokens, and a decode batch with seqused_k); paged (decode over a paged KV
     /// cache beside the contiguous decode and the HBM copy ceiling, rows timed in alternating
     /// rounds); chunked, bwd-chunked (chunked attention at 32k and 128k tokens, chunks of 8k,
-    /// each beside causal attention of the same shape); sinks, bwd-sinks (learnable sinks on
+    /// each beside causal attention of the same shape and the same tokens as a batch of 8k-long
+    /// causal sequences); sinks, bwd-sinks (learnable sinks on
     /// gpt-oss's attention, each beside the same call without them).
     #[arg(long, default_value = "quick")]
     suite: String,
