@@ -46,6 +46,11 @@ pub struct BenchArgs {
     /// `_cap{X}`.
     #[arg(long)]
     softcap: Option<f32>,
+    /// Chunked attention of this many keys on every case (FA3's attention_chunk: query i sees
+    /// key j only within the chunk of its diagonal). TFLOPS count the visible pairs. Names gain
+    /// `_chunk{N}`. A chunk as long as the keys times the chunked form on the plain mask.
+    #[arg(long)]
+    attention_chunk: Option<usize>,
     /// Only the cases whose name contains any of these substrings (comma-separated), e.g.
     /// `sk16384,d256_causal`.
     #[arg(long, value_delimiter = ',')]
@@ -108,7 +113,20 @@ pub fn run(args: &BenchArgs) -> Result<bool> {
         suites::suite(&suite_name).ok_or_else(|| anyhow!("unknown suite {suite_name:?}; known: {}", suites::NAMES.join(", ")))?;
     let mods = AttnParams { window: parse_window(args.window.as_deref())?, softcap: args.softcap.unwrap_or(0.0), ..Default::default() };
     mods.check_window_and_softcap()?;
-    cases = cases.into_iter().map(|c| c.with_mods(mods.window, mods.softcap).with_counts()).collect();
+    if args.attention_chunk == Some(0) {
+        return Err(anyhow!("--attention-chunk must be > 0 (leave it out for no chunks)"));
+    }
+    cases = cases
+        .into_iter()
+        .map(|c| {
+            let c = c.with_mods(mods.window, mods.softcap);
+            match args.attention_chunk {
+                Some(chunk) if c.attention_chunk.is_none() => c.with_chunk(chunk),
+                _ => c,
+            }
+            .with_counts()
+        })
+        .collect();
     if !args.filter.is_empty() {
         cases.retain(|c| args.filter.iter().any(|f| c.name.contains(f.as_str())));
         if cases.is_empty() {
