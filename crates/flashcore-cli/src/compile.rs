@@ -133,7 +133,7 @@ pub fn run(args: &CompileArgs) -> Result<bool> {
             Ok(c) => {
                 let spill = c.resources.spill_stores + c.resources.spill_loads;
                 let serialized = c.resources.wgmma_serialized;
-                ok &= spill == 0 && !serialized;
+                ok &= c.resources.is_clean();
                 println!(
                     "{:<52} {:<7} {:>5} {:>10} {:>10} {:>7} {:>8.2}{}{}",
                     v.name(),

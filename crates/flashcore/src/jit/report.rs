@@ -58,6 +58,11 @@ impl ResourceReport {
     pub fn spills(&self) -> bool {
         self.spill_stores > 0 || self.spill_loads > 0
     }
+
+    /// What `flashcore compile` and CI accept of a kernel: no spill and no serialized wgmma.
+    pub fn is_clean(&self) -> bool {
+        !self.spills() && !self.wgmma_serialized
+    }
 }
 
 fn number_before(line: &str, marker: &str) -> Option<u32> {
@@ -87,10 +92,12 @@ ptxas info    : Used 168 registers, used 1 barriers, 1024 bytes smem, 400 bytes 
         let clean =
             ResourceReport { registers: 168, static_smem: 1024, stack_frame: 0, spill_stores: 0, spill_loads: 0, wgmma_serialized: false };
         assert_eq!(r, clean);
-        assert!(!r.spills());
+        assert!(!r.spills() && r.is_clean());
         let o = ResourceReport::parse(LOG, "other").unwrap();
         assert_eq!((o.registers, o.spill_stores, o.stack_frame, o.wgmma_serialized), (255, 4, 8, true));
-        assert!(o.spills());
+        assert!(o.spills() && !o.is_clean());
+        let serialized_alone = ResourceReport { wgmma_serialized: true, ..clean };
+        assert!(!serialized_alone.spills() && !serialized_alone.is_clean());
         assert_eq!(ResourceReport::parse(LOG, "missing"), None);
     }
 }
