@@ -52,8 +52,6 @@ def unsupported_fa3(params: dict, test: str, hopper: bool) -> str | None:
     if test in ("test_flash_attn_output", "test_flash_attn_varlen_output") and params.get("d") in (64, 192):
         return "a V head dim other than d (the test's dv loop: 256 and 512 at d 64, 128 at d 192)"
     if test == "test_flash_attn_kvcache" and params.get("varlen_q"):
-        if params.get("rotary_fraction"):
-            return "packed queries or packed new keys with rotary"
         if (params.get("has_batch_idx") or params.get("has_leftpad")) and params.get("page_size") is not None:
             return "packed queries with cache_batch_idx or cache_leftpad and a page table (as flash_attn 2 refuses them)"
     if test == "test_flash_attn_kvcache" and params.get("page_size") is not None:

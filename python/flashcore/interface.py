@@ -477,10 +477,15 @@ def _queries_over_entries(
 def _rotated_for_cache(q: Tensor, k: Optional[Tensor], cos: object, sin: object, cache_seqlens: Optional[Tensor], interleaved: bool, per_row: bool) -> Tuple[Tensor, Tensor]:
     """`flash_attn_with_kvcache`'s rotary embedding (see its docstring): `(q, k)` rotated, or
     the error naming the argument."""
-    from .rotary import apply_rotary_emb
-
     if k is None:
         raise ValueError("`rotary_cos` and `rotary_sin` rotate the appended keys: pass `k` and `v` too")
+    _check_rotary(q, cos, sin)
+    rotary = (cos, sin, interleaved, 0 if cache_seqlens is None else cache_seqlens)
+    return _rotated_queries(q, rotary, per_row), _rotated_keys(k, rotary)
+
+
+def _check_rotary(q: Tensor, cos: object, sin: object) -> None:
+    """`rotary_cos` and `rotary_sin` checked against q, or the error naming the argument."""
     for name, t in (("rotary_cos", cos), ("rotary_sin", sin)):
         if not isinstance(t, Tensor) or t.dim() != 2 or t.device != q.device:
             raise ValueError(f"`{name}` must be a 2-D tensor [seqlen_rotary, rotary_dim / 2] on q's device, got {t if not isinstance(t, Tensor) else tuple(t.shape)}")
@@ -489,12 +494,33 @@ def _rotated_for_cache(q: Tensor, k: Optional[Tensor], cos: object, sin: object,
     rotary_dim = 2 * cos.shape[1]
     if rotary_dim % 16 or rotary_dim > q.shape[-1]:
         raise ValueError(f"rotary dim {rotary_dim} (2 x rotary_cos.shape[1]) must be a multiple of 16 and at most the head dim {q.shape[-1]}")
-    offsets = 0 if cache_seqlens is None else cache_seqlens
-    k = apply_rotary_emb(k, cos, sin, interleaved=interleaved, seqlen_offsets=offsets)
+
+
+def _rotated_keys(k: Tensor, rotary: tuple, cu_seqlens: Optional[Tensor] = None) -> Tensor:
+    """New keys rotated for a KV-cache call: `rotary` `(cos, sin, interleaved, offsets)`
+    (checked), key i of sequence b at `offsets[b] + i` (its cache length before them, or FA3's
+    `rotary_seqlens`); k `[B, S_new, Hkv, D]`, or packed `[total_new, Hkv, D]` by `cu_seqlens`."""
+    from .rotary import apply_rotary_emb
+
+    cos, sin, interleaved, offsets = rotary
+    return apply_rotary_emb(k, cos, sin, interleaved=interleaved, seqlen_offsets=offsets, cu_seqlens=cu_seqlens)
+
+
+def _rotated_queries(q: Tensor, rotary: tuple, per_row: bool, cu_seqlens_q: Optional[Tensor] = None) -> Tensor:
+    """q rotated for a KV-cache call (`rotary` as `_rotated_keys`'): query i of sequence b at
+    `offsets[b] + i` under a causal mask or a window (`per_row`), else every query of sequence
+    b at `offsets[b]` (flash_attn's rule). q `[B, Sq, Hq, D]`, or packed `[total_q, Hq, D]` by
+    `cu_seqlens_q`."""
+    from .rotary import apply_rotary_emb, rotate_at, token_sequences
+
+    cos, sin, interleaved, offsets = rotary
     if per_row:
-        return apply_rotary_emb(q, cos, sin, interleaved=interleaved, seqlen_offsets=offsets), k
+        return apply_rotary_emb(q, cos, sin, interleaved=interleaved, seqlen_offsets=offsets, cu_seqlens=cu_seqlens_q)
+    if cu_seqlens_q is not None:  # each token at its sequence's offset
+        sequence = token_sequences(cu_seqlens_q, q.shape[0])
+        return rotate_at(q, cos, sin, torch.as_tensor(offsets, device=q.device).long().reshape(-1).expand(cu_seqlens_q.shape[0] - 1)[sequence], interleaved)
     b, sq, h, d = q.shape  # every query at the first new position: as one row of Sq·H heads
-    return apply_rotary_emb(q.reshape(b, 1, sq * h, d), cos, sin, interleaved=interleaved, seqlen_offsets=offsets).reshape(b, sq, h, d), k
+    return apply_rotary_emb(q.reshape(b, 1, sq * h, d), cos, sin, interleaved=interleaved, seqlen_offsets=offsets).reshape(b, sq, h, d)
 
 
 def scaled_dot_product_attention(

@@ -35,11 +35,21 @@ def apply_rotary_emb(
         length before the new tokens).
     max_seqlen: accepted for flash-attn's signature; not needed here.
     """
-    half = cos.shape[-1]
-    rot = 2 * half
+    rot = 2 * cos.shape[-1]
     if rot > x.shape[-1]:
         raise ValueError(f"rotary dim {rot} (2 x cos.shape[-1]) exceeds the head dim {x.shape[-1]}")
-    positions = _positions(x, cu_seqlens, seqlen_offsets)
+    out = rotate_at(x, cos, sin, _positions(x, cu_seqlens, seqlen_offsets), interleaved)
+    if inplace:
+        return x.copy_(out)
+    return out
+
+
+def rotate_at(x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor, interleaved: bool) -> Tensor:
+    """`x`'s first `2 · cos.shape[-1]` columns of every head rotated, each token at its entry of
+    `positions` (x's shape without the heads and the head dim; at or past `cos.shape[0]` left
+    as it is)."""
+    half = cos.shape[-1]
+    rot = 2 * half
     seen = positions < cos.shape[0]
     index = positions.clamp(max=cos.shape[0] - 1)
     c = torch.where(seen[..., None], cos[index].float(), 1.0).unsqueeze(-2)  # [..., 1, half]: every head
@@ -51,10 +61,7 @@ def apply_rotary_emb(
     else:
         x1, x2 = part[..., :half], part[..., half:]
         rotated = torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
-    out = torch.cat((rotated.to(x.dtype), x[..., rot:]), dim=-1)
-    if inplace:
-        return x.copy_(out)
-    return out
+    return torch.cat((rotated.to(x.dtype), x[..., rot:]), dim=-1)
 
 
 def _positions(x: Tensor, cu_seqlens: Optional[Tensor], seqlen_offsets: Union[int, Tensor]) -> Tensor:
@@ -63,9 +70,15 @@ def _positions(x: Tensor, cu_seqlens: Optional[Tensor], seqlen_offsets: Union[in
         batch, seqlen = x.shape[:2]
         offsets = torch.as_tensor(seqlen_offsets, device=x.device).long().reshape(-1, 1)  # [B, 1] or [1, 1]
         return torch.arange(seqlen, device=x.device).unsqueeze(0) + offsets.expand(batch, 1)
-    lengths = cu_seqlens.diff().long()
     total = x.shape[0]
-    sequence = torch.repeat_interleave(torch.arange(lengths.numel(), device=x.device), lengths, output_size=total)
-    offsets = torch.as_tensor(seqlen_offsets, device=x.device).long().reshape(-1).expand(lengths.numel())
+    sequence = token_sequences(cu_seqlens, total)
+    offsets = torch.as_tensor(seqlen_offsets, device=x.device).long().reshape(-1).expand(cu_seqlens.shape[0] - 1)
     return torch.arange(total, device=x.device) - cu_seqlens[:-1].long()[sequence] + offsets[sequence]
+
+
+def token_sequences(cu_seqlens: Tensor, total: int) -> Tensor:
+    """The sequence of each of a packed batch's `total` tokens (int64 `[total]`), on the device
+    without a host synchronisation."""
+    lengths = cu_seqlens.diff().long()
+    return torch.repeat_interleave(torch.arange(lengths.numel(), device=cu_seqlens.device), lengths, output_size=total)
 

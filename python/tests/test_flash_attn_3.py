@@ -192,6 +192,43 @@ def test_packed_new_keys_append_as_each_sequences_own_call(fa3, paged):
         assert torch.equal(c.view(b, capacity, hkv, d), m), "the new keys written where the reference wrote them"
 
 
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_rotary_with_packed_queries_and_new_keys_is_each_sequences_own_call(fa3, causal):
+    """Rotary beside packed queries and packed new keys (FA3's varlen KV-cache call): each new
+    key rotated at its cache position, and each query at its own (causal; full attention: every
+    query of a sequence at its first new position, flash_attn's rule), as sequence b's own
+    dense call with rotary rotates them: outputs within bf16's error of it, caches bitwise."""
+    b, cap, hq, hkv, d = 3, 64, 8, 2, 64
+    caches = [randn(b, cap, hkv, d, seed=s) for s in (1, 2)]
+    mine = [c.clone() for c in caches]
+    lens = torch.tensor([10, 0, 30], dtype=torch.int32, device="cuda")
+    cu_new = torch.tensor([0, 3, 8, 8], dtype=torch.int32, device="cuda")
+    cu_q = torch.tensor([0, 3, 8, 9], dtype=torch.int32, device="cuda")
+    k_new, v_new, qp = randn(8, hkv, d, seed=3), randn(8, hkv, d, seed=4), randn(9, hq, d, seed=5)
+    angle = torch.rand(cap, d // 4, device="cuda", generator=torch.Generator(device="cuda").manual_seed(6)) * 6.28
+    cos, sin = torch.cos(angle).to(qp.dtype), torch.sin(angle).to(qp.dtype)
+    rotary = dict(rotary_cos=cos, rotary_sin=sin)
+    got = fa3.flash_attn_with_kvcache(qp, *caches, k=k_new, v=v_new, cache_seqlens=lens, cu_seqlens_k_new=cu_new, cu_seqlens_q=cu_q, max_seqlen_q=5, causal=causal, **rotary)
+    for i in range(b):
+        rows, new = slice(int(cu_q[i]), int(cu_q[i + 1])), slice(int(cu_new[i]), int(cu_new[i + 1]))
+        one = [c[i : i + 1] for c in mine]
+        appended = dict(k=k_new[new][None], v=v_new[new][None]) if new.stop > new.start else {}
+        if not appended:  # FA2's dense call rotates only beside new keys: rotate this q alone
+            from flashcore.rotary import apply_rotary_emb
+
+            q_one = apply_rotary_emb(qp[rows][None], cos, sin, interleaved=True, seqlen_offsets=lens[i : i + 1]) if causal else apply_rotary_emb(
+                qp[rows].reshape(1, 1, -1, d), cos, sin, interleaved=True, seqlen_offsets=lens[i : i + 1]
+            ).reshape(1, -1, hq, d)
+            want = flashcore.flash_attn_with_kvcache(q_one, *one, cache_seqlens=lens[i : i + 1], causal=causal)
+        else:
+            want = flashcore.flash_attn_with_kvcache(qp[rows][None], *one, cache_seqlens=lens[i : i + 1], causal=causal, **appended, **rotary)
+        assert rel_l2(got[rows], want[0]) < REL_BOUND[torch.bfloat16], i
+    for c, m in zip(caches, mine):
+        assert torch.equal(c, m), "the new keys written rotated, where the reference wrote them"
+    plain = fa3.flash_attn_with_kvcache(qp, *[c.clone() for c in mine], k=k_new, v=v_new, cache_seqlens=lens, cu_seqlens_k_new=cu_new, cu_seqlens_q=cu_q, max_seqlen_q=5, causal=causal)
+    assert rel_l2(got, plain.double()) > 1e-2, "the rotation changes the result"
+
+
 @pytest.mark.parametrize("sq,new", [(1, 1), (300, 300)], ids=["decode", "prefill"])
 def test_chunked_attention_over_a_kv_cache(fa3, sq, new):
     """Chunks over a paged cache and a contiguous one (query row i at its cache position
@@ -309,12 +346,14 @@ def test_what_flashcore_does_not_run_yet_is_refused_by_name(fa3):
     for chunk, error in ((-1, ValueError), (2.5, TypeError), (True, TypeError)):
         with pytest.raises(error, match="`attention_chunk`"):
             fa3.flash_attn_func(q, q, q, attention_chunk=chunk)
-    # Packed new keys are [total_new, Hkv, D]; with rotary not yet.
+    # Packed new keys are [total_new, Hkv, D]; rotary beside them checks its tables by name.
     with pytest.raises(ValueError, match="`cu_seqlens_k_new`.*packed new keys"):
         fa3.flash_attn_with_kvcache(q, q.clone(), q.clone(), k=q[:, :1], v=q[:, :1], cache_seqlens=8, cu_seqlens_k_new=cu[:2])
     lengths = torch.full((1,), 8, dtype=torch.int32, device="cuda")
-    with pytest.raises(NotImplementedError, match="`rotary_cos`"):
-        fa3.flash_attn_with_kvcache(q, q.clone(), q.clone(), k=q[0, :1], v=q[0, :1], cache_seqlens=lengths, cu_seqlens_k_new=cu[:2], rotary_cos=q)
+    with pytest.raises(ValueError, match="`rotary_cos` must be a 2-D tensor"):
+        fa3.flash_attn_with_kvcache(q, q.clone(), q.clone(), k=q[0, :1], v=q[0, :1], cache_seqlens=lengths, cu_seqlens_k_new=cu[:2], rotary_cos=q, rotary_sin=q)
+    with pytest.raises(ValueError, match="pass `k` and `v` too"):
+        fa3.flash_attn_with_kvcache(q[0], q.clone(), q.clone(), cache_seqlens=lengths, cu_seqlens_q=cu, max_seqlen_q=16, rotary_cos=q, rotary_sin=q)
     # Without new keys FA3 ignores it (serving code passes it anyway): the same call as without.
     lengths = torch.full((1,), 16, dtype=torch.int32, device="cuda")
     assert torch.equal(fa3.flash_attn_with_kvcache(q, q, q, cache_seqlens=lengths, cu_seqlens_k_new=cu), fa3.flash_attn_with_kvcache(q, q, q, cache_seqlens=lengths))

@@ -10,14 +10,16 @@
 Every call runs FlashCore's kernels (`flashcore.interface`). What FA3 has and FlashCore does
 not yet raises `NotImplementedError` naming the argument: `qv` (absorbed MLA's extra q·vᵀ
 term), the FP8 descales `q_descale`, `k_descale`, `v_descale`, and in the KV-cache call
-rotary beside packed queries or packed new keys, and `cache_batch_idx` / `cache_leftpad`
-with a page table (packed new keys, `cu_seqlens_k_new`, are written into the caches by PyTorch
-first; packed queries over a contiguous cache run as a packed batch over its rows). `seqused_q`
-runs by gathers in PyTorch around the kernels (no host synchronisation), and `rotary_seqlens`
-rotates q and the new keys at those positions before the call. FA3's tuning hints are taken and
-left to FlashCore's planner: `pack_gqa` (FlashCore packs GQA heads for decode itself),
-`sm_margin`, `scheduler_metadata` (`get_scheduler_metadata` returns None, which every call
-takes); `num_splits` is honoured where FlashCore splits (the dense and KV-cache calls: 1
+`cache_batch_idx` / `cache_leftpad` with a page table (packed new keys, `cu_seqlens_k_new`, are
+written into the caches by PyTorch first; packed queries over a contiguous cache run as a
+packed batch over its rows). `seqused_q` runs by gathers in PyTorch around the kernels (no host
+synchronisation). Rotary embeddings beside packed queries or packed new keys, and at
+`rotary_seqlens`, are applied by PyTorch before the call (the new keys as they are written, q
+after its checks): each new token at its sequence's first new position plus its index, and
+without a causal mask or window every query at that first position (flash_attn's rule).
+FA3's tuning hints are taken and left to FlashCore's planner: `pack_gqa` (FlashCore packs GQA
+heads for decode itself), `sm_margin`, `scheduler_metadata` (`get_scheduler_metadata` returns
+None, which every call takes); `num_splits` is honoured where FlashCore splits (the dense and KV-cache calls: 1
 unsplit, 0 or less FlashCore's choice) and a hint for a packed batch. `attention_chunk` runs in
 every call, forward and backward (FA3's backward refuses it). Differences: a row that sees no
 key has lse -inf (FA3: +inf), and outputs are FlashCore's numerics (docs/flash-attn-compat.md).
@@ -252,44 +254,65 @@ def flash_attn_with_kvcache(
     `pack_gqa` and `sm_margin` are hints; `cu_seqlens_k_new` without new keys is ignored, as
     FA3 ignores it."""
     _refuse_fa3_only(qv, (q_descale, k_descale, v_descale))
+    rotary = None  # (cos, sin, interleaved, each sequence's first new position), checked where used
+    if rotary_cos is not None or rotary_sin is not None:
+        if k is None:
+            raise ValueError("`rotary_cos` and `rotary_sin` rotate the appended keys: pass `k` and `v` too")
+        first = rotary_seqlens if rotary_seqlens is not None else cache_seqlens  # before new keys
+        rotary = (rotary_cos, rotary_sin, bool(rotary_interleaved), 0 if first is None else first)
     # FA3 reads cu_seqlens_k_new only when keys are appended (its AppendKV path): without `k`
     # it is ignored, as serving code passes it (SGLang's FA3 backend does).
     packed_new = cu_seqlens_k_new if k is not None or v is not None else None
     if packed_new is not None:
         lengths = (cache_seqlens, cache_batch_idx, cache_leftpad, page_table)
-        cache_seqlens = _append_packed_keys(q, (k_cache, v_cache), (k, v), packed_new, lengths, rotary_cos)
+        cache_seqlens = _append_packed_keys(q, (k_cache, v_cache), (k, v), packed_new, lengths, (rotary, rotary_seqlens))
         k = v = None
     splits, chunk = _num_splits(num_splits), _chunk(attention_chunk)
     scores = (softmax_scale, causal, window_size, softcap)
     if cu_seqlens_q is not None:
         layout = (cu_seqlens_q, max_seqlen_q, cache_seqlens, page_table)
-        return _packed_queries(q, (k_cache, v_cache), layout, (k, rotary_cos, cache_batch_idx, cache_leftpad), scores, chunk, return_softmax_lse)
+        extra = (k, (rotary, rotary_seqlens), cache_batch_idx, cache_leftpad)
+        return _packed_queries(q, (k_cache, v_cache), layout, extra, (scores, chunk), return_softmax_lse)
     new, lengths = interface._checked_kvcache_call(q, (k_cache, v_cache), (k, v), (cache_seqlens, cache_batch_idx, cache_leftpad, page_table))
     options = _options(q, scores, num_splits=splits, attention_chunk=chunk)
-    rotary = (rotary_cos, rotary_sin, rotary_interleaved)
-    if rotary_seqlens is not None and (rotary_cos is not None or rotary_sin is not None):
-        # FA3's rotary positions apart from cache_seqlens: q and the new keys rotated here at
-        # those positions (as the call would at cache_seqlens), then the call without rotary.
+    args = (rotary_cos, rotary_sin, rotary_interleaved)
+    if rotary is not None and (packed_new is not None or rotary_seqlens is not None):
+        # q (and dense new keys) rotated here at FA3's positions (rotary_seqlens, or the cache's
+        # lengths before the packed keys, which were rotated as they were written), then the
+        # call without rotary.
+        _check_rotary(q, rotary, rotary_seqlens)
+        q = interface._rotated_queries(q, rotary, _per_row(options))
+        new, args = (None if new is None else (interface._rotated_keys(new[0], rotary), new[1])), (None, None, False)
+    return interface._kvcache(q, (k_cache, v_cache), new, args, lengths, options, return_softmax_lse)
+
+
+def _check_rotary(q: Tensor, rotary: tuple, rotary_seqlens: object) -> None:
+    """The KV-cache call's rotary record (see flash_attn_with_kvcache) checked once q is: the
+    error naming `rotary_cos`, `rotary_sin` or `rotary_seqlens`."""
+    interface._check_rotary(q, rotary[0], rotary[1])
+    if rotary_seqlens is not None:
         _check_int32("rotary_seqlens", rotary_seqlens, q, 1)
-        per_row = options.causal or options.window != NO_WINDOW
-        q, k_rotated = interface._rotated_for_cache(q, None if new is None else new[0], rotary_cos, rotary_sin, rotary_seqlens, bool(rotary_interleaved), per_row)
-        new, rotary = (k_rotated, new[1]), (None, None, False)
-    return interface._kvcache(q, (k_cache, v_cache), new, rotary, lengths, options, return_softmax_lse)
+
+
+def _per_row(options) -> bool:
+    """Whether each query is rotated at its own position (a causal mask or a window: flash_attn's
+    rule), rather than all of a sequence's at its first new position."""
+    return options.causal or options.window != NO_WINDOW
 
 
 def _append_packed_keys(
-    q: Tensor, caches: Tuple[Tensor, Tensor], new: Tuple[Tensor, Tensor], cu_seqlens_k_new: Tensor, lengths: tuple, rotary_cos: object
+    q: Tensor, caches: Tuple[Tensor, Tensor], new: Tuple[Tensor, Tensor], cu_seqlens_k_new: Tensor, lengths: tuple, rotary: Optional[tuple]
 ) -> Tensor:
     """FA3's packed new keys: `k`, `v` `[total_new, Hkv, D]`, sequence b's rows
     `cu_seqlens_k_new[b] .. [b + 1]`, checked, then written at its positions `cache_seqlens[b] +
     i` (through `page_table`, or of entry `cache_batch_idx[b]` of a contiguous cache,
     `cache_leftpad` not moving them: as flash_attn 2 appends; `interface._write_new_keys`).
     Returns the lengths after, which the call then attends over with no keys to append.
-    `lengths`: `(cache_seqlens, cache_batch_idx, cache_leftpad, page_table)`."""
+    `lengths`: `(cache_seqlens, cache_batch_idx, cache_leftpad, page_table)`; `rotary` `(record,
+    rotary_seqlens)`, the record None without rotary: the keys written rotated from its
+    positions (`interface._rotated_keys`)."""
     (k_cache, v_cache), (k, v) = caches, new
     cache_seqlens, cache_batch_idx, cache_leftpad, page_table = lengths
-    if rotary_cos is not None:
-        raise _not_yet("rotary_cos", "with packed new keys (cu_seqlens_k_new)")
     if page_table is not None:
         for name, value in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
             if value is not None:
@@ -318,25 +341,28 @@ def _append_packed_keys(
     if page_table is not None:
         _check_int32("page_table", page_table, q, 2)
     index = cache_batch_idx if cache_batch_idx is not None else torch.arange(batch, dtype=torch.int32, device=q.device)
+    record, rotary_seqlens = rotary
+    if record is not None:
+        _check_rotary(q, record, rotary_seqlens)
+        k = interface._rotated_keys(k, record, cu_seqlens_k_new)
     interface._write_new_keys(caches, (k, v), cu_seqlens_k_new, cache_seqlens, index, page_table)
     return (cache_seqlens + cu_seqlens_k_new.diff()).to(torch.int32)
 
 
 def _packed_queries(
-    q: Tensor, caches: Tuple[Tensor, Tensor], layout: tuple, extra: tuple, scores: tuple, chunk: int, return_softmax_lse: bool
+    q: Tensor, caches: Tuple[Tensor, Tensor], layout: tuple, extra: tuple, scores: tuple, return_softmax_lse: bool
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """`flash_attn_with_kvcache` with `cu_seqlens_q`: packed queries over a paged cache, FlashCore's
     `flash_attn_varlen_func` with a block table, or over a contiguous one
     (`_over_contiguous_entries`). `layout` = (cu_seqlens_q, max_seqlen_q, cache_seqlens,
-    page_table); `extra` = (k, rotary_cos, cache_batch_idx, cache_leftpad): the first two refused
-    with packed queries (new keys come packed, appended before: `_append_packed_keys`), the last
-    two with a page table; `scores` (softmax_scale, causal, window_size, softcap) and `chunk`
-    the options'."""
+    page_table); `extra` = (k, rotary, cache_batch_idx, cache_leftpad): `k` refused with
+    packed queries (new keys come packed, appended before: `_append_packed_keys`), `rotary`
+    as that function takes it, rotating q from its positions, the last two refused with a page
+    table; `scores` ((softmax_scale, causal, window_size, softcap), attention_chunk)."""
     cu_seqlens_q, max_seqlen_q, cache_seqlens, page_table = layout
-    k, rotary_cos, cache_batch_idx, cache_leftpad = extra
-    for name, value in (("k", k), ("rotary_cos", rotary_cos)):
-        if value is not None:
-            raise _not_yet(name, "with packed queries (cu_seqlens_q)")
+    k, (rotary, rotary_seqlens), cache_batch_idx, cache_leftpad = extra
+    if k is not None:
+        raise _not_yet("k", "dense new keys with packed queries (cu_seqlens_q): pass them packed, with cu_seqlens_k_new")
     if page_table is not None:
         for name, value in (("cache_batch_idx", cache_batch_idx), ("cache_leftpad", cache_leftpad)):
             if value is not None:
@@ -345,7 +371,11 @@ def _packed_queries(
         raise ValueError("packed queries (cu_seqlens_q) need `cache_seqlens` as an int32 tensor [B] and `max_seqlen_q`")
     zeros = torch.zeros_like(cu_seqlens_q)  # cu_seqlens_k: unused where seqused_k gives each sequence's keys
     vectors = (cu_seqlens_q, zeros, cache_seqlens)
-    options = _options(q, scores, attention_chunk=chunk)
+    options = _options(q, scores[0], attention_chunk=scores[1])
+    if rotary is not None:
+        _check_int32("cu_seqlens_q", cu_seqlens_q, q, 1)
+        _check_rotary(q, rotary, rotary_seqlens)
+        q = interface._rotated_queries(q, rotary, _per_row(options), cu_seqlens_q)
     if page_table is None:
         out, lse = _over_contiguous_entries(q, caches, vectors, (cache_batch_idx, cache_leftpad), int(max_seqlen_q), options)
     else:
