@@ -51,14 +51,11 @@ def unsupported_fa3(params: dict, test: str, hopper: bool) -> str | None:
         return "qv (absorbed MLA's extra q·v term)"
     if test in ("test_flash_attn_output", "test_flash_attn_varlen_output") and params.get("d") in (64, 192):
         return "a V head dim other than d (the test's dv loop: 256 and 512 at d 64, 128 at d 192)"
-    if test == "test_flash_attn_kvcache" and params.get("varlen_q"):
-        if (params.get("has_batch_idx") or params.get("has_leftpad")) and params.get("page_size") is not None:
-            return "packed queries with cache_batch_idx or cache_leftpad and a page table (as flash_attn 2 refuses them)"
     if test == "test_flash_attn_kvcache" and params.get("page_size") is not None:
         if params["page_size"] % 16:
             return f"page size {params['page_size']} (FlashCore's pages: multiples of 16)"
-        if params.get("has_batch_idx") or params.get("has_leftpad"):
-            return "cache_batch_idx or cache_leftpad with a page table (as flash_attn 2 refuses them)"
+        if params.get("has_leftpad"):
+            return "cache_leftpad with a page table (as flash_attn 2 refuses it)"
     if test == "test_flash3_bw_compatibility":
         return "FA3's extension internals (torch.ops.flash_attn_3's schemas)"
     if not hopper and params.get("d") not in (None, 32, 64, 96, 128, 192, 256):

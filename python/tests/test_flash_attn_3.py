@@ -192,6 +192,28 @@ def test_packed_new_keys_append_as_each_sequences_own_call(fa3, paged):
         assert torch.equal(c.view(b, capacity, hkv, d), m), "the new keys written where the reference wrote them"
 
 
+def test_cache_batch_idx_with_a_page_table_picks_the_tables_rows(fa3):
+    """FA3's `cache_batch_idx` beside a page table: sequence b's cache is the one table row
+    `cache_batch_idx[b]` holds, its new keys written there. Against flashcore's dense call with
+    `cache_batch_idx` over the same caches laid out contiguously (pages shuffled in the pool):
+    outputs within bf16's error, the caches after bitwise the same."""
+    entries, b, pages, page_size, hq, hkv, d = 4, 2, 4, 16, 8, 2, 64
+    capacity = pages * page_size
+    pools = [randn(entries * pages, page_size, hkv, d, seed=s) for s in (1, 2)]
+    table = torch.randperm(entries * pages, generator=torch.Generator().manual_seed(3)).to("cuda", torch.int32).view(entries, pages)
+    contiguous = [pool[table.long()].reshape(entries, capacity, hkv, d) for pool in pools]
+    idx = torch.tensor([3, 1], dtype=torch.int32, device="cuda")
+    lens = torch.tensor([20, 5], dtype=torch.int32, device="cuda")
+    q, k_new, v_new = randn(b, 2, hq, d, seed=4), randn(b, 2, hkv, d, seed=5), randn(b, 2, hkv, d, seed=6)
+    got = fa3.flash_attn_with_kvcache(q, *pools, k=k_new, v=v_new, cache_seqlens=lens, cache_batch_idx=idx, page_table=table, causal=True)
+    want = flashcore.flash_attn_with_kvcache(q, *contiguous, k_new, v_new, cache_seqlens=lens, cache_batch_idx=idx, causal=True)
+    assert rel_l2(got, want.double()) < REL_BOUND[torch.bfloat16]
+    for pool, c in zip(pools, contiguous):
+        assert torch.equal(pool[table.long()].reshape(entries, capacity, hkv, d), c), "new keys written into the picked rows' pages"
+    other = fa3.flash_attn_with_kvcache(q, *pools, cache_seqlens=lens + 2, cache_batch_idx=idx.flip(0), page_table=table, causal=True)
+    assert rel_l2(got, other.double()) > 1e-2, "the index picks the rows"
+
+
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 def test_rotary_with_packed_queries_and_new_keys_is_each_sequences_own_call(fa3, causal):
     """Rotary beside packed queries and packed new keys (FA3's varlen KV-cache call): each new

@@ -10,9 +10,9 @@
 Every call runs FlashCore's kernels (`flashcore.interface`). What FA3 has and FlashCore does
 not yet raises `NotImplementedError` naming the argument: `qv` (absorbed MLA's extra q·vᵀ
 term), the FP8 descales `q_descale`, `k_descale`, `v_descale`, and in the KV-cache call
-`cache_batch_idx` / `cache_leftpad` with a page table (packed new keys, `cu_seqlens_k_new`, are
-written into the caches by PyTorch first; packed queries over a contiguous cache run as a
-packed batch over its rows). `seqused_q` runs by gathers in PyTorch around the kernels (no host
+`cache_leftpad` with a page table (packed new keys, `cu_seqlens_k_new`, are written into the
+caches by PyTorch first; packed queries over a contiguous cache run as a packed batch over its
+rows; `cache_batch_idx` with a page table picks the table's rows, gathered on the device). `seqused_q` runs by gathers in PyTorch around the kernels (no host
 synchronisation). Rotary embeddings beside packed queries or packed new keys, and at
 `rotary_seqlens`, are applied by PyTorch before the call (the new keys as they are written, q
 after its checks): each new token at its sequence's first new position plus its index, and
@@ -260,6 +260,8 @@ def flash_attn_with_kvcache(
             raise ValueError("`rotary_cos` and `rotary_sin` rotate the appended keys: pass `k` and `v` too")
         first = rotary_seqlens if rotary_seqlens is not None else cache_seqlens  # before new keys
         rotary = (rotary_cos, rotary_sin, bool(rotary_interleaved), 0 if first is None else first)
+    if page_table is not None and cache_batch_idx is not None and isinstance(q, Tensor):
+        page_table, cache_batch_idx = _pages_of_entries(q, page_table, cache_batch_idx), None
     # FA3 reads cu_seqlens_k_new only when keys are appended (its AppendKV path): without `k`
     # it is ignored, as serving code passes it (SGLang's FA3 backend does).
     packed_new = cu_seqlens_k_new if k is not None or v is not None else None
@@ -284,6 +286,19 @@ def flash_attn_with_kvcache(
         q = interface._rotated_queries(q, rotary, _per_row(options))
         new, args = (None if new is None else (interface._rotated_keys(new[0], rotary), new[1])), (None, None, False)
     return interface._kvcache(q, (k_cache, v_cache), new, args, lengths, options, return_softmax_lse)
+
+
+def _pages_of_entries(q: Tensor, page_table: Tensor, cache_batch_idx: Tensor) -> Tensor:
+    """FA3's `cache_batch_idx` with a page table: sequence b's cache is the table's row
+    `cache_batch_idx[b]`, so those rows, gathered on the device (no host synchronisation), are
+    the call's page table and the call runs without the index. The index is clamped to the
+    table's rows first, as the kernels clamp table entries: a bad one gives wrong output, never
+    a read outside the table."""
+    _check_int32("page_table", page_table, q, 2)
+    _check_int32("cache_batch_idx", cache_batch_idx, q, 1)
+    if page_table.shape[0] == 0:
+        raise ValueError("`page_table` has no rows for `cache_batch_idx` to pick")
+    return page_table.index_select(0, cache_batch_idx.clamp(0, page_table.shape[0] - 1))
 
 
 def _check_rotary(q: Tensor, rotary: tuple, rotary_seqlens: object) -> None:
