@@ -19,8 +19,8 @@ after its checks): each new token at its sequence's first new position plus its 
 without a causal mask or window every query at that first position (flash_attn's rule).
 FA3's tuning hints are taken and left to FlashCore's planner: `pack_gqa` (FlashCore packs GQA
 heads for decode itself), `sm_margin`, `scheduler_metadata` (`get_scheduler_metadata` returns
-None, which every call takes); `num_splits` is honoured where FlashCore splits (the dense and KV-cache calls: 1
-unsplit, 0 or less FlashCore's choice) and a hint for a packed batch. `attention_chunk` runs in
+None, which every call takes); `num_splits` is honoured where FlashCore splits (the dense and
+KV-cache calls: 1 unsplit, 0 or less FlashCore's choice) and a hint for a packed batch. `attention_chunk` runs in
 every call, forward and backward (FA3's backward refuses it). Differences: a row that sees no
 key has lse -inf (FA3: +inf), and outputs are FlashCore's numerics (docs/flash-attn-compat.md).
 """
