@@ -12,17 +12,18 @@ not yet raises `NotImplementedError` naming the argument: `qv` (absorbed MLA's e
 term), the FP8 descales `q_descale`, `k_descale`, `v_descale`, and in the KV-cache call
 `cache_leftpad` with a page table (packed new keys, `cu_seqlens_k_new`, are written into the
 caches by PyTorch first; packed queries over a contiguous cache run as a packed batch over its
-rows; `cache_batch_idx` with a page table picks the table's rows, gathered on the device). `seqused_q` runs by gathers in PyTorch around the kernels (no host
-synchronisation). Rotary embeddings beside packed queries or packed new keys, and at
-`rotary_seqlens`, are applied by PyTorch before the call (the new keys as they are written, q
-after its checks): each new token at its sequence's first new position plus its index, and
-without a causal mask or window every query at that first position (flash_attn's rule).
-FA3's tuning hints are taken and left to FlashCore's planner: `pack_gqa` (FlashCore packs GQA
-heads for decode itself), `sm_margin`, `scheduler_metadata` (`get_scheduler_metadata` returns
-None, which every call takes); `num_splits` is honoured where FlashCore splits (the dense and
-KV-cache calls: 1 unsplit, 0 or less FlashCore's choice) and a hint for a packed batch. `attention_chunk` runs in
-every call, forward and backward (FA3's backward refuses it). Differences: a row that sees no
-key has lse -inf (FA3: +inf), and outputs are FlashCore's numerics (docs/flash-attn-compat.md).
+rows; `cache_batch_idx` with a page table picks the table's rows, gathered on the device).
+`seqused_q` runs by gathers in PyTorch around the kernels (no host synchronisation). Rotary
+embeddings beside packed queries or packed new keys, and at `rotary_seqlens`, are applied by
+PyTorch before the call (the new keys as they are written, q after its checks): each new token
+at its sequence's first new position plus its index, and without a causal mask or window every
+query at that first position (flash_attn's rule). FA3's tuning hints are taken and left to
+FlashCore's planner: `pack_gqa` (FlashCore packs GQA heads for decode itself), `sm_margin`,
+`scheduler_metadata` (`get_scheduler_metadata` returns None, which every call takes);
+`num_splits` is honoured where FlashCore splits (the dense and KV-cache calls: 1 unsplit, 0 or
+less FlashCore's choice) and a hint for a packed batch. `attention_chunk` runs in every call,
+forward and backward (FA3's backward refuses it). Differences: a row that sees no key has lse
+-inf (FA3: +inf), and outputs are FlashCore's numerics (docs/flash-attn-compat.md).
 """
 
 from __future__ import annotations
