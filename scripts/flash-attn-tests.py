@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """flash-attention's own test files against FlashCore's namespaces (`flashcore.compat`).
 
+    python3 scripts/flash-attn-tests.py --self-test
     python3 scripts/flash-attn-tests.py TESTS_FILE [--fa 2|3] [--samples N] [--seed S]
                                         [--functions A,B] [--part K/N] [--deselected-out FILE]
                                         [-- PYTEST_ARGS]
@@ -96,9 +97,9 @@ class Harness:
         for test, candidates in by_test.items():
             rng = random.Random(f"{self.seed}/{test}")  # a function's sample: the same in any split
             picked = candidates if len(candidates) <= self.samples else rng.sample(candidates, self.samples)
-            k, n = self.part
-            chosen += picked[k - 1 :: n]
-            print(f"  {test:40s} {len(picked):5d} / {len(candidates)}" + (f", share {k} of {n}: {len(picked[k - 1 :: n])}" if n > 1 else ""))
+            mine = share(picked, self.part)
+            chosen += mine
+            print(f"  {test:40s} {len(picked):5d} / {len(candidates)}" + (f", share {self.part[0]} of {self.part[1]}: {len(mine)}" if self.part[1] > 1 else ""))
         for reason, count in collections.Counter(r for _, r in dropped).most_common():
             print(f"  deselected: {count:7d}  {reason}")
         with open(self.deselected_out, "w") as f:
@@ -112,7 +113,57 @@ class Harness:
             print(f"  {item.nodeid}")
 
 
+def share(picked: list, part: tuple) -> list:
+    """The K-th of N interleaved shares of a sample (`part` = (K, N)): N processes with the same
+    seed run every case once."""
+    k, n = part
+    return picked[k - 1 :: n]
+
+
+def parse_part(text: str) -> tuple:
+    """`--part K/N` as (K, N), or ValueError unless 1 <= K <= N."""
+    k, _, n = text.partition("/")
+    if not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
+        raise ValueError(f"--part takes K/N with 1 <= K <= N, not {text!r}")
+    return int(k), int(n)
+
+
+def self_test() -> None:
+    """The deselection rules and the shares, without pytest, a GPU or the tests file."""
+    cases = list(range(11))
+    for n in (1, 2, 3, 4):
+        parts = [share(cases, parse_part(f"{k}/{n}")) for k in range(1, n + 1)]
+        assert sorted(sum(parts, [])) == cases, f"{n} shares cover every case once"
+        assert max(map(len, parts)) - min(map(len, parts)) <= 1, "shares differ by one case at most"
+    for bad in ("0/2", "3/2", "2", "a/b"):
+        try:
+            parse_part(bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"--part {bad} accepted")
+    kv, out = "test_flash_attn_kvcache", "test_flash_attn_output"
+    want = {
+        (("dtype", "torch.float8_e4m3fn"),): "FP8",
+        (("has_qv", True),): "qv",
+        (("d", 64),): "V head dim",
+        (("page_size", 1),): "page size 1",
+        (("page_size", 16), ("has_leftpad", True)): "cache_leftpad",
+    }
+    for params, reason in want.items():
+        got = unsupported_fa3(dict(params), kv if "page_size" in dict(params) else out, True)
+        assert got is not None and reason in got, f"{params}: {got!r}, want {reason!r}"
+    for params in ({"page_size": 16, "has_batch_idx": True}, {"varlen_q": True, "rotary_fraction": 0.5}, {"page_size": 64, "varlen_q": True}, {"d": 128}):
+        assert unsupported_fa3(params, kv, True) is None, f"{params} runs: {unsupported_fa3(params, kv, True)!r}"
+    assert "extension internals" in unsupported_fa3({}, "test_flash3_bw_compatibility", True)
+    assert unsupported_fa3({"d": 80}, out, False) is not None and unsupported_fa3({"d": 80}, out, True) is None
+    assert unsupported_fa2({"d": 80}, "test_flash_attn_output", False) is not None and unsupported_fa2({"d": 80}, "x", True) is None
+    print("flash-attn-tests.py self-test: ok")
+
+
 def main(argv=None) -> int:
+    if argv is None and sys.argv[1:] == ["--self-test"] or argv == ["--self-test"]:
+        self_test()
+        return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("tests_file")
     ap.add_argument("--fa", type=int, choices=(2, 3), default=2, help="the flash-attention whose tests TESTS_FILE is (default 2)")
@@ -122,9 +173,10 @@ def main(argv=None) -> int:
     ap.add_argument("--functions", default="", help="comma-separated test functions to keep (default: all)")
     ap.add_argument("--part", default="1/1", help="K/N: the K-th of N interleaved shares of the sample (default 1/1, all of it)")
     args, pytest_args = ap.parse_known_args(argv)  # the rest, after --, goes to pytest
-    k, _, n = args.part.partition("/")
-    if not (k.isdigit() and n.isdigit() and 1 <= int(k) <= int(n)):
-        ap.error(f"--part takes K/N with 1 <= K <= N, not {args.part!r}")
+    try:
+        part = parse_part(args.part)
+    except ValueError as e:
+        ap.error(str(e))
     pytest_args = [a for a in pytest_args if a != "--"]
     import pytest
 
@@ -132,7 +184,7 @@ def main(argv=None) -> int:
         sys.path.insert(0, os.path.dirname(os.path.abspath(args.tests_file)))
     deselected_out = args.deselected_out or f"fa{args.fa}-deselected.txt"
     functions = [f for f in args.functions.split(",") if f]
-    harness = Harness(args.fa, args.samples, args.seed, deselected_out, functions, (int(k), int(n)))
+    harness = Harness(args.fa, args.samples, args.seed, deselected_out, functions, part)
     return pytest.main([args.tests_file, "-p", "no:cacheprovider", "-q", *pytest_args], plugins=[harness])
 
 

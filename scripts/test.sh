@@ -188,10 +188,11 @@ stage "README quick start without a GPU, as written (scripts/readme-quickstart.s
 FLASHCORE_BIN=target/debug/flashcore bash scripts/readme-quickstart.sh
 stage "bench/check_reference.py (flashcore attn --cpu vs NumPy float64)"
 .venv/bin/python bench/check_reference.py target/debug/flashcore
-stage "bench self-tests"
+stage "bench and script self-tests"
 .venv/bin/python bench/anchors.py --self-test
 .venv/bin/python bench/report.py --self-test
 .venv/bin/python bench/context_parallel_plot.py --self-test
+.venv/bin/python scripts/flash-attn-tests.py --self-test  # its deselection rules and shares
 # Every suite as the anchors read it (a plain case's FLOPs must agree on both sides; a window
 # or a packed batch carries flashcore's counts and lengths).
 for s in quick seed sweep small dims bwd bwd-dims varlen chunked bwd-chunked sinks bwd-sinks; do
