@@ -366,7 +366,7 @@ def _kvcache(
     rotary_cos, rotary_sin, rotary_interleaved = rotary
     cache_seqlens, cache_batch_idx, cache_leftpad, block_table = lengths
     if rotary_cos is not None or rotary_sin is not None:
-        q, k = _rotated_for_cache(q, k, rotary_cos, rotary_sin, cache_seqlens, bool(rotary_interleaved), options.causal or options.window != NO_WINDOW)
+        q, k = _rotated_for_cache(q, k, rotary_cos, rotary_sin, cache_seqlens, bool(rotary_interleaved), options)
     d = q.shape[-1]
     present = [t for t in (q, k_cache, v_cache, k, v) if t is not None]  # q and k rotated by now
     if d % 8 and d < 256 and all(t.shape[-1] == d for t in present):
@@ -474,14 +474,16 @@ def _queries_over_entries(
     return _ops.varlen_fwd(*packed, *batch, *options.flat())
 
 
-def _rotated_for_cache(q: Tensor, k: Optional[Tensor], cos: object, sin: object, cache_seqlens: Optional[Tensor], interleaved: bool, per_row: bool) -> Tuple[Tensor, Tensor]:
+def _rotated_for_cache(
+    q: Tensor, k: Optional[Tensor], cos: object, sin: object, cache_seqlens: Optional[Tensor], interleaved: bool, options: _ops.Options
+) -> Tuple[Tensor, Tensor]:
     """`flash_attn_with_kvcache`'s rotary embedding (see its docstring): `(q, k)` rotated, or
     the error naming the argument."""
     if k is None:
         raise ValueError("`rotary_cos` and `rotary_sin` rotate the appended keys: pass `k` and `v` too")
     _check_rotary(q, cos, sin)
     rotary = (cos, sin, interleaved, 0 if cache_seqlens is None else cache_seqlens)
-    return _rotated_queries(q, rotary, per_row), _rotated_keys(k, rotary)
+    return _rotated_queries(q, rotary, options), _rotated_keys(k, rotary)
 
 
 def _check_rotary(q: Tensor, cos: object, sin: object) -> None:
@@ -506,15 +508,15 @@ def _rotated_keys(k: Tensor, rotary: tuple, cu_seqlens: Optional[Tensor] = None)
     return apply_rotary_emb(k, cos, sin, interleaved=interleaved, seqlen_offsets=offsets, cu_seqlens=cu_seqlens)
 
 
-def _rotated_queries(q: Tensor, rotary: tuple, per_row: bool, cu_seqlens_q: Optional[Tensor] = None) -> Tensor:
+def _rotated_queries(q: Tensor, rotary: tuple, options: _ops.Options, cu_seqlens_q: Optional[Tensor] = None) -> Tensor:
     """q rotated for a KV-cache call (`rotary` as `_rotated_keys`'): query i of sequence b at
-    `offsets[b] + i` under a causal mask or a window (`per_row`), else every query of sequence
-    b at `offsets[b]` (flash_attn's rule). q `[B, Sq, Hq, D]`, or packed `[total_q, Hq, D]` by
+    `offsets[b] + i` under the call's causal mask or window, else every query of sequence b at
+    `offsets[b]` (flash_attn's rule). q `[B, Sq, Hq, D]`, or packed `[total_q, Hq, D]` by
     `cu_seqlens_q`."""
     from .rotary import apply_rotary_emb, rotate_at, token_sequences
 
     cos, sin, interleaved, offsets = rotary
-    if per_row:
+    if options.causal or options.window != NO_WINDOW:
         return apply_rotary_emb(q, cos, sin, interleaved=interleaved, seqlen_offsets=offsets, cu_seqlens=cu_seqlens_q)
     if cu_seqlens_q is not None:  # each token at its sequence's offset
         sequence = token_sequences(cu_seqlens_q, q.shape[0])

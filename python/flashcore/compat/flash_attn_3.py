@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from .. import interface
-from .._args import NO_WINDOW, _check, _check_int32, _check_packed, _check_paged_varlen, _num_splits, _options
+from .._args import _check, _check_int32, _check_packed, _check_paged_varlen, _num_splits, _options
 from .._paths import _attention
 
 __all__ = [
@@ -255,12 +255,16 @@ def flash_attn_with_kvcache(
     `pack_gqa` and `sm_margin` are hints; `cu_seqlens_k_new` without new keys is ignored, as
     FA3 ignores it."""
     _refuse_fa3_only(qv, (q_descale, k_descale, v_descale))
-    rotary = None  # (cos, sin, interleaved, each sequence's first new position), checked where used
+    rotary = None  # (cos, sin, interleaved, each sequence's first new position)
     if rotary_cos is not None or rotary_sin is not None:
         if k is None:
             raise ValueError("`rotary_cos` and `rotary_sin` rotate the appended keys: pass `k` and `v` too")
         first = rotary_seqlens if rotary_seqlens is not None else cache_seqlens  # before new keys
         rotary = (rotary_cos, rotary_sin, bool(rotary_interleaved), 0 if first is None else first)
+        if isinstance(q, Tensor):  # else q's own check names it first
+            interface._check_rotary(q, rotary_cos, rotary_sin)
+            if rotary_seqlens is not None:
+                _check_int32("rotary_seqlens", rotary_seqlens, q, 1)
     if page_table is not None and cache_batch_idx is not None and isinstance(q, Tensor):
         page_table, cache_batch_idx = _pages_of_entries(q, page_table, cache_batch_idx), None
     # FA3 reads cu_seqlens_k_new only when keys are appended (its AppendKV path): without `k`
@@ -268,14 +272,14 @@ def flash_attn_with_kvcache(
     packed_new = cu_seqlens_k_new if k is not None or v is not None else None
     if packed_new is not None:
         lengths = (cache_seqlens, cache_batch_idx, cache_leftpad, page_table)
-        cache_seqlens = _append_packed_keys(q, (k_cache, v_cache), (k, v), packed_new, lengths, (rotary, rotary_seqlens))
+        cache_seqlens = _append_packed_keys(q, (k_cache, v_cache), (k, v), packed_new, lengths, rotary)
         k = v = None
     splits, chunk = _num_splits(num_splits), _chunk(attention_chunk)
     scores = (softmax_scale, causal, window_size, softcap)
     if cu_seqlens_q is not None:
         layout = (cu_seqlens_q, max_seqlen_q, cache_seqlens, page_table)
-        extra = (k, (rotary, rotary_seqlens), cache_batch_idx, cache_leftpad)
-        return _packed_queries(q, (k_cache, v_cache), layout, extra, (scores, chunk), return_softmax_lse)
+        extra = (k, rotary, cache_batch_idx, cache_leftpad)
+        return _packed_queries(q, (k_cache, v_cache), layout, extra, scores, chunk, return_softmax_lse)
     new, lengths = interface._checked_kvcache_call(q, (k_cache, v_cache), (k, v), (cache_seqlens, cache_batch_idx, cache_leftpad, page_table))
     options = _options(q, scores, num_splits=splits, attention_chunk=chunk)
     args = (rotary_cos, rotary_sin, rotary_interleaved)
@@ -283,8 +287,7 @@ def flash_attn_with_kvcache(
         # q (and dense new keys) rotated here at FA3's positions (rotary_seqlens, or the cache's
         # lengths before the packed keys, which were rotated as they were written), then the
         # call without rotary.
-        _check_rotary(q, rotary, rotary_seqlens)
-        q = interface._rotated_queries(q, rotary, _per_row(options))
+        q = interface._rotated_queries(q, rotary, options)
         new, args = (None if new is None else (interface._rotated_keys(new[0], rotary), new[1])), (None, None, False)
     return interface._kvcache(q, (k_cache, v_cache), new, args, lengths, options, return_softmax_lse)
 
@@ -302,20 +305,6 @@ def _pages_of_entries(q: Tensor, page_table: Tensor, cache_batch_idx: Tensor) ->
     return page_table.index_select(0, cache_batch_idx.clamp(0, page_table.shape[0] - 1))
 
 
-def _check_rotary(q: Tensor, rotary: tuple, rotary_seqlens: object) -> None:
-    """The KV-cache call's rotary record (see flash_attn_with_kvcache) checked once q is: the
-    error naming `rotary_cos`, `rotary_sin` or `rotary_seqlens`."""
-    interface._check_rotary(q, rotary[0], rotary[1])
-    if rotary_seqlens is not None:
-        _check_int32("rotary_seqlens", rotary_seqlens, q, 1)
-
-
-def _per_row(options) -> bool:
-    """Whether each query is rotated at its own position (a causal mask or a window: flash_attn's
-    rule), rather than all of a sequence's at its first new position."""
-    return options.causal or options.window != NO_WINDOW
-
-
 def _append_packed_keys(
     q: Tensor, caches: Tuple[Tensor, Tensor], new: Tuple[Tensor, Tensor], cu_seqlens_k_new: Tensor, lengths: tuple, rotary: Optional[tuple]
 ) -> Tensor:
@@ -324,9 +313,9 @@ def _append_packed_keys(
     i` (through `page_table`, or of entry `cache_batch_idx[b]` of a contiguous cache,
     `cache_leftpad` not moving them: as flash_attn 2 appends; `interface._write_new_keys`).
     Returns the lengths after, which the call then attends over with no keys to append.
-    `lengths`: `(cache_seqlens, cache_batch_idx, cache_leftpad, page_table)`; `rotary` `(record,
-    rotary_seqlens)`, the record None without rotary: the keys written rotated from its
-    positions (`interface._rotated_keys`)."""
+    `lengths`: `(cache_seqlens, cache_batch_idx, cache_leftpad, page_table)`; `rotary` the call's
+    checked record (None: none): the keys written rotated from its positions
+    (`interface._rotated_keys`)."""
     (k_cache, v_cache), (k, v) = caches, new
     cache_seqlens, cache_batch_idx, cache_leftpad, page_table = lengths
     if page_table is not None:
@@ -357,26 +346,25 @@ def _append_packed_keys(
     if page_table is not None:
         _check_int32("page_table", page_table, q, 2)
     index = cache_batch_idx if cache_batch_idx is not None else torch.arange(batch, dtype=torch.int32, device=q.device)
-    record, rotary_seqlens = rotary
-    if record is not None:
-        _check_rotary(q, record, rotary_seqlens)
-        k = interface._rotated_keys(k, record, cu_seqlens_k_new)
+    if rotary is not None:
+        k = interface._rotated_keys(k, rotary, cu_seqlens_k_new)
     interface._write_new_keys(caches, (k, v), cu_seqlens_k_new, cache_seqlens, index, page_table)
     return (cache_seqlens + cu_seqlens_k_new.diff()).to(torch.int32)
 
 
 def _packed_queries(
-    q: Tensor, caches: Tuple[Tensor, Tensor], layout: tuple, extra: tuple, scores: tuple, return_softmax_lse: bool
+    q: Tensor, caches: Tuple[Tensor, Tensor], layout: tuple, extra: tuple, scores: tuple, chunk: int, return_softmax_lse: bool
 ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
     """`flash_attn_with_kvcache` with `cu_seqlens_q`: packed queries over a paged cache, FlashCore's
     `flash_attn_varlen_func` with a block table, or over a contiguous one
     (`_over_contiguous_entries`). `layout` = (cu_seqlens_q, max_seqlen_q, cache_seqlens,
     page_table); `extra` = (k, rotary, cache_batch_idx, cache_leftpad): `k` refused with
     packed queries (new keys come packed, appended before: `_append_packed_keys`), `rotary`
-    as that function takes it, rotating q from its positions, the last two refused with a page
-    table; `scores` ((softmax_scale, causal, window_size, softcap), attention_chunk)."""
+    the call's checked record (None: none) rotating q from its positions, the last two refused
+    with a page table; `scores` (softmax_scale, causal, window_size, softcap) and `chunk` the
+    options'."""
     cu_seqlens_q, max_seqlen_q, cache_seqlens, page_table = layout
-    k, (rotary, rotary_seqlens), cache_batch_idx, cache_leftpad = extra
+    k, rotary, cache_batch_idx, cache_leftpad = extra
     if k is not None:
         raise _not_yet("k", "dense new keys with packed queries (cu_seqlens_q): pass them packed, with cu_seqlens_k_new")
     if page_table is not None:
@@ -387,11 +375,10 @@ def _packed_queries(
         raise ValueError("packed queries (cu_seqlens_q) need `cache_seqlens` as an int32 tensor [B] and `max_seqlen_q`")
     zeros = torch.zeros_like(cu_seqlens_q)  # cu_seqlens_k: unused where seqused_k gives each sequence's keys
     vectors = (cu_seqlens_q, zeros, cache_seqlens)
-    options = _options(q, scores[0], attention_chunk=scores[1])
+    options = _options(q, scores, attention_chunk=chunk)
     if rotary is not None:
         _check_int32("cu_seqlens_q", cu_seqlens_q, q, 1)
-        _check_rotary(q, rotary, rotary_seqlens)
-        q = interface._rotated_queries(q, rotary, _per_row(options), cu_seqlens_q)
+        q = interface._rotated_queries(q, rotary, options, cu_seqlens_q)
     if page_table is None:
         out, lse = _over_contiguous_entries(q, caches, vectors, (cache_batch_idx, cache_leftpad), int(max_seqlen_q), options)
     else:
