@@ -434,11 +434,11 @@ def _write_new_keys(
     output, never a write outside the caches. The core's append pre-pass takes a whole
     `[B, S_new]` block through a table; this serves the contiguous caches' `cache_batch_idx` and
     FA3's packed new keys."""
+    from .rotary import token_sequences
+
     (k_cache, v_cache), (k, v) = caches, new
-    batch = cu_seqlens_new.shape[0] - 1
-    rows = torch.arange(k.shape[0], device=k.device)
-    sequence = torch.searchsorted(cu_seqlens_new[1:].long(), rows, right=True).clamp_(max=batch - 1)
-    positions = lens.long()[sequence] + rows - cu_seqlens_new.long()[sequence]
+    sequence = token_sequences(cu_seqlens_new, k.shape[0])
+    positions = lens.long()[sequence] + torch.arange(k.shape[0], device=k.device) - cu_seqlens_new.long()[sequence]
     if page_table is None:
         entries, capacity = k_cache.shape[0], k_cache.shape[1]
         at = (index.long()[sequence].clamp(0, entries - 1), positions.clamp(0, capacity - 1))

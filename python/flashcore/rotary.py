@@ -78,7 +78,8 @@ def _positions(x: Tensor, cu_seqlens: Optional[Tensor], seqlen_offsets: Union[in
 
 def token_sequences(cu_seqlens: Tensor, total: int) -> Tensor:
     """The sequence of each of a packed batch's `total` tokens (int64 `[total]`), on the device
-    without a host synchronisation."""
-    lengths = cu_seqlens.diff().long()
-    return torch.repeat_interleave(torch.arange(lengths.numel(), device=cu_seqlens.device), lengths, output_size=total)
+    without a host synchronisation; clamped to the batch, so that offsets that break the
+    packed contract give wrong positions, never an index outside it."""
+    rows = torch.arange(total, device=cu_seqlens.device)
+    return torch.searchsorted(cu_seqlens[1:].long(), rows, right=True).clamp_(max=max(cu_seqlens.shape[0] - 2, 0))
 
