@@ -411,7 +411,7 @@ def _kvcache_rows(
         raise ValueError(f"`k_cache` {tuple(k_cache.shape)} holds no keys")
     if appended is not None and sq > capacity:  # as the paged path and flash_attn refuse it
         raise ValueError(f"`k_cache` holds {capacity} keys a sequence, fewer than q's {sq} rows with keys appended")
-    index = torch.arange(b, dtype=torch.int32, device=q.device) if batch_idx is None else batch_idx
+    index = _entries(batch_idx, b, q.device)
     lens = torch.full((b,), capacity, dtype=torch.int32, device=q.device) if cache_seqlens is None else cache_seqlens
     new = 0 if appended is None else appended[0].shape[1]
     if appended is not None:
@@ -422,6 +422,11 @@ def _kvcache_rows(
     keys = ((lens + new).clamp(0, capacity), index, leftpad)
     out, lse = _queries_over_entries(q.reshape(b * sq, hq, d), (cu_seqlens_q, sq), caches, keys, options)
     return out.view(b, sq, hq, d), lse.view(hq, b, sq).transpose(0, 1).contiguous()
+
+
+def _entries(cache_batch_idx: Optional[Tensor], batch: int, device: torch.device) -> Tensor:
+    """The cache entry of each of `batch` sequences: `cache_batch_idx`, or sequence b's own b."""
+    return torch.arange(batch, dtype=torch.int32, device=device) if cache_batch_idx is None else cache_batch_idx
 
 
 def _write_new_keys(

@@ -345,7 +345,7 @@ def _append_packed_keys(
             raise ValueError(f"`cache_batch_idx` has {cache_batch_idx.shape[0]} entries, `cu_seqlens_k_new` {batch + 1}: need B and B + 1")
     if page_table is not None:
         _check_int32("page_table", page_table, q, 2)
-    index = cache_batch_idx if cache_batch_idx is not None else torch.arange(batch, dtype=torch.int32, device=q.device)
+    index = interface._entries(cache_batch_idx, batch, q.device)
     if rotary is not None:
         k = interface._rotated_keys(k, rotary, cu_seqlens_k_new)
     interface._write_new_keys(caches, (k, v), cu_seqlens_k_new, cache_seqlens, index, page_table)
@@ -407,7 +407,7 @@ def _over_contiguous_entries(
                 raise ValueError(f"`{name}` has {t.shape[0]} entries, `cu_seqlens_q` {batch + 1}: need B and B + 1")
     if caches[0].shape[0] == 0 or caches[0].shape[1] == 0:
         raise ValueError(f"`k_cache` {tuple(caches[0].shape)} holds no keys")
-    index = torch.arange(batch, dtype=torch.int32, device=q.device) if cache_batch_idx is None else cache_batch_idx
+    index = interface._entries(cache_batch_idx, batch, q.device)
     return interface._queries_over_entries(q, (cu_seqlens_q, max_seqlen_q), caches, (cache_seqlens, index, cache_leftpad), options)
 
 
