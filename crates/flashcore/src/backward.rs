@@ -11,6 +11,7 @@
 //! [`BwdPlan::scratch_bytes`](crate::dispatch::BwdPlan::scratch_bytes).
 
 use crate::call::{BwdInputs, GradsMut};
+use crate::chunks::{CallTraits, ChunkBatch};
 use crate::context::Context;
 use crate::device_tensor::DeviceTensor;
 use crate::error::Result;
@@ -70,9 +71,16 @@ impl Context {
         unsafe { self.on_caller_stream(caller, |lane| self.backward(lane, inputs, grads, params)) }
     }
 
-    /// The kernel variant the backward of a dense `shape` without ALiBi runs.
+    /// The kernel variant the backward of a dense `shape` without ALiBi runs (chunked
+    /// self-attention: that of each entry's packed batch of its chunks, see `chunks.rs`).
     pub fn backward_variant(&self, shape: &ProblemShape, dtype: DType, params: &AttnParams) -> Result<Variant> {
-        Ok(dispatch::plan_backward(&self.info().device(), shape, dtype, params, false, false)?.variant)
+        let device = self.info().device();
+        match ChunkBatch::of(shape, params, CallTraits { dense: true, ..CallTraits::default() }) {
+            Some(chunks) => {
+                Ok(dispatch::plan_backward(&device, &chunks.entry_problem(shape).0, dtype, &chunks.params(params), true, false)?.variant)
+            }
+            None => Ok(dispatch::plan_backward(&device, shape, dtype, params, false, false)?.variant),
+        }
     }
 
     /// The layers of one backward call on `lane`.
@@ -81,6 +89,14 @@ impl Context {
         let dsink = grads.dsink.as_ref().map(|d| (d.ptr, d.len));
         if checked.tensors.has_no_pairs() {
             return launch::no_pairs_backward(lane, [&grads.dq.as_view(), &grads.dk.as_view(), &grads.dv.as_view()], dsink);
+        }
+        let traits = CallTraits { dense: inputs.batch().is_none(), alibi: checked.alibi.is_some(), dsink: dsink.is_some(), probs: false };
+        if let Some(chunks) = ChunkBatch::of(&checked.tensors, params, traits) {
+            if let Some(offsets) = self.chunk_offsets(lane, &chunks)? {
+                return chunks.backward(inputs, grads, params, offsets, |entry, entry_grads, entry_params| {
+                    self.backward(lane, entry, entry_grads, entry_params)
+                });
+            }
         }
         let batch = inputs.batch();
         let (dtype, alibi) = (inputs.q.layout.dtype, checked.alibi.is_some());

@@ -8,6 +8,7 @@ use cudarc::driver::sys::{CUdevice_attribute as Attr, CUfunction_attribute as Fn
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use cudarc::nvrtc::Ptx;
 
+use crate::chunks::{CallTraits, ChunkBatch};
 use crate::dispatch::{self, Plan};
 use crate::error::{DriverContext, Error, Result};
 use crate::external::{CallerStream, CurrentContextGuard, StreamCounters};
@@ -16,6 +17,7 @@ use crate::kernels::Variant;
 use crate::launch::{Lane, LoadedKernel};
 use crate::params::AttnParams;
 use crate::shape::ProblemShape;
+use crate::varlen::SeqLensView;
 
 /// What the driver says about the device.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -70,6 +72,9 @@ pub struct Context {
     workspace: Mutex<Option<CudaSlice<f32>>>,
     /// Tile counters of callers' streams ([`Context::attention_on_stream`]).
     stream_counters: StreamCounters,
+    /// The chunk offsets of chunked self-attention run as a packed batch (`chunks.rs`), one
+    /// device vector per (chunk, sequence length), kept for the context's life.
+    chunk_offsets: Mutex<HashMap<ChunkBatch, CudaSlice<i32>>>,
 }
 
 impl Context {
@@ -126,6 +131,7 @@ impl Context {
             tile_counter,
             workspace: Mutex::new(None),
             stream_counters,
+            chunk_offsets: Mutex::new(HashMap::new()),
         })
     }
 
@@ -139,9 +145,17 @@ impl Context {
         self.info.ordinal
     }
 
-    /// What [`Context::attention_into`] would run for a problem of `shape` and `dtype`.
+    /// What [`Context::attention_into`] would run for a dense problem of `shape` and `dtype`
+    /// without ALiBi (chunked self-attention: each entry's packed batch of its chunks, see
+    /// `chunks.rs`).
     pub fn plan(&self, shape: &ProblemShape, dtype: crate::DType, params: &AttnParams) -> Result<Plan> {
-        dispatch::plan(&self.info.device(), shape, dtype, params)
+        match ChunkBatch::of(shape, params, CallTraits { dense: true, ..CallTraits::default() }) {
+            Some(chunks) => {
+                let (entry, layout) = chunks.entry_problem(shape);
+                dispatch::plan_for(&self.info.device(), &entry, dtype, &chunks.params(params), layout, Default::default())
+            }
+            None => dispatch::plan(&self.info.device(), shape, dtype, params),
+        }
     }
 
     /// The stream every call is queued on.
@@ -182,6 +196,28 @@ impl Context {
         let tile_counter = self.stream_counters.counter_for(caller.stream, &self.cuda)?;
         let borrowed = self.cuda.wrap_borrowed_stream(caller.stream.raw());
         call(&mut Lane { stream: &borrowed, tile_counter, scratch: caller.scratch })
+    }
+
+    /// `plan`'s chunk offsets on the device, uploaded on first use; `None` while `lane`'s stream
+    /// is being captured into a CUDA graph and they do not exist yet (an upload there would
+    /// break the capture: the call then runs the chunked kernel form instead). The upload is
+    /// on the context's own stream, waited for, so that any stream may read them after.
+    pub(crate) fn chunk_offsets(&self, lane: &Lane, plan: &ChunkBatch) -> Result<Option<SeqLensView<'_>>> {
+        let mut offsets = self.chunk_offsets.lock().unwrap();
+        if !offsets.contains_key(plan) {
+            let status = lane.stream.capture_status().ctx("asking whether the stream is capturing")?;
+            if status != cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+                return Ok(None);
+            }
+            let uploaded = self.stream.clone_htod(&plan.offsets()).ctx("uploading the chunk offsets")?;
+            self.stream.synchronize().ctx("uploading the chunk offsets")?;
+            offsets.insert(*plan, uploaded);
+        }
+        let slice = &offsets[plan];
+        let (ptr, _sync) = slice.device_ptr(&self.stream);
+        // SAFETY: the vector stays in `self.chunk_offsets` (never removed) for the context's
+        // life, which the view's lifetime is tied to.
+        Ok(Some(unsafe { SeqLensView::from_raw(ptr, slice.len()) }))
     }
 
     /// The device address of the own stream's scratch workspace, grown first to at least

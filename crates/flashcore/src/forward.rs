@@ -6,6 +6,7 @@
 use cudarc::driver::CudaSlice;
 
 use crate::call::{FwdInputs, FwdOutputs, KvLayout};
+use crate::chunks::{CallTraits, ChunkBatch};
 use crate::context::Context;
 use crate::device_tensor::DeviceTensor;
 use crate::error::{DriverContext, Result};
@@ -91,6 +92,19 @@ impl Context {
         }
         if checked.shape.seqlen_q == 0 {
             return Ok(()); // packed, every sequence empty: nothing to write
+        }
+        let traits = CallTraits {
+            dense: matches!(inputs.kv, KvLayout::Dense),
+            alibi: checked.alibi.is_some(),
+            dsink: false,
+            probs: out.probs.is_some(),
+        };
+        if let Some(chunks) = ChunkBatch::of(&checked.tensors, params, traits) {
+            if let Some(offsets) = self.chunk_offsets(lane, &chunks)? {
+                return chunks.forward(inputs, out, params, offsets, |entry, entry_out, entry_params| {
+                    self.forward(lane, entry, entry_out, entry_params)
+                });
+            }
         }
         let device = self.info().device();
         let (dtype, layout) = (inputs.q.layout.dtype, inputs.kv.geometry(&checked));

@@ -37,6 +37,7 @@
 mod backward;
 pub mod bench;
 mod call;
+mod chunks;
 mod context;
 mod device_tensor;
 pub mod dispatch;
