@@ -11,9 +11,10 @@
 //! [`BwdPlan::scratch_bytes`](crate::dispatch::BwdPlan::scratch_bytes).
 
 use crate::call::{BwdInputs, GradsMut};
-use crate::chunks::{CallTraits, ChunkBatch};
+use crate::chunks::{CallTraits, ChunkPlan};
 use crate::context::Context;
 use crate::device_tensor::DeviceTensor;
+use crate::dispatch::KeyLayout;
 use crate::error::Result;
 use crate::external::CallerStream;
 use crate::launch::{self, BwdLaunch, Lane};
@@ -71,16 +72,13 @@ impl Context {
         unsafe { self.on_caller_stream(caller, |lane| self.backward(lane, inputs, grads, params)) }
     }
 
-    /// The kernel variant the backward of a dense `shape` without ALiBi runs (chunked
-    /// self-attention: that of each entry's packed batch of its chunks, see `chunks.rs`).
+    /// The kernel variant the backward of a dense `shape` without ALiBi runs (after chunked
+    /// attention's plan step, `chunks.rs`: a chunk that cuts nothing dropped, chunked
+    /// self-attention as each entry's packed batch of its chunks).
     pub fn backward_variant(&self, shape: &ProblemShape, dtype: DType, params: &AttnParams) -> Result<Variant> {
-        let device = self.info().device();
-        match ChunkBatch::of(shape, params, CallTraits { dense: true, ..CallTraits::default() }) {
-            Some(chunks) => {
-                Ok(dispatch::plan_backward(&device, &chunks.entry_problem(shape).0, dtype, &chunks.params(params), true, false)?.variant)
-            }
-            None => Ok(dispatch::plan_backward(&device, shape, dtype, params, false, false)?.variant),
-        }
+        let (shape, params, layout) = ChunkPlan::dense_problem(shape, params);
+        let packed = layout != KeyLayout::Dense;
+        Ok(dispatch::plan_backward(&self.info().device(), &shape, dtype, &params, packed, false)?.variant)
     }
 
     /// The layers of one backward call on `lane`.
@@ -91,11 +89,15 @@ impl Context {
             return launch::no_pairs_backward(lane, [&grads.dq.as_view(), &grads.dk.as_view(), &grads.dv.as_view()], dsink);
         }
         let traits = CallTraits { dense: inputs.batch().is_none(), alibi: checked.alibi.is_some(), dsink: dsink.is_some(), probs: false };
-        if let Some(chunks) = ChunkBatch::of(&checked.tensors, params, traits) {
-            if let Some(offsets) = self.chunk_offsets(lane, &chunks)? {
-                return chunks.backward(inputs, grads, params, offsets, |entry, entry_grads, entry_params| {
-                    self.backward(lane, entry, entry_grads, entry_params)
-                });
+        match ChunkPlan::of(&checked.tensors, params, traits) {
+            ChunkPlan::AsIs => {}
+            ChunkPlan::Uncut(uncut) => return self.backward(lane, inputs, grads, &uncut),
+            ChunkPlan::Batch(chunks) => {
+                if let Some(offsets) = self.chunk_offsets(lane, &chunks)? {
+                    return chunks.backward(inputs, grads, params, offsets, |entry, entry_grads, entry_params| {
+                        self.backward(lane, entry, entry_grads, entry_params)
+                    });
+                }
             }
         }
         let batch = inputs.batch();

@@ -8,7 +8,7 @@ use cudarc::driver::sys::{CUdevice_attribute as Attr, CUfunction_attribute as Fn
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 use cudarc::nvrtc::Ptx;
 
-use crate::chunks::{CallTraits, ChunkBatch};
+use crate::chunks::{ChunkBatch, ChunkPlan};
 use crate::dispatch::{self, Plan};
 use crate::error::{DriverContext, Error, Result};
 use crate::external::{CallerStream, CurrentContextGuard, StreamCounters};
@@ -146,16 +146,11 @@ impl Context {
     }
 
     /// What [`Context::attention_into`] would run for a dense problem of `shape` and `dtype`
-    /// without ALiBi (chunked self-attention: each entry's packed batch of its chunks, see
-    /// `chunks.rs`).
+    /// without ALiBi (after chunked attention's plan step, `chunks.rs`: a chunk that cuts
+    /// nothing dropped, chunked self-attention as each entry's packed batch of its chunks).
     pub fn plan(&self, shape: &ProblemShape, dtype: crate::DType, params: &AttnParams) -> Result<Plan> {
-        match ChunkBatch::of(shape, params, CallTraits { dense: true, ..CallTraits::default() }) {
-            Some(chunks) => {
-                let (entry, layout) = chunks.entry_problem(shape);
-                dispatch::plan_for(&self.info.device(), &entry, dtype, &chunks.params(params), layout, Default::default())
-            }
-            None => dispatch::plan(&self.info.device(), shape, dtype, params),
-        }
+        let (shape, params, layout) = ChunkPlan::dense_problem(shape, params);
+        dispatch::plan_for(&self.info.device(), &shape, dtype, &params, layout, Default::default())
     }
 
     /// The stream every call is queued on.

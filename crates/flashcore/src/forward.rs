@@ -6,7 +6,7 @@
 use cudarc::driver::CudaSlice;
 
 use crate::call::{FwdInputs, FwdOutputs, KvLayout};
-use crate::chunks::{CallTraits, ChunkBatch};
+use crate::chunks::{CallTraits, ChunkPlan};
 use crate::context::Context;
 use crate::device_tensor::DeviceTensor;
 use crate::error::{DriverContext, Result};
@@ -99,11 +99,15 @@ impl Context {
             dsink: false,
             probs: out.probs.is_some(),
         };
-        if let Some(chunks) = ChunkBatch::of(&checked.tensors, params, traits) {
-            if let Some(offsets) = self.chunk_offsets(lane, &chunks)? {
-                return chunks.forward(inputs, out, params, offsets, |entry, entry_out, entry_params| {
-                    self.forward(lane, entry, entry_out, entry_params)
-                });
+        match ChunkPlan::of(&checked.tensors, params, traits) {
+            ChunkPlan::AsIs => {}
+            ChunkPlan::Uncut(uncut) => return self.forward(lane, inputs, out, &uncut),
+            ChunkPlan::Batch(chunks) => {
+                if let Some(offsets) = self.chunk_offsets(lane, &chunks)? {
+                    return chunks.forward(inputs, out, params, offsets, |entry, entry_out, entry_params| {
+                        self.forward(lane, entry, entry_out, entry_params)
+                    });
+                }
             }
         }
         let device = self.info().device();
