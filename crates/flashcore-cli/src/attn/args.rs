@@ -37,8 +37,8 @@ pub struct AttnArgs {
     #[arg(long, allow_hyphen_values = true)]
     pub(crate) window: Option<String>,
     /// Chunked attention (Llama 4, FlashAttention-3's attention_chunk): each query sees only
-    /// the keys of the chunk of this many that holds its diagonal key. With --cpu for now: the
-    /// GPU kernels refuse it until their check.
+    /// the keys of the chunk of this many that holds its diagonal key (every GPU family, forward
+    /// and backward, and the CPU reference).
     #[arg(long)]
     pub(crate) attention_chunk: Option<usize>,
     /// Logit softcap: scores become softcap * tanh(score / softcap).
