@@ -135,12 +135,6 @@ pub fn suite(name: &str) -> Option<Vec<Case>> {
             v
         }
         "varlen" => varlen_suite(),
-        // Chunked attention (Llama 4's local layers: chunks of 8k keys) at 32k and 128k tokens,
-        // each beside causal attention of the same shape and beside the same tokens as a batch
-        // of chunk-long causal sequences (the same visible pairs, each chunk a sequence of its
-        // own: what a kernel that tiles every chunk apart would run at). TFLOPS count the
-        // visible pairs, so the rows compare per pair (issue 51's goal: the chunked time per pair
-        // within 1.02x the causal). `bwd-chunked` times their backward.
         // Learnable sinks on gpt-oss's attention (Hq 64, Hkv 8, D64, causal; its sliding
         // layers' window (128, 0)) at 2k and 8k tokens a sequence, 16k a batch, each case beside
         // the same call without sinks (issue 52's goal: sinks cost at most 3%). `bwd-sinks`
@@ -156,6 +150,11 @@ pub fn suite(name: &str) -> Option<Vec<Case>> {
             }
             v
         }
+        // Chunked attention (Llama 4's local layers: chunks of 8k keys) at 32k and 128k tokens,
+        // each beside causal attention of the same shape and beside the same tokens as a batch
+        // of chunk-long causal sequences (the same visible pairs, each chunk a sequence of its
+        // own: what dense chunked self-attention runs as, `chunks.rs`). TFLOPS count the visible
+        // pairs, so the rows compare per pair. `bwd-chunked` times their backward.
         "chunked" | "bwd-chunked" => {
             const CHUNK: usize = 8192;
             let mut v = Vec::new();
