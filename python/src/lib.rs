@@ -503,7 +503,7 @@ fn plan(
 ) -> PyResult<String> {
     let [batch, seqlen_q, heads_q, head_dim] = q_shape;
     let [_, seqlen_k, heads_kv, _] = k_shape;
-    let shape = ProblemShape { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim };
+    let shape = ProblemShape { batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, head_dim_v: head_dim };
     let params = params_with(options, (dropout > 0.0).then_some((dropout, 0)));
     let params = if probs { flashcore::dispatch::probs_params(&params).map_err(to_py)? } else { params };
     params.check_window_and_softcap().map_err(to_py)?;

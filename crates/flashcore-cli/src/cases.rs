@@ -211,6 +211,7 @@ impl Case {
             heads_q: self.heads_q,
             heads_kv: self.heads_kv,
             head_dim: self.head_dim,
+            head_dim_v: self.head_dim,
         }
     }
 

@@ -61,5 +61,5 @@ pub fn run() -> Result<bool> {
 
 /// A prefill-sized problem: the kind the default-kernel line of `info` speaks of.
 fn prefill(head_dim: usize) -> ProblemShape {
-    ProblemShape { batch: 1, seqlen_q: 4096, seqlen_k: 4096, heads_q: 32, heads_kv: 32, head_dim }
+    ProblemShape { batch: 1, seqlen_q: 4096, seqlen_k: 4096, heads_q: 32, heads_kv: 32, head_dim, head_dim_v: head_dim }
 }

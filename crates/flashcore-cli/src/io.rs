@@ -213,8 +213,9 @@ fn read_i32(file: &SafeTensors, path: &Path, name: &'static str, rank: usize) ->
 }
 
 /// Reads the optional tensor `do` (the output's gradient) of `path`: `None` when the file has
-/// none; else it must have `q`'s dtype and shape.
-pub fn read_dout(path: &Path, q: &HostTensor) -> Result<Option<HostTensor>, IoError> {
+/// none; else it must be shaped like the output, `q`'s shape with V's head dim `head_dim_v`,
+/// and have `q`'s dtype.
+pub fn read_dout(path: &Path, q: &HostTensor, head_dim_v: usize) -> Result<Option<HostTensor>, IoError> {
     let bytes = std::fs::read(path).map_err(|source| IoError::Read { path: path.into(), source })?;
     let file = SafeTensors::deserialize(&bytes).map_err(|source| IoError::Format { path: path.into(), source })?;
     if !file.names().contains(&"do") {
@@ -228,8 +229,12 @@ pub fn read_dout(path: &Path, q: &HostTensor) -> Result<Option<HostTensor>, IoEr
         let (dtype, expected) = (format!("{:?}", dout.dtype), format!("{:?} like `q`", q.dtype));
         return Err(IoError::WrongDType { path: path.into(), name: "do", dtype, expected });
     }
-    if dout.shape != q.shape {
-        return Err(IoError::WrongShape { path: path.into(), name: "do", shape: dout.shape, expected: q.shape.clone() });
+    let mut expected = q.shape.clone();
+    if let Some(last) = expected.last_mut() {
+        *last = head_dim_v;
+    }
+    if dout.shape != expected {
+        return Err(IoError::WrongShape { path: path.into(), name: "do", shape: dout.shape, expected });
     }
     Ok(Some(dout))
 }
@@ -488,17 +493,20 @@ mod tests {
     }
 
     #[test]
-    fn the_output_gradient_is_optional_and_shaped_like_q() {
+    fn the_output_gradient_is_optional_and_shaped_like_the_output() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("qkv.safetensors");
         let [q, k, v] = qkv(FileDType::F32);
         write_tensors(&path, &[("q", &q), ("k", &k), ("v", &v)]).unwrap();
-        assert_eq!(read_dout(&path, &q).unwrap(), None);
+        let d = q.shape[3];
+        assert_eq!(read_dout(&path, &q, d).unwrap(), None);
         let dout = tensor(&q.shape, FileDType::F32, 7);
         write_tensors(&path, &[("q", &q), ("k", &k), ("v", &v), ("do", &dout)]).unwrap();
-        assert_eq!(read_dout(&path, &q).unwrap(), Some(dout));
+        assert_eq!(read_dout(&path, &q, d).unwrap(), Some(dout.clone()));
+        let err = read_dout(&path, &q, d + 8).unwrap_err();
+        assert!(matches!(err, IoError::WrongShape { name: "do", .. }), "V's own head dim: do is the output's shape: {err:?}");
         write_tensors(&path, &[("q", &q), ("k", &k), ("v", &v), ("do", &k)]).unwrap();
-        let err = read_dout(&path, &q).unwrap_err();
+        let err = read_dout(&path, &q, d).unwrap_err();
         assert!(matches!(err, IoError::WrongShape { name: "do", .. }), "{err:?}");
     }
 }

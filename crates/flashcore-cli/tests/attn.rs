@@ -255,3 +255,27 @@ fn the_cpu_refuses_the_shapes_the_gpu_refuses() {
         assert!(!r.ok && r.stderr.contains(want), "want {want:?}, got {}", r.stderr);
     }
 }
+
+/// V's own head dim (`ProblemShape::head_dim_v`): a dense call runs it in the f64 reference,
+/// `o` and the gradient `do` shaped `[B, Sq, Hq, Dv]`, `dv` like `v`; a packed batch and a KV
+/// cache refuse it naming `v` (`v_cache`).
+#[test]
+fn a_v_head_dim_of_its_own_runs_on_the_cpu() {
+    let tensors = with(dense(), vec![("v", f32(&[1, 5, 2, 16])), ("do", f32(&[1, 4, 2, 16]))]);
+    let files = Files::new(&tensors);
+    let r = run(&["attn", "--input", &files.input(), "--output", &files.output(), "--cpu", "--causal"]);
+    assert!(r.ok && r.stdout.starts_with("wrote o, lse, dq, dk, dv"), "{}{}", r.stdout, r.stderr);
+    let bytes = std::fs::read(files.output()).unwrap();
+    let out = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let shape = |name: &str| out.tensor(name).unwrap().shape().to_vec();
+    assert_eq!(
+        (shape("o"), shape("dq"), shape("dk"), shape("dv")),
+        (vec![1, 4, 2, 16], vec![1, 4, 2, 8], vec![1, 5, 2, 8], vec![1, 5, 2, 16])
+    );
+    let r = attn(&with(dense(), vec![("v", f32(&[1, 5, 2, 16])), ("do", f32(&[1, 4, 2, 8]))]), &["--cpu"]);
+    assert!(!r.ok && r.stderr.contains("`do`"), "do is shaped like the output: {}", r.stderr);
+    let r = attn(&with(packed(), vec![("v", f32(&[7, 2, 16]))]), &["--cpu"]);
+    assert!(!r.ok && r.stderr.contains("shape of `v`"), "{}", r.stderr);
+    let r = attn(&with(cache(), vec![("v_cache", f32(&[2, 16, 2, 16]))]), &["--cpu"]);
+    assert!(!r.ok && r.stderr.contains("shape of `v_cache`"), "{}", r.stderr);
+}

@@ -11,7 +11,7 @@ use flashcore::{AttnParams, Context, DType, DeviceTensor, Error, FwdInputs, Prob
 fn main() -> flashcore::Result<()> {
     // q, k, v: [B, S, H, D] (BSHD), bf16 on the GPU.
     let (b, s, h, d) = (2, 300, 8, 64);
-    let shape = ProblemShape { batch: b, seqlen_q: s, seqlen_k: s, heads_q: h, heads_kv: h, head_dim: d };
+    let shape = ProblemShape { batch: b, seqlen_q: s, seqlen_k: s, heads_q: h, heads_kv: h, head_dim: d, head_dim_v: d };
     let [q_host, k_host, v_host] = [1, 2, 3].map(|seed| values(b * s * h * d, seed));
     let params = AttnParams::causal();
 

@@ -226,7 +226,7 @@ mod tests {
     use crate::tensor::{DType, Layout};
 
     fn shape(batch: usize, sq: usize, sk: usize) -> ProblemShape {
-        ProblemShape { batch, seqlen_q: sq, seqlen_k: sk, heads_q: 8, heads_kv: 2, head_dim: 64 }
+        ProblemShape { batch, seqlen_q: sq, seqlen_k: sk, heads_q: 8, heads_kv: 2, head_dim: 64, head_dim_v: 64 }
     }
 
     fn chunked(chunk: usize) -> AttnParams {

@@ -406,7 +406,7 @@ mod tests {
 
     #[test]
     fn learnable_sinks_reach_the_kernels_as_given() {
-        let shape = ProblemShape { batch: 1, seqlen_q: 4, seqlen_k: 4, heads_q: 8, heads_kv: 1, head_dim: 64 };
+        let shape = ProblemShape { batch: 1, seqlen_q: 4, seqlen_k: 4, heads_q: 8, heads_kv: 1, head_dim: 64, head_dim_v: 64 };
         let sinks = Checked { learnable_sink: 0x2000, ..checked(shape, None) };
         assert_eq!(score_mod_args(&shape, &AttnParams::default(), &sinks).learnable_sink, 0x2000);
         assert_eq!(score_mod_args(&shape, &AttnParams::default(), &checked(shape, None)).learnable_sink, 0);
@@ -414,7 +414,7 @@ mod tests {
 
     #[test]
     fn a_zero_scale_stays_a_normal_float_in_both_passes() {
-        let shape = ProblemShape { batch: 1, seqlen_q: 4, seqlen_k: 4, heads_q: 1, heads_kv: 1, head_dim: 64 };
+        let shape = ProblemShape { batch: 1, seqlen_q: 4, seqlen_k: 4, heads_q: 1, heads_kv: 1, head_dim: 64, head_dim_v: 64 };
         let zero = AttnParams { softmax_scale: Some(0.0), ..AttnParams::default() };
         assert_eq!(problem_args(&shape, &zero).softmax_scale_log2, f32::MIN_POSITIVE);
         let capped = AttnParams { softcap: 30.0, ..zero };
@@ -424,7 +424,7 @@ mod tests {
 
     #[test]
     fn alibi_slopes_reach_the_kernels_in_the_units_of_their_scores() {
-        let shape = ProblemShape { batch: 2, seqlen_q: 4, seqlen_k: 4, heads_q: 8, heads_kv: 1, head_dim: 64 };
+        let shape = ProblemShape { batch: 2, seqlen_q: 4, seqlen_k: 4, heads_q: 8, heads_kv: 1, head_dim: 64, head_dim_v: 64 };
         let alibi = Some(Alibi { ptr: 0x1000, batch_stride: 8 });
         let plain = score_mod_args(&shape, &AttnParams::default(), &checked(shape, alibi));
         assert_eq!((plain.alibi_slopes, plain.alibi_batch_stride), (0x1000, 8));
@@ -438,7 +438,7 @@ mod tests {
     #[test]
     fn causal_is_folded_into_a_window_as_the_kernels_read_it() {
         let p = AttnParams { causal: true, window: Window::new(127, 5), ..AttnParams::default() };
-        let shape = ProblemShape { batch: 1, seqlen_q: 4, seqlen_k: 4, heads_q: 1, heads_kv: 1, head_dim: 128 };
+        let shape = ProblemShape { batch: 1, seqlen_q: 4, seqlen_k: 4, heads_q: 1, heads_kv: 1, head_dim: 128, head_dim_v: 128 };
         let score = score_mod_args(&shape, &p, &checked(shape, None));
         assert_eq!((score.window_left, score.window_right), (127, 0));
         assert_eq!(problem_args(&shape, &p).causal, 0, "a window carries the causal side itself");

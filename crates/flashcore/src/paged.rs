@@ -334,7 +334,7 @@ impl PagedKv<'_> {
                 s_new
             }
         };
-        let shape = ProblemShape { batch: b, seqlen_q: sq, seqlen_k: capacity, heads_q: hq, heads_kv: hkv, head_dim: d };
+        let shape = ProblemShape { batch: b, seqlen_q: sq, seqlen_k: capacity, heads_q: hq, heads_kv: hkv, head_dim: d, head_dim_v: d };
         Ok(CacheGeometry { shape, page_size, num_pages: pages, page_rows, new_keys, total_q })
     }
 }
@@ -412,7 +412,7 @@ mod tests {
         let pool = view([40, 16, 2, 128]);
         let kv = PagedKv { block_table: Some(table(3, 10)), cache_seqlens: Some(lens(3)), ..PagedKv::default() };
         let g = kv.validate(&q, &pool, &pool, &q, 0).unwrap();
-        assert_eq!(g.shape, ProblemShape { batch: 3, seqlen_q: 1, seqlen_k: 160, heads_q: 8, heads_kv: 2, head_dim: 128 });
+        assert_eq!(g.shape, ProblemShape { batch: 3, seqlen_q: 1, seqlen_k: 160, heads_q: 8, heads_kv: 2, head_dim: 128, head_dim_v: 128 });
         assert_eq!((g.page_size, g.num_pages, g.page_rows, g.new_keys), (16, 40, 16, 0));
         // Contiguous: the cache's own length.
         let cache = view([3, 1000, 2, 128]);

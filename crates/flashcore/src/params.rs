@@ -233,13 +233,14 @@ impl ProblemShape {
         params.visible_pairs(self.seqlen_q, self.seqlen_k)
     }
 
-    /// Matrix FLOPs of the forward pass, `4·B·Hq·D·(visible pairs)`: two products of `2·D`
-    /// FLOPs per (query, key) pair the mask of `params` lets through. Causal with `Sq = Sk`
+    /// Matrix FLOPs of the forward pass, `2·B·Hq·(D + Dv)·(visible pairs)` (`4·B·Hq·D` a pair
+    /// with one head dim): the products `q·k` (`2·D` FLOPs) and `p·v` (`2·Dv`) per (query, key)
+    /// pair the mask of `params` lets through. Causal with `Sq = Sk`
     /// (and no window) counts exactly half, `Sq·Sk/2`, the convention of FlashAttention's
     /// and cuDNN's benchmarks; every other mask counts its pairs exactly, so a windowed
     /// case's rate compares with a causal one's per visible pair. The backward's are 2.5x.
     pub fn flops(&self, params: &AttnParams) -> f64 {
-        let per_pair = 4.0 * (self.batch * self.heads_q * self.head_dim) as f64;
+        let per_pair = 2.0 * (self.batch * self.heads_q * (self.head_dim + self.head_dim_v)) as f64;
         if params.mask() == (true, None) && self.seqlen_q == self.seqlen_k {
             per_pair * (self.seqlen_q * self.seqlen_k) as f64 / 2.0
         } else {
@@ -253,7 +254,7 @@ mod tests {
     use super::*;
 
     fn shape(sq: usize, sk: usize) -> ProblemShape {
-        ProblemShape { batch: 1, seqlen_q: sq, seqlen_k: sk, heads_q: 1, heads_kv: 1, head_dim: 1 }
+        ProblemShape { batch: 1, seqlen_q: sq, seqlen_k: sk, heads_q: 1, heads_kv: 1, head_dim: 1, head_dim_v: 1 }
     }
 
     fn windowed(left: i32, right: i32, causal: bool) -> AttnParams {
@@ -338,7 +339,7 @@ mod tests {
 
     #[test]
     fn flops_match_the_dense_formula() {
-        let s = ProblemShape { batch: 2, seqlen_q: 8, seqlen_k: 16, heads_q: 4, heads_kv: 2, head_dim: 64 };
+        let s = ProblemShape { batch: 2, seqlen_q: 8, seqlen_k: 16, heads_q: 4, heads_kv: 2, head_dim: 64, head_dim_v: 64 };
         let (dense, causal) = (AttnParams::default(), AttnParams::causal());
         assert_eq!(s.flops(&dense), 4.0 * 2.0 * 4.0 * 8.0 * 16.0 * 64.0);
         let square = ProblemShape { seqlen_k: 8, ..s };

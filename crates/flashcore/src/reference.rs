@@ -129,7 +129,8 @@ impl<'a> RefMask<'a> {
     }
 }
 
-/// Attention of `q: [B, Sq, Hq, D]` over `k, v: [B, Sk, Hkv, D]`, all contiguous BSHD.
+/// Attention of `q: [B, Sq, Hq, D]` over `k: [B, Sk, Hkv, D]` and `v: [B, Sk, Hkv, Dv]`, all
+/// contiguous BSHD; the output is `[B, Sq, Hq, Dv]` (`Dv = shape.head_dim_v`).
 ///
 /// # Panics
 /// If a slice's length does not match `shape`, or `Hkv` is 0 or does not divide `Hq`.
@@ -143,23 +144,23 @@ pub fn attention(q: &[f64], k: &[f64], v: &[f64], shape: &ProblemShape, softmax_
 /// # Panics
 /// As [`attention`], and if `mask.sinks` is neither empty nor one a query head.
 pub fn attention_masked(q: &[f64], k: &[f64], v: &[f64], shape: &ProblemShape, softmax_scale: f64, mask: &RefMask) -> ReferenceOutput {
-    let ProblemShape { batch, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d } = *shape;
+    let ProblemShape { batch, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d, head_dim_v: dv } = *shape;
     assert!(hkv > 0 && hq % hkv == 0, "heads_q = {hq} must be a multiple of heads_kv = {hkv}");
-    let (q_len, kv_len) = (batch * sq * hq * d, batch * sk * hkv * d);
-    for (name, t, want) in [("q", q, q_len), ("k", k, kv_len), ("v", v, kv_len)] {
+    let (q_len, k_len, v_len) = (batch * sq * hq * d, batch * sk * hkv * d, batch * sk * hkv * dv);
+    for (name, t, want) in [("q", q, q_len), ("k", k, k_len), ("v", v, v_len)] {
         assert_eq!(t.len(), want, "{name} has {} elements, {shape:?} needs {want}", t.len());
     }
     assert!(mask.sinks.is_empty() || mask.sinks.len() == hq, "sinks has {} elements, one a query head ({hq}) needed", mask.sinks.len());
     let group = hq / hkv;
 
-    // One job per (batch, query head); each returns that head's [Sq, D] output and [Sq] lse.
+    // One job per (batch, query head); each returns that head's [Sq, Dv] output and [Sq] lse.
     let heads: Vec<(Vec<f64>, Vec<f64>)> = (0..batch * hq)
         .into_par_iter()
         .map(|bh| {
             let (b, h) = (bh / hq, bh % hq);
             let q_row = |i: usize| &q[((b * sq + i) * hq + h) * d..][..d];
-            let kv_at = |j: usize| ((b * sk + j) * hkv + h / group) * d;
-            let mut o = vec![0.0; sq * d];
+            let kv_row = |j: usize| (b * sk + j) * hkv + h / group;
+            let mut o = vec![0.0; sq * dv];
             let mut lse = vec![f64::NEG_INFINITY; sq];
             let sink = mask.sinks.get(h).copied().unwrap_or(f64::NEG_INFINITY);
             for i in 0..sq {
@@ -169,14 +170,15 @@ pub fn attention_masked(q: &[f64], k: &[f64], v: &[f64], shape: &ProblemShape, s
                     continue;
                 }
                 let bias = |j| mask.bias((b, h, hq), i, j, (sq, sk));
-                let s: Vec<f64> = (first..last).map(|j| mask.score(softmax_scale * dot(q_row(i), &k[kv_at(j)..][..d])) + bias(j)).collect();
+                let s: Vec<f64> =
+                    (first..last).map(|j| mask.score(softmax_scale * dot(q_row(i), &k[kv_row(j) * d..][..d])) + bias(j)).collect();
                 let max = s.iter().copied().fold(sink, f64::max);
                 let p: Vec<f64> = s.iter().map(|&s| (s - max).exp()).collect();
                 let sum: f64 = p.iter().sum::<f64>() + (sink - max).exp();
-                let o_i = &mut o[i * d..][..d];
+                let o_i = &mut o[i * dv..][..dv];
                 for (j, &p) in (first..last).zip(&p) {
                     let weight = p / sum * mask.kept((b, h, hq), i, j);
-                    for (o, &v) in o_i.iter_mut().zip(&v[kv_at(j)..][..d]) {
+                    for (o, &v) in o_i.iter_mut().zip(&v[kv_row(j) * dv..][..dv]) {
                         *o += weight * v;
                     }
                 }
@@ -186,12 +188,12 @@ pub fn attention_masked(q: &[f64], k: &[f64], v: &[f64], shape: &ProblemShape, s
         })
         .collect();
 
-    let mut o = vec![0.0; q_len];
+    let mut o = vec![0.0; batch * sq * hq * dv];
     let mut lse = Vec::with_capacity(batch * hq * sq);
     for (bh, (o_head, lse_head)) in heads.into_iter().enumerate() {
         let (b, h) = (bh / hq, bh % hq);
-        for (i, row) in o_head.chunks_exact(d.max(1)).enumerate() {
-            o[((b * sq + i) * hq + h) * d..][..d].copy_from_slice(row);
+        for (i, row) in o_head.chunks_exact(dv.max(1)).enumerate() {
+            o[((b * sq + i) * hq + h) * dv..][..dv].copy_from_slice(row);
         }
         lse.extend(lse_head);
     }
@@ -199,7 +201,7 @@ pub fn attention_masked(q: &[f64], k: &[f64], v: &[f64], shape: &ProblemShape, s
 }
 
 /// A paged KV cache as the reference reads it (see [`crate::PagedKv`]): pools `[num_pages,
-/// page_size, Hkv, D]` contiguous, a block table `[B, max_pages]` row-major, and each
+/// page_size, Hkv, D]` (V's `Dv`) contiguous, a block table `[B, max_pages]` row-major, and each
 /// sequence's key count (its cached keys plus any appended, already written into the pools).
 #[derive(Debug, Clone, Copy)]
 pub struct RefPagedCache<'a> {
@@ -218,19 +220,19 @@ pub struct RefPagedCache<'a> {
 }
 
 impl RefPagedCache<'_> {
-    /// Sequence `b`'s keys and values, `[1, seqlens[b], Hkv, D]` each, gathered from the
-    /// pages its table row names (`row` = Hkv · D elements a key).
+    /// Sequence `b`'s keys and values, `[1, seqlens[b], Hkv, D]` and `[.., Dv]`, gathered from
+    /// the pages its table row names (`rows` = Hkv · D and Hkv · Dv elements a key).
     ///
     /// # Panics
     /// If a used table entry names no page of the pools.
-    pub fn gather(&self, b: usize, row: usize) -> (Vec<f64>, Vec<f64>) {
+    pub fn gather(&self, b: usize, (k_row, v_row): (usize, usize)) -> (Vec<f64>, Vec<f64>) {
         let len = self.seqlens[b];
-        let (mut k, mut v) = (Vec::with_capacity(len * row), Vec::with_capacity(len * row));
+        let (mut k, mut v) = (Vec::with_capacity(len * k_row), Vec::with_capacity(len * v_row));
         for j in 0..len {
             let page = self.block_table[b * self.max_pages + j / self.page_size];
-            let at = (page as usize * self.page_size + j % self.page_size) * row;
-            k.extend_from_slice(&self.k[at..at + row]);
-            v.extend_from_slice(&self.v[at..at + row]);
+            let slot = page as usize * self.page_size + j % self.page_size;
+            k.extend_from_slice(&self.k[slot * k_row..][..k_row]);
+            v.extend_from_slice(&self.v[slot * v_row..][..v_row]);
         }
         (k, v)
     }
@@ -240,10 +242,10 @@ impl RefPagedCache<'_> {
 /// attend with [`attention_masked`] (the mask bottom-right aligned to the sequence's own key
 /// count). `shape.seqlen_k` is ignored.
 pub fn attention_paged(q: &[f64], cache: &RefPagedCache, shape: &ProblemShape, softmax_scale: f64, mask: &RefMask) -> ReferenceOutput {
-    let ProblemShape { batch, seqlen_q: sq, heads_q: hq, heads_kv: hkv, head_dim: d, .. } = *shape;
-    let mut out = ReferenceOutput { o: Vec::with_capacity(q.len()), lse: Vec::with_capacity(batch * hq * sq) };
+    let ProblemShape { batch, seqlen_q: sq, heads_q: hq, heads_kv: hkv, head_dim: d, head_dim_v: dv, .. } = *shape;
+    let mut out = ReferenceOutput { o: Vec::with_capacity(batch * sq * hq * dv), lse: Vec::with_capacity(batch * hq * sq) };
     for b in 0..batch {
-        let (k, v) = cache.gather(b, hkv * d);
+        let (k, v) = cache.gather(b, (hkv * d, hkv * dv));
         let one = ProblemShape { batch: 1, seqlen_k: cache.seqlens[b], ..*shape };
         let r = attention_masked(&q[b * sq * hq * d..][..sq * hq * d], &k, &v, &one, softmax_scale, &mask.for_sequence(b, hq));
         out.o.extend(r.o);
@@ -252,7 +254,8 @@ pub fn attention_paged(q: &[f64], cache: &RefPagedCache, shape: &ProblemShape, s
     out
 }
 
-/// Gradients of the reference: `dq [B, Sq, Hq, D]`, `dk, dv [B, Sk, Hkv, D]`, contiguous.
+/// Gradients of the reference: `dq [B, Sq, Hq, D]`, `dk [B, Sk, Hkv, D]`, `dv [B, Sk, Hkv,
+/// Dv]`, contiguous.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ReferenceGrads {
     /// Gradient with respect to `q`.
@@ -280,7 +283,7 @@ pub struct ReferenceGrads {
 /// that see no key contribute nothing (their dQ is 0).
 ///
 /// # Panics
-/// As [`attention`], and if `dout` does not have `q`'s length.
+/// As [`attention`], and if `dout` does not have the output's length (`[B, Sq, Hq, Dv]`).
 pub fn attention_backward(
     q: &[f64],
     k: &[f64],
@@ -310,60 +313,63 @@ pub fn attention_backward_masked(
     softmax_scale: f64,
     mask: &RefMask,
 ) -> ReferenceGrads {
-    let ProblemShape { batch, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d } = *shape;
-    assert_eq!(dout.len(), q.len(), "dout has {} elements, q has {}", dout.len(), q.len());
+    let ProblemShape { batch, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d, head_dim_v: dv } = *shape;
     let fwd = attention_masked(q, k, v, shape, softmax_scale, mask);
+    assert_eq!(dout.len(), fwd.o.len(), "dout has {} elements, the output {}", dout.len(), fwd.o.len());
     let group = hq / hkv;
-    let q_at = |b: usize, i: usize, h: usize| ((b * sq + i) * hq + h) * d;
-    let kv_at = |b: usize, j: usize, h: usize| ((b * sk + j) * hkv + h / group) * d;
+    let q_row = |b: usize, i: usize, h: usize| (b * sq + i) * hq + h;
+    let kv_row = |b: usize, j: usize, h: usize| (b * sk + j) * hkv + h / group;
 
     // One job per (batch, query head): its dQ rows, its share of dK and dV, and of its sink's.
     let heads: Vec<HeadGrads> = (0..batch * hq)
         .into_par_iter()
         .map(|bh| {
             let (b, h) = (bh / hq, bh % hq);
-            let (mut dq, mut dk, mut dv) = (vec![0.0; sq * d], vec![0.0; sk * d], vec![0.0; sk * d]);
+            let (mut dq, mut dk, mut d_v) = (vec![0.0; sq * d], vec![0.0; sk * d], vec![0.0; sk * dv]);
             let (mut dsink, mut dsink_scale) = (0.0, 0.0);
             for i in 0..sq {
                 let (first, last) = mask.visible(i, sq, sk);
                 let lse = fwd.lse[(b * hq + h) * sq + i];
-                let (q_i, do_i, o_i) = (&q[q_at(b, i, h)..][..d], &dout[q_at(b, i, h)..][..d], &fwd.o[q_at(b, i, h)..][..d]);
+                let row = q_row(b, i, h);
+                let (q_i, do_i, o_i) = (&q[row * d..][..d], &dout[row * dv..][..dv], &fwd.o[row * dv..][..dv]);
                 let d_i = dot(do_i, o_i);
                 if let Some(&sink) = mask.sinks.get(h) {
                     dsink -= (sink - lse).exp() * d_i;
                     dsink_scale += (sink - lse).exp() * do_i.iter().zip(o_i).map(|(a, b)| (a * b).abs()).sum::<f64>();
                 }
                 for j in first..last {
-                    let (k_j, v_j) = (&k[kv_at(b, j, h)..][..d], &v[kv_at(b, j, h)..][..d]);
+                    let (k_j, v_j) = (&k[kv_row(b, j, h) * d..][..d], &v[kv_row(b, j, h) * dv..][..dv]);
                     let c = mask.score(softmax_scale * dot(q_i, k_j));
                     let p = (c + mask.bias((b, h, hq), i, j, (sq, sk)) - lse).exp();
                     let kept = mask.kept((b, h, hq), i, j);
                     let ds = p * (kept * dot(do_i, v_j) - d_i) * mask.score_grad(c);
+                    for c in 0..dv {
+                        d_v[j * dv + c] += p * kept * do_i[c];
+                    }
                     for c in 0..d {
-                        dv[j * d + c] += p * kept * do_i[c];
                         dq[i * d + c] += softmax_scale * ds * k_j[c];
                         dk[j * d + c] += softmax_scale * ds * q_i[c];
                     }
                 }
             }
-            HeadGrads { dq, dk, dv, dsink, dsink_scale }
+            HeadGrads { dq, dk, dv: d_v, dsink, dsink_scale }
         })
         .collect();
 
     let (dsinks, dsink_scales) = (vec![0.0; mask.sinks.len()], vec![0.0; mask.sinks.len()]);
     let mut grads = ReferenceGrads { dq: vec![0.0; q.len()], dk: vec![0.0; k.len()], dv: vec![0.0; v.len()], dsinks, dsink_scales };
-    for (bh, HeadGrads { dq, dk, dv, dsink, dsink_scale }) in heads.into_iter().enumerate() {
+    for (bh, HeadGrads { dq, dk, dv: d_v, dsink, dsink_scale }) in heads.into_iter().enumerate() {
         let (b, h) = (bh / hq, bh % hq);
         if let Some(total) = grads.dsinks.get_mut(h) {
             *total += dsink;
             grads.dsink_scales[h] += dsink_scale;
         }
         for i in 0..sq {
-            grads.dq[q_at(b, i, h)..][..d].copy_from_slice(&dq[i * d..][..d]);
+            grads.dq[q_row(b, i, h) * d..][..d].copy_from_slice(&dq[i * d..][..d]);
         }
         for j in 0..sk {
-            for (acc, part) in [(&mut grads.dk, &dk), (&mut grads.dv, &dv)] {
-                for (a, x) in acc[kv_at(b, j, h)..][..d].iter_mut().zip(&part[j * d..][..d]) {
+            for (acc, part, width) in [(&mut grads.dk, &dk, d), (&mut grads.dv, &d_v, dv)] {
+                for (a, x) in acc[kv_row(b, j, h) * width..][..width].iter_mut().zip(&part[j * width..][..width]) {
                     *a += x;
                 }
             }
@@ -373,7 +379,7 @@ pub fn attention_backward_masked(
 }
 
 /// One (batch, query head)'s gradients in the backward: its dQ rows `[Sq, D]`, its share of
-/// dK and dV `[Sk, D]` (its KV head's), and of its sink's.
+/// dK `[Sk, D]` and dV `[Sk, Dv]` (its KV head's), and of its sink's.
 struct HeadGrads {
     dq: Vec<f64>,
     dk: Vec<f64>,
@@ -405,7 +411,7 @@ mod paged_tests {
         }
         let cache = RefPagedCache { k: &pool, v: &pool, block_table: &table, max_pages: 3, page_size: page, seqlens: &[5, 3] };
         let q = [0.3, -0.2, 0.5, 0.1, 0.7, 0.7, -1.0, 0.4];
-        let shape = ProblemShape { batch: 2, seqlen_q: 2, seqlen_k: 0, heads_q: 1, heads_kv: hkv, head_dim: d };
+        let shape = ProblemShape { batch: 2, seqlen_q: 2, seqlen_k: 0, heads_q: 1, heads_kv: hkv, head_dim: d, head_dim_v: d };
         let mask = RefMask { causal: true, ..RefMask::default() };
         let paged = attention_paged(&q, &cache, &shape, 0.5, &mask);
         for (b, k) in keys.iter().enumerate() {
@@ -422,7 +428,7 @@ mod tests {
     use super::*;
 
     fn shape(batch: usize, sq: usize, sk: usize, hq: usize, hkv: usize, d: usize) -> ProblemShape {
-        ProblemShape { batch, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d }
+        ProblemShape { batch, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d, head_dim_v: d }
     }
 
     /// Deterministic values in [-1, 1) (splitmix64), so tests need no RNG crate.
@@ -443,8 +449,67 @@ mod tests {
     /// Random q, k, v for `s`.
     fn qkv(s: &ProblemShape, seed: u64) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
         let nq = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
-        let nkv = s.batch * s.seqlen_k * s.heads_kv * s.head_dim;
-        (random(nq, seed), random(nkv, seed + 1), random(nkv, seed + 2))
+        let keys = s.batch * s.seqlen_k * s.heads_kv;
+        (random(nq, seed), random(keys * s.head_dim, seed + 1), random(keys * s.head_dim_v, seed + 2))
+    }
+
+    /// Columns `from..from + width` of each row of `t` (rows of `row` elements), zero-padded to
+    /// `pad` columns.
+    fn columns(t: &[f64], row: usize, from: usize, width: usize, pad: usize) -> Vec<f64> {
+        t.chunks_exact(row).flat_map(|r| r[from..from + width].iter().copied().chain(std::iter::repeat_n(0.0, pad - width))).collect()
+    }
+
+    #[test]
+    fn a_v_head_dim_of_its_own_gives_each_column_block_of_v_alone() {
+        // D 3, Dv 5 = v's columns 0..3 and 3..5: the weights depend on q and k alone, so o's
+        // columns are those of the calls with each block as v (Dv = D, the second zero-padded),
+        // and the LSE is theirs; causal with Sq > Sk (empty rows), GQA, sinks and a softcap.
+        let s = ProblemShape { head_dim_v: 5, ..shape(2, 5, 4, 4, 2, 3) };
+        let (q, k, v) = qkv(&s, 111);
+        let mask = RefMask { causal: true, softcap: 2.0, sinks: &[0.5, -1.0, 1.5, 0.0], ..RefMask::default() };
+        let whole = attention_masked(&q, &k, &v, &s, 0.9, &mask);
+        assert_eq!(whole.o.len(), 2 * 5 * 4 * 5, "o is [B, Sq, Hq, Dv]");
+        let square = shape(2, 5, 4, 4, 2, 3);
+        let first = attention_masked(&q, &k, &columns(&v, 5, 0, 3, 3), &square, 0.9, &mask);
+        let second = attention_masked(&q, &k, &columns(&v, 5, 3, 2, 3), &square, 0.9, &mask);
+        assert_close(&columns(&whole.o, 5, 0, 3, 3), &first.o, 1e-15);
+        assert_close(&columns(&whole.o, 5, 3, 2, 3), &second.o, 1e-15);
+        assert_close(&whole.lse, &first.lse, 0.0);
+        assert!(whole.o.iter().any(|&x| x.abs() > 1e-2) && whole.o[..5].iter().all(|&x| x == 0.0), "a row without keys is 0");
+    }
+
+    #[test]
+    fn gradients_with_a_v_head_dim_of_its_own_match_finite_differences() {
+        // Dv wider and narrower than D, dO shaped like o, dV like v; sinks, a window, a chunk.
+        let cases = [
+            (5, 3, RefMask { causal: true, sinks: &[0.3, -1.2, 2.0, 0.0], ..RefMask::default() }),
+            (2, 4, RefMask { window: Some(Window::new(1, 0)), softcap: 1.5, ..RefMask::default() }),
+            (6, 4, RefMask { causal: true, chunk: 3, ..RefMask::default() }),
+        ];
+        for (dv, d, mask) in cases {
+            let s = ProblemShape { head_dim_v: dv, ..shape(2, 5, 6, 4, 2, d) };
+            let (q, k, v) = qkv(&s, 113);
+            let dout = random(2 * 5 * 4 * dv, 127);
+            let grads = attention_backward_masked(&q, &k, &v, &dout, &s, 1.3, &mask);
+            assert_eq!((grads.dq.len(), grads.dk.len(), grads.dv.len()), (q.len(), k.len(), v.len()));
+            let loss = |q: &[f64], k: &[f64], v: &[f64]| dot(&attention_masked(q, k, v, &s, 1.3, &mask).o, &dout);
+            let h = 1e-5;
+            for (name, x, g) in [("q", &q, &grads.dq), ("k", &k, &grads.dk), ("v", &v, &grads.dv)] {
+                for n in 0..x.len() {
+                    let (mut plus, mut minus) = (x.clone(), x.clone());
+                    plus[n] += h;
+                    minus[n] -= h;
+                    let at = |t: &[f64]| match name {
+                        "q" => loss(t, &k, &v),
+                        "k" => loss(&q, t, &v),
+                        _ => loss(&q, &k, t),
+                    };
+                    let numeric = (at(&plus) - at(&minus)) / (2.0 * h);
+                    assert!((numeric - g[n]).abs() < 1e-8, "d{name}[{n}] (D {d}, Dv {dv}, {mask:?}): {} vs {numeric}", g[n]);
+                }
+            }
+            assert!(grads.dv.iter().any(|&x| x.abs() > 1e-3) && grads.dq.iter().any(|&x| x.abs() > 1e-3), "gradients worth testing");
+        }
     }
 
     fn assert_close(a: &[f64], b: &[f64], tol: f64) {

@@ -1,6 +1,8 @@
 //! The shape of one attention problem, the lowest layer: every other module may use it.
 
-/// The shape of one attention problem: `q [B, Sq, Hq, D]`, `k, v [B, Sk, Hkv, D]`.
+/// The shape of one attention problem: `q [B, Sq, Hq, D]`, `k [B, Sk, Hkv, D]`,
+/// `v [B, Sk, Hkv, Dv]` and the output `[B, Sq, Hq, Dv]`. `Dv` is `D` but where V has a head
+/// dim of its own (DeepSeek's 192 / 128); which calls take that, see `validate::value_dim`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct ProblemShape {
     /// Batch size `B`.
@@ -13,8 +15,10 @@ pub struct ProblemShape {
     pub heads_q: usize,
     /// Key/value heads `Hkv`; `Hq % Hkv == 0` (GQA/MQA).
     pub heads_kv: usize,
-    /// Head dimension `D`.
+    /// Head dimension `D` of q and k.
     pub head_dim: usize,
+    /// Head dimension `Dv` of v and the output.
+    pub head_dim_v: usize,
 }
 
 impl ProblemShape {
@@ -31,13 +35,18 @@ impl ProblemShape {
     /// The fewest bytes a forward pass moves: q, k, v read once, o written once
     /// (`elem_bytes` per element), and the f32 log-sum-exp.
     pub fn min_bytes(&self, elem_bytes: usize) -> f64 {
-        let q = self.batch * self.seqlen_q * self.heads_q * self.head_dim;
-        let kv = 2 * self.batch * self.seqlen_k * self.heads_kv * self.head_dim;
-        ((2 * q + kv) * elem_bytes + 4 * self.batch * self.heads_q * self.seqlen_q) as f64
+        let rows_q = self.batch * self.seqlen_q * self.heads_q;
+        let q_and_o = rows_q * (self.head_dim + self.head_dim_v);
+        ((q_and_o + self.kv_elements()) * elem_bytes + 4 * rows_q) as f64
     }
 
     /// Bytes of K and V, the traffic that bounds decode.
     pub fn kv_bytes(&self, elem_bytes: usize) -> f64 {
-        (2 * self.batch * self.seqlen_k * self.heads_kv * self.head_dim * elem_bytes) as f64
+        (self.kv_elements() * elem_bytes) as f64
+    }
+
+    /// Elements of K and V together.
+    fn kv_elements(&self) -> usize {
+        self.batch * self.seqlen_k * self.heads_kv * (self.head_dim + self.head_dim_v)
     }
 }

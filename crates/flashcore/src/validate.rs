@@ -20,7 +20,9 @@ pub(crate) fn problem(q: &TensorView, k: &TensorView, v: &TensorView, o: &Tensor
     if kd != d {
         return Err(shape_err("k", format!("head dim {kd} differs from q's head dim {d}")));
     }
-    same_shape(("v", v), ("k", k))?;
+    same_dims(("v", v), ("k", k), 3)?;
+    let dv = v.layout.shape[3];
+    value_head_dim(d, dv)?;
     if hq % hkv != 0 {
         return Err(shape_err("k", format!("q heads ({hq}) are not a multiple of k/v heads ({hkv})")));
     }
@@ -36,24 +38,39 @@ pub(crate) fn problem(q: &TensorView, k: &TensorView, v: &TensorView, o: &Tensor
             return Err(Error::DType { arg, msg: format!("{} differs from q's {dtype}", t.layout.dtype) });
         }
     }
-    output_like_q(q, o, device)?;
-    Ok(ProblemShape { batch: b, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d })
+    output(q, o, dv, device)?;
+    Ok(ProblemShape { batch: b, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d, head_dim_v: dv })
+}
+
+/// Which V head dims the GPU kernels take beside q's and k's `d`: `d` alone so far. A head dim
+/// of V's own (DeepSeek's 192 / 128, FlashAttention-3's 64 / 512) runs in the f64 reference
+/// (`reference::attention_masked`, `flashcore attn --cpu`), which every layer below this check
+/// carries (`ProblemShape::head_dim_v`).
+fn value_head_dim(d: usize, dv: usize) -> Result<()> {
+    if dv != d {
+        let msg = format!("head dim {dv} differs from q's and k's {d}: the GPU kernels take V's head dim equal to theirs (a head dim of V's own runs in the f64 reference, `flashcore attn --cpu`)");
+        return Err(shape_err("v", msg));
+    }
+    Ok(())
 }
 
 /// Validates `q` and `o` of a call without queries (a KV cache's, whose pools are then not
 /// read): the problem has no keys either.
 pub(crate) fn queries_only(q: &TensorView, o: &TensorView, device: usize) -> Result<ProblemShape> {
     tensor("q", q, device)?;
-    output_like_q(q, o, device)?;
     let [b, sq, hq, d] = q.layout.shape;
-    Ok(ProblemShape { batch: b, seqlen_q: sq, seqlen_k: 0, heads_q: hq, heads_kv: hq, head_dim: d })
+    output(q, o, d, device)?;
+    Ok(ProblemShape { batch: b, seqlen_q: sq, seqlen_k: 0, heads_q: hq, heads_kv: hq, head_dim: d, head_dim_v: d })
 }
 
 /// Validates the output `o` against the checked `q`: a tensor of the call's device with q's
-/// shape and dtype.
-fn output_like_q(q: &TensorView, o: &TensorView, device: usize) -> Result<()> {
+/// dtype and shape but its head dim, which is V's `dv`.
+fn output(q: &TensorView, o: &TensorView, dv: usize, device: usize) -> Result<()> {
     tensor("o", o, device)?;
-    same_shape(("o", o), ("q", q))?;
+    same_dims(("o", o), ("q", q), 3)?;
+    if o.layout.shape[3] != dv {
+        return Err(shape_err("o", format!("head dim {} differs from v's {dv}", o.layout.shape[3])));
+    }
     if o.layout.dtype != q.layout.dtype {
         return Err(Error::DType { arg: "o", msg: format!("{} differs from q's {}", o.layout.dtype, q.layout.dtype) });
     }
@@ -78,7 +95,7 @@ pub(crate) fn backward(
     shape: &ProblemShape,
     device: usize,
 ) -> Result<()> {
-    let [_, (_, k), _, (_, o), (_, dout)] = *inputs;
+    let [(_, q), (_, k), (_, v), (_, o), (_, dout)] = *inputs;
     tensor("dout", dout, device)?;
     same_shape(("dout", dout), ("o", o))?;
     if dout.layout.dtype != o.layout.dtype {
@@ -87,9 +104,9 @@ pub(crate) fn backward(
     for &(arg, g) in grads {
         tensor(arg, g, device)?;
         let like = match arg {
-            "dq" => ("q", o),
+            "dq" => ("q", q),
             "dk" => ("k", k),
-            _ => ("v", k),
+            _ => ("v", v),
         };
         same_shape((arg, g), like)?;
         if g.layout.dtype != like.1.layout.dtype {
@@ -112,9 +129,14 @@ const DIMS: [&str; 4] = ["batch (dim 0)", "sequence length (dim 1)", "heads (dim
 
 /// Checks that `t` has `like`'s shape; the error names the first dimension that differs and
 /// both values, e.g. `v: sequence length (dim 1) 7 differs from k's 8`.
-fn same_shape((arg, t): (&'static str, &TensorView), (like_name, like): (&str, &TensorView)) -> Result<()> {
+fn same_shape(t: (&'static str, &TensorView), like: (&str, &TensorView)) -> Result<()> {
+    same_dims(t, like, 4)
+}
+
+/// [`same_shape`] over the first `dims` dimensions.
+fn same_dims((arg, t): (&'static str, &TensorView), (like_name, like): (&str, &TensorView), dims: usize) -> Result<()> {
     let (a, b) = (t.layout.shape, like.layout.shape);
-    match (0..4).find(|&i| a[i] != b[i]) {
+    match (0..dims).find(|&i| a[i] != b[i]) {
         Some(i) => Err(shape_err(arg, format!("{} {} differs from {like_name}'s {} (shapes {a:?} and {b:?})", DIMS[i], a[i], b[i]))),
         None => Ok(()),
     }
@@ -312,6 +334,21 @@ mod tests {
         let mut t = qkv();
         t[1] = view([2, 300, 2, 128], DType::BF16);
         assert!(matches!(check(t), Err(Error::Shape { arg: "k", .. })));
+    }
+
+    #[test]
+    fn a_head_dim_of_v_s_own_is_refused_by_name_and_the_output_follows_v() {
+        let mut t = qkv();
+        t[2] = view([2, 300, 2, 128], DType::BF16);
+        t[3] = view([2, 100, 8, 128], DType::BF16);
+        let msg = check(t).unwrap_err().to_string();
+        assert!(msg.contains("`v`") && msg.contains("head dim 128 differs from q's and k's 64") && msg.contains("--cpu"), "{msg}");
+        assert!(value_head_dim(192, 192).is_ok() && value_head_dim(192, 128).is_err());
+        let mut t = qkv();
+        t[3] = view([2, 100, 8, 32], DType::BF16);
+        let msg = check(t).unwrap_err().to_string();
+        assert!(msg.contains("`o`") && msg.contains("head dim 32 differs from v's 64"), "{msg}");
+        assert_eq!(check(qkv()).unwrap().head_dim_v, 64);
     }
 
     #[test]

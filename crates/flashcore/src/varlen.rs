@@ -173,7 +173,7 @@ mod tests {
 
     #[test]
     fn host_visible_mistakes_name_the_argument() {
-        let packed = ProblemShape { batch: 1, seqlen_q: 100, seqlen_k: 80, heads_q: 8, heads_kv: 2, head_dim: 64 };
+        let packed = ProblemShape { batch: 1, seqlen_q: 100, seqlen_k: 80, heads_q: 8, heads_kv: 2, head_dim: 64, head_dim_v: 64 };
         let batch = VarlenBatch { cu_seqlens_q: view(4), cu_seqlens_k: view(4), seqused_k: None, max_seqlen_q: 50, max_seqlen_k: 40 };
         assert!(batch.validate(&packed).is_ok());
         assert_eq!(batch.kernel_shape(&packed), ProblemShape { batch: 3, seqlen_q: 50, seqlen_k: 40, ..packed });

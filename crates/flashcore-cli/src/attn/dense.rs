@@ -1,22 +1,23 @@
-//! `flashcore attn` over a dense batch: `q [B, Sq, Hq, D]`, `k, v [B, Sk, Hkv, D]`.
+//! `flashcore attn` over a dense batch: `q [B, Sq, Hq, D]`, `k [B, Sk, Hkv, D]`, `v [B, Sk, Hkv,
+//! Dv]` (`Dv` ≠ `D` in the f64 reference alone: the GPU kernels refuse it by name).
 
 use anyhow::Result;
 use flashcore::{reference, AttnParams, BwdInputs, DeviceTensor, FwdInputs, KvLayout, LseView, ProblemShape};
 
 use crate::attn::args::{attn_params, softmax_scale, AttnArgs};
-use crate::attn::tensors::{download, gpu_and_dtype, problem_shapes, shape_error, upload, Outputs};
+use crate::attn::tensors::{download, gpu_and_dtype, problem_shapes, shape_error, upload, Outputs, ValueHeadDim};
 use crate::io::{read_dout, write_tensors, FileDType, HostTensor};
 
-/// Attention over a dense batch: writes `o` like `q`, `lse [B, Hq, Sq]` and, with `do` in the
-/// input, the gradients `dq`, `dk`, `dv` like `q`, `k`, `v`.
+/// Attention over a dense batch: writes `o` like `q` with V's head dim, `lse [B, Hq, Sq]` and,
+/// with `do` (shaped like `o`) in the input, the gradients `dq`, `dk`, `dv` like `q`, `k`, `v`.
 pub fn run(args: &AttnArgs, q: &HostTensor, k: &HostTensor, v: &HostTensor) -> Result<bool> {
-    let ([b, sq, hq, d], [kb, sk, hkv, _]) = problem_shapes(q, [("k", k), ("v", v)])?;
+    let ([b, sq, hq, d], [kb, sk, hkv, _], dv) = problem_shapes(q, [("k", k), ("v", v)], ValueHeadDim::Own)?;
     if kb != b {
         return Err(shape_error("k", format!("batch {kb} differs from q's batch {b}")));
     }
-    let shape = ProblemShape { batch: b, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d };
+    let shape = ProblemShape { batch: b, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d, head_dim_v: dv };
     let params = attn_params(args, d)?;
-    let dout = read_dout(&args.input, q)?;
+    let dout = read_dout(&args.input, q, dv)?;
     let out = if args.cpu {
         let (scale, mask) = (softmax_scale(args, d), reference::RefMask::of(&params));
         let r = reference::attention_masked(&q.data, &k.data, &v.data, &shape, scale, &mask);
@@ -27,7 +28,7 @@ pub fn run(args: &AttnArgs, q: &HostTensor, k: &HostTensor, v: &HostTensor) -> R
     };
     let data_dtype = if args.f64_out { FileDType::F64 } else { q.dtype };
     let lse_dtype = if args.f64_out { FileDType::F64 } else { FileDType::F32 };
-    let o = HostTensor { shape: q.shape.clone(), dtype: data_dtype, data: out.o };
+    let o = HostTensor { shape: vec![b, sq, hq, dv], dtype: data_dtype, data: out.o };
     let lse = HostTensor { shape: vec![b, hq, sq], dtype: lse_dtype, data: out.lse };
     let mut tensors = vec![("o", &o), ("lse", &lse)];
     let grads = out.grads.map(|[dq, dk, dv]| {

@@ -9,7 +9,7 @@ use flashcore::reference::{self, RefMask, RefPagedCache};
 use flashcore::{AttnParams, BlockTableView, DeviceTensor, FwdInputs, PagedKv, ProblemShape, SeqLensView, PAGE_SIZE_MULTIPLE};
 
 use crate::attn::args::{attn_params, softmax_scale, AttnArgs};
-use crate::attn::tensors::{download, gpu_and_dtype, problem_shapes, shape4, shape_error, upload};
+use crate::attn::tensors::{download, gpu_and_dtype, problem_shapes, shape4, shape_error, upload, ValueHeadDim};
 use crate::io::{read_dout, write_tensors, FileDType, HostKvCache, HostTensor};
 
 /// The cache's geometry as the input describes it, checked as the library checks it.
@@ -28,7 +28,8 @@ struct Geometry {
 
 impl Geometry {
     fn of(kv: &HostKvCache) -> Result<Self> {
-        let ([b, sq, hq, d], [pages, rows, hkv, _]) = problem_shapes(&kv.q, [("k_cache", &kv.k_cache), ("v_cache", &kv.v_cache)])?;
+        let ([b, sq, hq, d], [pages, rows, hkv, _], _) =
+            problem_shapes(&kv.q, [("k_cache", &kv.k_cache), ("v_cache", &kv.v_cache)], ValueHeadDim::AsKeys)?;
         let max_pages = match &kv.block_table {
             Some((_, [tb, max_pages])) => {
                 if *tb != b {
@@ -99,7 +100,7 @@ impl Geometry {
 /// lengths are checked first (`Context::check_values`' checks; on the host with `--cpu`), and
 /// the error names the first bad entry.
 pub fn run(args: &AttnArgs, kv: &HostKvCache) -> Result<bool> {
-    if read_dout(&args.input, &kv.q)?.is_some() {
+    if read_dout(&args.input, &kv.q, kv.q.shape.last().copied().unwrap_or(0))?.is_some() {
         bail!("the KV-cache form is forward only: remove `do` from the input");
     }
     let g = Geometry::of(kv)?;
@@ -155,7 +156,7 @@ fn cpu(kv: &HostKvCache, g: &Geometry, scale: f64, mask: &RefMask) -> Result<Out
     let cache =
         RefPagedCache { k: &k_cache, v: &v_cache, block_table: &table, max_pages: g.max_pages, page_size: g.page_size, seqlens: &seqlens };
     let [batch, seqlen_q, heads_q, head_dim] = g.q;
-    let shape = ProblemShape { batch, seqlen_q, seqlen_k: 0, heads_q, heads_kv: g.heads_kv, head_dim };
+    let shape = ProblemShape { batch, seqlen_q, seqlen_k: 0, heads_q, heads_kv: g.heads_kv, head_dim, head_dim_v: head_dim };
     let r = reference::attention_paged(&kv.q.data, &cache, &shape, scale, mask);
     Ok(Outputs { o: r.o, lse: r.lse, k_cache, v_cache })
 }
@@ -232,7 +233,7 @@ mod tests {
                 v.extend(if fresh { kv.v_new.as_ref().unwrap().data[from..from + row].to_vec() } else { key_at(&kv.v_cache.data, s, j) });
                 assert_eq!(key_at(&out.k_cache, s, j), k[j * row..][..row], "sequence {s}, key {j} in the pool");
             }
-            let shape = ProblemShape { batch: 1, seqlen_q: sq, seqlen_k: n, heads_q: hq, heads_kv: hkv, head_dim: d };
+            let shape = ProblemShape { batch: 1, seqlen_q: sq, seqlen_k: n, heads_q: hq, heads_kv: hkv, head_dim: d, head_dim_v: d };
             let want = reference::attention_masked(&kv.q.data[s * sq * hq * d..][..sq * hq * d], &k, &v, &shape, 0.3, &mask);
             assert_eq!(out.o[s * sq * hq * d..][..sq * hq * d], want.o[..], "sequence {s}");
             assert_eq!(out.lse[s * hq * sq..][..hq * sq], want.lse[..], "sequence {s}");

@@ -27,18 +27,28 @@ pub(crate) fn shape_error(arg: &'static str, msg: String) -> anyhow::Error {
     flashcore::Error::Shape { arg, msg }.into()
 }
 
-/// Checks `q [B, Sq, Hq, D]` against the keys and values `[B', Sk, Hkv, D]` (`k` and `v`, or a
-/// KV cache's `k_cache` and `v_cache`) as the library checks them, each error naming the
-/// tensor, the dimension and both values: every tensor rank 4 with heads and a head dim (no
-/// sequences, rows or keys is a call with nothing to compute, answered as the library
-/// answers it: `o` zero, `lse` -inf), `k`'s head dim
-/// `q`'s, `v` shaped as `k`, `q`'s heads a multiple of `k`'s. The batches are the caller's
-/// to check (a packed batch's is 1, a page pool's is its page count). Returns q's and k's
-/// shapes.
+/// Whether a layout's `v` may have a head dim of its own (`ProblemShape::head_dim_v`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ValueHeadDim {
+    /// Dense calls: in the f64 reference (`--cpu`); the GPU kernels refuse it by name.
+    Own,
+    /// Packed batches and KV caches: V's head dim is the keys'.
+    AsKeys,
+}
+
+/// Checks `q [B, Sq, Hq, D]` against the keys `[B', Sk, Hkv, D]` and values `[B', Sk, Hkv, Dv]`
+/// (`k` and `v`, or a KV cache's `k_cache` and `v_cache`) as the library checks them, each
+/// error naming the tensor, the dimension and both values: every tensor rank 4 with heads and
+/// a head dim (no sequences, rows or keys is a call with nothing to compute, answered as the
+/// library answers it: `o` zero, `lse` -inf), `k`'s head dim `q`'s, `v` shaped as `k` but for
+/// its head dim (which `value_head_dim` lets differ or not), `q`'s heads a multiple of `k`'s.
+/// The batches are the caller's to check (a packed batch's is 1, a page pool's is its page
+/// count). Returns q's and k's shapes and V's head dim.
 pub(crate) fn problem_shapes(
     q: &HostTensor,
     [(k_name, k), (v_name, v)]: [(&'static str, &HostTensor); 2],
-) -> Result<([usize; 4], [usize; 4])> {
+    value_head_dim: ValueHeadDim,
+) -> Result<([usize; 4], [usize; 4], usize)> {
     let (q_shape, k_shape) = (shape4(q, "q")?, shape4(k, k_name)?);
     let ([_, _, hq, d], [_, _, hkv, kd]) = (q_shape, k_shape);
     shape4(v, v_name)?;
@@ -49,13 +59,15 @@ pub(crate) fn problem_shapes(
     if kd != d {
         return Err(shape_error(k_name, format!("head dim {kd} differs from q's head dim {d}")));
     }
-    if v.shape != k.shape {
+    let dv = v.shape[3];
+    let own_allowed = value_head_dim == ValueHeadDim::Own;
+    if v.shape[..3] != k.shape[..3] || (dv != kd && !own_allowed) {
         return Err(shape_error(v_name, format!("{:?} differs from {k_name}'s {:?}", v.shape, k.shape)));
     }
     if hq % hkv != 0 {
         return Err(shape_error(k_name, format!("q heads ({hq}) are not a multiple of k/v heads ({hkv})")));
     }
-    Ok((q_shape, k_shape))
+    Ok((q_shape, k_shape, dv))
 }
 
 /// What `attn` writes: o, lse and, with `do` in the input, the gradients dq, dk, dv.

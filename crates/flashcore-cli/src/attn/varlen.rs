@@ -5,7 +5,7 @@ use anyhow::Result;
 use flashcore::{reference, AttnParams, BwdInputs, DeviceTensor, FwdInputs, KvLayout, LseView, ProblemShape, SeqLensView, VarlenBatch};
 
 use crate::attn::args::{attn_params, softmax_scale, AttnArgs};
-use crate::attn::tensors::{download, gpu_and_dtype, problem_shapes, shape_error, upload, Outputs};
+use crate::attn::tensors::{download, gpu_and_dtype, problem_shapes, shape_error, upload, Outputs, ValueHeadDim};
 use crate::io::{read_dout, write_tensors, FileDType, HostSeqlens, HostTensor};
 
 /// A packed batch (`cu_seqlens_q`, `cu_seqlens_k` and optionally `seqused_k` in the file,
@@ -14,11 +14,11 @@ use crate::io::{read_dout, write_tensors, FileDType, HostSeqlens, HostTensor};
 /// included). The vectors are checked first (`Context::check_values`' checks; on the host
 /// with `--cpu`), by name.
 pub fn run(args: &AttnArgs, q: &HostTensor, k: &HostTensor, v: &HostTensor, seqlens: &HostSeqlens) -> Result<bool> {
-    let ([qb, total_q, hq, d], [kb, total_k, hkv, _]) = problem_shapes(q, [("k", k), ("v", v)])?;
+    let ([qb, total_q, hq, d], [kb, total_k, hkv, _], _) = problem_shapes(q, [("k", k), ("v", v)], ValueHeadDim::AsKeys)?;
     if let Some((arg, batch)) = [("q", qb), ("k", kb)].into_iter().find(|&(_, batch)| batch != 1) {
         return Err(shape_error(arg, format!("a packed batch is [1, total, H, D] (or [total, H, D]); got batch {batch}")));
     }
-    let dout = read_dout(&args.input, q)?;
+    let dout = read_dout(&args.input, q, d)?;
     let (cu_q, cu_k) = (&seqlens.cu_seqlens_q, &seqlens.cu_seqlens_k);
     let keys: Vec<usize> = match &seqlens.seqused_k {
         Some(used) => used.iter().map(|&u| u.max(0) as usize).collect(),
@@ -35,7 +35,7 @@ pub fn run(args: &AttnArgs, q: &HostTensor, k: &HostTensor, v: &HostTensor, seql
         let mut grads = dout.as_ref().map(|_| [vec![0.0; total_q * hq * d], vec![0.0; total_k * hkv * d], vec![0.0; total_k * hkv * d]]);
         for (b, (&sq, &sk)) in queries.iter().zip(&keys).enumerate() {
             let (q0, k0) = (cu_q[b] as usize, cu_k[b] as usize);
-            let shape = ProblemShape { batch: 1, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d };
+            let shape = ProblemShape { batch: 1, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d, head_dim_v: d };
             let rows = |t: &HostTensor, start: usize, n: usize, h: usize| t.data[start * h * d..(start + n) * h * d].to_vec();
             let (qs, ks, vs) = (rows(q, q0, sq, hq), rows(k, k0, sk, hkv), rows(v, k0, sk, hkv));
             let r = reference::attention_masked(&qs, &ks, &vs, &shape, scale, &mask);

@@ -459,7 +459,7 @@ pub fn check_one(ctx: &Context, spec: &PagedSpec) -> Result<Outcome> {
     let pools = caches.wide_pools(spec.dtype);
     let seqlens: Vec<usize> = (0..b).map(|i| spec.keys(i)).collect();
     let cache = caches.reference(spec, &pools, &seqlens);
-    let shape = ProblemShape { batch: b, seqlen_q: sq, seqlen_k: 0, heads_q: hq, heads_kv: hkv, head_dim: d };
+    let shape = ProblemShape { batch: b, seqlen_q: sq, seqlen_k: 0, heads_q: hq, heads_kv: hkv, head_dim: d, head_dim_v: d };
     let (slopes, sinks) = (wide_slopes(&spec.alibi.slopes(b, hq)), wide_slopes(&sink_values(spec.sinks, hq)));
     let mask = RefMask { sinks: &sinks, ..RefMask::of(&spec.params()).with_alibi(&slopes) };
     let q64: Vec<f64> = q.iter().map(|&x| x as f64).collect();

@@ -63,8 +63,8 @@ pub fn check_one(ctx: &Context, spec: &PagedSpec) -> Result<Outcome> {
     let mut row0 = 0;
     let rows = hq * d;
     for (s, &n) in queries.iter().enumerate() {
-        let (k, v) = cache.gather(s, hkv * d);
-        let shape = ProblemShape { batch: 1, seqlen_q: n, seqlen_k: seqlens[s], heads_q: hq, heads_kv: hkv, head_dim: d };
+        let (k, v) = cache.gather(s, (hkv * d, hkv * d));
+        let shape = ProblemShape { batch: 1, seqlen_q: n, seqlen_k: seqlens[s], heads_q: hq, heads_kv: hkv, head_dim: d, head_dim_v: d };
         let q_s: Vec<f64> = q[row0 * rows..(row0 + n) * rows].iter().map(|&x| x as f64).collect();
         let mask = RefMask { sinks: &sinks, ..RefMask::of(&spec.params()).with_alibi(&wide_slopes) }.for_sequence(s, hq);
         let r = reference::attention_masked(&q_s, &k, &v, &shape, 1.0 / (d as f64).sqrt(), &mask);

@@ -71,7 +71,8 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
     let (o_bits, lse) = first;
     // Alone, the same variant (the same maxima) and the same split count: the dispatcher
     // picks splits from the whole grid, and another count sums a row's keys in other parts.
-    let kernel_shape = ProblemShape { batch: spec.seqs.len(), seqlen_q: max.0, seqlen_k: max.1, heads_q: hq, heads_kv: hkv, head_dim: d };
+    let kernel_shape =
+        ProblemShape { batch: spec.seqs.len(), seqlen_q: max.0, seqlen_k: max.1, heads_q: hq, heads_kv: hkv, head_dim: d, head_dim_v: d };
     let layout = KeyLayout::Varlen { total_k: spec.seqs.iter().map(|s| s.keys + s.slack).sum() };
     let alibi = !slopes.is_empty();
     let splits = flashcore::dispatch::plan_for(
@@ -90,7 +91,8 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
     let mut failure = None;
     let mut row0 = 0;
     for (b, (s, h)) in spec.seqs.iter().zip(&host).enumerate() {
-        let shape = ProblemShape { batch: 1, seqlen_q: s.queries, seqlen_k: s.keys, heads_q: hq, heads_kv: hkv, head_dim: d };
+        let shape =
+            ProblemShape { batch: 1, seqlen_q: s.queries, seqlen_k: s.keys, heads_q: hq, heads_kv: hkv, head_dim: d, head_dim_v: d };
         let wide = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
         let used = s.keys * hkv * d;
         let (o, l) = if s.keys == 0 {

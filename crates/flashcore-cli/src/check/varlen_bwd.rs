@@ -142,7 +142,8 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
     for (b, (s, h)) in spec.seqs.iter().zip(&host).enumerate() {
         let (q_rows, k_rows) = (q0 * hq * d..(q0 + s.queries) * hq * d, k0 * hkv * d..(k0 + s.keys + s.slack) * hkv * d);
         if s.queries > 0 && s.keys > 0 {
-            let shape = ProblemShape { batch: 1, seqlen_q: s.queries, seqlen_k: s.keys, heads_q: hq, heads_kv: hkv, head_dim: d };
+            let shape =
+                ProblemShape { batch: 1, seqlen_q: s.queries, seqlen_k: s.keys, heads_q: hq, heads_kv: hkv, head_dim: d, head_dim_v: d };
             let used = s.keys * hkv * d;
             let (k, v) = (wide(&h.k[..used]), wide(&h.v[..used]));
             let (scale, mask) = (1.0 / (d as f64).sqrt(), RefMask { sinks: &wide_sinks, ..spec.mask(&wide_slopes, b) });

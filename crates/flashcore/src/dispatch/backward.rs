@@ -188,7 +188,7 @@ mod tests {
     use super::*;
 
     fn shape(head_dim: usize) -> ProblemShape {
-        ProblemShape { batch: 2, seqlen_q: 300, seqlen_k: 300, heads_q: 8, heads_kv: 2, head_dim }
+        ProblemShape { batch: 2, seqlen_q: 300, seqlen_k: 300, heads_q: 8, heads_kv: 2, head_dim, head_dim_v: head_dim }
     }
     const HOPPER: Arch = Arch { major: 9, minor: 0, specific: true };
     const AMPERE: Arch = Arch { major: 8, minor: 0, specific: false };

@@ -368,11 +368,11 @@ mod tests {
     }
 
     fn shape(head_dim: usize) -> ProblemShape {
-        ProblemShape { batch: 8, seqlen_q: 1000, seqlen_k: 1000, heads_q: 16, heads_kv: 4, head_dim }
+        ProblemShape { batch: 8, seqlen_q: 1000, seqlen_k: 1000, heads_q: 16, heads_kv: 4, head_dim, head_dim_v: head_dim }
     }
 
     fn decode(batch: usize, seqlen_k: usize) -> ProblemShape {
-        ProblemShape { batch, seqlen_q: 1, seqlen_k, heads_q: 32, heads_kv: 8, head_dim: 128 }
+        ProblemShape { batch, seqlen_q: 1, seqlen_k, heads_q: 32, heads_kv: 8, head_dim: 128, head_dim_v: 128 }
     }
 
     fn pick(device: &Device, s: &ProblemShape, p: &AttnParams) -> Plan {
@@ -433,7 +433,7 @@ mod tests {
     #[test]
     fn head_dims_without_a_variant_run_on_hopper_as_the_next_size() {
         for d in [8, 40, 80, 104, 160, 224] {
-            for s in [shape(d), ProblemShape { head_dim: d, ..decode(8, 4096) }] {
+            for s in [shape(d), ProblemShape { head_dim: d, head_dim_v: d, ..decode(8, 4096) }] {
                 let p = pick(&h100(), &s, &AttnParams::default());
                 assert_eq!((p.variant.family, p.variant.head_dim), (KernelFamily::FwdSm90, Some(d)), "D{d}: {}", p.describe());
             }
@@ -479,13 +479,13 @@ mod tests {
 
     #[test]
     fn small_prefill_grids_on_hopper_run_split_where_splitting_fills_the_gpu() {
-        let small = ProblemShape { batch: 1, seqlen_q: 512, seqlen_k: 512, heads_q: 8, heads_kv: 8, head_dim: 64 };
+        let small = ProblemShape { batch: 1, seqlen_q: 512, seqlen_k: 512, heads_q: 8, heads_kv: 8, head_dim: 64, head_dim_v: 64 };
         let p = pick(&h100(), &small, &AttnParams::default());
         assert_eq!(p.variant.family, KernelFamily::FwdSm80);
         assert!(p.variant.split_kv && p.splits > 1 && !p.packed_gqa, "{}", p.describe());
-        let big = ProblemShape { batch: 8, seqlen_q: 2048, seqlen_k: 2048, heads_q: 16, heads_kv: 16, head_dim: 64 };
+        let big = ProblemShape { batch: 8, seqlen_q: 2048, seqlen_k: 2048, heads_q: 16, heads_kv: 16, head_dim: 64, head_dim_v: 64 };
         assert_eq!(pick(&h100(), &big, &AttnParams::default()).variant.family, KernelFamily::FwdSm90);
-        let d256 = ProblemShape { batch: 2, head_dim: 256, ..small };
+        let d256 = ProblemShape { batch: 2, head_dim: 256, head_dim_v: 256, ..small };
         assert_eq!(pick(&h100(), &d256, &AttnParams::default()).variant.family, KernelFamily::FwdSm90);
     }
 
@@ -538,7 +538,7 @@ mod tests {
         assert_eq!((paged.splits, paged.split_tiles, paged.packed_gqa), (dense.splits, dense.split_tiles, true));
         // Chunked prefill on Hopper: fwd_sm90's paged form of the dense tile, its boxes spread
         // over four producer threads at page 16 (12 boxes a block), not at 64 (3).
-        let prefill = ProblemShape { batch: 4, seqlen_q: 2048, seqlen_k: 16384, heads_q: 32, heads_kv: 8, head_dim: 128 };
+        let prefill = ProblemShape { batch: 4, seqlen_q: 2048, seqlen_k: 16384, heads_q: 32, heads_kv: 8, head_dim: 128, head_dim_v: 128 };
         let p = plan_for(&h100(), &prefill, DType::BF16, &AttnParams::causal(), paged16, ScoreTensors::default()).unwrap();
         assert!(p.variant.paged && p.variant.spread_pages && p.variant.family == KernelFamily::FwdSm90);
         let dense_prefill = pick(&h100(), &prefill, &AttnParams::causal()).variant;
@@ -581,7 +581,7 @@ mod tests {
             assert!(alibi.variant.mods.alibi && alibi.variant.name().contains("_alibi"), "{}", alibi.variant.name());
         }
         // With a softcap too, fwd_sm90 takes its short tile (the default one spills).
-        let prefill = ProblemShape { batch: 4, seqlen_q: 8192, seqlen_k: 8192, heads_q: 16, heads_kv: 16, head_dim: 128 };
+        let prefill = ProblemShape { batch: 4, seqlen_q: 8192, seqlen_k: 8192, heads_q: 16, heads_kv: 16, head_dim: 128, head_dim_v: 128 };
         let capped = AttnParams { softcap: 30.0, ..AttnParams::default() };
         let plain = plan_for(&h100(), &prefill, DType::BF16, &capped, KeyLayout::Dense, ScoreTensors::default()).unwrap();
         let both =
@@ -600,8 +600,10 @@ mod tests {
     #[test]
     fn packed_queries_over_a_paged_cache_run_fwd_sm80s_packed_paged_form_unsplit() {
         let layout = KeyLayout::Paged { page_size: 16, packed_queries: true };
-        for shape in [decode(8, 4096), ProblemShape { batch: 4, seqlen_q: 2048, seqlen_k: 16384, heads_q: 32, heads_kv: 8, head_dim: 128 }]
-        {
+        for shape in [
+            decode(8, 4096),
+            ProblemShape { batch: 4, seqlen_q: 2048, seqlen_k: 16384, heads_q: 32, heads_kv: 8, head_dim: 128, head_dim_v: 128 },
+        ] {
             let p = plan_for(&h100(), &shape, DType::BF16, &AttnParams::causal(), layout, ScoreTensors::default()).unwrap();
             assert_eq!(
                 (p.variant.family, p.variant.varlen, p.variant.paged, p.variant.split_kv),

@@ -206,7 +206,8 @@ mod tests {
             let v = variant(DType::BF16, if m == 128 { 64 } else { 128 }, false);
             assert_eq!(v.tile.block_m as usize, m);
             let total: usize = lens.iter().sum();
-            let shape = ProblemShape { batch: lens.len(), seqlen_q: 4097, seqlen_k: 1, heads_q: 3, heads_kv: 1, head_dim: 128 };
+            let shape =
+                ProblemShape { batch: lens.len(), seqlen_q: 4097, seqlen_k: 1, heads_q: 3, heads_kv: 1, head_dim: 128, head_dim_v: 128 };
             let per_head = padded_rows(&v, &shape, Some(total)) / shape.heads_q / m;
             let (mut start, mut end_before) = (0, 0);
             for (b, &len) in lens.iter().enumerate() {

@@ -374,7 +374,7 @@ mod tests {
             }
         }
         // Two slots of a query tile's rows per chunk and head: B8 decode, Hkv8 heads of 4 rows.
-        let shape = ProblemShape { batch: 8, seqlen_q: 4, seqlen_k: 4096, heads_q: 8, heads_kv: 8, head_dim: 128 };
+        let shape = ProblemShape { batch: 8, seqlen_q: 4, seqlen_k: 4096, heads_q: 8, heads_kv: 8, head_dim: 128, head_dim_v: 128 };
         assert_eq!(chunked_partial_rows(&shape, Tile { block_m: 64, block_n: 128, warps: 4, stages: 3 }, 2), 2 * 16 * 8 * 4);
     }
 

@@ -278,20 +278,36 @@ mod tests {
 
     #[test]
     fn grids_that_leave_sms_idle_take_the_short_tile_when_it_has_more_tiles() {
-        let shape = |batch, heads, s| ProblemShape { batch, seqlen_q: s, seqlen_k: s, heads_q: heads, heads_kv: heads, head_dim: 64 };
+        let shape = |batch, heads, s| ProblemShape {
+            batch,
+            seqlen_q: s,
+            seqlen_k: s,
+            heads_q: heads,
+            heads_kv: heads,
+            head_dim: 64,
+            head_dim_v: 64,
+        };
         // 88 tiles of 192 rows for 132 SMs; 128 of 128 rows.
         assert_eq!(variant_for(DType::BF16, &shape(1, 8, 2048), true, 132).tile.block_m, 128);
         // Enough tiles either way, or no short tile (D64 full): the default.
         assert_eq!(variant_for(DType::BF16, &shape(8, 32, 2048), true, 132).tile.block_m, 192);
         assert_eq!(variant_for(DType::BF16, &shape(1, 8, 2048), false, 132).tile.block_m, 192);
         // Short tiles with the same rows per tile (D128 causal, 128 x 128): nothing gained.
-        let d128 = ProblemShape { head_dim: 128, ..shape(1, 4, 8192) };
+        let d128 = ProblemShape { head_dim: 128, head_dim_v: 128, ..shape(1, 4, 8192) };
         assert_eq!(variant_for(DType::BF16, &d128, true, 132).tile.block_n, 192);
     }
 
     #[test]
     fn few_keys_take_smaller_l2_sections_that_still_fill_the_gpu() {
-        let params = |batch, heads, s, d| ProblemShape { batch, seqlen_q: s, seqlen_k: s, heads_q: heads, heads_kv: heads, head_dim: d };
+        let params = |batch, heads, s, d| ProblemShape {
+            batch,
+            seqlen_q: s,
+            seqlen_k: s,
+            heads_q: heads,
+            heads_kv: heads,
+            head_dim: d,
+            head_dim_v: d,
+        };
         // D64 S512: 128 KiB of K and V a head, 64 heads in 8 MiB (256 tiles of 128 rows).
         assert_eq!(section_heads(7, &params(32, 32, 512, 64), 128, 132), 64);
         // D128 S512: 32 heads in 8 MiB would be 128 tiles; a round of 132 CTAs needs 33 heads.

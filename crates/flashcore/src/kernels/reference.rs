@@ -89,7 +89,7 @@ mod tests {
 
     #[test]
     fn its_backward_is_dq_then_dk_dv_four_rows_a_block_and_dsink_last_a_block_a_head() {
-        let shape = ProblemShape { batch: 1, seqlen_q: 9, seqlen_k: 7, heads_q: 16, heads_kv: 4, head_dim: 32 };
+        let shape = ProblemShape { batch: 1, seqlen_q: 9, seqlen_k: 7, heads_q: 16, heads_kv: 4, head_dim: 32, head_dim_v: 32 };
         let grids = |facts| launches(&backward_steps(&facts)).iter().map(|s| (s.entry, s.grid)).collect::<Vec<_>>();
         let facts = facts_of(shape, false, false, 1);
         assert_eq!(grids(facts), [(Entry::Aux(0), (3, 16, 1)), (Entry::Aux(1), (2, 4, 1))]);

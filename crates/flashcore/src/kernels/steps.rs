@@ -163,7 +163,7 @@ pub(crate) mod testing {
 
     /// `batch` sequences of `seqlen_q` queries and `seqlen_k` keys, 16 query heads, 4 KV heads.
     pub(crate) fn shape(batch: usize, seqlen_q: usize, seqlen_k: usize, head_dim: usize) -> ProblemShape {
-        ProblemShape { batch, seqlen_q, seqlen_k, heads_q: 16, heads_kv: 4, head_dim }
+        ProblemShape { batch, seqlen_q, seqlen_k, heads_q: 16, heads_kv: 4, head_dim, head_dim_v: head_dim }
     }
 
     /// The launches of `work`, its memsets left out.
