@@ -57,6 +57,7 @@ pub fn variant(arch: Arch, dtype: DType, head_dim: usize, causal: bool) -> Varia
         family: KernelFamily::BwdSm80,
         dtype,
         head_dim: Some(head_dim),
+        head_dim_v: None,
         causal: Some(causal),
         tile,
         smem_bytes: smem_bytes(tile, head_dim),

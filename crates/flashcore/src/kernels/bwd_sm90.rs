@@ -84,6 +84,7 @@ pub fn variant(dtype: DType, head_dim: usize, causal: bool) -> Variant {
         family: KernelFamily::BwdSm90,
         dtype,
         head_dim: Some(head_dim),
+        head_dim_v: None,
         causal: Some(causal),
         tile,
         smem_bytes: smem_bytes(tile, head_dim),

@@ -98,6 +98,7 @@ fn make_variant(dtype: DType, head_dim: usize, causal: bool, tile: Tile, split_k
         family: KernelFamily::FwdSm80,
         dtype,
         head_dim: Some(head_dim),
+        head_dim_v: None,
         causal: Some(causal),
         tile,
         smem_bytes: smem_bytes(tile, head_dim),

@@ -38,6 +38,9 @@
 //   tiles waste less of the causal diagonal and of the last partial tile (H100: D128
 //   causal S512 +18%, S1k +11%; D64 causal S1k +10%).
 //   O (kBlockM x D) shares V's stages, so the epilogue costs no shared memory.
+//   V's own head dim (FC_HEAD_DIM_V = Dv, D's unless set; dense and packed keys): V's and O's
+//   tiles are Dv wide, P·V's N is Dv and O's accumulator Dv / 2 registers a thread. D192 with
+//   Dv 128 (DeepSeek) takes 128 x 128 (K 96 KB, V 64 KB and Q 48 KB: 210 KB).
 //   ptxas: 0 bytes stack, 0 spills for all (entry cap 168 / 128 regs before setmaxnreg;
 //   the producer's tile loop fits 24 registers only with 32-bit barrier/stage addresses
 //   and unsigned tile-index division, see bar() and TileOrder).
@@ -148,6 +151,9 @@
 #ifndef FC_PAGE_SPREAD
 #define FC_PAGE_SPREAD 0
 #endif
+#ifndef FC_HEAD_DIM_V
+#define FC_HEAD_DIM_V FC_HEAD_DIM
+#endif
 #ifndef FC_SKIP_MAX
 #define FC_SKIP_MAX (FC_HEAD_DIM != 256)
 #endif
@@ -162,6 +168,11 @@ namespace fwd_sm90 {
 // tensor cores see the padding (D96 does 4/3 of its useful work).
 constexpr int kHeadDimReal = FC_HEAD_DIM;
 constexpr int kHeadDim = (kHeadDimReal + 63) / 64 * 64;
+// V's head dim, and O's (FC_HEAD_DIM_V; q's and k's unless set): V and O tiles of their own
+// width, P·V's N and O's registers with them (DeepSeek's 192 / 128: Q·K^T over 192 columns,
+// O of 128). Padded to whole panels as D is.
+constexpr int kHeadDimVReal = FC_HEAD_DIM_V;
+constexpr int kHeadDimV = (kHeadDimVReal + 63) / 64 * 64;
 constexpr int kConsumerWG = FC_CONSUMER_WG;
 constexpr int kBlockM = 64 * kConsumerWG;
 constexpr int kBlockN = FC_BLOCK_N;
@@ -188,6 +199,8 @@ constexpr int kThreads = warpgroup::kThreads * (kConsumerWG + 1);
 constexpr int kProducerRegs = kConsumerWG == 2 ? 24 : 32;
 constexpr int kConsumerRegs = kConsumerWG == 2 ? 240 : 160;
 static_assert(kHeadDimReal % 8 == 0 && kHeadDimReal >= 8 && kHeadDimReal <= 256, "head dim: a multiple of 8 up to 256");
+static_assert(kHeadDimVReal % 8 == 0 && kHeadDimVReal >= 8 && kHeadDimVReal <= 256, "V's head dim: a multiple of 8 up to 256");
+static_assert(!kPaged || kHeadDimV == kHeadDim, "a KV cache's pools share one head dim");
 static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "key block: whole k16 steps, one wgmma N");
 static_assert(kConsumerWG == 2 || kConsumerWG == 3, "consumer warpgroups");
 #ifdef FC_BLOCK_M
@@ -215,14 +228,15 @@ constexpr u32 kEpilogueBarrier = kSchedulerBarrier + kConsumerWG;
 using Order = TileOrder<kCausal || kLocal || kVarlen>;
 
 using QTile = sm90::SmemTile<kBlockM, kHeadDim>;
-using KVTile = sm90::SmemTile<kBlockN, kHeadDim>;
-using OTile = sm90::SmemTile<kBlockM, kHeadDim>;
+using KVTile = sm90::SmemTile<kBlockN, kHeadDim>;  // K, and V where its head dim is K's
+using VTile = sm90::SmemTile<kBlockN, kHeadDimV>;
+using OTile = sm90::SmemTile<kBlockM, kHeadDimV>;
 
 struct SharedStorage {
     QTile q;
     KVTile k[kStages];
     union {  // the epilogue stages O where V was (O does not fit beside Q, K and V at D128/256)
-        KVTile v[kStages];
+        VTile v[kStages];
         OTile o;
     };
     alignas(8) u64 q_full, q_empty;
@@ -234,7 +248,7 @@ struct SharedStorage {
     int next;       // paged: the producer's next claim, kept here across the tile's loads (see produce)
     int pages[kPaged ? kStages : 1][kBlockN / 16];  // paged: each K stage's page per box (load_pages)
 };
-static_assert(sizeof(OTile) <= kStages * sizeof(KVTile), "O must fit in V's stages");
+static_assert(sizeof(OTile) <= kStages * sizeof(VTile), "O must fit in V's stages");
 constexpr unsigned kSmemBytes = sizeof(SharedStorage) + sm90::kSwizzlePeriod;
 static_assert(kSmemBytes <= 227 * 1024, "shared memory per block");
 #ifdef FC_SMEM_BYTES
@@ -505,7 +519,7 @@ __device__ __forceinline__ void store_rows(const FwdParams& p, const Tile& t, in
         if (row >= t.seq.seqlen_q) continue;
         elem_t* dst = out + (t.seq.q_start + row) * p.o_stride_s + f.col;
 #pragma unroll
-        for (int j = 0; j < kHeadDimReal / 8; ++j) {
+        for (int j = 0; j < kHeadDimVReal / 8; ++j) {
             *reinterpret_cast<u32*>(dst + 8 * j) = pack2<elem_t>(value(4 * j + 2 * r), value(4 * j + 2 * r + 1));
         }
     }
@@ -516,7 +530,7 @@ __device__ __forceinline__ void store_rows(const FwdParams& p, const Tile& t, in
 // instead of scattered 4-byte stores. `last_v` is the tile's last V stage: once every
 // consumer warpgroup has released it, no one reads V's stages until the producer, waiting on
 // o_free, refills them for the next tile.
-__device__ __forceinline__ void store_output(SharedStorage& smem, float (&o)[kHeadDim / 2], sm90::OnlineSoftmax& softmax,
+__device__ __forceinline__ void store_output(SharedStorage& smem, float (&o)[kHeadDimV / 2], sm90::OnlineSoftmax& softmax,
                                              const FwdParams& p, const Tile& t, int wg,
                                              const PipelineState<kStages>& last_v, const TmaDescriptor* tma_o) {
     float inv[2], lse[2];
@@ -642,16 +656,18 @@ __device__ __forceinline__ void produce(SharedStorage& smem, const FwdParams& p,
         }
         mbarrier::arrive_expect_tx(bar(smem.q_full), QTile::kBytes);
         smem.q.load(tma_q, bar(smem.q_full), t.seq.q_start + t.m0, t.head, batch_coord(t));
-        auto load = [&](const KVTile (&ring)[kStages], const u64 (&full)[kStages], const u64 (&empty)[kStages],
+        // K's ring or V's (`ring`'s tiles: KVTile or VTile, of their own width).
+        auto load = [&](const auto& ring, const u64 (&full)[kStages], const u64 (&empty)[kStages],
                         PipelineCounter<kStages>& st, const TmaDescriptor* map, int n) {
+            const u32 bytes = ring[0].kBytes;
             mbarrier::wait(bar(empty, st.stage()), st.empty_parity());
-            mbarrier::arrive_expect_tx(bar(full, st.stage()), KVTile::kBytes);
-            const u32 dst = smem_u32(ring) + st.stage() * KVTile::kBytes;
+            mbarrier::arrive_expect_tx(bar(full, st.stage()), bytes);
+            const u32 dst = smem_u32(ring) + st.stage() * bytes;
             if (kPaged && p.block_table != nullptr) {
                 load_pages(dst, map, bar(full, st.stage()), p, t.batch, t.kv_head, n * kBlockN, 0u, span,
                            smem_u32(smem.pages) + st.stage() * sizeof(smem.pages[0]), map == tma_v);
             } else {
-                KVTile::load_to(dst, map, bar(full, st.stage()), t.seq.k_start + n * kBlockN, t.kv_head, batch_coord(t));
+                ring[0].load_to(dst, map, bar(full, st.stage()), t.seq.k_start + n * kBlockN, t.kv_head, batch_coord(t));
             }
             st.advance();
         };
@@ -688,10 +704,10 @@ __device__ __forceinline__ void help_produce(const FwdParams& p, const TmaDescri
         const Tile t = make_tile(p, w, seq);
         const int n_begin = kLocal ? t.blocks.begin : 0, n_end = t.blocks.end;
         if (kLocal ? n_end <= n_begin : n_end == 0) continue;
-        auto load = [&](const KVTile (&ring)[kStages], const u64 (&full)[kStages], const u64 (&empty)[kStages],
+        auto load = [&](const auto& ring, const u64 (&full)[kStages], const u64 (&empty)[kStages],
                         PipelineCounter<kStages>& st, const TmaDescriptor* map, int n) {
             mbarrier::wait(bar(empty, st.stage()), st.empty_parity());
-            load_pages(smem_u32(ring) + st.stage() * KVTile::kBytes, map, bar(full, st.stage()), p, t.batch, t.kv_head,
+            load_pages(smem_u32(ring) + st.stage() * ring[0].kBytes, map, bar(full, st.stage()), p, t.batch, t.kv_head,
                        n * kBlockN, first, last, smem_u32(smem.pages) + st.stage() * sizeof(smem.pages[0]),
                        map == tma_v);
             st.advance();
@@ -767,7 +783,7 @@ __device__ __forceinline__ void wait_pv_below_softmax(int n) {
 // took different paths must reach it at the same pc (compute-sanitizer synccheck: "Warpgroup
 // MMA sequence error"). Returns whether O must be rescaled (warp-uniform: every branch is).
 __device__ __forceinline__ bool softmax_under_pv(float (&s)[kBlockN / 2], sm90::OnlineSoftmax& softmax,
-                                                float (&rescale)[2], float (&o)[kHeadDim / 2], u32 (&pk)[kBlockN / 4],
+                                                float (&rescale)[2], float (&o)[kHeadDimV / 2], u32 (&pk)[kBlockN / 4],
                                                 const SharedStorage& smem, const PipelineState<kStages>& ks,
                                                 int q_row, int m0, bool masked, const FwdParams& p, const Tile& t, int n) {
     const float scale_log2 = p.softmax_scale_log2;
@@ -822,9 +838,9 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
             store_empty(p, t, m0);
             continue;
         }
-        float o[kHeadDim / 2];
+        float o[kHeadDimV / 2];
 #pragma unroll
-        for (int i = 0; i < kHeadDim / 2; ++i) o[i] = 0.f;
+        for (int i = 0; i < kHeadDimV / 2; ++i) o[i] = 0.f;
         sm90::OnlineSoftmax softmax;
 
         // Blocks this warpgroup's rows do not see come first (last to first): passed over.

@@ -54,12 +54,13 @@ fn short_max_keys(head_dim: usize, causal: bool) -> usize {
     }
 }
 
-/// Dynamic shared memory: Q plus `stages` K and V tiles (2 bytes an element), the
-/// barriers (padded to the 1024-byte alignment of the tiles), and 1024 bytes of slack to
-/// align the base for the 128-byte swizzle. The kernel checks it against its own layout
-/// (FC_SMEM_BYTES).
-fn smem_bytes(tile: Tile, head_dim: usize) -> u32 {
-    2 * (tile.block_m + 2 * tile.stages * tile.block_n) * padded_head_dim(head_dim) as u32 + 2 * 1024
+/// Dynamic shared memory: Q plus `stages` K and V tiles (2 bytes an element; V's
+/// `head_dim_v` wide), the barriers (padded to the 1024-byte alignment of the tiles), and 1024
+/// bytes of slack to align the base for the 128-byte swizzle. The kernel checks it against
+/// its own layout (FC_SMEM_BYTES).
+fn smem_bytes(tile: Tile, head_dim: usize, head_dim_v: usize) -> u32 {
+    let (d, dv) = (padded_head_dim(head_dim) as u32, padded_head_dim(head_dim_v) as u32);
+    2 * (tile.block_m * d + tile.stages * tile.block_n * (d + dv)) + 2 * 1024
 }
 
 /// The head dim the kernel's tiles have: whole 64-column panels (D96 runs as D128, its
@@ -102,17 +103,32 @@ pub fn with_mods(v: &Variant, mods: ScoreMods) -> Variant {
     let d = v.head_dim.unwrap_or(128);
     let short = (mods.softcap && mods.alibi && d <= 128) || (mods.dropout && (v.tile.warps > 12 || v.tile.block_n > 128));
     let tile = if short { tile(d, true) } else { v.tile };
-    Variant { mods, tile, smem_bytes: smem_bytes(tile, d), ..v.clone() }
+    Variant { mods, tile, smem_bytes: smem_bytes(tile, d, v.head_dim_v.unwrap_or(d)), ..v.clone() }
 }
 
 /// Every variant for one (dtype, head dim, mask): the default tile, and the short one where
-/// it is used.
+/// it is used; then the forms of V's own head dims beside this one ([`VALUE_HEAD_DIMS`]).
 pub fn variants(dtype: DType, head_dim: usize, causal: bool) -> Vec<Variant> {
     let mut out = vec![make_variant(dtype, head_dim, causal, false)];
     if short_max_keys(head_dim, causal) > 0 {
         out.push(make_variant(dtype, head_dim, causal, true));
     }
+    for &(_, head_dim_v) in VALUE_HEAD_DIMS.iter().filter(|(d, _)| *d == head_dim) {
+        out.push(value_variant(dtype, head_dim, head_dim_v, causal));
+    }
     out
+}
+
+/// The (head dim, V's head dim) pairs with forms of their own: DeepSeek-V3's prefill (Q and K
+/// 192, V 128). Compiled and size-checked with the family's other forms; calls with them are
+/// refused (`validate::value_head_dim`) until they pass `flashcore check` on a GPU.
+pub const VALUE_HEAD_DIMS: &[(usize, usize)] = &[(192, 128)];
+
+/// The form of `head_dim` with V's `head_dim_v` (one of [`VALUE_HEAD_DIMS`]): `head_dim`'s
+/// own tile (D192: 128 x 112), its V and O stages Dv wide (D192 / Dv128: 190 KB).
+pub fn value_variant(dtype: DType, head_dim: usize, head_dim_v: usize, causal: bool) -> Variant {
+    let plain = make_variant(dtype, head_dim, causal, false);
+    Variant { head_dim_v: Some(head_dim_v), smem_bytes: smem_bytes(plain.tile, head_dim, head_dim_v), ..plain }
 }
 
 fn make_variant(dtype: DType, head_dim: usize, causal: bool, short: bool) -> Variant {
@@ -121,9 +137,10 @@ fn make_variant(dtype: DType, head_dim: usize, causal: bool, short: bool) -> Var
         family: KernelFamily::FwdSm90,
         dtype,
         head_dim: Some(head_dim),
+        head_dim_v: None,
         causal: Some(causal),
         tile,
-        smem_bytes: smem_bytes(tile, head_dim),
+        smem_bytes: smem_bytes(tile, head_dim, head_dim),
         split_kv: false,
         mods: ScoreMods::default(),
         varlen: false,
@@ -231,8 +248,12 @@ impl Family for Spec {
         with_mods(v, mods)
     }
 
-    /// Prefill and chunked prefill on Hopper: pages of 16 keys and whole key blocks.
+    /// Prefill and chunked prefill on Hopper: pages of 16 keys and whole key blocks (none for
+    /// V's own head dim: a cache's pools share one).
     fn paged_forms(&self, _: Arch, v: &Variant) -> Vec<Variant> {
+        if v.head_dim_v.is_some() {
+            return Vec::new();
+        }
         vec![paged_form(v, 16), paged_form(v, 0)]
     }
 

@@ -290,6 +290,9 @@ pub struct Variant {
     pub dtype: DType,
     /// Compile-time head dim; `None` when the head dim is a run-time argument.
     pub head_dim: Option<usize>,
+    /// `FC_HEAD_DIM_V`: V's (and the output's) compile-time head dim where it is not
+    /// `head_dim` (fwd_sm90's dense and packed forms); `None`: V's is `head_dim`.
+    pub head_dim_v: Option<usize>,
     /// Compile-time mask; `None` when causal is a run-time argument.
     pub causal: Option<bool>,
     /// Tile configuration.
@@ -402,12 +405,15 @@ pub struct ScoreMods {
 
 impl Variant {
     /// A name unique per compiled binary, e.g. `fwd_sm80_bf16_d128_causal_128x64w4s2`
-    /// (`..._splitkv` for a split-KV variant, `_local`, `_chunk`, `_softcap`, `_alibi`, `_dropout`, `_sinks` for [`ScoreMods`], `_varlen`,
+    /// (`_dv128` after the head dim for V's own, `..._splitkv` for a split-KV variant, `_local`, `_chunk`, `_softcap`, `_alibi`, `_dropout`, `_sinks` for [`ScoreMods`], `_varlen`,
     /// `_paged`, `_spread`).
     pub fn name(&self) -> String {
         let mut name = format!("{}_{}", self.family.name(), self.dtype.name());
         if let Some(d) = self.head_dim {
             name += &format!("_d{d}");
+        }
+        if let Some(dv) = self.head_dim_v {
+            name += &format!("_dv{dv}");
         }
         if let Some(c) = self.causal {
             name += if c { "_causal" } else { "_full" };
@@ -453,6 +459,9 @@ impl Variant {
         let mut defines = vec![("FC_DTYPE_BF16".to_string(), u8::from(self.dtype == DType::BF16).to_string())];
         if let Some(d) = self.head_dim {
             defines.push(("FC_HEAD_DIM".into(), d.to_string()));
+        }
+        if let Some(dv) = self.head_dim_v {
+            defines.push(("FC_HEAD_DIM_V".into(), dv.to_string()));
         }
         if let Some(c) = self.causal {
             defines.push(("FC_CAUSAL".into(), u8::from(c).to_string()));

@@ -16,6 +16,7 @@ pub fn variant(dtype: DType) -> Variant {
         family: KernelFamily::Reference,
         dtype,
         head_dim: None,
+        head_dim_v: None,
         causal: None,
         tile: Tile { block_m: 4, block_n: 1, warps: 4, stages: 1 },
         smem_bytes: 0,
