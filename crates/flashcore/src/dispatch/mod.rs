@@ -189,8 +189,11 @@ pub fn plan_for(
     // Dropout: fwd_sm90 where it runs (its accumulators hold the mask's cells as fwd_sm80's
     // do: the same mask, bit for bit), dense or packed, else fwd_sm80; unsplit either way.
     let dropout_on_sm90 = KernelFamily::FwdSm90.runs_on(arch) && KernelFamily::FwdSm90.takes_head_dim(shape.head_dim);
+    // V's own head dim: fwd_sm90's forms for the pairs it has (fwd_sm90::VALUE_HEAD_DIMS).
+    let own_value_dim = shape.head_dim_v != shape.head_dim;
     let family = match params.kernel {
         Some(family) => family,
+        None if own_value_dim && KernelFamily::FwdSm90.runs_on(arch) => KernelFamily::FwdSm90,
         None if packed_queries => KernelFamily::FwdSm80,
         None if dropout && dropout_on_sm90 => KernelFamily::FwdSm90,
         None if dropout => KernelFamily::FwdSm80,
@@ -233,6 +236,9 @@ pub fn plan_for(
     if !family.takes_head_dim(d) {
         return Err(Error::HeadDim { head_dim: d, supported: format!("{} for {family}", family.head_dims_text()) });
     }
+    if own_value_dim {
+        value_head_dim_form(family, shape, paged)?;
+    }
     if params.num_splits == Some(0) {
         return Err(Error::Param { arg: "num_splits", msg: "must be at least 1 (None picks it)".into() });
     }
@@ -243,6 +249,7 @@ pub fn plan_for(
     // Learnable sinks: fwd_sm80 finds each packed row's own head (`sink_group`); fwd_sm90 reads
     // its tile's head's alone (a row's cost registers its widest forms lack).
     let packed_gqa = packs_gqa(shape, family)
+        && !own_value_dim
         && window.is_none()
         && !alibi
         && !dropout
@@ -265,6 +272,7 @@ pub fn plan_for(
     };
     let mut plan = match family {
         KernelFamily::Reference => unsplit(reference::variant(dtype), &kshape),
+        KernelFamily::FwdSm90 if own_value_dim => unsplit(fwd_sm90::value_variant(dtype, d, shape.head_dim_v, causal), &kshape),
         // A window's tiles by the keys a query tile visits (its cost scales with them).
         KernelFamily::FwdSm90 if window.is_some() => unsplit(fwd_sm90::variant(dtype, kshape.head_dim, causal, visited(128)), &kshape),
         KernelFamily::FwdSm90 => unsplit(fwd_sm90::variant_for(dtype, &kshape, causal, device.sm_count as usize), &kshape),
@@ -288,6 +296,24 @@ pub fn plan_for(
     }
     plan.packed_gqa = packed_gqa;
     Ok(plan)
+}
+
+/// Whether `family` has a form for V's own head dim in `shape` over these keys: fwd_sm90's
+/// dense and packed forms of the pairs in [`fwd_sm90::VALUE_HEAD_DIMS`]; else the error names
+/// what runs it.
+fn value_head_dim_form(family: KernelFamily, shape: &ProblemShape, paged: bool) -> Result<()> {
+    let (d, dv) = (shape.head_dim, shape.head_dim_v);
+    let pairs = || fwd_sm90::VALUE_HEAD_DIMS.iter().map(|(d, dv)| format!("({d}, {dv})")).collect::<Vec<_>>().join(", ");
+    let msg = if family != KernelFamily::FwdSm90 {
+        format!("takes V's head dim equal to q's and k's (here {dv} and {d}): fwd_sm90 runs {} on Hopper", pairs())
+    } else if paged {
+        "takes V's head dim equal to the keys' in a KV cache (its pools share one)".into()
+    } else if !fwd_sm90::VALUE_HEAD_DIMS.contains(&(d, dv)) {
+        format!("has no form for head dim {d} with V's {dv}: it has {}", pairs())
+    } else {
+        return Ok(());
+    };
+    Err(Error::Unsupported { kernel: family.name().into(), msg })
 }
 
 fn not_a_forward(family: KernelFamily) -> Error {
@@ -412,6 +438,56 @@ mod tests {
             }
         }
         assert!(packed_and_split > 0, "some decode plan packs GQA heads as rows and splits the keys");
+    }
+
+    #[test]
+    fn v_s_own_head_dim_runs_fwd_sm90_s_form_of_the_pair_or_is_refused_by_name() {
+        let deepseek = ProblemShape { head_dim: 192, head_dim_v: 128, ..shape(192) };
+        for (layout, params) in [
+            (KeyLayout::Dense, AttnParams::causal()),
+            (KeyLayout::Varlen { total_k: 8000 }, AttnParams::default()),
+            (KeyLayout::Dense, AttnParams { window: crate::Window::new(128, 0), softcap: 30.0, ..AttnParams::causal() }),
+        ] {
+            let p = plan_for(&h100(), &deepseek, DType::BF16, &params, layout, ScoreTensors::default()).unwrap();
+            assert_eq!(
+                (p.variant.family, p.variant.head_dim, p.variant.head_dim_v, p.splits),
+                (KernelFamily::FwdSm90, Some(192), Some(128), 1)
+            );
+            assert!(p.variant.name().contains("_d192_dv128_"), "{}", p.variant.name());
+        }
+        let decode = ProblemShape { head_dim: 192, head_dim_v: 128, ..decode(8, 4096) };
+        let p = plan(&h100(), &decode, DType::BF16, &AttnParams::default()).unwrap();
+        assert!(!p.packed_gqa && p.variant.head_dim_v == Some(128), "decode runs the same form, heads unpacked");
+        let refusals = [
+            (plan(&on("sm_80"), &deepseek, DType::BF16, &AttnParams::default()), "fwd_sm80"),
+            (
+                plan(&h100(), &deepseek, DType::BF16, &AttnParams { kernel: Some(KernelFamily::FwdSm80), ..AttnParams::default() }),
+                "fwd_sm80",
+            ),
+            (
+                plan(&h100(), &deepseek, DType::BF16, &AttnParams { kernel: Some(KernelFamily::Reference), ..AttnParams::default() }),
+                "reference",
+            ),
+            (
+                plan(&h100(), &ProblemShape { head_dim_v: 64, ..deepseek }, DType::BF16, &AttnParams::default()),
+                "no form for head dim 192 with V's 64",
+            ),
+            (
+                plan_for(
+                    &h100(),
+                    &deepseek,
+                    DType::BF16,
+                    &AttnParams::default(),
+                    KeyLayout::Paged { page_size: 16, packed_queries: false },
+                    ScoreTensors::default(),
+                ),
+                "KV cache",
+            ),
+        ];
+        for (result, names) in refusals {
+            let err = result.unwrap_err().to_string();
+            assert!(err.contains(names), "{err}");
+        }
     }
 
     #[test]
