@@ -247,14 +247,15 @@ pub fn plan_for(
     // A packed batch packs on fwd_sm80 alone (the only kernel with the row mapping for it).
     // Nor under ALiBi or dropout, whose slope and mask are a head's and a row's.
     // Learnable sinks: fwd_sm80 finds each packed row's own head (`sink_group`); fwd_sm90 reads
-    // its tile's head's alone (a row's cost registers its widest forms lack).
-    let packed_gqa = packs_gqa(shape, family)
-        && !own_value_dim
-        && window.is_none()
-        && !alibi
-        && !dropout
-        && !(sinks && family == KernelFamily::FwdSm90)
-        && (!varlen || family == KernelFamily::FwdSm80);
+    // its tile's head's alone (a row's cost registers its widest forms lack). V's own head
+    // dim: its forms are checked with heads as heads.
+    let rows_keep_their_heads = own_value_dim
+        || window.is_some()
+        || alibi
+        || dropout
+        || (sinks && family == KernelFamily::FwdSm90)
+        || (varlen && family != KernelFamily::FwdSm80);
+    let packed_gqa = packs_gqa(shape, family) && !rows_keep_their_heads;
     if varlen && family == KernelFamily::Reference {
         return Err(Error::Unsupported {
             kernel: family.name().into(),
