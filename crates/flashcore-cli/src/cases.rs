@@ -17,6 +17,9 @@ pub struct Case {
     pub heads_q: usize,
     pub heads_kv: usize,
     pub head_dim: usize,
+    /// V's own head dim (`ProblemShape::head_dim_v`; `check --value-dim`); absent: `head_dim`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_dim_v: Option<usize>,
     pub causal: bool,
     pub dtype: DType,
     /// Sliding window `[left, right]` (`bench --window`); none when absent.
@@ -106,6 +109,7 @@ impl Case {
             heads_q,
             heads_kv,
             head_dim,
+            head_dim_v: None,
             causal,
             dtype,
             window: None,
@@ -126,6 +130,20 @@ impl Case {
         case.name = prefix.to_string() + &case.name[case.name.find("_h").expect("Case::new names heads")..];
         case.packed = Some(packed);
         case
+    }
+
+    /// The case with V's own head dim `head_dim_v`, which its name says after the head dim
+    /// (`_d192_dv128`).
+    pub fn with_value_dim(mut self, head_dim_v: usize) -> Self {
+        let d = format!("_d{}", self.head_dim);
+        self.name = self.name.replacen(&(d.clone() + "_"), &format!("{d}_dv{head_dim_v}_"), 1);
+        self.head_dim_v = Some(head_dim_v);
+        self
+    }
+
+    /// V's head dim (and the output's): its own, else `head_dim`.
+    pub fn value_dim(&self) -> usize {
+        self.head_dim_v.unwrap_or(self.head_dim)
     }
 
     /// The case with a window and a softcap (`bench --window`, `--softcap`), which its name
@@ -198,7 +216,7 @@ impl Case {
             None => self.shape().kv_bytes(elem),
             Some(p) => {
                 let keys: usize = (0..p.seqlens_k.len()).map(|b| p.used_k(b)).sum();
-                (2 * keys * self.heads_kv * self.head_dim * elem) as f64
+                (keys * self.heads_kv * (self.head_dim + self.value_dim()) * elem) as f64
             }
         }
     }
@@ -211,7 +229,7 @@ impl Case {
             heads_q: self.heads_q,
             heads_kv: self.heads_kv,
             head_dim: self.head_dim,
-            head_dim_v: self.head_dim,
+            head_dim_v: self.value_dim(),
         }
     }
 
@@ -230,12 +248,24 @@ impl Case {
         }
     }
 
-    /// `k`'s and `v`'s shape: `[B, Sk, Hkv, D]`, or `[1, total_k, Hkv, D]` packed.
+    /// `k`'s (and `v`'s) shape: `[B, Sk, Hkv, D]`, or `[1, total_k, Hkv, D]` packed.
     pub fn kv_shape(&self) -> [usize; 4] {
         match &self.packed {
             None => [self.batch, self.seqlen_k, self.heads_kv, self.head_dim],
             Some(p) => [1, p.seqlens_k.iter().sum(), self.heads_kv, self.head_dim],
         }
+    }
+
+    /// `v`'s shape: `k`'s with V's head dim.
+    pub fn v_shape(&self) -> [usize; 4] {
+        let [b, s, h, _] = self.kv_shape();
+        [b, s, h, self.value_dim()]
+    }
+
+    /// The output's shape: `q`'s with V's head dim.
+    pub fn o_shape(&self) -> [usize; 4] {
+        let [b, s, h, _] = self.q_shape();
+        [b, s, h, self.value_dim()]
     }
 }
 
@@ -265,7 +295,7 @@ pub fn random_qkv(case: &Case, inputs: Inputs, seed: u64) -> HostQkv {
     let qk_scale = if inputs == Inputs::LargeLogits { 30f32.sqrt() } else { 1.0 };
     let q = normal(case.q_shape().iter().product(), qk_scale, case.dtype, seed);
     let mut k = normal(case.kv_shape().iter().product(), qk_scale, case.dtype, seed ^ 0x6b);
-    let v = normal(case.kv_shape().iter().product(), 1.0, case.dtype, seed ^ 0x76);
+    let v = normal(case.v_shape().iter().product(), 1.0, case.dtype, seed ^ 0x76);
     let d = case.head_dim;
     if inputs == Inputs::IdenticalKeys {
         let first: Vec<f32> = k[..d].to_vec();
@@ -384,6 +414,23 @@ mod tests {
         let (rel, max) = errors(&[1.0, 2.0], &[1.0, 2.5]);
         assert!((rel - 0.5 / (1.0f64 + 6.25).sqrt()).abs() < 1e-12);
         assert_eq!(max, 0.5);
+    }
+
+    #[test]
+    fn a_case_with_v_s_own_head_dim_names_it_and_shapes_v_and_the_output_by_it() {
+        let case = Case::new(2, 5, 7, 4, 2, 192, true, DType::BF16).with_value_dim(128);
+        assert_eq!(case.name, "b2_sq5_sk7_h4kv2_d192_dv128_causal_bf16");
+        assert_eq!(
+            (case.q_shape(), case.kv_shape(), case.v_shape(), case.o_shape()),
+            ([2, 5, 4, 192], [2, 7, 2, 192], [2, 7, 2, 128], [2, 5, 4, 128])
+        );
+        assert_eq!((case.shape().head_dim, case.shape().head_dim_v), (192, 128));
+        let host = random_qkv(&case, Inputs::Normal, 3);
+        assert_eq!((host.q.len(), host.k.len(), host.v.len()), (2 * 5 * 4 * 192, 2 * 7 * 2 * 192, 2 * 7 * 2 * 128));
+        let plain = Case::new(2, 5, 7, 4, 2, 192, true, DType::BF16);
+        assert_eq!((plain.value_dim(), plain.v_shape()), (192, plain.kv_shape()));
+        assert_eq!(case.flops(), plain.flops() * (192.0 + 128.0) / (2.0 * 192.0), "P·V at 128 columns");
+        assert_eq!(case.kv_bytes(), (2 * 7 * 2 * (192 + 128) * 2) as f64);
     }
 
     #[test]

@@ -42,12 +42,14 @@ pub(crate) fn problem(q: &TensorView, k: &TensorView, v: &TensorView, o: &Tensor
     Ok(ProblemShape { batch: b, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d, head_dim_v: dv })
 }
 
-/// Which V head dims the GPU kernels take beside q's and k's `d`: `d` alone so far. A head dim
-/// of V's own (DeepSeek's 192 / 128, FlashAttention-3's 64 / 512) runs in the f64 reference
-/// (`reference::attention_masked`, `flashcore attn --cpu`), which every layer below this check
-/// carries (`ProblemShape::head_dim_v`).
+/// Which V head dims the GPU kernels take beside q's and k's `d`: `d`, and the pairs of
+/// fwd_sm90's forms once checked on a GPU (`fwd_sm90::VALUE_HEAD_DIMS_CHECKED_ON_GPU`; which
+/// family and layout runs them is the planner's to say). Any other head dim of V's own runs in
+/// the f64 reference (`reference::attention_masked`, `flashcore attn --cpu`), which every layer
+/// below this check carries (`ProblemShape::head_dim_v`).
 fn value_head_dim(d: usize, dv: usize) -> Result<()> {
-    if dv != d {
+    use crate::kernels::fwd_sm90::{VALUE_HEAD_DIMS, VALUE_HEAD_DIMS_CHECKED_ON_GPU};
+    if dv != d && !(VALUE_HEAD_DIMS_CHECKED_ON_GPU && VALUE_HEAD_DIMS.contains(&(d, dv))) {
         let msg = format!("head dim {dv} differs from q's and k's {d}: the GPU kernels take V's head dim equal to theirs (a head dim of V's own runs in the f64 reference, `flashcore attn --cpu`)");
         return Err(shape_err("v", msg));
     }

@@ -295,6 +295,40 @@ pub fn sinks_specs(family: KernelFamily, quick: bool) -> Vec<Spec> {
     out
 }
 
+/// V's own head dim (`check --value-dim`): each (D, Dv) pair fwd_sm90 has a form for
+/// (`fwd_sm90::VALUE_HEAD_DIMS`), both dtypes and masks, over odd lengths both ways, GQA,
+/// decode, large logits, BHSD strides, a window, a softcap with ALiBi, a chunk and sinks (every
+/// form calls with the pair reach); other families have none. Apart from the other runs while
+/// the library refuses the pairs (`validate::value_head_dim`).
+pub fn value_dim_specs(family: KernelFamily, quick: bool) -> Vec<Spec> {
+    if family != KernelFamily::FwdSm90 {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for &(d, dv) in flashcore::kernels::VALUE_HEAD_DIMS {
+        for dtype in [DType::BF16, DType::F16] {
+            for causal in [false, true] {
+                let case = |b, sq, sk, hq, hkv| Case::new(b, sq, sk, hq, hkv, d, causal, dtype).with_value_dim(dv);
+                let plain = |c| Spec::new(c, Inputs::Normal, Storage::Bshd);
+                out.push(plain(case(1, 1000, 1000, 8, 2)));
+                out.push(plain(case(2, 113, 1000, 4, 1)));
+                out.push(plain(case(2, 1000, 113, 8, 8)));
+                out.push(plain(case(3, 1, 4097, 8, 2)));
+                if quick {
+                    continue;
+                }
+                out.push(Spec { scale: Some(1.0), ..Spec::new(case(1, 130, 600, 4, 2), Inputs::LargeLogits, Storage::Bshd) });
+                out.push(Spec::new(case(2, 257, 257, 4, 2), Inputs::RisingLogits, Storage::Bhsd));
+                out.push(Spec::with_mods(case(1, 1000, 1000, 8, 2), Inputs::Normal, Window::new(100, 20), 0.0));
+                out.push(Spec::with_mods(case(1, 600, 300, 4, 2), Inputs::LargeLogits, Window::UNBOUNDED, 30.0).with_alibi(Alibi::PerHead));
+                out.push(Spec { chunk: 256, ..plain(case(1, 1000, 1000, 4, 2)) });
+                out.push(Spec { sinks: true, ..plain(case(2, 300, 1000, 8, 2)) });
+            }
+        }
+    }
+    out
+}
+
 /// Dropout (fwd_sm80's and fwd_sm90's forms): p 0.17 on Sq < Sk with GQA, 0.5 with a window and ALiBi per
 /// sequence on Sq > Sk, 0.1 in decode (no GQA packing under dropout).
 fn dropout_specs(d: usize, causal: bool, dtype: DType, quick: bool) -> Vec<Spec> {
@@ -362,7 +396,7 @@ fn run_poisoned(ctx: &Context, family: KernelFamily, spec: &Spec, q: &Stored, k:
         learnable_sink: sinks.as_ref().map(LearnableSinks::of),
         ..FwdInputs::dense(q.view(), k.view(), v.view())
     };
-    poisoned_run(ctx, case.q_shape(), case.dtype, lse_len, |o, lse| {
+    poisoned_run(ctx, case.o_shape(), case.dtype, lse_len, |o, lse| {
         ctx.attention_into(&inputs, FwdOutputs { o, lse: Some(LseViewMut::of(lse)), probs: None }, &params)
     })
 }
@@ -371,7 +405,7 @@ pub fn check_one(ctx: &Context, family: KernelFamily, spec: &Spec) -> Result<Out
     let case = &spec.case;
     let host = random_qkv(case, spec.inputs, 0x5eed ^ case.seqlen_q as u64 ^ ((case.head_dim as u64) << 20));
     let up = |data: &[f32], shape| Stored::upload(ctx, data, shape, case.dtype, spec.storage);
-    let (q, k, v) = (up(&host.q, case.q_shape())?, up(&host.k, case.kv_shape())?, up(&host.v, case.kv_shape())?);
+    let (q, k, v) = (up(&host.q, case.q_shape())?, up(&host.k, case.kv_shape())?, up(&host.v, case.v_shape())?);
 
     let first = run_poisoned(ctx, family, spec, &q, &k, &v)?;
     let deterministic = same_bits(&first, &run_poisoned(ctx, family, spec, &q, &k, &v)?);

@@ -80,6 +80,12 @@ pub struct CheckArgs {
     /// and the sinks' gradient).
     #[arg(long)]
     sinks: bool,
+    /// Only the cases of V's own head dim (fwd_sm90's forms of `fwd_sm90::VALUE_HEAD_DIMS`).
+    /// They join every other run once the library takes the pairs
+    /// (`flashcore::kernels::VALUE_HEAD_DIMS_CHECKED_ON_GPU`); until then this runs them alone, each
+    /// refused by name.
+    #[arg(long)]
+    value_dim: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -104,8 +110,13 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     let group = |name: &str| args.only.as_deref().is_none_or(|only| only == name);
     let forward = families.iter().filter(|f| !f.is_backward() && group("forward"));
     let (quick, smoke) = (depth == Depth::Quick, depth == Depth::Smoke);
-    // Every depth takes the sinks cases (smoke: the quick ones; their forms are variants too).
-    let dense_specs = |f| dense::specs(f, quick, smoke).into_iter().chain(dense::sinks_specs(f, quick || smoke));
+    // Every depth takes the sinks cases (smoke: the quick ones; their forms are variants too),
+    // and V's own head dims' once the library takes them (or when asked for).
+    let value_dims = args.value_dim || flashcore::kernels::VALUE_HEAD_DIMS_CHECKED_ON_GPU;
+    let dense_specs = |f| {
+        let own_value_dim = if value_dims { dense::value_dim_specs(f, quick || smoke) } else { Vec::new() };
+        dense::specs(f, quick, smoke).into_iter().chain(dense::sinks_specs(f, quick || smoke)).chain(own_value_dim)
+    };
     let all: Vec<(KernelFamily, dense::Spec)> = forward.flat_map(|&f| dense_specs(f).map(move |s| (f, s))).collect();
     // The backward's kernels: bwd_sm80, bwd_sm90, and the reference (which has both passes).
     let backward: Vec<bwd::BwdSpec> = families
@@ -124,20 +135,31 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     let dropped = |d: bool| !args.dropout || d;
     let chunked = |chunk: usize| !args.chunk || chunk > 0;
     let sunk = |sinks: bool| !args.sinks || sinks;
+    let valued = |own: bool| !args.value_dim || own; // only the dense forward has them yet
     let all: Vec<_> = all
         .into_iter()
-        .filter(|(_, s)| dim(s.case.head_dim) && alibi(s.alibi) && dropped(s.dropout.is_some()) && chunked(s.chunk) && sunk(s.sinks))
+        .filter(|(_, s)| {
+            let c = &s.case;
+            dim(c.head_dim)
+                && alibi(s.alibi)
+                && dropped(s.dropout.is_some())
+                && chunked(s.chunk)
+                && sunk(s.sinks)
+                && valued(c.head_dim_v.is_some())
+        })
         .collect();
     let backward: Vec<_> = backward
         .into_iter()
-        .filter(|s| dim(s.head_dim()) && alibi(s.alibi) && dropped(s.has_dropout()) && chunked(s.chunk) && sunk(s.sinks))
+        .filter(|s| dim(s.head_dim()) && alibi(s.alibi) && dropped(s.has_dropout()) && chunked(s.chunk) && sunk(s.sinks) && valued(false))
         .collect();
     let packed: Vec<_> = packed
         .into_iter()
-        .filter(|s| dim(s.head_dim) && alibi(s.alibi) && dropped(s.dropout.is_some()) && chunked(0) && sunk(s.sinks))
+        .filter(|s| dim(s.head_dim) && alibi(s.alibi) && dropped(s.dropout.is_some()) && chunked(0) && sunk(s.sinks) && valued(false))
         .collect();
-    let cached: Vec<_> =
-        cached.into_iter().filter(|s| dim(s.head_dim) && alibi(s.alibi) && dropped(false) && chunked(s.chunk) && sunk(s.sinks)).collect();
+    let cached: Vec<_> = cached
+        .into_iter()
+        .filter(|s| dim(s.head_dim) && alibi(s.alibi) && dropped(false) && chunked(s.chunk) && sunk(s.sinks) && valued(false))
+        .collect();
     // In the order they run (below), so that the parts of one N cover the run once.
     let mut part = PartFilter { part: args.part, next: 0 };
     let (all, packed, cached, backward) = (part.take(all), part.take(packed), part.take(cached), part.take(backward));
@@ -283,5 +305,25 @@ mod name_tests {
         assert_eq!(score_suffix(Window::new(4096, 0), 0.0), "_w4096,0");
         assert_eq!(score_suffix(Window::new(-1, 7), 30.0), "_w-1,7_cap30");
         assert_eq!(score_suffix(Window::UNBOUNDED, 1.5), "_cap1.5");
+    }
+}
+
+#[cfg(test)]
+mod value_dim_tests {
+    use super::dense::value_dim_specs;
+    use flashcore::KernelFamily;
+
+    #[test]
+    fn v_s_own_head_dim_cases_are_fwd_sm90_s_pairs_alone() {
+        let (full, quick) = (value_dim_specs(KernelFamily::FwdSm90, false), value_dim_specs(KernelFamily::FwdSm90, true));
+        assert_eq!((full.len(), quick.len()), (40, 16), "two dtypes, two masks: 10 cases each, 4 quick");
+        for s in &full {
+            assert_eq!((s.case.head_dim, s.case.head_dim_v), (192, Some(128)), "{}", s.case.name);
+            assert!(s.case.name.contains("_d192_dv128_"), "{}", s.case.name);
+        }
+        assert!(full.iter().any(|s| s.sinks) && full.iter().any(|s| s.chunk > 0) && full.iter().any(|s| s.case.seqlen_q == 1));
+        for family in [KernelFamily::FwdSm80, KernelFamily::Reference, KernelFamily::BwdSm90] {
+            assert!(value_dim_specs(family, false).is_empty(), "{family}: no form of its own");
+        }
     }
 }

@@ -124,6 +124,11 @@ pub fn variants(dtype: DType, head_dim: usize, causal: bool) -> Vec<Variant> {
 /// refused (`validate::value_head_dim`) until they pass `flashcore check` on a GPU.
 pub const VALUE_HEAD_DIMS: &[(usize, usize)] = &[(192, 128)];
 
+/// Whether the forms of [`VALUE_HEAD_DIMS`] have passed `flashcore check --value-dim` against
+/// the f64 reference on a GPU. Until they have, calls with those pairs are refused by name
+/// (`validate::value_head_dim`), and `check` runs their cases only when asked.
+pub const VALUE_HEAD_DIMS_CHECKED_ON_GPU: bool = false;
+
 /// The form of `head_dim` with V's `head_dim_v` (one of [`VALUE_HEAD_DIMS`]): `head_dim`'s
 /// own tile (D192: 128 x 112), its V and O stages Dv wide (D192 / Dv128: 190 KB).
 pub fn value_variant(dtype: DType, head_dim: usize, head_dim_v: usize, causal: bool) -> Variant {
