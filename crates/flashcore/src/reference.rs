@@ -478,6 +478,30 @@ mod tests {
         assert!(whole.o.iter().any(|&x| x.abs() > 1e-2) && whole.o[..5].iter().all(|&x| x == 0.0), "a row without keys is 0");
     }
 
+    /// `attention_backward_masked`'s gradients of `[q, k, v, dout]`, each element asserted
+    /// within `tol` of the central difference of the loss `Σ dout ∘ o` (step 1e-5).
+    fn gradients_by_finite_differences(inputs: [&Vec<f64>; 4], s: &ProblemShape, scale: f64, mask: &RefMask, tol: f64) -> ReferenceGrads {
+        let [q, k, v, dout] = inputs;
+        let grads = attention_backward_masked(q, k, v, dout, s, scale, mask);
+        let loss = |q: &[f64], k: &[f64], v: &[f64]| dot(&attention_masked(q, k, v, s, scale, mask).o, dout);
+        let h = 1e-5;
+        for (name, x, g) in [("q", q, &grads.dq), ("k", k, &grads.dk), ("v", v, &grads.dv)] {
+            for n in 0..x.len() {
+                let (mut plus, mut minus) = (x.clone(), x.clone());
+                plus[n] += h;
+                minus[n] -= h;
+                let at = |t: &[f64]| match name {
+                    "q" => loss(t, k, v),
+                    "k" => loss(q, t, v),
+                    _ => loss(q, k, t),
+                };
+                let numeric = (at(&plus) - at(&minus)) / (2.0 * h);
+                assert!((numeric - g[n]).abs() < tol, "d{name}[{n}] ({s:?}, {mask:?}): {} vs {numeric}", g[n]);
+            }
+        }
+        grads
+    }
+
     #[test]
     fn gradients_with_a_v_head_dim_of_its_own_match_finite_differences() {
         // Dv wider and narrower than D, dO shaped like o, dV like v; sinks, a window, a chunk.
@@ -490,24 +514,8 @@ mod tests {
             let s = ProblemShape { head_dim_v: dv, ..shape(2, 5, 6, 4, 2, d) };
             let (q, k, v) = qkv(&s, 113);
             let dout = random(2 * 5 * 4 * dv, 127);
-            let grads = attention_backward_masked(&q, &k, &v, &dout, &s, 1.3, &mask);
+            let grads = gradients_by_finite_differences([&q, &k, &v, &dout], &s, 1.3, &mask, 1e-8);
             assert_eq!((grads.dq.len(), grads.dk.len(), grads.dv.len()), (q.len(), k.len(), v.len()));
-            let loss = |q: &[f64], k: &[f64], v: &[f64]| dot(&attention_masked(q, k, v, &s, 1.3, &mask).o, &dout);
-            let h = 1e-5;
-            for (name, x, g) in [("q", &q, &grads.dq), ("k", &k, &grads.dk), ("v", &v, &grads.dv)] {
-                for n in 0..x.len() {
-                    let (mut plus, mut minus) = (x.clone(), x.clone());
-                    plus[n] += h;
-                    minus[n] -= h;
-                    let at = |t: &[f64]| match name {
-                        "q" => loss(t, &k, &v),
-                        "k" => loss(&q, t, &v),
-                        _ => loss(&q, &k, t),
-                    };
-                    let numeric = (at(&plus) - at(&minus)) / (2.0 * h);
-                    assert!((numeric - g[n]).abs() < 1e-8, "d{name}[{n}] (D {d}, Dv {dv}, {mask:?}): {} vs {numeric}", g[n]);
-                }
-            }
             assert!(grads.dv.iter().any(|&x| x.abs() > 1e-3) && grads.dq.iter().any(|&x| x.abs() > 1e-3), "gradients worth testing");
         }
     }
@@ -898,23 +906,7 @@ mod tests {
             let (q, k, v) = qkv(&s, 101);
             let (q, k): (Vec<f64>, Vec<f64>) = (q.iter().map(|x| 2.0 * x).collect(), k.iter().map(|x| 2.0 * x).collect());
             let dout = random(q.len(), 103);
-            let grads = attention_backward_masked(&q, &k, &v, &dout, &s, 1.5, &mask);
-            let loss = |q: &[f64], k: &[f64], v: &[f64]| dot(&attention_masked(q, k, v, &s, 1.5, &mask).o, &dout);
-            let h = 1e-5;
-            for (name, x, g) in [("q", &q, &grads.dq), ("k", &k, &grads.dk), ("v", &v, &grads.dv)] {
-                for n in 0..x.len() {
-                    let (mut plus, mut minus) = (x.clone(), x.clone());
-                    plus[n] += h;
-                    minus[n] -= h;
-                    let at = |t: &[f64]| match name {
-                        "q" => loss(t, &k, &v),
-                        "k" => loss(&q, t, &v),
-                        _ => loss(&q, &k, t),
-                    };
-                    let numeric = (at(&plus) - at(&minus)) / (2.0 * h);
-                    assert!((numeric - g[n]).abs() < 1e-7, "d{name}[{n}] ({sq}x{sk}, {mask:?}): {} vs {numeric}", g[n]);
-                }
-            }
+            let grads = gradients_by_finite_differences([&q, &k, &v, &dout], &s, 1.5, &mask, 1e-7);
             assert!(grads.dq.iter().any(|&x| x.abs() > 1e-3), "{mask:?}: a gradient worth testing");
         }
     }
