@@ -32,6 +32,16 @@ __device__ __forceinline__ bool try_wait(u32 bar, u32 parity) {
     return done != 0;
 }
 
+// try_wait with a suspend-time hint: the thread may sleep up to `hint_ns` until the phase
+// completes instead of returning at once (see wait_sleeping).
+__device__ __forceinline__ bool try_wait_suspending(u32 bar, u32 parity, u32 hint_ns) {
+    u32 done;
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\nselp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done) : "r"(bar), "r"(parity), "r"(hint_ns) : "memory");
+    return done != 0;
+}
+
 // Blocks until the phase of this parity has completed.
 __device__ __forceinline__ void wait(u32 bar, u32 parity) {
     while (!try_wait(bar, parity)) {
@@ -49,12 +59,8 @@ constexpr u32 kSuspendTimeHintNs = 10000000;
 // warps. Every other wait spins: with the hint on all of them fwd_sm90's D128 full S8k row ran
 // 4-8% slower in two rounds (the rest of its S2k/S8k rows within 2%), not yet explained.
 __device__ __forceinline__ void wait_sleeping(u32 bar, u32 parity) {
-    u32 done;
-    do {
-        asm volatile(
-            "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\nselp.u32 %0, 1, 0, p;\n}\n"
-            : "=r"(done) : "r"(bar), "r"(parity), "r"(kSuspendTimeHintNs) : "memory");
-    } while (done == 0);
+    while (!try_wait_suspending(bar, parity, kSuspendTimeHintNs)) {
+    }
 }
 
 }  // namespace mbarrier
