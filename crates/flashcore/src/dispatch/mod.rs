@@ -237,7 +237,7 @@ pub fn plan_for(
         return Err(Error::HeadDim { head_dim: d, supported: format!("{} for {family}", family.head_dims_text()) });
     }
     if own_value_dim {
-        value_head_dim_form(family, shape, paged)?;
+        value_head_dim_form(family, shape, matches!(layout, KeyLayout::Dense))?;
     }
     if params.num_splits == Some(0) {
         return Err(Error::Param { arg: "num_splits", msg: "must be at least 1 (None picks it)".into() });
@@ -299,16 +299,16 @@ pub fn plan_for(
     Ok(plan)
 }
 
-/// Whether `family` has a form for V's own head dim in `shape` over these keys: fwd_sm90's
-/// dense and packed forms of the pairs in [`fwd_sm90::VALUE_HEAD_DIMS`]; else the error names
-/// what runs it.
-fn value_head_dim_form(family: KernelFamily, shape: &ProblemShape, paged: bool) -> Result<()> {
+/// Whether `family` runs V's own head dim in `shape` over these keys: fwd_sm90's forms of the
+/// pairs in [`fwd_sm90::VALUE_HEAD_DIMS`] over dense keys (its packed forms compile, but
+/// `check --value-dim` has no packed case yet); else the error names what runs it.
+fn value_head_dim_form(family: KernelFamily, shape: &ProblemShape, dense: bool) -> Result<()> {
     let (d, dv) = (shape.head_dim, shape.head_dim_v);
     let pairs = || fwd_sm90::VALUE_HEAD_DIMS.iter().map(|(d, dv)| format!("({d}, {dv})")).collect::<Vec<_>>().join(", ");
     let msg = if family != KernelFamily::FwdSm90 {
         format!("takes V's head dim equal to q's and k's (here {dv} and {d}): fwd_sm90 runs {} on Hopper", pairs())
-    } else if paged {
-        "takes V's head dim equal to the keys' in a KV cache (its pools share one)".into()
+    } else if !dense {
+        "runs V's own head dim over dense keys alone (a KV cache's pools share one head dim; packed batches: not yet)".into()
     } else if !fwd_sm90::VALUE_HEAD_DIMS.contains(&(d, dv)) {
         format!("has no form for head dim {d} with V's {dv}: it has {}", pairs())
     } else {
@@ -444,12 +444,8 @@ mod tests {
     #[test]
     fn v_s_own_head_dim_runs_fwd_sm90_s_form_of_the_pair_or_is_refused_by_name() {
         let deepseek = ProblemShape { head_dim: 192, head_dim_v: 128, ..shape(192) };
-        for (layout, params) in [
-            (KeyLayout::Dense, AttnParams::causal()),
-            (KeyLayout::Varlen { total_k: 8000 }, AttnParams::default()),
-            (KeyLayout::Dense, AttnParams { window: crate::Window::new(128, 0), softcap: 30.0, ..AttnParams::causal() }),
-        ] {
-            let p = plan_for(&h100(), &deepseek, DType::BF16, &params, layout, ScoreTensors::default()).unwrap();
+        for params in [AttnParams::causal(), AttnParams { window: crate::Window::new(128, 0), softcap: 30.0, ..AttnParams::causal() }] {
+            let p = plan(&h100(), &deepseek, DType::BF16, &params).unwrap();
             assert_eq!(
                 (p.variant.family, p.variant.head_dim, p.variant.head_dim_v, p.splits),
                 (KernelFamily::FwdSm90, Some(192), Some(128), 1)
@@ -482,7 +478,18 @@ mod tests {
                     KeyLayout::Paged { page_size: 16, packed_queries: false },
                     ScoreTensors::default(),
                 ),
-                "KV cache",
+                "dense keys alone",
+            ),
+            (
+                plan_for(
+                    &h100(),
+                    &deepseek,
+                    DType::BF16,
+                    &AttnParams::default(),
+                    KeyLayout::Varlen { total_k: 8000 },
+                    ScoreTensors::default(),
+                ),
+                "packed batches: not yet",
             ),
         ];
         for (result, names) in refusals {
