@@ -180,6 +180,7 @@ FA4_DROPOUT = "dropout not supported by FlashAttention-4"
 # Chunked attention, refused by every backend here: no anchor has its backward (FA3's forward
 # only; FA4, cuDNN and SDPA none), and flashcore's rows of it compare with its own causal rows.
 CHUNK_REFUSAL = "chunked attention not supported here: time it with `flashcore bench --suite chunked` (or bwd-chunked)"
+VALUE_DIM_REFUSAL = "V's own head dim not supported here yet: flashcore's Python and the anchors' calls take V's head dim equal to q's (time it with `flashcore bench --suite value-dim`)"
 # Learnable sinks (the `sinks` suites): flashcore and FA4 take them (FA4's `learnable_sink`);
 # PyTorch's SDPA backends have none.
 SINKS_REFUSAL = "learnable sinks not supported here: flashcore-py and fa4 take them"
@@ -225,6 +226,8 @@ class Runner:
         self.fa4 = key == "fa4"
         if c.get("attention_chunk"):
             self.refuse = CHUNK_REFUSAL
+        elif c.get("head_dim_v"):
+            self.refuse = VALUE_DIM_REFUSAL
         elif self.flashcore:
             self.kernel = "flashcore.flash_attn_varlen_func" if self.packed else "flashcore.flash_attn_func"
         elif self.fa4:
@@ -909,7 +912,7 @@ def self_test():
     # it does not take is a refusal (an "unsupported" row, not an error).
     assert SYSTEMS["fa4"] == ("fa4", None)
     assert refusal(RuntimeError(FA4_PACKED)) and refusal(RuntimeError(FA4_DROPOUT)) and refusal(RuntimeError(CHUNK_REFUSAL))
-    assert refusal(RuntimeError(SINKS_REFUSAL))
+    assert refusal(RuntimeError(SINKS_REFUSAL)) and refusal(RuntimeError(VALUE_DIM_REFUSAL))
     # The sinks flashcore bench draws (cases::sink_values: (h * 2.7) mod 9 - 1).
     assert [round(x, 4) for x in sink_values(5)] == [-1.0, 1.7, 4.4, 7.1, 0.8]
     # The SM clock: an int from NVML where a GPU and its driver are, else None and the reason.
@@ -1036,6 +1039,15 @@ def self_test():
         except ValueError:
             pass
     assert flops(normalize_case(dict(chunked, counts={"flops": 5.0, "kv_bytes": 2.0}))) == 5.0
+    # V's own head dim: flashcore's counts alone (2·(D + Dv) a pair), a positive int, refused here.
+    valued = dict(c, head_dim_v=128)
+    for bad in (valued, dict(valued, head_dim_v=0, counts={"flops": 1.0, "kv_bytes": 2.0})):
+        try:
+            normalize_case(bad)
+            raise AssertionError(f"accepted V's head dim {bad.get('head_dim_v')} / {bad.get('counts')}")
+        except ValueError:
+            pass
+    assert flops(normalize_case(dict(valued, counts={"flops": 7.0, "kv_bytes": 2.0}))) == 7.0
     packed = dict(c, batch=3, packed={"seqlens_q": [1, 1, 1], "seqlens_k": [8, 16, 8], "seqused_k": [5, 16, 2]}, counts={"flops": 1.0, "kv_bytes": 2.0})
     assert normalize_case(packed)["packed"]["seqused_k"] == [5, 16, 2]
     assert storage_lengths(packed) == (3, 32) and packed_used_k(packed["packed"]) == [5, 16, 2] and cumulative([3, 0, 2]) == [0, 3, 3, 5]

@@ -191,7 +191,7 @@ def normalize_case(c):
     Optional fields, as flashcore writes them: `window` [left, right], `softcap`, `packed`
     {seqlens_q, seqlens_k, seqused_k?} (then batch = sequences, seqlen_q/k = the longest),
     `attention_chunk` (keys a chunk), `learnable_sink` (a bool: the call has `flashcore bench`'s
-    sinks), `counts` {flops, kv_bytes}."""
+    sinks), `head_dim_v` (V's own head dim), `counts` {flops, kv_bytes}."""
     missing = [f for f in CASE_FIELDS if f not in c]
     if missing:
         raise ValueError(f"case {c.get('name', c)!r} lacks {missing}")
@@ -218,9 +218,12 @@ def normalize_case(c):
     chunk = c.get("attention_chunk")
     if chunk is not None and (not isinstance(chunk, int) or chunk < 1):
         raise ValueError(f"case {c['name']}: attention_chunk must be a positive integer, got {chunk!r}")
-    counted_by_flashcore = c.get("window") is not None or p is not None or chunk is not None
+    dv = c.get("head_dim_v")
+    if dv is not None and (not isinstance(dv, int) or dv < 1):
+        raise ValueError(f"case {c['name']}: head_dim_v must be a positive integer, got {dv!r}")
+    counted_by_flashcore = c.get("window") is not None or p is not None or chunk is not None or dv is not None
     if counted_by_flashcore and c.get("counts") is None:
-        raise ValueError(f"case {c['name']}: a window, a chunk or a packed batch needs flashcore's 'counts' (from `flashcore bench --list-json`)")
+        raise ValueError(f"case {c['name']}: a window, a chunk, a packed batch or V's own head dim needs flashcore's 'counts' (from `flashcore bench --list-json`)")
     if c.get("counts") is not None and not counted_by_flashcore:
         # A plain case is counted on both sides: they must agree (the formulas drifting apart
         # would make the anchors' TFLOPS and flashcore's incomparable).

@@ -195,7 +195,7 @@ stage "bench and script self-tests"
 .venv/bin/python scripts/flash-attn-tests.py --self-test  # its deselection rules and shares
 # Every suite as the anchors read it (a plain case's FLOPs must agree on both sides; a window
 # or a packed batch carries flashcore's counts and lengths).
-for s in quick seed sweep small dims bwd bwd-dims varlen chunked bwd-chunked sinks bwd-sinks; do
+for s in quick seed sweep small dims bwd bwd-dims varlen chunked bwd-chunked sinks bwd-sinks value-dim; do
     target/debug/flashcore bench --suite "$s" --list-json > target/suite.json
     .venv/bin/python -c 'import sys; sys.path.insert(0, "bench"); import schema; schema.parse_suite(open("target/suite.json").read())'
 done

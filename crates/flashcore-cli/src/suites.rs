@@ -5,8 +5,22 @@ use rand::{Rng, SeedableRng};
 
 use crate::cases::{Case, Packed};
 
-pub const NAMES: &[&str] =
-    &["quick", "seed", "sweep", "small", "dims", "bwd", "bwd-dims", "varlen", "paged", "chunked", "bwd-chunked", "sinks", "bwd-sinks"];
+pub const NAMES: &[&str] = &[
+    "quick",
+    "seed",
+    "sweep",
+    "small",
+    "dims",
+    "bwd",
+    "bwd-dims",
+    "varlen",
+    "paged",
+    "chunked",
+    "bwd-chunked",
+    "sinks",
+    "bwd-sinks",
+    "value-dim",
+];
 
 /// The varlen suite's packed batches: 64k tokens in sequences of lengths drawn from
 /// 128..=8192 (issue 17's speed goal), the same batch at every head dim and mask.
@@ -165,6 +179,19 @@ pub fn suite(name: &str) -> Option<Vec<Case>> {
                     v.push(causal.with_chunk(CHUNK));
                     v.push(Case::new(s / CHUNK, CHUNK, CHUNK, 2048 / d, 2048 / d, d, true, DType::BF16));
                 }
+            }
+            v
+        }
+        // V's own head dim on DeepSeek-V3's prefill (Q and K 192, V 128; Hq = Hkv = 128,
+        // causal; issue 52's shape B2 S8k, and B8 S2k), each beside the same call with V's head
+        // dim 192 (what running it at D192 with V zero-padded would cost). Refused until the
+        // (192, 128) forms are checked (`kernels::VALUE_HEAD_DIMS_CHECKED_ON_GPU`).
+        "value-dim" => {
+            let mut v = Vec::new();
+            for (b, s) in [(2, 8192), (8, 2048)] {
+                let d192 = Case::new(b, s, s, 128, 128, 192, true, DType::BF16);
+                v.push(d192.clone().with_value_dim(128));
+                v.push(d192);
             }
             v
         }

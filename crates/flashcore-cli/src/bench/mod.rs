@@ -34,7 +34,8 @@ pub struct BenchArgs {
     /// rounds); chunked, bwd-chunked (chunked attention at 32k and 128k tokens, chunks of 8k,
     /// each beside causal attention of the same shape and the same tokens as a batch of 8k-long
     /// causal sequences); sinks, bwd-sinks (learnable sinks on
-    /// gpt-oss's attention, each beside the same call without them).
+    /// gpt-oss's attention, each beside the same call without them); value-dim (V's own head
+    /// dim on DeepSeek-V3's prefill, 192 / 128, beside V at 192).
     #[arg(long, default_value = "quick")]
     suite: String,
     /// Sliding window `LEFT,RIGHT` on every case (keys around each query's bottom-right
