@@ -2,7 +2,7 @@
 
 /// The shape of one attention problem: `q [B, Sq, Hq, D]`, `k [B, Sk, Hkv, D]`,
 /// `v [B, Sk, Hkv, Dv]` and the output `[B, Sq, Hq, Dv]`. `Dv` is `D` but where V has a head
-/// dim of its own (DeepSeek's 192 / 128); which calls take that, see `validate::value_head_dim`.
+/// dim of its own (DeepSeek's 192 / 128); which calls take that, see `dispatch::value_head_dim_form`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct ProblemShape {
     /// Batch size `B`.

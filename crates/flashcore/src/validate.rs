@@ -20,9 +20,8 @@ pub(crate) fn problem(q: &TensorView, k: &TensorView, v: &TensorView, o: &Tensor
     if kd != d {
         return Err(shape_err("k", format!("head dim {kd} differs from q's head dim {d}")));
     }
-    same_dims(("v", v), ("k", k), 3)?;
+    same_dims(("v", v), ("k", k), 3)?; // V may have a head dim of its own: which the kernels take is the planner's
     let dv = v.layout.shape[3];
-    value_head_dim(d, dv)?;
     if hq % hkv != 0 {
         return Err(shape_err("k", format!("q heads ({hq}) are not a multiple of k/v heads ({hkv})")));
     }
@@ -40,20 +39,6 @@ pub(crate) fn problem(q: &TensorView, k: &TensorView, v: &TensorView, o: &Tensor
     }
     output(q, o, dv, device)?;
     Ok(ProblemShape { batch: b, seqlen_q: sq, seqlen_k: sk, heads_q: hq, heads_kv: hkv, head_dim: d, head_dim_v: dv })
-}
-
-/// Which V head dims the GPU kernels take beside q's and k's `d`: `d`, and the pairs of
-/// fwd_sm90's forms once checked on a GPU (`fwd_sm90::VALUE_HEAD_DIMS_CHECKED_ON_GPU`; which
-/// family and layout runs them is the planner's to say). Any other head dim of V's own runs in
-/// the f64 reference (`reference::attention_masked`, `flashcore attn --cpu`), which every layer
-/// below this check carries (`ProblemShape::head_dim_v`).
-fn value_head_dim(d: usize, dv: usize) -> Result<()> {
-    use crate::kernels::fwd_sm90::{VALUE_HEAD_DIMS, VALUE_HEAD_DIMS_CHECKED_ON_GPU};
-    if dv != d && !(VALUE_HEAD_DIMS_CHECKED_ON_GPU && VALUE_HEAD_DIMS.contains(&(d, dv))) {
-        let msg = format!("head dim {dv} differs from q's and k's {d}: the GPU kernels take V's head dim equal to theirs (a head dim of V's own runs in the f64 reference, `flashcore attn --cpu`)");
-        return Err(shape_err("v", msg));
-    }
-    Ok(())
 }
 
 /// Validates `q` and `o` of a call without queries (a KV cache's, whose pools are then not
@@ -339,13 +324,16 @@ mod tests {
     }
 
     #[test]
-    fn a_head_dim_of_v_s_own_is_refused_by_name_and_the_output_follows_v() {
+    fn v_may_have_a_head_dim_of_its_own_and_the_output_follows_it() {
         let mut t = qkv();
         t[2] = view([2, 300, 2, 128], DType::BF16);
         t[3] = view([2, 100, 8, 128], DType::BF16);
+        let s = check(t).unwrap();
+        assert_eq!((s.head_dim, s.head_dim_v), (64, 128), "which kernels take it is the planner's to say");
+        let mut t = qkv();
+        t[2] = view([2, 300, 2, 128], DType::BF16);
         let msg = check(t).unwrap_err().to_string();
-        assert!(msg.contains("`v`") && msg.contains("head dim 128 differs from q's and k's 64") && msg.contains("--cpu"), "{msg}");
-        assert!(value_head_dim(192, 192).is_ok() && value_head_dim(192, 128).is_err());
+        assert!(msg.contains("`o`") && msg.contains("head dim 64 differs from v's 128"), "{msg}");
         let mut t = qkv();
         t[3] = view([2, 100, 8, 32], DType::BF16);
         let msg = check(t).unwrap_err().to_string();

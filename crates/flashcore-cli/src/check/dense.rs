@@ -299,7 +299,7 @@ pub fn sinks_specs(family: KernelFamily, quick: bool) -> Vec<Spec> {
 /// (`fwd_sm90::VALUE_HEAD_DIMS`), both dtypes and masks, over odd lengths both ways, GQA,
 /// decode, large logits, BHSD strides, a window, a softcap with ALiBi, a chunk and sinks (every
 /// form calls with the pair reach); other families have none. Apart from the other runs while
-/// the library refuses the pairs (`validate::value_head_dim`).
+/// the library refuses the pairs (`dispatch::value_head_dim_form`).
 pub fn value_dim_specs(family: KernelFamily, quick: bool) -> Vec<Spec> {
     if family != KernelFamily::FwdSm90 {
         return Vec::new();

@@ -101,6 +101,13 @@ pub(crate) fn backward_variant(
 ) -> Result<Variant> {
     let (causal, window) = params.mask();
     let family = backward_family(shape, params, arch, varlen, alibi)?;
+    if shape.head_dim_v != shape.head_dim {
+        let msg = format!(
+            "takes V's head dim equal to q's and k's (here {} and {}): no backward of V's own is built yet",
+            shape.head_dim_v, shape.head_dim
+        );
+        return Err(Error::Unsupported { kernel: family.name().into(), msg });
+    }
     let variant = match family {
         KernelFamily::BwdSm80 => bwd_sm80::variant(arch, dtype, shape.head_dim, causal),
         KernelFamily::BwdSm90 => bwd_sm90::variant(dtype, shape.head_dim, causal),
