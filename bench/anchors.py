@@ -1030,24 +1030,18 @@ def self_test():
     except ValueError:
         pass
     assert normalize_case(dict(c, learnable_sink=True))["learnable_sink"] is True
-    # A chunk's pairs are flashcore's count alone too; the chunk a positive int.
-    chunked = dict(c, attention_chunk=8)
-    for bad in (chunked, dict(chunked, attention_chunk=0, counts={"flops": 1.0, "kv_bytes": 2.0})):
-        try:
-            normalize_case(bad)
-            raise AssertionError(f"accepted a chunk case {bad.get('attention_chunk')} / {bad.get('counts')}")
-        except ValueError:
-            pass
-    assert flops(normalize_case(dict(chunked, counts={"flops": 5.0, "kv_bytes": 2.0}))) == 5.0
-    # V's own head dim: flashcore's counts alone (2·(D + Dv) a pair), a positive int, refused here.
-    valued = dict(c, head_dim_v=128)
-    for bad in (valued, dict(valued, head_dim_v=0, counts={"flops": 1.0, "kv_bytes": 2.0})):
-        try:
-            normalize_case(bad)
-            raise AssertionError(f"accepted V's head dim {bad.get('head_dim_v')} / {bad.get('counts')}")
-        except ValueError:
-            pass
-    assert flops(normalize_case(dict(valued, counts={"flops": 7.0, "kv_bytes": 2.0}))) == 7.0
+    # A chunk's pairs and V's own head dim's FLOPs (2·(D + Dv) a pair) are flashcore's counts
+    # alone; each field a positive int.
+    counts = {"flops": 5.0, "kv_bytes": 2.0}
+    for field, value in (("attention_chunk", 8), ("head_dim_v", 128)):
+        case = dict(c, **{field: value})
+        for bad in (case, dict(case, counts=counts, **{field: 0})):
+            try:
+                normalize_case(bad)
+                raise AssertionError(f"accepted {field} {bad.get(field)} / {bad.get('counts')}")
+            except ValueError:
+                pass
+        assert flops(normalize_case(dict(case, counts=counts))) == 5.0
     packed = dict(c, batch=3, packed={"seqlens_q": [1, 1, 1], "seqlens_k": [8, 16, 8], "seqused_k": [5, 16, 2]}, counts={"flops": 1.0, "kv_bytes": 2.0})
     assert normalize_case(packed)["packed"]["seqused_k"] == [5, 16, 2]
     assert storage_lengths(packed) == (3, 32) and packed_used_k(packed["packed"]) == [5, 16, 2] and cumulative([3, 0, 2]) == [0, 3, 3, 5]
