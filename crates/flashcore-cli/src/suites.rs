@@ -184,8 +184,7 @@ pub fn suite(name: &str) -> Option<Vec<Case>> {
         }
         // V's own head dim on DeepSeek-V3's prefill (Q and K 192, V 128; Hq = Hkv = 128,
         // causal; issue 52's shape B2 S8k, and B8 S2k), each beside the same call with V's head
-        // dim 192 (what running it at D192 with V zero-padded would cost). Refused until the
-        // (192, 128) forms are checked (`kernels::VALUE_HEAD_DIMS_CHECKED_ON_GPU`).
+        // dim 192 (what running it at D192 with V zero-padded would cost).
         "value-dim" => {
             let mut v = Vec::new();
             for (b, s) in [(2, 8192), (8, 2048)] {

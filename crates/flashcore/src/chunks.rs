@@ -100,7 +100,8 @@ impl ChunkBatch {
         let (chunk, seqlen) = (params.attention_chunk, tensors.seqlen_k);
         let chunked_self_attention = chunk > 0 && chunk < seqlen && tensors.seqlen_q == seqlen;
         let policies_allow = !traits.alibi && !traits.probs && params.dropout.is_none();
-        let kernels_allow = params.kernel != Some(KernelFamily::Reference);
+        // V's own head dim runs over dense keys alone (`dispatch::value_head_dim_form`).
+        let kernels_allow = params.kernel != Some(KernelFamily::Reference) && tensors.head_dim_v == tensors.head_dim;
         let gradient_allows = !(traits.dsink && tensors.batch > 1);
         (traits.dense && chunked_self_attention && policies_allow && kernels_allow && gradient_allows).then_some(Self { chunk, seqlen })
     }
@@ -265,6 +266,8 @@ mod tests {
         assert!(ChunkBatch::of(&s, &dropout, DENSE).is_none(), "dropout's mask is keyed by entry and row");
         let oracle = AttnParams { kernel: Some(KernelFamily::Reference), ..chunked(300) };
         assert!(ChunkBatch::of(&s, &oracle, DENSE).is_none(), "the reference takes no packed batch");
+        let own_value_dim = ProblemShape { head_dim: 192, head_dim_v: 128, ..s };
+        assert!(ChunkBatch::of(&own_value_dim, &chunked(300), DENSE).is_none(), "V's own head dim: dense keys alone");
         assert!(ChunkBatch::of(&s, &chunked(300), CallTraits { dsink: true, ..DENSE }).is_none(), "each launch would write all of dsink");
         assert!(
             ChunkBatch::of(&shape(1, 1000, 1000), &chunked(300), CallTraits { dsink: true, ..DENSE }).is_some(),

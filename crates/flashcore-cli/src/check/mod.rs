@@ -80,10 +80,7 @@ pub struct CheckArgs {
     /// and the sinks' gradient).
     #[arg(long)]
     sinks: bool,
-    /// Only the cases of V's own head dim (fwd_sm90's forms of `fwd_sm90::VALUE_HEAD_DIMS`).
-    /// They join every other run once the library takes the pairs
-    /// (`flashcore::kernels::VALUE_HEAD_DIMS_CHECKED_ON_GPU`); until then this runs them alone, each
-    /// refused by name.
+    /// Only the cases of V's own head dim (fwd_sm90's forms of `flashcore::kernels::VALUE_HEAD_DIMS`).
     #[arg(long)]
     value_dim: bool,
 }
@@ -110,11 +107,10 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     let group = |name: &str| args.only.as_deref().is_none_or(|only| only == name);
     let forward = families.iter().filter(|f| !f.is_backward() && group("forward"));
     let (quick, smoke) = (depth == Depth::Quick, depth == Depth::Smoke);
-    // Every depth takes the sinks cases (smoke: the quick ones; their forms are variants too),
-    // and V's own head dims' once the library takes them (or when asked for).
-    let value_dims = args.value_dim || flashcore::kernels::VALUE_HEAD_DIMS_CHECKED_ON_GPU;
+    // Every depth takes the sinks' and V's own head dims' cases (smoke: the quick ones; their
+    // forms are variants too).
     let dense_specs = |f| {
-        let own_value_dim = if value_dims { dense::value_dim_specs(f, quick || smoke) } else { Vec::new() };
+        let own_value_dim = dense::value_dim_specs(f, quick || smoke);
         dense::specs(f, quick, smoke).into_iter().chain(dense::sinks_specs(f, quick || smoke)).chain(own_value_dim)
     };
     let all: Vec<(KernelFamily, dense::Spec)> = forward.flat_map(|&f| dense_specs(f).map(move |s| (f, s))).collect();

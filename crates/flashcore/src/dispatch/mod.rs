@@ -237,7 +237,7 @@ pub fn plan_for(
         return Err(Error::HeadDim { head_dim: d, supported: format!("{} for {family}", family.head_dims_text()) });
     }
     if own_value_dim {
-        value_head_dim_form(family, shape, matches!(layout, KeyLayout::Dense), fwd_sm90::VALUE_HEAD_DIMS_CHECKED_ON_GPU)?;
+        value_head_dim_form(family, shape, matches!(layout, KeyLayout::Dense))?;
     }
     if params.num_splits == Some(0) {
         return Err(Error::Param { arg: "num_splits", msg: "must be at least 1 (None picks it)".into() });
@@ -301,10 +301,9 @@ pub fn plan_for(
 
 /// Whether `family` runs V's own head dim in `shape` over these keys: fwd_sm90's forms of the
 /// pairs in [`fwd_sm90::VALUE_HEAD_DIMS`] over dense keys (its packed forms compile, but
-/// `check --value-dim` has no packed case yet), once they are `checked` on a GPU
-/// ([`fwd_sm90::VALUE_HEAD_DIMS_CHECKED_ON_GPU`]); else the error names what runs it. The one
+/// `check --value-dim` has no packed case yet); else the error names what runs it. The one
 /// place that decides which `(D, Dv)` the kernels take (validation checks the shapes alone).
-fn value_head_dim_form(family: KernelFamily, shape: &ProblemShape, dense: bool, checked: bool) -> Result<()> {
+fn value_head_dim_form(family: KernelFamily, shape: &ProblemShape, dense: bool) -> Result<()> {
     let (d, dv) = (shape.head_dim, shape.head_dim_v);
     let pairs = || fwd_sm90::VALUE_HEAD_DIMS.iter().map(|(d, dv)| format!("({d}, {dv})")).collect::<Vec<_>>().join(", ");
     let msg = if family != KernelFamily::FwdSm90 {
@@ -313,8 +312,6 @@ fn value_head_dim_form(family: KernelFamily, shape: &ProblemShape, dense: bool, 
         "runs V's own head dim over dense keys alone (a KV cache's pools share one head dim; packed batches: not yet)".into()
     } else if !fwd_sm90::VALUE_HEAD_DIMS.contains(&(d, dv)) {
         format!("has no form for head dim {d} with V's {dv}: it has {}", pairs())
-    } else if !checked {
-        format!("has a form for head dim {d} with V's {dv}, not yet checked on a GPU (`flashcore check --value-dim`): refused until it is")
     } else {
         return Ok(());
     };
@@ -448,9 +445,7 @@ mod tests {
     #[test]
     fn v_s_own_head_dim_runs_fwd_sm90_s_form_of_the_pair_or_is_refused_by_name() {
         let deepseek = ProblemShape { head_dim: 192, head_dim_v: 128, ..shape(192) };
-        assert!(value_head_dim_form(KernelFamily::FwdSm90, &deepseek, true, true).is_ok());
-        let unchecked = value_head_dim_form(KernelFamily::FwdSm90, &deepseek, true, false).unwrap_err().to_string();
-        assert!(unchecked.contains("not yet checked on a GPU"), "{unchecked}");
+        assert!(value_head_dim_form(KernelFamily::FwdSm90, &deepseek, true).is_ok());
         let refusals = [
             (plan(&on("sm_80"), &deepseek, DType::BF16, &AttnParams::default()), "fwd_sm80"),
             (
@@ -492,23 +487,18 @@ mod tests {
             let err = result.unwrap_err().to_string();
             assert!(err.contains(names), "{err}");
         }
-        // The planner's own answer: refused until the forms are checked, then fwd_sm90's form.
-        if !fwd_sm90::VALUE_HEAD_DIMS_CHECKED_ON_GPU {
-            let err = plan(&h100(), &deepseek, DType::BF16, &AttnParams::causal()).unwrap_err().to_string();
-            assert!(err.contains("not yet checked"), "the gate holds: {err}");
-        } else {
-            for params in [AttnParams::causal(), AttnParams { window: crate::Window::new(128, 0), softcap: 30.0, ..AttnParams::causal() }] {
-                let p = plan(&h100(), &deepseek, DType::BF16, &params).unwrap();
-                assert_eq!(
-                    (p.variant.family, p.variant.head_dim, p.variant.head_dim_v, p.splits),
-                    (KernelFamily::FwdSm90, Some(192), Some(128), 1)
-                );
-                assert!(p.variant.name().contains("_d192_dv128_"), "{}", p.variant.name());
-            }
-            let decode = ProblemShape { head_dim: 192, head_dim_v: 128, ..decode(8, 4096) };
-            let p = plan(&h100(), &decode, DType::BF16, &AttnParams::default()).unwrap();
-            assert!(!p.packed_gqa && p.variant.head_dim_v == Some(128), "decode runs the same form, heads unpacked");
+        // The planner's own answer: fwd_sm90's form, unsplit, heads unpacked.
+        for params in [AttnParams::causal(), AttnParams { window: crate::Window::new(128, 0), softcap: 30.0, ..AttnParams::causal() }] {
+            let p = plan(&h100(), &deepseek, DType::BF16, &params).unwrap();
+            assert_eq!(
+                (p.variant.family, p.variant.head_dim, p.variant.head_dim_v, p.splits),
+                (KernelFamily::FwdSm90, Some(192), Some(128), 1)
+            );
+            assert!(p.variant.name().contains("_d192_dv128_"), "{}", p.variant.name());
         }
+        let decode = ProblemShape { head_dim: 192, head_dim_v: 128, ..decode(8, 4096) };
+        let p = plan(&h100(), &decode, DType::BF16, &AttnParams::default()).unwrap();
+        assert!(!p.packed_gqa && p.variant.head_dim_v == Some(128), "decode runs the same form, heads unpacked");
     }
 
     #[test]

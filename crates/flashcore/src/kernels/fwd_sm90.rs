@@ -120,14 +120,9 @@ pub fn variants(dtype: DType, head_dim: usize, causal: bool) -> Vec<Variant> {
 }
 
 /// The (head dim, V's head dim) pairs with forms of their own: DeepSeek-V3's prefill (Q and K
-/// 192, V 128). Compiled and size-checked with the family's other forms; calls with them are
-/// refused (`dispatch::value_head_dim_form`) until they pass `flashcore check` on a GPU.
+/// 192, V 128), over dense keys (`dispatch::value_head_dim_form`); checked against the f64
+/// reference by `flashcore check` (`--value-dim` alone).
 pub const VALUE_HEAD_DIMS: &[(usize, usize)] = &[(192, 128)];
-
-/// Whether the forms of [`VALUE_HEAD_DIMS`] have passed `flashcore check --value-dim` against
-/// the f64 reference on a GPU. Until they have, calls with those pairs are refused by name
-/// (`dispatch::value_head_dim_form`), and `check` runs their cases only when asked.
-pub const VALUE_HEAD_DIMS_CHECKED_ON_GPU: bool = false;
 
 /// The form of `head_dim` with V's `head_dim_v` (one of [`VALUE_HEAD_DIMS`]): `head_dim`'s
 /// own tile (D192: 128 x 112), its V and O stages Dv wide (D192 / Dv128: 190 KB).
