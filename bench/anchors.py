@@ -180,7 +180,6 @@ FA4_DROPOUT = "dropout not supported by FlashAttention-4"
 # Chunked attention, refused by every backend here: no anchor has its backward (FA3's forward
 # only; FA4, cuDNN and SDPA none), and flashcore's rows of it compare with its own causal rows.
 CHUNK_REFUSAL = "chunked attention not supported here: time it with `flashcore bench --suite chunked` (or bwd-chunked)"
-VALUE_DIM_REFUSAL = "V's own head dim not supported here yet: flashcore's Python and the anchors' calls take V's head dim equal to q's (time it with `flashcore bench --suite value-dim`)"
 # Learnable sinks (the `sinks` suites): flashcore and FA4 take them (FA4's `learnable_sink`);
 # PyTorch's SDPA backends have none.
 SINKS_REFUSAL = "learnable sinks not supported here: flashcore-py and fa4 take them"
@@ -226,8 +225,6 @@ class Runner:
         self.fa4 = key == "fa4"
         if c.get("attention_chunk"):
             self.refuse = CHUNK_REFUSAL
-        elif c.get("head_dim_v"):
-            self.refuse = VALUE_DIM_REFUSAL
         elif self.flashcore:
             self.kernel = "flashcore.flash_attn_varlen_func" if self.packed else "flashcore.flash_attn_func"
         elif self.fa4:
@@ -352,7 +349,7 @@ def make_inputs(torch, case, seed):
         return tuple(torch.randn(n, h, d, device="cuda", dtype=dt, generator=g) for n, h in ((rows, hq), (keys, hkv), (keys, hkv)))
     q = torch.randn(b, sq, hq, d, device="cuda", dtype=dt, generator=g)
     k = torch.randn(b, sk, hkv, d, device="cuda", dtype=dt, generator=g)
-    v = torch.randn(b, sk, hkv, d, device="cuda", dtype=dt, generator=g)
+    v = torch.randn(b, sk, hkv, case.get("head_dim_v") or d, device="cuda", dtype=dt, generator=g)
     return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # BHSD views of BSHD storage
 
 
@@ -912,7 +909,7 @@ def self_test():
     # it does not take is a refusal (an "unsupported" row, not an error).
     assert SYSTEMS["fa4"] == ("fa4", None)
     assert refusal(RuntimeError(FA4_PACKED)) and refusal(RuntimeError(FA4_DROPOUT)) and refusal(RuntimeError(CHUNK_REFUSAL))
-    assert refusal(RuntimeError(SINKS_REFUSAL)) and refusal(RuntimeError(VALUE_DIM_REFUSAL))
+    assert refusal(RuntimeError(SINKS_REFUSAL))
     # The sinks flashcore bench draws (cases::sink_values: (h * 2.7) mod 9 - 1).
     assert [round(x, 4) for x in sink_values(5)] == [-1.0, 1.7, 4.4, 7.1, 0.8]
     # The SM clock: an int from NVML where a GPU and its driver are, else None and the reason.

@@ -202,10 +202,19 @@ def _lse_for(q: Tensor) -> Tensor:
     return q.new_empty((*batch, hq, sq), dtype=torch.float32)
 
 
-def _empty_outputs(q: Tensor, *_: object) -> Tuple[Tensor, Tensor]:
-    """Empty `(o like q, lse)`: every forward op's fake (a fake reads only the tensors the
-    shapes come from; the op's other arguments pass by), and the packed forward's outputs."""
-    return q.new_empty(q.shape), _lse_for(q)
+def _output_for(q: Tensor, v: Tensor) -> Tensor:
+    """The output buffer of a forward of `q` over `v`: like q, with V's head dim (its own where
+    it has one: DeepSeek's Q/K 192, V 128)."""
+    if v.shape[-1] == q.shape[-1]:
+        return q.new_empty(q.shape)  # new_empty: a few microseconds less than torch.empty(...)
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+
+def _empty_outputs(q: Tensor, k: Tensor, v: Tensor, *_: object) -> Tuple[Tensor, Tensor]:
+    """Empty `(o, lse)` of a forward of q over k, v: every forward op's fake (a fake reads only
+    the tensors the shapes come from; the op's other arguments pass by), and the packed
+    forward's outputs."""
+    return _output_for(q, v), _lse_for(q)
 
 
 def _grads_fake(q: Tensor, k: Tensor, v: Tensor, *_: object) -> Tuple[Tensor, Tensor, Tensor]:
@@ -241,10 +250,10 @@ def forward_into(q: Tensor, k: Tensor, v: Tensor, outputs: Tuple[Tensor, Optiona
 
 
 def forward(q: Tensor, k: Tensor, v: Tensor, options: Options, want_lse: bool = True, probs: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
-    """Attention on BSHD tensors: `(o [B, Sq, Hq, D], lse [B, Hq, Sq] f32)`, lse None unless
+    """Attention on BSHD tensors: `(o [B, Sq, Hq, Dv], lse [B, Hq, Sq] f32)`, lse None unless
     `want_lse`. Rows that see no key (no keys at all, or a causal mask or window that leaves
     them none) give o = 0 and lse = -inf."""
-    o = q.new_empty(q.shape)  # new_empty: a few microseconds less than torch.empty(...)
+    o = _output_for(q, v)
     lse = _lse_for(q) if want_lse else None
     forward_into(q, k, v, (o, lse), options, probs)
     return o, lse
@@ -254,7 +263,7 @@ def varlen_forward(q: Tensor, k: Tensor, v: Tensor, batch: Batch, options: Optio
     """Attention over a packed batch (q [total_q, Hq, D], k, v [total_k, Hkv, D]): `(o
     [total_q, Hq, D], lse [Hq, total_q] f32)`. With the environment variable
     FLASHCORE_CHECK_VARLEN=1 the batch's vectors are checked first (`Batch.check`)."""
-    o, lse = _empty_outputs(q)
+    o, lse = _empty_outputs(q, k, v)
     _flashcore.attention_forward(
         _call(q, batch.check()),
         (_arg(q.unsqueeze(0)), _arg(k.unsqueeze(0)), _arg(v.unsqueeze(0))),
@@ -277,7 +286,7 @@ def kvcache_forward(q: Tensor, caches: Tuple[Tensor, Tensor], cache: Cache, opti
     `cache_seqlens[b]...`. With the environment variable FLASHCORE_CHECK_PAGED=1 the table and
     lengths are checked first (this synchronises)."""
     k_cache, v_cache = caches
-    o = q.new_empty(q.shape)
+    o = _output_for(q, v_cache)
     lse = _lse_for(q) if want_lse else None
     packed = cache.cu_seqlens_q is not None
     q_arg, o_arg = (_arg(q.unsqueeze(0)), _arg(o.unsqueeze(0))) if packed else (_arg(q), _arg(o))
@@ -318,9 +327,27 @@ def backward_into(
     )
 
 
+def _at_one_head_dim(run: Callable, saved: Tuple[Tensor, ...], dout: Tensor, *args: object) -> tuple:
+    """`run(saved, dout, *args)` (a backward) of a call with V's own head dim, with q, k or v,
+    o, dO zero-padded to the larger of the two dims: the kernels' backward has no form of its
+    own yet (FlashAttention-3 rounds V up the same way). Exact: zero columns of q and k add
+    nothing to q·kᵀ, those of v, o and dO nothing to dP = dO·vᵀ or to rowsum(dO∘o), and the
+    gradients' padded columns (dq's and dk's, or dv's Pᵀ·0) are cut off, each gradient then
+    laid out like its input."""
+    q, k, v, o, lse = saved
+    d, dv = q.shape[-1], v.shape[-1]
+    size = max(d, dv)
+    pad = lambda t: t if t.shape[-1] == size else torch.nn.functional.pad(t, (0, size - t.shape[-1]))  # noqa: E731
+    cut = lambda t, n: t if t.shape[-1] == n else t[..., :n].contiguous()  # noqa: E731
+    grads = run((pad(q), pad(k), pad(v), pad(o), lse), pad(dout), *args)
+    return (cut(grads[0], d), cut(grads[1], d), cut(grads[2], dv), *grads[3:])
+
+
 def backward(saved: Tuple[Tensor, ...], dout: Tensor, options: Options) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients `(dq, dk, dv)`, laid out like `q`, `k`, `v`: `backward_into` new buffers."""
     q, k, v = saved[:3]
+    if v.shape[-1] != q.shape[-1]:
+        return _at_one_head_dim(backward, saved, dout, options)
     grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     # empty_like of a contiguous tensor has its strides: the grads then cross as addresses.
     backward_into(saved, dout, grads, options, q.is_contiguous() and k.is_contiguous() and v.is_contiguous())
@@ -361,6 +388,8 @@ def sink_backward(saved: Tuple[Tensor, ...], dout: Tensor, options: Options, bat
     the options' learnable sinks, f32 `[Hq]`, every row of every sequence of a head summed in
     one fixed order (the same bits every run)."""
     q, k, v = saved[:3]
+    if v.shape[-1] != q.shape[-1]:
+        return _at_one_head_dim(sink_backward, saved, dout, options, batch)  # type: ignore[return-value]
     grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     dsink = torch.empty_like(options.learnable_sink)
     if batch is None:

@@ -39,14 +39,14 @@ def route(q: Tensor, k: Tensor, v: Tensor, dropout: Optional[_ops.Dropout], sink
     `_varlen_attention`): the registered op unless the call is eager on plain tensors, or when
     learnable sinks want a gradient (the op's autograd computes it); then the native operator
     where it is built (not with dropout, whose mask state it does not carry, nor with sinks,
-    nor under a functorch transform); else the Python autograd node when autograd records,
-    else the extension directly."""
+    nor with V's own head dim, nor under a functorch transform); else the Python autograd node
+    when autograd records, else the extension directly."""
     if not _eager(q, k, v):
         return OP
     if sink is not None:
         if sink.requires_grad and torch.is_grad_enabled():
             return OP
-    elif dropout is None and not torch._C._are_functorch_transforms_active() and _native.attention() is not None:
+    elif dropout is None and v.shape[-1] == q.shape[-1] and not torch._C._are_functorch_transforms_active() and _native.attention() is not None:
         return NATIVE
     return AUTOGRAD if _records_grad(q, k, v) else DIRECT
 
