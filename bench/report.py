@@ -145,7 +145,8 @@ def case_cells(case):
         str(case["seqlen_q"]),
         str(case["seqlen_k"]),
         f"{hq}" if hq == hkv else f"{hq}/{hkv}",
-        str(case["head_dim"]),
+        # V's own head dim beside Q's and K's: "192/128".
+        f"{case['head_dim']}/{case['head_dim_v']}" if case.get("head_dim_v") else str(case["head_dim"]),
         mask_cell(case),
         case["dtype"],
     ]
@@ -493,6 +494,7 @@ def self_test():
         n = f"b{b}_sq{s}_sk{sk}_h{h}" + (f"kv{hkv}" if hkv != h else "") + f"_d{d}_{'causal' if causal else 'full'}_{dtype}"
         return dict(name=n, batch=b, seqlen_q=s, seqlen_k=sk, heads_q=h, heads_kv=hkv, head_dim=d, causal=causal, dtype=dtype)
 
+    assert case_cells(dict(case(2, 8192, 128, 192, True), head_dim_v=128))[4] == "192/128" and case_cells(case(2, 64, 4, 64, True))[4] == "64"
     sweep = [case(16384 // s, s, 2048 // d, d, c) for d in (64, 128) for c in (False, True) for s in (512, 1024, 2048)]
     fc_rows, cu_rows = [], []
     for i, c in enumerate(sweep):
