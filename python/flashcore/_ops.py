@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Callable, List, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -327,10 +327,25 @@ def backward_into(
     )
 
 
+# Whether a backward with V's own head dim runs padded (`_padded_value_dim`), by (device, D, Dv,
+# dropout): the core's answer, asked once for each.
+_PADS_VALUE_DIM: Dict[Tuple[int, int, int, bool], bool] = {}
+
+
+def _padded_value_dim(q: Tensor, v: Tensor, options: Options) -> bool:
+    """Whether the backward of q over v (V with a head dim of its own) runs `_at_one_head_dim`:
+    where the kernels have no backward form of the pair (`_flashcore.backward_pads_value_dim`)."""
+    key = (q.get_device(), q.shape[-1], v.shape[-1], options.dropout is not None)
+    pads = _PADS_VALUE_DIM.get(key)
+    if pads is None:
+        pads = _PADS_VALUE_DIM[key] = _flashcore.backward_pads_value_dim(*key)
+    return pads
+
+
 def _at_one_head_dim(run: Callable, saved: Tuple[Tensor, ...], dout: Tensor, *args: object) -> tuple:
     """`run(saved, dout, *args)` (a backward) of a call with V's own head dim, with q, k or v,
-    o, dO zero-padded to the larger of the two dims: the kernels' backward has no form of its
-    own yet (FlashAttention-3 rounds V up the same way). Exact: zero columns of q and k add
+    o, dO zero-padded to the larger of the two dims, where the kernels have no backward form
+    of the pair (FlashAttention-3 rounds V up the same way). Exact: zero columns of q and k add
     nothing to q·kᵀ, those of v, o and dO nothing to dP = dO·vᵀ or to rowsum(dO∘o), and the
     gradients' padded columns (dq's and dk's, or dv's Pᵀ·0) are cut off, each gradient then
     laid out like its input."""
@@ -346,7 +361,7 @@ def _at_one_head_dim(run: Callable, saved: Tuple[Tensor, ...], dout: Tensor, *ar
 def backward(saved: Tuple[Tensor, ...], dout: Tensor, options: Options) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients `(dq, dk, dv)`, laid out like `q`, `k`, `v`: `backward_into` new buffers."""
     q, k, v = saved[:3]
-    if v.shape[-1] != q.shape[-1]:
+    if v.shape[-1] != q.shape[-1] and _padded_value_dim(q, v, options):
         return _at_one_head_dim(backward, saved, dout, options)
     grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     # empty_like of a contiguous tensor has its strides: the grads then cross as addresses.
@@ -388,7 +403,7 @@ def sink_backward(saved: Tuple[Tensor, ...], dout: Tensor, options: Options, bat
     the options' learnable sinks, f32 `[Hq]`, every row of every sequence of a head summed in
     one fixed order (the same bits every run)."""
     q, k, v = saved[:3]
-    if v.shape[-1] != q.shape[-1]:
+    if v.shape[-1] != q.shape[-1] and _padded_value_dim(q, v, options):
         return _at_one_head_dim(sink_backward, saved, dout, options, batch)  # type: ignore[return-value]
     grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     dsink = torch.empty_like(options.learnable_sink)

@@ -579,6 +579,14 @@ fn run_head_dim(device: usize, head_dim: usize, call: &str) -> PyResult<usize> {
     Ok(flashcore::dispatch::run_head_dim(context(device)?.info().arch, head_dim, call))
 }
 
+/// Whether the backward of a dense call with V's own head dim runs with V, O and dO
+/// zero-padded to q's head dim on `device` (`flashcore::dispatch::backward_pads_value_dim`):
+/// where the kernels have no backward form of the pair.
+#[pyfunction]
+fn backward_pads_value_dim(device: usize, head_dim: usize, head_dim_v: usize, dropout: bool) -> PyResult<bool> {
+    Ok(flashcore::dispatch::backward_pads_value_dim(context(device)?.info().arch, head_dim, head_dim_v, dropout))
+}
+
 /// The head dims [`run_head_dim`] returns as they are on every GPU
 /// (`flashcore::dispatch::head_dims_run_as_they_are`): the Python side's fast path.
 #[pyfunction]
@@ -607,6 +615,7 @@ fn extension_module(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_cache_file, m)?)?;
     m.add_function(wrap_pyfunction!(run_head_dim, m)?)?;
     m.add_function(wrap_pyfunction!(head_dims_run_as_they_are, m)?)?;
+    m.add_function(wrap_pyfunction!(backward_pads_value_dim, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

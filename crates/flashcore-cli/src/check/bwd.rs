@@ -53,6 +53,11 @@ impl BwdSpec {
     pub fn has_dropout(&self) -> bool {
         self.dropout.is_some()
     }
+
+    /// V has a head dim of its own (`check --value-dim`).
+    pub fn own_value_dim(&self) -> bool {
+        self.case.head_dim_v.is_some()
+    }
 }
 
 impl BwdSpec {
@@ -221,6 +226,39 @@ pub fn sinks_specs(family: KernelFamily, quick: bool) -> Vec<BwdSpec> {
     out
 }
 
+/// V's own head dim's backward (`check --value-dim`): bwd_sm90's forms of the forward's pairs
+/// (`flashcore::kernels::VALUE_HEAD_DIMS`), both dtypes and masks: GQA, Sq < Sk, Sq > Sk (rows
+/// that see no key), one deterministic; beyond quick, a window, a softcap with ALiBi, a chunk,
+/// learnable sinks (their gradient), BHSD strides. Their backward is refused by name until
+/// they pass (`kernels::VALUE_HEAD_DIMS_BACKWARD_CHECKED_ON_GPU`), so these run only when asked.
+pub fn value_dim_specs(family: KernelFamily, quick: bool) -> Vec<BwdSpec> {
+    if family != KernelFamily::BwdSm90 {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for &(d, dv) in flashcore::kernels::VALUE_HEAD_DIMS {
+        for dtype in [DType::BF16, DType::F16] {
+            for causal in [false, true] {
+                let case = |b, sq, sk, hq, hkv| Case::new(b, sq, sk, hq, hkv, d, causal, dtype).with_value_dim(dv);
+                let plain = |c, deterministic| BwdSpec::new(family, deterministic, c, Inputs::Normal, Storage::Bshd);
+                out.push(plain(case(1, 1000, 1000, 8, 2), false));
+                out.push(plain(case(2, 113, 1000, 4, 1), true));
+                out.push(plain(case(2, 1000, 113, 8, 8), false));
+                if quick {
+                    continue;
+                }
+                out.push(BwdSpec { window: Window::new(100, 20), ..plain(case(1, 1000, 1000, 8, 2), true) });
+                let capped = BwdSpec { softcap: 30.0, ..BwdSpec::new(family, false, case(2, 600, 300, 4, 2), Inputs::LargeLogits, Storage::Bshd) };
+                out.push(BwdSpec { alibi: Alibi::PerHead, ..capped });
+                out.push(BwdSpec { chunk: 256, ..plain(case(1, 1000, 1000, 4, 2), false) });
+                out.push(BwdSpec { sinks: true, ..plain(case(2, 300, 1000, 8, 2), false) });
+                out.push(BwdSpec::new(family, false, case(2, 257, 257, 4, 2), Inputs::Normal, Storage::Bhsd));
+            }
+        }
+    }
+    out
+}
+
 /// Chunked attention's backward (`check --chunk` alone), every head dim (quick: D64, D128), both
 /// masks: chunks aligned to the key blocks and not, Sq > Sk and Sq < Sk, a chunk of one key,
 /// one longer than the keys, with a window, with a softcap and ALiBi; every other one
@@ -309,10 +347,10 @@ pub fn check_one(ctx: &Context, spec: &BwdSpec) -> Result<Outcome> {
     let case = &spec.case;
     let seed = 0xbacc ^ case.seqlen_q as u64 ^ ((case.head_dim as u64) << 20);
     let host = random_qkv(case, spec.inputs, seed);
-    let dout_host = normal(host.q.len(), 1.0, case.dtype, seed ^ 0xd0);
+    let dout_host = normal(case.o_shape().iter().product(), 1.0, case.dtype, seed ^ 0xd0);
     let up = |data: &[f32], shape| Stored::upload(ctx, data, shape, case.dtype, spec.storage);
     let (q, k, v, dout) =
-        (up(&host.q, case.q_shape())?, up(&host.k, case.kv_shape())?, up(&host.v, case.kv_shape())?, up(&dout_host, case.q_shape())?);
+        (up(&host.q, case.q_shape())?, up(&host.k, case.kv_shape())?, up(&host.v, case.v_shape())?, up(&dout_host, case.o_shape())?);
     let slopes_host = spec.alibi.slopes(case.batch, case.heads_q);
     let slopes = upload_slopes(ctx, &slopes_host)?;
     let alibi_slopes = slopes.as_ref().map(AlibiSlopes::of);
@@ -334,7 +372,7 @@ pub fn check_one(ctx: &Context, spec: &BwdSpec) -> Result<Outcome> {
         };
         let mut dq = DeviceTensor::filled(ctx, nan, case.q_shape(), case.dtype)?;
         let mut dk = DeviceTensor::filled(ctx, nan, case.kv_shape(), case.dtype)?;
-        let mut dv = DeviceTensor::filled(ctx, nan, case.kv_shape(), case.dtype)?;
+        let mut dv = DeviceTensor::filled(ctx, nan, case.v_shape(), case.dtype)?;
         let (o, lse) = (fwd.o.view(), LseView::of(&fwd.lse));
         let dense = BwdInputs::new(q.view(), k.view(), v.view(), o, lse, dout.view(), KvLayout::Dense);
         let inputs = BwdInputs { alibi_slopes, dropout_state, learnable_sink, ..dense };

@@ -80,7 +80,10 @@ pub struct CheckArgs {
     /// and the sinks' gradient).
     #[arg(long)]
     sinks: bool,
-    /// Only the cases of V's own head dim (fwd_sm90's forms of `flashcore::kernels::VALUE_HEAD_DIMS`).
+    /// Only the cases of V's own head dim (fwd_sm90's and bwd_sm90's forms of
+    /// `flashcore::kernels::VALUE_HEAD_DIMS`). The backward's join every run once the library
+    /// takes them (`flashcore::kernels::VALUE_HEAD_DIMS_BACKWARD_CHECKED_ON_GPU`); until then
+    /// this flag alone runs them, each refused by name.
     #[arg(long)]
     value_dim: bool,
 }
@@ -118,7 +121,15 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     let backward: Vec<bwd::BwdSpec> = families
         .iter()
         .filter(|f| (f.is_backward() || **f == KernelFamily::Reference) && group("backward"))
-        .flat_map(|&f| bwd::specs(f, quick, smoke).into_iter().chain(bwd::sinks_specs(f, quick || smoke)))
+        .flat_map(|&f| {
+            // V's own head dim: only when asked for until the library takes its backward.
+            let own_value_dim = if args.value_dim || flashcore::kernels::VALUE_HEAD_DIMS_BACKWARD_CHECKED_ON_GPU {
+                bwd::value_dim_specs(f, quick || smoke)
+            } else {
+                Vec::new()
+            };
+            bwd::specs(f, quick, smoke).into_iter().chain(bwd::sinks_specs(f, quick || smoke)).chain(own_value_dim)
+        })
         .collect();
     let packed: Vec<VarlenSpec> = families
         .iter()
@@ -131,7 +142,7 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     let dropped = |d: bool| !args.dropout || d;
     let chunked = |chunk: usize| !args.chunk || chunk > 0;
     let sunk = |sinks: bool| !args.sinks || sinks;
-    let valued = |own: bool| !args.value_dim || own; // only the dense forward has them yet
+    let valued = |own: bool| !args.value_dim || own; // only dense calls have them yet
     let all: Vec<_> = all
         .into_iter()
         .filter(|(_, s)| {
@@ -146,7 +157,9 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
         .collect();
     let backward: Vec<_> = backward
         .into_iter()
-        .filter(|s| dim(s.head_dim()) && alibi(s.alibi) && dropped(s.has_dropout()) && chunked(s.chunk) && sunk(s.sinks) && valued(false))
+        .filter(|s| {
+            dim(s.head_dim()) && alibi(s.alibi) && dropped(s.has_dropout()) && chunked(s.chunk) && sunk(s.sinks) && valued(s.own_value_dim())
+        })
         .collect();
     let packed: Vec<_> = packed
         .into_iter()
@@ -320,6 +333,18 @@ mod value_dim_tests {
         assert!(full.iter().any(|s| s.sinks) && full.iter().any(|s| s.chunk > 0) && full.iter().any(|s| s.case.seqlen_q == 1));
         for family in [KernelFamily::FwdSm80, KernelFamily::Reference, KernelFamily::BwdSm90] {
             assert!(value_dim_specs(family, false).is_empty(), "{family}: no form of its own");
+        }
+    }
+
+    #[test]
+    fn v_s_own_head_dim_backward_cases_are_bwd_sm90_s_alone() {
+        use super::bwd::value_dim_specs;
+        let (full, quick) = (value_dim_specs(KernelFamily::BwdSm90, false), value_dim_specs(KernelFamily::BwdSm90, true));
+        assert_eq!((full.len(), quick.len()), (32, 12), "two dtypes, two masks: 8 cases each, 3 quick");
+        assert!(full.iter().all(|s| s.own_value_dim() && s.head_dim() == 192));
+        assert!(full.iter().any(|s| s.sinks) && full.iter().any(|s| s.chunk > 0));
+        for family in [KernelFamily::BwdSm80, KernelFamily::Reference, KernelFamily::FwdSm90] {
+            assert!(value_dim_specs(family, false).is_empty(), "{family}: no backward form of its own");
         }
     }
 }

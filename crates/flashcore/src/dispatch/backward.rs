@@ -13,7 +13,7 @@
 use super::Device;
 use crate::error::{Error, Result};
 use crate::jit::Arch;
-use crate::kernels::{bwd_sm80, bwd_sm90, reference, KernelFamily, ScoreMods, Variant};
+use crate::kernels::{bwd_sm80, bwd_sm90, fwd_sm90, reference, KernelFamily, ScoreMods, Variant};
 use crate::params::AttnParams;
 use crate::shape::ProblemShape;
 use crate::tensor::DType;
@@ -101,15 +101,13 @@ pub(crate) fn backward_variant(
 ) -> Result<Variant> {
     let (causal, window) = params.mask();
     let family = backward_family(shape, params, arch, varlen, alibi)?;
-    if shape.head_dim_v != shape.head_dim {
-        let msg = format!(
-            "takes V's head dim equal to q's and k's (here {} and {}): no backward of V's own is built yet",
-            shape.head_dim_v, shape.head_dim
-        );
-        return Err(Error::Unsupported { kernel: family.name().into(), msg });
+    let own_value_dim = shape.head_dim_v != shape.head_dim;
+    if own_value_dim {
+        value_head_dim_backward(family, shape, varlen, params.dropout.is_some(), bwd_sm90::VALUE_HEAD_DIMS_CHECKED_ON_GPU)?;
     }
     let variant = match family {
         KernelFamily::BwdSm80 => bwd_sm80::variant(arch, dtype, shape.head_dim, causal),
+        KernelFamily::BwdSm90 if own_value_dim => bwd_sm90::value_variant(dtype, shape.head_dim, shape.head_dim_v, causal),
         KernelFamily::BwdSm90 => bwd_sm90::variant(dtype, shape.head_dim, causal),
         _ => return Ok(reference::variant(dtype)),
     };
@@ -127,6 +125,40 @@ pub(crate) fn backward_variant(
     );
     variant.varlen = varlen;
     Ok(variant)
+}
+
+/// Whether `family` runs the backward of V's own head dim in `shape`: bwd_sm90's forms of the
+/// forward's pairs (`fwd_sm90::VALUE_HEAD_DIMS`), dense, without dropout, once they are
+/// `checked` on a GPU ([`bwd_sm90::VALUE_HEAD_DIMS_CHECKED_ON_GPU`]); else the error names
+/// what runs it (the Python package then pads V, O and dO to Q's head dim). The one place
+/// that decides which `(D, Dv)` the backward takes.
+fn value_head_dim_backward(family: KernelFamily, shape: &ProblemShape, varlen: bool, dropout: bool, checked: bool) -> Result<()> {
+    let (d, dv) = (shape.head_dim, shape.head_dim_v);
+    let msg = if family != KernelFamily::BwdSm90 {
+        format!("takes V's head dim equal to q's and k's (here {dv} and {d}): bwd_sm90 has forms of V's own on Hopper")
+    } else if !fwd_sm90::VALUE_HEAD_DIMS.contains(&(d, dv)) {
+        let pairs: Vec<_> = fwd_sm90::VALUE_HEAD_DIMS.iter().map(|(d, dv)| format!("({d}, {dv})")).collect();
+        format!("has no form for head dim {d} with V's {dv}: it has {}", pairs.join(", "))
+    } else if varlen || dropout {
+        "runs V's own head dim over dense keys without dropout alone (packed batches, dropout: not yet)".into()
+    } else if !checked {
+        format!("has a form for head dim {d} with V's {dv}, not yet checked on a GPU (`flashcore check --value-dim`): refused until it is")
+    } else {
+        return Ok(());
+    };
+    Err(Error::Unsupported { kernel: family.name().into(), msg })
+}
+
+/// Whether a binding runs the backward of a dense call with V's own head dim `head_dim_v`
+/// (Q's `head_dim`) with V, O and dO zero-padded to Q's dim: where no kernel has a backward
+/// form of the pair ([`value_head_dim_backward`]'s refusal on `arch`'s family, with or without
+/// `dropout`). Exact: the zero columns add nothing to dP = dO·Vᵀ or to rowsum(dO∘O), and dV's
+/// padded columns are cut off. The Python package asks once per pair.
+pub fn backward_pads_value_dim(arch: Arch, head_dim: usize, head_dim_v: usize, dropout: bool) -> bool {
+    let shape = ProblemShape { batch: 1, seqlen_q: 1, seqlen_k: 1, heads_q: 1, heads_kv: 1, head_dim, head_dim_v };
+    let family = if KernelFamily::BwdSm90.runs_on(arch) { KernelFamily::BwdSm90 } else { KernelFamily::BwdSm80 };
+    let checked = bwd_sm90::VALUE_HEAD_DIMS_CHECKED_ON_GPU;
+    head_dim_v != head_dim && value_head_dim_backward(family, &shape, false, dropout, checked).is_err()
 }
 
 /// Which kernels run the backward of `shape` (see the module's documentation): bwd_sm90 on
@@ -215,6 +247,40 @@ mod tests {
                 assert!(err.contains("head dim") && err.contains("bwd_sm80"), "D{d} on sm_80: {err}");
             }
         }
+    }
+
+    #[test]
+    fn v_s_own_head_dim_runs_bwd_sm90_s_form_once_checked_or_is_refused_by_name() {
+        let deepseek = ProblemShape { head_dim: 192, head_dim_v: 128, ..shape(192) };
+        assert!(value_head_dim_backward(KernelFamily::BwdSm90, &deepseek, false, false, true).is_ok());
+        let refusals = [
+            (value_head_dim_backward(KernelFamily::BwdSm90, &deepseek, false, false, false), "not yet checked"),
+            (value_head_dim_backward(KernelFamily::BwdSm90, &deepseek, true, false, true), "packed batches"),
+            (value_head_dim_backward(KernelFamily::BwdSm90, &deepseek, false, true, true), "dropout"),
+            (value_head_dim_backward(KernelFamily::BwdSm80, &deepseek, false, false, true), "bwd_sm90 has forms"),
+            (value_head_dim_backward(KernelFamily::BwdSm90, &ProblemShape { head_dim_v: 64, ..deepseek }, false, false, true), "(192, 128)"),
+        ];
+        for (result, names) in refusals {
+            let err = result.unwrap_err().to_string();
+            assert!(err.contains(names), "{err}");
+        }
+        // The planner's answer: the gate's, then bwd_sm90's (192, 128) form.
+        let planned = backward_variant(&deepseek, DType::BF16, &AttnParams::causal(), HOPPER, false, false);
+        if bwd_sm90::VALUE_HEAD_DIMS_CHECKED_ON_GPU {
+            let v = planned.unwrap();
+            assert_eq!((v.family, v.head_dim, v.head_dim_v), (KernelFamily::BwdSm90, Some(192), Some(128)));
+            assert!(v.name().contains("_d192_dv128"), "{}", v.name());
+        } else {
+            assert!(planned.unwrap_err().to_string().contains("not yet checked"));
+        }
+        let err = backward_variant(&deepseek, DType::BF16, &AttnParams::causal(), AMPERE, false, false).unwrap_err().to_string();
+        assert!(err.contains("bwd_sm80") && err.contains("bwd_sm90 has forms"), "{err}");
+        // What a binding pads: the refusals above, never a call without V's own head dim.
+        let checked = bwd_sm90::VALUE_HEAD_DIMS_CHECKED_ON_GPU;
+        assert_eq!(backward_pads_value_dim(HOPPER, 192, 128, false), !checked);
+        assert!(backward_pads_value_dim(HOPPER, 192, 128, true) && backward_pads_value_dim(AMPERE, 192, 128, false));
+        assert!(backward_pads_value_dim(HOPPER, 128, 64, false), "no form of the pair");
+        assert!(!backward_pads_value_dim(HOPPER, 192, 192, false) && !backward_pads_value_dim(AMPERE, 64, 64, true));
     }
 
     #[test]

@@ -4,7 +4,7 @@
 mod backward;
 mod head_dim;
 
-pub use backward::{plan_backward, BwdPlan};
+pub use backward::{backward_pads_value_dim, plan_backward, BwdPlan};
 pub use head_dim::{head_dims_run_as_they_are, run_head_dim, HeadDimUse};
 
 use crate::error::{Error, Result};

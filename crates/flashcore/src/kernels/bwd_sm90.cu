@@ -17,6 +17,9 @@
 //   p.dq_accum by the writer thread with one bulk reduce-add (cp.reduce.async.bulk) each.
 // D192 and D256 (consume_wide): both warpgroups on one 64-key block, each half of dK's and dV's
 // columns and half of the query block's Sᵀ and dPᵀ; Pᵀ and dSᵀ meet in shared memory.
+// V's own head dim (FC_HEAD_DIM_V = Dv < D, the wide layout: DeepSeek-V3's Q/K 192 with V
+// 128): V, dO (and O in prep) and dV in tiles Dv wide, so that dPᵀ = V·dOᵀ and dV += Pᵀ·dO do
+// Dv's work, not D's; Q, K, dK and dQ keep D (192 as 256).
 // fc_bwd_sm90_prep (before) writes D_i and lse·log2e per row, padded to whole query blocks, and
 // zeroes dQ's accumulator (and the deterministic counters);
 // fc_bwd_sm90_dq (after) scales and converts dq_accum into dq.
@@ -85,6 +88,9 @@
 #ifndef FC_STAGES
 #define FC_STAGES (FC_HEAD_DIM > 128 ? 1 : 2)
 #endif
+#ifndef FC_HEAD_DIM_V
+#define FC_HEAD_DIM_V FC_HEAD_DIM
+#endif
 
 namespace fc {
 namespace bwd_sm90 {
@@ -114,14 +120,21 @@ constexpr int kStages = FC_STAGES;
 constexpr int kThreads = warpgroup::kThreads * (kConsumerWG + 1);
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 constexpr int kScoreN = kWide ? kBlockM / kConsumerWG : kBlockM;     // queries of a warpgroup's Sᵀ
-constexpr int kDkvCols = kWide ? kHeadDim / kConsumerWG : kHeadDim;  // dK, dV columns a warpgroup
+constexpr int kDkvCols = kWide ? kHeadDim / kConsumerWG : kHeadDim;  // dK (and dV) columns a warpgroup
+// V's head dim, and dO's, O's, dV's (FC_HEAD_DIM_V; q's and k's unless set): whole panels a
+// warpgroup in the wide layout (Dv 128 splits into one panel each), below Q's.
+constexpr int kHeadDimVReal = FC_HEAD_DIM_V;
+constexpr int kHeadDimV = kHeadDimVReal == kHeadDimReal ? kHeadDim : (kHeadDimVReal + 63) / 64 * 64;
+constexpr int kDvCols = kWide ? kHeadDimV / kConsumerWG : kHeadDimV;  // dV columns a warpgroup
+static_assert(kHeadDimVReal == kHeadDimReal || (kWide && kHeadDimV < kHeadDim && kHeadDimVReal % 8 == 0),
+              "V's own head dim: the wide layout, below Q's");
 // dQ of a query block (kBlockM x kHeadDim) is shared out as one 64-row wgmma tile per
 // consumer warpgroup: by rows when the block has 128 (D64), by columns when it has 64.
 constexpr bool kDqByRows = kBlockM == 128;
 constexpr int kDqTile = kBlockM * kHeadDim / kConsumerWG;  // f32 values of one warpgroup's dQ
 constexpr int kDqCols = kDqTile / 64;
 static_assert(kDqCols == 64 || kDqCols == 128, "dQ: a 64 x 64 or 64 x 128 tile per consumer warpgroup");
-static_assert(kDkvCols % 64 == 0 && kScoreN % 16 == 0, "whole panels of dK and dV, whole k16 steps of queries");
+static_assert(kDkvCols % 64 == 0 && kDvCols % 64 == 0 && kScoreN % 16 == 0, "whole panels of dK and dV, whole k16 steps of queries");
 static_assert(kStages >= 2 || kWide, "the next query block loads under this one");
 #ifdef FC_BLOCK_N
 static_assert(FC_BLOCK_N == kBlockN, "FC_BLOCK_N must be 64 per consumer warpgroup");
@@ -137,6 +150,8 @@ constexpr u32 kDsBarrier = 1;
 
 using KVTile = sm90::SmemTile<kBlockN, kHeadDim>;
 using QTile = sm90::SmemTile<kBlockM, kHeadDim>;
+using VTile = sm90::SmemTile<kBlockN, kHeadDimV>;   // KVTile unless V has its own head dim
+using DoTile = sm90::SmemTile<kBlockM, kHeadDimV>;  // QTile likewise
 using DsTile = sm90::SmemTile<kBlockN, kBlockM>;  // dSᵀ (and, wide, Pᵀ): keys x queries
 
 // The score tiles in shared memory, in alternate blocks: one warpgroup may write the next
@@ -149,8 +164,10 @@ template <> struct ScoreTiles<true> {
 };
 
 struct SharedStorage {
-    KVTile k, v;
-    QTile q[kStages], dout[kStages];
+    KVTile k;
+    VTile v;
+    QTile q[kStages];
+    DoTile dout[kStages];
     ScoreTiles<kWide> scores;
     alignas(16) float dq[kConsumerWG][kDqTile];
     alignas(16) float stats[kStages][2][kBlockM];  // per stage: D_i, then lse·log2e (see prep)
@@ -192,9 +209,9 @@ __device__ __forceinline__ void produce(SharedStorage& smem, const BwdParams& p,
         return base + static_cast<u32>(static_cast<const char*>(member) - reinterpret_cast<const char*>(&smem));
     };
     const u32 kv_full = at(&smem.kv_full);
-    mbarrier::arrive_expect_tx(kv_full, 2 * KVTile::kBytes);
+    mbarrier::arrive_expect_tx(kv_full, KVTile::kBytes + VTile::kBytes);
     KVTile::load_to(at(&smem.k), tma_k, kv_full, s.k_start + n0, kv_head, batch);
-    KVTile::load_to(at(&smem.v), tma_v, kv_full, s.k_start + n0, kv_head, batch);
+    VTile::load_to(at(&smem.v), tma_v, kv_full, s.k_start + n0, kv_head, batch);
     const Walk w = Schedule::walk(p, s);
     PipelineCounter<kStages> st;
     Cursor c = Schedule::walk_start(p, s, w);
@@ -203,9 +220,9 @@ __device__ __forceinline__ void produce(SharedStorage& smem, const BwdParams& p,
         const u32 full = at(&smem.q_full) + 8 * stage;
         constexpr u32 kStatBytes = 2 * kBlockM * sizeof(float);
         mbarrier::wait(at(&smem.q_empty) + 8 * stage, st.empty_parity());
-        mbarrier::arrive_expect_tx(full, 2 * QTile::kBytes + kStatBytes);
+        mbarrier::arrive_expect_tx(full, QTile::kBytes + DoTile::kBytes + kStatBytes);
         QTile::load_to(at(&smem.q) + stage * QTile::kBytes, tma_q, full, m0, c.head, batch);
-        QTile::load_to(at(&smem.dout) + stage * QTile::kBytes, tma_do, full, m0, c.head, batch);
+        DoTile::load_to(at(&smem.dout) + stage * DoTile::kBytes, tma_do, full, m0, c.head, batch);
         tma::load_bulk(at(&smem.stats) + stage * kStatBytes, Schedule::block_stats(p, c.block), kStatBytes, full);
     }
 }
@@ -485,24 +502,28 @@ __device__ __forceinline__ void gemm_dq(float (&dq)[kDqCols / 2], const DsTile& 
     wgmma::fence_operands(dq);
 }
 
-// Wide heads: acc[64 keys x kDkvCols] += Aᵀ · B over the query block, Aᵀ (Pᵀ or dSᵀ, keys x
-// queries) read K-major from shared memory, B (dO or Q) this warpgroup's columns, MN-major.
-__device__ __forceinline__ void gemm_dkv(float (&acc)[kDkvCols / 2], const DsTile& at, const QTile& b, int wg) {
-    constexpr int kPanels = kDkvCols / sm90::kPanelCols;
+// Wide heads: acc[64 keys x kCols] += Aᵀ · B over the query block, Aᵀ (Pᵀ or dSᵀ, keys x
+// queries) read K-major from shared memory, B (dO or Q) this warpgroup's kCols columns, MN-major.
+template <int kCols, int kTileCols>
+__device__ __forceinline__ void gemm_dkv(float (&acc)[kCols / 2], const DsTile& at, const sm90::SmemTile<kBlockM, kTileCols>& b, int wg) {
+    constexpr int kPanels = kCols / sm90::kPanelCols;
     wgmma::fence_operands(acc);
     wgmma::fence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) wgmma::Mma<kDkvCols>::ss<1>(acc, at.kmajor_desc(0, kk), b.mnmajor_desc(kk, kPanels * wg), 1);
+    for (int kk = 0; kk < kBlockM / 16; ++kk) wgmma::Mma<kCols>::ss<1>(acc, at.kmajor_desc(0, kk), b.mnmajor_desc(kk, kPanels * wg), 1);
     wgmma::commit_group();
     wgmma::fence_operands(acc);
 }
 
-// Wide heads: Sᵀ (or dPᵀ) of the CTA's 64 keys and queries [q0, q0 + kScoreN) of the block.
-__device__ __forceinline__ void gemm_scores(float (&s)[kScoreN / 2], const KVTile& k, const QTile& q, int q0) {
+// Wide heads: Sᵀ = K·Qᵀ (or dPᵀ = V·dOᵀ, over V's head dim) of the CTA's 64 keys and
+// queries [q0, q0 + kScoreN) of the block.
+template <int kCols>
+__device__ __forceinline__ void gemm_scores(float (&s)[kScoreN / 2], const sm90::SmemTile<kBlockN, kCols>& k,
+                                            const sm90::SmemTile<kBlockM, kCols>& q, int q0) {
     wgmma::fence_operands(s);
     wgmma::fence();
 #pragma unroll
-    for (int kk = 0; kk < kHeadDim / 16; ++kk) wgmma::Mma<kScoreN>::ss<0>(s, k.kmajor_desc(0, kk), q.kmajor_desc(q0, kk), kk > 0 ? 1 : 0);
+    for (int kk = 0; kk < kCols / 16; ++kk) wgmma::Mma<kScoreN>::ss<0>(s, k.kmajor_desc(0, kk), q.kmajor_desc(q0, kk), kk > 0 ? 1 : 0);
     wgmma::commit_group();
     wgmma::fence_operands(s);
 }
@@ -588,9 +609,11 @@ __device__ __forceinline__ elem_t* kv_rows(void* t, i64 stride_b, i64 stride_s, 
 }
 
 // dK (times the softmax scale) or dV of the warpgroup's keys [k0, k0 + 64) and columns
-// [col0, col0 + kDkvCols), from registers; the padding columns past kHeadDimReal are not stored.
-__device__ __forceinline__ void store_kv(const float (&acc)[kDkvCols / 2], elem_t* base, i64 row_stride, int k0, int seqlen_k,
-                                         int col0, float scale) {
+// [col0, col0 + kCols), from registers; the padding columns past kRealCols (the tensor's head
+// dim) are not stored.
+template <int kCols, int kRealCols>
+__device__ __forceinline__ void store_kv(const float (&acc)[kCols / 2], elem_t* base, i64 row_stride, int k0, int seqlen_k, int col0,
+                                         float scale) {
     const Fragment f = fragment();
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
@@ -598,8 +621,8 @@ __device__ __forceinline__ void store_kv(const float (&acc)[kDkvCols / 2], elem_
         if (key >= seqlen_k) continue;
         elem_t* row = base + key * row_stride + col0 + f.col;
 #pragma unroll
-        for (int c = 0; c < kDkvCols / 8; ++c)
-            if (col0 + 8 * c < kHeadDimReal)
+        for (int c = 0; c < kCols / 8; ++c)
+            if (col0 + 8 * c < kRealCols)
                 *reinterpret_cast<u32*>(row + 8 * c) = pack2<elem_t>(acc[4 * c + 2 * r] * scale, acc[4 * c + 2 * r + 1] * scale);
     }
 }
@@ -660,13 +683,14 @@ template <class Smem> __device__ __forceinline__ void consume(Smem& smem, const 
     }
     const int kv_head = blockIdx.y;
     const float keep_scale = kDropout ? p.dropout_scale : 1.f;  // dropout's 1 / (1 - p), left to the end
-    store_kv(dv, kv_rows(p.dv, p.dv_stride_b, p.dv_stride_s, p.dv_stride_h, s, batch, kv_head), p.dv_stride_s, k0, s.seqlen_k, 0, keep_scale);
-    store_kv(dk, kv_rows(p.dk, p.dk_stride_b, p.dk_stride_s, p.dk_stride_h, s, batch, kv_head), p.dk_stride_s, k0, s.seqlen_k, 0,
-             p.softmax_scale * keep_scale);
+    store_kv<kDkvCols, kHeadDimReal>(dv, kv_rows(p.dv, p.dv_stride_b, p.dv_stride_s, p.dv_stride_h, s, batch, kv_head), p.dv_stride_s, k0,
+                                     s.seqlen_k, 0, keep_scale);
+    store_kv<kDkvCols, kHeadDimReal>(dk, kv_rows(p.dk, p.dk_stride_b, p.dk_stride_s, p.dk_stride_h, s, batch, kv_head), p.dk_stride_s, k0,
+                                     s.seqlen_k, 0, p.softmax_scale * keep_scale);
 }
 
 // Wide heads (D256): both consumer warpgroups hold the CTA's 64 keys, warpgroup wg columns
-// [kDkvCols wg, kDkvCols (wg + 1)) of dK and dV, and computes Sᵀ and dPᵀ for queries [kScoreN
+// [kDkvCols wg, kDkvCols (wg + 1)) of dK and [kDvCols wg, kDvCols (wg + 1)) of dV, and computes Sᵀ and dPᵀ for queries [kScoreN
 // wg, kScoreN (wg + 1)) of the block. Pᵀ and dSᵀ meet in shared memory, from which both take
 // them as the A operands of dV's and dK's products; dQ = dS·K as in consume, its columns
 // split. Q and dO have one stage (four 32 KB tiles of K, V, Q and dO, and 64 KB of dQ staging
@@ -675,9 +699,11 @@ template <class Smem> __device__ __forceinline__ void consume_wide(Smem& smem, c
     const int n0 = Schedule::key_block(p) * kBlockN, batch = blockIdx.z, q0 = kScoreN * wg;
     const int offset = s.seqlen_k - s.seqlen_q;
     const Walk w = Schedule::walk(p, s);
-    float dk[kDkvCols / 2], dv[kDkvCols / 2];
+    float dk[kDkvCols / 2], dv[kDvCols / 2];
 #pragma unroll
-    for (int i = 0; i < kDkvCols / 2; ++i) dk[i] = dv[i] = 0.f;
+    for (int i = 0; i < kDkvCols / 2; ++i) dk[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < kDvCols / 2; ++i) dv[i] = 0.f;
     mbarrier::wait(bar(smem.kv_full), 0);
     PipelineState<kStages> st;
     PipelineState<1> handover;
@@ -706,8 +732,8 @@ template <class Smem> __device__ __forceinline__ void consume_wide(Smem& smem, c
         sm90::write_operand(ds, 0, dsk, q0 / 8);
         tma::fence_proxy_async_shared();
         named_barrier::sync(kDsBarrier, kConsumerWG * warpgroup::kThreads);
-        gemm_dkv(dv, pt, smem.dout[stage], wg);
-        gemm_dkv(dk, ds, smem.q[stage], wg);
+        gemm_dkv<kDvCols>(dv, pt, smem.dout[stage], wg);
+        gemm_dkv<kDkvCols>(dk, ds, smem.q[stage], wg);
         float dq[kDqCols / 2];
         gemm_dq(dq, ds, smem.k, wg);
         wgmma::wait<1>();  // dV and dK: Q and dO may go
@@ -724,12 +750,12 @@ template <class Smem> __device__ __forceinline__ void consume_wide(Smem& smem, c
         float none[kDqCols / 2];
         stage_dq(smem, handover, none, nullptr, 0, wg);  // the writer's stop mark
     }
-    const int kv_head = blockIdx.y, col0 = kDkvCols * wg;
+    const int kv_head = blockIdx.y;
     const float keep_scale = kDropout ? p.dropout_scale : 1.f;  // dropout's 1 / (1 - p), left to the end
-    store_kv(dv, kv_rows(p.dv, p.dv_stride_b, p.dv_stride_s, p.dv_stride_h, s, batch, kv_head), p.dv_stride_s, n0, s.seqlen_k, col0,
-             keep_scale);
-    store_kv(dk, kv_rows(p.dk, p.dk_stride_b, p.dk_stride_s, p.dk_stride_h, s, batch, kv_head), p.dk_stride_s, n0, s.seqlen_k, col0,
-             p.softmax_scale * keep_scale);
+    store_kv<kDvCols, kHeadDimVReal>(dv, kv_rows(p.dv, p.dv_stride_b, p.dv_stride_s, p.dv_stride_h, s, batch, kv_head), p.dv_stride_s, n0,
+                                     s.seqlen_k, kDvCols * wg, keep_scale);
+    store_kv<kDkvCols, kHeadDimReal>(dk, kv_rows(p.dk, p.dk_stride_b, p.dk_stride_s, p.dk_stride_h, s, batch, kv_head), p.dk_stride_s, n0,
+                                     s.seqlen_k, kDkvCols * wg, p.softmax_scale * keep_scale);
 }
 
 // The consumer of this head dim's layout (a template, so that only it is instantiated).
@@ -764,10 +790,11 @@ __device__ __forceinline__ void dq_index(int wg, int j, int t, int& row, int& co
 }
 
 // Prep's threads: kPrepLanes of them a row, each on 8 columns (one 16-byte load of o and one
-// of dO), kPrepRows rows a CTA of 128 threads (all in one query block), in kPrepPasses passes
-// whose loads are all issued before the first sum. It was a warp a row on 2-byte loads: 95 us
-// at B16 S1k H16 D128 and 134 at H32 D64 on an H100, against cuDNN's 95 for the same work.
-constexpr int kPrepLanes = kHeadDim / 8;
+// of dO, over V's head dim), kPrepRows rows a CTA of 128 threads (all in one query block), in
+// kPrepPasses passes whose loads are all issued before the first sum. It was a warp a row on
+// 2-byte loads: 95 us at B16 S1k H16 D128 and 134 at H32 D64 on an H100, against cuDNN's 95
+// for the same work.
+constexpr int kPrepLanes = kHeadDimV / 8;
 constexpr int kPrepRows = 16;
 constexpr int kPrepPasses = kPrepRows * kPrepLanes / 128;
 static_assert(kPrepPasses >= 1 && kBlockM % kPrepRows == 0, "a prep CTA's rows lie in one query block");
@@ -828,7 +855,7 @@ extern "C" __global__ void __launch_bounds__(128) fc_bwd_sm90_prep(const BwdPara
     for (int pass = 0; pass < kPrepPasses; ++pass) {
         const int row = first + pass * (128 / kPrepLanes) + threadIdx.x / kPrepLanes, col = 8 * lane;
         o[pass] = dout[pass] = u32x4{0, 0, 0, 0};
-        if (row < s.seqlen_q && col < kHeadDimReal) {
+        if (row < s.seqlen_q && col < kHeadDimVReal) {
             o[pass] = *reinterpret_cast<const u32x4*>(static_cast<const elem_t*>(p.o) + o_head + row * p.o_stride_s + col);
             dout[pass] = *reinterpret_cast<const u32x4*>(static_cast<const elem_t*>(p.dout) + do_head + row * p.do_stride_s + col);
         }
@@ -862,7 +889,7 @@ fc_bwd_sm90(const __grid_constant__ BwdParams p, const __grid_constant__ TmaDesc
     if (kVarlen) {
         // The grid spans the longest sequence's key blocks: the others' CTAs past their own
         // exit (key block 0's first zeroes dK and dV of the keys past seqused_k).
-        if (p.seqused_k != nullptr && blockIdx.x == 0) zero_unused_keys<kHeadDimReal, kThreads>(p, s, blockIdx.z, blockIdx.y);
+        if (p.seqused_k != nullptr && blockIdx.x == 0) zero_unused_keys<kHeadDimReal, kThreads, kHeadDimVReal>(p, s, blockIdx.z, blockIdx.y);
         if (Schedule::key_block(p) * kBlockN >= s.seqlen_k) return;
     }
     if (threadIdx.x == 0) {

@@ -17,6 +17,12 @@ use crate::tensor::DType;
 /// past them zero (see [`padded_head_dim`]).
 pub const HEAD_DIMS: &[usize] = &[64, 96, 128, 192, 256];
 
+/// Whether the forms of V's own head dims (the forward's pairs, `fwd_sm90::VALUE_HEAD_DIMS`:
+/// [`value_variant`]) have passed `flashcore check --value-dim`'s backward cases against the
+/// f64 reference on a GPU. Until they have, their backward is refused by name
+/// (`dispatch::backward`) and the Python package runs it with V, O and dO zero-padded.
+pub const VALUE_HEAD_DIMS_CHECKED_ON_GPU: bool = false;
+
 /// The entry points besides the main one, in launch order around it: D_i and lse·log2e
 /// before, dQ's conversion after, and the learnable sinks' gradient last when wanted.
 pub const PREP_ENTRY: &str = "fc_bwd_sm90_prep";
@@ -44,6 +50,16 @@ fn padded_head_dim(head_dim: usize) -> usize {
     }
 }
 
+/// V's (and dO's, O's, dV's) tile columns: Q's unless V has its own head dim, then its own
+/// whole panels (the kernel's `kHeadDimV`; the wide layout gives each warpgroup half).
+fn padded_value_dim(head_dim: usize, head_dim_v: usize) -> usize {
+    if head_dim_v == head_dim {
+        padded_head_dim(head_dim)
+    } else {
+        head_dim_v.div_ceil(64) * 64
+    }
+}
+
 /// The tile for `head_dim`, 3 warpgroups: up to D128, 128 keys (64 per consumer warpgroup)
 /// and 128 query rows a step at D64, 64 at D96/D128 (each consumer's share of dQ is one 64 x
 /// 64 tile), 2 stages of Q and dO; D256 ("wide": both consumers on the same keys, dK and dV
@@ -62,14 +78,16 @@ fn wide(head_dim: usize) -> bool {
 }
 
 /// Dynamic shared memory of the kernel's `SharedStorage` plus 1024 bytes to align it: K and
-/// V, `stages` Q and dO tiles, two dSᵀ tiles (and, wide, two Pᵀ tiles; 2 bytes an element),
-/// dQ's f32 staging; then lse and D_i per stage, the dQ hand-over (a pointer and an order per
-/// consumer warpgroup) and the barriers, padded to 1024 bytes. The kernel checks it.
-pub fn smem_bytes(tile: Tile, head_dim: usize) -> u32 {
-    let (m, n, s, d) = (tile.block_m as usize, tile.block_n as usize, tile.stages as usize, padded_head_dim(head_dim));
+/// V, `stages` Q and dO tiles (V and dO `head_dim_v` wide), two dSᵀ tiles (and, wide, two Pᵀ
+/// tiles; 2 bytes an element), dQ's f32 staging; then lse and D_i per stage, the dQ hand-over
+/// (a pointer and an order per consumer warpgroup) and the barriers, padded to 1024 bytes.
+/// The kernel checks it.
+pub fn smem_bytes(tile: Tile, head_dim: usize, head_dim_v: usize) -> u32 {
+    let (m, n, s) = (tile.block_m as usize, tile.block_n as usize, tile.stages as usize);
+    let (d, dv) = (padded_head_dim(head_dim), padded_value_dim(head_dim, head_dim_v));
     let consumers = 2usize;
     let score_tiles = if wide(head_dim) { 4 } else { 2 };
-    let tiles = 2 * (2 * n * d + 2 * s * m * d + score_tiles * n * m) + 4 * m * d;
+    let tiles = 2 * (n * (d + dv) + s * m * (d + dv) + score_tiles * n * m) + 4 * m * d;
     let handover = (12 * consumers).next_multiple_of(8);
     let barriers = 8 * (1 + 2 * s + 2 * consumers);
     let small = (2 * s * m * 4 + handover + barriers).next_multiple_of(1024);
@@ -87,13 +105,21 @@ pub fn variant(dtype: DType, head_dim: usize, causal: bool) -> Variant {
         head_dim_v: None,
         causal: Some(causal),
         tile,
-        smem_bytes: smem_bytes(tile, head_dim),
+        smem_bytes: smem_bytes(tile, head_dim, head_dim),
         split_kv: false,
         mods: ScoreMods::default(),
         varlen: false,
         paged: false,
         spread_pages: false,
     }
+}
+
+/// The form of `head_dim` with V's `head_dim_v` (a pair of `fwd_sm90::VALUE_HEAD_DIMS`, Q's
+/// in the wide layout, Dv a multiple of 128 below it): `head_dim`'s tile, V and dO tiles Dv
+/// wide (D192 / Dv128: 194 KB), dPᵀ and dV's products over Dv's columns (`FC_HEAD_DIM_V`).
+pub fn value_variant(dtype: DType, head_dim: usize, head_dim_v: usize, causal: bool) -> Variant {
+    let plain = variant(dtype, head_dim, causal);
+    Variant { head_dim_v: Some(head_dim_v), smem_bytes: smem_bytes(plain.tile, head_dim, head_dim_v), ..plain }
 }
 
 /// Rows of the padded per-row arrays (D_i, lse·log2e) and of dQ's accumulator: whole query
@@ -157,8 +183,12 @@ impl Family for Spec {
         HEAD_DIMS
     }
 
+    /// The head dim's form, then its forms with V's own head dims (the forward's pairs).
     fn variants_at(&self, _: Arch, dtype: DType, head_dim: usize, causal: bool) -> Vec<Variant> {
-        vec![variant(dtype, head_dim, causal)]
+        let own_value_dims = super::fwd_sm90::VALUE_HEAD_DIMS.iter().filter(|(d, _)| *d == head_dim);
+        std::iter::once(variant(dtype, head_dim, causal))
+            .chain(own_value_dims.map(|&(d, dv)| value_variant(dtype, d, dv, causal)))
+            .collect()
     }
 
     fn source(&self, v: &Variant, defines: &mut Vec<(String, String)>) -> (&'static str, &'static str) {
@@ -188,13 +218,20 @@ mod tests {
     #[test]
     fn tiles_fit_hopper() {
         for &d in HEAD_DIMS {
-            let bytes = smem_bytes(tile(d), d);
+            let bytes = smem_bytes(tile(d), d, d);
             assert!(bytes <= 232_448, "D{d}: {bytes} B");
+        }
+        for &(d, dv) in super::super::fwd_sm90::VALUE_HEAD_DIMS {
+            let v = value_variant(DType::BF16, d, dv, true);
+            assert!(wide(d) && dv < padded_head_dim(d) && dv % 128 == 0, "({d}, {dv}): the wide layout, whole panels a warpgroup");
+            assert!(v.smem_bytes < smem_bytes(tile(d), d, d), "({d}, {dv}): V's and dO's tiles narrower");
+            assert_eq!((v.tile, v.head_dim_v), (tile(d), Some(dv)));
         }
         assert_eq!(tile(64).block_m, 128);
         assert_eq!(tile(96).block_m, 64);
         assert_eq!((tile(256).block_n, tile(256).stages), (64, 1));
-        assert_eq!(smem_bytes(tile(192), 192), smem_bytes(tile(256), 256), "D192 runs as D256");
+        assert_eq!(smem_bytes(tile(192), 192, 192), smem_bytes(tile(256), 256, 256), "D192 runs as D256");
+        assert_eq!(smem_bytes(tile(192), 192, 128), 231_424 - 2 * 64 * 128 * 2, "(192, 128): V's and dO's tiles 128 wide, 128 columns less");
         assert_eq!(padded_head_dim(96), 128);
     }
 

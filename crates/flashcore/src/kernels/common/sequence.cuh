@@ -53,11 +53,12 @@ template <bool kVarlen, class Params> __device__ __forceinline__ int rows_q(cons
 
 // The backward of a packed batch with seqused_k: zeros for dK and dV of the keys sequence
 // `batch` holds past the ones it uses, [k_start + seqlen_k, cu_seqlens_k[batch + 1]) (no query
-// sees them), by kThreads threads, 16 bytes a thread (kCols, the head dim, a multiple of 8).
-template <int kCols, int kThreads>
+// sees them), by kThreads threads, 16 bytes a thread (kCols, the head dim, and kColsV, V's,
+// multiples of 8).
+template <int kCols, int kThreads, int kColsV = kCols>
 __device__ __forceinline__ void zero_unused_keys(const BwdParams& p, const Sequence& seq, int batch, int kv_head) {
     const int first = seq.k_start + seq.seqlen_k, end = clamp_to(p.cu_seqlens_k[batch + 1], first, p.total_k);
-    constexpr int kChunks = kCols / 8;
+    constexpr int kChunks = (kCols > kColsV ? kCols : kColsV) / 8;
     struct alignas(16) Zero {
         u32 x[4];
     };
@@ -65,8 +66,12 @@ __device__ __forceinline__ void zero_unused_keys(const BwdParams& p, const Seque
     for (i64 i = threadIdx.x; i < (i64)(end - first) * kChunks; i += kThreads) {
         const i64 key = first + i / kChunks;
         const int col = 8 * static_cast<int>(i % kChunks);
-        *reinterpret_cast<Zero*>(static_cast<elem_t*>(p.dk) + key * p.dk_stride_s + kv_head * p.dk_stride_h + col) = Zero{};
-        *reinterpret_cast<Zero*>(static_cast<elem_t*>(p.dv) + key * p.dv_stride_s + kv_head * p.dv_stride_h + col) = Zero{};
+        if (kCols >= kColsV || col < kCols) {
+            *reinterpret_cast<Zero*>(static_cast<elem_t*>(p.dk) + key * p.dk_stride_s + kv_head * p.dk_stride_h + col) = Zero{};
+        }
+        if (kColsV >= kCols || col < kColsV) {
+            *reinterpret_cast<Zero*>(static_cast<elem_t*>(p.dv) + key * p.dv_stride_s + kv_head * p.dv_stride_h + col) = Zero{};
+        }
     }
 }
 
