@@ -209,7 +209,10 @@ impl PagedKv<'_> {
         // Checked before `o`, which callers allocate with v_cache's head dim: the pools share
         // one (V's own head dim runs over dense keys alone).
         if v.layout.shape != k.layout.shape {
-            return Err(shape_err("v_cache", format!("{:?} differs from k_cache's {:?}: the pools share one geometry", v.layout.shape, k.layout.shape)));
+            return Err(shape_err(
+                "v_cache",
+                format!("{:?} differs from k_cache's {:?}: the pools share one geometry", v.layout.shape, k.layout.shape),
+            ));
         }
         if o.layout.shape != q.layout.shape {
             return Err(shape_err("o", format!("{:?} differs from q's {:?}", o.layout.shape, q.layout.shape)));

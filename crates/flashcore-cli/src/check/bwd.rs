@@ -54,6 +54,14 @@ impl BwdSpec {
         self.dropout.is_some()
     }
 
+    pub fn family(&self) -> KernelFamily {
+        self.family
+    }
+
+    pub fn case_name(&self) -> &str {
+        &self.case.name
+    }
+
     /// V has a head dim of its own (`check --value-dim`).
     pub fn own_value_dim(&self) -> bool {
         self.case.head_dim_v.is_some()
@@ -248,7 +256,8 @@ pub fn value_dim_specs(family: KernelFamily, quick: bool) -> Vec<BwdSpec> {
                     continue;
                 }
                 out.push(BwdSpec { window: Window::new(100, 20), ..plain(case(1, 1000, 1000, 8, 2), true) });
-                let capped = BwdSpec { softcap: 30.0, ..BwdSpec::new(family, false, case(2, 600, 300, 4, 2), Inputs::LargeLogits, Storage::Bshd) };
+                let capped =
+                    BwdSpec { softcap: 30.0, ..BwdSpec::new(family, false, case(2, 600, 300, 4, 2), Inputs::LargeLogits, Storage::Bshd) };
                 out.push(BwdSpec { alibi: Alibi::PerHead, ..capped });
                 out.push(BwdSpec { chunk: 256, ..plain(case(1, 1000, 1000, 4, 2), false) });
                 out.push(BwdSpec { sinks: true, ..plain(case(2, 300, 1000, 8, 2), false) });

@@ -158,7 +158,12 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     let backward: Vec<_> = backward
         .into_iter()
         .filter(|s| {
-            dim(s.head_dim()) && alibi(s.alibi) && dropped(s.has_dropout()) && chunked(s.chunk) && sunk(s.sinks) && valued(s.own_value_dim())
+            dim(s.head_dim())
+                && alibi(s.alibi)
+                && dropped(s.has_dropout())
+                && chunked(s.chunk)
+                && sunk(s.sinks)
+                && valued(s.own_value_dim())
         })
         .collect();
     let packed: Vec<_> = packed
@@ -187,18 +192,18 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     let progress = Progress::new(all.len() + packed.len() + cached.len() + backward.len());
     let mut outcomes = Vec::new();
     for (family, spec) in &all {
-        outcomes.push(progress.case(&format!("{family} {}", spec.case.name), || dense::check_one(&ctx, *family, spec))?);
+        outcomes.push(progress.case(&spec.case.name, *family, || dense::check_one(&ctx, *family, spec))?);
     }
     for spec in &packed {
         let check_one = if spec.family.is_backward() { varlen_bwd::check_one } else { varlen::check_one };
-        outcomes.push(progress.case(&format!("{} varlen", spec.family), || check_one(&ctx, spec))?);
+        outcomes.push(progress.case(&spec.name(), spec.family, || check_one(&ctx, spec))?);
     }
     for spec in &cached {
         let check_one = if spec.packed_queries.is_some() { paged_packed::check_one } else { paged::check_one };
-        outcomes.push(progress.case(&format!("{} paged", spec.kernel), || check_one(&ctx, spec))?);
+        outcomes.push(progress.case(&spec.name(), spec.kernel, || check_one(&ctx, spec))?);
     }
     for spec in &backward {
-        outcomes.push(progress.case("backward", || bwd::check_one(&ctx, spec))?);
+        outcomes.push(progress.case(&format!("bwd_{}", spec.case_name()), spec.family(), || bwd::check_one(&ctx, spec))?);
     }
     progress.bar.finish_and_clear();
     print_table(&outcomes);

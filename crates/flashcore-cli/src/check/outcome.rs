@@ -16,6 +16,22 @@ pub struct Outcome {
     pub failure: Option<String>,
 }
 
+impl Outcome {
+    /// The outcome of case `what` that the library refused with `error`: failed, nothing measured.
+    pub fn refused(what: &str, kernel: KernelFamily, error: &anyhow::Error) -> Self {
+        Outcome {
+            spec_name: what.to_string(),
+            kernel,
+            oracle: "-",
+            rel: f64::NAN,
+            max_abs: f64::NAN,
+            lse_err: f64::NAN,
+            deterministic: false,
+            failure: Some(format!("refused: {error}")),
+        }
+    }
+}
+
 /// The forward's bound on the relative L2 error of o (docs/design.md §8).
 pub fn tolerance(dtype: DType) -> f64 {
     match dtype {

@@ -258,7 +258,10 @@ mod tests {
             (value_head_dim_backward(KernelFamily::BwdSm90, &deepseek, true, false, true), "packed batches"),
             (value_head_dim_backward(KernelFamily::BwdSm90, &deepseek, false, true, true), "dropout"),
             (value_head_dim_backward(KernelFamily::BwdSm80, &deepseek, false, false, true), "bwd_sm90 has forms"),
-            (value_head_dim_backward(KernelFamily::BwdSm90, &ProblemShape { head_dim_v: 64, ..deepseek }, false, false, true), "(192, 128)"),
+            (
+                value_head_dim_backward(KernelFamily::BwdSm90, &ProblemShape { head_dim_v: 64, ..deepseek }, false, false, true),
+                "(192, 128)",
+            ),
         ];
         for (result, names) in refusals {
             let err = result.unwrap_err().to_string();

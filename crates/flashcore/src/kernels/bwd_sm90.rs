@@ -231,7 +231,11 @@ mod tests {
         assert_eq!(tile(96).block_m, 64);
         assert_eq!((tile(256).block_n, tile(256).stages), (64, 1));
         assert_eq!(smem_bytes(tile(192), 192, 192), smem_bytes(tile(256), 256, 256), "D192 runs as D256");
-        assert_eq!(smem_bytes(tile(192), 192, 128), 231_424 - 2 * 64 * 128 * 2, "(192, 128): V's and dO's tiles 128 wide, 128 columns less");
+        assert_eq!(
+            smem_bytes(tile(192), 192, 128),
+            231_424 - 2 * 64 * 128 * 2,
+            "(192, 128): V's and dO's tiles 128 wide, 128 columns less"
+        );
         assert_eq!(padded_head_dim(96), 128);
     }
 
