@@ -91,16 +91,23 @@
 #ifndef FC_HEAD_DIM_V
 #define FC_HEAD_DIM_V FC_HEAD_DIM
 #endif
+#ifndef FC_PANEL_SPLIT
+#define FC_PANEL_SPLIT 0
+#endif
 
 namespace fc {
 namespace bwd_sm90 {
 
 constexpr int kHeadDimReal = FC_HEAD_DIM;
+// The split layout (FC_PANEL_SPLIT; Q and K 192 with V 128, DeepSeek-V3's): the wide layout
+// with Q's and K's three panels unpadded, dealt out unevenly so that each warpgroup's products
+// cover four panels (see Share), and two stages of Q and dO.
+constexpr bool kSplit = FC_PANEL_SPLIT != 0;
 // Whole 64-column panels; past D128 the wide layout, whose two warpgroups split dK's and dV's
 // columns into whole panels: D192 runs as D256 (TMA zero-fills the missing columns; they are
 // never stored), as D96 runs as D128, and every other multiple of 8 as the next of these
-// (D40 as D64, D80 as D128, D160 as D256).
-constexpr int kHeadDim = kHeadDimReal <= 128 ? (kHeadDimReal + 63) / 64 * 64 : 256;
+// (D40 as D64, D80 as D128, D160 as D256); the split layout runs D192 as it is.
+constexpr int kHeadDim = kSplit ? 192 : kHeadDimReal <= 128 ? (kHeadDimReal + 63) / 64 * 64 : 256;
 static_assert(kHeadDimReal % 8 == 0 && kHeadDimReal >= 8 && kHeadDimReal <= 256, "head dim: a multiple of 8 up to 256");
 constexpr bool kCausal = FC_CAUSAL != 0;
 constexpr bool kLocal = FC_LOCAL != 0;      // sliding window (common/mask.cuh)
@@ -128,13 +135,34 @@ constexpr int kHeadDimV = kHeadDimVReal == kHeadDimReal ? kHeadDim : (kHeadDimVR
 constexpr int kDvCols = kWide ? kHeadDimV / kConsumerWG : kHeadDimV;  // dV columns a warpgroup
 static_assert(kHeadDimVReal == kHeadDimReal || (kWide && kHeadDimV < kHeadDim && kHeadDimVReal % 8 == 0),
               "V's own head dim: the wide layout, below Q's");
+static_assert(!kSplit || (kHeadDimReal > 128 && kHeadDimReal <= 192 && kHeadDimV == 128 && FC_STAGES == 2),
+              "the split layout: Q and K up to 192, V up to 128, two stages");
+
+// The panels of dK, dV and dQ that consumer warpgroup wg holds (first, count). Wide: half of
+// each; split (Q, K 192, V 128): warpgroup 0 dK's panels 0-1, dV's 0 and dQ's 0, warpgroup 1
+// dK's 2, dV's 1 and dQ's 1-2 (each four panels of products a step, besides Sᵀ and dPᵀ of
+// half the queries). Its dQ tile sits after the other warpgroups' in the block's accumulator
+// and in the staging buffer (kDqOffset floats).
+template <int wg> struct Share {
+    static constexpr int kDkFirst = kSplit ? 2 * wg : wg * (kHeadDim / 128);
+    static constexpr int kDkPanels = kSplit ? 2 - wg : kHeadDim / 128;
+    static constexpr int kDvFirst = kSplit ? wg : wg * (kHeadDimV / 128);
+    static constexpr int kDvPanels = kSplit ? 1 : kHeadDimV / 128;
+    static constexpr int kDqFirst = kSplit ? wg : wg * (kHeadDim / 128);
+    static constexpr int kDqPanels = kSplit ? 1 + wg : kHeadDim / 128;
+    static constexpr int kDqOffset = kBlockM * 64 * kDqFirst;
+};
 // dQ of a query block (kBlockM x kHeadDim) is shared out as one 64-row wgmma tile per
 // consumer warpgroup: by rows when the block has 128 (D64), by columns when it has 64.
 constexpr bool kDqByRows = kBlockM == 128;
-constexpr int kDqTile = kBlockM * kHeadDim / kConsumerWG;  // f32 values of one warpgroup's dQ
+constexpr int kDqTile = kBlockM * kHeadDim / kConsumerWG;  // f32 values of one warpgroup's dQ (split: on average)
 constexpr int kDqCols = kDqTile / 64;
-static_assert(kDqCols == 64 || kDqCols == 128, "dQ: a 64 x 64 or 64 x 128 tile per consumer warpgroup");
-static_assert(kDkvCols % 64 == 0 && kDvCols % 64 == 0 && kScoreN % 16 == 0, "whole panels of dK and dV, whole k16 steps of queries");
+static_assert(kSplit || kDqCols == 64 || kDqCols == 128, "dQ: a 64 x 64 or 64 x 128 tile per consumer warpgroup");
+// f32 values of warpgroup wg's dQ, and their place in a block's accumulator and in staging.
+__host__ __device__ constexpr int dq_tile_of(int wg) { return kSplit ? kBlockM * 64 * (1 + wg) : kDqTile; }
+__host__ __device__ constexpr int dq_offset_of(int wg) { return kSplit ? kBlockM * 64 * wg : wg * kDqTile; }
+static_assert(kSplit || (kDkvCols % 64 == 0 && kDvCols % 64 == 0), "whole panels of dK and dV a warpgroup");
+static_assert(kScoreN % 16 == 0, "whole k16 steps of queries");
 static_assert(kStages >= 2 || kWide, "the next query block loads under this one");
 #ifdef FC_BLOCK_N
 static_assert(FC_BLOCK_N == kBlockN, "FC_BLOCK_N must be 64 per consumer warpgroup");
@@ -169,7 +197,7 @@ struct SharedStorage {
     QTile q[kStages];
     DoTile dout[kStages];
     ScoreTiles<kWide> scores;
-    alignas(16) float dq[kConsumerWG][kDqTile];
+    alignas(16) float dq[kConsumerWG * kDqTile];  // each warpgroup's staged dQ, at dq_offset_of(wg)
     alignas(16) float stats[kStages][2][kBlockM];  // per stage: D_i, then lse·log2e (see prep)
     float* dq_dst[kConsumerWG];  // where each warpgroup's staged dQ goes (see stage_dq)
     int dq_order[kConsumerWG];   // deterministic: key blocks that add to it first
@@ -488,6 +516,17 @@ __device__ __forceinline__ void late_scores(float (&sc)[kScoreN / 2], u32 (&pk)[
     }
 }
 
+// Split layout: dQ's kCols columns from K's panel `panel0` on = dS·K over the block's keys.
+template <int kCols>
+__device__ __forceinline__ void gemm_dq_panels(float (&dq)[kCols / 2], const DsTile& ds, const KVTile& k, int panel0) {
+    wgmma::fence_operands(dq);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) wgmma::Mma<kCols>::ss<1, 1>(dq, ds.mnmajor_desc(kk, 0), k.mnmajor_desc(kk, panel0), kk > 0 ? 1 : 0);
+    wgmma::commit_group();
+    wgmma::fence_operands(dq);
+}
+
 // dQ of this warpgroup (64 x 64: its query rows or its head-dim columns of the block) =
 // dS·K over the block's keys, with dS read transposed from the dSᵀ tile.
 __device__ __forceinline__ void gemm_dq(float (&dq)[kDqCols / 2], const DsTile& ds, const KVTile& k, int wg) {
@@ -504,15 +543,20 @@ __device__ __forceinline__ void gemm_dq(float (&dq)[kDqCols / 2], const DsTile& 
 
 // Wide heads: acc[64 keys x kCols] += Aᵀ · B over the query block, Aᵀ (Pᵀ or dSᵀ, keys x
 // queries) read K-major from shared memory, B (dO or Q) this warpgroup's kCols columns, MN-major.
+// `gemm_dkv_panels` takes B's columns from panel `panel0` on (the split layout's uneven share).
 template <int kCols, int kTileCols>
-__device__ __forceinline__ void gemm_dkv(float (&acc)[kCols / 2], const DsTile& at, const sm90::SmemTile<kBlockM, kTileCols>& b, int wg) {
-    constexpr int kPanels = kCols / sm90::kPanelCols;
+__device__ __forceinline__ void gemm_dkv_panels(float (&acc)[kCols / 2], const DsTile& at, const sm90::SmemTile<kBlockM, kTileCols>& b,
+                                                int panel0) {
     wgmma::fence_operands(acc);
     wgmma::fence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockM / 16; ++kk) wgmma::Mma<kCols>::ss<1>(acc, at.kmajor_desc(0, kk), b.mnmajor_desc(kk, kPanels * wg), 1);
+    for (int kk = 0; kk < kBlockM / 16; ++kk) wgmma::Mma<kCols>::ss<1>(acc, at.kmajor_desc(0, kk), b.mnmajor_desc(kk, panel0), 1);
     wgmma::commit_group();
     wgmma::fence_operands(acc);
+}
+template <int kCols, int kTileCols>
+__device__ __forceinline__ void gemm_dkv(float (&acc)[kCols / 2], const DsTile& at, const sm90::SmemTile<kBlockM, kTileCols>& b, int wg) {
+    gemm_dkv_panels<kCols>(acc, at, b, kCols / sm90::kPanelCols * wg);
 }
 
 // Wide heads: Sᵀ = K·Qᵀ (or dPᵀ = V·dOᵀ, over V's head dim) of the CTA's 64 keys and
@@ -533,7 +577,8 @@ __device__ __forceinline__ void gemm_scores(float (&s)[kScoreN / 2], const sm90:
 // common/bwd_schedule.cuh): staged in shared memory in accumulator order (register pair j of
 // thread t at float2 index 128 j + t: consecutive lanes write consecutive 8 bytes, no bank
 // conflict) once the writer has read the previous one out.
-__device__ __forceinline__ void stage_dq(SharedStorage& smem, PipelineState<1>& handover, const float (&dq)[kDqCols / 2], float* dst,
+template <int kValues>
+__device__ __forceinline__ void stage_dq(SharedStorage& smem, PipelineState<1>& handover, const float (&dq)[kValues], float* dst,
                                          int order, int wg) {
     const u32 t = warpgroup::fresh_thread_index() % warpgroup::kThreads;
     mbarrier::wait(bar(smem.dq_empty[wg]), handover.empty_parity());
@@ -542,9 +587,9 @@ __device__ __forceinline__ void stage_dq(SharedStorage& smem, PipelineState<1>& 
         smem.dq_order[wg] = order;  // one per warpgroup: each written only under its own hand-over
     }
     if (dst != nullptr) {
-        float2* stage = reinterpret_cast<float2*>(smem.dq[wg]);
+        float2* stage = reinterpret_cast<float2*>(smem.dq + dq_offset_of(wg));
 #pragma unroll
-        for (int j = 0; j < kDqCols / 4; ++j) stage[128 * j + t] = make_float2(dq[2 * j], dq[2 * j + 1]);
+        for (int j = 0; j < kValues / 2; ++j) stage[128 * j + t] = make_float2(dq[2 * j], dq[2 * j + 1]);
         tma::fence_proxy_async_shared();
     }
     mbarrier::arrive(bar(smem.dq_full[wg]));
@@ -587,7 +632,7 @@ __device__ __forceinline__ void write_dq(SharedStorage& smem, const BwdParams& p
                     }
                     tma::fence_proxy_async_global();
                 }
-                tma::reduce_add_bulk(dst, smem_u32(smem.dq[wg]), kDqTile * sizeof(float));
+                tma::reduce_add_bulk(dst, smem_u32(smem.dq + dq_offset_of(wg)), dq_tile_of(wg) * sizeof(float));
                 tma::store_commit_group();
                 tma::store_wait_read();
             }
@@ -689,6 +734,37 @@ template <class Smem> __device__ __forceinline__ void consume(Smem& smem, const 
                                      s.seqlen_k, 0, p.softmax_scale * keep_scale);
 }
 
+// Wide and split layouts, one step: Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ of the CTA's 64 keys [n0, n0 +
+// 64) and this warpgroup's queries [m0 + q0, m0 + q0 + kScoreN) of the query block at `c`
+// (stage `stage` of the ring), Pᵀ and dSᵀ from them, written to step j's Pᵀ and dSᵀ tiles in
+// shared memory; returns once both warpgroups have written theirs. `offset` = Sk − Sq.
+// consume_wide keeps these steps inline: called from there, the helper schedules its forms'
+// code differently (8 instructions fewer at D256, cubin-diff), and those forms are checked and
+// measured as they are; it moves to the helper with its next check and measurement.
+template <class Smem>
+__device__ __forceinline__ void wide_scores(Smem& smem, const BwdParams& p, const Sequence& s, const Walk& w, const Cursor& c,
+                                            const u32 (&keep)[kKeepWords], int stage, int j, int n0, int m0, int q0, int batch,
+                                            int offset) {
+    float sc[kScoreN / 2], dp[kScoreN / 2];
+    gemm_scores(sc, smem.k, smem.q[stage], q0);
+    gemm_scores(dp, smem.v, smem.dout[stage], q0);
+    wgmma::wait<1>();
+    wgmma::fence_operands(sc);
+    const bool masked =
+        kLocal ? Mask::query_block_masked(w.blocks, c.m_block) : n0 + 64 > s.seqlen_k || (kCausal && n0 + 63 > m0 + q0 + offset);
+    u32 pk[kScoreN / 4], dsk[kScoreN / 4], pg[kSoftcap ? kScoreN / 4 : 1];
+    const AlibiBias alibi = kAlibi ? alibi_of(p, batch, c.head, s.seqlen_q, s.seqlen_k) : AlibiBias{};
+    probabilities<0, kEarlyChunks>(sc, pk, pg, smem.stats[stage][1] + q0, n0, m0 + q0, masked, Schedule::mask(p, s), alibi, p);
+    wgmma::wait<0>();
+    wgmma::fence_operands(dp);
+    late_scores(sc, pk, pg, dp, dsk, smem.stats[stage][1] + q0, smem.stats[stage][0] + q0, keep, n0, m0 + q0, masked, Schedule::mask(p, s),
+                alibi, p);
+    sm90::write_operand(smem.scores.pt[j % 2], 0, pk, q0 / 8);
+    sm90::write_operand(smem.scores.ds[j % 2], 0, dsk, q0 / 8);
+    tma::fence_proxy_async_shared();
+    named_barrier::sync(kDsBarrier, kConsumerWG * warpgroup::kThreads);
+}
+
 // Wide heads (D256): both consumer warpgroups hold the CTA's 64 keys, warpgroup wg columns
 // [kDkvCols wg, kDkvCols (wg + 1)) of dK and [kDvCols wg, kDvCols (wg + 1)) of dV, and computes Sᵀ and dPᵀ for queries [kScoreN
 // wg, kScoreN (wg + 1)) of the block. Pᵀ and dSᵀ meet in shared memory, from which both take
@@ -758,9 +834,66 @@ template <class Smem> __device__ __forceinline__ void consume_wide(Smem& smem, c
                                      s.seqlen_k, kDkvCols * wg, p.softmax_scale * keep_scale);
 }
 
+// The split layout (Q and K 192, V 128): consume_wide's steps with warpgroup wg's uneven
+// share of dK's, dV's and dQ's panels (Share) and two stages of Q and dO, whose stage is freed
+// once dV's and dK's products are done, as in consume_wide.
+template <int wg, class Smem> __device__ __forceinline__ void consume_split(Smem& smem, const BwdParams& p, const Sequence& s) {
+    using Own = Share<wg>;
+    constexpr int kDkCols = 64 * Own::kDkPanels, kDvOwnCols = 64 * Own::kDvPanels, kDqOwnCols = 64 * Own::kDqPanels;
+    const int n0 = Schedule::key_block(p) * kBlockN, batch = blockIdx.z, q0 = kScoreN * wg;
+    const int offset = s.seqlen_k - s.seqlen_q;
+    const Walk w = Schedule::walk(p, s);
+    float dk[kDkCols / 2], dv[kDvOwnCols / 2];
+#pragma unroll
+    for (int i = 0; i < kDkCols / 2; ++i) dk[i] = 0.f;
+#pragma unroll
+    for (int i = 0; i < kDvOwnCols / 2; ++i) dv[i] = 0.f;
+    mbarrier::wait(bar(smem.kv_full), 0);
+    PipelineState<kStages> st;
+    PipelineState<1> handover;
+    Cursor c = Schedule::walk_start(p, s, w);
+    for (int j = 0; j < w.steps; ++j, c.advance(p, w)) {
+        const int stage = st.stage(), m0 = c.m_block * kBlockM;
+        u32 keep[kKeepWords];  // dropout's bits (unused otherwise): see dropout_keep
+        if constexpr (kDropout) dropout_keep(keep, p, batch * p.heads_q + c.head, n0, m0 + q0);
+        mbarrier::wait(bar(smem.q_full, stage), st.full_parity());
+        wide_scores(smem, p, s, w, c, keep, stage, j, n0, m0, q0, batch, offset);
+        const DsTile &pt = smem.scores.pt[j % 2], &ds = smem.scores.ds[j % 2];
+        gemm_dkv_panels<kDvOwnCols>(dv, pt, smem.dout[stage], Own::kDvFirst);
+        gemm_dkv_panels<kDkCols>(dk, ds, smem.q[stage], Own::kDkFirst);
+        float dq[kDqOwnCols / 2];
+        gemm_dq_panels<kDqOwnCols>(dq, ds, smem.k, Own::kDqFirst);
+        wgmma::wait<1>();  // dV and dK: Q and dO may go
+        mbarrier::arrive(bar(smem.q_empty, stage));
+        st.advance();
+        wgmma::wait<0>();
+        wgmma::fence_operands(dv);
+        wgmma::fence_operands(dk);
+        wgmma::fence_operands(dq);
+        const int order = p.deterministic ? Schedule::dq_order(p, s, w, c.m_block) : 0;
+        stage_dq(smem, handover, dq, p.dq_accum + static_cast<i64>(c.block) * kBlockM * kHeadDim + Own::kDqOffset, order, wg);
+    }
+    {
+        float none[kDqOwnCols / 2];
+        stage_dq(smem, handover, none, nullptr, 0, wg);  // the writer's stop mark
+    }
+    const int kv_head = blockIdx.y;
+    const float keep_scale = kDropout ? p.dropout_scale : 1.f;  // dropout's 1 / (1 - p), left to the end
+    store_kv<kDvOwnCols, kHeadDimVReal>(dv, kv_rows(p.dv, p.dv_stride_b, p.dv_stride_s, p.dv_stride_h, s, batch, kv_head), p.dv_stride_s,
+                                        n0, s.seqlen_k, 64 * Own::kDvFirst, keep_scale);
+    store_kv<kDkCols, kHeadDimReal>(dk, kv_rows(p.dk, p.dk_stride_b, p.dk_stride_s, p.dk_stride_h, s, batch, kv_head), p.dk_stride_s, n0,
+                                    s.seqlen_k, 64 * Own::kDkFirst, p.softmax_scale * keep_scale);
+}
+
 // The consumer of this head dim's layout (a template, so that only it is instantiated).
 template <bool kIsWide, class Smem> __device__ __forceinline__ void run_consumer(Smem& smem, const BwdParams& p, const Sequence& s, int wg) {
-    if constexpr (kIsWide) {
+    if constexpr (kSplit) {
+        if (wg == 0) {
+            consume_split<0>(smem, p, s);
+        } else {
+            consume_split<1>(smem, p, s);
+        }
+    } else if constexpr (kIsWide) {
         consume_wide(smem, p, s, wg);
     } else {
         consume(smem, p, s, wg);
@@ -786,7 +919,7 @@ __device__ __forceinline__ void init_barriers(SharedStorage& smem) {
 __device__ __forceinline__ void dq_index(int wg, int j, int t, int& row, int& col) {
     const int warp = t / 32, lane = t % 32;
     row = 16 * warp + lane / 4 + 8 * (j % 2) + (kDqByRows ? 64 * wg : 0);
-    col = 8 * (j / 2) + 2 * (lane % 4) + (kDqByRows ? 0 : kDqCols * wg);
+    col = 8 * (j / 2) + 2 * (lane % 4) + (kDqByRows ? 0 : kSplit ? 64 * wg : kDqCols * wg);
 }
 
 // Prep's threads: kPrepLanes of them a row, each on 8 columns (one 16-byte load of o and one
@@ -832,9 +965,14 @@ __device__ __forceinline__ float dot8(const u32x4& a, const u32x4& b) {
 // kBlockM x kHeadDim dQ: dq_index puts an even element pair and the next one at lanes 2i and
 // 2i + 1 of a quad, the same row and columns col .. col + 3.
 __device__ __forceinline__ void dq_run_index(int vec, int& row, int& col) {
-    constexpr int kPairsPerWg = kDqTile / 2;
     const int pair = 2 * vec;
-    dq_index(pair / kPairsPerWg, (pair % kPairsPerWg) / 128, pair % 128, row, col);
+    if constexpr (kSplit) {  // warpgroup 0's 64 columns, then warpgroup 1's 128
+        const int wg = pair < dq_tile_of(0) / 2 ? 0 : 1, own = pair - dq_offset_of(wg) / 2;
+        dq_index(wg, own / 128, own % 128, row, col);
+    } else {
+        constexpr int kPairsPerWg = kDqTile / 2;
+        dq_index(pair / kPairsPerWg, (pair % kPairsPerWg) / 128, pair % 128, row, col);
+    }
 }
 
 }  // namespace bwd_sm90

@@ -23,6 +23,13 @@ pub const HEAD_DIMS: &[usize] = &[64, 96, 128, 192, 256];
 /// (`dispatch::backward`) and the Python package runs it with V, O and dO zero-padded.
 pub const VALUE_HEAD_DIMS_CHECKED_ON_GPU: bool = false;
 
+/// Which layout the planner's form of V's own head dim takes ([`value_variant`]): the split
+/// layout (Q's and K's 192 unpadded, dK's, dV's and dQ's panels dealt out unevenly, two
+/// stages: [`split_variant`]) rather than the wide one with V 128 wide (Q and K as 256). Both
+/// are built and compile spill-free; neither has run on a GPU yet: the first check and
+/// measurement decide which stays.
+pub const VALUE_FORM_SPLIT: bool = false;
+
 /// The entry points besides the main one, in launch order around it: D_i and lse·log2e
 /// before, dQ's conversion after, and the learnable sinks' gradient last when wanted.
 pub const PREP_ENTRY: &str = "fc_bwd_sm90_prep";
@@ -34,8 +41,25 @@ pub const DSINK_ENTRY: &str = "fc_bwd_sm90_dsink";
 pub const PREP_ROWS: u32 = 16;
 
 /// CTAs of [`DQ_ENTRY`] a query block (`kDqSlices`: 256 threads, four floats a thread).
-pub fn dq_slices(tile: Tile, head_dim: usize) -> u32 {
-    tile.block_m * padded_head_dim(head_dim) as u32 / 1024
+pub fn dq_slices(variant: &Variant) -> u32 {
+    variant.tile.block_m * tile_head_dim(variant) as u32 / 1024
+}
+
+/// Whether `v` is the split layout's form (`FC_PANEL_SPLIT`, [`split_variant`]): V's own
+/// head dim with two stages of Q and dO (the wide forms take one).
+fn is_split(v: &Variant) -> bool {
+    v.head_dim_v.is_some() && v.tile.stages == 2 && v.head_dim.is_some_and(wide)
+}
+
+/// The head dim of `v`'s Q, K and dQ tiles (the kernel's `kHeadDim`): [`padded_head_dim`],
+/// but the split layout's 192.
+fn tile_head_dim(v: &Variant) -> usize {
+    let d = v.head_dim.unwrap_or(128);
+    if is_split(v) {
+        192
+    } else {
+        padded_head_dim(d)
+    }
 }
 
 /// The head dim of the kernel's tiles: whole 64-column panels, and past D128 (the wide
@@ -114,12 +138,40 @@ pub fn variant(dtype: DType, head_dim: usize, causal: bool) -> Variant {
     }
 }
 
-/// The form of `head_dim` with V's `head_dim_v` (a pair of `fwd_sm90::VALUE_HEAD_DIMS`, Q's
-/// in the wide layout, Dv a multiple of 128 below it): `head_dim`'s tile, V and dO tiles Dv
-/// wide (D192 / Dv128: 194 KB), dPᵀ and dV's products over Dv's columns (`FC_HEAD_DIM_V`).
+/// The planner's form of `head_dim` with V's `head_dim_v` (a pair of
+/// `fwd_sm90::VALUE_HEAD_DIMS`): [`split_variant`] or [`wide_value_variant`] ([`VALUE_FORM_SPLIT`]).
 pub fn value_variant(dtype: DType, head_dim: usize, head_dim_v: usize, causal: bool) -> Variant {
+    if VALUE_FORM_SPLIT {
+        split_variant(dtype, head_dim, head_dim_v, causal)
+    } else {
+        wide_value_variant(dtype, head_dim, head_dim_v, causal)
+    }
+}
+
+/// The wide form of `head_dim` with V's `head_dim_v` (Q's in the wide layout, Dv a multiple of
+/// 128 below it): `head_dim`'s tile, V and dO tiles Dv wide (D192 / Dv128: 194 KB), dPᵀ and
+/// dV's products over Dv's columns (`FC_HEAD_DIM_V`).
+pub fn wide_value_variant(dtype: DType, head_dim: usize, head_dim_v: usize, causal: bool) -> Variant {
     let plain = variant(dtype, head_dim, causal);
     Variant { head_dim_v: Some(head_dim_v), smem_bytes: smem_bytes(plain.tile, head_dim, head_dim_v), ..plain }
+}
+
+/// The split form (`FC_PANEL_SPLIT`) of Q and K up to 192 with V up to 128: the wide layout's
+/// 64 x 64 steps with Q and K 192 wide (not 256) and two stages of Q and dO (203 KB).
+pub fn split_variant(dtype: DType, head_dim: usize, head_dim_v: usize, causal: bool) -> Variant {
+    let plain = variant(dtype, head_dim, causal);
+    let tile = Tile { stages: 2, ..plain.tile };
+    let split = Variant { head_dim_v: Some(head_dim_v), tile, ..plain };
+    Variant { smem_bytes: split_smem_bytes(tile, head_dim_v), ..split }
+}
+
+/// [`smem_bytes`] of the split layout: Q and K 192 wide, V and dO `head_dim_v`'s panels.
+fn split_smem_bytes(tile: Tile, head_dim_v: usize) -> u32 {
+    let (m, n, s, d, dv) = (tile.block_m as usize, tile.block_n as usize, tile.stages as usize, 192, head_dim_v.div_ceil(64) * 64);
+    let tiles = 2 * (n * (d + dv) + s * m * (d + dv) + 4 * n * m) + 4 * m * d;
+    let barriers = 8 * (1 + 2 * s + 2 * 2);
+    let small = (2 * s * m * 4 + 24 + barriers).next_multiple_of(1024);
+    (tiles + small + 1024) as u32
 }
 
 /// Rows of the padded per-row arrays (D_i, lse·log2e) and of dQ's accumulator: whole query
@@ -140,7 +192,7 @@ pub fn padded_rows(variant: &Variant, shape: &ProblemShape, total_q: Option<usiz
 /// as in [`padded_rows`].
 pub fn scratch_layout(variant: &Variant, shape: &ProblemShape, total_q: Option<usize>, deterministic: bool) -> (usize, usize) {
     let rows = padded_rows(variant, shape, total_q);
-    let head_dim = padded_head_dim(shape.head_dim);
+    let head_dim = tile_head_dim(variant);
     let counters = if deterministic { rows / variant.tile.block_m as usize * 4 } else { 0 };
     ((2 * rows * 4).next_multiple_of(256), rows * head_dim * 4 + counters)
 }
@@ -160,7 +212,7 @@ pub(crate) fn steps(variant: &Variant, facts: &BwdFacts) -> Vec<Work> {
     let maps = [(0, tile.block_m), (1, tile.block_n), (2, tile.block_n), (3, tile.block_m)].map(|(view, rows)| MapOver { view, rows });
     let prep = Step::plain(Entry::Aux(0), (m_blocks * tile.block_m / PREP_ROWS, heads_q, seqs), 128, 0, "D_i");
     let main = Step::plain(Entry::Main, (key_blocks, shape.heads_kv as u32, seqs), 32 * tile.warps, variant.smem_bytes, "dK, dV");
-    let dq = Step::plain(Entry::Aux(1), (m_blocks * dq_slices(tile, shape.head_dim), heads_q, seqs), 256, 0, "dQ");
+    let dq = Step::plain(Entry::Aux(1), (m_blocks * dq_slices(variant), heads_q, seqs), 256, 0, "dQ");
     let mut work = vec![
         Work::Launch(prep),
         Work::Launch(Step { dependent: true, extra: Extra::Maps(maps), ..main }),
@@ -183,16 +235,19 @@ impl Family for Spec {
         HEAD_DIMS
     }
 
-    /// The head dim's form, then its forms with V's own head dims (the forward's pairs).
+    /// The head dim's form, then its forms with V's own head dims (the forward's pairs), both
+    /// layouts (until one is chosen: [`VALUE_FORM_SPLIT`]).
     fn variants_at(&self, _: Arch, dtype: DType, head_dim: usize, causal: bool) -> Vec<Variant> {
         let own_value_dims = super::fwd_sm90::VALUE_HEAD_DIMS.iter().filter(|(d, _)| *d == head_dim);
-        std::iter::once(variant(dtype, head_dim, causal))
-            .chain(own_value_dims.map(|&(d, dv)| value_variant(dtype, d, dv, causal)))
-            .collect()
+        let forms = |&(d, dv): &(usize, usize)| [wide_value_variant(dtype, d, dv, causal), split_variant(dtype, d, dv, causal)];
+        std::iter::once(variant(dtype, head_dim, causal)).chain(own_value_dims.flat_map(forms)).collect()
     }
 
     fn source(&self, v: &Variant, defines: &mut Vec<(String, String)>) -> (&'static str, &'static str) {
         defines.push(("FC_SMEM_BYTES".into(), v.smem_bytes.to_string()));
+        if is_split(v) {
+            defines.push(("FC_PANEL_SPLIT".into(), "1".into()));
+        }
         ("bwd_sm90.cu", "fc_bwd_sm90")
     }
 
@@ -222,10 +277,14 @@ mod tests {
             assert!(bytes <= 232_448, "D{d}: {bytes} B");
         }
         for &(d, dv) in super::super::fwd_sm90::VALUE_HEAD_DIMS {
-            let v = value_variant(DType::BF16, d, dv, true);
+            let v = wide_value_variant(DType::BF16, d, dv, true);
             assert!(wide(d) && dv < padded_head_dim(d) && dv % 128 == 0, "({d}, {dv}): the wide layout, whole panels a warpgroup");
             assert!(v.smem_bytes < smem_bytes(tile(d), d, d), "({d}, {dv}): V's and dO's tiles narrower");
-            assert_eq!((v.tile, v.head_dim_v), (tile(d), Some(dv)));
+            assert_eq!((v.tile, v.head_dim_v, is_split(&v), tile_head_dim(&v)), (tile(d), Some(dv), false, 256));
+            let split = split_variant(DType::BF16, d, dv, true);
+            assert!(d > 128 && d <= 192 && dv <= 128, "({d}, {dv}): the split layout's sizes");
+            assert_eq!((split.tile.stages, is_split(&split), tile_head_dim(&split), dq_slices(&split)), (2, true, 192, 12));
+            assert!(split.smem_bytes <= 232_448 && split.name() != v.name(), "{}", split.name());
         }
         assert_eq!(tile(64).block_m, 128);
         assert_eq!(tile(96).block_m, 64);
@@ -236,6 +295,8 @@ mod tests {
             231_424 - 2 * 64 * 128 * 2,
             "(192, 128): V's and dO's tiles 128 wide, 128 columns less"
         );
+        // K 24 KB, V 16, two stages of Q (24) and dO (16), four score tiles (32), dQ staging (48).
+        assert_eq!(split_smem_bytes(Tile { stages: 2, ..tile(192) }, 128), (24 + 16 + 2 * 40 + 32 + 48 + 2 + 1) * 1024);
         assert_eq!(padded_head_dim(96), 128);
     }
 
@@ -276,7 +337,7 @@ mod tests {
         assert_eq!(launched[0].grid, (m_blocks * m / PREP_ROWS, 16, 2));
         assert_eq!(launched[1].grid, (1000u32.div_ceil(n), 4, 2));
         assert_eq!(launched[1].extra, Extra::Maps([(0, m), (1, n), (2, n), (3, m)].map(|(view, rows)| MapOver { view, rows })));
-        assert_eq!(launched[2].grid, (m_blocks * dq_slices(v.tile, 128), 16, 2));
+        assert_eq!(launched[2].grid, (m_blocks * dq_slices(&v), 16, 2));
         // The sinks' gradient, when wanted, last and not a dependent: a block a query head.
         let with_dsink = launches(&steps(&v, &BwdFacts { sink_grad: true, ..facts_of(s, false, false, 1) }));
         assert_eq!(with_dsink[..3], launched[..]);
