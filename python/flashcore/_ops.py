@@ -260,8 +260,8 @@ def forward(q: Tensor, k: Tensor, v: Tensor, options: Options, want_lse: bool = 
 
 
 def varlen_forward(q: Tensor, k: Tensor, v: Tensor, batch: Batch, options: Options, probs: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
-    """Attention over a packed batch (q [total_q, Hq, D], k, v [total_k, Hkv, D]): `(o
-    [total_q, Hq, D], lse [Hq, total_q] f32)`. With the environment variable
+    """Attention over a packed batch (q, k [total, H, D], v [total_k, Hkv, Dv]): `(o
+    [total_q, Hq, Dv], lse [Hq, total_q] f32)`. With the environment variable
     FLASHCORE_CHECK_VARLEN=1 the batch's vectors are checked first (`Batch.check`)."""
     o, lse = _empty_outputs(q, k, v)
     _flashcore.attention_forward(

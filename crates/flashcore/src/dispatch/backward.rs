@@ -151,8 +151,8 @@ fn value_head_dim_backward(family: KernelFamily, shape: &ProblemShape, varlen: b
 
 /// Whether a binding runs the backward of a dense call with V's own head dim `head_dim_v`
 /// (Q's `head_dim`) with V, O and dO zero-padded to Q's dim: where no kernel has a backward
-/// form of the pair ([`value_head_dim_backward`]'s refusal on `arch`'s family, with or without
-/// `dropout`). Exact: the zero columns add nothing to dP = dO·Vᵀ or to rowsum(dO∘O), and dV's
+/// form of the pair (the planner refuses it, `value_head_dim_backward`, on `arch`'s family,
+/// with or without `dropout`). Exact: the zero columns add nothing to dP = dO·Vᵀ or to rowsum(dO∘O), and dV's
 /// padded columns are cut off. The Python package asks once per pair.
 pub fn backward_pads_value_dim(arch: Arch, head_dim: usize, head_dim_v: usize, dropout: bool) -> bool {
     let shape = ProblemShape { batch: 1, seqlen_q: 1, seqlen_k: 1, heads_q: 1, heads_kv: 1, head_dim, head_dim_v };

@@ -18,7 +18,7 @@ use crate::tensor::DType;
 pub const HEAD_DIMS: &[usize] = &[64, 96, 128, 192, 256];
 
 /// Whether the forms of V's own head dims (the forward's pairs, `fwd_sm90::VALUE_HEAD_DIMS`:
-/// [`value_variant`]) have passed `flashcore check --value-dim`'s backward cases against the
+/// `value_variant`) have passed `flashcore check --value-dim`'s backward cases against the
 /// f64 reference on a GPU. Until they have, their backward is refused by name
 /// (`dispatch::backward`) and the Python package runs it with V, O and dO zero-padded.
 pub const VALUE_HEAD_DIMS_CHECKED_ON_GPU: bool = false;
