@@ -81,9 +81,11 @@ pub struct CheckArgs {
     #[arg(long)]
     sinks: bool,
     /// Only the cases of V's own head dim (fwd_sm90's and bwd_sm90's forms of
-    /// `flashcore::kernels::VALUE_HEAD_DIMS`). The backward's join every run once the library
-    /// takes them (`flashcore::kernels::VALUE_HEAD_DIMS_BACKWARD_CHECKED_ON_GPU`); until then
-    /// this flag alone runs them, each refused by name.
+    /// `flashcore::kernels::VALUE_HEAD_DIMS`, dense and packed). The backward's and the packed
+    /// ones join every run once the library takes them
+    /// (`flashcore::kernels::VALUE_HEAD_DIMS_BACKWARD_CHECKED_ON_GPU`,
+    /// `VALUE_HEAD_DIMS_PACKED_CHECKED_ON_GPU`); until then this flag alone runs them, each refused
+    /// by name (a failed row).
     #[arg(long)]
     value_dim: bool,
 }
@@ -131,10 +133,19 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
             bwd::specs(f, quick, smoke).into_iter().chain(bwd::sinks_specs(f, quick || smoke)).chain(own_value_dim)
         })
         .collect();
+    // V's own head dim in packed batches: only when asked for until the library takes them.
+    let packed_value_dims = args.value_dim || flashcore::kernels::VALUE_HEAD_DIMS_PACKED_CHECKED_ON_GPU;
     let packed: Vec<VarlenSpec> = families
         .iter()
         .filter(|_| group("varlen"))
-        .flat_map(|&f| if f.is_backward() { varlen_bwd::specs(f, quick, smoke) } else { varlen::specs(f, quick, smoke) })
+        .flat_map(|&f| {
+            let (specs, own_value_dim) = if f.is_backward() {
+                (varlen_bwd::specs(f, quick, smoke), varlen_bwd::value_dim_specs(f, quick || smoke))
+            } else {
+                (varlen::specs(f, quick, smoke), varlen::value_dim_specs(f, quick || smoke))
+            };
+            specs.into_iter().chain(if packed_value_dims { own_value_dim } else { Vec::new() })
+        })
         .collect();
     let cached: Vec<paged::PagedSpec> = families.iter().filter(|_| group("paged")).flat_map(|&f| paged::specs(f, quick, smoke)).collect();
     let dim = |d: usize| args.head_dims.is_empty() || args.head_dims.contains(&d);
@@ -168,7 +179,14 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
         .collect();
     let packed: Vec<_> = packed
         .into_iter()
-        .filter(|s| dim(s.head_dim) && alibi(s.alibi) && dropped(s.dropout.is_some()) && chunked(0) && sunk(s.sinks) && valued(false))
+        .filter(|s| {
+            dim(s.head_dim)
+                && alibi(s.alibi)
+                && dropped(s.dropout.is_some())
+                && chunked(0)
+                && sunk(s.sinks)
+                && valued(s.head_dim_v.is_some())
+        })
         .collect();
     let cached: Vec<_> = cached
         .into_iter()
@@ -351,5 +369,19 @@ mod value_dim_tests {
         for family in [KernelFamily::BwdSm80, KernelFamily::Reference, KernelFamily::FwdSm90] {
             assert!(value_dim_specs(family, false).is_empty(), "{family}: no backward form of its own");
         }
+    }
+
+    #[test]
+    fn v_s_own_head_dim_packed_cases_are_the_hopper_families_alone() {
+        use super::{varlen, varlen_bwd};
+        for (family, specs) in
+            [(KernelFamily::FwdSm90, varlen::value_dim_specs as fn(_, _) -> _), (KernelFamily::BwdSm90, varlen_bwd::value_dim_specs)]
+        {
+            let (full, quick) = (specs(family, false), specs(family, true));
+            assert_eq!((full.len(), quick.len()), (12, 4), "{family}: two dtypes, two masks: 3 cases each, 1 quick");
+            assert!(full.iter().all(|s| s.head_dim_v == Some(128) && s.head_dim == 192 && s.name().contains("_d192_dv128_")));
+        }
+        assert!(varlen::value_dim_specs(KernelFamily::FwdSm80, false).is_empty());
+        assert!(varlen_bwd::value_dim_specs(KernelFamily::BwdSm80, false).is_empty());
     }
 }

@@ -30,6 +30,8 @@ pub struct VarlenSpec {
     pub heads_q: usize,
     pub heads_kv: usize,
     pub head_dim: usize,
+    /// V's own head dim (`check --value-dim`); None: `head_dim`.
+    pub head_dim_v: Option<usize>,
     pub causal: bool,
     pub dtype: DType,
     pub window: Window,
@@ -55,12 +57,13 @@ impl VarlenSpec {
     pub(crate) fn name(&self) -> String {
         let lens: Vec<String> = self.seqs.iter().map(|s| format!("{}/{}", s.queries, s.keys)).collect();
         let mut name = format!(
-            "{}varlen[{}]_h{}kv{}_d{}_{}_{}",
+            "{}varlen[{}]_h{}kv{}_d{}{}_{}_{}",
             if self.family.is_backward() { "bwd_" } else { "" },
             lens.join(","),
             self.heads_q,
             self.heads_kv,
             self.head_dim,
+            self.head_dim_v.map(|dv| format!("_dv{dv}")).unwrap_or_default(),
             if self.causal { "causal" } else { "full" },
             self.dtype.name()
         );
@@ -97,17 +100,27 @@ impl VarlenSpec {
         }
     }
 
+    /// V's head dim (and the output's): its own, or `head_dim`.
+    pub(crate) fn value_dim(&self) -> usize {
+        self.head_dim_v.unwrap_or(self.head_dim)
+    }
+
     /// The longest sequence's queries and keys (used keys with seqused_k, else all).
     pub(crate) fn maxima(&self) -> (usize, usize) {
         (self.max(|s| s.queries), self.max(|s| s.keys + if self.seqused { 0 } else { s.slack }))
     }
 
-    /// Each sequence's q, k, v (keys with their slack), `[1, S, H, D]`, rounded to the dtype.
+    /// Each sequence's q, k, v (keys with their slack), `[1, S, H, D]` (v with V's head dim),
+    /// rounded to the dtype.
     pub(crate) fn host_inputs(&self) -> Vec<HostQkv> {
         let (hq, hkv, d) = (self.heads_q, self.heads_kv, self.head_dim);
         let seqs = self.seqs.iter().enumerate();
         seqs.map(|(i, s)| {
             let case = Case::new(1, s.queries, s.keys + s.slack, hq, hkv, d, self.causal, self.dtype);
+            let case = match self.head_dim_v {
+                Some(dv) => case.with_value_dim(dv),
+                None => case,
+            };
             random_qkv(&case, self.inputs, 0x7a21 ^ (i as u64) << 8 ^ d as u64)
         })
         .collect()
@@ -150,6 +163,7 @@ impl Point {
             heads_q,
             heads_kv,
             head_dim: self.head_dim,
+            head_dim_v: None,
             causal: self.causal,
             dtype: self.dtype,
             window: Window::UNBOUNDED,
@@ -233,8 +247,8 @@ impl Packed {
         let (q, k, v) = (cat(0), cat(1), cat(2));
         let total_q: usize = seqs.iter().map(|s| s.queries).sum();
         let total_k: usize = seqs.iter().map(|s| s.keys + s.slack).sum();
-        let (d, hq, hkv) = (spec.head_dim, spec.heads_q, spec.heads_kv);
-        let up = |x: &[f32], rows, heads| DeviceTensor::from_f32(ctx, x, [1, rows, heads, d], spec.dtype);
+        let (d, dv, hq, hkv) = (spec.head_dim, spec.value_dim(), spec.heads_q, spec.heads_kv);
+        let up = |x: &[f32], rows, heads, dim| DeviceTensor::from_f32(ctx, x, [1, rows, heads, dim], spec.dtype);
         let prefix = |f: fn(&Seq) -> usize| -> Vec<i32> {
             let mut cu = vec![0i32];
             seqs.iter().for_each(|s| cu.push(cu.last().unwrap() + f(s) as i32));
@@ -243,9 +257,9 @@ impl Packed {
         let (cu_q, cu_k) = (prefix(|s| s.queries), prefix(|s| s.keys + s.slack));
         let used: Vec<i32> = seqs.iter().map(|s| s.keys as i32).collect();
         Ok(Self {
-            q: up(&q, total_q, hq)?,
-            k: up(&k, total_k, hkv)?,
-            v: up(&v, total_k, hkv)?,
+            q: up(&q, total_q, hq, d)?,
+            k: up(&k, total_k, hkv, d)?,
+            v: up(&v, total_k, hkv, dv)?,
             cu_q: ctx.stream().clone_htod(&cu_q)?,
             cu_k: ctx.stream().clone_htod(&cu_k)?,
             used: if spec.seqused { Some(ctx.stream().clone_htod(&used)?) } else { None },
@@ -255,12 +269,13 @@ impl Packed {
         })
     }
 
-    /// Runs into NaN-poisoned o and lse, split `splits` ways when given (else as the spec
-    /// says); returns (o bits, lse `[Hq, total_q]`).
+    /// Runs into NaN-poisoned o (`[1, total_q, Hq, Dv]`) and lse, split `splits` ways when
+    /// given (else as the spec says); returns (o bits, lse `[Hq, total_q]`).
     pub fn run(&self, ctx: &Context, spec: &VarlenSpec, max: (usize, usize), splits: Option<usize>) -> Result<(Vec<u16>, Vec<f32>)> {
         let batch = self.batch(ctx, max)?;
         let params = AttnParams { num_splits: splits.or(spec.splits), ..spec.params() };
-        poisoned_run(ctx, self.q.layout().shape, spec.dtype, spec.heads_q * self.total_q, |o, lse| {
+        let o_shape = [1, self.total_q, spec.heads_q, spec.value_dim()];
+        poisoned_run(ctx, o_shape, spec.dtype, spec.heads_q * self.total_q, |o, lse| {
             ctx.attention_into(
                 &FwdInputs { alibi_slopes: self.alibi_slopes(), ..FwdInputs::varlen(self.q.view(), self.k.view(), self.v.view(), batch) },
                 FwdOutputs { o, lse: Some(LseViewMut::of(lse)), probs: None },

@@ -6,11 +6,11 @@
 use anyhow::Result;
 use flashcore::dispatch::KeyLayout;
 use flashcore::reference;
-use flashcore::{Context, KernelFamily, ProblemShape, Window};
+use flashcore::{Context, DType, KernelFamily, ProblemShape, Window};
 
 use crate::cases::Inputs;
 use crate::check::outcome::{judge, Outcome};
-use crate::check::packed::{seqs, sweep, Packed, Seq, VarlenSpec};
+use crate::check::packed::{seqs, sweep, Packed, Point, Seq, VarlenSpec};
 use crate::check::poison::same_bits;
 use crate::check::{slopes_of, wide_slopes, Alibi};
 
@@ -57,8 +57,39 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<VarlenSpec> 
     })
 }
 
+/// V's own head dim in packed batches (`check --value-dim`): fwd_sm90's forms of the pairs
+/// (`flashcore::kernels::VALUE_HEAD_DIMS`), both dtypes and masks: the mixed batch with GQA,
+/// decode over seqused_k, a window. Refused by name until the library takes them
+/// (`flashcore::kernels::VALUE_HEAD_DIMS_PACKED_CHECKED_ON_GPU`), so these run only when asked.
+pub fn value_dim_specs(family: KernelFamily, quick: bool) -> Vec<VarlenSpec> {
+    if family != KernelFamily::FwdSm90 {
+        return Vec::new();
+    }
+    let mixed = seqs(&[(0, 5), (1, 1), (7, 300), (113, 113), (1000, 1200), (3, 0), (250, 90)]);
+    let decode: Vec<Seq> =
+        [1, 17, 1000, 0, 300].iter().enumerate().map(|(i, &keys)| Seq { queries: 1, keys, slack: [0, 3, 40, 9, 0][i] }).collect();
+    let policies = seqs(&[(600, 600), (1, 200), (300, 700), (129, 64)]);
+    let mut out = Vec::new();
+    for &(head_dim, dv) in flashcore::kernels::VALUE_HEAD_DIMS {
+        for dtype in [DType::BF16, DType::F16] {
+            for causal in [false, true] {
+                let spec = |seqs: &[Seq], heads| VarlenSpec {
+                    head_dim_v: Some(dv),
+                    ..Point { family, dtype, head_dim, causal }.spec(seqs, heads)
+                };
+                out.push(spec(&mixed, (8, 2)));
+                if !quick {
+                    out.push(VarlenSpec { seqused: true, ..spec(&decode, (8, 2)) });
+                    out.push(VarlenSpec { window: Window::new(127, 0), ..spec(&policies, (4, 2)) });
+                }
+            }
+        }
+    }
+    out
+}
+
 pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
-    let (hq, hkv, d) = (spec.heads_q, spec.heads_kv, spec.head_dim);
+    let (hq, hkv, d, dv) = (spec.heads_q, spec.heads_kv, spec.head_dim, spec.value_dim());
     let scale = 1.0 / (d as f64).sqrt();
     let host = spec.host_inputs();
     let parts: Vec<_> = host.iter().map(|h| (&h.q[..], &h.k[..], &h.v[..])).collect();
@@ -72,7 +103,7 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
     // Alone, the same variant (the same maxima) and the same split count: the dispatcher
     // picks splits from the whole grid, and another count sums a row's keys in other parts.
     let kernel_shape =
-        ProblemShape { batch: spec.seqs.len(), seqlen_q: max.0, seqlen_k: max.1, heads_q: hq, heads_kv: hkv, head_dim: d, head_dim_v: d };
+        ProblemShape { batch: spec.seqs.len(), seqlen_q: max.0, seqlen_k: max.1, heads_q: hq, heads_kv: hkv, head_dim: d, head_dim_v: dv };
     let layout = KeyLayout::Varlen { total_k: spec.seqs.iter().map(|s| s.keys + s.slack).sum() };
     let alibi = !slopes.is_empty();
     let splits = flashcore::dispatch::plan_for(
@@ -92,14 +123,14 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
     let mut row0 = 0;
     for (b, (s, h)) in spec.seqs.iter().zip(&host).enumerate() {
         let shape =
-            ProblemShape { batch: 1, seqlen_q: s.queries, seqlen_k: s.keys, heads_q: hq, heads_kv: hkv, head_dim: d, head_dim_v: d };
+            ProblemShape { batch: 1, seqlen_q: s.queries, seqlen_k: s.keys, heads_q: hq, heads_kv: hkv, head_dim: d, head_dim_v: dv };
         let wide = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
-        let used = s.keys * hkv * d;
+        let (used_k, used_v) = (s.keys * hkv * d, s.keys * hkv * dv);
         let (o, l) = if s.keys == 0 {
-            (vec![0.0; s.queries * hq * d], vec![f64::NEG_INFINITY; hq * s.queries])
+            (vec![0.0; s.queries * hq * dv], vec![f64::NEG_INFINITY; hq * s.queries])
         } else {
             let mask = spec.mask(&wide_slopes, b);
-            let r = reference::attention_masked(&wide(&h.q), &wide(&h.k[..used]), &wide(&h.v[..used]), &shape, scale, &mask);
+            let r = reference::attention_masked(&wide(&h.q), &wide(&h.k[..used_k]), &wide(&h.v[..used_v]), &shape, scale, &mask);
             (r.o, r.lse)
         };
         ref_o.extend(o);
@@ -112,7 +143,7 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
         if s.queries > 0 && s.keys + s.slack > 0 && spec.dropout.is_none() && failure.is_none() {
             let alone = Packed::upload(ctx, spec, &parts[b..b + 1], &spec.seqs[b..b + 1], slopes_of(&slopes, b, hq))?;
             let (o_alone, lse_alone) = alone.run(ctx, spec, max, Some(splits))?;
-            let rows = row0 * hq * d..(row0 + s.queries) * hq * d;
+            let rows = row0 * hq * dv..(row0 + s.queries) * hq * dv;
             let lse_same = (0..hq).all(|head| {
                 (0..s.queries).all(|i| lse_alone[head * s.queries + i].to_bits() == lse[head * packed.total_q + row0 + i].to_bits())
             });

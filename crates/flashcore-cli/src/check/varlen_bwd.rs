@@ -19,7 +19,7 @@ use flashcore::{
 
 use crate::cases::{errors, normal, Inputs};
 use crate::check::outcome::{grad_tolerance, judge_dsink, same_bits, Outcome};
-use crate::check::packed::{seqs, sweep, Packed, Seq, VarlenSpec};
+use crate::check::packed::{seqs, sweep, Packed, Point, Seq, VarlenSpec};
 use crate::check::poison::nan_bits;
 use crate::check::{slopes_of, upload_dropout_state, wide_slopes, Alibi};
 
@@ -101,18 +101,50 @@ fn gradients(ctx: &Context, spec: &VarlenSpec, packed: &Packed, batch: &VarlenBa
     Ok(([dq.to_bits(ctx)?, dk.to_bits(ctx)?, dv.to_bits(ctx)?], ctx.stream().clone_dtoh(&dsink)?))
 }
 
+/// V's own head dim in packed batches' backward (`check --value-dim`): bwd_sm90's forms of the
+/// pairs (`flashcore::kernels::VALUE_HEAD_DIMS`), both dtypes and masks: the mixed batch with
+/// GQA, deterministic (each sequence bitwise alone, dq too), keys past seqused_k, sinks.
+/// Refused by name until the library takes them
+/// (`flashcore::kernels::VALUE_HEAD_DIMS_PACKED_CHECKED_ON_GPU`), so these run only when asked.
+pub fn value_dim_specs(family: KernelFamily, quick: bool) -> Vec<VarlenSpec> {
+    if family != KernelFamily::BwdSm90 {
+        return Vec::new();
+    }
+    let mixed = seqs(&[(0, 5), (1, 1), (7, 300), (113, 113), (1000, 1200), (3, 0), (250, 90)]);
+    let slacked = [(7, 300, 5), (113, 113, 0), (0, 20, 4), (50, 0, 9), (200, 150, 1)]
+        .map(|(queries, keys, slack)| Seq { queries, keys, slack })
+        .to_vec();
+    let mut out = Vec::new();
+    for &(head_dim, dv) in flashcore::kernels::VALUE_HEAD_DIMS {
+        for dtype in [DType::BF16, DType::F16] {
+            for causal in [false, true] {
+                let spec = |seqs: &[Seq], heads| VarlenSpec {
+                    head_dim_v: Some(dv),
+                    ..Point { family, dtype, head_dim, causal }.spec(seqs, heads)
+                };
+                out.push(VarlenSpec { deterministic: true, ..spec(&mixed, (4, 2)) });
+                if !quick {
+                    out.push(VarlenSpec { seqused: true, ..spec(&slacked, (4, 1)) });
+                    out.push(VarlenSpec { sinks: true, deterministic: true, ..spec(&mixed, (8, 2)) });
+                }
+            }
+        }
+    }
+    out
+}
+
 pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
-    let (hq, hkv, d, dtype) = (spec.heads_q, spec.heads_kv, spec.head_dim, spec.dtype);
+    let (hq, hkv, d, dv, dtype) = (spec.heads_q, spec.heads_kv, spec.head_dim, spec.value_dim(), spec.dtype);
     let host = spec.host_inputs();
     let douts: Vec<Vec<f32>> =
-        spec.seqs.iter().enumerate().map(|(i, s)| normal(s.queries * hq * d, 1.0, dtype, 0xd0 ^ (i as u64) << 8 ^ d as u64)).collect();
+        spec.seqs.iter().enumerate().map(|(i, s)| normal(s.queries * hq * dv, 1.0, dtype, 0xd0 ^ (i as u64) << 8 ^ d as u64)).collect();
     let parts: Vec<_> = host.iter().map(|h| (&h.q[..], &h.k[..], &h.v[..])).collect();
     let max = spec.maxima();
     let slopes = spec.slopes();
     let wide_slopes = wide_slopes(&slopes);
     let packed = Packed::upload(ctx, spec, &parts, &spec.seqs, &slopes)?;
     let batch = packed.batch(ctx, max)?;
-    let dout = DeviceTensor::from_f32(ctx, &douts.concat(), [1, packed.total_q, hq, d], dtype)?;
+    let dout = DeviceTensor::from_f32(ctx, &douts.concat(), [1, packed.total_q, hq, dv], dtype)?;
     let forward = flashcore::AttnParams { kernel: None, num_splits: None, deterministic: false, ..spec.params() };
     let inputs = FwdInputs {
         alibi_slopes: packed.alibi_slopes(),
@@ -135,17 +167,18 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
 
     let (o_bits, lse) = (fwd.o.to_bits(ctx)?, ctx.stream().clone_dtoh(&fwd.lse)?);
     let total_k: usize = spec.seqs.iter().map(|s| s.keys + s.slack).sum();
-    let mut want = [vec![0f64; packed.total_q * hq * d], vec![0f64; total_k * hkv * d], vec![0f64; total_k * hkv * d]];
+    let mut want = [vec![0f64; packed.total_q * hq * d], vec![0f64; total_k * hkv * d], vec![0f64; total_k * hkv * dv]];
     let mut failure = None;
     let (mut q0, mut k0) = (0, 0);
     let wide = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
     for (b, (s, h)) in spec.seqs.iter().zip(&host).enumerate() {
         let (q_rows, k_rows) = (q0 * hq * d..(q0 + s.queries) * hq * d, k0 * hkv * d..(k0 + s.keys + s.slack) * hkv * d);
+        let (o_rows, v_rows) = (q0 * hq * dv..(q0 + s.queries) * hq * dv, k0 * hkv * dv..(k0 + s.keys + s.slack) * hkv * dv);
         if s.queries > 0 && s.keys > 0 {
             let shape =
-                ProblemShape { batch: 1, seqlen_q: s.queries, seqlen_k: s.keys, heads_q: hq, heads_kv: hkv, head_dim: d, head_dim_v: d };
-            let used = s.keys * hkv * d;
-            let (k, v) = (wide(&h.k[..used]), wide(&h.v[..used]));
+                ProblemShape { batch: 1, seqlen_q: s.queries, seqlen_k: s.keys, heads_q: hq, heads_kv: hkv, head_dim: d, head_dim_v: dv };
+            let (used, used_v) = (s.keys * hkv * d, s.keys * hkv * dv);
+            let (k, v) = (wide(&h.k[..used]), wide(&h.v[..used_v]));
             let (scale, mask) = (1.0 / (d as f64).sqrt(), RefMask { sinks: &wide_sinks, ..spec.mask(&wide_slopes, b) });
             let r = reference::attention_backward_masked(&wide(&h.q), &k, &v, &wide(&douts[b]), &shape, scale, &mask);
             for (h, (g, s)) in r.dsinks.iter().zip(&r.dsink_scales).enumerate() {
@@ -154,20 +187,20 @@ pub fn check_one(ctx: &Context, spec: &VarlenSpec) -> Result<Outcome> {
             }
             want[0][q_rows.clone()].copy_from_slice(&r.dq);
             want[1][k_rows.start..][..used].copy_from_slice(&r.dk);
-            want[2][k_rows.start..][..used].copy_from_slice(&r.dv);
+            want[2][v_rows.start..][..used_v].copy_from_slice(&r.dv);
         }
         // Alone: a batch of one at the same maxima, from the packed forward's rows (a sequence
         // without queries or keys would be an empty tensor: the oracle's zeros check it).
         if s.queries > 0 && s.keys + s.slack > 0 && spec.dropout.is_none() && failure.is_none() {
             let alone = Packed::upload(ctx, spec, &parts[b..b + 1], &spec.seqs[b..b + 1], slopes_of(&slopes, b, hq))?;
-            let o = DeviceTensor::from_bits(ctx, &o_bits[q_rows.clone()], [1, s.queries, hq, d], dtype)?;
+            let o = DeviceTensor::from_bits(ctx, &o_bits[o_rows], [1, s.queries, hq, dv], dtype)?;
             let rows: Vec<f32> = (0..hq).flat_map(|head| lse[head * packed.total_q + q0..][..s.queries].iter().copied()).collect();
             let lse_alone = ctx.stream().clone_htod(&rows)?;
-            let dout_alone = DeviceTensor::from_f32(ctx, &douts[b], [1, s.queries, hq, d], dtype)?;
+            let dout_alone = DeviceTensor::from_f32(ctx, &douts[b], [1, s.queries, hq, dv], dtype)?;
             let saved = Saved { o: &o, lse: &lse_alone, dout: &dout_alone, dropout_state: None };
             let (got, _) = gradients(ctx, spec, &alone, &alone.batch(ctx, max)?, &saved)?;
             let dq_too = spec.deterministic && (spec.splits.is_some() || spec.family == KernelFamily::BwdSm90);
-            if got[1] != first[1][k_rows.clone()] || got[2] != first[2][k_rows.clone()] {
+            if got[1] != first[1][k_rows.clone()] || got[2] != first[2][v_rows] {
                 failure = Some(format!("sequence {b}: dk or dv differs bitwise from the same sequence run alone"));
             } else if dq_too && got[0] != first[0][q_rows] {
                 failure = Some(format!("sequence {b}: dq differs bitwise from the same sequence run alone (deterministic)"));

@@ -124,6 +124,11 @@ pub fn variants(dtype: DType, head_dim: usize, causal: bool) -> Vec<Variant> {
 /// reference by `flashcore check` (`--value-dim` alone).
 pub const VALUE_HEAD_DIMS: &[(usize, usize)] = &[(192, 128)];
 
+/// Whether the packed (varlen) forms of [`VALUE_HEAD_DIMS`], forward and backward, have passed
+/// `flashcore check --value-dim`'s packed cases on a GPU. Until they have, packed batches with
+/// V's own head dim are refused by name (`dispatch::value_head_dim_form`, `dispatch::backward`).
+pub const VALUE_HEAD_DIMS_PACKED_CHECKED_ON_GPU: bool = false;
+
 /// The form of `head_dim` with V's `head_dim_v` (one of [`VALUE_HEAD_DIMS`]): `head_dim`'s
 /// own tile (D192: 128 x 112), its V and O stages Dv wide (D192 / Dv128: 190 KB).
 pub fn value_variant(dtype: DType, head_dim: usize, head_dim_v: usize, causal: bool) -> Variant {

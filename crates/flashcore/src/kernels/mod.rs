@@ -11,7 +11,7 @@ pub(crate) mod steps;
 
 /// V's own head dims: the pairs fwd_sm90 has forms for, and whether they are checked on a GPU.
 pub use bwd_sm90::VALUE_HEAD_DIMS_CHECKED_ON_GPU as VALUE_HEAD_DIMS_BACKWARD_CHECKED_ON_GPU;
-pub use fwd_sm90::VALUE_HEAD_DIMS;
+pub use fwd_sm90::{VALUE_HEAD_DIMS, VALUE_HEAD_DIMS_PACKED_CHECKED_ON_GPU};
 
 use crate::jit::{Arch, KernelSource};
 use crate::shape::ProblemShape;
