@@ -244,26 +244,21 @@ pub fn value_dim_specs(family: KernelFamily, quick: bool) -> Vec<BwdSpec> {
         return Vec::new();
     }
     let mut out = Vec::new();
-    for &(d, dv) in flashcore::kernels::VALUE_HEAD_DIMS {
-        for dtype in [DType::BF16, DType::F16] {
-            for causal in [false, true] {
-                let case = |b, sq, sk, hq, hkv| Case::new(b, sq, sk, hq, hkv, d, causal, dtype).with_value_dim(dv);
-                let plain = |c, deterministic| BwdSpec::new(family, deterministic, c, Inputs::Normal, Storage::Bshd);
-                out.push(plain(case(1, 1000, 1000, 8, 2), false));
-                out.push(plain(case(2, 113, 1000, 4, 1), true));
-                out.push(plain(case(2, 1000, 113, 8, 8), false));
-                if quick {
-                    continue;
-                }
-                out.push(BwdSpec { window: Window::new(100, 20), ..plain(case(1, 1000, 1000, 8, 2), true) });
-                let capped =
-                    BwdSpec { softcap: 30.0, ..BwdSpec::new(family, false, case(2, 600, 300, 4, 2), Inputs::LargeLogits, Storage::Bshd) };
-                out.push(BwdSpec { alibi: Alibi::PerHead, ..capped });
-                out.push(BwdSpec { chunk: 256, ..plain(case(1, 1000, 1000, 4, 2), false) });
-                out.push(BwdSpec { sinks: true, ..plain(case(2, 300, 1000, 8, 2), false) });
-                out.push(BwdSpec::new(family, false, case(2, 257, 257, 4, 2), Inputs::Normal, Storage::Bhsd));
-            }
+    for p in super::ValueDimPoint::all() {
+        let plain = |c, deterministic| BwdSpec::new(family, deterministic, c, Inputs::Normal, Storage::Bshd);
+        out.push(plain(p.case(1, 1000, 1000, 8, 2), false));
+        out.push(plain(p.case(2, 113, 1000, 4, 1), true));
+        out.push(plain(p.case(2, 1000, 113, 8, 8), false));
+        if quick {
+            continue;
         }
+        out.push(BwdSpec { window: Window::new(100, 20), ..plain(p.case(1, 1000, 1000, 8, 2), true) });
+        let capped =
+            BwdSpec { softcap: 30.0, ..BwdSpec::new(family, false, p.case(2, 600, 300, 4, 2), Inputs::LargeLogits, Storage::Bshd) };
+        out.push(BwdSpec { alibi: Alibi::PerHead, ..capped });
+        out.push(BwdSpec { chunk: 256, ..plain(p.case(1, 1000, 1000, 4, 2), false) });
+        out.push(BwdSpec { sinks: true, ..plain(p.case(2, 300, 1000, 8, 2), false) });
+        out.push(BwdSpec::new(family, false, p.case(2, 257, 257, 4, 2), Inputs::Normal, Storage::Bhsd));
     }
     out
 }

@@ -305,26 +305,21 @@ pub fn value_dim_specs(family: KernelFamily, quick: bool) -> Vec<Spec> {
         return Vec::new();
     }
     let mut out = Vec::new();
-    for &(d, dv) in flashcore::kernels::VALUE_HEAD_DIMS {
-        for dtype in [DType::BF16, DType::F16] {
-            for causal in [false, true] {
-                let case = |b, sq, sk, hq, hkv| Case::new(b, sq, sk, hq, hkv, d, causal, dtype).with_value_dim(dv);
-                let plain = |c| Spec::new(c, Inputs::Normal, Storage::Bshd);
-                out.push(plain(case(1, 1000, 1000, 8, 2)));
-                out.push(plain(case(2, 113, 1000, 4, 1)));
-                out.push(plain(case(2, 1000, 113, 8, 8)));
-                out.push(plain(case(3, 1, 4097, 8, 2)));
-                if quick {
-                    continue;
-                }
-                out.push(Spec { scale: Some(1.0), ..Spec::new(case(1, 130, 600, 4, 2), Inputs::LargeLogits, Storage::Bshd) });
-                out.push(Spec::new(case(2, 257, 257, 4, 2), Inputs::RisingLogits, Storage::Bhsd));
-                out.push(Spec::with_mods(case(1, 1000, 1000, 8, 2), Inputs::Normal, Window::new(100, 20), 0.0));
-                out.push(Spec::with_mods(case(1, 600, 300, 4, 2), Inputs::LargeLogits, Window::UNBOUNDED, 30.0).with_alibi(Alibi::PerHead));
-                out.push(Spec { chunk: 256, ..plain(case(1, 1000, 1000, 4, 2)) });
-                out.push(Spec { sinks: true, ..plain(case(2, 300, 1000, 8, 2)) });
-            }
+    for p in super::ValueDimPoint::all() {
+        let plain = |c| Spec::new(c, Inputs::Normal, Storage::Bshd);
+        out.push(plain(p.case(1, 1000, 1000, 8, 2)));
+        out.push(plain(p.case(2, 113, 1000, 4, 1)));
+        out.push(plain(p.case(2, 1000, 113, 8, 8)));
+        out.push(plain(p.case(3, 1, 4097, 8, 2)));
+        if quick {
+            continue;
         }
+        out.push(Spec { scale: Some(1.0), ..Spec::new(p.case(1, 130, 600, 4, 2), Inputs::LargeLogits, Storage::Bshd) });
+        out.push(Spec::new(p.case(2, 257, 257, 4, 2), Inputs::RisingLogits, Storage::Bhsd));
+        out.push(Spec::with_mods(p.case(1, 1000, 1000, 8, 2), Inputs::Normal, Window::new(100, 20), 0.0));
+        out.push(Spec::with_mods(p.case(1, 600, 300, 4, 2), Inputs::LargeLogits, Window::UNBOUNDED, 30.0).with_alibi(Alibi::PerHead));
+        out.push(Spec { chunk: 256, ..plain(p.case(1, 1000, 1000, 4, 2)) });
+        out.push(Spec { sinks: true, ..plain(p.case(2, 300, 1000, 8, 2)) });
     }
     out
 }

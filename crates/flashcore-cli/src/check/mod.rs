@@ -311,6 +311,33 @@ pub(crate) fn upload_dropout_state(
     })
 }
 
+/// A point of V's own head dim's cases (`check --value-dim`): a pair of
+/// `flashcore::kernels::VALUE_HEAD_DIMS`, a dtype and a mask.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ValueDimPoint {
+    pub head_dim: usize,
+    pub head_dim_v: usize,
+    pub dtype: flashcore::DType,
+    pub causal: bool,
+}
+
+impl ValueDimPoint {
+    /// Every pair, in bf16 and f16, full and causal.
+    pub(crate) fn all() -> impl Iterator<Item = Self> {
+        use flashcore::DType;
+        flashcore::kernels::VALUE_HEAD_DIMS.iter().flat_map(|&(head_dim, head_dim_v)| {
+            [DType::BF16, DType::F16]
+                .into_iter()
+                .flat_map(move |dtype| [false, true].map(|causal| ValueDimPoint { head_dim, head_dim_v, dtype, causal }))
+        })
+    }
+
+    /// The dense case of this point: B sequences of Sq queries and Sk keys, Hq and Hkv heads.
+    pub(crate) fn case(&self, batch: usize, sq: usize, sk: usize, heads_q: usize, heads_kv: usize) -> crate::cases::Case {
+        crate::cases::Case::new(batch, sq, sk, heads_q, heads_kv, self.head_dim, self.causal, self.dtype).with_value_dim(self.head_dim_v)
+    }
+}
+
 /// `slopes` widened for the f64 oracle.
 pub(crate) fn wide_slopes(slopes: &[f32]) -> Vec<f64> {
     slopes.iter().map(|&x| x as f64).collect()

@@ -12,7 +12,7 @@ use flashcore::{
 
 use crate::cases::{random_qkv, Case, HostQkv, Inputs};
 use crate::check::poison::poisoned_run;
-use crate::check::{sink_values, upload_slopes, Alibi};
+use crate::check::{sink_values, upload_slopes, Alibi, ValueDimPoint};
 
 /// One sequence of a packed batch: its queries, the keys it uses, and the keys after those
 /// it holds but does not use (`seqused_k`'s slack; 0 without seqused_k).
@@ -182,6 +182,13 @@ impl Point {
     pub(crate) fn dropout(&self, p: f32, offset: u64) -> Option<flashcore::Dropout> {
         Some(flashcore::Dropout { p, seed: 0x5eed_5e90 ^ self.head_dim as u64, offset })
     }
+}
+
+/// The plain spec of `family` at V's own head dim's point `v` (`check --value-dim`) for a batch
+/// of `seqs` at `(Hq, Hkv)`.
+pub(crate) fn value_dim_spec(family: KernelFamily, v: ValueDimPoint, seqs: &[Seq], heads: (usize, usize)) -> VarlenSpec {
+    let point = Point { family, dtype: v.dtype, head_dim: v.head_dim, causal: v.causal };
+    VarlenSpec { head_dim_v: Some(v.head_dim_v), ..point.spec(seqs, heads) }
 }
 
 /// The specs `add` makes at every point: bf16 and f16 (bf16 alone in smoke runs), the

@@ -6,13 +6,13 @@
 use anyhow::Result;
 use flashcore::dispatch::KeyLayout;
 use flashcore::reference;
-use flashcore::{Context, DType, KernelFamily, ProblemShape, Window};
+use flashcore::{Context, KernelFamily, ProblemShape, Window};
 
 use crate::cases::Inputs;
 use crate::check::outcome::{judge, Outcome};
-use crate::check::packed::{seqs, sweep, Packed, Point, Seq, VarlenSpec};
+use crate::check::packed::{seqs, sweep, value_dim_spec, Packed, Seq, VarlenSpec};
 use crate::check::poison::same_bits;
-use crate::check::{slopes_of, wide_slopes, Alibi};
+use crate::check::{slopes_of, wide_slopes, Alibi, ValueDimPoint};
 
 /// The batch (lengths 0, 1, 7, 113, 1000 and 4097 together, Sq ≠ Sk, a sequence with
 /// no keys), GQA; serving decode (one query per sequence over keys with slack: seqused_k)
@@ -70,19 +70,12 @@ pub fn value_dim_specs(family: KernelFamily, quick: bool) -> Vec<VarlenSpec> {
         [1, 17, 1000, 0, 300].iter().enumerate().map(|(i, &keys)| Seq { queries: 1, keys, slack: [0, 3, 40, 9, 0][i] }).collect();
     let policies = seqs(&[(600, 600), (1, 200), (300, 700), (129, 64)]);
     let mut out = Vec::new();
-    for &(head_dim, dv) in flashcore::kernels::VALUE_HEAD_DIMS {
-        for dtype in [DType::BF16, DType::F16] {
-            for causal in [false, true] {
-                let spec = |seqs: &[Seq], heads| VarlenSpec {
-                    head_dim_v: Some(dv),
-                    ..Point { family, dtype, head_dim, causal }.spec(seqs, heads)
-                };
-                out.push(spec(&mixed, (8, 2)));
-                if !quick {
-                    out.push(VarlenSpec { seqused: true, ..spec(&decode, (8, 2)) });
-                    out.push(VarlenSpec { window: Window::new(127, 0), ..spec(&policies, (4, 2)) });
-                }
-            }
+    for v in ValueDimPoint::all() {
+        let spec = |seqs: &[Seq], heads| value_dim_spec(family, v, seqs, heads);
+        out.push(spec(&mixed, (8, 2)));
+        if !quick {
+            out.push(VarlenSpec { seqused: true, ..spec(&decode, (8, 2)) });
+            out.push(VarlenSpec { window: Window::new(127, 0), ..spec(&policies, (4, 2)) });
         }
     }
     out

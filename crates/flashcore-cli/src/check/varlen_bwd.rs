@@ -19,9 +19,9 @@ use flashcore::{
 
 use crate::cases::{errors, normal, Inputs};
 use crate::check::outcome::{grad_tolerance, judge_dsink, same_bits, Outcome};
-use crate::check::packed::{seqs, sweep, Packed, Point, Seq, VarlenSpec};
+use crate::check::packed::{seqs, sweep, value_dim_spec, Packed, Seq, VarlenSpec};
 use crate::check::poison::nan_bits;
-use crate::check::{slopes_of, upload_dropout_state, wide_slopes, Alibi};
+use crate::check::{slopes_of, upload_dropout_state, wide_slopes, Alibi, ValueDimPoint};
 
 /// The lengths 0, 1, 7, 113, 1000 and 4097 in one batch (Sq ≠ Sk both ways, a
 /// sequence with keys but no queries and one with queries but no keys), at D64 and D128 (the
@@ -115,19 +115,12 @@ pub fn value_dim_specs(family: KernelFamily, quick: bool) -> Vec<VarlenSpec> {
         .map(|(queries, keys, slack)| Seq { queries, keys, slack })
         .to_vec();
     let mut out = Vec::new();
-    for &(head_dim, dv) in flashcore::kernels::VALUE_HEAD_DIMS {
-        for dtype in [DType::BF16, DType::F16] {
-            for causal in [false, true] {
-                let spec = |seqs: &[Seq], heads| VarlenSpec {
-                    head_dim_v: Some(dv),
-                    ..Point { family, dtype, head_dim, causal }.spec(seqs, heads)
-                };
-                out.push(VarlenSpec { deterministic: true, ..spec(&mixed, (4, 2)) });
-                if !quick {
-                    out.push(VarlenSpec { seqused: true, ..spec(&slacked, (4, 1)) });
-                    out.push(VarlenSpec { sinks: true, deterministic: true, ..spec(&mixed, (8, 2)) });
-                }
-            }
+    for v in ValueDimPoint::all() {
+        let spec = |seqs: &[Seq], heads| value_dim_spec(family, v, seqs, heads);
+        out.push(VarlenSpec { deterministic: true, ..spec(&mixed, (4, 2)) });
+        if !quick {
+            out.push(VarlenSpec { seqused: true, ..spec(&slacked, (4, 1)) });
+            out.push(VarlenSpec { sinks: true, deterministic: true, ..spec(&mixed, (8, 2)) });
         }
     }
     out
