@@ -766,8 +766,8 @@ __device__ __forceinline__ void wide_scores(Smem& smem, const BwdParams& p, cons
 }
 
 // Wide heads (D256): both consumer warpgroups hold the CTA's 64 keys, warpgroup wg columns
-// [kDkvCols wg, kDkvCols (wg + 1)) of dK and [kDvCols wg, kDvCols (wg + 1)) of dV, and computes Sᵀ and dPᵀ for queries [kScoreN
-// wg, kScoreN (wg + 1)) of the block. Pᵀ and dSᵀ meet in shared memory, from which both take
+// [kDkvCols wg, kDkvCols (wg + 1)) of dK and [kDvCols wg, kDvCols (wg + 1)) of dV, and
+// computes Sᵀ and dPᵀ for queries [kScoreN wg, kScoreN (wg + 1)) of the block. Pᵀ and dSᵀ meet in shared memory, from which both take
 // them as the A operands of dV's and dK's products; dQ = dS·K as in consume, its columns
 // split. Q and dO have one stage (four 32 KB tiles of K, V, Q and dO, and 64 KB of dQ staging
 // leave no room for a second): their stage is freed as soon as dV's and dK's products are done.
