@@ -118,3 +118,27 @@ def test_what_the_kernels_cannot_run_yet_is_refused_by_name():
     q2, k2, v2 = inputs(1, 64, 64, 4, 4, d=128, dv=64)
     with pytest.raises(Exception, match=r"head dim 128 with V's 64"):
         flashcore.flash_attn_func(q2, k2, v2)
+
+
+def test_the_padded_backward_is_exact_in_float64():
+    """`_ops._at_one_head_dim` (the backward where the kernels have no form of the pair): V, O
+    and dO zero-padded to Q's head dim, the gradients cut back; run here around a float64
+    autograd backward on the CPU, its gradients are the unpadded backward's to rounding (the
+    zero columns add exact zeros), dv laid out like v."""
+    from flashcore import _ops
+
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 37, 2, D, generator=g, dtype=torch.float64) for _ in range(2))
+    v, dout = torch.randn(1, 37, 2, DV, generator=g, dtype=torch.float64), torch.randn(1, 37, 2, DV, generator=g, dtype=torch.float64)
+
+    def run(saved, grad_out, *_):
+        leaves = [t.detach().clone().requires_grad_() for t in saved[:3]]
+        reference_autograd(*leaves, D**-0.5, True).backward(grad_out)
+        return tuple(t.grad for t in leaves)
+
+    o = reference_autograd(q, k, v, D**-0.5, True).detach()
+    padded = _ops._at_one_head_dim(run, (q, k, v, o, None), dout)
+    plain = run((q, k, v), dout)
+    assert [t.shape for t in padded] == [q.shape, k.shape, v.shape] and padded[2].is_contiguous()
+    for name, a, b in zip(("dq", "dk", "dv"), padded, plain):
+        assert torch.allclose(a, b, rtol=0, atol=1e-12), name
