@@ -100,13 +100,20 @@ impl AttnOp {
         AttnOp { options, packing, keep_lse, lse: Mutex::new(None) }
     }
 
-    /// The forward: the output (contiguous, q's shape) and the log-sum-exp.
+    /// The forward: the output (contiguous, q's shape with V's head dim) and the log-sum-exp.
     pub(crate) fn forward(&self, q: Arg, k: Arg, v: Arg) -> Result<(CudaStorage, Shape, Tensor)> {
         let device: &CudaDevice = q.0.device();
         let ctx = device::context(device)?;
-        let shape = q.1.shape().clone();
         let dtype = q.0.dtype();
         let (qv, kv, vv) = (device::view("q", q.0, q.1)?, device::view("k", k.0, k.1)?, device::view("v", v.0, v.1)?);
+        // V's head dim, its own where it has one (DeepSeek's Q/K 192 with V 128): the output's.
+        let mut o_dims = q.1.shape().dims().to_vec();
+        if let (Some(last), Some(&dv)) = (o_dims.last_mut(), v.1.shape().dims().last()) {
+            *last = dv;
+        }
+        let shape = Shape::from(o_dims);
+        let mut o_layout = qv.layout().shape;
+        o_layout[3] = vv.layout().shape[3];
         let o = Output::alloc(device, dtype, shape.elem_count())?;
         let lse_shape = lse_shape(shape.dims());
         let lse = Output::alloc(device, DType::F32, lse_shape.elem_count())?;
@@ -120,7 +127,7 @@ impl AttnOp {
             dropout_state: None,
             learnable_sink: extras.sinks()?,
         };
-        let o_view = o.view_mut(qv.layout().shape, qv.layout().dtype, qv.device());
+        let o_view = o.view_mut(o_layout, qv.layout().dtype, qv.device());
         // SAFETY: the LSE buffer holds `lse_shape`'s values and is written by this call alone.
         let lse_view = unsafe { flashcore::LseViewMut::from_raw(lse.ptr, lse_shape.elem_count()) };
         let params = self.options.params(false);
