@@ -90,22 +90,15 @@ impl Context {
         }
         let traits = CallTraits { dense: inputs.batch().is_none(), alibi: checked.alibi.is_some(), dsink: dsink.is_some(), probs: false };
         // A chunk that cuts nothing is dropped here, the call not validated again.
-        let uncut;
-        let params = match ChunkPlan::of(&checked.tensors, params, traits) {
-            ChunkPlan::AsIs => params,
-            ChunkPlan::Uncut(without_chunk) => {
-                uncut = without_chunk;
-                &uncut
+        let plan = ChunkPlan::of(&checked.tensors, params, traits);
+        if let ChunkPlan::Batch(chunks) = &plan {
+            if let Some(offsets) = self.chunk_offsets(lane, chunks)? {
+                return chunks.backward(inputs, grads, params, offsets, |entry, entry_grads, entry_params| {
+                    self.backward(lane, entry, entry_grads, entry_params)
+                });
             }
-            ChunkPlan::Batch(chunks) => {
-                if let Some(offsets) = self.chunk_offsets(lane, &chunks)? {
-                    return chunks.backward(inputs, grads, params, offsets, |entry, entry_grads, entry_params| {
-                        self.backward(lane, entry, entry_grads, entry_params)
-                    });
-                }
-                params
-            }
-        };
+        }
+        let params = plan.params(params);
         let batch = inputs.batch();
         let (dtype, alibi) = (inputs.q.layout.dtype, checked.alibi.is_some());
         let plan = dispatch::plan_backward(&self.info().device(), &checked.shape, dtype, params, batch.is_some(), alibi)?;

@@ -59,6 +59,15 @@ impl ChunkPlan {
         ChunkBatch::of(tensors, params, traits).map_or(Self::AsIs, Self::Batch)
     }
 
+    /// The parameters the kernels run a call under this plan with, unless it runs as a batch of
+    /// its chunks: `params` as they are, or without the chunk when it cuts nothing.
+    pub(crate) fn params<'a>(&'a self, params: &'a AttnParams) -> &'a AttnParams {
+        match self {
+            Self::Uncut(without_chunk) => without_chunk,
+            Self::AsIs | Self::Batch(_) => params,
+        }
+    }
+
     /// What the planner sees of a dense call of `shape` without ALiBi under this plan: the
     /// kernels' shape, the parameters and the key layout (`Context::plan` reports it).
     pub(crate) fn dense_problem(shape: &ProblemShape, params: &AttnParams) -> (ProblemShape, AttnParams, KeyLayout) {

@@ -101,22 +101,15 @@ impl Context {
             probs: out.probs.is_some(),
         };
         // A chunk that cuts nothing is dropped here, the call not validated again.
-        let uncut;
-        let params = match ChunkPlan::of(&checked.tensors, params, traits) {
-            ChunkPlan::AsIs => params,
-            ChunkPlan::Uncut(without_chunk) => {
-                uncut = without_chunk;
-                &uncut
+        let plan = ChunkPlan::of(&checked.tensors, params, traits);
+        if let ChunkPlan::Batch(chunks) = &plan {
+            if let Some(offsets) = self.chunk_offsets(lane, chunks)? {
+                return chunks.forward(inputs, out, params, offsets, |entry, entry_out, entry_params| {
+                    self.forward(lane, entry, entry_out, entry_params)
+                });
             }
-            ChunkPlan::Batch(chunks) => {
-                if let Some(offsets) = self.chunk_offsets(lane, &chunks)? {
-                    return chunks.forward(inputs, out, params, offsets, |entry, entry_out, entry_params| {
-                        self.forward(lane, entry, entry_out, entry_params)
-                    });
-                }
-                params
-            }
-        };
+        }
+        let params = plan.params(params);
         let device = self.info().device();
         let (dtype, layout) = (inputs.q.layout.dtype, inputs.kv.geometry(&checked));
         let probs = match &out.probs {
