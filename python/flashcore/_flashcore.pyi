@@ -102,10 +102,10 @@ def run_head_dim(device: int, head_dim: int, call: str) -> int:
 def head_dims_run_as_they_are() -> List[int]:
     """The head dims `run_head_dim` returns unchanged for every call on every GPU."""
 
-def backward_pads_value_dim(device: int, head_dim: int, head_dim_v: int, packed: bool, dropout: bool) -> bool:
-    """Whether the backward of a call with V's own head dim (dense, or a `packed` batch) runs
-    with V, O and dO zero-padded to q's head dim on `device` (no kernel has a backward form of
-    the pair)."""
+def backward_pads_value_dim(device: int, head_dim: int, head_dim_v: int, dropout: bool) -> bool:
+    """Whether the backward of a call with V's own head dim (dense or packed; with `dropout` or
+    not) runs with V, O and dO zero-padded to q's head dim on `device` (no kernel has a
+    backward form of the pair)."""
 
 def cache_dir() -> str:
     """The kernels' disk cache directory: `$FLASHCORE_CACHE_DIR`, else the platform's cache

@@ -328,15 +328,15 @@ def backward_into(
 
 
 # Whether a backward with V's own head dim runs padded (`_padded_value_dim`), by (device, D, Dv,
-# packed, dropout): the core's answer, asked once for each.
-_PADS_VALUE_DIM: Dict[Tuple[int, int, int, bool, bool], bool] = {}
+# dropout): the core's answer, asked once for each.
+_PADS_VALUE_DIM: Dict[Tuple[int, int, int, bool], bool] = {}
 
 
-def _padded_value_dim(q: Tensor, v: Tensor, options: Options, packed: bool = False) -> bool:
-    """Whether the backward of q over v (V with a head dim of its own; a `packed` batch or
-    not) runs `_at_one_head_dim`: where the kernels have no backward form of the pair
+def _padded_value_dim(q: Tensor, v: Tensor, options: Options) -> bool:
+    """Whether the backward of q over v (V with a head dim of its own; dense or a packed
+    batch) runs `_at_one_head_dim`: where the kernels have no backward form of the pair
     (`_flashcore.backward_pads_value_dim`)."""
-    key = (q.get_device(), q.shape[-1], v.shape[-1], packed, options.dropout is not None)
+    key = (q.get_device(), q.shape[-1], v.shape[-1], options.dropout is not None)
     pads = _PADS_VALUE_DIM.get(key)
     if pads is None:
         pads = _PADS_VALUE_DIM[key] = _flashcore.backward_pads_value_dim(*key)
@@ -394,7 +394,7 @@ def varlen_backward_into(
 def varlen_backward(saved: Tuple[Tensor, ...], dout: Tensor, batch: Batch, options: Options) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients `(dq, dk, dv)` of a packed batch: `varlen_backward_into` new buffers."""
     q, k, v = saved[:3]
-    if v.shape[-1] != q.shape[-1] and _padded_value_dim(q, v, options, packed=True):
+    if v.shape[-1] != q.shape[-1] and _padded_value_dim(q, v, options):
         return _at_one_head_dim(varlen_backward, saved, dout, batch, options)
     grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     varlen_backward_into(saved, dout, grads, batch, options)
@@ -406,7 +406,7 @@ def sink_backward(saved: Tuple[Tensor, ...], dout: Tensor, options: Options, bat
     the options' learnable sinks, f32 `[Hq]`, every row of every sequence of a head summed in
     one fixed order (the same bits every run)."""
     q, k, v = saved[:3]
-    if v.shape[-1] != q.shape[-1] and _padded_value_dim(q, v, options, packed=batch is not None):
+    if v.shape[-1] != q.shape[-1] and _padded_value_dim(q, v, options):
         return _at_one_head_dim(sink_backward, saved, dout, options, batch)  # type: ignore[return-value]
     grads = (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v))
     dsink = torch.empty_like(options.learnable_sink)

@@ -579,13 +579,13 @@ fn run_head_dim(device: usize, head_dim: usize, call: &str) -> PyResult<usize> {
     Ok(flashcore::dispatch::run_head_dim(context(device)?.info().arch, head_dim, call))
 }
 
-/// Whether the backward of a call with V's own head dim (dense, or a `packed` batch) runs with
-/// V, O and dO zero-padded to q's head dim on `device`
+/// Whether the backward of a call with V's own head dim (dense or packed; with `dropout` or
+/// not) runs with V, O and dO zero-padded to q's head dim on `device`
 /// (`flashcore::dispatch::backward_pads_value_dim`): where the kernels have no backward form
 /// of the pair.
 #[pyfunction]
-fn backward_pads_value_dim(device: usize, head_dim: usize, head_dim_v: usize, packed: bool, dropout: bool) -> PyResult<bool> {
-    Ok(flashcore::dispatch::backward_pads_value_dim(context(device)?.info().arch, head_dim, head_dim_v, packed, dropout))
+fn backward_pads_value_dim(device: usize, head_dim: usize, head_dim_v: usize, dropout: bool) -> PyResult<bool> {
+    Ok(flashcore::dispatch::backward_pads_value_dim(context(device)?.info().arch, head_dim, head_dim_v, dropout))
 }
 
 /// The head dims [`run_head_dim`] returns as they are on every GPU

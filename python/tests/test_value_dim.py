@@ -1,9 +1,10 @@
 """V's own head dim (DeepSeek-V3's prefill: Q and K 192, V 128) through the Python functions,
 against the float64 reference: the output `[B, Sq, Hq, Dv]`, its lse, and the gradients of q,
-k and v (the backward runs with V, O and dO zero-padded to Q's dim, exact), on every path a
-call takes (the extension directly, the Python autograd node, the registered op under
-torch.compile), causal or not, odd lengths both ways, GQA, a window, softcap, learnable sinks;
-the calls the kernels cannot run yet (packed batches, KV caches, other pairs) refused by name."""
+k and v (bwd_sm90's form of the pair; with dropout, or where no kernel has one, the backward
+runs with V, O and dO zero-padded to Q's dim, exact), on every path a call takes (the
+extension directly, the Python autograd node, the registered op under torch.compile), causal
+or not, odd lengths both ways, GQA, a window, softcap, learnable sinks, packed batches; the
+calls the kernels cannot run (KV caches, other pairs) refused by name."""
 
 from __future__ import annotations
 
@@ -107,11 +108,31 @@ def test_learnable_sinks_with_v_s_own_head_dim_get_their_gradient():
         assert_close(name, leaf.grad, r.grad)
 
 
-def test_what_the_kernels_cannot_run_yet_is_refused_by_name():
+def test_a_packed_batch_matches_each_sequence_alone():
+    """Odd lengths packed, causal, GQA: the forward's output and the gradients against each
+    sequence's float64 reference. (Not a sequence of one token: its dq and dk are exactly 0
+    in the reference, P = 1 and dS = P·(dP − dP), and a relative error against 0 measures
+    nothing.)"""
+    lens, hq, hkv = [37, 300, 5], 4, 2
+    total = sum(lens)
+    q, k, v = inputs(1, total, total, hq, hkv, seed=11)
+    dout = randn(1, total, hq, DV, seed=12)
+    starts = [0, 37, 337, 342]
+    cu = torch.tensor(starts, device="cuda", dtype=torch.int32)
+    fn = lambda q, k, v: flashcore.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, max(lens), max(lens), causal=True)  # noqa: E731
+    out, grads = gradients(fn, q, k, v, dout[0])
+    assert out.shape == (total, hq, DV)
+    for i, (a, z) in enumerate(zip(starts, starts[1:])):
+        part = [t[:, a:z] for t in (q, k, v)]
+        want_o, want = reference_gradients(*part, dout[:, a:z], D**-0.5, True)
+        assert_close(f"o of sequence {i}", out[a:z], want_o[0])
+        for name, got, ref in zip(("dq", "dk", "dv"), grads, want):
+            assert torch.isfinite(got).all(), name
+            assert_close(f"{name} of sequence {i}", got[:, a:z], ref)
+
+
+def test_what_the_kernels_cannot_run_is_refused_by_name():
     q, k, v = inputs(1, 64, 64, 4, 4)
-    cu = torch.tensor([0, 64], device="cuda", dtype=torch.int32)
-    with pytest.raises(Exception, match="packed batches"):
-        flashcore.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 64, 64, causal=True)
     k_cache, v_cache = k.clone(), v.clone()
     with pytest.raises(Exception, match="v_cache"):
         flashcore.flash_attn_with_kvcache(q, k_cache, v_cache, causal=True)

@@ -56,15 +56,15 @@ pub fn bench_case(
         let seed = 2000 + s as u64;
         let h = random_qkv(case, inputs, seed);
         let up = |data: &[f32], sh| Stored::upload(ctx, data, sh, case.dtype, Storage::Bshd);
-        let (q, k, v) = (up(&h.q, case.q_shape())?, up(&h.k, case.kv_shape())?, up(&h.v, case.kv_shape())?);
-        let dout = up(&normal(h.q.len(), 1.0, case.dtype, seed ^ 0xd0), case.q_shape())?;
+        let (q, k, v) = (up(&h.q, case.q_shape())?, up(&h.k, case.kv_shape())?, up(&h.v, case.v_shape())?);
+        let dout = up(&normal(case.o_shape().iter().product(), 1.0, case.dtype, seed ^ 0xd0), case.o_shape())?;
         let fwd = ctx.attention(&FwdInputs { learnable_sink, ..FwdInputs::dense(q.view(), k.view(), v.view()) }, &fwd_params)?;
         sets.push(Set { q, k, v, dout, fwd });
     }
     let mut dq = DeviceTensor::filled(ctx, 0, case.q_shape(), case.dtype)?;
     let mut dk = DeviceTensor::filled(ctx, 0, case.kv_shape(), case.dtype)?;
-    let mut dv = DeviceTensor::filled(ctx, 0, case.kv_shape(), case.dtype)?;
-    let mut o = DeviceTensor::filled(ctx, 0, case.q_shape(), case.dtype)?;
+    let mut dv = DeviceTensor::filled(ctx, 0, case.v_shape(), case.dtype)?;
+    let mut o = DeviceTensor::filled(ctx, 0, case.o_shape(), case.dtype)?;
     let mut lse = ctx.stream().alloc_zeros::<f32>(case.batch * case.heads_q * case.seqlen_q)?;
     let opts = |graph| TimingOptions { samples, graph, ..Default::default() };
     // The backward's inputs and gradients, the sinks' with them when the case has sinks.

@@ -237,8 +237,7 @@ pub fn sinks_specs(family: KernelFamily, quick: bool) -> Vec<BwdSpec> {
 /// V's own head dim's backward (`check --value-dim`): bwd_sm90's forms of the forward's pairs
 /// (`flashcore::kernels::VALUE_HEAD_DIMS`), both dtypes and masks: GQA, Sq < Sk, Sq > Sk (rows
 /// that see no key), one deterministic; beyond quick, a window, a softcap with ALiBi, a chunk,
-/// learnable sinks (their gradient), BHSD strides. Their backward is refused by name until
-/// they pass (`kernels::VALUE_HEAD_DIMS_BACKWARD_CHECKED_ON_GPU`), so these run only when asked.
+/// learnable sinks (their gradient), BHSD strides.
 pub fn value_dim_specs(family: KernelFamily, quick: bool) -> Vec<BwdSpec> {
     if family != KernelFamily::BwdSm90 {
         return Vec::new();

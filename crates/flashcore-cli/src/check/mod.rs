@@ -81,11 +81,7 @@ pub struct CheckArgs {
     #[arg(long)]
     sinks: bool,
     /// Only the cases of V's own head dim (fwd_sm90's and bwd_sm90's forms of
-    /// `flashcore::kernels::VALUE_HEAD_DIMS`, dense and packed). The backward's and the packed
-    /// ones join every run once the library takes them
-    /// (`flashcore::kernels::VALUE_HEAD_DIMS_BACKWARD_CHECKED_ON_GPU`,
-    /// `VALUE_HEAD_DIMS_PACKED_CHECKED_ON_GPU`); until then this flag alone runs them, each refused
-    /// by name (a failed row).
+    /// `flashcore::kernels::VALUE_HEAD_DIMS`, dense and packed).
     #[arg(long)]
     value_dim: bool,
 }
@@ -124,17 +120,10 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
         .iter()
         .filter(|f| (f.is_backward() || **f == KernelFamily::Reference) && group("backward"))
         .flat_map(|&f| {
-            // V's own head dim: only when asked for until the library takes its backward.
-            let own_value_dim = if args.value_dim || flashcore::kernels::VALUE_HEAD_DIMS_BACKWARD_CHECKED_ON_GPU {
-                bwd::value_dim_specs(f, quick || smoke)
-            } else {
-                Vec::new()
-            };
+            let own_value_dim = bwd::value_dim_specs(f, quick || smoke);
             bwd::specs(f, quick, smoke).into_iter().chain(bwd::sinks_specs(f, quick || smoke)).chain(own_value_dim)
         })
         .collect();
-    // V's own head dim in packed batches: only when asked for until the library takes them.
-    let packed_value_dims = args.value_dim || flashcore::kernels::VALUE_HEAD_DIMS_PACKED_CHECKED_ON_GPU;
     let packed: Vec<VarlenSpec> = families
         .iter()
         .filter(|_| group("varlen"))
@@ -144,7 +133,7 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
             } else {
                 (varlen::specs(f, quick, smoke), varlen::value_dim_specs(f, quick || smoke))
             };
-            specs.into_iter().chain(if packed_value_dims { own_value_dim } else { Vec::new() })
+            specs.into_iter().chain(own_value_dim)
         })
         .collect();
     let cached: Vec<paged::PagedSpec> = families.iter().filter(|_| group("paged")).flat_map(|&f| paged::specs(f, quick, smoke)).collect();
@@ -153,7 +142,7 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
     let dropped = |d: bool| !args.dropout || d;
     let chunked = |chunk: usize| !args.chunk || chunk > 0;
     let sunk = |sinks: bool| !args.sinks || sinks;
-    let valued = |own: bool| !args.value_dim || own; // only dense calls have them yet
+    let valued = |own: bool| !args.value_dim || own; // no KV cache has them
     let all: Vec<_> = all
         .into_iter()
         .filter(|(_, s)| {

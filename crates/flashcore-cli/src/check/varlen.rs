@@ -59,8 +59,7 @@ pub fn specs(family: KernelFamily, quick: bool, smoke: bool) -> Vec<VarlenSpec> 
 
 /// V's own head dim in packed batches (`check --value-dim`): fwd_sm90's forms of the pairs
 /// (`flashcore::kernels::VALUE_HEAD_DIMS`), both dtypes and masks: the mixed batch with GQA,
-/// decode over seqused_k, a window. Refused by name until the library takes them
-/// (`flashcore::kernels::VALUE_HEAD_DIMS_PACKED_CHECKED_ON_GPU`), so these run only when asked.
+/// decode over seqused_k, a window.
 pub fn value_dim_specs(family: KernelFamily, quick: bool) -> Vec<VarlenSpec> {
     if family != KernelFamily::FwdSm90 {
         return Vec::new();

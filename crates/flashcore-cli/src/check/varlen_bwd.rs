@@ -104,8 +104,6 @@ fn gradients(ctx: &Context, spec: &VarlenSpec, packed: &Packed, batch: &VarlenBa
 /// V's own head dim in packed batches' backward (`check --value-dim`): bwd_sm90's forms of the
 /// pairs (`flashcore::kernels::VALUE_HEAD_DIMS`), both dtypes and masks: the mixed batch with
 /// GQA, deterministic (each sequence bitwise alone, dq too), keys past seqused_k, sinks.
-/// Refused by name until the library takes them
-/// (`flashcore::kernels::VALUE_HEAD_DIMS_PACKED_CHECKED_ON_GPU`), so these run only when asked.
 pub fn value_dim_specs(family: KernelFamily, quick: bool) -> Vec<VarlenSpec> {
     if family != KernelFamily::BwdSm90 {
         return Vec::new();

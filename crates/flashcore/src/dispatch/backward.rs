@@ -103,8 +103,7 @@ pub(crate) fn backward_variant(
     let family = backward_family(shape, params, arch, varlen, alibi)?;
     let own_value_dim = shape.head_dim_v != shape.head_dim;
     if own_value_dim {
-        let checked = (bwd_sm90::VALUE_HEAD_DIMS_CHECKED_ON_GPU, fwd_sm90::VALUE_HEAD_DIMS_PACKED_CHECKED_ON_GPU);
-        value_head_dim_backward(family, shape, varlen, params.dropout.is_some(), checked)?;
+        value_head_dim_backward(family, shape, params.dropout.is_some())?;
     }
     let variant = match family {
         KernelFamily::BwdSm80 => bwd_sm80::variant(arch, dtype, shape.head_dim, causal),
@@ -129,12 +128,10 @@ pub(crate) fn backward_variant(
 }
 
 /// Whether `family` runs the backward of V's own head dim in `shape`: bwd_sm90's forms of the
-/// forward's pairs (`fwd_sm90::VALUE_HEAD_DIMS`), without dropout, once they are `checked` on
-/// a GPU: `(dense, packed)`, [`bwd_sm90::VALUE_HEAD_DIMS_CHECKED_ON_GPU`] and (with it, for a
-/// packed batch, `varlen`) [`fwd_sm90::VALUE_HEAD_DIMS_PACKED_CHECKED_ON_GPU`]; else the error
-/// names what runs it (the Python package then pads V, O and dO to Q's head dim). The one
-/// place that decides which `(D, Dv)` the backward takes.
-fn value_head_dim_backward(family: KernelFamily, shape: &ProblemShape, varlen: bool, dropout: bool, checked: (bool, bool)) -> Result<()> {
+/// forward's pairs (`fwd_sm90::VALUE_HEAD_DIMS`), dense or packed, without dropout; else the
+/// error names what runs it (the Python package then pads V, O and dO to Q's head dim). The
+/// one place that decides which `(D, Dv)` the backward takes.
+fn value_head_dim_backward(family: KernelFamily, shape: &ProblemShape, dropout: bool) -> Result<()> {
     let (d, dv) = (shape.head_dim, shape.head_dim_v);
     let msg = if family != KernelFamily::BwdSm90 {
         format!("takes V's head dim equal to q's and k's (here {dv} and {d}): bwd_sm90 has forms of V's own on Hopper")
@@ -143,9 +140,6 @@ fn value_head_dim_backward(family: KernelFamily, shape: &ProblemShape, varlen: b
         format!("has no form for head dim {d} with V's {dv}: it has {}", pairs.join(", "))
     } else if dropout {
         "runs V's own head dim without dropout alone (dropout: not yet)".into()
-    } else if !checked.0 || (varlen && !checked.1) {
-        let what = if varlen { "a packed form" } else { "a form" };
-        format!("has {what} for head dim {d} with V's {dv}, not yet checked on a GPU (`flashcore check --value-dim`): refused until it is")
     } else {
         return Ok(());
     };
@@ -153,15 +147,14 @@ fn value_head_dim_backward(family: KernelFamily, shape: &ProblemShape, varlen: b
 }
 
 /// Whether a binding runs the backward of a call with V's own head dim `head_dim_v` (Q's
-/// `head_dim`; dense, or a `packed` batch) with V, O and dO zero-padded to Q's dim: where no
-/// kernel has a backward form of the pair (the planner refuses it, `value_head_dim_backward`,
-/// on `arch`'s family, with or without `dropout`). Exact: the zero columns add nothing to dP = dO·Vᵀ or to rowsum(dO∘O), and dV's
-/// padded columns are cut off. The Python package asks once per pair.
-pub fn backward_pads_value_dim(arch: Arch, head_dim: usize, head_dim_v: usize, packed: bool, dropout: bool) -> bool {
+/// `head_dim`; dense or packed) with V, O and dO zero-padded to Q's dim: where no kernel has a
+/// backward form of the pair (the planner refuses it, `value_head_dim_backward`, on `arch`'s
+/// family, with or without `dropout`). Exact: the zero columns add nothing to dP = dO·Vᵀ or to
+/// rowsum(dO∘O), and dV's padded columns are cut off. The Python package asks once per pair.
+pub fn backward_pads_value_dim(arch: Arch, head_dim: usize, head_dim_v: usize, dropout: bool) -> bool {
     let shape = ProblemShape { batch: 1, seqlen_q: 1, seqlen_k: 1, heads_q: 1, heads_kv: 1, head_dim, head_dim_v };
     let family = if KernelFamily::BwdSm90.runs_on(arch) { KernelFamily::BwdSm90 } else { KernelFamily::BwdSm80 };
-    let checked = (bwd_sm90::VALUE_HEAD_DIMS_CHECKED_ON_GPU, fwd_sm90::VALUE_HEAD_DIMS_PACKED_CHECKED_ON_GPU);
-    head_dim_v != head_dim && value_head_dim_backward(family, &shape, packed, dropout, checked).is_err()
+    head_dim_v != head_dim && value_head_dim_backward(family, &shape, dropout).is_err()
 }
 
 /// Which kernels run the backward of `shape` (see the module's documentation): bwd_sm90 on
@@ -253,42 +246,31 @@ mod tests {
     }
 
     #[test]
-    fn v_s_own_head_dim_runs_bwd_sm90_s_form_once_checked_or_is_refused_by_name() {
+    fn v_s_own_head_dim_runs_bwd_sm90_s_form_or_is_refused_by_name() {
         let deepseek = ProblemShape { head_dim: 192, head_dim_v: 128, ..shape(192) };
-        let all = (true, true);
-        assert!(value_head_dim_backward(KernelFamily::BwdSm90, &deepseek, false, false, all).is_ok());
-        assert!(value_head_dim_backward(KernelFamily::BwdSm90, &deepseek, true, false, all).is_ok(), "packed, once checked");
-        assert!(value_head_dim_backward(KernelFamily::BwdSm90, &deepseek, false, false, (true, false)).is_ok(), "dense");
+        assert!(value_head_dim_backward(KernelFamily::BwdSm90, &deepseek, false).is_ok());
         let refusals = [
-            (value_head_dim_backward(KernelFamily::BwdSm90, &deepseek, false, false, (false, true)), "not yet checked"),
-            (value_head_dim_backward(KernelFamily::BwdSm90, &deepseek, true, false, (true, false)), "a packed form"),
-            (value_head_dim_backward(KernelFamily::BwdSm90, &deepseek, false, true, all), "dropout"),
-            (value_head_dim_backward(KernelFamily::BwdSm80, &deepseek, false, false, all), "bwd_sm90 has forms"),
-            (value_head_dim_backward(KernelFamily::BwdSm90, &ProblemShape { head_dim_v: 64, ..deepseek }, false, false, all), "(192, 128)"),
+            (value_head_dim_backward(KernelFamily::BwdSm90, &deepseek, true), "dropout"),
+            (value_head_dim_backward(KernelFamily::BwdSm80, &deepseek, false), "bwd_sm90 has forms"),
+            (value_head_dim_backward(KernelFamily::BwdSm90, &ProblemShape { head_dim_v: 64, ..deepseek }, false), "(192, 128)"),
         ];
         for (result, names) in refusals {
             let err = result.unwrap_err().to_string();
             assert!(err.contains(names), "{err}");
         }
-        // The planner's answer: the gate's, then bwd_sm90's (192, 128) form.
-        let planned = backward_variant(&deepseek, DType::BF16, &AttnParams::causal(), HOPPER, false, false);
-        if bwd_sm90::VALUE_HEAD_DIMS_CHECKED_ON_GPU {
-            let v = planned.unwrap();
-            assert_eq!((v.family, v.head_dim, v.head_dim_v), (KernelFamily::BwdSm90, Some(192), Some(128)));
+        // The planner's answer, dense and packed: bwd_sm90's (192, 128) form, the split layout.
+        for varlen in [false, true] {
+            let v = backward_variant(&deepseek, DType::BF16, &AttnParams::causal(), HOPPER, varlen, false).unwrap();
+            assert_eq!((v.family, v.head_dim, v.head_dim_v, v.varlen), (KernelFamily::BwdSm90, Some(192), Some(128), varlen));
             assert!(v.name().contains("_d192_dv128"), "{}", v.name());
-        } else {
-            assert!(planned.unwrap_err().to_string().contains("not yet checked"));
         }
         let err = backward_variant(&deepseek, DType::BF16, &AttnParams::causal(), AMPERE, false, false).unwrap_err().to_string();
         assert!(err.contains("bwd_sm80") && err.contains("bwd_sm90 has forms"), "{err}");
         // What a binding pads: the refusals above, never a call without V's own head dim.
-        let checked = bwd_sm90::VALUE_HEAD_DIMS_CHECKED_ON_GPU;
-        let packed_checked = checked && fwd_sm90::VALUE_HEAD_DIMS_PACKED_CHECKED_ON_GPU;
-        assert_eq!(backward_pads_value_dim(HOPPER, 192, 128, false, false), !checked);
-        assert_eq!(backward_pads_value_dim(HOPPER, 192, 128, true, false), !packed_checked);
-        assert!(backward_pads_value_dim(HOPPER, 192, 128, false, true) && backward_pads_value_dim(AMPERE, 192, 128, false, false));
-        assert!(backward_pads_value_dim(HOPPER, 128, 64, false, false), "no form of the pair");
-        assert!(!backward_pads_value_dim(HOPPER, 192, 192, true, false) && !backward_pads_value_dim(AMPERE, 64, 64, false, true));
+        assert!(!backward_pads_value_dim(HOPPER, 192, 128, false), "bwd_sm90's form");
+        assert!(backward_pads_value_dim(HOPPER, 192, 128, true) && backward_pads_value_dim(AMPERE, 192, 128, false));
+        assert!(backward_pads_value_dim(HOPPER, 128, 64, false), "no form of the pair");
+        assert!(!backward_pads_value_dim(HOPPER, 192, 192, false) && !backward_pads_value_dim(AMPERE, 64, 64, true));
     }
 
     #[test]

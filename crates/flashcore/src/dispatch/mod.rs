@@ -237,7 +237,7 @@ pub fn plan_for(
         return Err(Error::HeadDim { head_dim: d, supported: format!("{} for {family}", family.head_dims_text()) });
     }
     if own_value_dim {
-        value_head_dim_form(family, shape, layout, fwd_sm90::VALUE_HEAD_DIMS_PACKED_CHECKED_ON_GPU)?;
+        value_head_dim_form(family, shape, layout)?;
     }
     if params.num_splits == Some(0) {
         return Err(Error::Param { arg: "num_splits", msg: "must be at least 1 (None picks it)".into() });
@@ -300,20 +300,16 @@ pub fn plan_for(
 }
 
 /// Whether `family` runs V's own head dim in `shape` over keys laid out as `layout`: fwd_sm90's
-/// forms of the pairs in [`fwd_sm90::VALUE_HEAD_DIMS`] over dense keys, and over packed ones
-/// once their forms are `packed_checked` on a GPU
-/// ([`fwd_sm90::VALUE_HEAD_DIMS_PACKED_CHECKED_ON_GPU`]); never over a KV cache (its pools
-/// share one head dim); else the error names what runs it. The one place that decides which
-/// `(D, Dv)` the forward takes (validation checks the shapes alone).
-fn value_head_dim_form(family: KernelFamily, shape: &ProblemShape, layout: KeyLayout, packed_checked: bool) -> Result<()> {
+/// forms of the pairs in [`fwd_sm90::VALUE_HEAD_DIMS`] over dense and packed keys; never over
+/// a KV cache (its pools share one head dim); else the error names what runs it. The one place
+/// that decides which `(D, Dv)` the forward takes (validation checks the shapes alone).
+fn value_head_dim_form(family: KernelFamily, shape: &ProblemShape, layout: KeyLayout) -> Result<()> {
     let (d, dv) = (shape.head_dim, shape.head_dim_v);
     let pairs = || fwd_sm90::VALUE_HEAD_DIMS.iter().map(|(d, dv)| format!("({d}, {dv})")).collect::<Vec<_>>().join(", ");
     let msg = if family != KernelFamily::FwdSm90 {
         format!("takes V's head dim equal to q's and k's (here {dv} and {d}): fwd_sm90 has forms for {} on Hopper", pairs())
     } else if matches!(layout, KeyLayout::Paged { .. }) {
         "runs V's own head dim over dense or packed keys, not a KV cache (its pools share one head dim)".into()
-    } else if matches!(layout, KeyLayout::Varlen { .. }) && !packed_checked {
-        "has packed forms of V's own head dim, not yet checked on a GPU (`flashcore check --value-dim`): refused until they are".into()
     } else if !fwd_sm90::VALUE_HEAD_DIMS.contains(&(d, dv)) {
         format!("has no form for head dim {d} with V's {dv}: it has {}", pairs())
     } else {
@@ -449,13 +445,10 @@ mod tests {
     #[test]
     fn v_s_own_head_dim_runs_fwd_sm90_s_form_of_the_pair_or_is_refused_by_name() {
         let deepseek = ProblemShape { head_dim: 192, head_dim_v: 128, ..shape(192) };
-        assert!(value_head_dim_form(KernelFamily::FwdSm90, &deepseek, KeyLayout::Dense, false).is_ok());
-        let packed = KeyLayout::Varlen { total_k: 8000 };
-        assert!(value_head_dim_form(KernelFamily::FwdSm90, &deepseek, packed, true).is_ok(), "packed, once checked");
-        let unchecked = value_head_dim_form(KernelFamily::FwdSm90, &deepseek, packed, false).unwrap_err().to_string();
-        assert!(unchecked.contains("packed forms") && unchecked.contains("not yet checked"), "{unchecked}");
+        assert!(value_head_dim_form(KernelFamily::FwdSm90, &deepseek, KeyLayout::Dense).is_ok());
+        assert!(value_head_dim_form(KernelFamily::FwdSm90, &deepseek, KeyLayout::Varlen { total_k: 8000 }).is_ok(), "packed");
         let cache = KeyLayout::Paged { page_size: 16, packed_queries: false };
-        let err = value_head_dim_form(KernelFamily::FwdSm90, &deepseek, cache, true).unwrap_err().to_string();
+        let err = value_head_dim_form(KernelFamily::FwdSm90, &deepseek, cache).unwrap_err().to_string();
         assert!(err.contains("KV cache"), "{err}");
         let refusals = [
             (plan(&on("sm_80"), &deepseek, DType::BF16, &AttnParams::default()), "fwd_sm80"),
@@ -482,19 +475,8 @@ mod tests {
                 ),
                 "not a KV cache",
             ),
-            (
-                plan_for(
-                    &h100(),
-                    &deepseek,
-                    DType::BF16,
-                    &AttnParams::default(),
-                    KeyLayout::Varlen { total_k: 8000 },
-                    ScoreTensors::default(),
-                ),
-                if fwd_sm90::VALUE_HEAD_DIMS_PACKED_CHECKED_ON_GPU { "never refused: skipped below" } else { "not yet checked" },
-            ),
         ];
-        for (result, names) in refusals.into_iter().filter(|(_, names)| !names.contains("skipped")) {
+        for (result, names) in refusals {
             let err = result.unwrap_err().to_string();
             assert!(err.contains(names), "{err}");
         }
@@ -507,6 +489,9 @@ mod tests {
             );
             assert!(p.variant.name().contains("_d192_dv128_"), "{}", p.variant.name());
         }
+        let packed = KeyLayout::Varlen { total_k: 8000 };
+        let p = plan_for(&h100(), &deepseek, DType::BF16, &AttnParams::causal(), packed, ScoreTensors::default()).unwrap();
+        assert!(p.variant.varlen && p.variant.head_dim_v == Some(128) && !p.packed_gqa, "{}", p.describe());
         let decode = ProblemShape { head_dim: 192, head_dim_v: 128, ..decode(8, 4096) };
         let p = plan(&h100(), &decode, DType::BF16, &AttnParams::default()).unwrap();
         assert!(!p.packed_gqa && p.variant.head_dim_v == Some(128), "decode runs the same form, heads unpacked");

@@ -17,9 +17,10 @@
 //   p.dq_accum by the writer thread with one bulk reduce-add (cp.reduce.async.bulk) each.
 // D192 and D256 (consume_wide): both warpgroups on one 64-key block, each half of dK's and dV's
 // columns and half of the query block's Sᵀ and dPᵀ; Pᵀ and dSᵀ meet in shared memory.
-// V's own head dim (FC_HEAD_DIM_V = Dv < D, the wide layout: DeepSeek-V3's Q/K 192 with V
-// 128): V, dO (and O in prep) and dV in tiles Dv wide, so that dPᵀ = V·dOᵀ and dV += Pᵀ·dO do
-// Dv's work, not D's; Q, K, dK and dQ keep D (192 as 256).
+// V's own head dim (FC_HEAD_DIM_V = Dv < D; DeepSeek-V3's Q/K 192 with V 128): the split
+// layout (FC_PANEL_SPLIT, consume_split): the wide layout with V, dO (and O in prep) and dV in
+// tiles Dv wide, so that dPᵀ = V·dOᵀ and dV += Pᵀ·dO do Dv's work, not D's, Q, K, dK and dQ 192
+// wide (unpadded), the panels of dK, dV and dQ dealt out unevenly (Share), two stages.
 // fc_bwd_sm90_prep (before) writes D_i and lse·log2e per row, padded to whole query blocks, and
 // zeroes dQ's accumulator (and the deterministic counters);
 // fc_bwd_sm90_dq (after) scales and converts dq_accum into dq.
@@ -128,13 +129,12 @@ constexpr int kThreads = warpgroup::kThreads * (kConsumerWG + 1);
 constexpr int kProducerRegs = 24, kConsumerRegs = 240;
 constexpr int kScoreN = kWide ? kBlockM / kConsumerWG : kBlockM;     // queries of a warpgroup's Sᵀ
 constexpr int kDkvCols = kWide ? kHeadDim / kConsumerWG : kHeadDim;  // dK (and dV) columns a warpgroup
-// V's head dim, and dO's, O's, dV's (FC_HEAD_DIM_V; q's and k's unless set): whole panels a
-// warpgroup in the wide layout (Dv 128 splits into one panel each), below Q's.
+// V's head dim, and dO's, O's, dV's (FC_HEAD_DIM_V; q's and k's unless set): the split
+// layout's, whole panels (Dv 128: one a warpgroup), below Q's.
 constexpr int kHeadDimVReal = FC_HEAD_DIM_V;
 constexpr int kHeadDimV = kHeadDimVReal == kHeadDimReal ? kHeadDim : (kHeadDimVReal + 63) / 64 * 64;
 constexpr int kDvCols = kWide ? kHeadDimV / kConsumerWG : kHeadDimV;  // dV columns a warpgroup
-static_assert(kHeadDimVReal == kHeadDimReal || (kWide && kHeadDimV < kHeadDim && kHeadDimVReal % 8 == 0),
-              "V's own head dim: the wide layout, below Q's");
+static_assert(kHeadDimVReal == kHeadDimReal || (kSplit && kHeadDimVReal % 8 == 0), "V's own head dim: the split layout");
 static_assert(!kSplit || (kHeadDimReal > 128 && kHeadDimReal <= 192 && kHeadDimV == 128 && FC_STAGES == 2),
               "the split layout: Q and K up to 192, V up to 128, two stages");
 

@@ -17,19 +17,6 @@ use crate::tensor::DType;
 /// past them zero (see [`padded_head_dim`]).
 pub const HEAD_DIMS: &[usize] = &[64, 96, 128, 192, 256];
 
-/// Whether the forms of V's own head dims (the forward's pairs, `fwd_sm90::VALUE_HEAD_DIMS`:
-/// `value_variant`) have passed `flashcore check --value-dim`'s backward cases against the
-/// f64 reference on a GPU. Until they have, their backward is refused by name
-/// (`dispatch::backward`) and the Python package runs it with V, O and dO zero-padded.
-pub const VALUE_HEAD_DIMS_CHECKED_ON_GPU: bool = false;
-
-/// Which layout the planner's form of V's own head dim takes ([`value_variant`]): the split
-/// layout (Q's and K's 192 unpadded, dK's, dV's and dQ's panels dealt out unevenly, two
-/// stages: [`split_variant`]) rather than the wide one with V 128 wide (Q and K as 256). Both
-/// are built and compile spill-free; neither has run on a GPU yet: the first check and
-/// measurement decide which stays.
-pub const VALUE_FORM_SPLIT: bool = false;
-
 /// The entry points besides the main one, in launch order around it: D_i and lse·log2e
 /// before, dQ's conversion after, and the learnable sinks' gradient last when wanted.
 pub const PREP_ENTRY: &str = "fc_bwd_sm90_prep";
@@ -45,10 +32,10 @@ pub fn dq_slices(variant: &Variant) -> u32 {
     variant.tile.block_m * tile_head_dim(variant) as u32 / 1024
 }
 
-/// Whether `v` is the split layout's form (`FC_PANEL_SPLIT`, [`split_variant`]): V's own
-/// head dim with two stages of Q and dO (the wide forms take one).
+/// Whether `v` is the split layout's form (`FC_PANEL_SPLIT`, [`value_variant`]): every form
+/// of V's own head dim.
 fn is_split(v: &Variant) -> bool {
-    v.head_dim_v.is_some() && v.tile.stages == 2 && v.head_dim.is_some_and(wide)
+    v.head_dim_v.is_some()
 }
 
 /// The head dim of `v`'s Q, K and dQ tiles (the kernel's `kHeadDim`): [`padded_head_dim`],
@@ -74,16 +61,6 @@ fn padded_head_dim(head_dim: usize) -> usize {
     }
 }
 
-/// V's (and dO's, O's, dV's) tile columns: Q's unless V has its own head dim, then its own
-/// whole panels (the kernel's `kHeadDimV`; the wide layout gives each warpgroup half).
-fn padded_value_dim(head_dim: usize, head_dim_v: usize) -> usize {
-    if head_dim_v == head_dim {
-        padded_head_dim(head_dim)
-    } else {
-        head_dim_v.div_ceil(64) * 64
-    }
-}
-
 /// The tile for `head_dim`, 3 warpgroups: up to D128, 128 keys (64 per consumer warpgroup)
 /// and 128 query rows a step at D64, 64 at D96/D128 (each consumer's share of dQ is one 64 x
 /// 64 tile), 2 stages of Q and dO; D256 ("wide": both consumers on the same keys, dK and dV
@@ -102,16 +79,15 @@ fn wide(head_dim: usize) -> bool {
 }
 
 /// Dynamic shared memory of the kernel's `SharedStorage` plus 1024 bytes to align it: K and
-/// V, `stages` Q and dO tiles (V and dO `head_dim_v` wide), two dSᵀ tiles (and, wide, two Pᵀ
+/// V, `stages` Q and dO tiles, two dSᵀ tiles (and, wide, two Pᵀ
 /// tiles; 2 bytes an element), dQ's f32 staging; then lse and D_i per stage, the dQ hand-over
 /// (a pointer and an order per consumer warpgroup) and the barriers, padded to 1024 bytes.
 /// The kernel checks it.
-pub fn smem_bytes(tile: Tile, head_dim: usize, head_dim_v: usize) -> u32 {
-    let (m, n, s) = (tile.block_m as usize, tile.block_n as usize, tile.stages as usize);
-    let (d, dv) = (padded_head_dim(head_dim), padded_value_dim(head_dim, head_dim_v));
+pub fn smem_bytes(tile: Tile, head_dim: usize) -> u32 {
+    let (m, n, s, d) = (tile.block_m as usize, tile.block_n as usize, tile.stages as usize, padded_head_dim(head_dim));
     let consumers = 2usize;
     let score_tiles = if wide(head_dim) { 4 } else { 2 };
-    let tiles = 2 * (n * (d + dv) + s * m * (d + dv) + score_tiles * n * m) + 4 * m * d;
+    let tiles = 2 * (2 * n * d + 2 * s * m * d + score_tiles * n * m) + 4 * m * d;
     let handover = (12 * consumers).next_multiple_of(8);
     let barriers = 8 * (1 + 2 * s + 2 * consumers);
     let small = (2 * s * m * 4 + handover + barriers).next_multiple_of(1024);
@@ -129,7 +105,7 @@ pub fn variant(dtype: DType, head_dim: usize, causal: bool) -> Variant {
         head_dim_v: None,
         causal: Some(causal),
         tile,
-        smem_bytes: smem_bytes(tile, head_dim, head_dim),
+        smem_bytes: smem_bytes(tile, head_dim),
         split_kv: false,
         mods: ScoreMods::default(),
         varlen: false,
@@ -138,27 +114,13 @@ pub fn variant(dtype: DType, head_dim: usize, causal: bool) -> Variant {
     }
 }
 
-/// The planner's form of `head_dim` with V's `head_dim_v` (a pair of
-/// `fwd_sm90::VALUE_HEAD_DIMS`): [`split_variant`] or [`wide_value_variant`] ([`VALUE_FORM_SPLIT`]).
+/// The form of `head_dim` with V's `head_dim_v` (a pair of `fwd_sm90::VALUE_HEAD_DIMS`: Q and
+/// K up to 192, V up to 128), the split layout (`FC_PANEL_SPLIT`): the wide layout's 64 x 64
+/// steps with Q and K 192 wide (not 256), dK's, dV's and dQ's panels dealt out unevenly
+/// between the warpgroups, and two stages of Q and dO (203 KB). It took 36.1 ms at
+/// DeepSeek-V3's B2 S8k where the wide layout with V 128 wide (Q and K as 256) took 44.1 ms
+/// (H200; docs/kernels/bwd_sm90.md).
 pub fn value_variant(dtype: DType, head_dim: usize, head_dim_v: usize, causal: bool) -> Variant {
-    if VALUE_FORM_SPLIT {
-        split_variant(dtype, head_dim, head_dim_v, causal)
-    } else {
-        wide_value_variant(dtype, head_dim, head_dim_v, causal)
-    }
-}
-
-/// The wide form of `head_dim` with V's `head_dim_v` (Q's in the wide layout, Dv a multiple of
-/// 128 below it): `head_dim`'s tile, V and dO tiles Dv wide (D192 / Dv128: 194 KB), dPᵀ and
-/// dV's products over Dv's columns (`FC_HEAD_DIM_V`).
-pub fn wide_value_variant(dtype: DType, head_dim: usize, head_dim_v: usize, causal: bool) -> Variant {
-    let plain = variant(dtype, head_dim, causal);
-    Variant { head_dim_v: Some(head_dim_v), smem_bytes: smem_bytes(plain.tile, head_dim, head_dim_v), ..plain }
-}
-
-/// The split form (`FC_PANEL_SPLIT`) of Q and K up to 192 with V up to 128: the wide layout's
-/// 64 x 64 steps with Q and K 192 wide (not 256) and two stages of Q and dO (203 KB).
-pub fn split_variant(dtype: DType, head_dim: usize, head_dim_v: usize, causal: bool) -> Variant {
     let plain = variant(dtype, head_dim, causal);
     let tile = Tile { stages: 2, ..plain.tile };
     let split = Variant { head_dim_v: Some(head_dim_v), tile, ..plain };
@@ -235,12 +197,11 @@ impl Family for Spec {
         HEAD_DIMS
     }
 
-    /// The head dim's form, then its forms with V's own head dims (the forward's pairs), both
-    /// layouts (until one is chosen: [`VALUE_FORM_SPLIT`]).
+    /// The head dim's form, then its forms with V's own head dims (the forward's pairs).
     fn variants_at(&self, _: Arch, dtype: DType, head_dim: usize, causal: bool) -> Vec<Variant> {
         let own_value_dims = super::fwd_sm90::VALUE_HEAD_DIMS.iter().filter(|(d, _)| *d == head_dim);
-        let forms = |&(d, dv): &(usize, usize)| [wide_value_variant(dtype, d, dv, causal), split_variant(dtype, d, dv, causal)];
-        std::iter::once(variant(dtype, head_dim, causal)).chain(own_value_dims.flat_map(forms)).collect()
+        let form = |&(d, dv): &(usize, usize)| value_variant(dtype, d, dv, causal);
+        std::iter::once(variant(dtype, head_dim, causal)).chain(own_value_dims.map(form)).collect()
     }
 
     fn source(&self, v: &Variant, defines: &mut Vec<(String, String)>) -> (&'static str, &'static str) {
@@ -273,28 +234,21 @@ mod tests {
     #[test]
     fn tiles_fit_hopper() {
         for &d in HEAD_DIMS {
-            let bytes = smem_bytes(tile(d), d, d);
+            let bytes = smem_bytes(tile(d), d);
             assert!(bytes <= 232_448, "D{d}: {bytes} B");
         }
         for &(d, dv) in super::super::fwd_sm90::VALUE_HEAD_DIMS {
-            let v = wide_value_variant(DType::BF16, d, dv, true);
-            assert!(wide(d) && dv < padded_head_dim(d) && dv % 128 == 0, "({d}, {dv}): the wide layout, whole panels a warpgroup");
-            assert!(v.smem_bytes < smem_bytes(tile(d), d, d), "({d}, {dv}): V's and dO's tiles narrower");
-            assert_eq!((v.tile, v.head_dim_v, is_split(&v), tile_head_dim(&v)), (tile(d), Some(dv), false, 256));
-            let split = split_variant(DType::BF16, d, dv, true);
-            assert!(d > 128 && d <= 192 && dv <= 128, "({d}, {dv}): the split layout's sizes");
+            let split = value_variant(DType::BF16, d, dv, true);
+            assert!(wide(d) && d <= 192 && dv <= 128, "({d}, {dv}): the split layout's sizes");
             assert_eq!((split.tile.stages, is_split(&split), tile_head_dim(&split), dq_slices(&split)), (2, true, 192, 12));
-            assert!(split.smem_bytes <= 232_448 && split.name() != v.name(), "{}", split.name());
+            assert!(split.smem_bytes <= 232_448, "{}: {} B", split.name(), split.smem_bytes);
+            assert!(!is_split(&variant(DType::BF16, d, true)), "D{d} alone: the wide layout at 256");
         }
         assert_eq!(tile(64).block_m, 128);
         assert_eq!(tile(96).block_m, 64);
         assert_eq!((tile(256).block_n, tile(256).stages), (64, 1));
-        assert_eq!(smem_bytes(tile(192), 192, 192), smem_bytes(tile(256), 256, 256), "D192 runs as D256");
-        assert_eq!(
-            smem_bytes(tile(192), 192, 128),
-            231_424 - 2 * 64 * 128 * 2,
-            "(192, 128): V's and dO's tiles 128 wide, 128 columns less"
-        );
+        assert_eq!(smem_bytes(tile(192), 192), smem_bytes(tile(256), 256), "D192 runs as D256");
+        assert_eq!(smem_bytes(tile(256), 256), 231_424);
         // K 24 KB, V 16, two stages of Q (24) and dO (16), four score tiles (32), dQ staging (48).
         assert_eq!(split_smem_bytes(Tile { stages: 2, ..tile(192) }, 128), (24 + 16 + 2 * 40 + 32 + 48 + 2 + 1) * 1024);
         assert_eq!(padded_head_dim(96), 128);

@@ -120,14 +120,10 @@ pub fn variants(dtype: DType, head_dim: usize, causal: bool) -> Vec<Variant> {
 }
 
 /// The (head dim, V's head dim) pairs with forms of their own: DeepSeek-V3's prefill (Q and K
-/// 192, V 128), over dense keys (`dispatch::value_head_dim_form`); checked against the f64
-/// reference by `flashcore check` (`--value-dim` alone).
+/// 192, V 128), over dense and packed keys (`dispatch::value_head_dim_form`), forward and
+/// backward (`bwd_sm90::value_variant`); checked against the f64 reference by `flashcore
+/// check` (`--value-dim` alone).
 pub const VALUE_HEAD_DIMS: &[(usize, usize)] = &[(192, 128)];
-
-/// Whether the packed (varlen) forms of [`VALUE_HEAD_DIMS`], forward and backward, have passed
-/// `flashcore check --value-dim`'s packed cases on a GPU. Until they have, packed batches with
-/// V's own head dim are refused by name (`dispatch::value_head_dim_form`, `dispatch::backward`).
-pub const VALUE_HEAD_DIMS_PACKED_CHECKED_ON_GPU: bool = false;
 
 /// The form of `head_dim` with V's `head_dim_v` (one of [`VALUE_HEAD_DIMS`]): `head_dim`'s
 /// own tile (D192: 128 x 112), its V and O stages Dv wide (D192 / Dv128: 190 KB).

@@ -9,9 +9,8 @@ pub(crate) mod fwd_sm90;
 pub(crate) mod reference;
 pub(crate) mod steps;
 
-/// V's own head dims: the pairs fwd_sm90 has forms for, and whether they are checked on a GPU.
-pub use bwd_sm90::VALUE_HEAD_DIMS_CHECKED_ON_GPU as VALUE_HEAD_DIMS_BACKWARD_CHECKED_ON_GPU;
-pub use fwd_sm90::{VALUE_HEAD_DIMS, VALUE_HEAD_DIMS_PACKED_CHECKED_ON_GPU};
+/// V's own head dims: the pairs fwd_sm90 and bwd_sm90 have forms for.
+pub use fwd_sm90::VALUE_HEAD_DIMS;
 
 use crate::jit::{Arch, KernelSource};
 use crate::shape::ProblemShape;
