@@ -15,23 +15,26 @@
 //   dSᵀ to shared memory; both warpgroups meet; dQ = dS·K (A read transposed), each
 //   warpgroup 64 x 64 of it, staged in shared memory in its accumulator order and added to
 //   p.dq_accum by the writer thread with one bulk reduce-add (cp.reduce.async.bulk) each.
-// D192 and D256 (consume_wide): both warpgroups on one 64-key block, each half of dK's and dV's
+// D256 (consume_wide): both warpgroups on one 64-key block, each half of dK's and dV's
 // columns and half of the query block's Sᵀ and dPᵀ; Pᵀ and dSᵀ meet in shared memory.
-// V's own head dim (FC_HEAD_DIM_V = Dv < D; DeepSeek-V3's Q/K 192 with V 128): the split
-// layout (FC_PANEL_SPLIT, consume_split): the wide layout with V, dO (and O in prep) and dV in
-// tiles Dv wide, so that dPᵀ = V·dOᵀ and dV += Pᵀ·dO do Dv's work, not D's, Q, K, dK and dQ 192
-// wide (unpadded), the panels of dK, dV and dQ dealt out unevenly (Share), two stages.
+// D192 (the split layout, FC_PANEL_SPLIT, consume_split; else as D256, consume_wide: the host
+// picks, bwd_sm90.rs SPLIT_D192_CHECKED_ON_GPU): the wide layout's steps with Q, K, dK and dQ
+// 192 wide (unpadded), the panels of dK, dV and dQ dealt out unevenly (Share), two stages (one
+// with dropout: its static state leaves no room for the second); with V's own head dim (FC_HEAD_DIM_V = Dv < D; DeepSeek-V3's Q/K 192 with V 128), V,
+// dO (and O in prep) and dV in tiles Dv wide, so that dPᵀ = V·dOᵀ and dV += Pᵀ·dO do Dv's
+// work, not D's.
 // fc_bwd_sm90_prep (before) writes D_i and lse·log2e per row, padded to whole query blocks, and
 // zeroes dQ's accumulator (and the deterministic counters);
 // fc_bwd_sm90_dq (after) scales and converts dq_accum into dq.
 //
 // Variants (queries x keys a step): D64 128 x 128, D96 and D128 64 x 128 (D96 as D128 with
-// the columns past 96 zero, as in the forward), kStages = 2; D192 and D256 64 x 64 (D192 as
-// D256), kStages = 1;
+// the columns past 96 zero, as in the forward), kStages = 2; D192 split 64 x 64, kStages = 2;
+// D256 (and D192 as D256) 64 x 64, kStages = 1;
 // setmaxnreg 24 / 240.
 //   smem: K, V (kBlockN x D), kStages x (Q, dO) (kBlockM x D), two dSᵀ buffers (kBlockN x
 //   kBlockM; D256 two Pᵀ too), dQ's f32 staging (kBlockM x D), lse and D_i per stage, the
-//   dQ hand-over: D64 200704 B, D96 and D128 199680 B, D192 and D256 231424 B.
+//   dQ hand-over: D64 200704 B, D96 and D128 199680 B, D192 232448 B (V 128: 207872 B), D256
+//   231424 B.
 //
 // HOST CONTRACT
 // fc_bwd_sm90_prep(BwdParams): grid (m_blocks * kBlockM / 16, Hq, B), 128 threads; writes
@@ -100,14 +103,14 @@ namespace fc {
 namespace bwd_sm90 {
 
 constexpr int kHeadDimReal = FC_HEAD_DIM;
-// The split layout (FC_PANEL_SPLIT; Q and K 192 with V 128, DeepSeek-V3's): the wide layout
-// with Q's and K's three panels unpadded, dealt out unevenly so that each warpgroup's products
-// cover four panels (see Share), and two stages of Q and dO.
+// The split layout (FC_PANEL_SPLIT; Q and K in (128, 192], V 192 like them or 128 of its own,
+// DeepSeek-V3's): the wide layout with Q's and K's three panels unpadded, dealt out unevenly
+// between the warpgroups (see Share), and two stages of Q and dO.
 constexpr bool kSplit = FC_PANEL_SPLIT != 0;
 // Whole 64-column panels; past D128 the wide layout, whose two warpgroups split dK's and dV's
 // columns into whole panels: D192 runs as D256 (TMA zero-fills the missing columns; they are
 // never stored), as D96 runs as D128, and every other multiple of 8 as the next of these
-// (D40 as D64, D80 as D128, D160 as D256); the split layout runs D192 as it is.
+// (D40 as D64, D80 as D128, D224 as D256); the split layout runs D192 as it is (D160 as D192).
 constexpr int kHeadDim = kSplit ? 192 : kHeadDimReal <= 128 ? (kHeadDimReal + 63) / 64 * 64 : 256;
 static_assert(kHeadDimReal % 8 == 0 && kHeadDimReal >= 8 && kHeadDimReal <= 256, "head dim: a multiple of 8 up to 256");
 constexpr bool kCausal = FC_CAUSAL != 0;
@@ -135,23 +138,27 @@ constexpr int kHeadDimVReal = FC_HEAD_DIM_V;
 constexpr int kHeadDimV = kHeadDimVReal == kHeadDimReal ? kHeadDim : (kHeadDimVReal + 63) / 64 * 64;
 constexpr int kDvCols = kWide ? kHeadDimV / kConsumerWG : kHeadDimV;  // dV columns a warpgroup
 static_assert(kHeadDimVReal == kHeadDimReal || (kSplit && kHeadDimVReal % 8 == 0), "V's own head dim: the split layout");
-static_assert(!kSplit || (kHeadDimReal > 128 && kHeadDimReal <= 192 && kHeadDimV == 128 && FC_STAGES == 2),
-              "the split layout: Q and K up to 192, V up to 128, two stages");
+static_assert(!kSplit || (kHeadDimReal > 128 && kHeadDimReal <= 192 && (kHeadDimV == 128 || kHeadDimV == 192) && FC_STAGES <= 2),
+              "the split layout: Q and K up to 192, V 192 or up to 128, two stages (one where dropout's state needs the room)");
+// The split layout with V's three panels too (Q, K and V 192).
+constexpr bool kSplitV3 = kSplit && kHeadDimV == 192;
 
 // The panels of dK, dV and dQ that consumer warpgroup wg holds (first, count). Wide: half of
-// each; split (Q, K 192, V 128): warpgroup 0 dK's panels 0-1, dV's 0 and dQ's 0, warpgroup 1
-// dK's 2, dV's 1 and dQ's 1-2 (each four panels of products a step, besides Sᵀ and dPᵀ of
-// half the queries). Its dQ tile sits after the other warpgroups' in the block's accumulator
-// and in the staging buffer (kDqOffset floats).
+// each. Split, V 128: warpgroup 0 dK's panels 0-1, dV's 0 and dQ's 0, warpgroup 1 dK's 2, dV's
+// 1 and dQ's 1-2 (each four panels of products a step, besides Sᵀ and dPᵀ of half the
+// queries). Split, V 192: warpgroup 0 dK's 0-1, dV's 2 and dQ's 0-1 (five), warpgroup 1 dK's 2,
+// dV's 0-1 and dQ's 2 (four); nine panels do not halve. Warpgroup 1's dQ tile sits after
+// warpgroup 0's in the block's accumulator and in the staging buffer (kDqOffset floats).
 template <int wg> struct Share {
     static constexpr int kDkFirst = kSplit ? 2 * wg : wg * (kHeadDim / 128);
     static constexpr int kDkPanels = kSplit ? 2 - wg : kHeadDim / 128;
-    static constexpr int kDvFirst = kSplit ? wg : wg * (kHeadDimV / 128);
-    static constexpr int kDvPanels = kSplit ? 1 : kHeadDimV / 128;
-    static constexpr int kDqFirst = kSplit ? wg : wg * (kHeadDim / 128);
-    static constexpr int kDqPanels = kSplit ? 1 + wg : kHeadDim / 128;
+    static constexpr int kDvFirst = kSplitV3 ? 2 - 2 * wg : kSplit ? wg : wg * (kHeadDimV / 128);
+    static constexpr int kDvPanels = kSplitV3 ? 1 + wg : kSplit ? 1 : kHeadDimV / 128;
+    static constexpr int kDqFirst = kSplitV3 ? 2 * wg : kSplit ? wg : wg * (kHeadDim / 128);
+    static constexpr int kDqPanels = kSplitV3 ? 2 - wg : kSplit ? 1 + wg : kHeadDim / 128;
     static constexpr int kDqOffset = kBlockM * 64 * kDqFirst;
 };
+static_assert(Share<0>::kDqFirst == 0 && Share<1>::kDqFirst == Share<0>::kDqPanels, "warpgroup 0's dQ panels, then warpgroup 1's");
 // dQ of a query block (kBlockM x kHeadDim) is shared out as one 64-row wgmma tile per
 // consumer warpgroup: by rows when the block has 128 (D64), by columns when it has 64.
 constexpr bool kDqByRows = kBlockM == 128;
@@ -159,8 +166,11 @@ constexpr int kDqTile = kBlockM * kHeadDim / kConsumerWG;  // f32 values of one 
 constexpr int kDqCols = kDqTile / 64;
 static_assert(kSplit || kDqCols == 64 || kDqCols == 128, "dQ: a 64 x 64 or 64 x 128 tile per consumer warpgroup");
 // f32 values of warpgroup wg's dQ, and their place in a block's accumulator and in staging.
-__host__ __device__ constexpr int dq_tile_of(int wg) { return kSplit ? kBlockM * 64 * (1 + wg) : kDqTile; }
-__host__ __device__ constexpr int dq_offset_of(int wg) { return kSplit ? kBlockM * 64 * wg : wg * kDqTile; }
+// (Share's counts as arithmetic in wg: the same code as the split layout's first form, whose
+// warpgroups held 1 and 2 panels: (1 + wg).)
+constexpr int kDqPanelsStep = Share<1>::kDqPanels - Share<0>::kDqPanels;
+__host__ __device__ constexpr int dq_tile_of(int wg) { return kSplit ? kBlockM * 64 * (Share<0>::kDqPanels + kDqPanelsStep * wg) : kDqTile; }
+__host__ __device__ constexpr int dq_offset_of(int wg) { return kSplit ? kBlockM * 64 * Share<0>::kDqPanels * wg : wg * kDqTile; }
 static_assert(kSplit || (kDkvCols % 64 == 0 && kDvCols % 64 == 0), "whole panels of dK and dV a warpgroup");
 static_assert(kScoreN % 16 == 0, "whole k16 steps of queries");
 static_assert(kStages >= 2 || kWide, "the next query block loads under this one");
@@ -834,7 +844,7 @@ template <class Smem> __device__ __forceinline__ void consume_wide(Smem& smem, c
                                      s.seqlen_k, kDkvCols * wg, p.softmax_scale * keep_scale);
 }
 
-// The split layout (Q and K 192, V 128): consume_wide's steps with warpgroup wg's uneven
+// The split layout (Q and K 192, V 192 or 128): consume_wide's steps with warpgroup wg's uneven
 // share of dK's, dV's and dQ's panels (Share) and two stages of Q and dO, whose stage is freed
 // once dV's and dK's products are done, as in consume_wide.
 template <int wg, class Smem> __device__ __forceinline__ void consume_split(Smem& smem, const BwdParams& p, const Sequence& s) {
@@ -919,7 +929,7 @@ __device__ __forceinline__ void init_barriers(SharedStorage& smem) {
 __device__ __forceinline__ void dq_index(int wg, int j, int t, int& row, int& col) {
     const int warp = t / 32, lane = t % 32;
     row = 16 * warp + lane / 4 + 8 * (j % 2) + (kDqByRows ? 64 * wg : 0);
-    col = 8 * (j / 2) + 2 * (lane % 4) + (kDqByRows ? 0 : kSplit ? 64 * wg : kDqCols * wg);
+    col = 8 * (j / 2) + 2 * (lane % 4) + (kDqByRows ? 0 : kSplit ? 64 * Share<0>::kDqPanels * wg : kDqCols * wg);
 }
 
 // Prep's threads: kPrepLanes of them a row, each on 8 columns (one 16-byte load of o and one
@@ -927,7 +937,8 @@ __device__ __forceinline__ void dq_index(int wg, int j, int t, int& row, int& co
 // kPrepPasses passes whose loads are all issued before the first sum. It was a warp a row on
 // 2-byte loads: 95 us at B16 S1k H16 D128 and 134 at H32 D64 on an H100, against cuDNN's 95
 // for the same work.
-constexpr int kPrepLanes = kHeadDimV / 8;
+// (A power of two, for the reduction: V's 192 columns take 32 lanes, the last 8 idle.)
+constexpr int kPrepLanes = kHeadDimV == 192 ? 32 : kHeadDimV / 8;
 constexpr int kPrepRows = 16;
 constexpr int kPrepPasses = kPrepRows * kPrepLanes / 128;
 static_assert(kPrepPasses >= 1 && kBlockM % kPrepRows == 0, "a prep CTA's rows lie in one query block");
@@ -966,7 +977,7 @@ __device__ __forceinline__ float dot8(const u32x4& a, const u32x4& b) {
 // 2i + 1 of a quad, the same row and columns col .. col + 3.
 __device__ __forceinline__ void dq_run_index(int vec, int& row, int& col) {
     const int pair = 2 * vec;
-    if constexpr (kSplit) {  // warpgroup 0's 64 columns, then warpgroup 1's 128
+    if constexpr (kSplit) {  // warpgroup 0's panels, then warpgroup 1's (Share)
         const int wg = pair < dq_tile_of(0) / 2 ? 0 : 1, own = pair - dq_offset_of(wg) / 2;
         dq_index(wg, own / 128, own % 128, row, col);
     } else {

@@ -1,7 +1,8 @@
 //! The Hopper backward (`kernels/bwd_sm90.cu`, sm_90a): FlashAttention-2's algorithm on
 //! wgmma and TMA, a producer warpgroup (with a dQ writer warp) and two consumer warpgroups, a
 //! CTA per (key block, KV head, batch): 128 keys, 64 a consumer, up to D128; 64 keys shared by
-//! both consumers, dK and dV split by columns, at D192 (run as D256) and D256. dQ is added in
+//! both consumers, dK and dV split by columns, at D192 (the split layout: three panels a
+//! tile, dealt out unevenly between the consumers) and D256. dQ is added in
 //! f32 with bulk reduce-adds, in a fixed key-block order in deterministic mode. The varlen
 //! form (`FC_VARLEN`) runs a packed batch: a CTA per (key block of the longest sequence, KV
 //! head, sequence), each sequence on its own lengths, with dQ's accumulator and the per-row
@@ -13,8 +14,8 @@ use crate::jit::Arch;
 use crate::shape::ProblemShape;
 use crate::tensor::DType;
 
-/// Head dims with a compiled variant. D96 runs as D128 and D192 as D256, with the columns
-/// past them zero (see [`padded_head_dim`]).
+/// Head dims with a compiled variant. D96 runs as D128, D160 as D192 and D224 as D256, with
+/// the columns past them zero (see [`padded_head_dim`]).
 pub const HEAD_DIMS: &[usize] = &[64, 96, 128, 192, 256];
 
 /// The entry points besides the main one, in launch order around it: D_i and lse·log2e
@@ -32,29 +33,42 @@ pub fn dq_slices(variant: &Variant) -> u32 {
     variant.tile.block_m * tile_head_dim(variant) as u32 / 1024
 }
 
-/// Whether `v` is the split layout's form (`FC_PANEL_SPLIT`, [`value_variant`]): every form
-/// of V's own head dim.
+/// Whether `v` is the split layout's form (`FC_PANEL_SPLIT`): Q's and K's tiles 192 wide.
 fn is_split(v: &Variant) -> bool {
-    v.head_dim_v.is_some()
+    tile_head_dim(v) == 192
 }
 
-/// The head dim of `v`'s Q, K and dQ tiles (the kernel's `kHeadDim`): [`padded_head_dim`],
-/// but the split layout's 192.
+/// The head dim of `v`'s Q, K and dQ tiles (the kernel's `kHeadDim`).
 fn tile_head_dim(v: &Variant) -> usize {
     let d = v.head_dim.unwrap_or(128);
-    if is_split(v) {
-        192
+    tile_dims(d, v.head_dim_v.unwrap_or(d)).0
+}
+
+/// The head dims of the kernel's (Q and K, V) tiles: [`padded_head_dim`] for both, but V's own
+/// head dim ([`value_variant`]) takes the split layout, Q and K 192, V its own whole panels.
+fn tile_dims(head_dim: usize, head_dim_v: usize) -> (usize, usize) {
+    if head_dim_v == head_dim {
+        (padded_head_dim(head_dim), padded_head_dim(head_dim))
     } else {
-        padded_head_dim(d)
+        (192, head_dim_v.div_ceil(64) * 64)
     }
 }
 
-/// The head dim of the kernel's tiles: whole 64-column panels, and past D128 (the wide
-/// layout, whose two consumer warpgroups split dK's and dV's columns into whole panels) 256:
-/// D192's 3 panels do not split in two. TMA zero-fills the padding columns; they cost
-/// D192 a quarter of its tensor-core time (see docs/kernels/bwd_sm90.md).
+/// Whether D136 to D192 run the split layout with V as wide as Q (three panels, no padding:
+/// 40.9 ms against 51.2 for D192 as D256 at B2 S8k Hq 128 causal, the binary's bench on an
+/// H200) rather than as D256. Its first GPU session passed `check --quick --kernel bwd_sm90
+/// --head-dims 160,192` (16 cases) and 7 packed cases of the full check, whose eighth, a
+/// dropout form, could not launch (two stages and dropout's static state past 227 KB; since:
+/// one stage, [`with_mods`]). Until `check --full --kernel bwd_sm90 --head-dims 136,160,192`
+/// passes on a GPU, these head dims run as D256, as checked before.
+pub const SPLIT_D192_CHECKED_ON_GPU: bool = false;
+
+/// The head dim of the kernel's tiles: whole 64-column panels; past D128 (the wide layout,
+/// whose two consumer warpgroups split dK's, dV's and dQ's columns into whole panels) 192, the
+/// split layout's three panels dealt out unevenly ([`SPLIT_D192_CHECKED_ON_GPU`]), or 256.
+/// TMA zero-fills the padding columns.
 fn padded_head_dim(head_dim: usize) -> usize {
-    if head_dim <= 128 {
+    if head_dim <= 128 || (head_dim <= 192 && SPLIT_D192_CHECKED_ON_GPU) {
         head_dim.div_ceil(64) * 64
     } else {
         256
@@ -63,12 +77,14 @@ fn padded_head_dim(head_dim: usize) -> usize {
 
 /// The tile for `head_dim`, 3 warpgroups: up to D128, 128 keys (64 per consumer warpgroup)
 /// and 128 query rows a step at D64, 64 at D96/D128 (each consumer's share of dQ is one 64 x
-/// 64 tile), 2 stages of Q and dO; D256 ("wide": both consumers on the same keys, dK and dV
-/// split by columns), 64 keys, 64 query rows, one stage (the shared memory holds no second).
+/// 64 tile), 2 stages of Q and dO; past D128 ("wide": both consumers on the same keys, dK and
+/// dV split by columns), 64 keys, 64 query rows, two stages at D192 (the split layout), one
+/// at D256 (the shared memory holds no second).
 pub fn tile(head_dim: usize) -> Tile {
     match head_dim {
         0..=64 => Tile { block_m: 128, block_n: 128, warps: 12, stages: 2 },
         65..=128 => Tile { block_m: 64, block_n: 128, warps: 12, stages: 2 },
+        129..=192 if SPLIT_D192_CHECKED_ON_GPU => Tile { block_m: 64, block_n: 64, warps: 12, stages: 2 },
         _ => Tile { block_m: 64, block_n: 64, warps: 12, stages: 1 },
     }
 }
@@ -79,15 +95,16 @@ fn wide(head_dim: usize) -> bool {
 }
 
 /// Dynamic shared memory of the kernel's `SharedStorage` plus 1024 bytes to align it: K and
-/// V, `stages` Q and dO tiles, two dSᵀ tiles (and, wide, two Pᵀ
-/// tiles; 2 bytes an element), dQ's f32 staging; then lse and D_i per stage, the dQ hand-over
-/// (a pointer and an order per consumer warpgroup) and the barriers, padded to 1024 bytes.
-/// The kernel checks it.
-pub fn smem_bytes(tile: Tile, head_dim: usize) -> u32 {
-    let (m, n, s, d) = (tile.block_m as usize, tile.block_n as usize, tile.stages as usize, padded_head_dim(head_dim));
+/// V, `stages` Q and dO tiles (V and dO `head_dim_v`'s panels), two dSᵀ tiles (and, wide, two
+/// Pᵀ tiles; 2 bytes an element), dQ's f32 staging; then lse and D_i per stage, the dQ
+/// hand-over (a pointer and an order per consumer warpgroup) and the barriers, padded to 1024
+/// bytes. The kernel checks it.
+pub fn smem_bytes(tile: Tile, head_dim: usize, head_dim_v: usize) -> u32 {
+    let (m, n, s) = (tile.block_m as usize, tile.block_n as usize, tile.stages as usize);
+    let (d, dv) = tile_dims(head_dim, head_dim_v);
     let consumers = 2usize;
     let score_tiles = if wide(head_dim) { 4 } else { 2 };
-    let tiles = 2 * (2 * n * d + 2 * s * m * d + score_tiles * n * m) + 4 * m * d;
+    let tiles = 2 * (n * (d + dv) + s * m * (d + dv) + score_tiles * n * m) + 4 * m * d;
     let handover = (12 * consumers).next_multiple_of(8);
     let barriers = 8 * (1 + 2 * s + 2 * consumers);
     let small = (2 * s * m * 4 + handover + barriers).next_multiple_of(1024);
@@ -105,7 +122,7 @@ pub fn variant(dtype: DType, head_dim: usize, causal: bool) -> Variant {
         head_dim_v: None,
         causal: Some(causal),
         tile,
-        smem_bytes: smem_bytes(tile, head_dim),
+        smem_bytes: smem_bytes(tile, head_dim, head_dim),
         split_kv: false,
         mods: ScoreMods::default(),
         varlen: false,
@@ -115,25 +132,29 @@ pub fn variant(dtype: DType, head_dim: usize, causal: bool) -> Variant {
 }
 
 /// The form of `head_dim` with V's `head_dim_v` (a pair of `fwd_sm90::VALUE_HEAD_DIMS`: Q and
-/// K up to 192, V up to 128), the split layout (`FC_PANEL_SPLIT`): the wide layout's 64 x 64
-/// steps with Q and K 192 wide (not 256), dK's, dV's and dQ's panels dealt out unevenly
-/// between the warpgroups, and two stages of Q and dO (203 KB). It took 36.1 ms at
-/// DeepSeek-V3's B2 S8k where the wide layout with V 128 wide (Q and K as 256) took 44.1 ms
-/// (H200; docs/kernels/bwd_sm90.md).
+/// K up to 192, V up to 128): the split layout (`FC_PANEL_SPLIT`) with V, dO and dV tiles of
+/// V's panels, two stages (203 KB). It took 36.1 ms at DeepSeek-V3's B2 S8k where the wide
+/// layout with V 128 wide (Q and K as 256) took 44.1 ms (H200; docs/kernels/bwd_sm90.md).
 pub fn value_variant(dtype: DType, head_dim: usize, head_dim_v: usize, causal: bool) -> Variant {
     let plain = variant(dtype, head_dim, causal);
     let tile = Tile { stages: 2, ..plain.tile };
-    let split = Variant { head_dim_v: Some(head_dim_v), tile, ..plain };
-    Variant { smem_bytes: split_smem_bytes(tile, head_dim_v), ..split }
+    Variant { head_dim_v: Some(head_dim_v), tile, smem_bytes: smem_bytes(tile, head_dim, head_dim_v), ..plain }
 }
 
-/// [`smem_bytes`] of the split layout: Q and K 192 wide, V and dO `head_dim_v`'s panels.
-fn split_smem_bytes(tile: Tile, head_dim_v: usize) -> u32 {
-    let (m, n, s, d, dv) = (tile.block_m as usize, tile.block_n as usize, tile.stages as usize, 192, head_dim_v.div_ceil(64) * 64);
-    let tiles = 2 * (n * (d + dv) + s * m * (d + dv) + 4 * n * m) + 4 * m * d;
-    let barriers = 8 * (1 + 2 * s + 2 * 2);
-    let small = (2 * s * m * 4 + 24 + barriers).next_multiple_of(1024);
-    (tiles + small + 1024) as u32
+/// The most shared memory a CTA may have on Hopper, dynamic and static together (227 KB).
+const SMEM_LIMIT: u32 = 232_448;
+
+/// Static shared memory of a dropout form (its generator's staged state, `common/dropout.cuh`).
+const DROPOUT_STATIC_SMEM: u32 = 16;
+
+/// `v` under the score policies `mods`: its own tile, but a dropout form whose dynamic shared
+/// memory leaves no room for the generator's static state (D192's two stages take all 227 KB)
+/// takes one stage of Q and dO (the launch was refused: CUDA_ERROR_INVALID_VALUE).
+pub fn with_mods(v: &Variant, mods: ScoreMods) -> Variant {
+    let full = mods.dropout && v.smem_bytes + DROPOUT_STATIC_SMEM > SMEM_LIMIT;
+    let tile = if full { Tile { stages: 1, ..v.tile } } else { v.tile };
+    let d = v.head_dim.unwrap_or(128);
+    Variant { mods, tile, smem_bytes: smem_bytes(tile, d, v.head_dim_v.unwrap_or(d)), ..v.clone() }
 }
 
 /// Rows of the padded per-row arrays (D_i, lse·log2e) and of dQ's accumulator: whole query
@@ -216,6 +237,10 @@ impl Family for Spec {
         &[PREP_ENTRY, DQ_ENTRY, DSINK_ENTRY]
     }
 
+    fn with_mods(&self, v: &Variant, mods: ScoreMods) -> Variant {
+        with_mods(v, mods)
+    }
+
     /// Dropout alone (`dispatch::backward`: its forms with the other policies spill).
     fn dropout_forms(&self) -> &'static [(bool, bool, bool)] {
         &[(false, false, false)]
@@ -233,25 +258,43 @@ mod tests {
 
     #[test]
     fn tiles_fit_hopper() {
-        for &d in HEAD_DIMS {
-            let bytes = smem_bytes(tile(d), d);
-            assert!(bytes <= 232_448, "D{d}: {bytes} B");
+        for d in (8..=256).step_by(8) {
+            let bytes = smem_bytes(tile(d), d, d);
+            assert!(bytes <= SMEM_LIMIT, "D{d}: {bytes} B");
+            let dropout = with_mods(&variant(DType::BF16, d, true), ScoreMods { dropout: true, ..ScoreMods::default() });
+            assert!(dropout.smem_bytes + DROPOUT_STATIC_SMEM <= SMEM_LIMIT, "D{d} with dropout: {} B", dropout.smem_bytes);
+            let split = d > 128 && d <= 192 && SPLIT_D192_CHECKED_ON_GPU;
+            assert_eq!(dropout.tile.stages, if split { 1 } else { tile(d).stages }, "D{d} with dropout");
         }
         for &(d, dv) in super::super::fwd_sm90::VALUE_HEAD_DIMS {
             let split = value_variant(DType::BF16, d, dv, true);
             assert!(wide(d) && d <= 192 && dv <= 128, "({d}, {dv}): the split layout's sizes");
             assert_eq!((split.tile.stages, is_split(&split), tile_head_dim(&split), dq_slices(&split)), (2, true, 192, 12));
             assert!(split.smem_bytes <= 232_448, "{}: {} B", split.name(), split.smem_bytes);
-            assert!(!is_split(&variant(DType::BF16, d, true)), "D{d} alone: the wide layout at 256");
+        }
+        let split = SPLIT_D192_CHECKED_ON_GPU;
+        for (d, split) in [(128, false), (136, split), (160, split), (192, split), (200, false), (256, false)] {
+            let v = variant(DType::BF16, d, true);
+            assert_eq!((is_split(&v), tile_head_dim(&v)), (split, padded_head_dim(d)), "D{d}");
         }
         assert_eq!(tile(64).block_m, 128);
         assert_eq!(tile(96).block_m, 64);
+        assert_eq!((tile(192).block_n, tile(192).stages), (64, if split { 2 } else { 1 }));
         assert_eq!((tile(256).block_n, tile(256).stages), (64, 1));
-        assert_eq!(smem_bytes(tile(192), 192), smem_bytes(tile(256), 256), "D192 runs as D256");
-        assert_eq!(smem_bytes(tile(256), 256), 231_424);
-        // K 24 KB, V 16, two stages of Q (24) and dO (16), four score tiles (32), dQ staging (48).
-        assert_eq!(split_smem_bytes(Tile { stages: 2, ..tile(192) }, 128), (24 + 16 + 2 * 40 + 32 + 48 + 2 + 1) * 1024);
-        assert_eq!(padded_head_dim(96), 128);
+        assert_eq!(smem_bytes(tile(256), 256, 256), 231_424);
+        // The split layout at D192: K and V 24 KB each, two stages of Q and dO (24 each), four
+        // score tiles (32), dQ staging (48), then 2 KB of statistics, hand-over and barriers, 1
+        // to align: the most a CTA may have. V 128: V 16 KB, dO 16 a stage.
+        let two = Tile { stages: 2, ..tile(256) };
+        if split {
+            assert_eq!(smem_bytes(two, 192, 192), (48 + 2 * 48 + 32 + 48 + 2 + 1) * 1024);
+            assert_eq!(smem_bytes(two, 192, 192), SMEM_LIMIT);
+        } else {
+            assert_eq!(smem_bytes(tile(192), 192, 192), smem_bytes(tile(256), 256, 256), "D192 runs as D256");
+        }
+        assert_eq!(smem_bytes(two, 192, 128), (24 + 16 + 2 * 40 + 32 + 48 + 2 + 1) * 1024);
+        assert_eq!((padded_head_dim(96), padded_head_dim(200)), (128, 256));
+        assert_eq!(padded_head_dim(160), if split { 192 } else { 256 });
     }
 
     /// The packed layout of `query_block` (kernels/common/bwd_schedule.cuh): sequence b's
