@@ -1,8 +1,9 @@
 //! The Hopper backward (`kernels/bwd_sm90.cu`, sm_90a): FlashAttention-2's algorithm on
 //! wgmma and TMA, a producer warpgroup (with a dQ writer warp) and two consumer warpgroups, a
 //! CTA per (key block, KV head, batch): 128 keys, 64 a consumer, up to D128; 64 keys shared by
-//! both consumers, dK and dV split by columns, at D192 (the split layout: three panels a
-//! tile, dealt out unevenly between the consumers) and D256. dQ is added in
+//! both consumers, dK and dV split by columns, at D192 (as D256; the split layout, three
+//! panels a tile dealt out unevenly between the consumers, runs V's own head dim and, once
+//! checked, D192 itself) and D256. dQ is added in
 //! f32 with bulk reduce-adds, in a fixed key-block order in deterministic mode. The varlen
 //! form (`FC_VARLEN`) runs a packed batch: a CTA per (key block of the longest sequence, KV
 //! head, sequence), each sequence on its own lengths, with dQ's accumulator and the per-row
@@ -14,8 +15,9 @@ use crate::jit::Arch;
 use crate::shape::ProblemShape;
 use crate::tensor::DType;
 
-/// Head dims with a compiled variant. D96 runs as D128, D160 as D192 and D224 as D256, with
-/// the columns past them zero (see [`padded_head_dim`]).
+/// Head dims with a compiled variant. D96 runs as D128, D224 as D256 and D160 as D256 (D192
+/// on the split layout: [`SPLIT_D192_CHECKED_ON_GPU`]), with the columns past them zero (see
+/// [`padded_head_dim`]).
 pub const HEAD_DIMS: &[usize] = &[64, 96, 128, 192, 256];
 
 /// The entry points besides the main one, in launch order around it: D_i and lse·log2e
