@@ -65,6 +65,14 @@ fn tile_dims(head_dim: usize, head_dim_v: usize) -> (usize, usize) {
 /// passes on a GPU, these head dims run as D256, as checked before.
 pub const SPLIT_D192_CHECKED_ON_GPU: bool = false;
 
+/// Whether the score tiles (Pᵀ, dSᵀ) go to shared memory with `stmatrix` (`FC_STMATRIX`,
+/// `common/tile_sm90.cuh` `write_operand`): a quarter of the store instructions before the
+/// barrier both consumers wait on (D64's dSᵀ: 8 STSM for 32 STS a thread; D128: 4 for 16),
+/// as FlashAttention-3 and -4 store P and dS (issue 50's first lead, docs/perf-log.md). The
+/// same bytes in the same places; built 2026-11-30, not yet run: off until `check --full
+/// --kernel bwd_sm90` passes with it and the backward sweep says what it is worth.
+pub const STMATRIX_CHECKED_ON_GPU: bool = false;
+
 /// The head dim of the kernel's tiles: whole 64-column panels; past D128 (the wide layout,
 /// whose two consumer warpgroups split dK's, dV's and dQ's columns into whole panels) 192, the
 /// split layout's three panels dealt out unevenly ([`SPLIT_D192_CHECKED_ON_GPU`]), or 256.
@@ -231,6 +239,9 @@ impl Family for Spec {
         defines.push(("FC_SMEM_BYTES".into(), v.smem_bytes.to_string()));
         if is_split(v) {
             defines.push(("FC_PANEL_SPLIT".into(), "1".into()));
+        }
+        if STMATRIX_CHECKED_ON_GPU {
+            defines.push(("FC_STMATRIX".into(), "1".into()));
         }
         ("bwd_sm90.cu", "fc_bwd_sm90")
     }

@@ -31,4 +31,16 @@ __device__ __forceinline__ void x4_trans(u32 (&r)[4], u32 addr) {
 }
 
 }  // namespace ldmatrix
+
+// stmatrix (sm_90+): the converse, a warp stores four 8x8 matrices of 16-bit elements, each
+// lane giving the pair at (row lane/4, cols 2(lane%4)..+1) of matrix i in r[i] (an mma
+// accumulator's fragment, packed) and lane 8i + r the address of row r of matrix i.
+namespace stmatrix {
+
+__device__ __forceinline__ void x4(u32 addr, u32 r0, u32 r1, u32 r2, u32 r3) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+                 : "memory");
+}
+
+}  // namespace stmatrix
 }  // namespace fc
