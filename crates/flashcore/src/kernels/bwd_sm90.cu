@@ -20,9 +20,9 @@
 // D192 (the split layout, FC_PANEL_SPLIT, consume_split; else as D256, consume_wide: the host
 // picks, bwd_sm90.rs SPLIT_D192_CHECKED_ON_GPU): the wide layout's steps with Q, K, dK and dQ
 // 192 wide (unpadded), the panels of dK, dV and dQ dealt out unevenly (Share), two stages (one
-// with dropout: its static state leaves no room for the second); with V's own head dim (FC_HEAD_DIM_V = Dv < D; DeepSeek-V3's Q/K 192 with V 128), V,
-// dO (and O in prep) and dV in tiles Dv wide, so that dPᵀ = V·dOᵀ and dV += Pᵀ·dO do Dv's
-// work, not D's.
+// with dropout: its static state leaves no room for the second). With V's own head dim
+// (FC_HEAD_DIM_V = Dv < D; DeepSeek-V3's Q/K 192 with V 128), V, dO (and O in prep) and dV
+// in tiles Dv wide, so that dPᵀ = V·dOᵀ and dV += Pᵀ·dO do Dv's work, not D's.
 // fc_bwd_sm90_prep (before) writes D_i and lse·log2e per row, padded to whole query blocks, and
 // zeroes dQ's accumulator (and the deterministic counters);
 // fc_bwd_sm90_dq (after) scales and converts dq_accum into dq.
