@@ -54,6 +54,9 @@ def flash_attn_func(
             D: on Hopper any size up to 256 (every multiple of 8 runs, as the next size the
             kernels have where it has none of its own; others are zero-padded to a multiple
             of 8 first, as flash_attn does); elsewhere 32, 64, 96, 128, 192 or 256.
+            v may have a head dim of its own, Dv (the output then has it): on Hopper D 192
+            with Dv 128 (DeepSeek-V3's prefill), forward and backward, dense and packed;
+            other pairs raise naming them.
         dropout_p: attention dropout, in [0, 1): each probability kept with probability 1 - p
             and scaled by 1 / (1 - p) (p quantised to 1/256, as flash_attn), the mask keyed by
             a pair drawn per call from PyTorch's CUDA generator (`torch.manual_seed`
@@ -137,7 +140,8 @@ def flash_attn_varlen_func(
 
     Args:
         q: `[total_q, Hq, D]`, the sequences' query rows one after another.
-        k, v: `[total_k, Hkv, D]`; dtype, device, GQA and D as in `flash_attn_func`.
+        k, v: `[total_k, Hkv, D]` (v's head dim its own as in `flash_attn_func`); dtype,
+            device, GQA and D as in `flash_attn_func`.
         cu_seqlens_q, cu_seqlens_k: int32 `[B + 1]` on q's device: sequence b is rows
             `cu_seqlens_q[b]:cu_seqlens_q[b + 1]` of q and keys `cu_seqlens_k[b]:cu_seqlens_k[b + 1]`
             of k and v (they start at 0, never decrease, and end at total_q / total_k).
