@@ -17,10 +17,9 @@
 //   p.dq_accum by the writer thread with one bulk reduce-add (cp.reduce.async.bulk) each.
 // D256 (consume_wide): both warpgroups on one 64-key block, each half of dK's and dV's
 // columns and half of the query block's Sᵀ and dPᵀ; Pᵀ and dSᵀ meet in shared memory.
-// D192 (the split layout, FC_PANEL_SPLIT, consume_split; else as D256, consume_wide: the host
-// picks, bwd_sm90.rs SPLIT_D192_CHECKED_ON_GPU): the wide layout's steps with Q, K, dK and dQ
-// 192 wide (unpadded), the panels of dK, dV and dQ dealt out unevenly (Share), two stages (one
-// with dropout: its static state leaves no room for the second). With V's own head dim
+// D136-D192 (the split layout, FC_PANEL_SPLIT, consume_split): the wide layout's steps with
+// Q, K, dK and dQ 192 wide (unpadded), the panels of dK, dV and dQ dealt out unevenly
+// (Share), two stages (one with dropout: its static state leaves no room for the second). With V's own head dim
 // (FC_HEAD_DIM_V = Dv < D; DeepSeek-V3's Q/K 192 with V 128), V, dO (and O in prep) and dV
 // in tiles Dv wide, so that dPᵀ = V·dOᵀ and dV += Pᵀ·dO do Dv's work, not D's.
 // fc_bwd_sm90_prep (before) writes D_i and lse·log2e per row, padded to whole query blocks, and
@@ -29,7 +28,7 @@
 //
 // Variants (queries x keys a step): D64 128 x 128, D96 and D128 64 x 128 (D96 as D128 with
 // the columns past 96 zero, as in the forward), kStages = 2; D192 split 64 x 64, kStages = 2;
-// D256 (and D192 as D256) 64 x 64, kStages = 1;
+// D256 64 x 64, kStages = 1;
 // setmaxnreg 24 / 240.
 //   smem: K, V (kBlockN x D), kStages x (Q, dO) (kBlockM x D), two dSᵀ buffers (kBlockN x
 //   kBlockM; D256 two Pᵀ too), dQ's f32 staging (kBlockM x D), lse and D_i per stage, the

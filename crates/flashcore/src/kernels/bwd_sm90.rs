@@ -1,9 +1,8 @@
 //! The Hopper backward (`kernels/bwd_sm90.cu`, sm_90a): FlashAttention-2's algorithm on
 //! wgmma and TMA, a producer warpgroup (with a dQ writer warp) and two consumer warpgroups, a
 //! CTA per (key block, KV head, batch): 128 keys, 64 a consumer, up to D128; 64 keys shared by
-//! both consumers, dK and dV split by columns, at D192 (as D256; the split layout, three
-//! panels a tile dealt out unevenly between the consumers, runs V's own head dim and, once
-//! checked, D192 itself) and D256. dQ is added in
+//! both consumers, dK and dV split by columns, at D192 (the split layout: three panels a tile
+//! dealt out unevenly between the consumers; V's own head dim too) and D256. dQ is added in
 //! f32 with bulk reduce-adds, in a fixed key-block order in deterministic mode. The varlen
 //! form (`FC_VARLEN`) runs a packed batch: a CTA per (key block of the longest sequence, KV
 //! head, sequence), each sequence on its own lengths, with dQ's accumulator and the per-row
@@ -15,9 +14,8 @@ use crate::jit::Arch;
 use crate::shape::ProblemShape;
 use crate::tensor::DType;
 
-/// Head dims with a compiled variant. D96 runs as D128, D224 as D256 and D160 as D256 (D192
-/// on the split layout: [`SPLIT_D192_CHECKED_ON_GPU`]), with the columns past them zero (see
-/// [`padded_head_dim`]).
+/// Head dims with a compiled variant. D96 runs as D128, D160 as D192 (the split layout) and
+/// D224 as D256, with the columns past them zero (see [`padded_head_dim`]).
 pub const HEAD_DIMS: &[usize] = &[64, 96, 128, 192, 256];
 
 /// The entry points besides the main one, in launch order around it: D_i and lse·log2e
@@ -56,29 +54,12 @@ fn tile_dims(head_dim: usize, head_dim_v: usize) -> (usize, usize) {
     }
 }
 
-/// Whether D136 to D192 run the split layout with V as wide as Q (three panels, no padding:
-/// 40.9 ms against 51.2 for D192 as D256 at B2 S8k Hq 128 causal, the binary's bench on an
-/// H200) rather than as D256. Its first GPU session passed `check --quick --kernel bwd_sm90
-/// --head-dims 160,192` (16 cases) and 7 packed cases of the full check, whose eighth, a
-/// dropout form, could not launch (two stages and dropout's static state past 227 KB; since:
-/// one stage, [`with_mods`]). Until `check --full --kernel bwd_sm90 --head-dims 136,160,192`
-/// passes on a GPU, these head dims run as D256, as checked before.
-pub const SPLIT_D192_CHECKED_ON_GPU: bool = false;
-
-/// Whether the score tiles (Pᵀ, dSᵀ) go to shared memory with `stmatrix` (`FC_STMATRIX`,
-/// `common/tile_sm90.cuh` `write_operand`): a quarter of the store instructions before the
-/// barrier both consumers wait on (D64's dSᵀ: 8 STSM for 32 STS a thread; D128: 4 for 16),
-/// as FlashAttention-3 and -4 store P and dS (issue 50's first lead, docs/perf-log.md). The
-/// same bytes in the same places; built 2026-11-30, not yet run: off until `check --full
-/// --kernel bwd_sm90` passes with it and the backward sweep says what it is worth.
-pub const STMATRIX_CHECKED_ON_GPU: bool = false;
-
 /// The head dim of the kernel's tiles: whole 64-column panels; past D128 (the wide layout,
 /// whose two consumer warpgroups split dK's, dV's and dQ's columns into whole panels) 192, the
-/// split layout's three panels dealt out unevenly ([`SPLIT_D192_CHECKED_ON_GPU`]), or 256.
-/// TMA zero-fills the padding columns.
+/// split layout's three panels dealt out unevenly (1.22-1.28x faster than D192 as D256 on an
+/// H200), or 256. TMA zero-fills the padding columns.
 fn padded_head_dim(head_dim: usize) -> usize {
-    if head_dim <= 128 || (head_dim <= 192 && SPLIT_D192_CHECKED_ON_GPU) {
+    if head_dim <= 192 {
         head_dim.div_ceil(64) * 64
     } else {
         256
@@ -94,7 +75,7 @@ pub fn tile(head_dim: usize) -> Tile {
     match head_dim {
         0..=64 => Tile { block_m: 128, block_n: 128, warps: 12, stages: 2 },
         65..=128 => Tile { block_m: 64, block_n: 128, warps: 12, stages: 2 },
-        129..=192 if SPLIT_D192_CHECKED_ON_GPU => Tile { block_m: 64, block_n: 64, warps: 12, stages: 2 },
+        129..=192 => Tile { block_m: 64, block_n: 64, warps: 12, stages: 2 },
         _ => Tile { block_m: 64, block_n: 64, warps: 12, stages: 1 },
     }
 }
@@ -240,9 +221,6 @@ impl Family for Spec {
         if is_split(v) {
             defines.push(("FC_PANEL_SPLIT".into(), "1".into()));
         }
-        if STMATRIX_CHECKED_ON_GPU {
-            defines.push(("FC_STMATRIX".into(), "1".into()));
-        }
         ("bwd_sm90.cu", "fc_bwd_sm90")
     }
 
@@ -276,7 +254,7 @@ mod tests {
             assert!(bytes <= SMEM_LIMIT, "D{d}: {bytes} B");
             let dropout = with_mods(&variant(DType::BF16, d, true), ScoreMods { dropout: true, ..ScoreMods::default() });
             assert!(dropout.smem_bytes + DROPOUT_STATIC_SMEM <= SMEM_LIMIT, "D{d} with dropout: {} B", dropout.smem_bytes);
-            let split = d > 128 && d <= 192 && SPLIT_D192_CHECKED_ON_GPU;
+            let split = d > 128 && d <= 192;
             assert_eq!(dropout.tile.stages, if split { 1 } else { tile(d).stages }, "D{d} with dropout");
         }
         for &(d, dv) in super::super::fwd_sm90::VALUE_HEAD_DIMS {
@@ -285,29 +263,24 @@ mod tests {
             assert_eq!((split.tile.stages, is_split(&split), tile_head_dim(&split), dq_slices(&split)), (2, true, 192, 12));
             assert!(split.smem_bytes <= 232_448, "{}: {} B", split.name(), split.smem_bytes);
         }
-        let split = SPLIT_D192_CHECKED_ON_GPU;
-        for (d, split) in [(128, false), (136, split), (160, split), (192, split), (200, false), (256, false)] {
+        for (d, split) in [(128, false), (136, true), (160, true), (192, true), (200, false), (256, false)] {
             let v = variant(DType::BF16, d, true);
             assert_eq!((is_split(&v), tile_head_dim(&v)), (split, padded_head_dim(d)), "D{d}");
         }
         assert_eq!(tile(64).block_m, 128);
         assert_eq!(tile(96).block_m, 64);
-        assert_eq!((tile(192).block_n, tile(192).stages), (64, if split { 2 } else { 1 }));
+        assert_eq!((tile(192).block_n, tile(192).stages), (64, 2));
         assert_eq!((tile(256).block_n, tile(256).stages), (64, 1));
         assert_eq!(smem_bytes(tile(256), 256, 256), 231_424);
         // The split layout at D192: K and V 24 KB each, two stages of Q and dO (24 each), four
         // score tiles (32), dQ staging (48), then 2 KB of statistics, hand-over and barriers, 1
         // to align: the most a CTA may have. V 128: V 16 KB, dO 16 a stage.
         let two = Tile { stages: 2, ..tile(256) };
-        if split {
-            assert_eq!(smem_bytes(two, 192, 192), (48 + 2 * 48 + 32 + 48 + 2 + 1) * 1024);
-            assert_eq!(smem_bytes(two, 192, 192), SMEM_LIMIT);
-        } else {
-            assert_eq!(smem_bytes(tile(192), 192, 192), smem_bytes(tile(256), 256, 256), "D192 runs as D256");
-        }
+        assert_eq!(smem_bytes(two, 192, 192), (48 + 2 * 48 + 32 + 48 + 2 + 1) * 1024);
+        assert_eq!(smem_bytes(two, 192, 192), SMEM_LIMIT);
         assert_eq!(smem_bytes(two, 192, 128), (24 + 16 + 2 * 40 + 32 + 48 + 2 + 1) * 1024);
         assert_eq!((padded_head_dim(96), padded_head_dim(200)), (128, 256));
-        assert_eq!(padded_head_dim(160), if split { 192 } else { 256 });
+        assert_eq!(padded_head_dim(160), 192);
     }
 
     /// The packed layout of `query_block` (kernels/common/bwd_schedule.cuh): sequence b's

@@ -213,37 +213,23 @@ __device__ __forceinline__ void write_accumulator(const SmemTile<kRows, kCols>& 
 
 // Writes a warpgroup's m64 x N accumulator already packed into 16-bit pairs (the operand
 // form of to_operand) into rows [row0, row0 + 64) of `t` (row0 % 8 == 0), from its 8-column
-// chunk `chunk0` on (N = 8 x the chunks, within the tile's width), swizzled as above. With
-// stmatrix (FC_STMATRIX): packed[2j + r] is the fragment of the 8 x 8 matrix at chunk j, rows
-// 8r of the warp's 16, so four registers (two chunks, both halves) are one stmatrix.x4, lane
-// 8i + k giving row k of matrix i: a quarter of the store instructions.
-#ifndef FC_STMATRIX
-#define FC_STMATRIX 0
-#endif
+// chunk `chunk0` on (N = 8 x the chunks, within the tile's width), swizzled as above, with
+// stmatrix: packed[2j + r] is the fragment of the 8 x 8 matrix at chunk j, rows 8r of the
+// warp's 16, so four registers (two chunks, both halves) are one stmatrix.x4, lane 8i + k
+// giving row k of matrix i. A quarter of the store instructions of st.shared.b32 each
+// (bwd_sm90's dSᵀ at D64: 8 for 32 a thread), before the barrier both consumers wait on.
 template <int kPacked, int kRows, int kCols>
 __device__ __forceinline__ void write_operand(const SmemTile<kRows, kCols>& t, int row0, const u32 (&packed)[kPacked], int chunk0 = 0) {
     static_assert(4 * kPacked <= kCols, "the accumulator fits the tile's width");
+    static_assert(kPacked % 4 == 0, "whole pairs of chunks");
     const int warp = (threadIdx.x / 32) % 4, lane = threadIdx.x % 32;
-    if constexpr (FC_STMATRIX != 0) {
-        static_assert(kPacked % 4 == 0, "whole pairs of chunks");
-        const int matrix = lane / 8, row = lane % 8;
-        const u32 row_addr = t.addr() + (row0 + 16 * warp + 8 * (matrix % 2) + row) * kRowBytes;
+    const int matrix = lane / 8, row = lane % 8;
+    const u32 row_addr = t.addr() + (row0 + 16 * warp + 8 * (matrix % 2) + row) * kRowBytes;
 #pragma unroll
-        for (int j = 0; j < kPacked / 4; ++j) {
-            const int c = chunk0 + 2 * j + matrix / 2;
-            const u32 a = row_addr + (c / 8) * SmemTile<kRows, kCols>::kPanelBytes + (((c % 8) ^ row) * 16);
-            stmatrix::x4(a, packed[4 * j], packed[4 * j + 1], packed[4 * j + 2], packed[4 * j + 3]);
-        }
-    } else {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-            const u32 row_addr = t.addr() + (row0 + 16 * warp + lane / 4 + 8 * r) * kRowBytes + (lane % 4) * 4;
-#pragma unroll
-            for (int j = 0; j < kPacked / 2; ++j) {
-                const int c = chunk0 + j;
-                st_shared_u32(row_addr + (c / 8) * SmemTile<kRows, kCols>::kPanelBytes + (((c % 8) ^ (lane / 4)) * 16), packed[2 * j + r]);
-            }
-        }
+    for (int j = 0; j < kPacked / 4; ++j) {
+        const int c = chunk0 + 2 * j + matrix / 2;
+        const u32 a = row_addr + (c / 8) * SmemTile<kRows, kCols>::kPanelBytes + (((c % 8) ^ row) * 16);
+        stmatrix::x4(a, packed[4 * j], packed[4 * j + 1], packed[4 * j + 2], packed[4 * j + 3]);
     }
 }
 
