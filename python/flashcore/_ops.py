@@ -204,7 +204,7 @@ def _lse_for(q: Tensor) -> Tensor:
 
 def _output_for(q: Tensor, v: Tensor) -> Tensor:
     """The output buffer of a forward of `q` over `v`: like q, with V's head dim (its own where
-    it has one: DeepSeek's Q/K 192, V 128)."""
+    it has one: DeepSeek's Q/K 192 with V 128, FlashAttention-3's Q/K 64 with V 256)."""
     if v.shape[-1] == q.shape[-1]:
         return q.new_empty(q.shape)  # new_empty: a few microseconds less than torch.empty(...)
     return q.new_empty((*q.shape[:-1], v.shape[-1]))

@@ -55,8 +55,10 @@ def flash_attn_func(
             kernels have where it has none of its own; others are zero-padded to a multiple
             of 8 first, as flash_attn does); elsewhere 32, 64, 96, 128, 192 or 256.
             v may have a head dim of its own, Dv (the output then has it): on Hopper D 192
-            with Dv 128 (DeepSeek-V3's prefill), forward and backward, dense and packed;
-            other pairs raise naming them.
+            with Dv 128 (DeepSeek-V3's prefill), forward and backward, dense and packed; D 64
+            with Dv 256 (FlashAttention-3's pair), forward on its own kernel form, the backward
+            with q and k zero-padded to 256 (as FlashAttention-3's); other pairs raise naming
+            them. The default scale stays D^-1/2.
         dropout_p: attention dropout, in [0, 1): each probability kept with probability 1 - p
             and scaled by 1 / (1 - p) (p quantised to 1/256, as flash_attn), the mask keyed by
             a pair drawn per call from PyTorch's CUDA generator (`torch.manual_seed`

@@ -234,8 +234,8 @@ pub fn sinks_specs(family: KernelFamily, quick: bool) -> Vec<BwdSpec> {
     out
 }
 
-/// V's own head dim's backward (`check --value-dim`): bwd_sm90's forms of the forward's pairs
-/// (`flashcore::kernels::VALUE_HEAD_DIMS`), both dtypes and masks: GQA, Sq < Sk, Sq > Sk (rows
+/// V's own head dim's backward (`check --value-dim`): bwd_sm90's forms of its pairs
+/// (`flashcore::kernels::BACKWARD_VALUE_HEAD_DIMS`), both dtypes and masks: GQA, Sq < Sk, Sq > Sk (rows
 /// that see no key), one deterministic; beyond quick, a window, a softcap with ALiBi, a chunk,
 /// learnable sinks (their gradient), BHSD strides.
 pub fn value_dim_specs(family: KernelFamily, quick: bool) -> Vec<BwdSpec> {
@@ -243,7 +243,7 @@ pub fn value_dim_specs(family: KernelFamily, quick: bool) -> Vec<BwdSpec> {
         return Vec::new();
     }
     let mut out = Vec::new();
-    for p in super::ValueDimPoint::all() {
+    for p in super::ValueDimPoint::backward() {
         let plain = |c, deterministic| BwdSpec::new(family, deterministic, c, Inputs::Normal, Storage::Bshd);
         out.push(plain(p.case(1, 1000, 1000, 8, 2), false));
         out.push(plain(p.case(2, 113, 1000, 4, 1), true));

@@ -300,8 +300,9 @@ pub(crate) fn upload_dropout_state(
     })
 }
 
-/// A point of V's own head dim's cases (`check --value-dim`): a pair of
-/// `flashcore::kernels::VALUE_HEAD_DIMS`, a dtype and a mask.
+/// A point of V's own head dim's cases (`check --value-dim`): a pair with forms of its own
+/// (`flashcore::kernels::VALUE_HEAD_DIMS` forward, `BACKWARD_VALUE_HEAD_DIMS` backward), a
+/// dtype and a mask.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ValueDimPoint {
     pub head_dim: usize,
@@ -311,10 +312,19 @@ pub(crate) struct ValueDimPoint {
 }
 
 impl ValueDimPoint {
-    /// Every pair, in bf16 and f16, full and causal.
-    pub(crate) fn all() -> impl Iterator<Item = Self> {
+    /// Every pair of the forward's, in bf16 and f16, full and causal.
+    pub(crate) fn forward() -> impl Iterator<Item = Self> {
+        Self::of(flashcore::kernels::VALUE_HEAD_DIMS)
+    }
+
+    /// Every pair of the backward's, in bf16 and f16, full and causal.
+    pub(crate) fn backward() -> impl Iterator<Item = Self> {
+        Self::of(flashcore::kernels::BACKWARD_VALUE_HEAD_DIMS)
+    }
+
+    fn of(pairs: &'static [(usize, usize)]) -> impl Iterator<Item = Self> {
         use flashcore::DType;
-        flashcore::kernels::VALUE_HEAD_DIMS.iter().flat_map(|&(head_dim, head_dim_v)| {
+        pairs.iter().flat_map(|&(head_dim, head_dim_v)| {
             [DType::BF16, DType::F16]
                 .into_iter()
                 .flat_map(move |dtype| [false, true].map(|causal| ValueDimPoint { head_dim, head_dim_v, dtype, causal }))
@@ -364,11 +374,13 @@ mod value_dim_tests {
     #[test]
     fn v_s_own_head_dim_cases_are_fwd_sm90_s_pairs_alone() {
         let (full, quick) = (value_dim_specs(KernelFamily::FwdSm90, false), value_dim_specs(KernelFamily::FwdSm90, true));
-        assert_eq!((full.len(), quick.len()), (40, 16), "two dtypes, two masks: 10 cases each, 4 quick");
+        assert_eq!((full.len(), quick.len()), (80, 32), "two pairs, two dtypes, two masks: 10 cases each, 4 quick");
         for s in &full {
-            assert_eq!((s.case.head_dim, s.case.head_dim_v), (192, Some(128)), "{}", s.case.name);
-            assert!(s.case.name.contains("_d192_dv128_"), "{}", s.case.name);
+            let pair = (s.case.head_dim, s.case.head_dim_v.unwrap());
+            assert!(pair == (192, 128) || pair == (64, 256), "{}", s.case.name);
+            assert!(s.case.name.contains(&format!("_d{}_dv{}_", pair.0, pair.1)), "{}", s.case.name);
         }
+        assert_eq!(full.iter().filter(|s| s.case.head_dim == 64).count(), 40, "FlashAttention-3's (64, 256)");
         assert!(full.iter().any(|s| s.sinks) && full.iter().any(|s| s.chunk > 0) && full.iter().any(|s| s.case.seqlen_q == 1));
         for family in [KernelFamily::FwdSm80, KernelFamily::Reference, KernelFamily::BwdSm90] {
             assert!(value_dim_specs(family, false).is_empty(), "{family}: no form of its own");
@@ -394,8 +406,10 @@ mod value_dim_tests {
             [(KernelFamily::FwdSm90, varlen::value_dim_specs as fn(_, _) -> _), (KernelFamily::BwdSm90, varlen_bwd::value_dim_specs)]
         {
             let (full, quick) = (specs(family, false), specs(family, true));
-            assert_eq!((full.len(), quick.len()), (12, 4), "{family}: two dtypes, two masks: 3 cases each, 1 quick");
-            assert!(full.iter().all(|s| s.head_dim_v == Some(128) && s.head_dim == 192 && s.name().contains("_d192_dv128_")));
+            let pairs = if family.is_backward() { 1 } else { 2 };
+            assert_eq!((full.len(), quick.len()), (12 * pairs, 4 * pairs), "{family}: two dtypes, two masks: 3 cases each, 1 quick");
+            let deepseek = full.iter().filter(|s| s.head_dim_v == Some(128) && s.head_dim == 192 && s.name().contains("_d192_dv128_"));
+            assert_eq!(deepseek.count(), 12, "{family}");
         }
         assert!(varlen::value_dim_specs(KernelFamily::FwdSm80, false).is_empty());
         assert!(varlen_bwd::value_dim_specs(KernelFamily::BwdSm80, false).is_empty());

@@ -69,7 +69,7 @@ pub fn value_dim_specs(family: KernelFamily, quick: bool) -> Vec<VarlenSpec> {
         [1, 17, 1000, 0, 300].iter().enumerate().map(|(i, &keys)| Seq { queries: 1, keys, slack: [0, 3, 40, 9, 0][i] }).collect();
     let policies = seqs(&[(600, 600), (1, 200), (300, 700), (129, 64)]);
     let mut out = Vec::new();
-    for v in ValueDimPoint::all() {
+    for v in ValueDimPoint::forward() {
         let spec = |seqs: &[Seq], heads| value_dim_spec(family, v, seqs, heads);
         out.push(spec(&mixed, (8, 2)));
         if !quick {

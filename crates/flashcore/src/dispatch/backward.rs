@@ -13,7 +13,7 @@
 use super::Device;
 use crate::error::{Error, Result};
 use crate::jit::Arch;
-use crate::kernels::{bwd_sm80, bwd_sm90, fwd_sm90, reference, KernelFamily, ScoreMods, Variant};
+use crate::kernels::{bwd_sm80, bwd_sm90, reference, KernelFamily, ScoreMods, Variant};
 use crate::params::AttnParams;
 use crate::shape::ProblemShape;
 use crate::tensor::DType;
@@ -127,16 +127,16 @@ pub(crate) fn backward_variant(
     Ok(variant)
 }
 
-/// Whether `family` runs the backward of V's own head dim in `shape`: bwd_sm90's forms of the
-/// forward's pairs (`fwd_sm90::VALUE_HEAD_DIMS`), dense or packed, without dropout; else the
-/// error names what runs it (the Python package then pads V, O and dO to Q's head dim). The
-/// one place that decides which `(D, Dv)` the backward takes.
+/// Whether `family` runs the backward of V's own head dim in `shape`: bwd_sm90's forms of its
+/// pairs (`bwd_sm90::VALUE_HEAD_DIMS`), dense or packed, without dropout; else the error names
+/// what runs it (the Python package then pads the narrower of Q's and V's dims to the wider).
+/// The one place that decides which `(D, Dv)` the backward takes.
 fn value_head_dim_backward(family: KernelFamily, shape: &ProblemShape, dropout: bool) -> Result<()> {
     let (d, dv) = (shape.head_dim, shape.head_dim_v);
     let msg = if family != KernelFamily::BwdSm90 {
         format!("takes V's head dim equal to q's and k's (here {dv} and {d}): bwd_sm90 has forms of V's own on Hopper")
-    } else if !fwd_sm90::VALUE_HEAD_DIMS.contains(&(d, dv)) {
-        let pairs: Vec<_> = fwd_sm90::VALUE_HEAD_DIMS.iter().map(|(d, dv)| format!("({d}, {dv})")).collect();
+    } else if !bwd_sm90::VALUE_HEAD_DIMS.contains(&(d, dv)) {
+        let pairs: Vec<_> = bwd_sm90::VALUE_HEAD_DIMS.iter().map(|(d, dv)| format!("({d}, {dv})")).collect();
         format!("has no form for head dim {d} with V's {dv}: it has {}", pairs.join(", "))
     } else if dropout {
         "runs V's own head dim without dropout alone (dropout: not yet)".into()
@@ -147,10 +147,12 @@ fn value_head_dim_backward(family: KernelFamily, shape: &ProblemShape, dropout: 
 }
 
 /// Whether a binding runs the backward of a call with V's own head dim `head_dim_v` (Q's
-/// `head_dim`; dense or packed) with V, O and dO zero-padded to Q's dim: where no kernel has a
+/// `head_dim`; dense or packed) with the narrower dim's tensors zero-padded to the wider (V, O
+/// and dO to Q's; or Q and K to V's, FlashAttention-3's (64, 256)): where no kernel has a
 /// backward form of the pair (the planner refuses it, `value_head_dim_backward`, on `arch`'s
-/// family, with or without `dropout`). Exact: the zero columns add nothing to dP = dO·Vᵀ or to
-/// rowsum(dO∘O), and dV's padded columns are cut off. The Python package asks once per pair.
+/// family, with or without `dropout`). Exact, at the call's own softmax scale: zero columns add
+/// nothing to Q·Kᵀ, dP = dO·Vᵀ or rowsum(dO∘O), and the gradients' padded columns are cut off.
+/// The Python package asks once per pair.
 pub fn backward_pads_value_dim(arch: Arch, head_dim: usize, head_dim_v: usize, dropout: bool) -> bool {
     let shape = ProblemShape { batch: 1, seqlen_q: 1, seqlen_k: 1, heads_q: 1, heads_kv: 1, head_dim, head_dim_v };
     let family = if KernelFamily::BwdSm90.runs_on(arch) { KernelFamily::BwdSm90 } else { KernelFamily::BwdSm80 };
@@ -270,6 +272,10 @@ mod tests {
         assert!(!backward_pads_value_dim(HOPPER, 192, 128, false), "bwd_sm90's form");
         assert!(backward_pads_value_dim(HOPPER, 192, 128, true) && backward_pads_value_dim(AMPERE, 192, 128, false));
         assert!(backward_pads_value_dim(HOPPER, 128, 64, false), "no form of the pair");
+        assert!(backward_pads_value_dim(HOPPER, 64, 256, false), "FlashAttention-3's (64, 256): forward forms alone");
+        let fa3 = ProblemShape { head_dim: 64, head_dim_v: 256, ..shape(64) };
+        let err = backward_variant(&fa3, DType::BF16, &AttnParams::causal(), HOPPER, false, false).unwrap_err().to_string();
+        assert!(err.contains("head dim 64 with V's 256") && err.contains("(192, 128)"), "{err}");
         assert!(!backward_pads_value_dim(HOPPER, 192, 192, false) && !backward_pads_value_dim(AMPERE, 64, 64, true));
     }
 

@@ -495,6 +495,18 @@ mod tests {
         let decode = ProblemShape { head_dim: 192, head_dim_v: 128, ..decode(8, 4096) };
         let p = plan(&h100(), &decode, DType::BF16, &AttnParams::default()).unwrap();
         assert!(!p.packed_gqa && p.variant.head_dim_v == Some(128), "decode runs the same form, heads unpacked");
+
+        // FlashAttention-3's (64, 256): D256's tile (O's 128 registers a thread), Q and K 64 wide;
+        // softcap with ALiBi keeps it (D64's short tile would not hold V's stages).
+        let fa3 = ProblemShape { head_dim: 64, head_dim_v: 256, ..shape(64) };
+        let capped = AttnParams { softcap: 30.0, ..AttnParams::causal() };
+        for (params, alibi) in [(AttnParams::causal(), false), (capped, true)] {
+            let tensors = ScoreTensors { alibi, ..ScoreTensors::default() };
+            let p = plan_for(&h100(), &fa3, DType::BF16, &params, KeyLayout::Dense, tensors).unwrap();
+            let v = &p.variant;
+            assert_eq!((v.head_dim, v.head_dim_v, v.tile.block_m, v.tile.block_n), (Some(64), Some(256), 128, 80), "{}", p.describe());
+            assert!(v.name().contains("_d64_dv256_") && v.smem_bytes <= 227 * 1024, "{}: {} B", v.name(), v.smem_bytes);
+        }
     }
 
     #[test]

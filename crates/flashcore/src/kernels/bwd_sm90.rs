@@ -122,8 +122,13 @@ pub fn variant(dtype: DType, head_dim: usize, causal: bool) -> Variant {
     }
 }
 
-/// The form of `head_dim` with V's `head_dim_v` (a pair of `fwd_sm90::VALUE_HEAD_DIMS`: Q and
-/// K up to 192, V up to 128): the split layout (`FC_PANEL_SPLIT`) with V, dO and dV tiles of
+/// The (head dim, V's head dim) pairs with backward forms of their own (the split layout:
+/// Q and K up to 192, V up to 128): DeepSeek-V3's prefill. The forward's other pairs
+/// (`fwd_sm90::VALUE_HEAD_DIMS`) have none: the bindings run their backward with the narrower
+/// of Q's and V's dims zero-padded to the wider (`dispatch::backward_pads_value_dim`).
+pub const VALUE_HEAD_DIMS: &[(usize, usize)] = &[(192, 128)];
+
+/// The form of `head_dim` with V's `head_dim_v` (a pair of [`VALUE_HEAD_DIMS`]): the split layout (`FC_PANEL_SPLIT`) with V, dO and dV tiles of
 /// V's panels, two stages (203 KB). It took 36.1 ms at DeepSeek-V3's B2 S8k where the wide
 /// layout with V 128 wide (Q and K as 256) took 44.1 ms (H200; docs/kernels/bwd_sm90.md).
 pub fn value_variant(dtype: DType, head_dim: usize, head_dim_v: usize, causal: bool) -> Variant {
@@ -209,9 +214,9 @@ impl Family for Spec {
         HEAD_DIMS
     }
 
-    /// The head dim's form, then its forms with V's own head dims (the forward's pairs).
+    /// The head dim's form, then its forms with V's own head dims ([`VALUE_HEAD_DIMS`]).
     fn variants_at(&self, _: Arch, dtype: DType, head_dim: usize, causal: bool) -> Vec<Variant> {
-        let own_value_dims = super::fwd_sm90::VALUE_HEAD_DIMS.iter().filter(|(d, _)| *d == head_dim);
+        let own_value_dims = VALUE_HEAD_DIMS.iter().filter(|(d, _)| *d == head_dim);
         let form = |&(d, dv): &(usize, usize)| value_variant(dtype, d, dv, causal);
         std::iter::once(variant(dtype, head_dim, causal)).chain(own_value_dims.map(form)).collect()
     }
@@ -257,7 +262,7 @@ mod tests {
             let split = d > 128 && d <= 192;
             assert_eq!(dropout.tile.stages, if split { 1 } else { tile(d).stages }, "D{d} with dropout");
         }
-        for &(d, dv) in super::super::fwd_sm90::VALUE_HEAD_DIMS {
+        for &(d, dv) in VALUE_HEAD_DIMS {
             let split = value_variant(DType::BF16, d, dv, true);
             assert!(wide(d) && d <= 192 && dv <= 128, "({d}, {dv}): the split layout's sizes");
             assert_eq!((split.tile.stages, is_split(&split), tile_head_dim(&split), dq_slices(&split)), (2, true, 192, 12));

@@ -99,11 +99,13 @@ pub fn variant_for(dtype: DType, shape: &ProblemShape, causal: bool, sm_count: u
 /// registers a consumer) and the 192-key ones (D96-D128) take the short tile too: the mask's
 /// generator spilled 292-304 bytes on the first and 1,448 on the second's packed form (NVRTC
 /// 13.0), nothing on the others.
+/// V's own head dim takes the tiles of the wider of Q's and V's dims (see [`value_variant`]).
 pub fn with_mods(v: &Variant, mods: ScoreMods) -> Variant {
     let d = v.head_dim.unwrap_or(128);
-    let short = (mods.softcap && mods.alibi && d <= 128) || (mods.dropout && (v.tile.warps > 12 || v.tile.block_n > 128));
-    let tile = if short { tile(d, true) } else { v.tile };
-    Variant { mods, tile, smem_bytes: smem_bytes(tile, d, v.head_dim_v.unwrap_or(d)), ..v.clone() }
+    let dv = v.head_dim_v.unwrap_or(d);
+    let short = (mods.softcap && mods.alibi && d.max(dv) <= 128) || (mods.dropout && (v.tile.warps > 12 || v.tile.block_n > 128));
+    let tile = if short { tile(d.max(dv), true) } else { v.tile };
+    Variant { mods, tile, smem_bytes: smem_bytes(tile, d, dv), ..v.clone() }
 }
 
 /// Every variant for one (dtype, head dim, mask): the default tile, and the short one where
@@ -119,17 +121,21 @@ pub fn variants(dtype: DType, head_dim: usize, causal: bool) -> Vec<Variant> {
     out
 }
 
-/// The (head dim, V's head dim) pairs with forms of their own: DeepSeek-V3's prefill (Q and K
-/// 192, V 128), over dense and packed keys (`dispatch::value_head_dim_form`), forward and
-/// backward (`bwd_sm90::value_variant`); checked against the f64 reference by `flashcore
-/// check` (`--value-dim` alone).
-pub const VALUE_HEAD_DIMS: &[(usize, usize)] = &[(192, 128)];
+/// The (head dim, V's head dim) pairs with forward forms of their own, over dense and packed
+/// keys (`dispatch::value_head_dim_form`): DeepSeek-V3's prefill (Q and K 192, V 128;
+/// backward too: `bwd_sm90::VALUE_HEAD_DIMS`) and FlashAttention-3's (64, 256) (Q and K 64, V
+/// 256; its backward runs with Q and K zero-padded to 256, as FlashAttention-3's does).
+/// Checked against the f64 reference by `flashcore check` (`--value-dim` alone).
+pub const VALUE_HEAD_DIMS: &[(usize, usize)] = &[(192, 128), (64, 256)];
 
-/// The form of `head_dim` with V's `head_dim_v` (one of [`VALUE_HEAD_DIMS`]): `head_dim`'s
-/// own tile (D192: 128 x 112), its V and O stages Dv wide (D192 / Dv128: 190 KB).
+/// The form of `head_dim` with V's `head_dim_v` (one of [`VALUE_HEAD_DIMS`]): the tile of the
+/// wider of the two, since O's registers (Dv / 2 a thread) and the K and V stages grow with it
+/// (D192 / Dv128: D192's 128 x 112, 190 KB; D64 / Dv256: D256's 128 x 80, 118 KB), its V and
+/// O tiles Dv wide, Q's and K's D.
 pub fn value_variant(dtype: DType, head_dim: usize, head_dim_v: usize, causal: bool) -> Variant {
-    let plain = make_variant(dtype, head_dim, causal, false);
-    Variant { head_dim_v: Some(head_dim_v), smem_bytes: smem_bytes(plain.tile, head_dim, head_dim_v), ..plain }
+    let wider = make_variant(dtype, head_dim.max(head_dim_v), causal, false);
+    let smem_bytes = smem_bytes(wider.tile, head_dim, head_dim_v);
+    Variant { head_dim: Some(head_dim), head_dim_v: Some(head_dim_v), smem_bytes, ..wider }
 }
 
 fn make_variant(dtype: DType, head_dim: usize, causal: bool, short: bool) -> Variant {
@@ -294,7 +300,9 @@ mod tests {
         assert_eq!(variant(DType::BF16, 256, true, 1024).tile.block_n, 80);
         assert_eq!(variant(DType::BF16, 64, true, 1024).tile.block_m, 128);
         assert_eq!(variant(DType::BF16, 64, false, 512).tile.block_m, 192);
-        assert_eq!(variants(DType::F16, 64, false).len(), 1, "D64 full has one tile");
+        assert_eq!(variants(DType::F16, 64, false).len(), 2, "D64 full has one tile, and (64, 256)'s");
+        let fa3 = &variants(DType::F16, 64, false)[1];
+        assert_eq!((fa3.head_dim_v, fa3.tile, fa3.smem_bytes), (Some(256), tile(256, false), 120_832));
         assert_eq!(variants(DType::F16, 256, true).len(), 2);
     }
 

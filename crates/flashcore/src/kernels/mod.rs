@@ -9,7 +9,9 @@ pub(crate) mod fwd_sm90;
 pub(crate) mod reference;
 pub(crate) mod steps;
 
-/// V's own head dims: the pairs fwd_sm90 and bwd_sm90 have forms for.
+/// V's own head dims with backward forms (bwd_sm90's); the forward's others train padded.
+pub use bwd_sm90::VALUE_HEAD_DIMS as BACKWARD_VALUE_HEAD_DIMS;
+/// V's own head dims: the pairs fwd_sm90 has forms for (the forward).
 pub use fwd_sm90::VALUE_HEAD_DIMS;
 
 use crate::jit::{Arch, KernelSource};
