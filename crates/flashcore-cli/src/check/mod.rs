@@ -80,8 +80,9 @@ pub struct CheckArgs {
     /// and the sinks' gradient).
     #[arg(long)]
     sinks: bool,
-    /// Only the cases of V's own head dim (fwd_sm90's and bwd_sm90's forms of
-    /// `flashcore::kernels::VALUE_HEAD_DIMS`, dense and packed).
+    /// Only the cases of V's own head dim (fwd_sm90's forms of
+    /// `flashcore::kernels::VALUE_HEAD_DIMS` and bwd_sm90's of `BACKWARD_VALUE_HEAD_DIMS`,
+    /// dense and packed).
     #[arg(long)]
     value_dim: bool,
 }
