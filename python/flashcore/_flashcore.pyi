@@ -52,6 +52,7 @@ def attention_forward(
     dropout: Optional[DropoutArg] = None,
     probs: Optional[TensorArg] = None,
     sinks: Optional[Tuple[int, int]] = None,
+    qv: Optional[TensorArg] = None,
 ) -> None:
     """Attention forward on the call's stream into `outputs`' o and lse ((address, elements),
     f32 [B, Hq, Sq]). With `varlen`, a packed batch: q, o [1, total_q, Hq, D], k, v [1,
@@ -60,7 +61,8 @@ def attention_forward(
     ALiBi's slopes (flashcore::AlibiSlopes; a count that is neither Hq nor B·Hq raises
     ValueError naming `alibi_slopes`). With `dropout`, attention dropout, and `probs` where
     its probabilities go, negated where dropped ([B, Hq, rows, cols], q's dtype; None: not
-    stored). The call's `check` first checks the batch's or the
+    stored). With `qv`, FlashAttention-3's qv (shaped like o, q's dtype; dense keys, the pairs
+    fwd_sm90 has qv forms for). The call's `check` first checks the batch's or the
     cache's device values (synchronises). Raises ValueError / TypeError / NotImplementedError
     / RuntimeError with the Rust error's text."""
 

@@ -232,10 +232,18 @@ def _rows(dout: Tensor) -> Tensor:
 # ---- calls into the extension --------------------------------------------------------------
 
 
-def forward_into(q: Tensor, k: Tensor, v: Tensor, outputs: Tuple[Tensor, Optional[Tensor]], options: Options, probs: Optional[Tensor] = None) -> None:
+def forward_into(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    outputs: Tuple[Tensor, Optional[Tensor]],
+    options: Options,
+    probs: Optional[Tensor] = None,
+    qv: Optional[Tensor] = None,
+) -> None:
     """Runs the kernel on BSHD tensors: `outputs` = `(o, lse)`, o like q (q's dtype) and, if
     not None, `lse [B, Hq, Sq]` f32, are written; `probs` where dropout's probabilities go
-    (see `Dropout`)."""
+    (see `Dropout`); `qv` FlashAttention-3's qv (shaped like o; no gradient: the caller's)."""
     o, lse = outputs
     _flashcore.attention_forward(
         _call(q),
@@ -246,16 +254,19 @@ def forward_into(q: Tensor, k: Tensor, v: Tensor, outputs: Tuple[Tensor, Optiona
         dropout=_dropout_arg(options.dropout),
         probs=None if probs is None else _arg(probs),
         sinks=_optional_vector(options.learnable_sink),
+        qv=None if qv is None else _arg(qv),
     )
 
 
-def forward(q: Tensor, k: Tensor, v: Tensor, options: Options, want_lse: bool = True, probs: Optional[Tensor] = None) -> Tuple[Tensor, Optional[Tensor]]:
+def forward(
+    q: Tensor, k: Tensor, v: Tensor, options: Options, want_lse: bool = True, probs: Optional[Tensor] = None, qv: Optional[Tensor] = None
+) -> Tuple[Tensor, Optional[Tensor]]:
     """Attention on BSHD tensors: `(o [B, Sq, Hq, Dv], lse [B, Hq, Sq] f32)`, lse None unless
     `want_lse`. Rows that see no key (no keys at all, or a causal mask or window that leaves
-    them none) give o = 0 and lse = -inf."""
+    them none) give o = 0 and lse = -inf. `qv`: see `forward_into`."""
     o = _output_for(q, v)
     lse = _lse_for(q) if want_lse else None
-    forward_into(q, k, v, (o, lse), options, probs)
+    forward_into(q, k, v, (o, lse), options, probs, qv)
     return o, lse
 
 

@@ -255,9 +255,10 @@ unsafe fn keys(device: usize, varlen: Option<VarlenArg>, paged: Option<PagedArg>
 /// or the cache's device values first. With `alibi` ([`AlibiArg`]), ALiBi's slopes; with
 /// `dropout` ([`DropoutArg`]), attention dropout, and `probs` the tensor `[B, Hq, rows, cols]`
 /// its probabilities go to (`flashcore::FwdOutputs::probs`); with `sinks` ([`SinksArg`]),
-/// learnable sinks.
+/// learnable sinks; with `qv`, FlashAttention-3's `qv` (`flashcore::FwdInputs::with_qv`:
+/// shaped like `o`).
 #[pyfunction]
-#[pyo3(signature = (call, inputs, outputs, options, varlen=None, paged=None, alibi=None, dropout=None, probs=None, sinks=None))]
+#[pyo3(signature = (call, inputs, outputs, options, varlen=None, paged=None, alibi=None, dropout=None, probs=None, sinks=None, qv=None))]
 #[allow(clippy::too_many_arguments)] // the Python signature: one tuple per concern
 fn attention_forward(
     py: Python<'_>,
@@ -271,6 +272,7 @@ fn attention_forward(
     dropout: Option<DropoutArg>,
     probs: Option<TensorArg>,
     sinks: Option<SinksArg>,
+    qv: Option<TensorArg>,
 ) -> PyResult<()> {
     let CallArg(device, stream, scratch, check) = call;
     let FwdInputsArg(q, k, v) = inputs;
@@ -278,6 +280,7 @@ fn attention_forward(
     let (k_name, v_name) = if paged.is_some() { ("k_cache", "v_cache") } else { ("k", "v") };
     let layouts = [layout(&q, "q")?, layout(&k, k_name)?, layout(&v, v_name)?, layout(&o, "o")?];
     let probs = probs.map(|t| Ok::<_, PyErr>((layout(&t, "probs")?, t))).transpose()?.map(|(l, t)| (t, l));
+    let qv = qv.map(|t| Ok::<_, PyErr>((t.0, layout(&t, "qv")?))).transpose()?;
     // SAFETY: the Python side passes live CUDA tensors and int32 vectors of `device` with
     // these layouts and extents, keeps them alive across this call, and orders their reuse on
     // `stream` through PyTorch's caching allocator; `stream` is PyTorch's current stream of
@@ -300,15 +303,19 @@ fn attention_forward(
         let caller = CallerStream { stream: ExternalStream::from_raw(stream), scratch: &mut scratch };
         // SAFETY: as for `keys` above.
         unsafe {
-            forward_on(&ctx, device, caller, tensors, lse, keys, (alibi_slopes, dropout_state, learnable_sink), probs, &params, check)
+            let scores = (alibi_slopes, dropout_state, learnable_sink);
+            forward_on(&ctx, device, caller, (tensors, qv), lse, keys, scores, probs, &params, check)
         }
     });
     finish(result, scratch_error, to_py)
 }
 
+/// `q`, `k`, `v`, `o` of a forward: address and layout each.
+type FwdTensors = [(u64, Layout); 4];
+
 /// A forward on `caller`'s stream (PyTorch's current stream of `device`), the layer under [`attention_forward`] and the native
 /// autograd path's (`native::native_forward`): `tensors` are `q`, `k`, `v`, `o` (address and
-/// layout), `lse` the f32 log-sum-exp `(address, elements)` or `None`, `scores` ALiBi's slopes,
+/// layout) and FlashAttention-3's `qv` or `None`, `lse` the f32 log-sum-exp `(address, elements)` or `None`, `scores` ALiBi's slopes,
 /// dropout's state and learnable sinks, `probs` dropout's probabilities; `check` checks a
 /// packed batch's or a cache's device values first.
 ///
@@ -321,7 +328,7 @@ pub(crate) unsafe fn forward_on(
     ctx: &Context,
     device: usize,
     caller: CallerStream,
-    tensors: [(u64, Layout); 4],
+    (tensors, qv): (FwdTensors, Option<(u64, Layout)>),
     lse: Option<(u64, usize)>,
     keys: KvLayout,
     scores: ScoreTensorsArg,
@@ -341,6 +348,7 @@ pub(crate) unsafe fn forward_on(
             alibi_slopes,
             dropout_state,
             learnable_sink,
+            qv: qv.map(view),
         };
         if check {
             ctx.check_values(&inputs)?;

@@ -261,7 +261,7 @@ unsafe extern "C" fn native_forward(args: *const NativeForward, message: *mut c_
                 &ctx,
                 a.call.device as usize,
                 caller,
-                resolved,
+                (resolved, None),
                 lse,
                 keys,
                 (alibi(a.alibi, a.alibi_len), None, None),

@@ -362,9 +362,11 @@ def test_rotary_seqlens_rotates_at_those_positions(fa3):
 def test_what_flashcore_does_not_run_yet_is_refused_by_name(fa3):
     q = randn(1, 16, 4, 64)
     cu = torch.tensor([0, 16], dtype=torch.int32, device="cuda")
-    for kwargs, name in ((dict(qv=q), "qv"), (dict(q_descale=q), "q_descale"), (dict(v_descale=q), "v_descale")):
+    for kwargs, name in ((dict(q_descale=q), "q_descale"), (dict(v_descale=q), "v_descale")):
         with pytest.raises(NotImplementedError, match=f"`{name}`"):
             fa3.flash_attn_func(q, q, q, **kwargs)
+    with pytest.raises(NotImplementedError, match="`qv`"):
+        fa3.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 16, 16, qv=q[0])
     for chunk, error in ((-1, ValueError), (2.5, TypeError), (True, TypeError)):
         with pytest.raises(error, match="`attention_chunk`"):
             fa3.flash_attn_func(q, q, q, attention_chunk=chunk)
@@ -381,3 +383,29 @@ def test_what_flashcore_does_not_run_yet_is_refused_by_name(fa3):
     assert torch.equal(fa3.flash_attn_with_kvcache(q, q, q, cache_seqlens=lengths, cu_seqlens_k_new=cu), fa3.flash_attn_with_kvcache(q, q, q, cache_seqlens=lengths))
     with pytest.raises(TypeError, match="`num_splits`"):
         fa3.flash_attn_func(q, q, q, num_splits=1.5)
+
+
+def test_qv_adds_qv_times_v_to_the_scores_forward_only(fa3):
+    """FA3's `qv` (q and k 64, v 256): the output and lse against float64 at FA3's default
+    scale (D + Dv)^-1/2, through the identity q·kᵀ + qv·vᵀ = [q, qv]·[k, v]ᵀ; causal with
+    Sq < Sk and GQA; refused with gradients, for other pairs and when it is not a tensor."""
+    b, sq, sk, hq, hkv, d, dv = 2, 300, 700, 8, 2, 64, 256
+    q, k, v = randn(b, sq, hq, d, seed=1), randn(b, sk, hkv, d, seed=2), randn(b, sk, hkv, dv, seed=3)
+    qv = randn(b, sq, hq, dv, seed=4)
+    scale = (d + dv) ** -0.5
+    with torch.no_grad():
+        out, lse = fa3.flash_attn_func(q, k, v, causal=True, qv=qv, return_attn_probs=True)
+        explicit = fa3.flash_attn_func(q, k, v, softmax_scale=scale, causal=True, qv=qv)
+        plain = fa3.flash_attn_func(q, k, v, causal=True)
+    ref_o, ref_lse = reference(torch.cat([q, qv], dim=-1), torch.cat([k, v], dim=-1), v, scale, True)
+    assert out.shape == (b, sq, hq, dv) and rel_l2(out, ref_o) <= REL_BOUND[q.dtype], rel_l2(out, ref_o)
+    assert (lse.double() - ref_lse).abs().max().item() <= 2e-3 * ref_lse.abs().max().item()
+    assert torch.equal(out, explicit), "the default scale is (D + Dv)^-1/2"
+    assert rel_l2(plain, ref_o) > 1e-2, "qv changes the output"
+    with pytest.raises(NotImplementedError, match="`qv`"):
+        fa3.flash_attn_func(q.requires_grad_(), k, v, qv=qv)
+    with torch.no_grad(), pytest.raises(ValueError, match="`qv`.*head dim 64 with V's 64"):
+        fa3.flash_attn_func(q, k, k, qv=q)
+    with torch.no_grad(), pytest.raises(TypeError, match="`qv`"):
+        fa3.flash_attn_func(q, k, v, qv=1.0)
+

@@ -88,7 +88,8 @@ impl Context {
         if checked.tensors.has_no_pairs() {
             return launch::no_pairs_backward(lane, [&grads.dq.as_view(), &grads.dk.as_view(), &grads.dv.as_view()], dsink);
         }
-        let traits = CallTraits { dense: inputs.batch().is_none(), alibi: checked.alibi.is_some(), dsink: dsink.is_some(), probs: false };
+        let traits =
+            CallTraits { dense: inputs.batch().is_none(), alibi: checked.alibi.is_some(), dsink: dsink.is_some(), probs: false, qv: false };
         // A chunk that cuts nothing is dropped here, the call not validated again.
         let plan = ChunkPlan::of(&checked.tensors, params, traits);
         if let ChunkPlan::Batch(chunks) = &plan {

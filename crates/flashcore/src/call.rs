@@ -91,17 +91,20 @@ pub struct FwdInputs<'a> {
     pub dropout_state: Option<DropoutState<'a>>,
     /// Learnable sinks, or none.
     pub learnable_sink: Option<LearnableSinks<'a>>,
+    /// FlashAttention-3's `qv` (absorbed MLA), shaped like the output, or none: the scores
+    /// become `scale · (q·kᵀ + qv·vᵀ)` (see [`FwdInputs::with_qv`]).
+    pub qv: Option<TensorView<'a>>,
 }
 
 impl<'a> FwdInputs<'a> {
     /// Dense tensors: `q [B, Sq, Hq, D]`, `k, v [B, Sk, Hkv, D]`.
     pub fn dense(q: TensorView<'a>, k: TensorView<'a>, v: TensorView<'a>) -> Self {
-        Self { q, k, v, kv: KvLayout::Dense, alibi_slopes: None, dropout_state: None, learnable_sink: None }
+        Self { q, k, v, kv: KvLayout::Dense, alibi_slopes: None, dropout_state: None, learnable_sink: None, qv: None }
     }
 
     /// A packed batch: `q [1, total_q, Hq, D]`, `k, v [1, total_k, Hkv, D]` (see [`VarlenBatch`]).
     pub fn varlen(q: TensorView<'a>, k: TensorView<'a>, v: TensorView<'a>, batch: VarlenBatch<'a>) -> Self {
-        Self { q, k, v, kv: KvLayout::Varlen(batch), alibi_slopes: None, dropout_state: None, learnable_sink: None }
+        Self { q, k, v, kv: KvLayout::Varlen(batch), alibi_slopes: None, dropout_state: None, learnable_sink: None, qv: None }
     }
 
     /// These inputs with ALiBi `slopes` (see [`AlibiSlopes`]).
@@ -119,11 +122,30 @@ impl<'a> FwdInputs<'a> {
         Self { learnable_sink: Some(sinks), ..self }
     }
 
+    /// These inputs with FlashAttention-3's `qv` (absorbed MLA's extra term), `[B, Sq, Hq,
+    /// Dv]` like the output, in q's dtype: score `(i, j)` becomes `scale · (q_i·k_j + qv_i·v_j)`
+    /// before the softcap, bias and mask. Forward only (as FlashAttention-3's), over dense
+    /// keys, on the pairs `fwd_sm90::QV_HEAD_DIMS` has forms for (Q and K 64, V 256); else an
+    /// error names `qv`. The default scale stays `D^-½`: FlashAttention-3's `(D + Dv)^-½`
+    /// with `qv` is its interface's (`flashcore.compat.flash_attn_3` sets it).
+    pub fn with_qv(self, qv: TensorView<'a>) -> Self {
+        Self { qv: Some(qv), ..self }
+    }
+
     /// A KV cache: `q [B, Sq, Hq, D]`, `k_cache`, `v_cache` the pools `[num_pages, page_size,
     /// Hkv, D]` (with a block table) or `[B, S_cache, Hkv, D]`; `cache.k_new`, `cache.v_new`
     /// are appended first (see [`PagedKv`]).
     pub fn paged(q: TensorView<'a>, k_cache: TensorView<'a>, v_cache: TensorView<'a>, cache: PagedKv<'a>) -> Self {
-        Self { q, k: k_cache, v: v_cache, kv: KvLayout::Paged(cache), alibi_slopes: None, dropout_state: None, learnable_sink: None }
+        Self {
+            q,
+            k: k_cache,
+            v: v_cache,
+            kv: KvLayout::Paged(cache),
+            alibi_slopes: None,
+            dropout_state: None,
+            learnable_sink: None,
+            qv: None,
+        }
     }
 }
 
@@ -201,7 +223,7 @@ impl<'a> GradsMut<'a> {
 /// A checked call: the tensors' own shape (packed: `[1, total, H, D]`; a cache: `Sk` its
 /// capacity), the kernels' (packed: B sequences of the longest lengths), a cache's geometry,
 /// ALiBi's slopes (their address and batch stride), dropout's state on the device (its
-/// address, 0 for none), the learnable sinks (their address, 0 for none).
+/// address, 0 for none), the learnable sinks (their address, 0 for none), whether `qv` is given.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Checked {
     pub tensors: ProblemShape,
@@ -211,12 +233,14 @@ pub(crate) struct Checked {
     pub dropout_state: u64,
     /// The learnable sinks' address, 0 for none.
     pub learnable_sink: u64,
+    /// FlashAttention-3's `qv`, checked against the output (`FwdInputs::qv`).
+    pub qv: bool,
 }
 
 impl Checked {
     /// What the planner needs to know of the score policies given as tensors.
     pub(crate) fn score_tensors(&self) -> crate::dispatch::ScoreTensors {
-        crate::dispatch::ScoreTensors { alibi: self.alibi.is_some(), learnable_sink: self.learnable_sink != 0 }
+        crate::dispatch::ScoreTensors { alibi: self.alibi.is_some(), learnable_sink: self.learnable_sink != 0, qv: self.qv }
     }
 }
 
@@ -257,22 +281,30 @@ impl FwdInputs<'_> {
             // No queries: nothing to compute and nothing appended, whatever the cache holds.
             KvLayout::Paged(_) if q.layout.shape[0] == 0 || q.layout.shape[1] == 0 => {
                 let tensors = validate::queries_only(q, o, device)?;
-                Checked { tensors, shape: tensors, cache: None, alibi: None, dropout_state: 0, learnable_sink: 0 }
+                Checked { tensors, shape: tensors, cache: None, alibi: None, dropout_state: 0, learnable_sink: 0, qv: false }
             }
             KvLayout::Paged(cache) => {
                 let g = cache.validate(q, k, v, o, device)?;
                 // Packed queries: the tensors are one batch of all the rows.
                 let tensors = g.total_q.map_or(g.shape, |total_q| ProblemShape { batch: 1, seqlen_q: total_q, ..g.shape });
-                Checked { tensors, shape: g.shape, cache: Some(g), alibi: None, dropout_state: 0, learnable_sink: 0 }
+                Checked { tensors, shape: g.shape, cache: Some(g), alibi: None, dropout_state: 0, learnable_sink: 0, qv: false }
             }
             KvLayout::Varlen(batch) => {
                 let tensors = validate::problem(q, k, v, o, device)?;
                 batch.validate(&tensors)?;
-                Checked { tensors, shape: batch.kernel_shape(&tensors), cache: None, alibi: None, dropout_state: 0, learnable_sink: 0 }
+                Checked {
+                    tensors,
+                    shape: batch.kernel_shape(&tensors),
+                    cache: None,
+                    alibi: None,
+                    dropout_state: 0,
+                    learnable_sink: 0,
+                    qv: false,
+                }
             }
             KvLayout::Dense => {
                 let tensors = validate::problem(q, k, v, o, device)?;
-                Checked { tensors, shape: tensors, cache: None, alibi: None, dropout_state: 0, learnable_sink: 0 }
+                Checked { tensors, shape: tensors, cache: None, alibi: None, dropout_state: 0, learnable_sink: 0, qv: false }
             }
         };
         params.check(checked.shape.head_dim)?;
@@ -280,7 +312,10 @@ impl FwdInputs<'_> {
         let dropout_state = check_dropout_state(self.dropout_state.as_ref(), params)?;
         let learnable_sink =
             self.learnable_sink.map_or(Ok(0), |s| validate::learnable_sink(s.ptr, s.len, &checked.shape).map(|()| s.ptr))?;
-        let checked = Checked { alibi, dropout_state, learnable_sink, ..checked };
+        if let Some(qv) = &self.qv {
+            validate::qv(qv, o, device)?;
+        }
+        let checked = Checked { alibi, dropout_state, learnable_sink, qv: self.qv.is_some(), ..checked };
         if let Some(lse) = lse {
             // [B, Hq, Sq] as the tensors are shaped; packed, [Hq, total_q]: one sequence of all
             // the rows (a cache's tensors are its kernels' shape, packed queries aside).
@@ -375,7 +410,7 @@ impl BwdInputs<'_> {
             (Some(sinks), None) => validate::learnable_sink(sinks.ptr, sinks.len, &shape).map(|()| 0)?,
             (None, None) => 0,
         };
-        Ok(Checked { tensors, shape, cache: None, alibi, dropout_state, learnable_sink })
+        Ok(Checked { tensors, shape, cache: None, alibi, dropout_state, learnable_sink, qv: false })
     }
 }
 

@@ -101,6 +101,9 @@ pub(crate) struct CallTraits {
     pub dsink: bool,
     /// The forward stores dropout's probabilities.
     pub probs: bool,
+    /// FlashAttention-3's `qv` is given (its rows would need the chunks' slicing too: the
+    /// kernel runs the chunk mask instead).
+    pub qv: bool,
 }
 
 impl ChunkBatch {
@@ -108,7 +111,7 @@ impl ChunkBatch {
     fn of(tensors: &ProblemShape, params: &AttnParams, traits: CallTraits) -> Option<Self> {
         let (chunk, seqlen) = (params.attention_chunk, tensors.seqlen_k);
         let chunked_self_attention = chunk > 0 && chunk < seqlen && tensors.seqlen_q == seqlen;
-        let policies_allow = !traits.alibi && !traits.probs && params.dropout.is_none();
+        let policies_allow = !traits.alibi && !traits.probs && !traits.qv && params.dropout.is_none();
         // V's own head dim runs over dense keys alone (`dispatch::value_head_dim_form`).
         let kernels_allow = params.kernel != Some(KernelFamily::Reference) && tensors.head_dim_v == tensors.head_dim;
         let gradient_allows = !(traits.dsink && tensors.batch > 1);
@@ -243,7 +246,7 @@ mod tests {
         AttnParams { attention_chunk: chunk, ..AttnParams::causal() }
     }
 
-    const DENSE: CallTraits = CallTraits { dense: true, alibi: false, dsink: false, probs: false };
+    const DENSE: CallTraits = CallTraits { dense: true, alibi: false, dsink: false, probs: false, qv: false };
 
     #[test]
     fn dense_self_attention_with_a_shorter_chunk_runs_as_its_chunks() {
@@ -271,6 +274,7 @@ mod tests {
         assert!(ChunkBatch::of(&s, &chunked(300), CallTraits { dense: false, ..DENSE }).is_none(), "packed or a cache already");
         assert!(ChunkBatch::of(&s, &chunked(300), CallTraits { alibi: true, ..DENSE }).is_none());
         assert!(ChunkBatch::of(&s, &chunked(300), CallTraits { probs: true, ..DENSE }).is_none());
+        assert!(ChunkBatch::of(&s, &chunked(300), CallTraits { qv: true, ..DENSE }).is_none());
         let dropout = AttnParams { dropout: Some(crate::Dropout { p: 0.1, seed: 1, offset: 2 }), ..chunked(300) };
         assert!(ChunkBatch::of(&s, &dropout, DENSE).is_none(), "dropout's mask is keyed by entry and row");
         let oracle = AttnParams { kernel: Some(KernelFamily::Reference), ..chunked(300) };

@@ -99,6 +99,7 @@ impl Context {
             alibi: checked.alibi.is_some(),
             dsink: false,
             probs: out.probs.is_some(),
+            qv: checked.qv,
         };
         // A chunk that cuts nothing is dropped here, the call not validated again.
         let plan = ChunkPlan::of(&checked.tensors, params, traits);

@@ -161,8 +161,17 @@ pub(crate) fn forward(lane: &mut Lane, kernel: &LoadedKernel, plan: &Plan, mut c
         tile_section: p.tile_section,
     };
     let steps = steps::forward(variant, &plan.shape, plan.splits as u32, sm_count, arch, facts)?;
+    let [q, k, v, o] = call.views;
+    let with_qv;
+    let views: &[TensorView] = match call.qv {
+        Some(qv) => {
+            with_qv = [q, k, v, o, qv];
+            &with_qv
+        }
+        None => &call.views,
+    };
     // SAFETY: `p` is the call's `FwdParams`, built and validated for this variant (`pack::forward`).
-    unsafe { run(lane, kernel, steps.into_iter().map(Work::Launch), Arg::Fwd(p), &call.views) }
+    unsafe { run(lane, kernel, steps.into_iter().map(Work::Launch), Arg::Fwd(p), views) }
 }
 
 /// Runs `work` in stream order: each launch of a non-empty grid with `params` and what its step
@@ -170,14 +179,9 @@ pub(crate) fn forward(lane: &mut Lane, kernel: &LoadedKernel, plan: &Plan, mut c
 ///
 /// # Safety
 /// `params` is the parameter struct of every kernel `work` launches, its pointers validated
-/// device memory the kernels may use in stream order; `views` the call's validated views.
-unsafe fn run(
-    lane: &Lane,
-    kernel: &LoadedKernel,
-    work: impl IntoIterator<Item = Work>,
-    params: Arg,
-    views: &[TensorView; 4],
-) -> Result<()> {
+/// device memory the kernels may use in stream order; `views` the call's validated views (a
+/// step's maps name views it has: `pack` puts `qv` fifth where the form reads it).
+unsafe fn run(lane: &Lane, kernel: &LoadedKernel, work: impl IntoIterator<Item = Work>, params: Arg, views: &[TensorView]) -> Result<()> {
     for w in work {
         let step = match w {
             Work::ZeroDqAccum(words) => {
@@ -197,14 +201,15 @@ unsafe fn run(
         .ok_or_else(|| Error::Unsupported { kernel: kernel.variant.name(), msg: format!("has no {:?} entry point", step.entry) })?;
         let launch = Launch { function, grid: step.grid, block: step.block, smem: step.smem, dependent: step.dependent };
         let what = || format!("launching {} ({})", kernel.variant.name(), step.what);
-        let maps_of = |maps: [MapOver; 4]| -> Result<[TensorMap; 4]> {
-            Ok([
-                tensor_map(&views[maps[0].view], maps[0].rows)?,
-                tensor_map(&views[maps[1].view], maps[1].rows)?,
-                tensor_map(&views[maps[2].view], maps[2].rows)?,
-                tensor_map(&views[maps[3].view], maps[3].rows)?,
-            ])
+        let map_of = |map: MapOver| -> Result<TensorMap> {
+            let view = views.get(map.view).ok_or_else(|| Error::Unsupported {
+                kernel: kernel.variant.name(),
+                msg: format!("reads tensor {} of the call, which has {}", map.view, views.len()),
+            })?;
+            tensor_map(view, map.rows)
         };
+        let maps_of =
+            |maps: [MapOver; 4]| -> Result<[TensorMap; 4]> { Ok([map_of(maps[0])?, map_of(maps[1])?, map_of(maps[2])?, map_of(maps[3])?]) };
         // SAFETY (each launch): `params` as this function's contract; the maps describe the
         // call's views; the schedule's counter is this lane's (zero between launches).
         match step.extra {
@@ -213,11 +218,20 @@ unsafe fn run(
                 let [a, b, c, d] = maps_of(maps)?;
                 unsafe { launch.run(lane.stream, [params, Arg::Map(&a), Arg::Map(&b), Arg::Map(&c), Arg::Map(&d)], what)? }
             }
-            Extra::MapsAndSchedule(maps, section) => {
+            Extra::MapsAndSchedule { maps, qv, section } => {
                 let [a, b, c, d] = maps_of(maps)?;
                 let schedule = TileSchedule { counter: lane.tile_counter, section, _pad: 0 };
-                let args = [params, Arg::Map(&a), Arg::Map(&b), Arg::Map(&c), Arg::Map(&d), Arg::Schedule(&schedule)];
-                unsafe { launch.run(lane.stream, args, what)? }
+                match qv {
+                    None => {
+                        let args = [params, Arg::Map(&a), Arg::Map(&b), Arg::Map(&c), Arg::Map(&d), Arg::Schedule(&schedule)];
+                        unsafe { launch.run(lane.stream, args, what)? }
+                    }
+                    Some(qv) => {
+                        let e = map_of(qv)?;
+                        let args = [params, Arg::Map(&a), Arg::Map(&b), Arg::Map(&c), Arg::Map(&d), Arg::Map(&e), Arg::Schedule(&schedule)];
+                        unsafe { launch.run(lane.stream, args, what)? }
+                    }
+                }
             }
         }
     }

@@ -235,6 +235,8 @@ pub(crate) struct FwdCall<'a> {
     pub params: FwdParams,
     /// `q`, `k`, `v`, `o` as the kernel reads them (GQA heads packed as rows when planned).
     pub views: [TensorView<'a>; 4],
+    /// FlashAttention-3's `qv` where the form reads it (its fifth tensor map).
+    pub qv: Option<TensorView<'a>>,
     /// Whether the paged pre-pass appends `k_new`, `v_new` first.
     pub append: bool,
     /// Bytes of the split-KV partials (O, then LSE), when the plan splits.
@@ -320,7 +322,8 @@ pub(crate) fn forward<'a>(
             append = true;
         }
     }
-    FwdCall { params: p, views: [q, k, v, o], append, split_scratch: split_scratch(plan) }
+    let qv = inputs.qv.filter(|_| plan.variant.mods.qv);
+    FwdCall { params: p, views: [q, k, v, o], qv, append, split_scratch: split_scratch(plan) }
 }
 
 /// The split-KV partials `plan` needs, if it splits: `[splits, B, Hq, Sq]` rows of `D + 1`
@@ -401,7 +404,7 @@ mod tests {
     use crate::call::Alibi;
 
     fn checked(shape: ProblemShape, alibi: Option<Alibi>) -> Checked {
-        Checked { tensors: shape, shape, cache: None, alibi, dropout_state: 0, learnable_sink: 0 }
+        Checked { tensors: shape, shape, cache: None, alibi, dropout_state: 0, learnable_sink: 0, qv: false }
     }
 
     #[test]

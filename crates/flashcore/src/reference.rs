@@ -4,7 +4,8 @@
 //! subtracted, in f64. Parallel over (batch, query head) with rayon. Same semantics as the
 //! kernels (see [`AttnParams`]):
 //!
-//! - `s_ij = softmax_scale · q_i · k_j`;
+//! - `s_ij = softmax_scale · q_i · k_j` (with FlashAttention-3's `qv`, `RefMask::qv`:
+//!   `softmax_scale · (q_i · k_j + qv_i · v_j)`);
 //! - causal is bottom-right aligned: query `i` sees key `j` iff `j <= i + Sk - Sq`;
 //! - GQA/MQA: query head `h` reads key/value head `h / (Hq / Hkv)`;
 //! - a sliding window (`RefMask::window`) keeps keys `i + Sk - Sq - left <= j <= i + Sk - Sq
@@ -56,6 +57,9 @@ pub struct RefMask<'a> {
     pub dropout: Option<crate::Dropout>,
     /// See `dropout`.
     pub first_batch: usize,
+    /// FlashAttention-3's `qv`, `[B, Sq, Hq, Dv]` contiguous like the output: `qv_i · v_j`
+    /// joins `q_i · k_j` in every score before the scale. Empty: none.
+    pub qv: &'a [f64],
 }
 
 impl<'a> RefMask<'a> {
@@ -71,6 +75,7 @@ impl<'a> RefMask<'a> {
             alibi_slopes: &[],
             dropout: params.dropout,
             first_batch: 0,
+            qv: &[],
         }
     }
 
@@ -151,6 +156,8 @@ pub fn attention_masked(q: &[f64], k: &[f64], v: &[f64], shape: &ProblemShape, s
         assert_eq!(t.len(), want, "{name} has {} elements, {shape:?} needs {want}", t.len());
     }
     assert!(mask.sinks.is_empty() || mask.sinks.len() == hq, "sinks has {} elements, one a query head ({hq}) needed", mask.sinks.len());
+    let qv_len = batch * sq * hq * dv;
+    assert!(mask.qv.is_empty() || mask.qv.len() == qv_len, "qv has {} elements, {shape:?} needs {qv_len}", mask.qv.len());
     let group = hq / hkv;
 
     // One job per (batch, query head); each returns that head's [Sq, Dv] output and [Sq] lse.
@@ -160,6 +167,15 @@ pub fn attention_masked(q: &[f64], k: &[f64], v: &[f64], shape: &ProblemShape, s
             let (b, h) = (bh / hq, bh % hq);
             let q_row = |i: usize| &q[((b * sq + i) * hq + h) * d..][..d];
             let kv_row = |j: usize| (b * sk + j) * hkv + h / group;
+            // q_i·k_j, and qv_i·v_j with qv.
+            let logit = |i: usize, j: usize| {
+                let qk = dot(q_row(i), &k[kv_row(j) * d..][..d]);
+                if mask.qv.is_empty() {
+                    qk
+                } else {
+                    qk + dot(&mask.qv[((b * sq + i) * hq + h) * dv..][..dv], &v[kv_row(j) * dv..][..dv])
+                }
+            };
             let mut o = vec![0.0; sq * dv];
             let mut lse = vec![f64::NEG_INFINITY; sq];
             let sink = mask.sinks.get(h).copied().unwrap_or(f64::NEG_INFINITY);
@@ -170,8 +186,7 @@ pub fn attention_masked(q: &[f64], k: &[f64], v: &[f64], shape: &ProblemShape, s
                     continue;
                 }
                 let bias = |j| mask.bias((b, h, hq), i, j, (sq, sk));
-                let s: Vec<f64> =
-                    (first..last).map(|j| mask.score(softmax_scale * dot(q_row(i), &k[kv_row(j) * d..][..d])) + bias(j)).collect();
+                let s: Vec<f64> = (first..last).map(|j| mask.score(softmax_scale * logit(i, j)) + bias(j)).collect();
                 let max = s.iter().copied().fold(sink, f64::max);
                 let p: Vec<f64> = s.iter().map(|&s| (s - max).exp()).collect();
                 let sum: f64 = p.iter().sum::<f64>() + (sink - max).exp();
@@ -451,6 +466,31 @@ mod tests {
         let nq = s.batch * s.seqlen_q * s.heads_q * s.head_dim;
         let keys = s.batch * s.seqlen_k * s.heads_kv;
         (random(nq, seed), random(keys * s.head_dim, seed + 1), random(keys * s.head_dim_v, seed + 2))
+    }
+
+    /// FlashAttention-3's `qv` is one longer dot product: q·kᵀ + qv·vᵀ = [q, qv]·[k, v]ᵀ, so
+    /// the call with `qv` equals the call at head dim D + Dv with q and k extended by qv and v
+    /// (GQA, causal with Sq < Sk, a softcap and sinks beside it).
+    #[test]
+    fn qv_is_the_dot_product_over_q_and_qv_together() {
+        let (d, dv) = (3, 5);
+        let s = ProblemShape { head_dim_v: dv, ..shape(2, 4, 7, 4, 2, d) };
+        let (q, k, v) = qkv(&s, 11);
+        let qv = random(s.batch * s.seqlen_q * s.heads_q * dv, 99);
+        let rows = |t: &[f64], n: usize, w: usize| t.chunks_exact(w).take(n).map(<[f64]>::to_vec).collect::<Vec<_>>();
+        let join = |a: &[f64], wa: usize, b: &[f64], wb: usize| -> Vec<f64> {
+            rows(a, a.len() / wa, wa).into_iter().zip(rows(b, b.len() / wb, wb)).flat_map(|(x, y)| x.into_iter().chain(y)).collect()
+        };
+        let sinks = [0.5, -1.0, 2.0, 0.0];
+        let mask = RefMask { causal: true, softcap: 2.0, sinks: &sinks, ..RefMask::default() };
+        let got = attention_masked(&q, &k, &v, &s, 0.3, &RefMask { qv: &qv, ..mask });
+        let wide = ProblemShape { head_dim: d + dv, ..s };
+        let want = attention_masked(&join(&q, d, &qv, dv), &join(&k, d, &v, dv), &v, &wide, 0.3, &mask);
+        for (a, b) in got.o.iter().zip(&want.o).chain(got.lse.iter().zip(&want.lse)) {
+            assert!((a - b).abs() <= 1e-12 * b.abs().max(1.0), "{a} against {b}");
+        }
+        let plain = attention_masked(&q, &k, &v, &s, 0.3, &mask);
+        assert!(plain.o.iter().zip(&got.o).any(|(a, b)| (a - b).abs() > 1e-3), "qv changes the output");
     }
 
     /// Columns `from..from + width` of each row of `t` (rows of `row` elements), zero-padded to

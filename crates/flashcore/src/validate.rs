@@ -64,6 +64,18 @@ fn output(q: &TensorView, o: &TensorView, dv: usize, device: usize) -> Result<()
     Ok(())
 }
 
+/// Validates FlashAttention-3's `qv` against the checked output `o`: a tensor of the call's
+/// device shaped like `o` (`[B, Sq, Hq, Dv]`; packed `[1, total_q, Hq, Dv]`) in q's dtype.
+/// Which pairs and layouts take it is the planner's (`dispatch::qv_form`).
+pub(crate) fn qv(qv: &TensorView, o: &TensorView, device: usize) -> Result<()> {
+    tensor("qv", qv, device)?;
+    same_shape(("qv", qv), ("o", o))?;
+    if qv.layout.dtype != o.layout.dtype {
+        return Err(Error::DType { arg: "qv", msg: format!("{} differs from q's {}", qv.layout.dtype, o.layout.dtype) });
+    }
+    Ok(())
+}
+
 /// Validates the log-sum-exp buffer's length against the problem.
 pub(crate) fn lse(len: usize, shape: &ProblemShape) -> Result<()> {
     let want = shape.batch * shape.heads_q * shape.seqlen_q;

@@ -79,7 +79,7 @@ fn every_variant_compiles_for_every_arch_without_spills() {
 fn chunked_forms_compile_in_every_family() {
     let fresh = tempfile::tempdir().unwrap();
     let jit = test_jit(&fresh);
-    let everything = ScoreMods { local: true, chunk: true, softcap: true, alibi: true, dropout: false, sinks: false };
+    let everything = ScoreMods { local: true, chunk: true, softcap: true, alibi: true, ..ScoreMods::default() };
     let jobs: Vec<_> = [
         (HOPPER, KernelFamily::FwdSm90),
         (HOPPER, KernelFamily::BwdSm90),

@@ -7,9 +7,12 @@
     flashcore.compat.use_as_flash_attn_interface()   # before anything imports flash_attn_interface
     from flash_attn_interface import flash_attn_func  # FlashCore's
 
-Every call runs FlashCore's kernels (`flashcore.interface`). What FA3 has and FlashCore does
-not yet raises `NotImplementedError` naming the argument: `qv` (absorbed MLA's extra q·vᵀ
-term), the FP8 descales `q_descale`, `k_descale`, `v_descale`, and in the KV-cache call
+Every call runs FlashCore's kernels (`flashcore.interface`). `qv` (absorbed MLA's extra q·vᵀ
+term) runs in `flash_attn_func` where FA3 has it, q and k 64 with v 256 (Hopper), forward only
+as in FA3 (inputs that require grad raise naming it), at FA3's default scale `(D + Dv)^-1/2`,
+eagerly (not through the registered ops: torch.compile does not trace it). What FA3 has and
+FlashCore does not yet raises `NotImplementedError` naming the argument: `qv` in the packed
+and KV-cache calls, the FP8 descales `q_descale`, `k_descale`, `v_descale`, and in the KV-cache call
 `cache_leftpad` with a page table (packed new keys, `cu_seqlens_k_new`, are written into the
 caches by PyTorch first; packed queries over a contiguous cache run as a packed batch over its
 rows; `cache_batch_idx` with a page table picks the table's rows, gathered on the device).
@@ -34,7 +37,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from .. import interface
+from .. import _ops, interface
 from .._args import _check, _check_int32, _check_packed, _check_paged_varlen, _num_splits, _options
 from .._paths import _attention
 
@@ -55,10 +58,21 @@ def _not_yet(name: str, what: str) -> NotImplementedError:
 def _refuse_fa3_only(qv: object, descales: Tuple[object, object, object]) -> None:
     """NotImplementedError naming the first FA3 argument FlashCore does not run yet."""
     if qv is not None:
-        raise _not_yet("qv", "absorbed MLA's q·vᵀ term")
+        raise _not_yet("qv", "absorbed MLA's q·vᵀ term: flash_attn_func takes it; the packed and KV-cache calls not yet")
     for name, descale in zip(("q_descale", "k_descale", "v_descale"), descales):
         if descale is not None:
             raise _not_yet(name, "FP8 inputs")
+
+
+def _qv_forward(q: Tensor, k: Tensor, v: Tensor, qv: object, options: _ops.Options, want_lse: bool) -> Tuple[Tensor, Optional[Tensor]]:
+    """FA3's `qv` call: `_ops.forward` with qv (checked by the core against the output's
+    shape, q's dtype and the pairs it has forms for; its errors name `qv`). No gradient, as
+    FA3's backward takes no qv."""
+    if not isinstance(qv, Tensor):
+        raise TypeError(f"`qv` must be a torch.Tensor [B, Sq, Hq, Dv], got {type(qv).__name__}")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, qv)):
+        raise _not_yet("qv", "its gradient: FlashAttention-3's backward has none either; call under torch.no_grad()")
+    return _ops.forward(q, k, v, options, want_lse, qv=qv)
 
 
 def _chunk(attention_chunk: object) -> int:
@@ -96,12 +110,18 @@ def flash_attn_func(
     """FA3's `flash_attn_func`: `q [B, Sq, Hq, D]`, `k, v [B, Sk, Hkv, D]` → `out`, or `(out,
     softmax_lse [B, Hq, Sq])` with `return_attn_probs` (FA3 returns no probabilities either).
     Semantics as `flashcore.flash_attn_func`; `num_splits` as the module says; `pack_gqa` and
-    `sm_margin` hints. Differentiable."""
-    _refuse_fa3_only(qv, (q_descale, k_descale, v_descale))
+    `sm_margin` hints. Differentiable, but with `qv` (`[B, Sq, Hq, Dv]`, forward only; see the
+    module)."""
+    _refuse_fa3_only(None, (q_descale, k_descale, v_descale))
     _check((("q", q), ("k", k), ("v", v)), "[B, S, H, D]")
     splits, chunk = _num_splits(num_splits), _chunk(attention_chunk)
+    if qv is not None and softmax_scale is None:
+        softmax_scale = (q.shape[-1] + v.shape[-1]) ** -0.5  # FA3's default with qv
     options = _options(q, (softmax_scale, causal, window_size, softcap), None, deterministic, num_splits=splits, attention_chunk=chunk)
-    out, lse = _attention(q, k, v, options, return_attn_probs)
+    if qv is not None:
+        out, lse = _qv_forward(q, k, v, qv, options, return_attn_probs)
+    else:
+        out, lse = _attention(q, k, v, options, return_attn_probs)
     return (out, lse) if return_attn_probs else out
 
 

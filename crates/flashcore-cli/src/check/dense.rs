@@ -10,7 +10,7 @@ use flashcore::{
     Window,
 };
 
-use crate::cases::{random_qkv, Case, HostQkv, Inputs, Storage, Stored};
+use crate::cases::{normal, random_qkv, Case, HostQkv, Inputs, Storage, Stored};
 use crate::check::outcome::{judge, Outcome};
 use crate::check::poison::{poisoned_run, same_bits};
 use crate::check::{upload_dropout_state, upload_slopes, wide_slopes, Alibi};
@@ -40,6 +40,8 @@ pub struct Spec {
     pub dropout: Option<flashcore::Dropout>,
     /// Learnable sinks, one a query head ([`Spec::sinks`]).
     pub sinks: bool,
+    /// FlashAttention-3's `qv`, shaped like the output (random normal values).
+    pub qv: bool,
 }
 
 impl Spec {
@@ -56,6 +58,7 @@ impl Spec {
             alibi: Alibi::Off,
             dropout: None,
             sinks: false,
+            qv: false,
         }
     }
 
@@ -321,6 +324,28 @@ pub fn value_dim_specs(family: KernelFamily, quick: bool) -> Vec<Spec> {
         out.push(Spec { chunk: 256, ..plain(p.case(1, 1000, 1000, 4, 2)) });
         out.push(Spec { sinks: true, ..plain(p.case(2, 300, 1000, 8, 2)) });
     }
+    out.extend(qv_specs(quick));
+    out
+}
+
+/// FlashAttention-3's `qv` (`fwd_sm90::QV_HEAD_DIMS`, dense keys), at its default scale (D +
+/// Dv)^-1/2: both dtypes and masks over odd lengths both ways and GQA; beyond quick, decode,
+/// a window with a softcap on large logits, sinks.
+fn qv_specs(quick: bool) -> Vec<Spec> {
+    let mut out = Vec::new();
+    for p in super::ValueDimPoint::forward().filter(|p| flashcore::kernels::QV_HEAD_DIMS.contains(&(p.head_dim, p.head_dim_v))) {
+        let scale = Some(1.0 / ((p.head_dim + p.head_dim_v) as f32).sqrt());
+        let qv = |c, inputs| Spec { qv: true, scale, ..Spec::new(c, inputs, Storage::Bshd) };
+        out.push(qv(p.case(1, 1000, 1000, 8, 2), Inputs::Normal));
+        out.push(qv(p.case(2, 113, 1000, 4, 1), Inputs::Normal));
+        out.push(qv(p.case(2, 1000, 113, 8, 8), Inputs::Normal));
+        if quick {
+            continue;
+        }
+        out.push(qv(p.case(3, 1, 4097, 8, 2), Inputs::Normal));
+        out.push(Spec { window: Window::new(100, 20), softcap: 30.0, ..qv(p.case(1, 600, 300, 4, 2), Inputs::LargeLogits) });
+        out.push(Spec { sinks: true, ..qv(p.case(2, 300, 1000, 8, 2), Inputs::Normal) });
+    }
     out
 }
 
@@ -368,7 +393,13 @@ fn decode_specs(family: KernelFamily, d: usize, causal: bool, dtype: DType, quic
 }
 
 /// Runs `family` on the inputs into NaN-poisoned buffers; returns (o, lse).
-fn run_poisoned(ctx: &Context, family: KernelFamily, spec: &Spec, q: &Stored, k: &Stored, v: &Stored) -> Result<(Vec<u16>, Vec<f32>)> {
+fn run_poisoned(
+    ctx: &Context,
+    family: KernelFamily,
+    spec: &Spec,
+    (q, k, v): (&Stored, &Stored, &Stored),
+    qv: Option<&Stored>,
+) -> Result<(Vec<u16>, Vec<f32>)> {
     let case = &spec.case;
     let params = AttnParams {
         causal: case.causal,
@@ -389,6 +420,7 @@ fn run_poisoned(ctx: &Context, family: KernelFamily, spec: &Spec, q: &Stored, k:
         alibi_slopes: slopes.as_ref().map(AlibiSlopes::of),
         dropout_state: state.as_ref().map(DropoutState::of),
         learnable_sink: sinks.as_ref().map(LearnableSinks::of),
+        qv: qv.map(Stored::view),
         ..FwdInputs::dense(q.view(), k.view(), v.view())
     };
     poisoned_run(ctx, case.o_shape(), case.dtype, lse_len, |o, lse| {
@@ -401,13 +433,15 @@ pub fn check_one(ctx: &Context, family: KernelFamily, spec: &Spec) -> Result<Out
     let host = random_qkv(case, spec.inputs, 0x5eed ^ case.seqlen_q as u64 ^ ((case.head_dim as u64) << 20));
     let up = |data: &[f32], shape| Stored::upload(ctx, data, shape, case.dtype, spec.storage);
     let (q, k, v) = (up(&host.q, case.q_shape())?, up(&host.k, case.kv_shape())?, up(&host.v, case.v_shape())?);
+    let qv_host = spec.qv.then(|| normal(case.o_shape().iter().product(), 1.0, case.dtype, 0x9b ^ case.seqlen_q as u64));
+    let qv = qv_host.as_deref().map(|h| up(h, case.o_shape())).transpose()?;
 
-    let first = run_poisoned(ctx, family, spec, &q, &k, &v)?;
-    let deterministic = same_bits(&first, &run_poisoned(ctx, family, spec, &q, &k, &v)?);
+    let first = run_poisoned(ctx, family, spec, (&q, &k, &v), qv.as_ref())?;
+    let deterministic = same_bits(&first, &run_poisoned(ctx, family, spec, (&q, &k, &v), qv.as_ref())?);
     let (o_bits, lse) = first;
     let o: Vec<f32> = o_bits.iter().map(|&b| case.dtype.decode(b)).collect();
 
-    let (oracle, ref_o, ref_lse) = oracle(ctx, family, spec, &host, &q, &k, &v)?;
+    let (oracle, ref_o, ref_lse) = oracle(ctx, family, spec, (&host, qv_host.as_deref()), &q, &k, &v)?;
     let (rel, max_abs, lse_err, failure) = judge(&o, &ref_o, &lse, &ref_lse, case.dtype, deterministic);
     let splits = spec.splits.map(|n| format!("_split{n}")).unwrap_or_default();
     let scale = spec.scale.map(|s| format!("_scale{s}")).unwrap_or_default();
@@ -415,7 +449,9 @@ pub fn check_one(ctx: &Context, family: KernelFamily, spec: &Spec) -> Result<Out
     let score = super::score_suffix(spec.window, spec.softcap) + &super::chunk_suffix(spec.chunk);
     let drop = spec.dropout.map(|d| format!("_dropout{}", d.p)).unwrap_or_default();
     let sinks = if spec.sinks { "_sinks" } else { "" };
-    let name = format!("{}{}{bhsd}{splits}{scale}{score}{}{drop}{sinks}", case.name, inputs_suffix(spec.inputs), spec.alibi.suffix());
+    let qv_suffix = if spec.qv { "_qv" } else { "" };
+    let name =
+        format!("{}{}{bhsd}{splits}{scale}{score}{}{drop}{sinks}{qv_suffix}", case.name, inputs_suffix(spec.inputs), spec.alibi.suffix());
     Ok(Outcome { spec_name: name, kernel: family, oracle, rel, max_abs, lse_err, deterministic, failure })
 }
 
@@ -433,7 +469,7 @@ fn oracle(
     ctx: &Context,
     family: KernelFamily,
     spec: &Spec,
-    host: &HostQkv,
+    (host, qv): (&HostQkv, Option<&[f32]>),
     q: &Stored,
     k: &Stored,
     v: &Stored,
@@ -444,6 +480,7 @@ fn oracle(
         let wide = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
         let slopes = wide_slopes(&spec.slopes());
         let sinks = wide_slopes(&spec.sinks());
+        let qv = qv.map(wide).unwrap_or_default();
         let mask = RefMask {
             causal: case.causal,
             window: (spec.window != Window::UNBOUNDED).then_some(spec.window),
@@ -452,14 +489,15 @@ fn oracle(
             sinks: &sinks,
             alibi_slopes: &slopes,
             dropout: spec.dropout,
+            qv: &qv,
             ..RefMask::default()
         };
         let r = reference::attention_masked(&wide(&host.q), &wide(&host.k), &wide(&host.v), &case.shape(), spec.scale() as f64, &mask);
         return Ok(("cpu-f64", r.o, r.lse));
     }
-    if family == KernelFamily::Reference {
-        bail!("case {} is too large for the CPU oracle and cannot check the GPU reference against itself", case.name);
+    if family == KernelFamily::Reference || spec.qv {
+        bail!("case {} is too large for the CPU oracle, which alone checks the GPU reference and qv", case.name);
     }
-    let (o, lse) = run_poisoned(ctx, KernelFamily::Reference, &Spec { splits: None, ..spec.clone() }, q, k, v)?;
+    let (o, lse) = run_poisoned(ctx, KernelFamily::Reference, &Spec { splits: None, ..spec.clone() }, (q, k, v), None)?;
     Ok(("gpu-ref", o.iter().map(|&b| case.dtype.decode(b) as f64).collect(), lse.iter().map(|&x| x as f64).collect()))
 }

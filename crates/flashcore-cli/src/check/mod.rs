@@ -375,13 +375,16 @@ mod value_dim_tests {
     #[test]
     fn v_s_own_head_dim_cases_are_fwd_sm90_s_pairs_alone() {
         let (full, quick) = (value_dim_specs(KernelFamily::FwdSm90, false), value_dim_specs(KernelFamily::FwdSm90, true));
-        assert_eq!((full.len(), quick.len()), (80, 32), "two pairs, two dtypes, two masks: 10 cases each, 4 quick");
+        assert_eq!((full.len(), quick.len()), (104, 44), "two pairs, two dtypes, two masks: 10 cases each, 4 quick; qv 6, 3");
+        let with_qv: Vec<_> = full.iter().filter(|s| s.qv).collect();
+        assert_eq!(with_qv.len(), 24);
+        assert!(with_qv.iter().all(|s| (s.case.head_dim, s.case.head_dim_v) == (64, Some(256))), "qv: FlashAttention-3's pair alone");
         for s in &full {
             let pair = (s.case.head_dim, s.case.head_dim_v.unwrap());
             assert!(pair == (192, 128) || pair == (64, 256), "{}", s.case.name);
             assert!(s.case.name.contains(&format!("_d{}_dv{}_", pair.0, pair.1)), "{}", s.case.name);
         }
-        assert_eq!(full.iter().filter(|s| s.case.head_dim == 64).count(), 40, "FlashAttention-3's (64, 256)");
+        assert_eq!(full.iter().filter(|s| s.case.head_dim == 64 && !s.qv).count(), 40, "FlashAttention-3's (64, 256)");
         assert!(full.iter().any(|s| s.sinks) && full.iter().any(|s| s.chunk > 0) && full.iter().any(|s| s.case.seqlen_q == 1));
         for family in [KernelFamily::FwdSm80, KernelFamily::Reference, KernelFamily::BwdSm90] {
             assert!(value_dim_specs(family, false).is_empty(), "{family}: no form of its own");

@@ -120,7 +120,7 @@ pub(crate) fn backward_variant(
             softcap: params.has_softcap(),
             alibi,
             dropout,
-            sinks: false,
+            ..ScoreMods::default()
         },
     );
     variant.varlen = varlen;

@@ -156,6 +156,9 @@ pub struct ScoreTensors {
     /// split-KV combine), so every plan takes them: split or not, dense, packed or paged keys,
     /// GQA heads packed as rows (each row then finds its own head's sink).
     pub learnable_sink: bool,
+    /// FlashAttention-3's `qv` (the `_qv` form; fwd_sm90's pairs in `fwd_sm90::QV_HEAD_DIMS`,
+    /// dense keys).
+    pub qv: bool,
 }
 
 /// [`plan`] for keys laid out as `layout` says. A packed batch (`shape` its kernel shape:
@@ -177,7 +180,7 @@ pub fn plan_for(
     layout: KeyLayout,
     tensors: ScoreTensors,
 ) -> Result<Plan> {
-    let ScoreTensors { alibi, learnable_sink: sinks } = tensors;
+    let ScoreTensors { alibi, learnable_sink: sinks, qv } = tensors;
     let (page_size, packed_queries) = match layout {
         KeyLayout::Paged { page_size, packed_queries } => (Some(page_size), packed_queries),
         _ => (None, false),
@@ -189,11 +192,12 @@ pub fn plan_for(
     // Dropout: fwd_sm90 where it runs (its accumulators hold the mask's cells as fwd_sm80's
     // do: the same mask, bit for bit), dense or packed, else fwd_sm80; unsplit either way.
     let dropout_on_sm90 = KernelFamily::FwdSm90.runs_on(arch) && KernelFamily::FwdSm90.takes_head_dim(shape.head_dim);
-    // V's own head dim: fwd_sm90's forms for the pairs it has (fwd_sm90::VALUE_HEAD_DIMS).
+    // V's own head dim: fwd_sm90's forms for the pairs it has (fwd_sm90::VALUE_HEAD_DIMS); qv
+    // too (fwd_sm90::QV_HEAD_DIMS).
     let own_value_dim = shape.head_dim_v != shape.head_dim;
     let family = match params.kernel {
         Some(family) => family,
-        None if own_value_dim && KernelFamily::FwdSm90.runs_on(arch) => KernelFamily::FwdSm90,
+        None if (own_value_dim || qv) && KernelFamily::FwdSm90.runs_on(arch) => KernelFamily::FwdSm90,
         None if packed_queries => KernelFamily::FwdSm80,
         None if dropout && dropout_on_sm90 => KernelFamily::FwdSm90,
         None if dropout => KernelFamily::FwdSm80,
@@ -239,6 +243,9 @@ pub fn plan_for(
     if own_value_dim {
         value_head_dim_form(family, shape, layout)?;
     }
+    if qv {
+        qv_form(family, shape, layout)?;
+    }
     if params.num_splits == Some(0) {
         return Err(Error::Param { arg: "num_splits", msg: "must be at least 1 (None picks it)".into() });
     }
@@ -265,7 +272,7 @@ pub fn plan_for(
     let kshape = if packed_gqa { packed(shape) } else { *shape };
     let causal = causal && !packed_gqa;
     let chunk = params.attention_chunk > 0;
-    let mods = ScoreMods { local: window.is_some(), chunk, softcap: params.has_softcap(), alibi, dropout, sinks };
+    let mods = ScoreMods { local: window.is_some(), chunk, softcap: params.has_softcap(), alibi, dropout, sinks, qv };
     // Keys one query tile visits at most: the window's span and the tile's height, or all.
     let visited = |block_m: u32| match window {
         Some(w) if w.left >= 0 && w.right >= 0 => kshape.seqlen_k.min(w.left as usize + w.right as usize + block_m as usize),
@@ -316,6 +323,24 @@ fn value_head_dim_form(family: KernelFamily, shape: &ProblemShape, layout: KeyLa
         return Ok(());
     };
     Err(Error::Unsupported { kernel: family.name().into(), msg })
+}
+
+/// Whether `family` runs FlashAttention-3's `qv` in `shape` over keys laid out as `layout`:
+/// fwd_sm90's forms of the pairs in [`fwd_sm90::QV_HEAD_DIMS`] over dense keys; else the
+/// error names `qv` and what takes it.
+fn qv_form(family: KernelFamily, shape: &ProblemShape, layout: KeyLayout) -> Result<()> {
+    let (d, dv) = (shape.head_dim, shape.head_dim_v);
+    let pairs = fwd_sm90::QV_HEAD_DIMS.iter().map(|(d, dv)| format!("({d}, {dv})")).collect::<Vec<_>>().join(", ");
+    let msg = if family != KernelFamily::FwdSm90 {
+        format!("{family} takes none: fwd_sm90 has forms for (head dim, V's) {pairs} on Hopper")
+    } else if !matches!(layout, KeyLayout::Dense) {
+        "runs over dense keys alone (packed batches and KV caches: not yet)".into()
+    } else if !fwd_sm90::QV_HEAD_DIMS.contains(&(d, dv)) {
+        format!("has no form for head dim {d} with V's {dv}: fwd_sm90 has {pairs}")
+    } else {
+        return Ok(());
+    };
+    Err(Error::Param { arg: "qv", msg })
 }
 
 fn not_a_forward(family: KernelFamily) -> Error {
@@ -496,6 +521,22 @@ mod tests {
         let p = plan(&h100(), &decode, DType::BF16, &AttnParams::default()).unwrap();
         assert!(!p.packed_gqa && p.variant.head_dim_v == Some(128), "decode runs the same form, heads unpacked");
 
+        // FlashAttention-3's qv: fwd_sm90's (64, 256) form over dense keys, else refused naming qv.
+        let fa3 = ProblemShape { head_dim: 64, head_dim_v: 256, ..shape(64) };
+        let qv = ScoreTensors { qv: true, ..ScoreTensors::default() };
+        let p = plan_for(&h100(), &fa3, DType::BF16, &AttnParams::causal(), KeyLayout::Dense, qv).unwrap();
+        assert!(p.variant.mods.qv && p.variant.name().ends_with("_qv") && p.splits == 1, "{}", p.describe());
+        let forced = AttnParams { kernel: Some(KernelFamily::FwdSm80), ..AttnParams::default() };
+        for (shape, params, layout, names) in [
+            (&fa3, AttnParams::default(), KeyLayout::Varlen { total_k: 8000 }, "dense keys"),
+            (&fa3, AttnParams::default(), KeyLayout::Paged { page_size: 16, packed_queries: false }, "KV cache"),
+            (&deepseek, AttnParams::default(), KeyLayout::Dense, "head dim 192 with V's 128"),
+            (&fa3, forced, KeyLayout::Dense, "fwd_sm80"),
+        ] {
+            let err = plan_for(&h100(), shape, DType::BF16, &params, layout, qv).unwrap_err();
+            assert!(matches!(err, Error::Param { arg: "qv", .. }) || err.to_string().contains(names), "{err}");
+            assert!(err.to_string().contains(names), "{err}");
+        }
         // FlashAttention-3's (64, 256): D256's tile (O's 128 registers a thread), Q and K 64 wide;
         // softcap with ALiBi keeps it (D64's short tile would not hold V's stages).
         let fa3 = ProblemShape { head_dim: 64, head_dim_v: 256, ..shape(64) };

@@ -182,7 +182,7 @@ mod tests {
     #[test]
     fn dropout_with_other_policies_narrows_only_sm90s_two_stage_tile_without_a_causal_mask_or_with_every_policy() {
         let dropout = ScoreMods { dropout: true, ..ScoreMods::default() };
-        let all = ScoreMods { local: true, softcap: true, alibi: true, dropout: true, chunk: false, sinks: false };
+        let all = ScoreMods { local: true, softcap: true, alibi: true, dropout: true, ..ScoreMods::default() };
         let tile_of = |a: Arch, d: usize, causal: bool, mods| with_mods(&variant(a, DType::BF16, d, causal), mods).tile;
         assert_eq!(tile_of(arch(9, 0), 64, false, dropout), tile(arch(9, 0), 64), "dropout alone keeps the tile");
         let narrow = tile_of(arch(9, 0), 64, false, all);

@@ -40,15 +40,18 @@
 //   O (kBlockM x D) shares V's stages, so the epilogue costs no shared memory.
 //   V's own head dim (FC_HEAD_DIM_V = Dv, D's unless set; dense and packed keys): V's and O's
 //   tiles are Dv wide, P·V's N is Dv and O's accumulator Dv / 2 registers a thread. D192 with
-//   Dv 128 (DeepSeek) takes 128 x 128 (K 96 KB, V 64 KB and Q 48 KB: 210 KB).
+//   Dv 128 (DeepSeek) takes D192's tile; D64 with Dv 256 (FlashAttention-3's) D256's.
+//   FC_QV (FlashAttention-3's qv, dense keys): S = Q·K^T + Qv·V^T, Qv (kBlockM x Dv, shaped
+//   like O, through tma_qv) loaded with Q, each block's V waited before its scores
+//   (gemm_scores), no FC_SKIP_MAX (its fallback recomputes S from Q·K^T alone).
 //   ptxas: 0 bytes stack, 0 spills for all (entry cap 168 / 128 regs before setmaxnreg;
 //   the producer's tile loop fits 24 registers only with 32-bit barrier/stage addresses
 //   and unsigned tile-index division, see bar() and TileOrder).
 //
 // ---------------------------------------------------------------------------------------
 // HOST CONTRACT
-// Entry: fc_fwd_sm90(FwdParams p, TmaDescriptor tma_q, tma_k, tma_v, tma_o,
-//   TileSchedule schedule), each by value (__grid_constant__; a TmaDescriptor is the
+// Entry: fc_fwd_sm90(FwdParams p, TmaDescriptor tma_q, tma_k, tma_v, tma_o, [tma_qv: FC_QV
+//   alone], TileSchedule schedule), each by value (__grid_constant__; a TmaDescriptor is the
 //   128-byte, 64-byte-aligned CUtensorMap; TileSchedule is {u32* counter, int section,
 //   int pad}: counter = two u32 that are zero before the launch and are left zero after it,
 //   used by no concurrent launch; section = heads per longest-first section, >= 1).
@@ -58,7 +61,7 @@
 //              H = heads_q / heads_kv for Q, O / K, V; B = batch)
 //   strides    3 byte strides for dims 1..3: {stride_s*2, stride_h*2, stride_b*2}
 //              (elements of FwdParams times sizeof(elem) = 2; multiples of 16 bytes)
-//   box        Q: {64, kBlockM, 1, 1};  K and V: {64, kBlockN, 1, 1};  O: {64, 64, 1, 1}
+//   box        Q (and Qv): {64, kBlockM, 1, 1};  K and V: {64, kBlockN, 1, 1};  O: {64, 64, 1, 1}
 //              (64 elements = one 128-byte swizzle row; ceil(D/64) boxes per tile, the
 //              columns past D (D96) zero-filled on load and clipped on store; O is
 //              stored per consumer warpgroup, 64 rows)
@@ -154,8 +157,12 @@
 #ifndef FC_HEAD_DIM_V
 #define FC_HEAD_DIM_V FC_HEAD_DIM
 #endif
+#ifndef FC_QV
+#define FC_QV 0
+#endif
+// (Not with FC_QV: its fallback recomputes a block's scores from Q·K^T alone.)
 #ifndef FC_SKIP_MAX
-#define FC_SKIP_MAX (FC_HEAD_DIM != 256)
+#define FC_SKIP_MAX (FC_HEAD_DIM != 256 && !FC_QV)
 #endif
 
 namespace fc {
@@ -187,6 +194,9 @@ constexpr bool kSpread = FC_PAGE_SPREAD != 0;  // paged: a key block's page boxe
 constexpr bool kSkipMax = FC_SKIP_MAX != 0;
 constexpr bool kDropout = FC_DROPOUT != 0;  // attention dropout (common/dropout.cuh)
 constexpr bool kSinks = FC_SINKS != 0;      // learnable sinks, folded in store_output (common/sinks.cuh)
+constexpr bool kQv = FC_QV != 0;            // FlashAttention-3's qv: S = Q·K^T + Qv·V^T (gemm_scores)
+static_assert(!kQv || !(kPaged || kVarlen), "qv runs over dense keys");
+static_assert(!kQv || !kSkipMax, "qv's scores are not recomputed from Q·K^T alone");
 static_assert(!(kDropout && kPaged), "dropout runs over dense or packed keys");
 static_assert(!(kVarlen && kPaged), "a packed batch over a paged cache is not a form");
 static_assert(!kSpread || kPaged, "FC_PAGE_SPREAD is a paged form");
@@ -231,8 +241,19 @@ using QTile = sm90::SmemTile<kBlockM, kHeadDim>;
 using KVTile = sm90::SmemTile<kBlockN, kHeadDim>;  // K, and V where its head dim is K's
 using VTile = sm90::SmemTile<kBlockN, kHeadDimV>;
 using OTile = sm90::SmemTile<kBlockM, kHeadDimV>;
+using QvTile = sm90::SmemTile<kBlockM, kHeadDimV>;  // FC_QV: qv's rows of the tile, like O's
 
-struct SharedStorage {
+// FC_QV's tile, a base of SharedStorage: empty in the other forms, so that their layout (and
+// machine code) is what it was. qv() is only called where kQv.
+template <bool kHas> struct QvStorage {
+    __device__ __forceinline__ const QvTile& qv() const { return *reinterpret_cast<const QvTile*>(this); }
+};
+template <> struct QvStorage<true> {
+    QvTile qv_tile;
+    __device__ __forceinline__ const QvTile& qv() const { return qv_tile; }
+};
+
+struct SharedStorage : QvStorage<kQv> {
     QTile q;
     KVTile k[kStages];
     union {  // the epilogue stages O where V was (O does not fit beside Q, K and V at D128/256)
@@ -625,7 +646,8 @@ __device__ __forceinline__ WorkTile find_tile(const FwdParams& p, const Order& o
 }
 
 __device__ __forceinline__ void produce(SharedStorage& smem, const FwdParams& p, const TileSchedule& schedule,
-                                        const TmaDescriptor* tma_q, const TmaDescriptor* tma_k, const TmaDescriptor* tma_v) {
+                                        const TmaDescriptor* tma_q, const TmaDescriptor* tma_k, const TmaDescriptor* tma_v,
+                                        const TmaDescriptor* tma_qv) {
     const Order order = make_order(p, schedule);  // paged: made again each tile (see per_tile)
     const u32 span = kSpread && p.block_table != nullptr ? box_span(p) : kBlockN;  // this thread's keys of a block
     const TileCounter counter{schedule.counter};
@@ -654,8 +676,9 @@ __device__ __forceinline__ void produce(SharedStorage& smem, const FwdParams& p,
             if (kPaged) kept = next;
             continue;
         }
-        mbarrier::arrive_expect_tx(bar(smem.q_full), QTile::kBytes);
+        mbarrier::arrive_expect_tx(bar(smem.q_full), QTile::kBytes + (kQv ? QvTile::kBytes : 0));
         smem.q.load(tma_q, bar(smem.q_full), t.seq.q_start + t.m0, t.head, batch_coord(t));
+        if constexpr (kQv) smem.qv().load(tma_qv, bar(smem.q_full), t.seq.q_start + t.m0, t.head, batch_coord(t));
         // K's ring or V's (`ring`'s tiles: KVTile or VTile, of their own width).
         auto load = [&](const auto& ring, const u64 (&full)[kStages], const u64 (&empty)[kStages],
                         PipelineCounter<kStages>& st, const TmaDescriptor* map, int n) {
@@ -811,6 +834,18 @@ __device__ __forceinline__ bool softmax_under_pv(float (&s)[kBlockN / 2], sm90::
     return rescale_o;
 }
 
+// The scores of a key block: Q·K^T from K's stage `ks`; with FC_QV, + Qv·V^T from the block's
+// own V stage `v_of_block`, waited here (V arrives after K; its P·V comes a block later).
+__device__ __forceinline__ void gemm_scores(float (&s)[kBlockN / 2], SharedStorage& smem, int q_row,
+                                            const PipelineState<kStages>& ks, const PipelineState<kStages>& v_of_block) {
+    if constexpr (kQv) {
+        mbarrier::wait(bar(smem.v_full, v_of_block.stage()), v_of_block.full_parity());
+        sm90::gemm_qk_qv(s, smem.q, smem.qv(), q_row, smem.k[ks.stage()], smem.v[v_of_block.stage()]);
+    } else {
+        sm90::gemm_qk(s, smem.q, q_row, smem.k[ks.stage()]);
+    }
+}
+
 // One consumer warpgroup: rows [64*wg, 64*wg + 64) of each tile.
 __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p, const TmaDescriptor* tma_o, int wg) {
     const int q_row = 64 * wg;  // within the Q tile
@@ -861,7 +896,7 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
 
             mbarrier::wait(bar(smem.k_full, ks.stage()), ks.full_parity());
             take_turn(wg);
-            sm90::gemm_qk(s, smem.q, q_row, smem.k[ks.stage()]);
+            gemm_scores(s, smem, q_row, ks, vs);  // (V's stage of this first block: vs)
             pass_turn(wg);
             wgmma::wait<0>();
             wgmma::fence_operands(s);
@@ -876,7 +911,9 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
                 clear_keys_past_end(smem, vs, t, n + 1, wg);
                 mbarrier::wait(bar(smem.k_full, ks.stage()), ks.full_parity());
                 take_turn(wg);
-                sm90::gemm_qk(s, smem.q, q_row, smem.k[ks.stage()]);
+                PipelineState<kStages> v_of_block = vs;  // vs: V of block n + 1, whose P·V is next
+                v_of_block.advance();
+                gemm_scores(s, smem, q_row, ks, v_of_block);
                 mbarrier::wait(bar(smem.v_full, vs.stage()), vs.full_parity());
                 sm90::gemm_pv(o, pk, smem.v[vs.stage()]);
                 pass_turn(wg);
@@ -938,13 +975,20 @@ using namespace fc::fwd_sm90;
 extern "C" __global__ void __launch_bounds__(kThreads, 1)
 fc_fwd_sm90(const __grid_constant__ FwdParams p, const __grid_constant__ TmaDescriptor tma_q,
             const __grid_constant__ TmaDescriptor tma_k, const __grid_constant__ TmaDescriptor tma_v,
-            const __grid_constant__ TmaDescriptor tma_o, const __grid_constant__ TileSchedule schedule) {
+            const __grid_constant__ TmaDescriptor tma_o,
+#if FC_QV
+            const __grid_constant__ TmaDescriptor tma_qv,
+#endif
+            const __grid_constant__ TileSchedule schedule) {
     if constexpr (kDropout) dropout::stage(p);  // (its own __syncthreads)
     if (threadIdx.x == 0) {
         tma::prefetch_descriptor(&tma_q);
         tma::prefetch_descriptor(&tma_k);
         tma::prefetch_descriptor(&tma_v);
         tma::prefetch_descriptor(&tma_o);
+#if FC_QV
+        tma::prefetch_descriptor(&tma_qv);
+#endif
         init_barriers(shared_storage(), p);
     }
     __syncthreads();
@@ -964,7 +1008,12 @@ fc_fwd_sm90(const __grid_constant__ FwdParams p, const __grid_constant__ TmaDesc
                 return;
             }
         }
-        if (threadIdx.x == 0) produce(shared_storage(), p, schedule, &tma_q, &tma_k, &tma_v);
+#if FC_QV
+        const TmaDescriptor* qv_map = &tma_qv;
+#else
+        const TmaDescriptor* qv_map = nullptr;  // no qv: never read
+#endif
+        if (threadIdx.x == 0) produce(shared_storage(), p, schedule, &tma_q, &tma_k, &tma_v, qv_map);
     } else {
         warpgroup::increase_registers<kConsumerRegs>();
         consume(shared_storage(), p, &tma_o, warpgroup::index_in_role() - 1);

@@ -63,6 +63,12 @@ fn smem_bytes(tile: Tile, head_dim: usize, head_dim_v: usize) -> u32 {
     2 * (tile.block_m * d + tile.stages * tile.block_n * (d + dv)) + 2 * 1024
 }
 
+/// [`smem_bytes`] of a form under `mods`: with `qv`, its tile (`block_m` x Dv) beside Q's.
+fn smem_bytes_with(tile: Tile, head_dim: usize, head_dim_v: usize, mods: ScoreMods) -> u32 {
+    let qv = if mods.qv { 2 * tile.block_m * padded_head_dim(head_dim_v) as u32 } else { 0 };
+    smem_bytes(tile, head_dim, head_dim_v) + qv
+}
+
 /// The head dim the kernel's tiles have: whole 64-column panels (D96 runs as D128, its
 /// columns past 96 zero-filled by TMA and never stored).
 fn padded_head_dim(head_dim: usize) -> usize {
@@ -105,7 +111,7 @@ pub fn with_mods(v: &Variant, mods: ScoreMods) -> Variant {
     let dv = v.head_dim_v.unwrap_or(d);
     let short = (mods.softcap && mods.alibi && d.max(dv) <= 128) || (mods.dropout && (v.tile.warps > 12 || v.tile.block_n > 128));
     let tile = if short { tile(d.max(dv), true) } else { v.tile };
-    Variant { mods, tile, smem_bytes: smem_bytes(tile, d, dv), ..v.clone() }
+    Variant { mods, tile, smem_bytes: smem_bytes_with(tile, d, dv, mods), ..v.clone() }
 }
 
 /// Every variant for one (dtype, head dim, mask): the default tile, and the short one where
@@ -116,10 +122,21 @@ pub fn variants(dtype: DType, head_dim: usize, causal: bool) -> Vec<Variant> {
         out.push(make_variant(dtype, head_dim, causal, true));
     }
     for &(_, head_dim_v) in VALUE_HEAD_DIMS.iter().filter(|(d, _)| *d == head_dim) {
-        out.push(value_variant(dtype, head_dim, head_dim_v, causal));
+        let form = value_variant(dtype, head_dim, head_dim_v, causal);
+        if QV_HEAD_DIMS.contains(&(head_dim, head_dim_v)) {
+            out.push(with_mods(&form, ScoreMods { qv: true, ..ScoreMods::default() }));
+        }
+        out.push(form);
     }
     out
 }
+
+/// The pairs of [`VALUE_HEAD_DIMS`] with a `qv` form (`FC_QV`, FlashAttention-3's absorbed
+/// MLA term: `s = scale · (q·kᵀ + qv·vᵀ)`, `qv` `[B, Sq, Hq, Dv]`), over dense keys, forward
+/// only (as FlashAttention-3's: its backward takes no `qv`). The Qv tile (`block_m` x Dv, 64 KB
+/// at (64, 256)) loads with Q; V of a key block is waited before its scores, read K-major for
+/// `qv·vᵀ` as K is for `q·kᵀ`, and MN-major for P·V as always.
+pub const QV_HEAD_DIMS: &[(usize, usize)] = &[(64, 256)];
 
 /// The (head dim, V's head dim) pairs with forward forms of their own, over dense and packed
 /// keys (`dispatch::value_head_dim_form`): DeepSeek-V3's prefill (Q and K 192, V 128;
@@ -213,11 +230,13 @@ const SHORT_SECTION_BYTES: u64 = 8 << 20;
 /// fwd_sm90's main launch: `main` with the tensor maps (Q and K, V loads, O stores by
 /// warpgroup rows) and the tile schedule. Paged with a block table, K and V are the page pools,
 /// whose maps take boxes of `facts.page_box_rows` rows.
+/// With `qv` (`FC_QV`), a fifth map over the call's fifth view, `qv`, in Q's boxes.
 pub(crate) fn main_step(main: Step, variant: &Variant, shape: &ProblemShape, facts: FwdFacts) -> Step {
     let kv_rows = facts.page_box_rows.unwrap_or(variant.tile.block_n);
     let maps = [(0, variant.tile.block_m), (1, kv_rows), (2, kv_rows), (3, WARPGROUP_ROWS)].map(|(view, rows)| MapOver { view, rows });
+    let qv = variant.mods.qv.then_some(MapOver { view: 4, rows: variant.tile.block_m });
     let section = section_heads(facts.tile_section, shape, variant.tile.block_m, main.grid.0);
-    Step { extra: Extra::MapsAndSchedule(maps, section), ..main }
+    Step { extra: Extra::MapsAndSchedule { maps, qv, section }, ..main }
 }
 
 pub(crate) fn section_heads(tile_section: i32, shape: &ProblemShape, block_m: u32, ctas: u32) -> i32 {
@@ -300,9 +319,13 @@ mod tests {
         assert_eq!(variant(DType::BF16, 256, true, 1024).tile.block_n, 80);
         assert_eq!(variant(DType::BF16, 64, true, 1024).tile.block_m, 128);
         assert_eq!(variant(DType::BF16, 64, false, 512).tile.block_m, 192);
-        assert_eq!(variants(DType::F16, 64, false).len(), 2, "D64 full has one tile, and (64, 256)'s");
-        let fa3 = &variants(DType::F16, 64, false)[1];
-        assert_eq!((fa3.head_dim_v, fa3.tile, fa3.smem_bytes), (Some(256), tile(256, false), 120_832));
+        let d64 = variants(DType::F16, 64, false);
+        assert_eq!(d64.len(), 3, "D64 full has one tile, and (64, 256)'s forms with qv and without");
+        let (with_qv, fa3) = (&d64[1], &d64[2]);
+        assert_eq!((fa3.head_dim_v, fa3.tile, fa3.smem_bytes, fa3.mods.qv), (Some(256), tile(256, false), 120_832, false));
+        // qv's tile (128 x 256) beside Q's.
+        assert_eq!((with_qv.head_dim_v, with_qv.tile, with_qv.smem_bytes), (Some(256), tile(256, false), 120_832 + 65_536));
+        assert!(with_qv.mods.qv && with_qv.name().ends_with("_qv"), "{}", with_qv.name());
         assert_eq!(variants(DType::F16, 256, true).len(), 2);
     }
 
@@ -379,13 +402,19 @@ mod tests {
         let s = shape(1, 4096, 4096, 128);
         let launched = steps::forward(&v, &s, 1, 132, hopper, facts).unwrap();
         assert_eq!(launched.iter().map(|s| s.entry).collect::<Vec<_>>(), [Entry::Main]);
-        let Extra::MapsAndSchedule(maps, section) = launched[0].extra else { panic!("{:?}", launched[0].extra) };
+        let Extra::MapsAndSchedule { maps, section, qv: None } = launched[0].extra else { panic!("{:?}", launched[0].extra) };
         let rows: Vec<_> = maps.iter().map(|m| (m.view, m.rows)).collect();
         let (m, n) = (v.tile.block_m, v.tile.block_n);
         assert_eq!(rows, [(0, m), (1, n), (2, n), (3, WARPGROUP_ROWS)]);
         assert_eq!(section, section_heads(16, &s, m, launched[0].grid.0));
         let paged = steps::forward(&v, &s, 1, 132, hopper, FwdFacts { page_box_rows: Some(16), ..facts }).unwrap();
-        let Extra::MapsAndSchedule(maps, _) = paged[0].extra else { panic!() };
+        let Extra::MapsAndSchedule { maps, .. } = paged[0].extra else { panic!() };
         assert_eq!((maps[1].rows, maps[2].rows), (16, 16), "K and V boxes of a page pool's rows");
+        // qv's form: a fifth map, over the call's fifth view, in Q's boxes.
+        let qv = with_mods(&value_variant(DType::BF16, 64, 256, true), ScoreMods { qv: true, ..ScoreMods::default() });
+        let s = ProblemShape { head_dim: 64, head_dim_v: 256, ..s };
+        let launched = steps::forward(&qv, &s, 1, 132, hopper, facts).unwrap();
+        let Extra::MapsAndSchedule { qv: Some(map), .. } = launched[0].extra else { panic!("{:?}", launched[0].extra) };
+        assert_eq!((map.view, map.rows), (4, qv.tile.block_m));
     }
 }

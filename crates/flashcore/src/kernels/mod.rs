@@ -11,6 +11,8 @@ pub(crate) mod steps;
 
 /// V's own head dims with backward forms (bwd_sm90's); the forward's others train padded.
 pub use bwd_sm90::VALUE_HEAD_DIMS as BACKWARD_VALUE_HEAD_DIMS;
+/// The pairs with FlashAttention-3's `qv` (fwd_sm90's forms, dense keys, forward only).
+pub use fwd_sm90::QV_HEAD_DIMS;
 /// V's own head dims: the pairs fwd_sm90 has forms for (the forward).
 pub use fwd_sm90::VALUE_HEAD_DIMS;
 
@@ -329,7 +331,8 @@ pub struct Variant {
 /// registers.)
 pub fn mods_forms(v: &Variant) -> Vec<Variant> {
     let spec = v.family.spec();
-    let forms: &[(bool, bool, bool)] = if v.mods == ScoreMods::default() && spec.takes_policies() {
+    // A qv form (`ScoreMods::qv`) takes the policies too, each keeping qv.
+    let forms: &[(bool, bool, bool)] = if (ScoreMods { qv: false, ..v.mods }) == ScoreMods::default() && spec.takes_policies() {
         &[(true, false, false), (false, true, false), (true, true, false), (false, false, true), (true, true, true)]
     } else {
         &[]
@@ -339,7 +342,7 @@ pub fn mods_forms(v: &Variant) -> Vec<Variant> {
     let mut out: Vec<Variant> = Vec::new();
     let all = forms.iter().map(|&f| (f, false)).chain(dropout_forms.iter().map(|&f| (f, true)));
     for ((local, softcap, alibi), dropout) in all {
-        let form = with_mods(v, ScoreMods { local, softcap, alibi, dropout, chunk: false, sinks: false });
+        let form = with_mods(v, ScoreMods { local, softcap, alibi, dropout, qv: v.mods.qv, ..ScoreMods::default() });
         if !out.contains(&form) {
             out.push(form);
         }
@@ -362,7 +365,7 @@ pub fn with_mods(v: &Variant, mods: ScoreMods) -> Variant {
 /// fwd_sm90 variant (prefill and chunked prefill on Hopper); none for a dropout form (a KV
 /// cache takes no dropout: `dispatch::plan_for`).
 pub fn paged_forms(arch: Arch, v: &Variant) -> Vec<Variant> {
-    if v.varlen || v.paged || v.mods.dropout {
+    if v.varlen || v.paged || v.mods.dropout || v.mods.qv {
         return Vec::new();
     }
     v.family.spec().paged_forms(arch, v)
@@ -370,9 +373,9 @@ pub fn paged_forms(arch: Arch, v: &Variant) -> Vec<Variant> {
 
 /// `v`'s varlen form (a packed batch: `cu_seqlens`), where the dispatcher runs one: every
 /// variant of fwd_sm80, fwd_sm90, bwd_sm80 and bwd_sm90 (the backward of a packed batch runs
-/// on the family of the dense one).
+/// on the family of the dense one), but `qv`'s (dense keys alone).
 pub fn varlen_form(v: &Variant) -> Option<Variant> {
-    (v.family.spec().packs() && !v.varlen && !v.paged).then(|| Variant { varlen: true, ..v.clone() })
+    (v.family.spec().packs() && !v.varlen && !v.paged && !v.mods.qv).then(|| Variant { varlen: true, ..v.clone() })
 }
 
 /// A variant's entry points besides its main one (see [`Variant::entries`]).
@@ -406,11 +409,14 @@ pub struct ScoreMods {
     /// `FC_SINKS`: learnable sinks folded into each final row's sum and LSE (the forward
     /// families, unsplit; `kernels/common/sinks.cuh`).
     pub sinks: bool,
+    /// `FC_QV`: FlashAttention-3's `qv` (absorbed MLA): `qv · vᵀ` added to every score before
+    /// the scale, `qv` shaped like the output (fwd_sm90's forms of `fwd_sm90::QV_HEAD_DIMS`).
+    pub qv: bool,
 }
 
 impl Variant {
     /// A name unique per compiled binary, e.g. `fwd_sm80_bf16_d128_causal_128x64w4s2`
-    /// (`_dv128` after the head dim for V's own, `..._splitkv` for a split-KV variant, `_local`, `_chunk`, `_softcap`, `_alibi`, `_dropout`, `_sinks` for [`ScoreMods`], `_varlen`,
+    /// (`_dv128` after the head dim for V's own, `..._splitkv` for a split-KV variant, `_local`, `_chunk`, `_softcap`, `_alibi`, `_dropout`, `_sinks`, `_qv` for [`ScoreMods`], `_varlen`,
     /// `_paged`, `_spread`).
     pub fn name(&self) -> String {
         let mut name = format!("{}_{}", self.family.name(), self.dtype.name());
@@ -445,6 +451,9 @@ impl Variant {
         }
         if self.mods.sinks {
             name += "_sinks";
+        }
+        if self.mods.qv {
+            name += "_qv";
         }
         if self.varlen {
             name += "_varlen";
@@ -484,6 +493,7 @@ impl Variant {
             ("FC_ALIBI", self.mods.alibi),
             ("FC_DROPOUT", self.mods.dropout),
             ("FC_SINKS", self.mods.sinks),
+            ("FC_QV", self.mods.qv),
             ("FC_VARLEN", self.varlen),
             ("FC_PAGED", self.paged),
             ("FC_PAGE_SPREAD", self.spread_pages),

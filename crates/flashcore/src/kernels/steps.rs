@@ -23,8 +23,8 @@ pub(crate) enum Entry {
     Combine,
 }
 
-/// A TMA tensor map a step passes: over the call's view `view` (forward: q, k, v, o;
-/// backward: q, k, v, dout), boxes of `rows` rows.
+/// A TMA tensor map a step passes: over the call's view `view` (forward: q, k, v, o, and
+/// `qv` where given; backward: q, k, v, dout), boxes of `rows` rows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct MapOver {
     pub view: usize,
@@ -38,8 +38,9 @@ pub(crate) enum Extra {
     None,
     /// Four tensor maps (`bwd_sm90`).
     Maps([MapOver; 4]),
-    /// Four tensor maps and fwd_sm90's tile schedule, whose section holds this many heads.
-    MapsAndSchedule([MapOver; 4], i32),
+    /// Four tensor maps (a fifth, `qv`'s, for `FC_QV` forms) and fwd_sm90's tile schedule,
+    /// whose section holds `section` heads.
+    MapsAndSchedule { maps: [MapOver; 4], qv: Option<MapOver>, section: i32 },
 }
 
 /// One launch.

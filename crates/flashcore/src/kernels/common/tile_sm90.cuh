@@ -124,6 +124,23 @@ __device__ __forceinline__ void gemm_qk(float (&s)[kN / 2], const SmemTile<kM, k
     wgmma::fence_operands(s);
 }
 
+// S = Q·K^T + Qv·V^T (FlashAttention-3's qv, absorbed MLA): gemm_qk's product, then Qv·V^T
+// accumulated into it in the same commit group. V's rows are keys, as K's are, so it is read
+// K-major here (P·V reads it MN-major).
+template <int kM, int kN, int kD, int kDv>
+__device__ __forceinline__ void gemm_qk_qv(float (&s)[kN / 2], const SmemTile<kM, kD>& q, const SmemTile<kM, kDv>& qv, int q_row0,
+                                           const SmemTile<kN, kD>& k, const SmemTile<kN, kDv>& v) {
+    wgmma::fence_operands(s);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk)
+        wgmma::Mma<kN>::template ss<0>(s, q.kmajor_desc(q_row0, kk), k.kmajor_desc(0, kk), kk > 0 ? 1 : 0);
+#pragma unroll
+    for (int kk = 0; kk < kDv / 16; ++kk) wgmma::Mma<kN>::template ss<0>(s, qv.kmajor_desc(q_row0, kk), v.kmajor_desc(0, kk), 1);
+    wgmma::commit_group();
+    wgmma::fence_operands(s);
+}
+
 // One 16-key group of warp_qk: keys 16J + (0..15) at one k16 step, group 0's ldmatrix
 // address in k_addr (rows 16J + r have r's swizzle, so group J is 16J rows further on).
 template <int J, int kN>
