@@ -126,6 +126,7 @@ impl AttnOp {
             alibi_slopes: extras.alibi()?,
             dropout_state: None,
             learnable_sink: extras.sinks()?,
+            qv: None,
         };
         let o_view = o.view_mut(o_layout, qv.layout().dtype, qv.device());
         // SAFETY: the LSE buffer holds `lse_shape`'s values and is written by this call alone.
