@@ -79,7 +79,7 @@
 // Dynamic shared memory: kSmemBytes = sizeof(SharedStorage) + 1024 (alignment slack)
 //   = 2*(kBlockM*D + 2*FC_STAGES*kBlockN*D) + 2048 bytes, D padded to whole 64-column
 //   panels (tiles, then barriers padded to 1 KB, then the slack): D64 124928, D96 and D128
-//   231424, D192 223232, D256 231424 with the defaults;
+//   231424, D192 223232, D256 231424 with the defaults; with FC_QV, + 2*kBlockM*Dv (Qv's tile);
 //   needs cudaFuncSetAttribute(fc_fwd_sm90, cudaFuncAttributeMaxDynamicSharedMemorySize,
 //   kSmemBytes) (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES) when above 48 KB.
 //   -DFC_SMEM_BYTES=<the launch's size> makes a mismatch a compile error (the host passes it).
