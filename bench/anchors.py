@@ -183,6 +183,9 @@ CHUNK_REFUSAL = "chunked attention not supported here: time it with `flashcore b
 # Learnable sinks (the `sinks` suites): flashcore and FA4 take them (FA4's `learnable_sink`);
 # PyTorch's SDPA backends have none.
 SINKS_REFUSAL = "learnable sinks not supported here: flashcore-py and fa4 take them"
+# FlashAttention-3's qv (the `value-dim-fa3` suite): no anchor here has it (FA3 is not among
+# them; FA4 takes qv on Blackwell alone), so its rows are the binary's own comparison.
+QV_REFUSAL = "qv not supported here: time it with `flashcore bench --suite value-dim-fa3`"
 
 
 def sink_values(heads):
@@ -225,6 +228,8 @@ class Runner:
         self.fa4 = key == "fa4"
         if c.get("attention_chunk"):
             self.refuse = CHUNK_REFUSAL
+        elif c.get("qv"):
+            self.refuse = QV_REFUSAL
         elif self.flashcore:
             self.kernel = "flashcore.flash_attn_varlen_func" if self.packed else "flashcore.flash_attn_func"
         elif self.fa4:
@@ -1027,6 +1032,14 @@ def self_test():
     except ValueError:
         pass
     assert normalize_case(dict(c, learnable_sink=True))["learnable_sink"] is True
+    # qv is a bool, its FLOPs flashcore's count alone, and every backend here refuses it.
+    for bad in (dict(c, qv=1), dict(c, qv=True)):
+        try:
+            normalize_case(bad)
+            raise AssertionError(f"accepted {bad.get('qv')!r} for qv without counts")
+        except ValueError:
+            pass
+    assert normalize_case(dict(c, qv=True, counts={"flops": 1.0, "kv_bytes": 1.0}))["qv"] is True
     # A chunk's pairs and V's own head dim's FLOPs (2·(D + Dv) a pair) are flashcore's counts
     # alone; each field a positive int.
     counts = {"flops": 5.0, "kv_bytes": 2.0}

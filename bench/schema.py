@@ -54,8 +54,8 @@ def _counted(case, key):
     counts = case.get("counts")
     if counts is not None:
         return float(counts[key])
-    if case.get("window") is not None or case.get("packed") is not None or case.get("attention_chunk"):
-        raise ValueError(f"case {case.get('name')}: a window's, a chunk's or a packed batch's {key} come from `flashcore bench --list-json` (its 'counts')")
+    if case.get("window") is not None or case.get("packed") is not None or case.get("attention_chunk") or case.get("qv"):
+        raise ValueError(f"case {case.get('name')}: a window's, a chunk's, qv's or a packed batch's {key} come from `flashcore bench --list-json` (its 'counts')")
     return None
 
 
@@ -193,7 +193,8 @@ def normalize_case(c):
     Optional fields, as flashcore writes them: `window` [left, right], `softcap`, `packed`
     {seqlens_q, seqlens_k, seqused_k?} (then batch = sequences, seqlen_q/k = the longest),
     `attention_chunk` (keys a chunk), `learnable_sink` (a bool: the call has `flashcore bench`'s
-    sinks), `head_dim_v` (V's own head dim), `counts` {flops, kv_bytes}."""
+    sinks), `qv` (a bool: FlashAttention-3's qv), `head_dim_v` (V's own head dim), `counts` {flops,
+    kv_bytes}."""
     missing = [f for f in CASE_FIELDS if f not in c]
     if missing:
         raise ValueError(f"case {c.get('name', c)!r} lacks {missing}")
@@ -217,15 +218,19 @@ def normalize_case(c):
             raise ValueError(f"case {c['name']}: seqused_k above the keys a sequence holds")
     if not isinstance(c.get("learnable_sink", False), bool):
         raise ValueError(f"case {c['name']}: learnable_sink must be true or false, got {c['learnable_sink']!r}")
+    if not isinstance(c.get("qv", False), bool):
+        raise ValueError(f"case {c['name']}: qv must be true or false, got {c['qv']!r}")
     chunk = c.get("attention_chunk")
     if chunk is not None and (not isinstance(chunk, int) or chunk < 1):
         raise ValueError(f"case {c['name']}: attention_chunk must be a positive integer, got {chunk!r}")
     dv = c.get("head_dim_v")
     if dv is not None and (not isinstance(dv, int) or dv < 1):
         raise ValueError(f"case {c['name']}: head_dim_v must be a positive integer, got {dv!r}")
-    counted_by_flashcore = c.get("window") is not None or p is not None or chunk is not None or dv is not None
+    counted_by_flashcore = c.get("window") is not None or p is not None or chunk is not None or dv is not None or c.get("qv", False)
     if counted_by_flashcore and c.get("counts") is None:
-        raise ValueError(f"case {c['name']}: a window, a chunk, a packed batch or V's own head dim needs flashcore's 'counts' (from `flashcore bench --list-json`)")
+        raise ValueError(
+            f"case {c['name']}: a window, a chunk, a packed batch, V's own head dim or qv needs flashcore's 'counts' (from `flashcore bench --list-json`)"
+        )
     if c.get("counts") is not None and not counted_by_flashcore:
         # A plain case is counted on both sides: they must agree (the formulas drifting apart
         # would make the anchors' TFLOPS and flashcore's incomparable).

@@ -35,6 +35,10 @@ pub struct Case {
     /// suites); absent when off.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub learnable_sink: bool,
+    /// FlashAttention-3's `qv` on the call, random normal values shaped like the output (the
+    /// `value-dim-fa3` suite); absent when off.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub qv: bool,
     /// A packed (varlen) batch: `batch` sequences of these lengths, `seqlen_q` and
     /// `seqlen_k` then the longest (max_seqlen_q, max_seqlen_k).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -116,6 +120,7 @@ impl Case {
             softcap: None,
             attention_chunk: None,
             learnable_sink: false,
+            qv: false,
             packed: None,
             counts: None,
         }
@@ -138,6 +143,13 @@ impl Case {
         let d = format!("_d{}", self.head_dim);
         self.name = self.name.replacen(&(d.clone() + "_"), &format!("{d}_dv{head_dim_v}_"), 1);
         self.head_dim_v = Some(head_dim_v);
+        self
+    }
+
+    /// The case with FlashAttention-3's `qv` (`_qv` at the end of its name).
+    pub fn with_qv(mut self) -> Self {
+        self.name += "_qv";
+        self.qv = true;
         self
     }
 
@@ -199,8 +211,13 @@ impl Case {
     /// Forward matrix FLOPs, counted on the pairs the mask lets through
     /// ([`ProblemShape::flops`]); a packed batch's are the sum of its sequences', each
     /// counted as a dense batch of one (so a packed row's rate compares with a dense one's).
+    /// With `qv`, qv·vᵀ counts as a Q·Kᵀ of V's depth more (2·(D + 2·Dv) a visible pair).
     pub fn flops(&self) -> f64 {
         let params = self.params();
+        if self.qv {
+            let deeper = Case { head_dim: self.head_dim + self.value_dim(), head_dim_v: Some(self.value_dim()), qv: false, ..self.clone() };
+            return deeper.flops();
+        }
         match &self.packed {
             None => self.shape().flops(&params),
             Some(p) => (0..p.seqlens_q.len())
@@ -418,6 +435,10 @@ mod tests {
 
     #[test]
     fn a_case_with_v_s_own_head_dim_names_it_and_shapes_v_and_the_output_by_it() {
+        let fa3 = Case::new(2, 8, 8, 4, 4, 64, false, DType::BF16).with_value_dim(256);
+        let with_qv = fa3.clone().with_qv();
+        assert!(with_qv.name.ends_with("_bf16_qv") && with_qv.shape() == fa3.shape(), "{}", with_qv.name);
+        assert_eq!(with_qv.flops() / fa3.flops(), (64.0 + 2.0 * 256.0) / (64.0 + 256.0), "qv·vᵀ: a Q·Kᵀ of V's depth more");
         let case = Case::new(2, 5, 7, 4, 2, 192, true, DType::BF16).with_value_dim(128);
         assert_eq!(case.name, "b2_sq5_sk7_h4kv2_d192_dv128_causal_bf16");
         assert_eq!(

@@ -21,6 +21,7 @@ pub const NAMES: &[&str] = &[
     "bwd-sinks",
     "value-dim",
     "bwd-value-dim",
+    "value-dim-fa3",
 ];
 
 /// The varlen suite's packed batches: 64k tokens in sequences of lengths drawn from
@@ -185,15 +186,26 @@ pub fn suite(name: &str) -> Option<Vec<Case>> {
         }
         // V's own head dim on DeepSeek-V3's prefill (Q and K 192, V 128; Hq = Hkv = 128,
         // causal; issue 52's shape B2 S8k, and B8 S2k), each beside the same call with V's head
-        // dim 192 (what running it at D192 with V zero-padded would cost). The backward's
-        // (192, 128) rows are the Python package's (V, O, dO zero-padded; `bench/anchors.py`):
-        // the library's backward refuses them, recorded "unsupported".
+        // dim 192 (what running it at D192 with V zero-padded would cost); `bwd-value-dim` times
+        // their backward (bwd_sm90's split layout).
         "value-dim" | "bwd-value-dim" => {
             let mut v = Vec::new();
             for (b, s) in [(2, 8192), (8, 2048)] {
                 let d192 = Case::new(b, s, s, 128, 128, 192, true, DType::BF16);
                 v.push(d192.clone().with_value_dim(128));
                 v.push(d192);
+            }
+            v
+        }
+        // FlashAttention-3's (64, 256) (Q and K 64, V 256; Hq = Hkv = 16, causal, B2 S8k and B8
+        // S2k), with its `qv` and without, beside the same call at D256 (what it costs with q
+        // and k zero-padded to 256, as its backward runs). Forward only: the binary's own
+        // comparison (no anchor here has qv).
+        "value-dim-fa3" => {
+            let mut v = Vec::new();
+            for (b, s) in [(2, 8192), (8, 2048)] {
+                let fa3 = Case::new(b, s, s, 16, 16, 64, true, DType::BF16).with_value_dim(256);
+                v.extend([fa3.clone(), fa3.with_qv(), Case::new(b, s, s, 16, 16, 256, true, DType::BF16)]);
             }
             v
         }

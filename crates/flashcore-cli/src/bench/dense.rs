@@ -8,7 +8,7 @@ use flashcore::{AttnParams, Context, DeviceTensor, Error, FwdInputs, FwdOutputs,
 
 use crate::bench::options::{CaseOptions, VERIFY_ROWS};
 use crate::bench::report::{timed_and_eager, unsupported, Row};
-use crate::cases::{errors, random_qkv, Case, Storage, Stored};
+use crate::cases::{errors, normal, random_qkv, Case, Storage, Stored};
 
 /// One dense case.
 pub fn bench_case(ctx: &Context, case: &Case, family: Option<KernelFamily>, args: &CaseOptions) -> Result<Row> {
@@ -23,10 +23,14 @@ pub fn bench_case(ctx: &Context, case: &Case, family: Option<KernelFamily>, args
     let set_bytes = shape.min_bytes(case.dtype.size_bytes());
     let sets = ((4.0 * ctx.info().l2_bytes as f64 / set_bytes).ceil() as usize).clamp(1, 8);
     let mut inputs = Vec::new();
+    let mut qvs = Vec::new(); // FlashAttention-3's qv, a set's (`Case::qv`)
     for s in 0..sets {
         let h = random_qkv(case, args.inputs, 1000 + s as u64);
         let up = |data: &[f32], sh| Stored::upload(ctx, data, sh, case.dtype, Storage::Bshd);
         inputs.push((up(&h.q, case.q_shape())?, up(&h.k, case.kv_shape())?, up(&h.v, case.v_shape())?));
+        if case.qv {
+            qvs.push(up(&normal(case.o_shape().iter().product(), 1.0, case.dtype, 2000 + s as u64), case.o_shape())?);
+        }
     }
     let mut o = DeviceTensor::filled(ctx, 0x7fc0, case.o_shape(), case.dtype)?;
     let mut lse = ctx.stream().alloc_zeros::<f32>(case.batch * case.heads_q * case.seqlen_q)?;
@@ -36,8 +40,9 @@ pub fn bench_case(ctx: &Context, case: &Case, family: Option<KernelFamily>, args
         let opts = TimingOptions { samples: args.samples, graph, ..Default::default() };
         time(ctx, opts, |i| {
             let (q, k, v) = &inputs[i % sets];
+            let qv = qvs.get(i % sets).map(Stored::view);
             ctx.attention_into(
-                &FwdInputs { learnable_sink, ..FwdInputs::dense(q.view(), k.view(), v.view()) },
+                &FwdInputs { learnable_sink, qv, ..FwdInputs::dense(q.view(), k.view(), v.view()) },
                 FwdOutputs { o: o.view_mut(), lse: Some(LseViewMut::of(&mut lse)), probs: None },
                 &params,
             )
