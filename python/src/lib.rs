@@ -313,10 +313,11 @@ fn attention_forward(
 /// `q`, `k`, `v`, `o` of a forward: address and layout each.
 type FwdTensors = [(u64, Layout); 4];
 
-/// A forward on `caller`'s stream (PyTorch's current stream of `device`), the layer under [`attention_forward`] and the native
-/// autograd path's (`native::native_forward`): `tensors` are `q`, `k`, `v`, `o` (address and
-/// layout) and FlashAttention-3's `qv` or `None`, `lse` the f32 log-sum-exp `(address, elements)` or `None`, `scores` ALiBi's slopes,
-/// dropout's state and learnable sinks, `probs` dropout's probabilities; `check` checks a
+/// A forward on `caller`'s stream (PyTorch's current stream of `device`), the layer under
+/// [`attention_forward`] and the native autograd path's (`native::native_forward`): `tensors`
+/// are `q`, `k`, `v`, `o` (address and layout) and FlashAttention-3's `qv` or `None`, `lse` the
+/// f32 log-sum-exp `(address, elements)` or `None`, `scores` ALiBi's slopes, dropout's state
+/// and learnable sinks, `probs` dropout's probabilities; `check` checks a
 /// packed batch's or a cache's device values first.
 ///
 /// # Safety

@@ -12,8 +12,8 @@ term) runs in `flash_attn_func` where FA3 has it, q and k 64 with v 256 (Hopper)
 as in FA3 (inputs that require grad raise naming it), at FA3's default scale `(D + Dv)^-1/2`,
 eagerly (not through the registered ops: torch.compile does not trace it). What FA3 has and
 FlashCore does not yet raises `NotImplementedError` naming the argument: `qv` in the packed
-and KV-cache calls, the FP8 descales `q_descale`, `k_descale`, `v_descale`, and in the KV-cache call
-`cache_leftpad` with a page table (packed new keys, `cu_seqlens_k_new`, are written into the
+and KV-cache calls, the FP8 descales `q_descale`, `k_descale`, `v_descale`, and in the
+KV-cache call `cache_leftpad` with a page table (packed new keys, `cu_seqlens_k_new`, are written into the
 caches by PyTorch first; packed queries over a contiguous cache run as a packed batch over its
 rows; `cache_batch_idx` with a page table picks the table's rows, gathered on the device).
 `seqused_q` runs by gathers in PyTorch around the kernels (no host synchronisation). Rotary
