@@ -296,6 +296,23 @@ mod tests {
         problem(&t[0], &t[1], &t[2], &t[3], DEV)
     }
 
+    /// FlashAttention-3's `qv` is checked against the output: its shape, q's dtype, the
+    /// call's device; each error names `qv`.
+    #[test]
+    fn qv_is_shaped_like_the_output_in_q_s_dtype() {
+        let o = view([2, 100, 8, 256], DType::BF16);
+        assert!(qv(&view([2, 100, 8, 256], DType::BF16), &o, DEV).is_ok());
+        for (bad, what) in [
+            (view([2, 100, 8, 64], DType::BF16), "head dim (dim 3) 64 differs from o's 256"),
+            (view([2, 99, 8, 256], DType::BF16), "sequence length (dim 1) 99"),
+            (view([2, 100, 8, 256], DType::F16), "f16 differs from q's bf16"),
+            (with(Layout::contiguous([2, 100, 8, 256], DType::BF16), 0x1000, DEV + 1), "device"),
+        ] {
+            let err = qv(&bad, &o, DEV).unwrap_err().to_string();
+            assert!(err.contains("`qv`") && err.contains(what), "{err}");
+        }
+    }
+
     #[test]
     fn a_valid_gqa_problem_passes() {
         let s = check(qkv()).unwrap();
