@@ -136,8 +136,7 @@ fn value_head_dim_backward(family: KernelFamily, shape: &ProblemShape, dropout: 
     let msg = if family != KernelFamily::BwdSm90 {
         format!("takes V's head dim equal to q's and k's (here {dv} and {d}): bwd_sm90 has forms of V's own on Hopper")
     } else if !bwd_sm90::VALUE_HEAD_DIMS.contains(&(d, dv)) {
-        let pairs: Vec<_> = bwd_sm90::VALUE_HEAD_DIMS.iter().map(|(d, dv)| format!("({d}, {dv})")).collect();
-        format!("has no form for head dim {d} with V's {dv}: it has {}", pairs.join(", "))
+        format!("has no form for head dim {d} with V's {dv}: it has {}", super::pairs_text(bwd_sm90::VALUE_HEAD_DIMS))
     } else if dropout {
         "runs V's own head dim without dropout alone (dropout: not yet)".into()
     } else {

@@ -312,7 +312,7 @@ pub fn plan_for(
 /// that decides which `(D, Dv)` the forward takes (validation checks the shapes alone).
 fn value_head_dim_form(family: KernelFamily, shape: &ProblemShape, layout: KeyLayout) -> Result<()> {
     let (d, dv) = (shape.head_dim, shape.head_dim_v);
-    let pairs = || fwd_sm90::VALUE_HEAD_DIMS.iter().map(|(d, dv)| format!("({d}, {dv})")).collect::<Vec<_>>().join(", ");
+    let pairs = || pairs_text(fwd_sm90::VALUE_HEAD_DIMS);
     let msg = if family != KernelFamily::FwdSm90 {
         format!("takes V's head dim equal to q's and k's (here {dv} and {d}): fwd_sm90 has forms for {} on Hopper", pairs())
     } else if matches!(layout, KeyLayout::Paged { .. }) {
@@ -330,7 +330,7 @@ fn value_head_dim_form(family: KernelFamily, shape: &ProblemShape, layout: KeyLa
 /// error names `qv` and what takes it.
 fn qv_form(family: KernelFamily, shape: &ProblemShape, layout: KeyLayout) -> Result<()> {
     let (d, dv) = (shape.head_dim, shape.head_dim_v);
-    let pairs = fwd_sm90::QV_HEAD_DIMS.iter().map(|(d, dv)| format!("({d}, {dv})")).collect::<Vec<_>>().join(", ");
+    let pairs = pairs_text(fwd_sm90::QV_HEAD_DIMS);
     let msg = if family != KernelFamily::FwdSm90 {
         format!("{family} takes none: fwd_sm90 has forms for (head dim, V's) {pairs} on Hopper")
     } else if !matches!(layout, KeyLayout::Dense) {
@@ -341,6 +341,11 @@ fn qv_form(family: KernelFamily, shape: &ProblemShape, layout: KeyLayout) -> Res
         return Ok(());
     };
     Err(Error::Param { arg: "qv", msg })
+}
+
+/// `(D, Dv)` pairs as the planner's errors list them: `(192, 128), (64, 256)`.
+fn pairs_text(pairs: &[(usize, usize)]) -> String {
+    pairs.iter().map(|(d, dv)| format!("({d}, {dv})")).collect::<Vec<_>>().join(", ")
 }
 
 fn not_a_forward(family: KernelFamily) -> Error {
