@@ -10,8 +10,8 @@ use std::sync::Arc;
 use flashcore::dispatch::HeadDimUse;
 use flashcore::{
     AlibiSlopes, AttnParams, BlockTableView, BwdInputs, CallerStream, Context, DType, Dropout, DropoutState, Error, ExternalStream,
-    FwdInputs, FwdOutputs, GradsMut, KvLayout, Layout, LearnableSinks, LseView, LseViewMut, PackedQueries, PagedKv, ProblemShape,
-    SeqLensView, SinkGradMut, TensorView, TensorViewMut, VarlenBatch, Window,
+    Fp8Descales, FwdInputs, FwdOutputs, GradsMut, KvLayout, Layout, LearnableSinks, LseView, LseViewMut, PackedQueries, PagedKv,
+    ProblemShape, SeqLensView, SinkGradMut, TensorView, TensorViewMut, VarlenBatch, Window,
 };
 use pyo3::exceptions::{PyNotImplementedError, PyPermissionError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -350,6 +350,7 @@ pub(crate) unsafe fn forward_on(
             dropout_state,
             learnable_sink,
             qv: qv.map(view),
+            descales: Fp8Descales::default(),
         };
         if check {
             ctx.check_values(&inputs)?;

@@ -127,6 +127,7 @@ impl AttnOp {
             dropout_state: None,
             learnable_sink: extras.sinks()?,
             qv: None,
+            descales: flashcore::Fp8Descales::default(),
         };
         let o_view = o.view_mut(o_layout, qv.layout().dtype, qv.device());
         // SAFETY: the LSE buffer holds `lse_shape`'s values and is written by this call alone.

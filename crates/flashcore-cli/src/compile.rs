@@ -39,7 +39,7 @@ pub struct CompileArgs {
     /// selected (and, with --varlen / --paged, their varlen and paged forms).
     #[arg(long)]
     sinks: bool,
-    /// Only the variants of this dtype (f16 or bf16).
+    /// Only the variants of this dtype (f16, bf16 or e4m3).
     #[arg(long)]
     dtype: Option<String>,
     /// Only the variants whose name contains one of these (comma-separated).
@@ -71,7 +71,9 @@ fn with_mods(arch: Arch, v: Variant, args: &CompileArgs) -> Vec<Variant> {
         dense.extend(chunked);
     }
     if args.sinks {
-        let takes_sinks = |v: &&Variant| !v.family.is_backward() && v.family != KernelFamily::Reference;
+        // (Not e4m3's: its planner takes no sinks yet.)
+        let takes_sinks =
+            |v: &&Variant| !v.family.is_backward() && v.family != KernelFamily::Reference && v.dtype != flashcore::DType::E4M3;
         let with_sinks: Vec<Variant> =
             dense.iter().filter(takes_sinks).map(|v| flashcore::kernels::with_mods(v, ScoreMods { sinks: true, ..v.mods })).collect();
         dense.extend(with_sinks);
@@ -97,9 +99,7 @@ pub fn run(args: &CompileArgs) -> Result<bool> {
     };
     let dtype = match args.dtype.as_deref() {
         None => None,
-        Some("f16") => Some(flashcore::DType::F16),
-        Some("bf16") => Some(flashcore::DType::BF16),
-        Some(other) => return Err(anyhow!("unknown dtype {other:?} (f16 or bf16)")),
+        Some(name) => Some(flashcore::DType::parse(name).ok_or_else(|| anyhow!("--dtype {name:?}: f16, bf16 or e4m3"))?),
     };
     let tmp = tempfile::tempdir()?;
     let cache = if args.no_cache { DiskCache::new(tmp.path()) } else { DiskCache::new(DiskCache::default_dir()) };

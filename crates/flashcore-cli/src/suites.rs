@@ -22,6 +22,7 @@ pub const NAMES: &[&str] = &[
     "value-dim",
     "bwd-value-dim",
     "value-dim-fa3",
+    "fp8",
 ];
 
 /// The varlen suite's packed batches: 64k tokens in sequences of lengths drawn from
@@ -206,6 +207,20 @@ pub fn suite(name: &str) -> Option<Vec<Case>> {
             for (b, s) in [(2, 8192), (8, 2048)] {
                 let fa3 = Case::new(b, s, s, 16, 16, 64, true, DType::BF16).with_value_dim(256);
                 v.extend([fa3.clone(), fa3.with_qv(), Case::new(b, s, s, 16, 16, 256, true, DType::BF16)]);
+            }
+            v
+        }
+        // e4m3 (FP8) beside bf16 on issue 53's shapes: the sweep's 16k tokens (H = 2048 / D) at
+        // S 2k, 8k and 16k, D64, D128 and D256, full and causal.
+        "fp8" => {
+            let mut v = Vec::new();
+            for d in [64, 128, 256] {
+                for causal in [false, true] {
+                    for s in [2048, 8192, 16384] {
+                        let bf16 = sweep_case(s, d, causal);
+                        v.extend([Case::new(bf16.batch, s, s, bf16.heads_q, bf16.heads_kv, d, causal, DType::E4M3), bf16]);
+                    }
+                }
             }
             v
         }

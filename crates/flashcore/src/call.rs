@@ -34,6 +34,21 @@ pub type LearnableSinks<'a> = DeviceVec<'a, f32>;
 /// bits every run).
 pub type SinkGradMut<'a> = DeviceVecMut<'a, f32>;
 
+/// FlashAttention-3's FP8 descales (`q_descale`, `k_descale`, `v_descale`): f32 on the device,
+/// one a (sequence, KV head), `[B, Hkv]` row-major, each optional (none: 1). With e4m3 inputs
+/// (`DType::E4M3`) the scores are `scale · (q·k) · q_descale · k_descale` and the output
+/// `(P·V) · v_descale` (the values the e4m3 tensors hold times their descales are the real
+/// ones). A device tensor's values are the caller's contract: not read on the host.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Fp8Descales<'a> {
+    /// `q`'s descales.
+    pub q: Option<DeviceVec<'a, f32>>,
+    /// `k`'s descales.
+    pub k: Option<DeviceVec<'a, f32>>,
+    /// `v`'s descales.
+    pub v: Option<DeviceVec<'a, f32>>,
+}
+
 /// How a call's keys (and, packed, its queries) are laid out.
 #[derive(Debug, Clone, Copy, Default)]
 pub enum KvLayout<'a> {
@@ -94,17 +109,39 @@ pub struct FwdInputs<'a> {
     /// FlashAttention-3's `qv` (absorbed MLA), shaped like the output, or none: the scores
     /// become `scale · (q·kᵀ + qv·vᵀ)` (see [`FwdInputs::with_qv`]).
     pub qv: Option<TensorView<'a>>,
+    /// e4m3 inputs' descales (see [`Fp8Descales`]; none: all 1).
+    pub descales: Fp8Descales<'a>,
 }
 
 impl<'a> FwdInputs<'a> {
     /// Dense tensors: `q [B, Sq, Hq, D]`, `k, v [B, Sk, Hkv, D]`.
     pub fn dense(q: TensorView<'a>, k: TensorView<'a>, v: TensorView<'a>) -> Self {
-        Self { q, k, v, kv: KvLayout::Dense, alibi_slopes: None, dropout_state: None, learnable_sink: None, qv: None }
+        Self {
+            q,
+            k,
+            v,
+            kv: KvLayout::Dense,
+            alibi_slopes: None,
+            dropout_state: None,
+            learnable_sink: None,
+            qv: None,
+            descales: Fp8Descales::default(),
+        }
     }
 
     /// A packed batch: `q [1, total_q, Hq, D]`, `k, v [1, total_k, Hkv, D]` (see [`VarlenBatch`]).
     pub fn varlen(q: TensorView<'a>, k: TensorView<'a>, v: TensorView<'a>, batch: VarlenBatch<'a>) -> Self {
-        Self { q, k, v, kv: KvLayout::Varlen(batch), alibi_slopes: None, dropout_state: None, learnable_sink: None, qv: None }
+        Self {
+            q,
+            k,
+            v,
+            kv: KvLayout::Varlen(batch),
+            alibi_slopes: None,
+            dropout_state: None,
+            learnable_sink: None,
+            qv: None,
+            descales: Fp8Descales::default(),
+        }
     }
 
     /// These inputs with ALiBi `slopes` (see [`AlibiSlopes`]).
@@ -145,7 +182,14 @@ impl<'a> FwdInputs<'a> {
             dropout_state: None,
             learnable_sink: None,
             qv: None,
+            descales: Fp8Descales::default(),
         }
+    }
+
+    /// These inputs with FP8 `descales` (e4m3 `q`, `k`, `v`; see [`Fp8Descales`]): forward
+    /// only, dense keys, on Hopper (fwd_sm90); else an error names the dtype or the argument.
+    pub fn with_descales(self, descales: Fp8Descales<'a>) -> Self {
+        Self { descales, ..self }
     }
 }
 
@@ -235,6 +279,8 @@ pub(crate) struct Checked {
     pub learnable_sink: u64,
     /// FlashAttention-3's `qv`, checked against the output (`FwdInputs::qv`).
     pub qv: bool,
+    /// e4m3 inputs' descales (q's, k's, v's addresses; 0: 1).
+    pub descales: [u64; 3],
 }
 
 impl Checked {
@@ -281,13 +327,31 @@ impl FwdInputs<'_> {
             // No queries: nothing to compute and nothing appended, whatever the cache holds.
             KvLayout::Paged(_) if q.layout.shape[0] == 0 || q.layout.shape[1] == 0 => {
                 let tensors = validate::queries_only(q, o, device)?;
-                Checked { tensors, shape: tensors, cache: None, alibi: None, dropout_state: 0, learnable_sink: 0, qv: false }
+                Checked {
+                    tensors,
+                    shape: tensors,
+                    cache: None,
+                    alibi: None,
+                    dropout_state: 0,
+                    learnable_sink: 0,
+                    qv: false,
+                    descales: [0; 3],
+                }
             }
             KvLayout::Paged(cache) => {
                 let g = cache.validate(q, k, v, o, device)?;
                 // Packed queries: the tensors are one batch of all the rows.
                 let tensors = g.total_q.map_or(g.shape, |total_q| ProblemShape { batch: 1, seqlen_q: total_q, ..g.shape });
-                Checked { tensors, shape: g.shape, cache: Some(g), alibi: None, dropout_state: 0, learnable_sink: 0, qv: false }
+                Checked {
+                    tensors,
+                    shape: g.shape,
+                    cache: Some(g),
+                    alibi: None,
+                    dropout_state: 0,
+                    learnable_sink: 0,
+                    qv: false,
+                    descales: [0; 3],
+                }
             }
             KvLayout::Varlen(batch) => {
                 let tensors = validate::problem(q, k, v, o, device)?;
@@ -300,11 +364,21 @@ impl FwdInputs<'_> {
                     dropout_state: 0,
                     learnable_sink: 0,
                     qv: false,
+                    descales: [0; 3],
                 }
             }
             KvLayout::Dense => {
                 let tensors = validate::problem(q, k, v, o, device)?;
-                Checked { tensors, shape: tensors, cache: None, alibi: None, dropout_state: 0, learnable_sink: 0, qv: false }
+                Checked {
+                    tensors,
+                    shape: tensors,
+                    cache: None,
+                    alibi: None,
+                    dropout_state: 0,
+                    learnable_sink: 0,
+                    qv: false,
+                    descales: [0; 3],
+                }
             }
         };
         params.check(checked.shape.head_dim)?;
@@ -315,7 +389,8 @@ impl FwdInputs<'_> {
         if let Some(qv) = &self.qv {
             validate::qv(qv, o, device)?;
         }
-        let checked = Checked { alibi, dropout_state, learnable_sink, qv: self.qv.is_some(), ..checked };
+        let descales = validate::descales(&self.descales, q.layout.dtype, &checked.shape)?;
+        let checked = Checked { alibi, dropout_state, learnable_sink, qv: self.qv.is_some(), descales, ..checked };
         if let Some(lse) = lse {
             // [B, Hq, Sq] as the tensors are shaped; packed, [Hq, total_q]: one sequence of all
             // the rows (a cache's tensors are its kernels' shape, packed queries aside).
@@ -367,6 +442,10 @@ impl BwdInputs<'_> {
     /// Checks everything the host can see of a backward call into `grads` on `device`.
     pub(crate) fn check(&self, grads: &GradsMut, params: &AttnParams, device: usize) -> Result<Checked> {
         let BwdInputs { q, k, v, o, lse, dout, kv, alibi_slopes, dropout_state, learnable_sink } = self;
+        if q.layout.dtype == crate::tensor::DType::E4M3 {
+            let msg = "e4m3 has no backward: FP8 runs the forward alone (as FlashAttention-3's)".into();
+            return Err(Error::DType { arg: "q", msg });
+        }
         if let KvLayout::Paged(_) = kv {
             return Err(Error::Param { arg: "kv", msg: "a KV cache has no backward: dense or packed (varlen) batches do".into() });
         }
@@ -410,7 +489,7 @@ impl BwdInputs<'_> {
             (Some(sinks), None) => validate::learnable_sink(sinks.ptr, sinks.len, &shape).map(|()| 0)?,
             (None, None) => 0,
         };
-        Ok(Checked { tensors, shape, cache: None, alibi, dropout_state, learnable_sink, qv: false })
+        Ok(Checked { tensors, shape, cache: None, alibi, dropout_state, learnable_sink, qv: false, descales: [0; 3] })
     }
 }
 

@@ -20,7 +20,7 @@ use crate::kernels::steps::{self, BwdFacts, Entry, Extra, FwdFacts, MapOver, Wor
 use crate::kernels::{fwd_sm90, Variant};
 use crate::pack::{BwdParams, FwdCall, FwdParams};
 use crate::shape::ProblemShape;
-use crate::tensor::{DType, TensorView};
+use crate::tensor::{DType, Layout, TensorView};
 use crate::validate;
 
 /// Where one call runs: a stream, the fwd_sm90 tile counter only that stream uses, and where
@@ -152,8 +152,14 @@ pub(crate) fn forward(lane: &mut Lane, kernel: &LoadedKernel, plan: &Plan, mut c
         call.params.o_accum = base;
         call.params.lse_accum = base + split.o_bytes as u64;
     }
-    let p = &call.params;
     let variant = &kernel.variant;
+    if variant.dtype == DType::E4M3 {
+        // fc_fp8_transpose_v writes V^T into scratch; the main kernel's V map is over it.
+        let vt = transposed_v(lane, &plan.shape, call.views[2].device)?;
+        call.params.v_transposed = vt.ptr;
+        call.views[2] = vt;
+    }
+    let p = &call.params;
     let facts = FwdFacts {
         new_keys: if call.append { p.new_keys as usize } else { 0 },
         combined: call.split_scratch.is_some(),
@@ -172,6 +178,18 @@ pub(crate) fn forward(lane: &mut Lane, kernel: &LoadedKernel, plan: &Plan, mut c
     };
     // SAFETY: `p` is the call's `FwdParams`, built and validated for this variant (`pack::forward`).
     unsafe { run(lane, kernel, steps.into_iter().map(Work::Launch), Arg::Fwd(p), views) }
+}
+
+/// Scratch for V^T of an e4m3 call over `shape` (`FwdParams::v_transposed`: `[B, Hkv, Dv,
+/// vt_keys]` e4m3), as a view the main kernel's V map reads: BSHD with V's head dim as the
+/// sequence, the keys as the head dim.
+fn transposed_v<'a>(lane: &mut Lane, shape: &ProblemShape, device: usize) -> Result<TensorView<'a>> {
+    let (keys, dv, hkv) = (fwd_sm90::vt_keys(shape.seqlen_k), shape.head_dim_v, shape.heads_kv);
+    let layout = Layout { shape: [shape.batch, dv, hkv, keys], strides: [hkv * dv * keys, keys, dv * keys, 1], dtype: DType::E4M3 };
+    let base = lane.take_scratch(layout.span().max(1))?;
+    // SAFETY: scratch of the layout's span, used in this call's stream order (the transpose
+    // writes it, the main kernel reads it).
+    Ok(unsafe { TensorView::from_raw(base, layout, device) })
 }
 
 /// Runs `work` in stream order: each launch of a non-empty grid with `params` and what its step
@@ -260,18 +278,21 @@ struct TensorMap(CUtensorMap);
 unsafe impl DeviceRepr for TensorMap {}
 
 /// A 4-D tensor map over a BSHD view, dims innermost first `{D, S, H, B}`, with a box of
-/// `{64, rows, 1, 1}` and 128-byte swizzle; rows past S read as zeros.
+/// `{64, rows, 1, 1}` and 128-byte swizzle; rows past S read as zeros. An e4m3 view is mapped
+/// as 16-bit elements of half its columns (D even: the planner's rule): TMA moves bytes, and
+/// the kernel holds e4m3 tiles so (`tile_sm90.cuh`).
 fn tensor_map(t: &TensorView, rows: u32) -> Result<TensorMap> {
     let l = t.layout;
     let elem = l.dtype.size_bytes() as u64;
-    let dims = [l.shape[3], l.shape[1], l.shape[2], l.shape[0]].map(|d| d as u64);
+    let (dtype, columns) = match l.dtype {
+        DType::F16 => (DataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16, l.shape[3]),
+        DType::BF16 => (DataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, l.shape[3]),
+        DType::E4M3 => (DataType::CU_TENSOR_MAP_DATA_TYPE_UINT16, l.shape[3] / 2),
+    };
+    let dims = [columns, l.shape[1], l.shape[2], l.shape[0]].map(|d| d as u64);
     let strides = [l.strides[1], l.strides[2], l.strides[0]].map(|s| s as u64 * elem);
     let boxes = [fwd_sm90::SWIZZLE_ROW_ELEMS, rows, 1, 1];
     let elem_strides = [1u32; 4];
-    let dtype = match l.dtype {
-        DType::F16 => DataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-        DType::BF16 => DataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-    };
     let mut map = std::mem::MaybeUninit::<CUtensorMap>::uninit();
     // SAFETY: every array has the rank's length; the address is a validated device pointer.
     unsafe {

@@ -58,7 +58,7 @@ mod validate;
 mod varlen;
 
 pub use backward::AttnGrads;
-pub use call::{AlibiSlopes, BwdInputs, DropoutState, FwdInputs, FwdOutputs, GradsMut, KvLayout, LearnableSinks, SinkGradMut};
+pub use call::{AlibiSlopes, BwdInputs, DropoutState, Fp8Descales, FwdInputs, FwdOutputs, GradsMut, KvLayout, LearnableSinks, SinkGradMut};
 pub use context::{Context, DeviceInfo};
 pub use device_tensor::DeviceTensor;
 pub use dropout::{philox, Dropout};

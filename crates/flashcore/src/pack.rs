@@ -14,7 +14,7 @@ use crate::dispatch::{BwdPlan, Plan};
 use crate::kernels::{fwd_sm80, fwd_sm90, section_heads, KernelFamily};
 use crate::params::{AttnParams, Window};
 use crate::shape::ProblemShape;
-use crate::tensor::{LseView, TensorView};
+use crate::tensor::{DType, LseView, TensorView};
 use crate::varlen::VarlenBatch;
 
 /// The problem every pass reads: shape, scale, causal flag (`FC_PROBLEM_FIELDS`).
@@ -114,11 +114,19 @@ pub(crate) struct FwdParams {
     pub dropout_probs: u64,
     pub probs_rows: i32,
     pub probs_cols: i32,
+    /// e4m3 inputs: q's, k's and v's descales (`[B, Hkv]` f32; 0: 1), V^T's scratch
+    /// (`launch::forward` takes it) and its rows' keys (`fwd_sm90::vt_keys`).
+    pub q_descale: u64,
+    pub k_descale: u64,
+    pub v_descale: u64,
+    pub v_transposed: u64,
+    pub vt_keys: i32,
+    pub fp8_pad: i32,
 }
 
 const _: () = assert!(std::mem::size_of::<ProblemArgs>() == 36 && std::mem::size_of::<ScoreModArgs>() == 80);
 const _: () = assert!(std::mem::size_of::<VarlenArgs>() == 32);
-const _: () = assert!(std::mem::size_of::<FwdParams>() == 456);
+const _: () = assert!(std::mem::size_of::<FwdParams>() == 496);
 
 // SAFETY: plain old data with the C layout the kernels expect.
 unsafe impl DeviceRepr for FwdParams {}
@@ -322,6 +330,10 @@ pub(crate) fn forward<'a>(
             append = true;
         }
     }
+    if plan.variant.dtype == DType::E4M3 {
+        [p.q_descale, p.k_descale, p.v_descale] = checked.descales;
+        p.vt_keys = fwd_sm90::vt_keys(shape.seqlen_k) as i32;
+    }
     let qv = inputs.qv.filter(|_| plan.variant.mods.qv);
     FwdCall { params: p, views: [q, k, v, o], qv, append, split_scratch: split_scratch(plan) }
 }
@@ -404,7 +416,7 @@ mod tests {
     use crate::call::Alibi;
 
     fn checked(shape: ProblemShape, alibi: Option<Alibi>) -> Checked {
-        Checked { tensors: shape, shape, cache: None, alibi, dropout_state: 0, learnable_sink: 0, qv: false }
+        Checked { tensors: shape, shape, cache: None, alibi, dropout_state: 0, learnable_sink: 0, qv: false, descales: [0; 3] }
     }
 
     #[test]

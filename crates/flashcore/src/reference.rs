@@ -60,6 +60,9 @@ pub struct RefMask<'a> {
     /// FlashAttention-3's `qv`, `[B, Sq, Hq, Dv]` contiguous like the output: `qv_i · v_j`
     /// joins `q_i · k_j` in every score before the scale. Empty: none.
     pub qv: &'a [f64],
+    /// The dtype P is rounded to before P·V, or none: an emulation of a kernel's rounding (the
+    /// e4m3 forms': `check` bounds their error by this emulation's), the row sums unrounded.
+    pub p_rounding: Option<crate::tensor::DType>,
 }
 
 impl<'a> RefMask<'a> {
@@ -76,6 +79,7 @@ impl<'a> RefMask<'a> {
             dropout: params.dropout,
             first_batch: 0,
             qv: &[],
+            p_rounding: None,
         }
     }
 
@@ -192,6 +196,7 @@ pub fn attention_masked(q: &[f64], k: &[f64], v: &[f64], shape: &ProblemShape, s
                 let sum: f64 = p.iter().sum::<f64>() + (sink - max).exp();
                 let o_i = &mut o[i * dv..][..dv];
                 for (j, &p) in (first..last).zip(&p) {
+                    let p = mask.p_rounding.map_or(p, |t| t.decode(t.encode(p as f32)) as f64);
                     let weight = p / sum * mask.kept((b, h, hq), i, j);
                     for (o, &v) in o_i.iter_mut().zip(&v[kv_row(j) * dv..][..dv]) {
                         *o += weight * v;

@@ -14,35 +14,131 @@ pub enum DType {
     F16,
     /// bfloat16.
     BF16,
+    /// FP8 e4m3 (`float8_e4m3fn`: no infinities, ±448 at most), the forward's inputs alone
+    /// (fwd_sm90, Hopper): `q`, `k` and `v` in e4m3 with their descales
+    /// ([`crate::Fp8Descales`]), the output bf16.
+    E4M3,
 }
 
 impl DType {
     /// Bytes per element.
     pub const fn size_bytes(self) -> usize {
-        2
+        match self {
+            DType::F16 | DType::BF16 => 2,
+            DType::E4M3 => 1,
+        }
     }
 
-    /// The short name used in kernel names and reports (`f16`, `bf16`).
+    /// The output's dtype for inputs of this one: e4m3's is bf16 (as FlashAttention-3's), the
+    /// others' their own.
+    pub const fn output(self) -> DType {
+        match self {
+            DType::E4M3 => DType::BF16,
+            other => other,
+        }
+    }
+
+    /// The dtype named `name` (`f16`, `bf16`, `e4m3`), as [`DType::name`] gives it.
+    pub fn parse(name: &str) -> Option<DType> {
+        [DType::F16, DType::BF16, DType::E4M3].into_iter().find(|d| d.name() == name)
+    }
+
+    /// The short name used in kernel names and reports (`f16`, `bf16`, `e4m3`).
     pub const fn name(self) -> &'static str {
         match self {
             DType::F16 => "f16",
             DType::BF16 => "bf16",
+            DType::E4M3 => "e4m3",
         }
     }
 
-    /// Rounds an `f32` to this dtype's 16-bit pattern.
+    /// Rounds an `f32` to this dtype's bit pattern (to nearest, ties to even; e4m3 saturates at
+    /// ±448, its pattern in the low byte).
     pub fn encode(self, x: f32) -> u16 {
         match self {
             DType::F16 => half::f16::from_f32(x).to_bits(),
             DType::BF16 => half::bf16::from_f32(x).to_bits(),
+            DType::E4M3 => u16::from(e4m3::encode(x)),
         }
     }
 
-    /// Widens a 16-bit pattern of this dtype to `f32`.
+    /// Widens a bit pattern of this dtype to `f32` (e4m3: the low byte).
     pub fn decode(self, bits: u16) -> f32 {
         match self {
             DType::F16 => half::f16::from_bits(bits).to_f32(),
             DType::BF16 => half::bf16::from_bits(bits).to_f32(),
+            DType::E4M3 => e4m3::decode(bits as u8),
+        }
+    }
+}
+
+/// FP8 e4m3 (`float8_e4m3fn`): 1 sign bit, 4 exponent bits (bias 7), 3 mantissa bits; no
+/// infinities, `S.1111.111` NaN, ±448 the largest finite, 2⁻⁹ the smallest subnormal.
+mod e4m3 {
+    const NAN: u8 = 0x7f;
+    const MAX: u8 = 0x7e; // 448
+
+    /// `x` rounded to nearest (ties to even), saturated to ±448; NaN stays NaN.
+    pub fn encode(x: f32) -> u8 {
+        let sign = if x.is_sign_negative() { 0x80 } else { 0 };
+        let a = x.abs();
+        if a.is_nan() {
+            return sign | NAN;
+        }
+        if a >= 448.0 {
+            return sign | MAX;
+        }
+        if a < 2f32.powi(-6) {
+            // Subnormals (and the smallest normal, code 8): multiples of 2⁻⁹.
+            return sign | (a * 512.0).round_ties_even() as u8;
+        }
+        let mut exp = ((a.to_bits() >> 23) & 0xff) as i32 - 127; // -6 ..= 8
+        let mut mant = ((a / 2f32.powi(exp) - 1.0) * 8.0).round_ties_even() as i32;
+        if mant == 8 {
+            mant = 0;
+            exp += 1;
+        }
+        if exp > 8 || (exp == 8 && mant == 7) {
+            return sign | MAX;
+        }
+        sign | (((exp + 7) as u8) << 3) | mant as u8
+    }
+
+    /// The value of an e4m3 pattern.
+    pub fn decode(bits: u8) -> f32 {
+        let sign = if bits & 0x80 != 0 { -1.0 } else { 1.0 };
+        let (exp, mant) = (i32::from((bits >> 3) & 0xf), f32::from(bits & 7));
+        if exp == 15 && mant == 7.0 {
+            return f32::NAN;
+        }
+        let magnitude = if exp == 0 { mant / 8.0 * 2f32.powi(-6) } else { (1.0 + mant / 8.0) * 2f32.powi(exp - 7) };
+        sign * magnitude
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn every_pattern_round_trips_and_rounding_is_to_nearest() {
+            for bits in 0..=255u8 {
+                let x = decode(bits);
+                if x.is_nan() {
+                    assert_eq!(bits & 0x7f, NAN);
+                    continue;
+                }
+                // -0 and 0 both encode to their own patterns.
+                assert_eq!(encode(x), bits, "pattern {bits:#04x} = {x}");
+            }
+            assert_eq!(decode(MAX), 448.0);
+            assert_eq!(decode(1), 2f32.powi(-9));
+            assert_eq!(encode(1e6), MAX);
+            assert_eq!(encode(-500.0), 0x80 | MAX);
+            // Halfway between 1 and 1.125 goes to the even mantissa (1); just above, up.
+            assert_eq!(decode(encode(1.0625)), 1.0);
+            assert_eq!(decode(encode(1.0626)), 1.125);
+            assert_eq!(decode(encode(2f32.powi(-10))), 0.0, "half the smallest subnormal: to even (0)");
+            assert!(decode(encode(f32::NAN)).is_nan());
         }
     }
 }

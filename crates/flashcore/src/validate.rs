@@ -51,17 +51,40 @@ pub(crate) fn queries_only(q: &TensorView, o: &TensorView, device: usize) -> Res
 }
 
 /// Validates the output `o` against the checked `q`: a tensor of the call's device with q's
-/// dtype and shape but its head dim, which is V's `dv`.
+/// shape but its head dim, which is V's `dv`, in q's dtype (e4m3 inputs: bf16, `DType::output`).
 fn output(q: &TensorView, o: &TensorView, dv: usize, device: usize) -> Result<()> {
     tensor("o", o, device)?;
     same_dims(("o", o), ("q", q), 3)?;
     if o.layout.shape[3] != dv {
         return Err(shape_err("o", format!("head dim {} differs from v's {dv}", o.layout.shape[3])));
     }
-    if o.layout.dtype != q.layout.dtype {
-        return Err(Error::DType { arg: "o", msg: format!("{} differs from q's {}", o.layout.dtype, q.layout.dtype) });
+    let want = q.layout.dtype.output();
+    if o.layout.dtype != want {
+        let of = if want == q.layout.dtype { String::new() } else { format!(" (the output of {} inputs)", q.layout.dtype) };
+        return Err(Error::DType { arg: "o", msg: format!("{} differs from {want}{of}", o.layout.dtype) });
     }
     Ok(())
+}
+
+/// Validates FP8 descales against the inputs' `dtype` and the kernels' `shape`: only with
+/// e4m3 inputs, each f32 `[B, Hkv]`, 4-byte aligned. Returns their addresses (0: none).
+pub(crate) fn descales(d: &crate::call::Fp8Descales, dtype: DType, shape: &ProblemShape) -> Result<[u64; 3]> {
+    let mut out = [0u64; 3];
+    for (i, (arg, vec)) in [("q_descale", d.q), ("k_descale", d.k), ("v_descale", d.v)].into_iter().enumerate() {
+        let Some(vec) = vec else { continue };
+        if dtype != DType::E4M3 {
+            return Err(Error::Param { arg, msg: format!("given with {dtype} inputs: descales go with e4m3 ones") });
+        }
+        if !vec.ptr.is_multiple_of(4) {
+            return Err(Error::Param { arg, msg: format!("device pointer {:#x} is not 4-byte aligned", vec.ptr) });
+        }
+        let want = shape.batch * shape.heads_kv;
+        if vec.len != want {
+            return Err(shape_err(arg, format!("{} values: need one a sequence and KV head, [B, Hkv] = {want}", vec.len)));
+        }
+        out[i] = vec.ptr;
+    }
+    Ok(out)
 }
 
 /// Validates FlashAttention-3's `qv` against the checked output `o`: a tensor of the call's
@@ -243,20 +266,18 @@ pub(crate) fn tensor(arg: &'static str, t: &TensorView, device: usize) -> Result
     if t.layout.shape[2] == 0 || t.layout.shape[3] == 0 {
         return Err(shape_err(arg, format!("{:?} has no heads or no head dim", t.layout.shape)));
     }
-    if !matches!(t.layout.dtype, DType::F16 | DType::BF16) {
-        return Err(Error::DType { arg, msg: format!("{} is not supported", t.layout.dtype) });
-    }
     if !t.layout.shape[3].is_multiple_of(8) {
         return Err(shape_err(arg, format!("head dim {} must be a multiple of 8", t.layout.shape[3])));
     }
     if t.layout.strides[3] != 1 {
         return Err(Error::Stride { arg, msg: format!("last dim must be contiguous (stride 1), got {:?}", t.layout.strides) });
     }
-    // Kernels move 16 bytes (8 elements) at a time along each row.
-    if let Some(i) = (0..3).find(|&i| !t.layout.strides[i].is_multiple_of(8) && t.layout.shape[i] > 1) {
+    // Kernels move 16 bytes (8 16-bit elements, 16 e4m3) at a time along each row.
+    let per_16_bytes = 16 / t.layout.dtype.size_bytes();
+    if let Some(i) = (0..3).find(|&i| !t.layout.strides[i].is_multiple_of(per_16_bytes) && t.layout.shape[i] > 1) {
         return Err(Error::Stride {
             arg,
-            msg: format!("stride of dim {i} is {}, must be a multiple of 8 elements (16 bytes)", t.layout.strides[i]),
+            msg: format!("stride of dim {i} is {}, must be a multiple of {per_16_bytes} elements (16 bytes)", t.layout.strides[i]),
         });
     }
     if !t.ptr.is_multiple_of(16) {
@@ -298,6 +319,32 @@ mod tests {
 
     /// FlashAttention-3's `qv` is checked against the output: its shape, q's dtype, the
     /// call's device; each error names `qv`.
+    #[test]
+    fn e4m3_inputs_give_a_bf16_output_and_take_descales_of_b_by_hkv() {
+        let (q, k, v) = (view([2, 10, 8, 128], DType::E4M3), view([2, 12, 2, 128], DType::E4M3), view([2, 12, 2, 128], DType::E4M3));
+        let o = view([2, 10, 8, 128], DType::BF16);
+        let shape = problem(&q, &k, &v, &o, DEV).unwrap();
+        let err = problem(&q, &k, &v, &view([2, 10, 8, 128], DType::E4M3), DEV).unwrap_err();
+        assert!(matches!(err, Error::DType { arg: "o", .. }) && err.to_string().contains("bf16"), "{err}");
+        // e4m3 rows step by whole 16 bytes: 16 elements.
+        let odd = Layout { strides: [10 * 8 * 136, 8 * 136, 136, 1], ..Layout::contiguous([2, 10, 8, 128], DType::E4M3) };
+        assert!(matches!(problem(&with(odd, 0x1000, DEV), &k, &v, &o, DEV), Err(Error::Stride { arg: "q", .. })));
+        // SAFETY (each): validation never dereferences the pointer.
+        let vec = |ptr, len| Some(unsafe { crate::tensor::DeviceVec::<f32>::from_raw(ptr, len) });
+        let all = crate::call::Fp8Descales { q: vec(0x1000, 4), k: vec(0x1000, 4), v: vec(0x1000, 4) };
+        assert_eq!(descales(&all, DType::E4M3, &shape).unwrap(), [0x1000; 3]);
+        assert_eq!(descales(&crate::call::Fp8Descales::default(), DType::BF16, &shape).unwrap(), [0; 3]);
+        let cases = [
+            (crate::call::Fp8Descales { k: vec(0x1000, 8), ..Default::default() }, DType::E4M3, "k_descale"),
+            (crate::call::Fp8Descales { v: vec(0x1002, 4), ..Default::default() }, DType::E4M3, "v_descale"),
+            (crate::call::Fp8Descales { q: vec(0x1000, 4), ..Default::default() }, DType::BF16, "q_descale"),
+        ];
+        for (d, dtype, arg) in cases {
+            let err = descales(&d, dtype, &shape).unwrap_err();
+            assert!(err.to_string().contains(arg), "{err}");
+        }
+    }
+
     #[test]
     fn qv_is_shaped_like_the_output_in_q_s_dtype() {
         let o = view([2, 100, 8, 256], DType::BF16);

@@ -4,7 +4,7 @@
 
 use anyhow::Result;
 use flashcore::bench::{time, TimingOptions};
-use flashcore::{AttnParams, Context, DeviceTensor, Error, FwdInputs, FwdOutputs, KernelFamily, LearnableSinks, LseViewMut};
+use flashcore::{AttnParams, Context, DType, DeviceTensor, Error, FwdInputs, FwdOutputs, KernelFamily, LearnableSinks, LseViewMut};
 
 use crate::bench::options::{CaseOptions, VERIFY_ROWS};
 use crate::bench::report::{timed_and_eager, unsupported, Row};
@@ -32,7 +32,7 @@ pub fn bench_case(ctx: &Context, case: &Case, family: Option<KernelFamily>, args
             qvs.push(up(&normal(case.o_shape().iter().product(), 1.0, case.dtype, 2000 + s as u64), case.o_shape())?);
         }
     }
-    let mut o = DeviceTensor::filled(ctx, 0x7fc0, case.o_shape(), case.dtype)?;
+    let mut o = DeviceTensor::filled(ctx, 0x7fc0, case.o_shape(), case.dtype.output())?;
     let mut lse = ctx.stream().alloc_zeros::<f32>(case.batch * case.heads_q * case.seqlen_q)?;
     let sinks = case.sinks(ctx)?;
     let learnable_sink = sinks.as_ref().map(LearnableSinks::of);
@@ -52,8 +52,9 @@ pub fn bench_case(ctx: &Context, case: &Case, family: Option<KernelFamily>, args
         Ok(t) => t,
         Err(row) => return Ok(*row),
     };
-    // V's own head dim has no GPU reference kernel: `check --value-dim` is its correctness.
-    let verifiable = !args.no_verify && case.head_dim_v.is_none();
+    // V's own head dim and e4m3 inputs have no GPU reference kernel: `check --value-dim` and
+    // `check --fp8` are their correctness.
+    let verifiable = !args.no_verify && case.head_dim_v.is_none() && case.dtype != DType::E4M3;
     let rel_error = if verifiable { Some(verify(ctx, case, &inputs[0], learnable_sink, &params)?) } else { None };
     let secs = timing.median_ms * 1e-3;
     let decode = case.seqlen_q == 1;

@@ -369,10 +369,7 @@ pub fn check_one(ctx: &Context, spec: &BwdSpec) -> Result<Outcome> {
 
     // With sinks, their gradient too (f32 [Hq]; empty without).
     let run = || -> Result<([Vec<u16>; 3], Vec<f32>)> {
-        let nan = match case.dtype {
-            DType::F16 => 0x7e00,
-            DType::BF16 => 0x7fc0,
-        };
+        let nan = super::poison::nan_bits(case.dtype);
         let mut dq = DeviceTensor::filled(ctx, nan, case.q_shape(), case.dtype)?;
         let mut dk = DeviceTensor::filled(ctx, nan, case.kv_shape(), case.dtype)?;
         let mut dv = DeviceTensor::filled(ctx, nan, case.v_shape(), case.dtype)?;

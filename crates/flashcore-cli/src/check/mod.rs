@@ -7,6 +7,7 @@
 
 mod bwd;
 mod dense;
+mod fp8;
 mod outcome;
 mod packed;
 mod paged;
@@ -85,6 +86,9 @@ pub struct CheckArgs {
     /// dense and packed).
     #[arg(long)]
     value_dim: bool,
+    /// Only the e4m3 (FP8) forward cases (fwd_sm90's forms, against an f64 emulation's bound).
+    #[arg(long)]
+    fp8: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -138,12 +142,15 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
         })
         .collect();
     let cached: Vec<paged::PagedSpec> = families.iter().filter(|_| group("paged")).flat_map(|&f| paged::specs(f, quick, smoke)).collect();
+    let e4m3: Vec<fp8::Spec> =
+        families.iter().filter(|f| !f.is_backward() && group("forward")).flat_map(|&f| fp8::specs(f, quick || smoke)).collect();
     let dim = |d: usize| args.head_dims.is_empty() || args.head_dims.contains(&d);
     let alibi = |a: Alibi| !args.alibi || a != Alibi::Off;
     let dropped = |d: bool| !args.dropout || d;
     let chunked = |chunk: usize| !args.chunk || chunk > 0;
     let sunk = |sinks: bool| !args.sinks || sinks;
     let valued = |own: bool| !args.value_dim || own; // no KV cache has them
+    let fp8 = |e4m3: bool| !args.fp8 || e4m3;
     let all: Vec<_> = all
         .into_iter()
         .filter(|(_, s)| {
@@ -154,7 +161,13 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
                 && chunked(s.chunk)
                 && sunk(s.sinks)
                 && valued(c.head_dim_v.is_some())
+                && fp8(false)
         })
+        .collect();
+    // e4m3 cases take none of the filtered options (they run masks alone).
+    let e4m3: Vec<_> = e4m3
+        .into_iter()
+        .filter(|s| dim(s.case.head_dim) && !(args.alibi || args.dropout || args.chunk || args.sinks || args.value_dim))
         .collect();
     let backward: Vec<_> = backward
         .into_iter()
@@ -165,6 +178,7 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
                 && chunked(s.chunk)
                 && sunk(s.sinks)
                 && valued(s.own_value_dim())
+                && fp8(false)
         })
         .collect();
     let packed: Vec<_> = packed
@@ -176,31 +190,37 @@ pub fn run(args: &CheckArgs) -> Result<bool> {
                 && chunked(0)
                 && sunk(s.sinks)
                 && valued(s.head_dim_v.is_some())
+                && fp8(false)
         })
         .collect();
     let cached: Vec<_> = cached
         .into_iter()
-        .filter(|s| dim(s.head_dim) && alibi(s.alibi) && dropped(false) && chunked(s.chunk) && sunk(s.sinks) && valued(false))
+        .filter(|s| dim(s.head_dim) && alibi(s.alibi) && dropped(false) && chunked(s.chunk) && sunk(s.sinks) && valued(false) && fp8(false))
         .collect();
     // In the order they run (below), so that the parts of one N cover the run once.
     let mut part = PartFilter { part: args.part, next: 0 };
-    let (all, packed, cached, backward) = (part.take(all), part.take(packed), part.take(cached), part.take(backward));
+    let (all, e4m3, packed, cached, backward) =
+        (part.take(all), part.take(e4m3), part.take(packed), part.take(cached), part.take(backward));
     let label = match args.part {
         Some(Part { k, n }) => format!("{} (part {k}/{n})", ["smoke", "quick", "full"][depth as usize]),
         None => ["smoke", "quick", "full"][depth as usize].to_string(),
     };
     println!(
-        "{label} check on {} ({arch}): {} forward, {} packed (varlen), {} KV-cache (paged) and {} backward cases",
+        "{label} check on {} ({arch}): {} forward ({} of them e4m3), {} packed (varlen), {} KV-cache (paged) and {} backward cases",
         ctx.info().name,
-        all.len(),
+        all.len() + e4m3.len(),
+        e4m3.len(),
         packed.len(),
         cached.len(),
         backward.len()
     );
-    let progress = Progress::new(all.len() + packed.len() + cached.len() + backward.len());
+    let progress = Progress::new(all.len() + e4m3.len() + packed.len() + cached.len() + backward.len());
     let mut outcomes = Vec::new();
     for (family, spec) in &all {
         outcomes.push(progress.case(&spec.case.name, *family, || dense::check_one(&ctx, *family, spec))?);
+    }
+    for spec in &e4m3 {
+        outcomes.push(progress.case(&spec.case.name, KernelFamily::FwdSm90, || fp8::check_one(&ctx, spec))?);
     }
     for spec in &packed {
         let check_one = if spec.family.is_backward() { varlen_bwd::check_one } else { varlen::check_one };

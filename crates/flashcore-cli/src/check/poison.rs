@@ -10,6 +10,7 @@ pub fn nan_bits(dtype: DType) -> u16 {
     match dtype {
         DType::F16 => 0x7e00,
         DType::BF16 => 0x7fc0,
+        DType::E4M3 => 0x7f,
     }
 }
 

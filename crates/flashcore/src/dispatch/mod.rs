@@ -195,9 +195,11 @@ pub fn plan_for(
     // V's own head dim: fwd_sm90's forms for the pairs it has (fwd_sm90::VALUE_HEAD_DIMS); qv
     // too (fwd_sm90::QV_HEAD_DIMS).
     let own_value_dim = shape.head_dim_v != shape.head_dim;
+    // e4m3 inputs: fwd_sm90's FC_FP8 forms alone (e4m3_form says what they take).
+    let e4m3 = dtype == DType::E4M3;
     let family = match params.kernel {
         Some(family) => family,
-        None if (own_value_dim || qv) && KernelFamily::FwdSm90.runs_on(arch) => KernelFamily::FwdSm90,
+        None if (own_value_dim || qv || e4m3) && KernelFamily::FwdSm90.runs_on(arch) => KernelFamily::FwdSm90,
         None if packed_queries => KernelFamily::FwdSm80,
         None if dropout && dropout_on_sm90 => KernelFamily::FwdSm90,
         None if dropout => KernelFamily::FwdSm80,
@@ -245,6 +247,9 @@ pub fn plan_for(
     }
     if qv {
         qv_form(family, shape, layout)?;
+    }
+    if e4m3 {
+        e4m3_form(family, shape, layout, params, tensors)?;
     }
     if params.num_splits == Some(0) {
         return Err(Error::Param { arg: "num_splits", msg: "must be at least 1 (None picks it)".into() });
@@ -323,6 +328,39 @@ fn value_head_dim_form(family: KernelFamily, shape: &ProblemShape, layout: KeyLa
         return Ok(());
     };
     Err(Error::Unsupported { kernel: family.name().into(), msg })
+}
+
+/// Whether `family` runs e4m3 inputs (`DType::E4M3`) in `shape` over keys laid out as
+/// `layout` with `params` and the score tensors `tensors`: fwd_sm90's FC_FP8 forms (Hopper)
+/// over dense keys, head dims that are multiples of 16 (e4m3 rows of whole 16 bytes, as
+/// FlashAttention-3's) with V's equal, with a causal mask or a sliding window, GQA, unsplit.
+/// Else the error names the argument (or the kernel) that e4m3 does not take yet.
+fn e4m3_form(family: KernelFamily, shape: &ProblemShape, layout: KeyLayout, params: &AttnParams, tensors: ScoreTensors) -> Result<()> {
+    if family != KernelFamily::FwdSm90 {
+        return Err(Error::Unsupported { kernel: family.name().into(), msg: "takes no e4m3 inputs: fwd_sm90 does, on Hopper".into() });
+    }
+    let d = shape.head_dim;
+    if !d.is_multiple_of(16) {
+        return Err(Error::HeadDim { head_dim: d, supported: "multiples of 16 up to 256 for e4m3 inputs (rows of whole 16 bytes)".into() });
+    }
+    let not_yet = |arg: &'static str, what: &str| {
+        Err(Error::Param {
+            arg,
+            msg: format!("{what} with e4m3 inputs: not yet (they run dense keys with a causal mask or a window, GQA)"),
+        })
+    };
+    match () {
+        _ if !matches!(layout, KeyLayout::Dense) => not_yet("kv", "a packed batch or a KV cache"),
+        _ if shape.head_dim_v != d => not_yet("v", "V's own head dim"),
+        _ if params.has_softcap() => not_yet("softcap", "a softcap"),
+        _ if params.dropout.is_some() => not_yet("dropout_p", "dropout"),
+        _ if params.attention_chunk > 0 => not_yet("attention_chunk", "chunked attention"),
+        _ if params.num_splits.is_some_and(|n| n > 1) => not_yet("num_splits", "split keys"),
+        _ if tensors.alibi => not_yet("alibi_slopes", "ALiBi"),
+        _ if tensors.learnable_sink => not_yet("learnable_sink", "learnable sinks"),
+        _ if tensors.qv => not_yet("qv", "qv"),
+        _ => Ok(()),
+    }
 }
 
 /// Whether `family` runs FlashAttention-3's `qv` in `shape` over keys laid out as `layout`:
@@ -553,6 +591,44 @@ mod tests {
             assert_eq!((v.head_dim, v.head_dim_v, v.tile.block_m, v.tile.block_n), (Some(64), Some(256), 128, 80), "{}", p.describe());
             assert!(v.name().contains("_d64_dv256_") && v.smem_bytes <= 227 * 1024, "{}: {} B", v.name(), v.smem_bytes);
         }
+    }
+
+    #[test]
+    fn e4m3_runs_fwd_sm90_s_fp8_form_with_masks_alone_and_is_refused_by_name_elsewhere() {
+        for (d, params) in [
+            (128, AttnParams::causal()),
+            (64, AttnParams::default()),
+            (256, AttnParams { window: crate::Window::new(100, 0), ..AttnParams::causal() }),
+        ] {
+            let p = plan(&h100(), &ProblemShape { heads_kv: 2, ..shape(d) }, DType::E4M3, &params).unwrap();
+            let v = &p.variant;
+            assert_eq!((v.family, v.dtype, v.tile.block_m, v.tile.block_n, p.splits), (KernelFamily::FwdSm90, DType::E4M3, 128, 128, 1));
+            assert!(v.name().starts_with(&format!("fwd_sm90_e4m3_d{d}_")) && !p.packed_gqa, "{}", p.describe());
+            assert_eq!(v.mods.local, params.window != crate::Window::UNBOUNDED, "{}", v.name());
+        }
+        let tensors = |alibi, learnable_sink, qv| ScoreTensors { alibi, learnable_sink, qv };
+        let none = tensors(false, false, false);
+        let dense = KeyLayout::Dense;
+        let refusals = [
+            (on("sm_80"), shape(128), AttnParams::default(), dense, none, "takes no e4m3 inputs"),
+            (h100(), shape(72), AttnParams::default(), dense, none, "multiples of 16"),
+            (h100(), shape(128), AttnParams::default(), KeyLayout::Varlen { total_k: 8000 }, none, "`kv`"),
+            (h100(), shape(128), AttnParams::default(), KeyLayout::Paged { page_size: 16, packed_queries: false }, none, "`kv`"),
+            (h100(), ProblemShape { head_dim: 192, head_dim_v: 128, ..shape(192) }, AttnParams::default(), dense, none, "`v`"),
+            (h100(), shape(128), AttnParams { softcap: 30.0, ..AttnParams::default() }, dense, none, "`softcap`"),
+            (h100(), shape(128), AttnParams { attention_chunk: 256, ..AttnParams::causal() }, dense, none, "`attention_chunk`"),
+            (h100(), shape(128), AttnParams { num_splits: Some(2), ..AttnParams::default() }, dense, none, "`num_splits`"),
+            (h100(), shape(128), AttnParams::default(), dense, tensors(true, false, false), "`alibi_slopes`"),
+            (h100(), shape(128), AttnParams::default(), dense, tensors(false, true, false), "`learnable_sink`"),
+            (h100(), shape(128), AttnParams { kernel: Some(KernelFamily::Reference), ..AttnParams::default() }, dense, none, "reference"),
+        ];
+        for (device, shape, params, layout, tensors, names) in refusals {
+            let err = plan_for(&device, &shape, DType::E4M3, &params, layout, tensors).unwrap_err().to_string();
+            assert!(err.contains(names), "{names}: {err}");
+        }
+        let dropout = AttnParams { dropout: Some(crate::Dropout { p: 0.1, seed: 1, offset: 0 }), ..AttnParams::default() };
+        let err = plan(&h100(), &shape(128), DType::E4M3, &dropout).unwrap_err().to_string();
+        assert!(err.contains("`dropout_p`"), "{err}");
     }
 
     #[test]

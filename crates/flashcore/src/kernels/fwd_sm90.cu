@@ -41,6 +41,12 @@
 //   V's own head dim (FC_HEAD_DIM_V = Dv, D's unless set; dense and packed keys): V's and O's
 //   tiles are Dv wide, P·V's N is Dv and O's accumulator Dv / 2 registers a thread. D192 with
 //   Dv 128 (DeepSeek) takes D192's tile; D64 with Dv 256 (FlashAttention-3's) D256's.
+//   FC_FP8 (e4m3 Q, K and V; O 16-bit, FC_DTYPE_BF16's type; dense keys; common/fp8.cuh):
+//   D128 128 x 128, D256 128 x 128 (the key block is whole 128-key panels of V^T), 2 consumer
+//   WGs, 2 stages; head dims padded to whole 128-value panels (D64 runs as D128). Q·K^T and
+//   P·V are k32 e4m3 wgmmas; V is read as V^T (fc_fp8_transpose_v's, keys in P's operand
+//   order), P packed to e4m3 in registers; the descales scale each tile's scores and O.
+//   No FC_SKIP_MAX (its fallback recomputes S with 16-bit mma.sync).
 //   FC_QV (FlashAttention-3's qv, dense keys): S = Q·K^T + Qv·V^T, Qv (kBlockM x Dv, shaped
 //   like O, through tma_qv) loaded with Q, each block's V waited before its scores
 //   (gemm_scores), no FC_SKIP_MAX (its fallback recomputes S from Q·K^T alone).
@@ -108,6 +114,7 @@
 //   producer warpgroup's other warps issues part of each block's boxes (kBoxIssuers).
 // ---------------------------------------------------------------------------------------
 #include "common/dropout.cuh"
+#include "common/fp8.cuh"
 #include "common/mask.cuh"
 #include "common/paged.cuh"
 #include "common/params.cuh"
@@ -127,12 +134,17 @@
 #ifndef FC_HEAD_DIM
 #define FC_HEAD_DIM 128
 #endif
+#ifndef FC_FP8
+#define FC_FP8 0
+#endif
 #ifndef FC_CAUSAL
 #define FC_CAUSAL 0
 #endif
 // Defaults per head dim, from the H100 sweep in docs/kernels/fwd_sm90.md (bf16, 16k tokens).
 #ifndef FC_BLOCK_N
-#if FC_HEAD_DIM == 64
+#if FC_FP8
+#define FC_BLOCK_N 128
+#elif FC_HEAD_DIM == 64
 #define FC_BLOCK_N 128
 #elif FC_HEAD_DIM == 96 || FC_HEAD_DIM == 128
 #define FC_BLOCK_N 192
@@ -143,10 +155,10 @@
 #endif
 #endif
 #ifndef FC_CONSUMER_WG
-#define FC_CONSUMER_WG (FC_HEAD_DIM == 64 ? 3 : 2)
+#define FC_CONSUMER_WG (FC_HEAD_DIM == 64 && !FC_FP8 ? 3 : 2)
 #endif
 #ifndef FC_STAGES
-#define FC_STAGES (FC_HEAD_DIM == 64 ? 3 : 2)
+#define FC_STAGES (FC_HEAD_DIM == 64 && !FC_FP8 ? 3 : 2)
 #endif
 // Steady-state blocks take the softmax without their max first (softmax_under_pv). H100,
 // against the max in every block: D64 +8-12%, D96 +6-8%, D128 +4-16%, D192 +9-11% (S >= 2k);
@@ -160,9 +172,10 @@
 #ifndef FC_QV
 #define FC_QV 0
 #endif
-// (Not with FC_QV: its fallback recomputes a block's scores from Q·K^T alone.)
+// (Not with FC_QV: its fallback recomputes a block's scores from Q·K^T alone; nor FC_FP8: it
+// recomputes them with 16-bit mma.sync.)
 #ifndef FC_SKIP_MAX
-#define FC_SKIP_MAX (FC_HEAD_DIM != 256 && !FC_QV)
+#define FC_SKIP_MAX (FC_HEAD_DIM != 256 && !FC_QV && !FC_FP8)
 #endif
 
 namespace fc {
@@ -173,13 +186,16 @@ namespace fwd_sm90 {
 // of panels: TMA zero-fills the columns past D on every load (they add 0 to Q·K^T, and give
 // O columns that are 0) and clips them on the store of O, so only shared memory and the
 // tensor cores see the padding (D96 does 4/3 of its useful work).
+// e4m3 (FC_FP8): whole 128-value panels (one 128-byte swizzle row), D64 as D128.
+constexpr bool kFp8 = FC_FP8 != 0;
+constexpr int kPanelValues = kFp8 ? 128 : 64;
 constexpr int kHeadDimReal = FC_HEAD_DIM;
-constexpr int kHeadDim = (kHeadDimReal + 63) / 64 * 64;
+constexpr int kHeadDim = (kHeadDimReal + kPanelValues - 1) / kPanelValues * kPanelValues;
 // V's head dim, and O's (FC_HEAD_DIM_V; q's and k's unless set): V and O tiles of their own
 // width, P·V's N and O's registers with them (DeepSeek's 192 / 128: Q·K^T over 192 columns,
 // O of 128). Padded to whole panels as D is.
 constexpr int kHeadDimVReal = FC_HEAD_DIM_V;
-constexpr int kHeadDimV = (kHeadDimVReal + 63) / 64 * 64;
+constexpr int kHeadDimV = (kHeadDimVReal + kPanelValues - 1) / kPanelValues * kPanelValues;
 constexpr int kConsumerWG = FC_CONSUMER_WG;
 constexpr int kBlockM = 64 * kConsumerWG;
 constexpr int kBlockN = FC_BLOCK_N;
@@ -199,6 +215,9 @@ static_assert(!kQv || !(kPaged || kVarlen), "qv runs over dense keys");
 static_assert(!kQv || !kSkipMax, "qv's scores are not recomputed from Q·K^T alone");
 static_assert(!(kDropout && kPaged), "dropout runs over dense or packed keys");
 static_assert(!(kVarlen && kPaged), "a packed batch over a paged cache is not a form");
+static_assert(!kFp8 || !(kQv || kPaged || kVarlen || kDropout || kSoftcap || kAlibi || kSkipMax),
+              "e4m3 forms: dense keys, masks and sinks alone");
+static_assert(!kFp8 || kBlockN % 128 == 0, "e4m3: V^T's key block is whole 128-key panels");
 static_assert(!kSpread || kPaged, "FC_PAGE_SPREAD is a paged form");
 constexpr int kThreads = warpgroup::kThreads * (kConsumerWG + 1);
 // setmaxnreg budgets: 64K registers per SM shared by one CTA.
@@ -237,9 +256,21 @@ constexpr u32 kEpilogueBarrier = kSchedulerBarrier + kConsumerWG;
 // default tiles.)
 using Order = TileOrder<kCausal || kLocal || kVarlen>;
 
-using QTile = sm90::SmemTile<kBlockM, kHeadDim>;
-using KVTile = sm90::SmemTile<kBlockN, kHeadDim>;  // K, and V where its head dim is K's
-using VTile = sm90::SmemTile<kBlockN, kHeadDimV>;
+// Q's and K's tiles in 16-bit columns (an e4m3 tile is held as half as many: tile_sm90.cuh).
+constexpr int kQkCols = kFp8 ? kHeadDim / 2 : kHeadDim;
+using QTile = sm90::SmemTile<kBlockM, kQkCols>;
+using KVTile = sm90::SmemTile<kBlockN, kQkCols>;  // K, and V where its head dim is K's
+// V's: e4m3, V^T (Dv rows of the block's keys, fc_fp8_transpose_v's order); else the keys' rows.
+template <bool kTransposed> struct VTileOf {
+    using type = sm90::SmemTile<kBlockN, kHeadDimV>;
+};
+template <> struct VTileOf<true> {
+    using type = sm90::SmemTile<kHeadDimV, kBlockN / 2>;
+};
+using VTile = VTileOf<kFp8>::type;
+// e4m3 P takes the exact running max (softmax_sm90.cuh's kMaxSlack).
+using Softmax = sm90::OnlineSoftmaxOf<kFp8 ? 0 : sm90::kMaxSlack>;
+constexpr int kPackedP = kFp8 ? kBlockN / 8 : kBlockN / 4;  // P's operand registers (four or two values each)
 using OTile = sm90::SmemTile<kBlockM, kHeadDimV>;
 using QvTile = sm90::SmemTile<kBlockM, kHeadDimV>;  // FC_QV: qv's rows of the tile, like O's
 
@@ -551,12 +582,16 @@ __device__ __forceinline__ void store_rows(const FwdParams& p, const Tile& t, in
 // instead of scattered 4-byte stores. `last_v` is the tile's last V stage: once every
 // consumer warpgroup has released it, no one reads V's stages until the producer, waiting on
 // o_free, refills them for the next tile.
-__device__ __forceinline__ void store_output(SharedStorage& smem, float (&o)[kHeadDimV / 2], sm90::OnlineSoftmax& softmax,
+__device__ __forceinline__ void store_output(SharedStorage& smem, float (&o)[kHeadDimV / 2], Softmax& softmax,
                                              const FwdParams& p, const Tile& t, int wg,
                                              const PipelineState<kStages>& last_v, const TmaDescriptor* tma_o) {
     float inv[2], lse[2];
     softmax.finish(inv, lse);
     if constexpr (kDropout) inv[0] *= p.dropout_scale, inv[1] *= p.dropout_scale;  // the kept P's 1 / (1 - p)
+    if constexpr (kFp8) {
+        const float v_descale = fp8::v_descale(p, t.batch, t.kv_head);
+        inv[0] *= v_descale, inv[1] *= v_descale;
+    }
     if constexpr (kSinks) {
         const float sink = p.learnable_sink[t.head];
         sinks::fold(sink, inv[0], lse[0]);
@@ -689,6 +724,8 @@ __device__ __forceinline__ void produce(SharedStorage& smem, const FwdParams& p,
             if (kPaged && p.block_table != nullptr) {
                 load_pages(dst, map, bar(full, st.stage()), p, t.batch, t.kv_head, n * kBlockN, 0u, span,
                            smem_u32(smem.pages) + st.stage() * sizeof(smem.pages[0]), map == tma_v);
+            } else if (kFp8 && map == tma_v) {  // V^T: the block's keys are columns (16-bit units: two keys)
+                VTile::load_cols_to(dst, map, bar(full, st.stage()), n * kBlockN / 2, 0, t.kv_head, t.batch);
             } else {
                 ring[0].load_to(dst, map, bar(full, st.stage()), t.seq.k_start + n * kBlockN, t.kv_head, batch_coord(t));
             }
@@ -805,11 +842,11 @@ __device__ __forceinline__ void wait_pv_below_softmax(int n) {
 // wait is one instruction for all paths: a wgmma wait is warpgroup-wide, and warps that
 // took different paths must reach it at the same pc (compute-sanitizer synccheck: "Warpgroup
 // MMA sequence error"). Returns whether O must be rescaled (warp-uniform: every branch is).
-__device__ __forceinline__ bool softmax_under_pv(float (&s)[kBlockN / 2], sm90::OnlineSoftmax& softmax,
-                                                float (&rescale)[2], float (&o)[kHeadDimV / 2], u32 (&pk)[kBlockN / 4],
+__device__ __forceinline__ bool softmax_under_pv(float (&s)[kBlockN / 2], Softmax& softmax,
+                                                float (&rescale)[2], float (&o)[kHeadDimV / 2], u32 (&pk)[kPackedP],
                                                 const SharedStorage& smem, const PipelineState<kStages>& ks,
-                                                int q_row, int m0, bool masked, const FwdParams& p, const Tile& t, int n) {
-    const float scale_log2 = p.softmax_scale_log2;
+                                                int q_row, int m0, bool masked, const FwdParams& p, const Tile& t, int n,
+                                                float scale_log2) {
     bool rescale_o = false, rescore = false;
     if (kSkipMax && __all_sync(0xffffffffu, softmax.has_max())) {
         float block_sum[2];
@@ -834,15 +871,40 @@ __device__ __forceinline__ bool softmax_under_pv(float (&s)[kBlockN / 2], sm90::
     return rescale_o;
 }
 
+// A key block's products by input type (member templates, so that only the kernel's own
+// type's are compiled): 16-bit (Q·K^T, with FC_QV + Qv·V^T; P·V from V's rows) or e4m3
+// (tile_sm90.cuh's k32 forms; P·V from V^T, P packed in its key order).
+template <bool kE4M3> struct Products {
+    template <class S, class Q, class K> static __device__ __forceinline__ void qk(S& s, const Q& q, int q_row, const K& k) {
+        sm90::gemm_qk(s, q, q_row, k);
+    }
+    template <class... A> static __device__ __forceinline__ void qk_qv(A&... a) { sm90::gemm_qk_qv(a...); }
+    template <class S, class P> static __device__ __forceinline__ void to_operand(const S& s, P& pk) { sm90::to_operand(s, pk); }
+    template <class O, class P, class V> static __device__ __forceinline__ void pv(O& o, P& pk, const V& v) { sm90::gemm_pv(o, pk, v); }
+};
+template <> struct Products<true> {
+    template <class S, class Q, class K> static __device__ __forceinline__ void qk(S& s, const Q& q, int q_row, const K& k) {
+        sm90::gemm_qk_e4m3(s, q, q_row, k);
+    }
+    template <class... A> static __device__ __forceinline__ void qk_qv(A&...) {
+        static_assert(sizeof...(A) == 0, "e4m3 forms take no qv");
+    }
+    template <class S, class P> static __device__ __forceinline__ void to_operand(const S& s, P& pk) { sm90::to_operand_e4m3(s, pk); }
+    template <class O, class P, class V> static __device__ __forceinline__ void pv(O& o, P& pk, const V& vt) {
+        sm90::gemm_pv_e4m3(o, pk, vt);
+    }
+};
+using Gemms = Products<kFp8>;
+
 // The scores of a key block: Q·K^T from K's stage `ks`; with FC_QV, + Qv·V^T from the block's
 // own V stage `v_of_block`, waited here (V arrives after K; its P·V comes a block later).
 __device__ __forceinline__ void gemm_scores(float (&s)[kBlockN / 2], SharedStorage& smem, int q_row,
                                             const PipelineState<kStages>& ks, const PipelineState<kStages>& v_of_block) {
     if constexpr (kQv) {
         mbarrier::wait(bar(smem.v_full, v_of_block.stage()), v_of_block.full_parity());
-        sm90::gemm_qk_qv(s, smem.q, smem.qv(), q_row, smem.k[ks.stage()], smem.v[v_of_block.stage()]);
+        Gemms::qk_qv(s, smem.q, smem.qv(), q_row, smem.k[ks.stage()], smem.v[v_of_block.stage()]);
     } else {
-        sm90::gemm_qk(s, smem.q, q_row, smem.k[ks.stage()]);
+        Gemms::qk(s, smem.q, q_row, smem.k[ks.stage()]);
     }
 }
 
@@ -876,7 +938,7 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
         float o[kHeadDimV / 2];
 #pragma unroll
         for (int i = 0; i < kHeadDimV / 2; ++i) o[i] = 0.f;
-        sm90::OnlineSoftmax softmax;
+        Softmax softmax;
 
         // Blocks this warpgroup's rows do not see come first (last to first): passed over.
         int n = n_end - 1;
@@ -891,7 +953,9 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
             mbarrier::arrive(bar(smem.q_empty));
         } else {
             float s[kBlockN / 2];
-            u32 pk[kBlockN / 4];
+            u32 pk[kPackedP];
+            // e4m3: the tile's descales scale its scores (fp8::qk_descale).
+            const float tile_scale_log2 = kFp8 ? scale_log2 * fp8::qk_descale(p, t.batch, t.kv_head) : scale_log2;
             float rescale[2];
 
             mbarrier::wait(bar(smem.k_full, ks.stage()), ks.full_parity());
@@ -903,9 +967,9 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
             mbarrier::arrive(bar(smem.k_empty, ks.stage()));
             ks.advance();
             finish_scores(s, m0, n, Mask::masked(t.blocks, n), p, t);
-            softmax.update(s, scale_log2, rescale);
+            softmax.update(s, tile_scale_log2, rescale);
             if constexpr (kDropout) apply_dropout(s, m0, n, p, t);
-            sm90::to_operand(s, pk);
+            Gemms::to_operand(s, pk);
 
             for (--n; n >= n_begin; --n) {
                 clear_keys_past_end(smem, vs, t, n + 1, wg);
@@ -915,7 +979,7 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
                 v_of_block.advance();
                 gemm_scores(s, smem, q_row, ks, v_of_block);
                 mbarrier::wait(bar(smem.v_full, vs.stage()), vs.full_parity());
-                sm90::gemm_pv(o, pk, smem.v[vs.stage()]);
+                Gemms::pv(o, pk, smem.v[vs.stage()]);
                 pass_turn(wg);
                 wgmma::wait<1>();  // S done; P·V of the previous block still in flight
                 wgmma::fence_operands(s);
@@ -926,19 +990,20 @@ __device__ __forceinline__ void consume(SharedStorage& smem, const FwdParams& p,
                 if (!kSkipMax) release_k();  // else after the softmax: its slow path rereads K
                 const bool masked = Mask::masked(t.blocks, n);
                 finish_scores(s, m0, n, masked, p, t);
-                const bool rescale_o = softmax_under_pv(s, softmax, rescale, o, pk, smem, ks, q_row, m0, masked, p, t, n);
+                const bool rescale_o = softmax_under_pv(s, softmax, rescale, o, pk, smem, ks, q_row, m0, masked, p, t, n,
+                                                                   tile_scale_log2);
                 if (kSkipMax) release_k();
                 mbarrier::arrive(bar(smem.v_empty, vs.stage()));
                 vs.advance();
                 if (rescale_o) sm90::scale_rows(o, rescale);
                 if constexpr (kDropout) apply_dropout(s, m0, n, p, t);
-                sm90::to_operand(s, pk);
+                Gemms::to_operand(s, pk);
             }
             // Every Q·K^T of the tile is done: the producer may load the next tile's Q.
             mbarrier::arrive(bar(smem.q_empty));
             clear_keys_past_end(smem, vs, t, n_begin, wg);
             mbarrier::wait(bar(smem.v_full, vs.stage()), vs.full_parity());
-            sm90::gemm_pv(o, pk, smem.v[vs.stage()]);
+            Gemms::pv(o, pk, smem.v[vs.stage()]);
             wgmma::wait<0>();
             wgmma::fence_operands(o);
             wgmma::fence_operands(pk);
@@ -1019,3 +1084,41 @@ fc_fwd_sm90(const __grid_constant__ FwdParams p, const __grid_constant__ TmaDesc
         consume(shared_storage(), p, &tma_o, warpgroup::index_in_role() - 1);
     }
 }
+
+#if FC_FP8
+// V^T for the e4m3 forms (common/fp8.cuh): v [B, Sk, Hkv, Dv] to p.v_transposed [B, Hkv, Dv,
+// vt_keys], column L of each 32-key group holding key fp8::permuted_key(L), keys past seqlen_k
+// 0. A CTA a tile of 64 keys x 64 columns of one (batch, KV head): 16-byte loads of V's rows
+// into shared memory, 16-byte stores of V^T's. Grid (ceil(vt_keys / 64), ceil(Dv / 64), B *
+// Hkv), 256 threads; Dv a multiple of 16, v's rows 16-byte aligned (the host's checks).
+extern "C" __global__ void __launch_bounds__(256) fc_fp8_transpose_v(const __grid_constant__ FwdParams p) {
+    constexpr int kKeys = 64, kCols = 64;
+    __shared__ alignas(16) unsigned char tile[kKeys][kCols + 16];  // a row's pad spreads the column reads' banks
+    const int key0 = blockIdx.x * kKeys, col0 = blockIdx.y * kCols;
+    const int batch = blockIdx.z / p.heads_kv, head = blockIdx.z % p.heads_kv;
+    const int t = threadIdx.x, row = t / 4, chunk = t % 4;  // a row of 4 16-byte chunks
+    const unsigned char* v = static_cast<const unsigned char*>(p.v) + batch * p.v_stride_b + head * p.v_stride_h;
+    u32x4 in{0u, 0u, 0u, 0u};
+    if (key0 + row < p.seqlen_k && col0 + 16 * chunk < kHeadDimVReal)
+        in = *reinterpret_cast<const u32x4*>(v + static_cast<long long>(key0 + row) * p.v_stride_s + col0 + 16 * chunk);
+    *reinterpret_cast<u32x4*>(&tile[row][16 * chunk]) = in;
+    __syncthreads();
+    // Thread t writes V^T's row col0 + t / 4 (a column of V), keys key0 + 16 (t % 4) on.
+    const int col = col0 + row, l0 = 16 * chunk;
+    if (col >= kHeadDimVReal || key0 + l0 >= p.vt_keys) return;
+    u32 out[4];
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+        u32 word = 0;
+#pragma unroll
+        for (int b = 0; b < 4; ++b) {
+            const int l = l0 + 4 * w + b;
+            word |= static_cast<u32>(tile[32 * (l / 32) + fp8::permuted_key(l % 32)][row]) << (8 * b);
+        }
+        out[w] = word;
+    }
+    unsigned char* vt = static_cast<unsigned char*>(p.v_transposed) +
+                        (static_cast<long long>(blockIdx.z) * kHeadDimVReal + col) * p.vt_keys + key0 + l0;
+    *reinterpret_cast<u32x4*>(vt) = u32x4{out[0], out[1], out[2], out[3]};
+}
+#endif

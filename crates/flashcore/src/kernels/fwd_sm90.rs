@@ -2,7 +2,7 @@
 //! its grid, the shape of the TMA boxes it reads Q, K and V through, and its L2 sections.
 //! The launch (tensor maps, tile schedule) is `crate::launch`'s.
 
-use super::steps::{Extra, FwdFacts, MapOver, Step};
+use super::steps::{Entry, Extra, FwdFacts, MapOver, Step};
 use super::{Family, KernelFamily, ScoreMods, Tile, Variant};
 use crate::jit::Arch;
 use crate::shape::ProblemShape;
@@ -63,6 +63,23 @@ fn smem_bytes(tile: Tile, head_dim: usize, head_dim_v: usize) -> u32 {
     2 * (tile.block_m * d + tile.stages * tile.block_n * (d + dv)) + 2 * 1024
 }
 
+/// The e4m3 forms' tile (`FC_FP8`): 128 queries x 128 keys, two consumer warpgroups, two
+/// stages. V^T's key block is whole 128-key panels (a 128-byte swizzle row), and at 128 keys
+/// the scores (64 registers a thread), O (D128: 64) and P's e4m3 operand (32) fit 240.
+const E4M3_TILE: Tile = Tile { block_m: 128, block_n: 128, warps: 12, stages: 2 };
+
+/// The e4m3 forms' head dim in the tiles: whole 128-value panels (D64 runs as D128).
+fn e4m3_padded_head_dim(head_dim: usize) -> usize {
+    head_dim.div_ceil(128) * 128
+}
+
+/// [`smem_bytes`] of the e4m3 forms: a byte an element, V's stages holding V^T (Dv rows of the
+/// block's keys, the same bytes as V's); O (bf16, 128 x Dv) fits in them.
+fn e4m3_smem_bytes(tile: Tile, head_dim: usize) -> u32 {
+    let d = e4m3_padded_head_dim(head_dim) as u32;
+    tile.block_m * d + tile.stages * tile.block_n * 2 * d + 2 * 1024
+}
+
 /// [`smem_bytes`] of a form under `mods`: with `qv`, its tile (`block_m` x Dv) beside Q's.
 fn smem_bytes_with(tile: Tile, head_dim: usize, head_dim_v: usize, mods: ScoreMods) -> u32 {
     let qv = if mods.qv { 2 * tile.block_m * padded_head_dim(head_dim_v) as u32 } else { 0 };
@@ -86,7 +103,7 @@ pub fn variant(dtype: DType, head_dim: usize, causal: bool, seqlen_k: usize) -> 
 /// tiles of 128 rows; each CTA then runs one tile, and the longest tile sets the time).
 pub fn variant_for(dtype: DType, shape: &ProblemShape, causal: bool, sm_count: usize) -> Variant {
     let default = variant(dtype, shape.head_dim, causal, shape.seqlen_k);
-    if short_max_keys(shape.head_dim, causal) == 0 {
+    if short_max_keys(shape.head_dim, causal) == 0 || dtype == DType::E4M3 {
         return default;
     }
     let short = make_variant(dtype, shape.head_dim, causal, true);
@@ -106,7 +123,11 @@ pub fn variant_for(dtype: DType, shape: &ProblemShape, causal: bool, sm_count: u
 /// generator spilled 292-304 bytes on the first and 1,448 on the second's packed form (NVRTC
 /// 13.0), nothing on the others.
 /// V's own head dim takes the tiles of the wider of Q's and V's dims (see [`value_variant`]).
+/// e4m3 forms keep their one tile.
 pub fn with_mods(v: &Variant, mods: ScoreMods) -> Variant {
+    if v.dtype == DType::E4M3 {
+        return Variant { mods, ..v.clone() };
+    }
     let d = v.head_dim.unwrap_or(128);
     let dv = v.head_dim_v.unwrap_or(d);
     let short = (mods.softcap && mods.alibi && d.max(dv) <= 128) || (mods.dropout && (v.tile.warps > 12 || v.tile.block_n > 128));
@@ -117,6 +138,10 @@ pub fn with_mods(v: &Variant, mods: ScoreMods) -> Variant {
 /// Every variant for one (dtype, head dim, mask): the default tile, and the short one where
 /// it is used; then the forms of V's own head dims beside this one ([`VALUE_HEAD_DIMS`]).
 pub fn variants(dtype: DType, head_dim: usize, causal: bool) -> Vec<Variant> {
+    if dtype == DType::E4M3 {
+        // One tile; e4m3 rows are whole 16 bytes (FlashAttention-3's rule).
+        return if head_dim.is_multiple_of(16) { vec![make_variant(dtype, head_dim, causal, false)] } else { Vec::new() };
+    }
     let mut out = vec![make_variant(dtype, head_dim, causal, false)];
     if short_max_keys(head_dim, causal) > 0 {
         out.push(make_variant(dtype, head_dim, causal, true));
@@ -155,8 +180,12 @@ pub fn value_variant(dtype: DType, head_dim: usize, head_dim_v: usize, causal: b
     Variant { head_dim: Some(head_dim), head_dim_v: Some(head_dim_v), smem_bytes, ..wider }
 }
 
+/// The variant of one (dtype, head dim, mask) at the default or short tile (e4m3: its one tile).
 fn make_variant(dtype: DType, head_dim: usize, causal: bool, short: bool) -> Variant {
-    let tile = tile(head_dim, short);
+    let (tile, smem_bytes) = match dtype {
+        DType::E4M3 => (E4M3_TILE, e4m3_smem_bytes(E4M3_TILE, head_dim)),
+        _ => (tile(head_dim, short), smem_bytes(tile(head_dim, short), head_dim, head_dim)),
+    };
     Variant {
         family: KernelFamily::FwdSm90,
         dtype,
@@ -164,7 +193,7 @@ fn make_variant(dtype: DType, head_dim: usize, causal: bool, short: bool) -> Var
         head_dim_v: None,
         causal: Some(causal),
         tile,
-        smem_bytes: smem_bytes(tile, head_dim, head_dim),
+        smem_bytes,
         split_kv: false,
         mods: ScoreMods::default(),
         varlen: false,
@@ -231,12 +260,29 @@ const SHORT_SECTION_BYTES: u64 = 8 << 20;
 /// warpgroup rows) and the tile schedule. Paged with a block table, K and V are the page pools,
 /// whose maps take boxes of `facts.page_box_rows` rows.
 /// With `qv` (`FC_QV`), a fifth map over the call's fifth view, `qv`, in Q's boxes.
+/// e4m3: the third map is over V^T (`launch::forward`'s view of `fc_fp8_transpose_v`'s output),
+/// boxes of its padded head dim's rows.
 pub(crate) fn main_step(main: Step, variant: &Variant, shape: &ProblemShape, facts: FwdFacts) -> Step {
     let kv_rows = facts.page_box_rows.unwrap_or(variant.tile.block_n);
-    let maps = [(0, variant.tile.block_m), (1, kv_rows), (2, kv_rows), (3, WARPGROUP_ROWS)].map(|(view, rows)| MapOver { view, rows });
+    let v_rows = if variant.dtype == DType::E4M3 { e4m3_padded_head_dim(shape.head_dim_v) as u32 } else { kv_rows };
+    let maps = [(0, variant.tile.block_m), (1, kv_rows), (2, v_rows), (3, WARPGROUP_ROWS)].map(|(view, rows)| MapOver { view, rows });
     let qv = variant.mods.qv.then_some(MapOver { view: 4, rows: variant.tile.block_m });
     let section = section_heads(facts.tile_section, shape, variant.tile.block_m, main.grid.0);
     Step { extra: Extra::MapsAndSchedule { maps, qv, section }, ..main }
+}
+
+/// Keys of a V^T row (`FwdParams::vt_keys`): `seqlen_k` rounded up to whole 32-key groups (P's
+/// operand order permutes keys within one: `common/fp8.cuh`); its rows then start 16-byte aligned
+/// as TMA needs.
+pub(crate) fn vt_keys(seqlen_k: usize) -> usize {
+    seqlen_k.next_multiple_of(32)
+}
+
+/// The e4m3 forms' V transpose (`fc_fp8_transpose_v`, the variant's first aux entry): a CTA of
+/// 256 threads a 64-key x 64-column tile of one (batch, KV head).
+pub(crate) fn transpose_step(shape: &ProblemShape) -> Step {
+    let grid = (vt_keys(shape.seqlen_k).div_ceil(64) as u32, shape.head_dim_v.div_ceil(64) as u32, (shape.batch * shape.heads_kv) as u32);
+    Step::plain(Entry::Aux(0), grid, 256, 0, "V transposed")
 }
 
 pub(crate) fn section_heads(tile_section: i32, shape: &ProblemShape, block_m: u32, ctas: u32) -> i32 {
@@ -259,6 +305,10 @@ impl Family for Spec {
 
     fn head_dims(&self) -> &'static [usize] {
         HEAD_DIMS
+    }
+
+    fn dtypes(&self) -> &'static [DType] {
+        &[DType::F16, DType::BF16, DType::E4M3]
     }
 
     fn variants_at(&self, _: Arch, dtype: DType, head_dim: usize, causal: bool) -> Vec<Variant> {
@@ -290,12 +340,43 @@ impl Family for Spec {
     fn main_step(&self, main: Step, v: &Variant, shape: &ProblemShape, facts: FwdFacts) -> Step {
         main_step(main, v, shape, facts)
     }
+
+    fn before_main(&self, v: &Variant, shape: &ProblemShape) -> Option<Step> {
+        (v.dtype == DType::E4M3).then(|| transpose_step(shape))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::kernels::steps::testing::shape;
+
+    #[test]
+    fn e4m3_forms_take_one_tile_and_transpose_v_before_the_main_launch() {
+        // D64 and D96 run as D128, D192 as D256 (whole 128-value panels); e4m3 rows are whole
+        // 16 bytes, so D40 has none.
+        for (d, smem) in [(64, 83_968), (96, 83_968), (128, 83_968), (192, 165_888), (256, 165_888)] {
+            let forms = variants(DType::E4M3, d, true);
+            assert_eq!(forms.len(), 1, "D{d}");
+            assert_eq!((forms[0].tile, forms[0].smem_bytes), (E4M3_TILE, smem), "D{d}");
+            assert_eq!(with_mods(&forms[0], ScoreMods { local: true, ..ScoreMods::default() }).smem_bytes, smem);
+        }
+        assert!(variants(DType::E4M3, 40, false).is_empty());
+        let v = variant(DType::E4M3, 128, true, 16384);
+        let s = ProblemShape { seqlen_k: 1000, ..shape(2, 1000, 1000, 128) };
+        let hopper = Arch { major: 9, minor: 0, specific: true };
+        let facts = FwdFacts { new_keys: 0, combined: false, page_box_rows: None, tile_section: 16 };
+        let launched = crate::kernels::steps::forward(&v, &s, 1, 132, hopper, facts).unwrap();
+        assert_eq!(launched.iter().map(|s| s.entry).collect::<Vec<_>>(), [Entry::Aux(0), Entry::Main]);
+        // 1000 keys round up to 1024 (32-key groups): 16 tiles of 64 keys, 2 of 64 columns, B·Hkv.
+        assert_eq!((launched[0].grid, launched[0].block), ((16, 2, 8), 256));
+        let Extra::MapsAndSchedule { maps, .. } = launched[1].extra else { panic!("{:?}", launched[1].extra) };
+        assert_eq!((maps[2].view, maps[2].rows), (2, 128), "V^T's boxes are its padded head dim's rows");
+        assert_eq!(vt_keys(1000), 1024);
+        assert_eq!(v.entries().aux, ["fc_fp8_transpose_v"]);
+        let source = v.source();
+        assert!(source.defines.contains(&("FC_FP8".into(), "1".into())) && source.defines.contains(&("FC_DTYPE_BF16".into(), "1".into())));
+    }
 
     #[test]
     fn pages_of_more_than_three_boxes_a_block_take_the_spread_form() {

@@ -195,11 +195,16 @@ pub(crate) trait Family: Sync {
     /// Its variants for `arch` at one (dtype, head dim, mask).
     fn variants_at(&self, arch: Arch, dtype: DType, head_dim: usize, causal: bool) -> Vec<Variant>;
 
-    /// Its variants for `arch` at each of `head_dims` it takes, both dtypes, both masks.
+    /// The input dtypes it has variants for (default: the 16-bit ones; fwd_sm90 e4m3 too).
+    fn dtypes(&self) -> &'static [DType] {
+        &[DType::F16, DType::BF16]
+    }
+
+    /// Its variants for `arch` at each of `head_dims` it takes, each of its dtypes, both masks.
     fn variants_of(&self, arch: Arch, head_dims: &[usize]) -> Vec<Variant> {
         let mut out = Vec::new();
         for &head_dim in head_dims.iter().filter(|&&d| self.takes_head_dim(d)) {
-            for dtype in [DType::F16, DType::BF16] {
+            for &dtype in self.dtypes() {
                 for causal in [false, true] {
                     out.extend(self.variants_at(arch, dtype, head_dim, causal));
                 }
@@ -250,6 +255,12 @@ pub(crate) trait Family: Sync {
         main
     }
 
+    /// A forward family's launch before its main one (after the paged append), if `v` has one
+    /// (default: none; fwd_sm90's e4m3 forms transpose V).
+    fn before_main(&self, _v: &Variant, _shape: &ProblemShape) -> Option<Step> {
+        None
+    }
+
     /// A backward family's work, in stream order (default: none, a forward family).
     fn backward_steps(&self, _v: &Variant, _facts: &BwdFacts) -> Vec<Work> {
         Vec::new()
@@ -293,7 +304,7 @@ pub struct Tile {
 pub struct Variant {
     /// Its family.
     pub family: KernelFamily,
-    /// Input/output dtype.
+    /// Input dtype (and the output's, but for e4m3, whose output is bf16).
     pub dtype: DType,
     /// Compile-time head dim; `None` when the head dim is a run-time argument.
     pub head_dim: Option<usize>,
@@ -331,6 +342,10 @@ pub struct Variant {
 /// registers.)
 pub fn mods_forms(v: &Variant) -> Vec<Variant> {
     let spec = v.family.spec();
+    // e4m3 forms take the masks alone (fwd_sm90's FC_FP8: `dispatch::e4m3_form`).
+    if v.dtype == DType::E4M3 {
+        return vec![with_mods(v, ScoreMods { local: true, ..v.mods })];
+    }
     // A qv form (`ScoreMods::qv`) takes the policies too, each keeping qv.
     let forms: &[(bool, bool, bool)] = if (ScoreMods { qv: false, ..v.mods }) == ScoreMods::default() && spec.takes_policies() {
         &[(true, false, false), (false, true, false), (true, true, false), (false, false, true), (true, true, true)]
@@ -365,7 +380,7 @@ pub fn with_mods(v: &Variant, mods: ScoreMods) -> Variant {
 /// fwd_sm90 variant (prefill and chunked prefill on Hopper); none for a dropout form (a KV
 /// cache takes no dropout: `dispatch::plan_for`).
 pub fn paged_forms(arch: Arch, v: &Variant) -> Vec<Variant> {
-    if v.varlen || v.paged || v.mods.dropout || v.mods.qv {
+    if v.varlen || v.paged || v.mods.dropout || v.mods.qv || v.dtype == DType::E4M3 {
         return Vec::new();
     }
     v.family.spec().paged_forms(arch, v)
@@ -373,9 +388,10 @@ pub fn paged_forms(arch: Arch, v: &Variant) -> Vec<Variant> {
 
 /// `v`'s varlen form (a packed batch: `cu_seqlens`), where the dispatcher runs one: every
 /// variant of fwd_sm80, fwd_sm90, bwd_sm80 and bwd_sm90 (the backward of a packed batch runs
-/// on the family of the dense one), but `qv`'s (dense keys alone).
+/// on the family of the dense one), but `qv`'s and e4m3's (dense keys alone).
 pub fn varlen_form(v: &Variant) -> Option<Variant> {
-    (v.family.spec().packs() && !v.varlen && !v.paged && !v.mods.qv).then(|| Variant { varlen: true, ..v.clone() })
+    let dense_only = v.mods.qv || v.dtype == DType::E4M3;
+    (v.family.spec().packs() && !v.varlen && !v.paged && !dense_only).then(|| Variant { varlen: true, ..v.clone() })
 }
 
 /// A variant's entry points besides its main one (see [`Variant::entries`]).
@@ -385,7 +401,7 @@ pub struct Entries {
     pub combine: Option<&'static str>,
     /// The paged append pre-pass.
     pub append: Option<&'static str>,
-    /// A backward family's other kernels, in launch order.
+    /// A backward family's other kernels, in launch order; an e4m3 forward's V transpose.
     pub aux: &'static [&'static str],
 }
 
@@ -470,7 +486,10 @@ impl Variant {
     /// What the JIT compiles.
     pub fn source(&self) -> KernelSource {
         let t = self.tile;
-        let mut defines = vec![("FC_DTYPE_BF16".to_string(), u8::from(self.dtype == DType::BF16).to_string())];
+        let mut defines = vec![("FC_DTYPE_BF16".to_string(), u8::from(self.dtype.output() == DType::BF16).to_string())];
+        if self.dtype == DType::E4M3 {
+            defines.push(("FC_FP8".into(), "1".into()));
+        }
         if let Some(d) = self.head_dim {
             defines.push(("FC_HEAD_DIM".into(), d.to_string()));
         }
@@ -510,12 +529,13 @@ impl Variant {
     /// (`fc_split_combine`) of a split variant, the paged append pre-pass (`fc_paged_append`)
     /// of a paged one, and a backward family's other kernels in launch order (the
     /// reference's dQ and dK/dV; bwd_sm80's D_i and dQ conversion; bwd_sm90's prep and dQ
-    /// conversion).
+    /// conversion); an e4m3 forward's V transpose (`fc_fp8_transpose_v`, launched before the
+    /// main one).
     pub fn entries(&self) -> Entries {
         Entries {
             combine: self.split_kv.then_some("fc_split_combine"),
             append: self.paged.then_some("fc_paged_append"),
-            aux: self.family.spec().aux_entries(),
+            aux: if self.dtype == DType::E4M3 { &["fc_fp8_transpose_v"] } else { self.family.spec().aux_entries() },
         }
     }
 

@@ -94,7 +94,8 @@ pub(crate) struct FwdFacts {
 }
 
 /// The forward's launches for `variant` over `shape` (the kernel's, as planned) in `splits`
-/// splits: the paged append pre-pass when keys are appended, the main kernel, the split-KV
+/// splits: the paged append pre-pass when keys are appended, the family's launch before the
+/// main one where it has one (`Family::before_main`), the main kernel, the split-KV
 /// combine when the plan splits. On sm_90+ the main kernel after an append, and the combine,
 /// are programmatic dependents of the launch before them.
 pub(crate) fn forward(
@@ -114,6 +115,7 @@ pub(crate) fn forward(
         let blocks = u32::try_from(chunks.div_ceil(128)).map_err(|_| overflow("appended chunks", chunks))?;
         steps.push(Step::plain(Entry::Append, (blocks, 1, 1), 128, 0, "the append"));
     }
+    steps.extend(variant.family.spec().before_main(variant, shape));
     let (grid, block) = variant.grid(shape, sm_count, splits);
     let main = Step { dependent: pdl && facts.new_keys > 0, ..Step::plain(Entry::Main, grid, block, variant.smem_bytes, "attention") };
     steps.push(variant.family.spec().main_step(main, variant, shape, facts));

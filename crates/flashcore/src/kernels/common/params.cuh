@@ -78,5 +78,17 @@ struct FwdParams {
     void* dropout_probs;
     int probs_rows;
     int probs_cols;
+
+    // e4m3 inputs (fwd_sm90 FC_FP8; see common/fp8.cuh): q, k and v are e4m3, o 16-bit. The
+    // descales are FlashAttention-3's, [B, Hkv] f32 (null: 1): scores are scale·(q·k)·q_descale·
+    // k_descale, O is (P·V)·v_descale. fc_fp8_transpose_v writes v_transposed, [B, Hkv, Dv,
+    // vt_keys] e4m3 (vt_keys: seqlen_k rounded up to 32, the keys past seqlen_k 0), each 32-key
+    // group in P's operand order, before the main kernel reads it in place of v.
+    const float* q_descale;
+    const float* k_descale;
+    const float* v_descale;
+    void* v_transposed;
+    int vt_keys;
+    int fp8_pad;
 };
-static_assert(sizeof(FwdParams) == 456, "out of step with pack.rs's FwdParams");
+static_assert(sizeof(FwdParams) == 496, "out of step with pack.rs's FwdParams");

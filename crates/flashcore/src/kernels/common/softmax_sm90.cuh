@@ -36,14 +36,19 @@ template <int N> __device__ __forceinline__ float tree_sum(float (&v)[N]) {
     return v[0];
 }
 
-// How far (log2 units) a row's running max may lag its true max before it is moved.
-constexpr float kMaxSlack = 8.f;
+// How far (log2 units) a row's running max may lag its true max before it is moved: 8 for
+// 16-bit P; 0 for e4m3 P (fwd_sm90's FC_FP8), whose 3-bit mantissa makes every p but an
+// exact power of two off by up to 2^-4: at the exact max a row's largest p is 1, exact, where
+// with slack it could be any value up to 256 and carry that error into a row that one key
+// dominates.
+constexpr int kMaxSlack = 8;
 
-struct OnlineSoftmax {
+template <int kSlack = kMaxSlack> struct OnlineSoftmaxOf {
+    static constexpr float kMaxSlack = static_cast<float>(kSlack);
     float row_shift[2];  // the running max times scale_log2 (log2 units); −inf: no key yet
     float row_sum[2];
 
-    __device__ __forceinline__ OnlineSoftmax() {
+    __device__ __forceinline__ OnlineSoftmaxOf() {
         row_shift[0] = row_shift[1] = math::neg_inf();
         row_sum[0] = row_sum[1] = 0.f;
     }
@@ -117,7 +122,7 @@ struct OnlineSoftmax {
     template <int R>
     __device__ __forceinline__ bool exp_at_current_max(float (&s)[R], float scale_log2, float (&block_sum)[2]) const {
         constexpr int kChunks = R / 4;
-        static_assert(R / 2 * (1 << static_cast<int>(kMaxSlack)) <= kFastLimit, "block too wide for the limit");
+        static_assert(R / 2 * (1 << kSlack) <= kFastLimit, "block too wide for the limit");
         bool ok = true;
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
@@ -184,6 +189,8 @@ struct OnlineSoftmax {
         }
     }
 };
+
+using OnlineSoftmax = OnlineSoftmaxOf<>;
 
 // Multiplies each accumulator row by its factor (rows as in the layout above).
 template <int R> __device__ __forceinline__ void scale_rows(float (&acc)[R], const float (&f)[2]) {

@@ -70,6 +70,14 @@ template <int kRows, int kCols> struct SmemTile {
         for (int p = 0; p < kPanels; ++p) tma::load_4d(dst + p * kPanelBytes, map, bar, p * kPanelCols, row, head, batch);
     }
 
+    // The same from column `col0` (of the map's 16-bit units) and row `row`: panel p's box at
+    // column col0 + 64p (an e4m3 V^T tile takes its key block's columns, every row).
+    static __device__ __forceinline__ void load_cols_to(u32 dst, const TmaDescriptor* map, u32 bar, int col0, int row, int head,
+                                                        int batch) {
+#pragma unroll
+        for (int p = 0; p < kPanels; ++p) tma::load_4d(dst + p * kPanelBytes, map, bar, col0 + p * kPanelCols, row, head, batch);
+    }
+
     // TMA store: rows [row0, row0 + box rows) of every panel to rows [row, ...) of (head,
     // batch); the map's box is {64, box rows}. Issued, not committed; clips at the tensor's
     // edges, so rows past the sequence are not written.
@@ -254,6 +262,60 @@ __device__ __forceinline__ void write_operand(const SmemTile<kRows, kCols>& t, i
 template <int R> __device__ __forceinline__ void to_operand(const float (&s)[R], u32 (&p)[R / 2]) {
 #pragma unroll
     for (int i = 0; i < R / 2; ++i) p[i] = pack2<elem_t>(s[2 * i], s[2 * i + 1]);
+}
+
+// ---- e4m3 (FP8) operands: fwd_sm90's FC_FP8 forms ----
+// An e4m3 tile is held as a tile of half as many 16-bit columns: a 128-byte swizzle row is 128
+// e4m3 values, and one k32 step of an 8-bit wgmma is 32 bytes, as a k16 step of 16-bit values
+// is, so SmemTile's layout, TMA loads and K-major descriptors serve unchanged (the tensor maps
+// see e4m3 tensors as 16-bit ones of half the columns). 8-bit wgmma reads both operands
+// K-major, so P·V takes V transposed (common/fp8.cuh).
+
+// S[64 x N] = Q·K^T over e4m3 tiles of kC 16-bit columns (2 kC values of depth).
+template <int kM, int kN, int kC>
+__device__ __forceinline__ void gemm_qk_e4m3(float (&s)[kN / 2], const SmemTile<kM, kC>& q, int q_row0, const SmemTile<kN, kC>& k) {
+    wgmma::fence_operands(s);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kC / 16; ++kk) wgmma::MmaE4M3<kN>::ss(s, q.kmajor_desc(q_row0, kk), k.kmajor_desc(0, kk), kk > 0 ? 1 : 0);
+    wgmma::commit_group();
+    wgmma::fence_operands(s);
+}
+
+// O[64 x Dv] += P[64 x N] · V, V given as V^T (`vt`: Dv rows of N keys, K-major) with its keys
+// in the order to_operand_e4m3 leaves P's (fp8::permuted_key), P in registers. Issued and
+// committed.
+// (kC: V^T's 16-bit columns, two keys each.)
+template <int kDv, int kC>
+__device__ __forceinline__ void gemm_pv_e4m3(float (&o)[kDv / 2], u32 (&p)[kC / 4], const SmemTile<kDv, kC>& vt) {
+    wgmma::fence_operands(o);
+    wgmma::fence_operands(p);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kC / 16; ++kk) {
+        const u32 a[4] = {p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3]};
+        wgmma::MmaE4M3<kDv>::rs(o, a, vt.kmajor_desc(0, kk), 1);
+    }
+    wgmma::commit_group();
+    wgmma::fence_operands(o);
+}
+
+// Probabilities (f32 accumulator) to the e4m3 A operand of gemm_pv_e4m3, with no exchange
+// between lanes. The accumulator gives a thread keys 2t, 2t+1 of each 8-key chunk (t = lane %
+// 4) of rows g and g + 8; the k32 A operand wants keys 4t .. 4t+3 and 16+4t .. 16+4t+3 of a
+// 32-key group. Rather than move values between lanes, each register takes the thread's own
+// keys of two chunks, {2t, 2t+1, 8+2t, 8+2t+1} (and 16 on), so operand column L of a group is
+// key fp8::permuted_key(L), and V^T's columns are written in that order (fc_fp8_transpose_v).
+template <int R> __device__ __forceinline__ void to_operand_e4m3(const float (&s)[R], u32 (&p)[R / 4]) {
+    static_assert(R % 16 == 0, "whole 32-key groups");
+#pragma unroll
+    for (int g = 0; g < R / 16; ++g) {
+        const float* x = s + 16 * g;  // chunks 4g .. 4g+3: [4j, 4j+1] row g, [4j+2, 4j+3] row g + 8
+        p[4 * g] = pack4_e4m3(x[0], x[1], x[4], x[5]);
+        p[4 * g + 1] = pack4_e4m3(x[2], x[3], x[6], x[7]);
+        p[4 * g + 2] = pack4_e4m3(x[8], x[9], x[12], x[13]);
+        p[4 * g + 3] = pack4_e4m3(x[10], x[11], x[14], x[15]);
+    }
 }
 
 }  // namespace sm90

@@ -50,6 +50,20 @@ template <> __device__ __forceinline__ u32 pack2<bf16>(float lo, float hi) {
     return r;
 }
 
+// Four floats as four e4m3 values of one 32-bit register, `a` in the low byte (the operand
+// format of 8-bit wgmma A fragments), rounded to nearest and saturated to ±448 (no inf: P never
+// needs one). cvt's e4m3x2 puts its first source in the upper byte.
+__device__ __forceinline__ u32 pack4_e4m3(float a, float b, float c, float d) {
+    u32 r;
+    asm("{\n.reg .b16 lo, hi;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n"
+        "mov.b32 %0, {lo, hi};\n}\n"
+        : "=r"(r)
+        : "f"(a), "f"(b), "f"(c), "f"(d));
+    return r;
+}
+
 // Compile-time dtype selection: FC_DTYPE_BF16=1 picks bf16, else fp16.
 #if defined(FC_DTYPE_BF16) && FC_DTYPE_BF16
 typedef bf16 elem_t;
