@@ -78,7 +78,8 @@ mod e4m3 {
     const NAN: u8 = 0x7f;
     const MAX: u8 = 0x7e; // 448
 
-    /// `x` rounded to nearest (ties to even), saturated to ±448; NaN stays NaN.
+    /// `x` rounded to nearest (ties to even), saturated to ±448; NaN stays NaN. Integer work
+    /// on f32's bits (the CLI encodes hundreds of millions of values a benchmark row).
     pub fn encode(x: f32) -> u8 {
         let sign = if x.is_sign_negative() { 0x80 } else { 0 };
         let a = x.abs();
@@ -92,8 +93,13 @@ mod e4m3 {
             // Subnormals (and the smallest normal, code 8): multiples of 2⁻⁹.
             return sign | (a * 512.0).round_ties_even() as u8;
         }
-        let mut exp = ((a.to_bits() >> 23) & 0xff) as i32 - 127; // -6 ..= 8
-        let mut mant = ((a / 2f32.powi(exp) - 1.0) * 8.0).round_ties_even() as i32;
+        let bits = a.to_bits();
+        let mut exp = (bits >> 23) as i32 - 127; // -6 ..= 8
+        // f32's 23 mantissa bits to 3, to nearest, ties to even.
+        let (mut mant, rest) = ((bits >> 20) & 7, bits & 0xf_ffff);
+        if rest > 0x8_0000 || (rest == 0x8_0000 && mant & 1 == 1) {
+            mant += 1;
+        }
         if mant == 8 {
             mant = 0;
             exp += 1;
