@@ -13,8 +13,9 @@ loop over query blocks the first exponentials (MUFU.EX2) come between the wait f
 (`WARPGROUP.DEPBAR.LE gsb0, 0x1`) and the wait for dPᵀ (`gsb0, 0x0`): they run under dPᵀ's
 wgmma. (D192's and D256's warpgroups take 16 exponentials a step, not 32 or 64; ptxas moves the dPᵀ
 wait above them in the non-causal variant, which is not checked.) The forward:
-- HGMMA (wgmma) present, UTMALDG (TMA loads) present, no LDL/STL (local memory: spills);
-- in the steady key-block loop (the innermost loop holding both HGMMA and MUFU.EX2), every
+- wgmma present (HGMMA; QGMMA in the e4m3 forms), UTMALDG (TMA loads) present, no LDL/STL
+  (local memory: spills);
+- in the steady key-block loop (the innermost loop holding both wgmma and MUFU.EX2), every
   wait for all wgmma groups (`WARPGROUP.DEPBAR.LE gsb0, 0x0`) comes after a MUFU.EX2 of the
   block's softmax (after its S wait, `gsb0, 0x1`): the softmax overlaps the block's own P·V.
   The one exception is the slow softmax path that recomputes the scores by mma.sync
@@ -75,13 +76,17 @@ def loops(ins, labels):
     return out
 
 
+# wgmma's SASS: HGMMA with 16-bit operands, QGMMA with e4m3 ones (fwd_sm90's FC_FP8 forms).
+WGMMA = ("HGMMA", "QGMMA")
+
+
 def check_sass(name, sass):
     """A list of failure messages for one kernel's SASS."""
     ins, labels = instructions(sass)
     ops = [re.sub(r"^@!?U?P\w+\s+", "", t) for t in ins]
     failures = []
-    if not any(o.startswith("HGMMA") for o in ops):
-        failures.append("no HGMMA")
+    if not any(o.startswith(WGMMA) for o in ops):
+        failures.append("no HGMMA or QGMMA")
     if not any(o.startswith("UTMALDG") for o in ops):
         failures.append("no UTMALDG")
     local = [o for o in ops if o.startswith(("LDL", "STL"))]
@@ -91,9 +96,9 @@ def check_sass(name, sass):
     def body_has(lo, hi, prefix):
         return any(o.startswith(prefix) for o in ops[lo:hi + 1])
 
-    candidates = [(lo, hi) for lo, hi in loops(ins, labels) if body_has(lo, hi, "HGMMA") and body_has(lo, hi, "MUFU.EX2")]
+    candidates = [(lo, hi) for lo, hi in loops(ins, labels) if body_has(lo, hi, WGMMA) and body_has(lo, hi, "MUFU.EX2")]
     if not candidates:
-        return failures + ["no loop holds both HGMMA and MUFU.EX2"]
+        return failures + ["no loop holds both wgmma (HGMMA, QGMMA) and MUFU.EX2"]
     lo, hi = min(candidates, key=lambda r: r[1] - r[0])
     body = ops[lo:hi + 1]
     waits = [i for i, o in enumerate(body) if re.match(r"WARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x0\b", o)]

@@ -35,7 +35,9 @@ pub struct BenchArgs {
     /// each beside causal attention of the same shape and the same tokens as a batch of 8k-long
     /// causal sequences); sinks, bwd-sinks (learnable sinks on
     /// gpt-oss's attention, each beside the same call without them); value-dim (V's own head
-    /// dim on DeepSeek-V3's prefill, 192 / 128, beside V at 192).
+    /// dim on DeepSeek-V3's prefill, 192 / 128, beside V at 192); value-dim-fa3
+    /// (FlashAttention-3's 64 / 256 with and without qv, beside D256); fp8 (the e4m3 forward
+    /// beside bf16 at 16k tokens, D64-D256, S 2k-16k).
     #[arg(long, default_value = "quick")]
     suite: String,
     /// Sliding window `LEFT,RIGHT` on every case (keys around each query's bottom-right
