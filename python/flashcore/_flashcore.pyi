@@ -4,7 +4,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 __version__: str
 
-# (data pointer, shape [4], strides in elements [4], dtype name "f16" | "bf16")
+# (data pointer, shape [4], strides in elements [4], dtype name "f16" | "bf16" | "e4m3" (an FP8 forward's inputs))
 TensorArg = Tuple[int, Sequence[int], Sequence[int], str]
 
 # (address, elements) of an int32 device vector
@@ -53,6 +53,7 @@ def attention_forward(
     probs: Optional[TensorArg] = None,
     sinks: Optional[Tuple[int, int]] = None,
     qv: Optional[TensorArg] = None,
+    descales: Optional[Tuple[Optional[Tuple[int, int]], Optional[Tuple[int, int]], Optional[Tuple[int, int]]]] = None,
 ) -> None:
     """Attention forward on the call's stream into `outputs`' o and lse ((address, elements),
     f32 [B, Hq, Sq]). With `varlen`, a packed batch: q, o [1, total_q, Hq, D], k, v [1,
@@ -62,8 +63,10 @@ def attention_forward(
     ValueError naming `alibi_slopes`). With `dropout`, attention dropout, and `probs` where
     its probabilities go, negated where dropped ([B, Hq, rows, cols], q's dtype; None: not
     stored). With `qv`, FlashAttention-3's qv (shaped like o, q's dtype; dense keys, the pairs
-    fwd_sm90 has qv forms for). The call's `check` first checks the batch's or the
-    cache's device values (synchronises). Raises ValueError / TypeError / NotImplementedError
+    fwd_sm90 has qv forms for). With e4m3 q, k, v ("e4m3"), o is bf16 and `descales` may give
+    FlashAttention-3's q, k, v descales, each (address, elements) of an f32 [B, Hkv] vector or
+    None (1) (flashcore::Fp8Descales; dense keys, fwd_sm90). The call's `check` first checks the
+    batch's or the cache's device values (synchronises). Raises ValueError / TypeError / NotImplementedError
     / RuntimeError with the Rust error's text."""
 
 def attention_backward(

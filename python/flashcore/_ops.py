@@ -25,12 +25,15 @@ from torch import Tensor
 from . import _flashcore
 
 DTYPE_NAMES = {torch.float16: "f16", torch.bfloat16: "bf16"}
+# The dtypes a tensor crosses with: the 16-bit ones (every path) and e4m3, an FP8 forward's
+# inputs alone (`fp8_forward`; `_args._check` keeps it off the other paths).
+ARG_DTYPE_NAMES = {**DTYPE_NAMES, torch.float8_e4m3fn: "e4m3"}
 
 NO_WINDOW = (-1, -1)
 
 
 def _arg(t: Tensor) -> tuple:
-    return (t.data_ptr(), t.shape, t.stride(), DTYPE_NAMES[t.dtype])
+    return (t.data_ptr(), t.shape, t.stride(), ARG_DTYPE_NAMES[t.dtype])
 
 
 def _vector(t: Tensor) -> Tuple[int, int]:
@@ -267,6 +270,27 @@ def forward(
     o = _output_for(q, v)
     lse = _lse_for(q) if want_lse else None
     forward_into(q, k, v, (o, lse), options, probs, qv)
+    return o, lse
+
+
+# FlashAttention-3's FP8 descales `(q, k, v)`: each f32 `[B, Hkv]` contiguous, or None (1).
+Descales = Tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]]
+
+
+def fp8_forward(q: Tensor, k: Tensor, v: Tensor, options: Options, descales: Descales, want_lse: bool = True) -> Tuple[Tensor, Optional[Tensor]]:
+    """Attention on e4m3 BSHD tensors (checked by the caller: `compat.flash_attn_3`) with
+    FlashAttention-3's descales: `(o [B, Sq, Hq, D] bf16, lse [B, Hq, Sq] f32)`, lse None
+    unless `want_lse`. Forward only (FP8 has no backward), dense keys; the core refuses the
+    rest naming the argument (`dispatch::e4m3_form`)."""
+    o = q.new_empty(q.shape, dtype=torch.bfloat16)
+    lse = _lse_for(q) if want_lse else None
+    _flashcore.attention_forward(
+        _call(q),
+        (_arg(q), _arg(k), _arg(v)),
+        (_arg(o), None if lse is None else _vector(lse)),
+        options.arg(),
+        descales=tuple(_optional_vector(d) for d in descales),
+    )
     return o, lse
 
 

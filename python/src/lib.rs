@@ -9,9 +9,9 @@ use std::sync::Arc;
 
 use flashcore::dispatch::HeadDimUse;
 use flashcore::{
-    AlibiSlopes, AttnParams, BlockTableView, BwdInputs, CallerStream, Context, DType, Dropout, DropoutState, Error, ExternalStream,
-    Fp8Descales, FwdInputs, FwdOutputs, GradsMut, KvLayout, Layout, LearnableSinks, LseView, LseViewMut, PackedQueries, PagedKv,
-    ProblemShape, SeqLensView, SinkGradMut, TensorView, TensorViewMut, VarlenBatch, Window,
+    AlibiSlopes, AttnParams, BlockTableView, BwdInputs, CallerStream, Context, DType, DeviceVec, Dropout, DropoutState, Error,
+    ExternalStream, Fp8Descales, FwdInputs, FwdOutputs, GradsMut, KvLayout, Layout, LearnableSinks, LseView, LseViewMut, PackedQueries,
+    PagedKv, ProblemShape, SeqLensView, SinkGradMut, TensorView, TensorViewMut, VarlenBatch, Window,
 };
 use pyo3::exceptions::{PyNotImplementedError, PyPermissionError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -19,7 +19,7 @@ use pyo3::prelude::*;
 mod native;
 
 /// A tensor as the Python side describes it: data pointer, shape and strides (in elements,
-/// four dims) and dtype name (`"f16"` or `"bf16"`).
+/// four dims) and dtype name (`"f16"`, `"bf16"`, or `"e4m3"` for an FP8 forward's inputs).
 type TensorArg = (u64, [usize; 4], [usize; 4], String);
 
 /// The Python exception a FlashCore error becomes, on both paths (the native path's C entry
@@ -62,11 +62,8 @@ fn to_py(e: Error) -> PyErr {
 }
 
 fn dtype(name: &str, arg: &'static str) -> PyResult<DType> {
-    match name {
-        "f16" => Ok(DType::F16),
-        "bf16" => Ok(DType::BF16),
-        other => Err(PyTypeError::new_err(format!("dtype of `{arg}`: {other} is not supported (float16 or bfloat16)"))),
-    }
+    DType::parse(name)
+        .ok_or_else(|| PyTypeError::new_err(format!("dtype of `{arg}`: {name} is not supported (float16, bfloat16, float8_e4m3fn)")))
 }
 
 fn layout((_, shape, strides, name): &TensorArg, arg: &'static str) -> PyResult<Layout> {
@@ -181,6 +178,21 @@ unsafe fn dropout_state(dropout: Option<DropoutArg>) -> Option<DropoutState<'sta
 /// (`flashcore::SinkGradMut`), as `(address, elements)` of an f32 device vector `[Hq]`.
 type SinksArg = (u64, usize);
 
+/// FlashAttention-3's FP8 descales, `(q, k, v)`, each `(address, elements)` of an f32 device
+/// vector `[B, Hkv]` or `None` (1).
+type DescalesArg = (Option<SinksArg>, Option<SinksArg>, Option<SinksArg>);
+
+/// `descales` as the Rust API takes them (none: every one 1).
+///
+/// # Safety
+/// As [`alibi_slopes`], for each vector given.
+unsafe fn descales(descales: Option<DescalesArg>) -> Fp8Descales<'static> {
+    let (q, k, v) = descales.unwrap_or((None, None, None));
+    // SAFETY: this function's contract.
+    let vec = |d: Option<SinksArg>| d.map(|(ptr, len)| unsafe { DeviceVec::from_raw(ptr, len) });
+    Fp8Descales { q: vec(q), k: vec(k), v: vec(v) }
+}
+
 /// `sinks` as the Rust API takes them.
 ///
 /// # Safety
@@ -256,9 +268,10 @@ unsafe fn keys(device: usize, varlen: Option<VarlenArg>, paged: Option<PagedArg>
 /// `dropout` ([`DropoutArg`]), attention dropout, and `probs` the tensor `[B, Hq, rows, cols]`
 /// its probabilities go to (`flashcore::FwdOutputs::probs`); with `sinks` ([`SinksArg`]),
 /// learnable sinks; with `qv`, FlashAttention-3's `qv` (`flashcore::FwdInputs::with_qv`:
-/// shaped like `o`).
+/// shaped like `o`); with `descales` ([`DescalesArg`]), FlashAttention-3's FP8 descales of e4m3
+/// `q`, `k`, `v` (`flashcore::Fp8Descales`; `o` then bf16).
 #[pyfunction]
-#[pyo3(signature = (call, inputs, outputs, options, varlen=None, paged=None, alibi=None, dropout=None, probs=None, sinks=None, qv=None))]
+#[pyo3(signature = (call, inputs, outputs, options, varlen=None, paged=None, alibi=None, dropout=None, probs=None, sinks=None, qv=None, descales=None))]
 #[allow(clippy::too_many_arguments)] // the Python signature: one tuple per concern
 fn attention_forward(
     py: Python<'_>,
@@ -273,6 +286,7 @@ fn attention_forward(
     probs: Option<TensorArg>,
     sinks: Option<SinksArg>,
     qv: Option<TensorArg>,
+    descales: Option<DescalesArg>,
 ) -> PyResult<()> {
     let CallArg(device, stream, scratch, check) = call;
     let FwdInputsArg(q, k, v) = inputs;
@@ -292,6 +306,8 @@ fn attention_forward(
     let dropout_state = unsafe { dropout_state(dropout) };
     // SAFETY: as for `keys`.
     let learnable_sink = unsafe { learnable_sink(sinks) };
+    // SAFETY: as for `keys`.
+    let descales = unsafe { self::descales(descales) };
     let ctx = context(device)?;
     let params = params_with(options, dropout);
     let mut scratch_error: Option<PyErr> = None;
@@ -304,7 +320,7 @@ fn attention_forward(
         // SAFETY: as for `keys` above.
         unsafe {
             let scores = (alibi_slopes, dropout_state, learnable_sink);
-            forward_on(&ctx, device, caller, (tensors, qv), lse, keys, scores, probs, &params, check)
+            forward_on(&ctx, device, caller, (tensors, qv, descales), lse, keys, scores, probs, &params, check)
         }
     });
     finish(result, scratch_error, to_py)
@@ -315,7 +331,8 @@ type FwdTensors = [(u64, Layout); 4];
 
 /// A forward on `caller`'s stream (PyTorch's current stream of `device`), the layer under
 /// [`attention_forward`] and the native autograd path's (`native::native_forward`): `tensors`
-/// are `q`, `k`, `v`, `o` (address and layout) and FlashAttention-3's `qv` or `None`, `lse` the
+/// are `q`, `k`, `v`, `o` (address and layout), FlashAttention-3's `qv` or `None` and its FP8
+/// descales, `lse` the
 /// f32 log-sum-exp `(address, elements)` or `None`, `scores` ALiBi's slopes, dropout's state
 /// and learnable sinks, `probs` dropout's probabilities; `check` checks a
 /// packed batch's or a cache's device values first.
@@ -329,7 +346,7 @@ pub(crate) unsafe fn forward_on(
     ctx: &Context,
     device: usize,
     caller: CallerStream,
-    (tensors, qv): (FwdTensors, Option<(u64, Layout)>),
+    (tensors, qv, descales): (FwdTensors, Option<(u64, Layout)>, Fp8Descales<'static>),
     lse: Option<(u64, usize)>,
     keys: KvLayout,
     scores: ScoreTensorsArg,
@@ -350,7 +367,7 @@ pub(crate) unsafe fn forward_on(
             dropout_state,
             learnable_sink,
             qv: qv.map(view),
-            descales: Fp8Descales::default(),
+            descales,
         };
         if check {
             ctx.check_values(&inputs)?;

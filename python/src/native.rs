@@ -17,7 +17,9 @@
 use std::ffi::{c_char, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use flashcore::{AlibiSlopes, AttnParams, CallerStream, DType, Error, ExternalStream, KvLayout, Layout, SeqLensView, VarlenBatch, Window};
+use flashcore::{
+    AlibiSlopes, AttnParams, CallerStream, DType, Error, ExternalStream, Fp8Descales, KvLayout, Layout, SeqLensView, VarlenBatch, Window,
+};
 
 use crate::{backward_on, error_kind, forward_on, ErrorKind};
 
@@ -261,7 +263,7 @@ unsafe extern "C" fn native_forward(args: *const NativeForward, message: *mut c_
                 &ctx,
                 a.call.device as usize,
                 caller,
-                (resolved, None),
+                (resolved, None, Fp8Descales::default()),
                 lse,
                 keys,
                 (alibi(a.alibi, a.alibi_len), None, None),

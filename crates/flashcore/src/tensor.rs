@@ -95,7 +95,7 @@ mod e4m3 {
         }
         let bits = a.to_bits();
         let mut exp = (bits >> 23) as i32 - 127; // -6 ..= 8
-        // f32's 23 mantissa bits to 3, to nearest, ties to even.
+                                                 // f32's 23 mantissa bits to 3, to nearest, ties to even.
         let (mut mant, rest) = ((bits >> 20) & 7, bits & 0xf_ffff);
         if rest > 0x8_0000 || (rest == 0x8_0000 && mant & 1 == 1) {
             mant += 1;

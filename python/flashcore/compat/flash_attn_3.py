@@ -10,9 +10,12 @@
 Every call runs FlashCore's kernels (`flashcore.interface`). `qv` (absorbed MLA's extra q·vᵀ
 term) runs in `flash_attn_func` where FA3 has it, q and k 64 with v 256 (Hopper), forward only
 as in FA3 (inputs that require grad raise naming it), at FA3's default scale `(D + Dv)^-1/2`,
-eagerly (not through the registered ops: torch.compile does not trace it). What FA3 has and
-FlashCore does not yet raises `NotImplementedError` naming the argument: `qv` in the packed
-and KV-cache calls, the FP8 descales `q_descale`, `k_descale`, `v_descale`, and in the
+eagerly (not through the registered ops: torch.compile does not trace it). FP8 runs in
+`flash_attn_func` as in FA3: `torch.float8_e4m3fn` q, k, v with the optional descales
+`q_descale`, `k_descale`, `v_descale` (`[B, Hkv]`), a bf16 output, forward only, dense keys
+with a causal mask or a window (Hopper; eagerly, as `qv`). What FA3 has and FlashCore does not
+yet raises `NotImplementedError` naming the argument: `qv` and the FP8 descales in the packed
+and KV-cache calls, and in the
 KV-cache call `cache_leftpad` with a page table (packed new keys, `cu_seqlens_k_new`, are written into the
 caches by PyTorch first; packed queries over a contiguous cache run as a packed batch over its
 rows; `cache_batch_idx` with a page table picks the table's rows, gathered on the device).
@@ -32,7 +35,7 @@ forward and backward (FA3's backward refuses it). Differences: a row that sees n
 from __future__ import annotations
 
 import numbers
-from typing import Optional, Tuple, Union
+from typing import Callable, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -55,13 +58,48 @@ def _not_yet(name: str, what: str) -> NotImplementedError:
     return NotImplementedError(f"flashcore: `{name}` ({what}) is not supported yet")
 
 
+DESCALES = ("q_descale", "k_descale", "v_descale")
+_E4M3 = torch.float8_e4m3fn
+
+
 def _refuse_fa3_only(qv: object, descales: Tuple[object, object, object]) -> None:
-    """NotImplementedError naming the first FA3 argument FlashCore does not run yet."""
+    """NotImplementedError naming the first FA3 argument FlashCore does not run yet (the packed
+    and KV-cache calls')."""
     if qv is not None:
         raise _not_yet("qv", "absorbed MLA's q·vᵀ term: flash_attn_func takes it; the packed and KV-cache calls not yet")
-    for name, descale in zip(("q_descale", "k_descale", "v_descale"), descales):
+    for name, descale in zip(DESCALES, descales):
         if descale is not None:
-            raise _not_yet(name, "FP8 inputs")
+            raise _not_yet(name, "FP8 inputs: flash_attn_func takes them; the packed and KV-cache calls not yet")
+
+
+def _fp8_forward(
+    q: object, k: object, v: object, qv: object, descales: Tuple[object, object, object], options: Callable[[Tensor], _ops.Options], want_lse: bool
+) -> Tuple[Tensor, Optional[Tensor]]:
+    """FA3's FP8 call: e4m3 q, k, v (`[B, S, H, D]`, one CUDA device) with its descales, each
+    None (1) or a `[B, Hkv]` tensor on q's device (made f32 and contiguous, as FA3 reads
+    them), into a bf16 output; forward only (FA3's FP8 path has no backward). The core checks
+    the rest and names what e4m3 does not take yet (`dispatch::e4m3_form`). `options(q)` makes
+    the call's options once q is known to be a tensor."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, Tensor) or t.dtype is not _E4M3:
+            got = t.dtype if isinstance(t, Tensor) else type(t).__name__
+            raise TypeError(f"`{name}` must be a torch.float8_e4m3fn tensor with FP8 inputs (the descales or q's dtype say so), got {got}")
+        if t.dim() != 4 or not t.is_cuda or t.device != q.device:
+            raise ValueError(f"`{name}` must be a 4-D CUDA tensor [B, S, H, D] on q's device, got {tuple(t.shape)} on {t.device}")
+    if qv is not None:
+        raise _not_yet("qv", "with FP8 inputs")
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise _not_yet("q", "FP8 inputs' gradient: FlashAttention-3's FP8 path has none either; call under torch.no_grad()")
+    want = (q.shape[0], k.shape[2])
+    checked = []
+    for name, d in zip(DESCALES, descales):
+        if d is not None:
+            if not isinstance(d, Tensor) or tuple(d.shape) != want or d.device != q.device:
+                got = f"{tuple(d.shape)} on {d.device}" if isinstance(d, Tensor) else type(d).__name__
+                raise ValueError(f"`{name}` must be a tensor [B, Hkv] = {list(want)} on q's device, got {got}")
+            d = d.to(torch.float32).contiguous()
+        checked.append(d)
+    return _ops.fp8_forward(q, k, v, options(q), tuple(checked), want_lse)
 
 
 def _qv_forward(q: Tensor, k: Tensor, v: Tensor, qv: object, options: _ops.Options, want_lse: bool) -> Tuple[Tensor, Optional[Tensor]]:
@@ -111,10 +149,17 @@ def flash_attn_func(
     softmax_lse [B, Hq, Sq])` with `return_attn_probs` (FA3 returns no probabilities either).
     Semantics as `flashcore.flash_attn_func`; `num_splits` as the module says; `pack_gqa` and
     `sm_margin` hints. Differentiable, but with `qv` (`[B, Sq, Hq, Dv]`, forward only; see the
-    module)."""
-    _refuse_fa3_only(None, (q_descale, k_descale, v_descale))
-    _check((("q", q), ("k", k), ("v", v)), "[B, S, H, D]")
+    module) and with FP8 inputs (`torch.float8_e4m3fn` q, k, v and the descales `[B, Hkv]`,
+    each optional: forward only, a bf16 `out`)."""
     splits, chunk = _num_splits(num_splits), _chunk(attention_chunk)
+    if q_descale is not None or k_descale is not None or v_descale is not None or getattr(q, "dtype", None) is _E4M3:
+
+        def options(q: Tensor) -> _ops.Options:
+            return _options(q, (softmax_scale, causal, window_size, softcap), None, deterministic, num_splits=splits, attention_chunk=chunk)
+
+        out, lse = _fp8_forward(q, k, v, qv, (q_descale, k_descale, v_descale), options, return_attn_probs)
+        return (out, lse) if return_attn_probs else out
+    _check((("q", q), ("k", k), ("v", v)), "[B, S, H, D]")
     if qv is not None and softmax_scale is None:
         softmax_scale = (q.shape[-1] + v.shape[-1]) ** -0.5  # FA3's default with qv
     options = _options(q, (softmax_scale, causal, window_size, softcap), None, deterministic, num_splits=splits, attention_chunk=chunk)

@@ -846,7 +846,10 @@ __device__ __forceinline__ bool softmax_under_pv(float (&s)[kBlockN / 2], Softma
                                                 float (&rescale)[2], float (&o)[kHeadDimV / 2], u32 (&pk)[kPackedP],
                                                 const SharedStorage& smem, const PipelineState<kStages>& ks,
                                                 int q_row, int m0, bool masked, const FwdParams& p, const Tile& t, int n,
-                                                float scale_log2) {
+                                                float tile_scale_log2) {
+    // The 16-bit forms read the scale from the parameters here, as they were measured: held in
+    // a register from the tile's start it moves the paged forms' allocation.
+    const float scale_log2 = kFp8 ? tile_scale_log2 : p.softmax_scale_log2;
     bool rescale_o = false, rescore = false;
     if (kSkipMax && __all_sync(0xffffffffu, softmax.has_max())) {
         float block_sum[2];
