@@ -284,6 +284,12 @@ pub(crate) struct Checked {
 }
 
 impl Checked {
+    /// A call of these shapes (and a cache's geometry) with no score policy or FP8 descale given
+    /// as tensors yet (`FwdInputs::check` adds them).
+    pub(crate) fn of_shapes(tensors: ProblemShape, shape: ProblemShape, cache: Option<CacheGeometry>) -> Self {
+        Checked { tensors, shape, cache, alibi: None, dropout_state: 0, learnable_sink: 0, qv: false, descales: [0; 3] }
+    }
+
     /// What the planner needs to know of the score policies given as tensors.
     pub(crate) fn score_tensors(&self) -> crate::dispatch::ScoreTensors {
         crate::dispatch::ScoreTensors { alibi: self.alibi.is_some(), learnable_sink: self.learnable_sink != 0, qv: self.qv }
@@ -327,58 +333,22 @@ impl FwdInputs<'_> {
             // No queries: nothing to compute and nothing appended, whatever the cache holds.
             KvLayout::Paged(_) if q.layout.shape[0] == 0 || q.layout.shape[1] == 0 => {
                 let tensors = validate::queries_only(q, o, device)?;
-                Checked {
-                    tensors,
-                    shape: tensors,
-                    cache: None,
-                    alibi: None,
-                    dropout_state: 0,
-                    learnable_sink: 0,
-                    qv: false,
-                    descales: [0; 3],
-                }
+                Checked::of_shapes(tensors, tensors, None)
             }
             KvLayout::Paged(cache) => {
                 let g = cache.validate(q, k, v, o, device)?;
                 // Packed queries: the tensors are one batch of all the rows.
                 let tensors = g.total_q.map_or(g.shape, |total_q| ProblemShape { batch: 1, seqlen_q: total_q, ..g.shape });
-                Checked {
-                    tensors,
-                    shape: g.shape,
-                    cache: Some(g),
-                    alibi: None,
-                    dropout_state: 0,
-                    learnable_sink: 0,
-                    qv: false,
-                    descales: [0; 3],
-                }
+                Checked::of_shapes(tensors, g.shape, Some(g))
             }
             KvLayout::Varlen(batch) => {
                 let tensors = validate::problem(q, k, v, o, device)?;
                 batch.validate(&tensors)?;
-                Checked {
-                    tensors,
-                    shape: batch.kernel_shape(&tensors),
-                    cache: None,
-                    alibi: None,
-                    dropout_state: 0,
-                    learnable_sink: 0,
-                    qv: false,
-                    descales: [0; 3],
-                }
+                Checked::of_shapes(tensors, batch.kernel_shape(&tensors), None)
             }
             KvLayout::Dense => {
                 let tensors = validate::problem(q, k, v, o, device)?;
-                Checked {
-                    tensors,
-                    shape: tensors,
-                    cache: None,
-                    alibi: None,
-                    dropout_state: 0,
-                    learnable_sink: 0,
-                    qv: false,
-                    descales: [0; 3],
-                }
+                Checked::of_shapes(tensors, tensors, None)
             }
         };
         params.check(checked.shape.head_dim)?;
@@ -389,7 +359,8 @@ impl FwdInputs<'_> {
         if let Some(qv) = &self.qv {
             validate::qv(qv, o, device)?;
         }
-        let descales = validate::descales(&self.descales, q.layout.dtype, &checked.shape)?;
+        let d = &self.descales;
+        let descales = validate::descales([d.q, d.k, d.v].map(|v| v.map(|v| (v.ptr, v.len))), q.layout.dtype, &checked.shape)?;
         let checked = Checked { alibi, dropout_state, learnable_sink, qv: self.qv.is_some(), descales, ..checked };
         if let Some(lse) = lse {
             // [B, Hq, Sq] as the tensors are shaped; packed, [Hq, total_q]: one sequence of all
@@ -489,7 +460,7 @@ impl BwdInputs<'_> {
             (Some(sinks), None) => validate::learnable_sink(sinks.ptr, sinks.len, &shape).map(|()| 0)?,
             (None, None) => 0,
         };
-        Ok(Checked { tensors, shape, cache: None, alibi, dropout_state, learnable_sink, qv: false, descales: [0; 3] })
+        Ok(Checked { alibi, dropout_state, learnable_sink, ..Checked::of_shapes(tensors, shape, None) })
     }
 }
 

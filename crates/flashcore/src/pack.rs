@@ -416,7 +416,7 @@ mod tests {
     use crate::call::Alibi;
 
     fn checked(shape: ProblemShape, alibi: Option<Alibi>) -> Checked {
-        Checked { tensors: shape, shape, cache: None, alibi, dropout_state: 0, learnable_sink: 0, qv: false, descales: [0; 3] }
+        Checked { alibi, ..Checked::of_shapes(shape, shape, None) }
     }
 
     #[test]

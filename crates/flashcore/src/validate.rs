@@ -66,23 +66,24 @@ fn output(q: &TensorView, o: &TensorView, dv: usize, device: usize) -> Result<()
     Ok(())
 }
 
-/// Validates FP8 descales against the inputs' `dtype` and the kernels' `shape`: only with
-/// e4m3 inputs, each f32 `[B, Hkv]`, 4-byte aligned. Returns their addresses (0: none).
-pub(crate) fn descales(d: &crate::call::Fp8Descales, dtype: DType, shape: &ProblemShape) -> Result<[u64; 3]> {
+/// Validates FP8 descales (q's, k's, v's: `(address, values)` each, or none) against the
+/// inputs' `dtype` and the kernels' `shape`: only with e4m3 inputs, each f32 `[B, Hkv]`, 4-byte
+/// aligned. Returns their addresses (0: none).
+pub(crate) fn descales(d: [Option<(u64, usize)>; 3], dtype: DType, shape: &ProblemShape) -> Result<[u64; 3]> {
     let mut out = [0u64; 3];
-    for (i, (arg, vec)) in [("q_descale", d.q), ("k_descale", d.k), ("v_descale", d.v)].into_iter().enumerate() {
-        let Some(vec) = vec else { continue };
+    for (i, (arg, vec)) in ["q_descale", "k_descale", "v_descale"].into_iter().zip(d).enumerate() {
+        let Some((ptr, len)) = vec else { continue };
         if dtype != DType::E4M3 {
             return Err(Error::Param { arg, msg: format!("given with {dtype} inputs: descales go with e4m3 ones") });
         }
-        if !vec.ptr.is_multiple_of(4) {
-            return Err(Error::Param { arg, msg: format!("device pointer {:#x} is not 4-byte aligned", vec.ptr) });
+        if !ptr.is_multiple_of(4) {
+            return Err(Error::Param { arg, msg: format!("device pointer {ptr:#x} is not 4-byte aligned") });
         }
         let want = shape.batch * shape.heads_kv;
-        if vec.len != want {
-            return Err(shape_err(arg, format!("{} values: need one a sequence and KV head, [B, Hkv] = {want}", vec.len)));
+        if len != want {
+            return Err(shape_err(arg, format!("{len} values: need one a sequence and KV head, [B, Hkv] = {want}")));
         }
-        out[i] = vec.ptr;
+        out[i] = ptr;
     }
     Ok(out)
 }
@@ -329,18 +330,16 @@ mod tests {
         // e4m3 rows step by whole 16 bytes: 16 elements.
         let odd = Layout { strides: [10 * 8 * 136, 8 * 136, 136, 1], ..Layout::contiguous([2, 10, 8, 128], DType::E4M3) };
         assert!(matches!(problem(&with(odd, 0x1000, DEV), &k, &v, &o, DEV), Err(Error::Stride { arg: "q", .. })));
-        // SAFETY (each): validation never dereferences the pointer.
-        let vec = |ptr, len| Some(unsafe { crate::tensor::DeviceVec::<f32>::from_raw(ptr, len) });
-        let all = crate::call::Fp8Descales { q: vec(0x1000, 4), k: vec(0x1000, 4), v: vec(0x1000, 4) };
-        assert_eq!(descales(&all, DType::E4M3, &shape).unwrap(), [0x1000; 3]);
-        assert_eq!(descales(&crate::call::Fp8Descales::default(), DType::BF16, &shape).unwrap(), [0; 3]);
+        let all = [Some((0x1000, 4)); 3];
+        assert_eq!(descales(all, DType::E4M3, &shape).unwrap(), [0x1000; 3]);
+        assert_eq!(descales([None; 3], DType::BF16, &shape).unwrap(), [0; 3]);
         let cases = [
-            (crate::call::Fp8Descales { k: vec(0x1000, 8), ..Default::default() }, DType::E4M3, "k_descale"),
-            (crate::call::Fp8Descales { v: vec(0x1002, 4), ..Default::default() }, DType::E4M3, "v_descale"),
-            (crate::call::Fp8Descales { q: vec(0x1000, 4), ..Default::default() }, DType::BF16, "q_descale"),
+            ([None, Some((0x1000, 8)), None], DType::E4M3, "k_descale"),
+            ([None, None, Some((0x1002, 4))], DType::E4M3, "v_descale"),
+            ([Some((0x1000, 4)), None, None], DType::BF16, "q_descale"),
         ];
         for (d, dtype, arg) in cases {
-            let err = descales(&d, dtype, &shape).unwrap_err();
+            let err = descales(d, dtype, &shape).unwrap_err();
             assert!(err.to_string().contains(arg), "{err}");
         }
     }
