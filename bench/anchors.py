@@ -15,6 +15,10 @@ file holding that output) and every backend
                     kernels on H100/H200; BSHD like flashcore; windows and softcaps as its
                     own arguments, no dropout, packed batches not here; the wheels:
                     ../shared/tools/anchor-wheels.sh)
+    cudnn-fp8       cuDNN's FP8 SDPA through its frontend (`cudnn.pygraph`'s sdpa_fp8; the
+                    same wheels): the e4m3 rows alone (the `fp8` suite), BSHD strides,
+                    scalar descales of 1, inference mode, e4m3 output (what cuDNN gives on
+                    Hopper), causal only where Sq = Sk (its mask is top-left)
 
 this times one forward pass the way `flashcore bench` does (docs/design.md §9) and writes
 `anchors-<suite>-<system>.json` in the schema of `flashcore bench --json` (schema 1).
@@ -183,6 +187,15 @@ CHUNK_REFUSAL = "chunked attention not supported here: time it with `flashcore b
 # Learnable sinks (the `sinks` suites): flashcore and FA4 take them (FA4's `learnable_sink`);
 # PyTorch's SDPA backends have none.
 SINKS_REFUSAL = "learnable sinks not supported here: flashcore-py and fa4 take them"
+# e4m3 rows (the `fp8` suite): flashcore-py (FlashAttention-3's FP8 flash_attn_func in
+# flashcore.compat: bf16 output, descales of 1) and cudnn-fp8 take them; SDPA and FA4 (no FP8
+# on Hopper) do not, and cudnn-fp8 takes nothing else.
+FP8_REFUSAL = "e4m3 inputs not supported here: flashcore-py and cudnn-fp8 take them"
+# An e4m3 row's error: P rounded to 3 mantissa bits (2-3% on normal inputs), and cuDNN's e4m3
+# output once more.
+FP8_MAX_REL_ERROR = 0.1
+FP8_ONLY = "16-bit rows not supported by cudnn-fp8 (the e4m3 rows alone)"
+FP8_CAUSAL = "causal with Sq != Sk not supported by cudnn-fp8 (its causal mask is top-left)"
 # FlashAttention-3's qv (the `value-dim-fa3` suite): no anchor here has it (FA3 is not among
 # them; FA4 takes qv on Blackwell alone), so its rows are the binary's own comparison.
 QV_REFUSAL = "qv not supported here: time it with `flashcore bench --suite value-dim-fa3`"
@@ -226,10 +239,19 @@ class Runner:
         self.kernel = self.system
         self.flashcore = key in ("flashcore-py", "flashcore-py-det")
         self.fa4 = key == "fa4"
+        self.e4m3 = c["dtype"] == "e4m3"
+        self.cudnn_fp8 = key == "cudnn-fp8"
         if c.get("attention_chunk"):
             self.refuse = CHUNK_REFUSAL
         elif c.get("qv"):
             self.refuse = QV_REFUSAL
+        elif self.e4m3 and self.flashcore:
+            self.kernel = "flashcore.compat.flash_attn_3.flash_attn_func (e4m3)"
+        elif self.e4m3 and self.cudnn_fp8:
+            self.kernel = "cudnn.pygraph.sdpa_fp8"
+            self.refuse = FP8_CAUSAL if self.bottom_right else None
+        elif self.e4m3 or self.cudnn_fp8:
+            self.refuse = FP8_REFUSAL if self.e4m3 else FP8_ONLY
         elif self.flashcore:
             self.kernel = "flashcore.flash_attn_varlen_func" if self.packed else "flashcore.flash_attn_func"
         elif self.fa4:
@@ -274,6 +296,13 @@ class Runner:
         F = self.torch.nn.functional
         ops = self.torch.ops.aten
         c = self.case
+        if self.e4m3 and self.flashcore:
+            from flashcore.compat.flash_attn_3 import flash_attn_func as fa3_func
+
+            bshd = (t.transpose(1, 2) for t in (q, k, v))
+            return fa3_func(*bshd, softmax_scale=self.scale, causal=c["causal"], window_size=self.window or (-1, -1)).transpose(1, 2)
+        if self.cudnn_fp8:
+            return self._cudnn_fp8(q, k, v)
         if self.flashcore:
             import flashcore
 
@@ -321,13 +350,53 @@ class Runner:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, **kw)
         return F.scaled_dot_product_attention(q, k, v, is_causal=c["causal"], **kw)
 
+    def _cudnn_fp8(self, q, k, v):
+        """cuDNN's FP8 SDPA on the BSHD storage under `q`, `k`, `v` (BHSD views): its graph built
+        on the first call of the case (the input sets share one layout), scalar descales and
+        scales of 1, e4m3 output; returns the output's BHSD view."""
+        import cudnn
+
+        torch = self.torch
+        if getattr(self, "_graph", None) is None:
+            self._handle = cudnn.create_handle()
+            e4m3, f32 = cudnn.data_type.FP8_E4M3, cudnn.data_type.FLOAT
+            graph = cudnn.pygraph(io_data_type=e4m3, intermediate_data_type=f32, compute_data_type=f32, handle=self._handle)
+            tensors = [graph.tensor(name=n, dim=list(t.shape), stride=list(t.stride()), data_type=e4m3) for n, t in zip("qkv", (q, k, v))]
+            scalars = [graph.tensor(name=n, dim=[1, 1, 1, 1], stride=[1, 1, 1, 1], data_type=f32) for n in ("dq", "dk", "dv", "ds", "ss", "so")]
+            o, _, amax_s, amax_o = graph.sdpa_fp8(
+                q=tensors[0], k=tensors[1], v=tensors[2], descale_q=scalars[0], descale_k=scalars[1], descale_v=scalars[2],
+                descale_s=scalars[3], scale_s=scalars[4], scale_o=scalars[5], is_inference=True, attn_scale=self.scale,
+                use_causal_mask=self.case["causal"], name="sdpa_fp8",
+            )  # fmt: skip
+            self._out = torch.empty_like(q.transpose(1, 2)).transpose(1, 2)  # BSHD storage, BHSD view, e4m3
+            o.set_output(True).set_dim(list(self._out.shape)).set_stride(list(self._out.stride())).set_data_type(e4m3)
+            self._amax = [torch.empty(1, 1, 1, 1, dtype=torch.float32, device="cuda") for _ in range(2)]
+            for t in (amax_s, amax_o):
+                t.set_output(True).set_dim([1, 1, 1, 1]).set_stride([1, 1, 1, 1]).set_data_type(f32)
+            graph.validate()
+            graph.build_operation_graph()
+            graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+            graph.check_support()
+            graph.build_plans()
+            one = torch.ones(1, 1, 1, 1, dtype=torch.float32, device="cuda")
+            self._graph, self._tensors, self._scalars, self._one = graph, tensors, scalars, one
+            self._io = (o, amax_s, amax_o)
+            self._workspace = torch.empty(graph.get_workspace_size(), dtype=torch.uint8, device="cuda")
+        o, amax_s, amax_o = self._io
+        pack = {t: x for t, x in zip(self._tensors, (q, k, v))}
+        pack.update({s: self._one for s in self._scalars})
+        pack.update({o: self._out, amax_s: self._amax[0], amax_o: self._amax[1]})
+        cudnn.set_stream(handle=self._handle, stream=torch.cuda.current_stream().cuda_stream)
+        self._graph.execute(pack, self._workspace, handle=self._handle)
+        return self._out
+
     def native(self, q, k, v):
         """The inputs in this backend's own layout, from `make_inputs`' BHSD views of BSHD
         storage: flashcore takes BSHD, so it keeps them (and transposes the views back);
         PyTorch's SDPA takes contiguous BHSD, so it gets contiguous copies. Each side is timed on
         the layout it is fastest on, as a user would call it. A packed batch is [total, H, D]
         for every backend."""
-        if self.flashcore or self.fa4 or self.packed:
+        if self.flashcore or self.fa4 or self.cudnn_fp8 or self.packed:
             return q, k, v
         return tuple(t.contiguous() for t in (q, k, v))
 
@@ -346,6 +415,11 @@ def torch_arange(torch):
 
 
 def make_inputs(torch, case, seed):
+    """Standard-normal q, k, v (BHSD views of BSHD storage) in the case's dtype; e4m3: drawn in
+    bf16 and rounded (their values are the inputs the reference takes)."""
+    if case["dtype"] == "e4m3":
+        q, k, v = make_inputs(torch, dict(case, dtype="bf16"), seed)
+        return tuple(t.to(torch.float8_e4m3fn) for t in (q, k, v))
     dt = {"bf16": torch.bfloat16, "f16": torch.float16}[case["dtype"]]
     g = torch.Generator(device="cuda").manual_seed(seed)
     b, sq, sk, hq, hkv, d = (case[f] for f in ("batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim"))
@@ -383,6 +457,8 @@ def reference_rel_error(torch, case, q, k, v, o):
     breaks first), each against the reference on that sequence alone."""
     group = case["heads_q"] // case["heads_kv"]
     sinks = sink_values(case["heads_q"]) if case.get("learnable_sink") else None
+    if case["dtype"] == "e4m3":  # few ops take float8: widen (exactly) first
+        q, k, v, o = (t.float() for t in (q, k, v, o))
     pieces = []  # (q [Sq, Hq, D], k, v [Sk, Hkv, D], o) of one batch entry or sequence
     p = case.get("packed")
     if p is not None:
@@ -650,9 +726,10 @@ def bench_case(torch, key, case, args, l2_bytes):
                 samples, n = eager_samples, n_eager
         eager_sorted = sorted(eager_samples)
         status, message = "ok", "; ".join(m for m in (graph_note, dropout_note) if m) or None
-        if not math.isfinite(rel) or rel > args.max_rel_error:
+        bound = max(args.max_rel_error, FP8_MAX_REL_ERROR) if case["dtype"] == "e4m3" else args.max_rel_error
+        if not math.isfinite(rel) or rel > bound:
             status = "error"
-            message = f"rel_error {rel:.3g} over {args.max_rel_error:g} against the float64 reference" + (f"; {graph_note}" if graph_note else "")
+            message = f"rel_error {rel:.3g} over {bound:g} against the float64 reference" + (f"; {graph_note}" if graph_note else "")
         return make_row(
             case,
             runner.kernel,
@@ -915,6 +992,12 @@ def self_test():
     assert SYSTEMS["fa4"] == ("fa4", None)
     assert refusal(RuntimeError(FA4_PACKED)) and refusal(RuntimeError(FA4_DROPOUT)) and refusal(RuntimeError(CHUNK_REFUSAL))
     assert refusal(RuntimeError(SINKS_REFUSAL))
+    # FP8 (the `fp8` suite): cudnn-fp8 a system of its own; what each backend does not take is
+    # a refusal; e4m3 inputs count a byte an element (the output bf16).
+    assert SYSTEMS["cudnn-fp8"] == ("cudnn-fp8", None)
+    assert all(refusal(RuntimeError(r)) for r in (FP8_REFUSAL, FP8_ONLY, FP8_CAUSAL))
+    fp8_case = dict(batch=1, seqlen_q=4, seqlen_k=4, heads_q=2, heads_kv=2, head_dim=8, causal=False, dtype="e4m3")
+    assert min_bytes(fp8_case) == (64 + 128) * 1 + 2 * 64 + 4 * 8 and min_bytes(dict(fp8_case, dtype="bf16")) == (2 * 64 + 128) * 2 + 4 * 8
     # The sinks flashcore bench draws (cases::sink_values: (h * 2.7) mod 9 - 1).
     assert [round(x, 4) for x in sink_values(5)] == [-1.0, 1.7, 4.4, 7.1, 0.8]
     # The SM clock: an int from NVML where a GPU and its driver are, else None and the reason.

@@ -16,11 +16,17 @@ SYSTEMS = {
     "flash": ("sdpa-flash", "FLASH_ATTENTION"),
     "efficient": ("sdpa-efficient", "EFFICIENT_ATTENTION"),
     "fa4": ("fa4", None),  # FlashAttention-4 (flash_attn.cute), BSHD, no SDPA backend forced
+    "cudnn-fp8": ("cudnn-fp8", None),  # cuDNN's FP8 SDPA through its frontend (the e4m3 rows alone)
 }
 CASE_FIELDS = ("name", "batch", "seqlen_q", "seqlen_k", "heads_q", "heads_kv", "head_dim", "causal", "dtype")
 ROW_FIELDS = ("case", "kernel", "status", "message", "samples_ms", "median_ms", "min_ms", "max_ms", "tflops", "gbps", "rel_error")
-DTYPE_ALIASES = {"bf16": "bf16", "bfloat16": "bf16", "f16": "f16", "fp16": "f16", "float16": "f16", "half": "f16"}
-ELEM_BYTES = 2  # fp16 and bf16
+DTYPE_ALIASES = {"bf16": "bf16", "bfloat16": "bf16", "f16": "f16", "fp16": "f16", "float16": "f16", "half": "f16", "e4m3": "e4m3"}
+ELEM_BYTES = {"bf16": 2, "f16": 2, "e4m3": 1}
+
+
+def elem_bytes(case):
+    """Bytes of one element of the case's inputs (an e4m3 case's output is bf16: 2)."""
+    return ELEM_BYTES[DTYPE_ALIASES.get(str(case.get("dtype", "bf16")).lower(), "bf16")]
 
 def visible_pairs(sq, sk, causal):
     """(query, key) pairs one head attends to. Causal is bottom-right aligned: row i sees keys
@@ -72,7 +78,7 @@ def kv_bytes(case):
     counted = _counted(case, "kv_bytes")
     if counted is not None:
         return counted
-    return 2.0 * case["batch"] * case["seqlen_k"] * case["heads_kv"] * case["head_dim"] * ELEM_BYTES
+    return 2.0 * case["batch"] * case["seqlen_k"] * case["heads_kv"] * case["head_dim"] * elem_bytes(case)
 
 
 def storage_lengths(case):
@@ -88,7 +94,7 @@ def min_bytes(case):
     rows, keys = storage_lengths(case)
     q = rows * case["heads_q"] * case["head_dim"]
     kv = 2 * keys * case["heads_kv"] * case["head_dim"]
-    return (2 * q + kv) * ELEM_BYTES + 4 * case["heads_q"] * rows
+    return (q + kv) * elem_bytes(case) + 2 * q + 4 * case["heads_q"] * rows
 
 
 def packed_used_k(packed):
