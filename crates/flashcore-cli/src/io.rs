@@ -3,22 +3,38 @@
 //! Values are widened to f64 on read and rounded to nearest in the file dtype on write, so
 //! the CPU reference and the GPU path see exactly what the file holds.
 
+use flashcore::DType;
 use half::{bf16, f16};
 use safetensors::{tensor::TensorView, Dtype, SafeTensorError, SafeTensors};
 use std::path::{Path, PathBuf};
 
 /// The element types `attn` reads and writes. `F64` is only written (`o` and `lse` when
-/// full precision is asked for); inputs are F16, BF16 or F32.
+/// full precision is asked for); inputs are F16, BF16, F32 or F8_E4M3 (whose outputs are
+/// BF16: [`FileDType::output`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileDType {
     /// IEEE half precision.
     F16,
     /// bfloat16.
     BF16,
+    /// FP8 e4m3 (`float8_e4m3fn`; input only).
+    E4M3,
     /// IEEE single precision.
     F32,
     /// IEEE double precision (output only).
     F64,
+}
+
+impl FileDType {
+    /// The dtype outputs computed from inputs of this one are written in: e4m3's bf16 (as the
+    /// GPU gives them), the others their own.
+    pub fn output(self) -> FileDType {
+        if self == FileDType::E4M3 {
+            FileDType::BF16
+        } else {
+            self
+        }
+    }
 }
 
 /// A host tensor read from / written to safetensors: shape, dtype and values widened to f64.
@@ -289,8 +305,9 @@ fn read_tensor(file: &SafeTensors, path: &Path, name: &'static str) -> Result<Ho
         Dtype::BF16 => FileDType::BF16,
         Dtype::F32 => FileDType::F32,
         Dtype::F64 => FileDType::F64,
+        Dtype::F8_E4M3 => FileDType::E4M3,
         other => {
-            let (dtype, expected) = (other.to_string(), "F16, BF16 or F32".into());
+            let (dtype, expected) = (other.to_string(), "F16, BF16, F32 or F8_E4M3".into());
             return Err(IoError::WrongDType { path: path.into(), name, dtype, expected });
         }
     };
@@ -303,6 +320,7 @@ fn dtype_in_file(dtype: FileDType) -> Dtype {
         FileDType::BF16 => Dtype::BF16,
         FileDType::F32 => Dtype::F32,
         FileDType::F64 => Dtype::F64,
+        FileDType::E4M3 => Dtype::F8_E4M3,
     }
 }
 
@@ -313,6 +331,7 @@ fn decode(dtype: FileDType, bytes: &[u8]) -> Vec<f64> {
         FileDType::BF16 => bytes.chunks_exact(2).map(|b| bf16::from_le_bytes([b[0], b[1]]).to_f64()).collect(),
         FileDType::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap()) as f64).collect(),
         FileDType::F64 => bytes.chunks_exact(8).map(|b| f64::from_le_bytes(b.try_into().unwrap())).collect(),
+        FileDType::E4M3 => bytes.iter().map(|&b| DType::E4M3.decode(u16::from(b)) as f64).collect(),
     }
 }
 
@@ -323,6 +342,7 @@ fn encode(dtype: FileDType, data: &[f64]) -> Vec<u8> {
         FileDType::BF16 => data.iter().flat_map(|&x| bf16::from_f64(x).to_le_bytes()).collect(),
         FileDType::F32 => data.iter().flat_map(|&x| (x as f32).to_le_bytes()).collect(),
         FileDType::F64 => data.iter().flat_map(|&x| x.to_le_bytes()).collect(),
+        FileDType::E4M3 => data.iter().map(|&x| DType::E4M3.encode(x as f32) as u8).collect(),
     }
 }
 
@@ -332,8 +352,10 @@ mod tests {
 
     fn tensor(shape: &[usize], dtype: FileDType, seed: usize) -> HostTensor {
         let n = shape.iter().product::<usize>();
-        // Multiples of 1/8 in [-4, 4): exact in every dtype, so round trips are exact.
-        let data = (0..n).map(|i| ((i * 7 + seed * 13) % 64) as f64 / 8.0 - 4.0).collect();
+        // Multiples of 1/8 in [-4, 4) (of 1/2 for e4m3, whose 3 mantissa bits hold 3.5 but not
+        // 3.875): exact in the dtype, so round trips are exact.
+        let step = if dtype == FileDType::E4M3 { 2.0 } else { 8.0 };
+        let data = (0..n).map(|i| ((i * 7 + seed * 13) % (8 * step as usize)) as f64 / step - 4.0).collect();
         HostTensor { shape: shape.to_vec(), dtype, data }
     }
 
@@ -343,7 +365,7 @@ mod tests {
 
     #[test]
     fn qkv_round_trip_in_every_input_dtype() {
-        for dtype in [FileDType::F16, FileDType::BF16, FileDType::F32] {
+        for dtype in [FileDType::F16, FileDType::BF16, FileDType::F32, FileDType::E4M3] {
             let dir = tempfile::tempdir().unwrap();
             let path = dir.path().join("qkv.safetensors");
             let [q, k, v] = qkv(dtype);

@@ -26,7 +26,8 @@ pub struct AttnOutput {
 }
 
 impl Context {
-    /// Attention into fresh buffers: `o` (zeros like `q` with V's head dim first) and `lse`. See
+    /// Attention into fresh buffers: `o` (zeros like `q` with V's head dim, in `q`'s output dtype:
+    /// bf16 for e4m3, first) and `lse`. See
     /// [`Context::attention_into`].
     ///
     /// ```no_run
@@ -44,7 +45,7 @@ impl Context {
         // [B, Hq, Sq]; packed, [Hq, total_q]: the same count, as q is [1, total_q, Hq, D].
         let [b, sq, hq, _] = inputs.q.layout.shape;
         let head_dim_v = inputs.v.layout.shape[3];
-        let mut o = DeviceTensor::filled(self, 0, [b, sq, hq, head_dim_v], inputs.q.layout.dtype)?;
+        let mut o = DeviceTensor::filled(self, 0, [b, sq, hq, head_dim_v], inputs.q.layout.dtype.output())?;
         let mut lse = self.stream().alloc_zeros::<f32>((b * hq * sq).max(1)).ctx("allocating lse")?;
         self.attention_into(inputs, FwdOutputs { o: o.view_mut(), lse: Some(LseViewMut::of(&mut lse)), probs: None }, params)?;
         Ok(AttnOutput { o, lse })

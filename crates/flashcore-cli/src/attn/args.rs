@@ -21,9 +21,9 @@ pub struct AttnArgs {
     /// `lse [B, Hq, Sq]` and, after an append, the caches `k_cache`, `v_cache`.
     #[arg(long)]
     pub(crate) input: PathBuf,
-    /// safetensors file to write `o` (input dtype) and `lse` (f32) into, and `dq`, `dk`, `dv`
-    /// (input dtype) when the input has `do`, `k_cache`, `v_cache` (input dtype) after a KV
-    /// cache's append.
+    /// safetensors file to write `o` (input dtype; bf16 for F8_E4M3 inputs) and `lse` (f32)
+    /// into, and `dq`, `dk`, `dv` (input dtype) when the input has `do`, `k_cache`, `v_cache`
+    /// (input dtype) after a KV cache's append.
     #[arg(long)]
     pub(crate) output: PathBuf,
     /// Causal mask (bottom-right aligned).
@@ -53,8 +53,9 @@ pub struct AttnArgs {
     /// Write every output as f64 (with --cpu: the reference's full precision).
     #[arg(long)]
     pub(crate) f64_out: bool,
-    /// On the GPU, round f32 inputs to this dtype (f16 or bf16). Not with `--cpu`, whose
-    /// reference computes in f64 from the file's values.
+    /// On the GPU, round the inputs to this dtype (f16, bf16, or e4m3: FP8, the forward on
+    /// Hopper, its output bf16). Not with `--cpu`, whose reference computes in f64 from the
+    /// file's values (an F8_E4M3 file's are exact).
     #[arg(long)]
     pub(crate) dtype: Option<String>,
 }
@@ -110,15 +111,15 @@ fn flag_of_param(arg: &str) -> String {
     }
 }
 
-/// The dtype the GPU runs: `--dtype`, else the file's (f16 or bf16).
+/// The dtype the GPU runs: `--dtype`, else the file's (f16, bf16 or e4m3: FP8, the forward on
+/// Hopper, its output bf16).
 pub(crate) fn gpu_dtype(args: &AttnArgs, q: &HostTensor) -> Result<DType> {
     Ok(match (q.dtype, args.dtype.as_deref()) {
-        (_, Some("bf16")) => DType::BF16,
-        (_, Some("f16")) => DType::F16,
-        (_, Some(other)) => bail!("--dtype must be f16 or bf16, got {other:?}"),
+        (_, Some(name)) => DType::parse(name).ok_or_else(|| anyhow::anyhow!("--dtype must be f16, bf16 or e4m3, got {name:?}"))?,
         (FileDType::F16, None) => DType::F16,
         (FileDType::BF16, None) => DType::BF16,
-        (other, None) => bail!("the GPU kernels take f16 or bf16; the inputs are {other:?} (pass --dtype bf16, or --cpu)"),
+        (FileDType::E4M3, None) => DType::E4M3,
+        (other, None) => bail!("the GPU kernels take f16, bf16 or e4m3; the inputs are {other:?} (pass --dtype bf16, or --cpu)"),
     })
 }
 

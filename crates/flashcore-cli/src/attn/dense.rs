@@ -26,7 +26,7 @@ pub fn run(args: &AttnArgs, q: &HostTensor, k: &HostTensor, v: &HostTensor) -> R
     } else {
         gpu(args, q, k, v, dout.as_ref(), &shape, params)?
     };
-    let data_dtype = if args.f64_out { FileDType::F64 } else { q.dtype };
+    let data_dtype = if args.f64_out { FileDType::F64 } else { q.dtype.output() };
     let lse_dtype = if args.f64_out { FileDType::F64 } else { FileDType::F32 };
     let o = HostTensor { shape: vec![b, sq, hq, dv], dtype: data_dtype, data: out.o };
     let lse = HostTensor { shape: vec![b, hq, sq], dtype: lse_dtype, data: out.lse };

@@ -107,7 +107,7 @@ pub fn run(args: &AttnArgs, kv: &HostKvCache) -> Result<bool> {
     let [b, sq, hq, d] = g.q;
     let params = attn_params(args, d)?; // the options checked before anything runs
     let out = if args.cpu { cpu(kv, &g, softmax_scale(args, d), &RefMask::of(&params))? } else { gpu(args, kv, &g, params)? };
-    let data_dtype = if args.f64_out { FileDType::F64 } else { kv.q.dtype };
+    let data_dtype = if args.f64_out { FileDType::F64 } else { kv.q.dtype.output() };
     let lse_dtype = if args.f64_out { FileDType::F64 } else { FileDType::F32 };
     let like = |t: &HostTensor, data| HostTensor { shape: t.shape.clone(), dtype: data_dtype, data };
     let o = like(&kv.q, out.o);

@@ -56,7 +56,7 @@ pub fn run(args: &AttnArgs, q: &HostTensor, k: &HostTensor, v: &HostTensor, seql
     } else {
         gpu(args, [q, k, v], dout.as_ref(), seqlens, max, params)?
     };
-    let data_dtype = if args.f64_out { FileDType::F64 } else { q.dtype };
+    let data_dtype = if args.f64_out { FileDType::F64 } else { q.dtype.output() };
     let lse_dtype = if args.f64_out { FileDType::F64 } else { FileDType::F32 };
     let packed = |rows, heads, data| HostTensor { shape: vec![rows, heads, d], dtype: data_dtype, data };
     let o = packed(total_q, hq, out.o);
