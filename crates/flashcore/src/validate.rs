@@ -58,10 +58,10 @@ fn output(q: &TensorView, o: &TensorView, dv: usize, device: usize) -> Result<()
     if o.layout.shape[3] != dv {
         return Err(shape_err("o", format!("head dim {} differs from v's {dv}", o.layout.shape[3])));
     }
-    let want = q.layout.dtype.output();
-    if o.layout.dtype != want {
-        let of = if want == q.layout.dtype { String::new() } else { format!(" (the output of {} inputs)", q.layout.dtype) };
-        return Err(Error::DType { arg: "o", msg: format!("{} differs from {want}{of}", o.layout.dtype) });
+    let (got, inputs, want) = (o.layout.dtype, q.layout.dtype, q.layout.dtype.output());
+    if got != want {
+        let msg = if want == inputs { format!("{got} differs from q's {inputs}") } else { format!("{got}: {inputs} inputs give {want}") };
+        return Err(Error::DType { arg: "o", msg });
     }
     Ok(())
 }
