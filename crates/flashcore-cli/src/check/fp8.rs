@@ -81,25 +81,14 @@ impl Spec {
     }
 }
 
-/// The host values times their descales: `x` is `[B, S, Hkv, D]`.
-fn dequantized(x: &[f32], descales: &[f32], case: &Case, seqlen: usize) -> Vec<f64> {
-    let row = case.heads_kv * case.head_dim;
+/// The host values times their descales: `x` is `[B, seqlen, heads, D]`, `heads` being Hq
+/// (q: a query head takes its KV head's descale) or Hkv (k, v).
+fn dequantized(x: &[f32], descales: &[f32], case: &Case, seqlen: usize, heads: usize) -> Vec<f64> {
+    let (group, row) = (heads / case.heads_kv, heads * case.head_dim);
     x.iter()
         .enumerate()
         .map(|(i, &x)| {
-            let (b, h) = (i / row / seqlen, (i % row) / case.head_dim);
-            x as f64 * descales.get(b * case.heads_kv + h).map_or(1.0, |&s| s as f64)
-        })
-        .collect()
-}
-
-/// The same for q, `[B, Sq, Hq, D]`, whose query heads share their KV head's descale.
-fn dequantized_q(q: &[f32], descales: &[f32], case: &Case) -> Vec<f64> {
-    let (group, row) = (case.heads_q / case.heads_kv, case.heads_q * case.head_dim);
-    q.iter()
-        .enumerate()
-        .map(|(i, &x)| {
-            let (b, h) = (i / row / case.seqlen_q, (i % row) / case.head_dim / group);
+            let (b, h) = (i / row / seqlen, (i % row) / case.head_dim / group);
             x as f64 * descales.get(b * case.heads_kv + h).map_or(1.0, |&s| s as f64)
         })
         .collect()
@@ -147,9 +136,9 @@ pub fn check_one(ctx: &Context, spec: &Spec) -> Result<Outcome> {
     let o: Vec<f32> = o_bits.iter().map(|&b| out.decode(b)).collect();
 
     let (rq, rk, rv) = (
-        dequantized_q(&host.q, &descales[0], case),
-        dequantized(&host.k, &descales[1], case, case.seqlen_k),
-        dequantized(&host.v, &descales[2], case, case.seqlen_k),
+        dequantized(&host.q, &descales[0], case, case.seqlen_q, case.heads_q),
+        dequantized(&host.k, &descales[1], case, case.seqlen_k, case.heads_kv),
+        dequantized(&host.v, &descales[2], case, case.seqlen_k, case.heads_kv),
     );
     let mask = RefMask { causal: case.causal, window: (spec.window != Window::UNBOUNDED).then_some(spec.window), ..RefMask::default() };
     let scale = 1.0 / (case.head_dim as f64).sqrt();
@@ -188,4 +177,24 @@ pub fn check_one(ctx: &Context, spec: &Spec) -> Result<Outcome> {
         None
     };
     Ok(Outcome { spec_name: spec.name(), kernel: KernelFamily::FwdSm90, oracle: "cpu-f64", rel, max_abs, lse_err, deterministic, failure })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each value takes the descale of its (sequence, KV head): q's heads by group.
+    #[test]
+    fn dequantizing_takes_each_sequences_kv_heads_descale() {
+        let case = Case::new(2, 3, 3, 4, 2, 16, false, DType::E4M3);
+        let descales = [1.0, 2.0, 3.0, 4.0]; // [B, Hkv]
+        let ones = |heads: usize| vec![1f32; 2 * 3 * heads * 16];
+        let q = dequantized(&ones(4), &descales, &case, 3, 4);
+        let k = dequantized(&ones(2), &descales, &case, 3, 2);
+        // q [b, s, h, d]: head h of sequence b has KV head h / 2.
+        let at = |x: &[f64], heads: usize, b: usize, s: usize, h: usize| x[((b * 3 + s) * heads + h) * 16 + 5];
+        assert_eq!([at(&q, 4, 0, 1, 1), at(&q, 4, 0, 2, 2), at(&q, 4, 1, 0, 3)], [1.0, 2.0, 4.0]);
+        assert_eq!([at(&k, 2, 0, 2, 1), at(&k, 2, 1, 1, 0)], [2.0, 3.0]);
+        assert_eq!(dequantized(&ones(2), &[], &case, 3, 2), vec![1.0; 2 * 3 * 2 * 16], "no descales: 1");
+    }
 }
